@@ -1,0 +1,130 @@
+/* Engine registry and the context that dispatches to one engine. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+static const fr_engine *const engines[] = {
+#ifdef FASTREAD_HAVE_URING
+    &fr_engine_uring,
+#endif
+    &fr_engine_psync,
+    NULL,
+};
+
+static const char *const engine_names[] = {
+#ifdef FASTREAD_HAVE_URING
+    "io_uring",
+#endif
+    "psync",
+    NULL,
+};
+
+struct fr_ctx {
+    const fr_engine *engine;
+    void *state;
+};
+
+void fr_config_init(fr_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->engine = "io_uring";
+    cfg->queue_depth = 64;
+    cfg->threads = 4;
+    cfg->o_direct = 0;
+    cfg->direct_alignment = 4096;
+    cfg->register_buffers = 1;
+    cfg->register_files = 1;
+}
+
+const char *const *fr_engine_names(void) { return engine_names; }
+
+static const fr_engine *find_engine(const char *name)
+{
+    for (size_t i = 0; engines[i]; i++)
+        if (strcmp(engines[i]->name, name) == 0)
+            return engines[i];
+    return NULL;
+}
+
+int fr_engine_probe(const char *engine, char *why, size_t why_len)
+{
+    const fr_engine *e = engine ? find_engine(engine) : NULL;
+    if (!e) {
+        fr_set_err(why, why_len, "engine '%s' is not compiled into this build",
+                   engine ? engine : "(null)");
+        return -ENOENT;
+    }
+    return e->probe(why, why_len);
+}
+
+static int check_config(const fr_config *cfg, char *err, size_t err_len)
+{
+    unsigned a = cfg->direct_alignment;
+    if (a < 512 || (a & (a - 1)) != 0) {
+        fr_set_err(err, err_len, "direct_alignment must be a power of two >= 512, got %u", a);
+        return -EINVAL;
+    }
+    if (cfg->queue_depth == 0 || cfg->queue_depth > 4096) {
+        fr_set_err(err, err_len, "queue_depth must be in 1..4096, got %u", cfg->queue_depth);
+        return -EINVAL;
+    }
+    if (cfg->threads > 1024) {
+        fr_set_err(err, err_len, "threads must be in 0..1024, got %u", cfg->threads);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    const fr_engine *e = cfg->engine ? find_engine(cfg->engine) : NULL;
+    if (!e) {
+        fr_set_err(err, err_len, "unknown engine '%s'", cfg->engine ? cfg->engine : "(null)");
+        return -ENOENT;
+    }
+    int rc = check_config(cfg, err, err_len);
+    if (rc)
+        return rc;
+    fr_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return -ENOMEM;
+    ctx->engine = e;
+    rc = e->open(cfg, &ctx->state, err, err_len);
+    if (rc) {
+        free(ctx);
+        return rc;
+    }
+    *out = ctx;
+    return 0;
+}
+
+void fr_ctx_close(fr_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    ctx->engine->close(ctx->state);
+    free(ctx);
+}
+
+const char *fr_ctx_engine(const fr_ctx *ctx) { return ctx->engine->name; }
+
+int fr_read_files(fr_ctx *ctx, const char *const *paths, size_t n, fr_batch *batch)
+{
+    if (batch->samples_cap < n)
+        return -EINVAL;
+    batch->count = n;
+    batch->status = 0;
+    if (n == 0)
+        return 0;
+    int rc = ctx->engine->read_files(ctx->state, paths, n, batch);
+    batch->status = rc;
+    return rc;
+}
+
+long fr_ctx_stat(const fr_ctx *ctx, const char *key)
+{
+    return ctx->engine->stat ? ctx->engine->stat(ctx->state, key) : -1;
+}

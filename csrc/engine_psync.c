@@ -1,0 +1,270 @@
+/*
+ * psync: a pool of native threads doing open / fstat / pread / close.
+ *
+ * The portable engine. A batch runs in windows of at most WINDOW files (so
+ * open descriptors stay bounded) and each window in two phases: every file is
+ * opened and sized, the arena is laid out once, then every file is read and
+ * closed. The calling thread works alongside the pool.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define WINDOW 256
+#define MAX_THREADS 16
+
+enum phase { PHASE_OPEN, PHASE_READ, PHASE_EXIT };
+
+typedef struct psync {
+    fr_config cfg;
+    unsigned nthreads;
+    pthread_t *threads;
+
+    pthread_mutex_t lock;
+    pthread_cond_t work_cv;
+    pthread_cond_t done_cv;
+    uint64_t job_id;   /* bumped for each phase handed to the pool */
+    unsigned busy;     /* workers still inside the current phase */
+    enum phase phase;
+
+    /* The phase being run. */
+    const char *const *paths;
+    fr_batch *batch;
+    size_t first, count;
+    atomic_size_t next;
+    int fds[WINDOW];
+    int64_t sizes[WINDOW];
+    unsigned char needs_repair[WINDOW];
+} psync;
+
+static int psync_probe(char *why, size_t why_len)
+{
+    (void)why;
+    (void)why_len;
+    return 0;
+}
+
+static void open_one(psync *p, size_t k)
+{
+    const char *path = p->paths[p->first + k];
+    /* O_NONBLOCK does nothing to regular-file reads, but lets a FIFO open at
+     * once so fstat can refuse it instead of blocking for a writer. */
+    int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (p->cfg.o_direct ? O_DIRECT : 0);
+    int fd;
+    do {
+        fd = open(path, flags);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0 && errno == EINVAL && p->cfg.o_direct) {
+        /* This file system refuses O_DIRECT: read the file through the cache. */
+        do {
+            fd = open(path, flags & ~O_DIRECT);
+        } while (fd < 0 && errno == EINTR);
+    }
+    p->fds[k] = -1;
+    if (fd < 0) {
+        p->sizes[k] = -errno;
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        p->sizes[k] = -errno;
+        close(fd);
+        return;
+    }
+    if (S_ISDIR(st.st_mode) || !S_ISREG(st.st_mode)) {
+        /* Only regular files have a size to trust; a FIFO could block forever. */
+        p->sizes[k] = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+        close(fd);
+        return;
+    }
+    p->fds[k] = fd;
+    p->sizes[k] = st.st_size;
+}
+
+static void read_one(psync *p, size_t k)
+{
+    int fd = p->fds[k];
+    if (fd < 0)
+        return;
+    fr_sample *s = &p->batch->samples[p->first + k];
+    size_t size = (size_t)p->sizes[k];
+    size_t want = fr_request_len(size, p->cfg.o_direct, p->cfg.direct_alignment);
+    ssize_t got = fr_pread_full(fd, p->batch->arena.base + s->offset, want, 0);
+    close(fd);
+    p->fds[k] = -1;
+    if (got < 0 && got != -EINVAL) {
+        s->length = got;
+    } else if (got < 0 || (size_t)got != size) {
+        /* Changed size, or O_DIRECT refused this tail: reread it plainly. */
+        p->needs_repair[k] = 1;
+    } else {
+        s->length = got;
+    }
+}
+
+static void run_phase(psync *p, enum phase ph)
+{
+    size_t k;
+    while ((k = atomic_fetch_add(&p->next, 1)) < p->count) {
+        if (ph == PHASE_OPEN)
+            open_one(p, k);
+        else
+            read_one(p, k);
+    }
+}
+
+static void *worker(void *arg)
+{
+    psync *p = arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        while (p->job_id == seen)
+            pthread_cond_wait(&p->work_cv, &p->lock);
+        seen = p->job_id;
+        enum phase ph = p->phase;
+        if (ph == PHASE_EXIT)
+            break;
+        pthread_mutex_unlock(&p->lock);
+        run_phase(p, ph);
+        pthread_mutex_lock(&p->lock);
+        if (--p->busy == 0)
+            pthread_cond_signal(&p->done_cv);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+/* Runs one phase on the pool and the calling thread, returning when done. */
+static void dispatch(psync *p, enum phase ph)
+{
+    atomic_store(&p->next, 0);
+    pthread_mutex_lock(&p->lock);
+    p->phase = ph;
+    p->busy = p->nthreads;
+    p->job_id++;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->lock);
+
+    run_phase(p, ph);
+
+    pthread_mutex_lock(&p->lock);
+    while (p->busy > 0)
+        pthread_cond_wait(&p->done_cv, &p->lock);
+    pthread_mutex_unlock(&p->lock);
+}
+
+static void psync_close(void *state)
+{
+    psync *p = state;
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->lock);
+    p->phase = PHASE_EXIT;
+    p->job_id++;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->lock);
+    for (unsigned i = 0; i < p->nthreads; i++)
+        pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_cond_destroy(&p->done_cv);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+static int psync_open(const fr_config *cfg, void **state, char *err, size_t err_len)
+{
+    psync *p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    p->cfg = *cfg;
+    unsigned n = cfg->threads;
+    if (n == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cpus > 0 ? (unsigned)cpus : 1;
+        if (n > MAX_THREADS)
+            n = MAX_THREADS;
+    }
+    /* The calling thread is one of the workers. */
+    unsigned extra = n - 1;
+    p->threads = calloc(extra ? extra : 1, sizeof(pthread_t));
+    if (!p->threads || pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p->threads);
+        free(p);
+        return -ENOMEM;
+    }
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    for (unsigned i = 0; i < extra; i++) {
+        int rc = pthread_create(&p->threads[i], NULL, worker, p);
+        if (rc != 0) {
+            p->nthreads = i;
+            psync_close(p);
+            fr_set_err(err, err_len, "psync: cannot start worker thread %u: %s", i, strerror(rc));
+            return -rc;
+        }
+        p->nthreads = i + 1;
+    }
+    *state = p;
+    return 0;
+}
+
+static int psync_read_files(void *state, const char *const *paths, size_t n, fr_batch *batch)
+{
+    psync *p = state;
+    p->paths = paths;
+    p->batch = batch;
+    for (size_t first = 0; first < n; first += WINDOW) {
+        p->first = first;
+        p->count = n - first < WINDOW ? n - first : WINDOW;
+        memset(p->needs_repair, 0, sizeof(p->needs_repair));
+        dispatch(p, PHASE_OPEN);
+        /* fr_layout indexes samples from 0: shift the window's view. */
+        fr_sample *saved = batch->samples;
+        batch->samples = saved + first;
+        int rc = fr_layout(batch, p->sizes, p->count, p->cfg.o_direct, p->cfg.direct_alignment);
+        batch->samples = saved;
+        if (rc != 0) {
+            for (size_t k = 0; k < p->count; k++)
+                if (p->fds[k] >= 0)
+                    close(p->fds[k]);
+            return rc;
+        }
+        dispatch(p, PHASE_READ);
+        for (size_t k = 0; k < p->count; k++) {
+            if (!p->needs_repair[k])
+                continue;
+            size_t size = (size_t)p->sizes[k];
+            size_t slot = fr_request_len(size, p->cfg.o_direct, p->cfg.direct_alignment);
+            fr_read_whole(batch, first + k, paths[first + k], slot);
+        }
+    }
+    return 0;
+}
+
+static long psync_stat(const void *state, const char *key)
+{
+    const psync *p = state;
+    if (strcmp(key, "threads") == 0)
+        return (long)p->nthreads + 1;
+    if (strcmp(key, "o_direct") == 0)
+        return p->cfg.o_direct;
+    return -1;
+}
+
+const fr_engine fr_engine_psync = {
+    .name = "psync",
+    .probe = psync_probe,
+    .open = psync_open,
+    .close = psync_close,
+    .read_files = psync_read_files,
+    .stat = psync_stat,
+};

@@ -1,0 +1,486 @@
+/*
+ * io_uring: a batch in three steps, each with up to queue_depth files in
+ * flight.
+ *   1. statx every path, so each sample gets a slot of exactly its size.
+ *   2. Lay the arena out once (it may move now; nothing is in flight).
+ *   3. Per file, one linked chain: openat into a direct descriptor -> read
+ *      (into a registered buffer when possible) -> close. The read is hard-
+ *      linked to the close so a failed read never leaks the descriptor slot.
+ *      Kernels without direct descriptors get openat, then read -> close.
+ * Anything the fast path cannot finish (a short read, a file that changed
+ * size, a read cut at FR_MAX_REQUEST) is repaired synchronously afterwards.
+ *
+ * Registered buffers are cached per arena and identified by the arena's
+ * address and generation, so the context must be closed before the arenas it
+ * read into are freed (the reader and the Python layer guarantee this).
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#define NBUF_SLOTS 16
+#define MAX_FIXED_BUF ((size_t)1 << 30) /* the kernel's limit per buffer */
+
+enum op { OP_STATX = 1, OP_OPEN, OP_READ, OP_CLOSE };
+
+typedef struct buf_slot {
+    const fr_arena *arena;
+    uint64_t generation;
+    uint64_t last_used;
+} buf_slot;
+
+typedef struct uring {
+    fr_config cfg;
+    struct io_uring ring;
+    unsigned depth;
+    int fixed_files;
+    int fixed_buffers;
+    buf_slot bufs[NBUF_SLOTS];
+    uint64_t tick;
+    unsigned *free_slots;
+    unsigned nfree;
+    long direct_fallbacks;
+
+    /* Per-call scratch, grown as needed. */
+    size_t cap;
+    struct statx *stx;
+    int64_t *sizes;
+    int64_t *open_res;
+    int64_t *read_res;
+    int *fds;
+} uring;
+
+static inline uint64_t pack(size_t i, unsigned slot, enum op op)
+{
+    return ((uint64_t)i << 24) | ((uint64_t)slot << 4) | (uint64_t)op;
+}
+static inline size_t ud_index(uint64_t ud) { return (size_t)(ud >> 24); }
+static inline unsigned ud_slot(uint64_t ud) { return (unsigned)((ud >> 4) & 0xFFFFF); }
+static inline enum op ud_op(uint64_t ud) { return (enum op)(ud & 0xF); }
+
+static int uring_probe(char *why, size_t why_len)
+{
+    struct io_uring ring;
+    int rc = io_uring_queue_init(4, &ring, 0);
+    if (rc < 0) {
+        fr_set_err(why, why_len, "io_uring_queue_init failed: %s%s", strerror(-rc),
+                   rc == -EPERM || rc == -ENOSYS
+                       ? " (io_uring disabled by the kernel, seccomp or a container policy)"
+                       : "");
+        return rc;
+    }
+    struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
+    int missing = 0;
+    if (probe) {
+        if (!io_uring_opcode_supported(probe, IORING_OP_OPENAT) ||
+            !io_uring_opcode_supported(probe, IORING_OP_READ) ||
+            !io_uring_opcode_supported(probe, IORING_OP_STATX) ||
+            !io_uring_opcode_supported(probe, IORING_OP_CLOSE))
+            missing = 1;
+        io_uring_free_probe(probe);
+    }
+    io_uring_queue_exit(&ring);
+    if (missing) {
+        fr_set_err(why, why_len, "the kernel's io_uring lacks openat/read/statx/close (needs Linux >= 5.6)");
+        return -ENOTSUP;
+    }
+    return 0;
+}
+
+static void uring_close(void *state)
+{
+    uring *u = state;
+    if (!u)
+        return;
+    io_uring_queue_exit(&u->ring);
+    free(u->free_slots);
+    free(u->stx);
+    free(u->sizes);
+    free(u->open_res);
+    free(u->read_res);
+    free(u->fds);
+    free(u);
+}
+
+static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_len)
+{
+    uring *u = calloc(1, sizeof(*u));
+    if (!u)
+        return -ENOMEM;
+    u->cfg = *cfg;
+    u->depth = cfg->queue_depth;
+    /* Three SQEs per file in flight, rounded up by the kernel to a power of 2. */
+    unsigned entries = u->depth * 4;
+    struct io_uring_params params;
+    memset(&params, 0, sizeof(params));
+    params.flags = IORING_SETUP_COOP_TASKRUN;
+    int rc = io_uring_queue_init_params(entries, &u->ring, &params);
+    if (rc == -EINVAL) { /* kernels before 5.19 */
+        memset(&params, 0, sizeof(params));
+        rc = io_uring_queue_init_params(entries, &u->ring, &params);
+    }
+    if (rc < 0) {
+        fr_set_err(err, err_len, "io_uring: cannot set up a ring of %u entries: %s", entries,
+                   strerror(-rc));
+        free(u);
+        return rc;
+    }
+    u->free_slots = malloc(u->depth * sizeof(unsigned));
+    if (!u->free_slots) {
+        uring_close(u);
+        return -ENOMEM;
+    }
+    if (cfg->register_files && io_uring_register_files_sparse(&u->ring, u->depth) == 0) {
+        u->fixed_files = 1;
+        for (unsigned i = 0; i < u->depth; i++)
+            u->free_slots[i] = u->depth - 1 - i;
+        u->nfree = u->depth;
+    }
+    if (cfg->register_buffers && io_uring_register_buffers_sparse(&u->ring, NBUF_SLOTS) == 0)
+        u->fixed_buffers = 1;
+    *state = u;
+    return 0;
+}
+
+static int grow_scratch(uring *u, size_t n)
+{
+    if (n <= u->cap)
+        return 0;
+    size_t cap = u->cap ? u->cap : 64;
+    while (cap < n)
+        cap *= 2;
+#define GROW(field)                                                         \
+    do {                                                                    \
+        void *p_ = realloc(u->field, cap * sizeof(*u->field));              \
+        if (!p_)                                                            \
+            return -ENOMEM;                                                 \
+        u->field = p_;                                                      \
+    } while (0)
+    GROW(stx);
+    GROW(sizes);
+    GROW(open_res);
+    GROW(read_res);
+    GROW(fds);
+#undef GROW
+    u->cap = cap;
+    return 0;
+}
+
+/* Returns the registered-buffer index for the arena, or -1 to read unregistered. */
+static int buffer_index(uring *u, const fr_arena *arena)
+{
+    if (!u->fixed_buffers || arena->capacity > MAX_FIXED_BUF)
+        return -1;
+    u->tick++;
+    int lru = 0;
+    for (int i = 0; i < NBUF_SLOTS; i++) {
+        buf_slot *b = &u->bufs[i];
+        if (b->arena == arena && b->generation == arena->generation) {
+            b->last_used = u->tick;
+            return i;
+        }
+        if (b->last_used < u->bufs[lru].last_used)
+            lru = i;
+    }
+    struct iovec iov = {.iov_base = arena->base, .iov_len = arena->capacity};
+    int rc = io_uring_register_buffers_update_tag(&u->ring, (unsigned)lru, &iov, NULL, 1);
+    if (rc < 0) {
+        /* Usually RLIMIT_MEMLOCK: carry on with plain reads. */
+        u->fixed_buffers = 0;
+        return -1;
+    }
+    u->bufs[lru] = (buf_slot){.arena = arena, .generation = arena->generation, .last_used = u->tick};
+    return lru;
+}
+
+static struct io_uring_sqe *get_sqe(uring *u)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+    if (!sqe) {
+        io_uring_submit(&u->ring);
+        sqe = io_uring_get_sqe(&u->ring);
+    }
+    return sqe;
+}
+
+/* Submits what is queued and waits for at least one completion. Returns 0 or
+ * a -errno the ring cannot recover from. */
+static int submit_wait(uring *u)
+{
+    for (;;) {
+        int rc = io_uring_submit_and_wait(&u->ring, 1);
+        if (rc >= 0 || rc == -EAGAIN || rc == -EBUSY)
+            return 0; /* EAGAIN/EBUSY: completions must be reaped first */
+        if (rc != -EINTR)
+            return rc;
+    }
+}
+
+/* After a broken ring, waits for everything in flight so no completion can
+ * land in memory the caller is about to reuse. */
+static void drain(uring *u, size_t inflight_ops)
+{
+    while (inflight_ops > 0) {
+        struct io_uring_cqe *cqe;
+        int rc = io_uring_wait_cqe(&u->ring, &cqe);
+        if (rc == -EINTR)
+            continue;
+        if (rc < 0)
+            return;
+        io_uring_cqe_seen(&u->ring, cqe);
+        inflight_ops--;
+    }
+}
+
+static int64_t stat_result(int res, const struct statx *stx)
+{
+    if (res < 0)
+        return res;
+    if (S_ISDIR(stx->stx_mode))
+        return -EISDIR;
+    if (!S_ISREG(stx->stx_mode))
+        return -EINVAL;
+    return (int64_t)stx->stx_size;
+}
+
+static int size_all(uring *u, const char *const *paths, size_t n)
+{
+    size_t next = 0, inflight = 0;
+    while (next < n || inflight > 0) {
+        while (next < n && inflight < u->depth) {
+            struct io_uring_sqe *sqe = get_sqe(u);
+            if (!sqe)
+                break;
+            io_uring_prep_statx(sqe, AT_FDCWD, paths[next], 0, STATX_TYPE | STATX_SIZE,
+                                &u->stx[next]);
+            io_uring_sqe_set_data64(sqe, pack(next, 0, OP_STATX));
+            next++;
+            inflight++;
+        }
+        int rc = submit_wait(u);
+        if (rc < 0) {
+            drain(u, inflight);
+            return rc;
+        }
+        unsigned head, seen = 0;
+        struct io_uring_cqe *cqe;
+        io_uring_for_each_cqe(&u->ring, head, cqe)
+        {
+            size_t i = ud_index(cqe->user_data);
+            u->sizes[i] = stat_result(cqe->res, &u->stx[i]);
+            inflight--;
+            seen++;
+        }
+        io_uring_cq_advance(&u->ring, seen);
+    }
+    return 0;
+}
+
+static void prep_read(uring *u, struct io_uring_sqe *sqe, int fd, fr_batch *batch, size_t i,
+                      int buf_index)
+{
+    size_t len = fr_request_len((size_t)u->sizes[i], u->cfg.o_direct, u->cfg.direct_alignment);
+    void *dst = batch->arena.base + batch->samples[i].offset;
+    if (buf_index >= 0)
+        io_uring_prep_read_fixed(sqe, fd, dst, (unsigned)len, 0, buf_index);
+    else
+        io_uring_prep_read(sqe, fd, dst, (unsigned)len, 0);
+}
+
+static int open_flags(const uring *u)
+{
+    return O_RDONLY | (u->cfg.o_direct ? O_DIRECT : 0);
+}
+
+/* Step 3 with direct descriptors: one linked chain per file. */
+static int read_chained(uring *u, const char *const *paths, size_t n, fr_batch *batch,
+                        int buf_index)
+{
+    size_t next = 0, inflight = 0;
+    while (next < n || inflight > 0) {
+        while (next < n && u->nfree > 0 && io_uring_sq_space_left(&u->ring) >= 3) {
+            size_t i = next++;
+            if (u->sizes[i] < 0)
+                continue;
+            unsigned slot = u->free_slots[--u->nfree];
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+            io_uring_prep_openat_direct(sqe, AT_FDCWD, paths[i], open_flags(u), 0, slot);
+            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_OPEN));
+            sqe->flags |= IOSQE_IO_LINK;
+
+            sqe = io_uring_get_sqe(&u->ring);
+            prep_read(u, sqe, (int)slot, batch, i, buf_index);
+            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_READ));
+            sqe->flags |= IOSQE_FIXED_FILE | IOSQE_IO_HARDLINK;
+
+            sqe = io_uring_get_sqe(&u->ring);
+            io_uring_prep_close_direct(sqe, slot);
+            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_CLOSE));
+            inflight += 3;
+        }
+        if (inflight == 0)
+            continue; /* every remaining sample failed at statx */
+        int rc = submit_wait(u);
+        if (rc < 0) {
+            drain(u, inflight);
+            return rc;
+        }
+        unsigned head, seen = 0;
+        struct io_uring_cqe *cqe;
+        io_uring_for_each_cqe(&u->ring, head, cqe)
+        {
+            size_t i = ud_index(cqe->user_data);
+            switch (ud_op(cqe->user_data)) {
+            case OP_OPEN:
+                u->open_res[i] = cqe->res;
+                break;
+            case OP_READ:
+                u->read_res[i] = cqe->res;
+                break;
+            case OP_CLOSE:
+                /* The chain is over whatever happened: the slot is free again. */
+                u->free_slots[u->nfree++] = ud_slot(cqe->user_data);
+                break;
+            default:
+                break;
+            }
+            inflight--;
+            seen++;
+        }
+        io_uring_cq_advance(&u->ring, seen);
+    }
+    return 0;
+}
+
+/* Step 3 without direct descriptors: openat, then read -> close per file. */
+static int read_unchained(uring *u, const char *const *paths, size_t n, fr_batch *batch,
+                          int buf_index)
+{
+    size_t next = 0, files = 0, ops = 0;
+    while (next < n || ops > 0) {
+        while (next < n && files < u->depth) {
+            size_t i = next++;
+            if (u->sizes[i] < 0)
+                continue;
+            struct io_uring_sqe *sqe = get_sqe(u);
+            io_uring_prep_openat(sqe, AT_FDCWD, paths[i], open_flags(u) | O_CLOEXEC, 0);
+            io_uring_sqe_set_data64(sqe, pack(i, 0, OP_OPEN));
+            files++;
+            ops++;
+        }
+        if (ops == 0)
+            continue;
+        int rc = submit_wait(u);
+        if (rc < 0) {
+            drain(u, ops);
+            return rc;
+        }
+        struct io_uring_cqe *cqe;
+        while (io_uring_peek_cqe(&u->ring, &cqe) == 0) {
+            size_t i = ud_index(cqe->user_data);
+            enum op op = ud_op(cqe->user_data);
+            int res = cqe->res;
+            io_uring_cqe_seen(&u->ring, cqe);
+            ops--;
+            if (op == OP_OPEN) {
+                u->open_res[i] = res < 0 ? res : 0;
+                if (res < 0) {
+                    files--;
+                    continue;
+                }
+                u->fds[i] = res;
+                struct io_uring_sqe *sqe = get_sqe(u);
+                prep_read(u, sqe, res, batch, i, buf_index);
+                io_uring_sqe_set_data64(sqe, pack(i, 0, OP_READ));
+                sqe->flags |= IOSQE_IO_HARDLINK;
+                sqe = get_sqe(u);
+                io_uring_prep_close(sqe, res);
+                io_uring_sqe_set_data64(sqe, pack(i, 0, OP_CLOSE));
+                ops += 2;
+            } else if (op == OP_READ) {
+                u->read_res[i] = res;
+            } else if (op == OP_CLOSE) {
+                files--;
+            }
+        }
+    }
+    return 0;
+}
+
+static int uring_read_files(void *state, const char *const *paths, size_t n, fr_batch *batch)
+{
+    uring *u = state;
+    int rc = grow_scratch(u, n);
+    if (rc)
+        return rc;
+    rc = size_all(u, paths, n);
+    if (rc)
+        return rc;
+    rc = fr_layout(batch, u->sizes, n, u->cfg.o_direct, u->cfg.direct_alignment);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        u->open_res[i] = 0;
+        u->read_res[i] = -ECANCELED;
+    }
+    int buf_index = buffer_index(u, &batch->arena);
+    rc = u->fixed_files ? read_chained(u, paths, n, batch, buf_index)
+                        : read_unchained(u, paths, n, batch, buf_index);
+    if (rc)
+        return rc;
+
+    for (size_t i = 0; i < n; i++) {
+        if (u->sizes[i] < 0)
+            continue; /* fr_layout already recorded the error */
+        fr_sample *s = &batch->samples[i];
+        int64_t size = u->sizes[i];
+        int64_t open_res = u->open_res[i], read_res = u->read_res[i];
+        size_t slot = fr_request_len((size_t)size, u->cfg.o_direct, u->cfg.direct_alignment);
+        if (open_res < 0 && !(open_res == -EINVAL && u->cfg.o_direct)) {
+            s->length = open_res; /* e.g. the file vanished after statx */
+        } else if (read_res == size) {
+            s->length = size;
+        } else if (read_res < 0 && read_res != -EINVAL && read_res != -EAGAIN &&
+                   read_res != -EINTR && read_res != -ECANCELED) {
+            s->length = read_res;
+        } else {
+            /* Short, grown, cut at FR_MAX_REQUEST, or O_DIRECT refused by the
+             * file system: finish it the slow, sure way. */
+            if (u->cfg.o_direct && (open_res == -EINVAL || read_res == -EINVAL))
+                u->direct_fallbacks++;
+            fr_read_whole(batch, i, paths[i], slot);
+        }
+    }
+    return 0;
+}
+
+static long uring_stat(const void *state, const char *key)
+{
+    const uring *u = state;
+    if (strcmp(key, "fixed_files") == 0)
+        return u->fixed_files;
+    if (strcmp(key, "fixed_buffers") == 0)
+        return u->fixed_buffers;
+    if (strcmp(key, "queue_depth") == 0)
+        return u->depth;
+    if (strcmp(key, "o_direct") == 0)
+        return u->cfg.o_direct;
+    if (strcmp(key, "direct_fallbacks") == 0)
+        return u->direct_fallbacks;
+    return -1;
+}
+
+const fr_engine fr_engine_uring = {
+    .name = "io_uring",
+    .probe = uring_probe,
+    .open = uring_open,
+    .close = uring_close,
+    .read_files = uring_read_files,
+    .stat = uring_stat,
+};

@@ -1,0 +1,149 @@
+/*
+ * fastread: batch reads of many files into reusable host buffers.
+ *
+ * The C core knows nothing of Python. A caller opens one context per reader
+ * (fr_ctx), hands it a batch of paths and a batch buffer (fr_batch), and gets
+ * back one result per sample: where its bytes start in the batch's arena and
+ * how many there are, or a negative errno for that sample alone.
+ *
+ * Thread safety:
+ *   - fr_ctx: not thread-safe. Use a context from one thread at a time.
+ *   - fr_pool: every call is thread-safe (batches are returned from whatever
+ *     thread drops the last reference to them).
+ *   - fr_reader: submit/next/reset/close from one consumer thread; the reader's
+ *     own thread owns its context. fr_batch_recycle is thread-safe.
+ *   - Nothing in the library is global: two readers share no state.
+ */
+#ifndef FASTREAD_H
+#define FASTREAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FR_VERSION "0.1.0"
+
+/* Longest engine-level error message, including the terminating NUL. */
+#define FR_ERRLEN 256
+
+typedef struct fr_config {
+    const char *engine;        /* "io_uring", "psync" (see fr_engine_names) */
+    unsigned queue_depth;      /* io_uring: samples in flight */
+    unsigned threads;          /* psync: worker threads (0: one per CPU, at most 16) */
+    int o_direct;              /* open with O_DIRECT, bypassing the page cache */
+    unsigned direct_alignment; /* O_DIRECT buffer/length alignment in bytes (power of two) */
+    int register_buffers;      /* io_uring: register arenas as fixed buffers */
+    int register_files;        /* io_uring: direct descriptors (linked open/read/close) */
+} fr_config;
+
+/* Fills in the defaults: io_uring, depth 64, 4 threads, buffered, 4096-byte
+ * O_DIRECT alignment, registered buffers and files when the kernel has them. */
+void fr_config_init(fr_config *cfg);
+
+/* ------------------------------------------------------------------ arena */
+
+/* Memory a batch reads into. Samples are stored at offsets, never pointers,
+ * so the arena may move while it grows (before any I/O is in flight). A
+ * region it moved out of stays mapped until the arena is freed. */
+typedef struct fr_arena {
+    uint8_t *base;
+    size_t capacity;
+    size_t used;
+    uint64_t generation; /* bumped every time base or capacity changes */
+    void *retired;       /* regions it grew out of, unmapped only when freed */
+} fr_arena;
+
+int fr_arena_reserve(fr_arena *arena, size_t bytes); /* 0 or -ENOMEM */
+void fr_arena_free(fr_arena *arena);
+
+/* One sample's outcome: its bytes are arena.base[offset, offset+length). */
+typedef struct fr_sample {
+    uint64_t offset;
+    int64_t length; /* >= 0: bytes; < 0: -errno for this sample */
+} fr_sample;
+
+/* A batch: an arena and one fr_sample per requested file. */
+typedef struct fr_batch {
+    fr_arena arena;
+    fr_sample *samples;
+    size_t count;
+    size_t samples_cap;
+    int status;      /* 0, or a batch-level -errno (then samples are not valid) */
+    uint64_t seq;    /* submission number within a reader */
+    int64_t *indices; /* reader only: the dataset indices this batch holds */
+    struct fr_pool *pool;
+    struct fr_batch *next;
+} fr_batch;
+
+/* Makes room for `count` samples and resets the arena; 0 or -ENOMEM. */
+int fr_batch_prepare(fr_batch *batch, size_t count);
+
+/* ------------------------------------------------------------------- pool */
+
+/* A free list of batches whose arenas are reused, so steady-state reads touch
+ * no new memory. Reference counted: freed when closed and every batch that
+ * came from it has been returned. */
+typedef struct fr_pool fr_pool;
+
+fr_pool *fr_pool_new(void);
+fr_batch *fr_pool_get(fr_pool *pool);         /* NULL on ENOMEM */
+void fr_batch_recycle(fr_batch *batch);       /* back to its pool */
+void fr_pool_retain(fr_pool *pool);           /* one more owner reference */
+void fr_pool_close(fr_pool *pool);            /* drop an owner reference */
+size_t fr_pool_bytes(fr_pool *pool);          /* arena bytes of the idle batches */
+size_t fr_pool_batches(fr_pool *pool);        /* batches allocated */
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct fr_ctx fr_ctx;
+
+/* Names of every engine compiled in, NULL-terminated. */
+const char *const *fr_engine_names(void);
+
+/* 0 if `engine` can run here; otherwise a negative errno and why in `why`. */
+int fr_engine_probe(const char *engine, char *why, size_t why_len);
+
+/* Opens a context; on failure returns -errno and says why in err. */
+int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len);
+void fr_ctx_close(fr_ctx *ctx);
+const char *fr_ctx_engine(const fr_ctx *ctx);
+
+/* Reads every path into batch (after fr_batch_prepare-ing it for n). Each
+ * sample gets its own result; the return value is 0, or a negative errno for
+ * a failure of the whole batch (out of memory, a broken ring). */
+int fr_read_files(fr_ctx *ctx, const char *const *paths, size_t n, fr_batch *batch);
+
+/* Facts about the context, for diagnostics: "fixed_files", "fixed_buffers",
+ * "queue_depth", "threads", "o_direct". Returns -1 for an unknown key. */
+long fr_ctx_stat(const fr_ctx *ctx, const char *key);
+
+/* ----------------------------------------------------------------- reader */
+
+/* A background thread that reads batches ahead, in submission order. */
+typedef struct fr_reader fr_reader;
+
+/* `paths` is copied. `prefetch` is how many finished batches may wait. */
+int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
+                   unsigned prefetch, fr_reader **out, char *err, size_t err_len);
+/* Queues one batch of dataset indices (copied); 0, -EINVAL or -ENOMEM. */
+int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n);
+/* Blocks until the oldest submitted batch is read. -ENODATA if none is queued. */
+int fr_reader_next(fr_reader *reader, fr_batch **out);
+/* Drops every queued and finished batch not yet taken by fr_reader_next. */
+void fr_reader_reset(fr_reader *reader);
+size_t fr_reader_pending(fr_reader *reader); /* submitted and not yet taken */
+const char *fr_reader_path(const fr_reader *reader, size_t index);
+size_t fr_reader_size(const fr_reader *reader);
+fr_pool *fr_reader_pool(fr_reader *reader);
+/* Stops the thread. Batches still held by the caller stay valid until they
+ * are recycled. */
+void fr_reader_close(fr_reader *reader);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FASTREAD_H */
