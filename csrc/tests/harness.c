@@ -1,0 +1,140 @@
+#define _GNU_SOURCE
+#include "harness.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int fr_test_failures = 0;
+
+const size_t fr_test_sizes[] = {0, 1, 511, 512, 513, 4095, 4096, 4097, 100000, (2u << 20) + 333};
+const size_t fr_test_nsizes = sizeof(fr_test_sizes) / sizeof(fr_test_sizes[0]);
+
+static char test_dir[512];
+
+const char *fr_test_dir(void)
+{
+    if (test_dir[0])
+        return test_dir;
+    const char *base = getenv("TMPDIR");
+    snprintf(test_dir, sizeof(test_dir), "%s/fastread-ctest-XXXXXX", base ? base : "/var/tmp");
+    if (!mkdtemp(test_dir)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+    return test_dir;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+void fr_test_cleanup(void)
+{
+    if (test_dir[0])
+        nftw(test_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+char *fr_test_write(const char *name, size_t size, unsigned seed)
+{
+    char *path = malloc(1024);
+    snprintf(path, 1024, "%s/%s", fr_test_dir(), name);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
+    uint32_t x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < size; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        fputc((int)(x & 0xFF), f);
+    }
+    fclose(f);
+    return path;
+}
+
+int fr_test_same(const fr_batch *batch, size_t i, const char *path)
+{
+    const fr_sample *s = &batch->samples[i];
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    int same = s->length == size;
+    if (same && size > 0) {
+        unsigned char *buf = malloc((size_t)size);
+        same = fread(buf, 1, (size_t)size, f) == (size_t)size &&
+               memcmp(buf, batch->arena.base + s->offset, (size_t)size) == 0;
+        free(buf);
+    }
+    fclose(f);
+    return same;
+}
+
+int fr_test_engine_roundtrip(const fr_config *cfg, int repeat)
+{
+    char name[64];
+    size_t n = fr_test_nsizes * (size_t)repeat;
+    char **paths = calloc(n, sizeof(char *));
+    for (size_t i = 0; i < fr_test_nsizes; i++) {
+        snprintf(name, sizeof(name), "size-%zu.bin", fr_test_sizes[i]);
+        paths[i] = fr_test_write(name, fr_test_sizes[i], (unsigned)i);
+    }
+    for (size_t i = fr_test_nsizes; i < n; i++)
+        paths[i] = paths[i % fr_test_nsizes];
+
+    fr_ctx *ctx = NULL;
+    char err[FR_ERRLEN];
+    int rc = fr_ctx_open(cfg, &ctx, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "fr_ctx_open(%s): %s\n", cfg->engine, err);
+        return 1;
+    }
+    fr_pool *pool = fr_pool_new();
+    int bad = 0;
+    for (int round = 0; round < 3; round++) {
+        fr_batch *b = fr_pool_get(pool);
+        CHECK(fr_batch_prepare(b, n) == 0);
+        CHECK(fr_read_files(ctx, (const char *const *)paths, n, b) == 0);
+        for (size_t i = 0; i < n; i++) {
+            if (!fr_test_same(b, i, paths[i])) {
+                fprintf(stderr, "%s o_direct=%d: sample %zu (%s) differs, length %lld\n",
+                        cfg->engine, cfg->o_direct, i, paths[i], (long long)b->samples[i].length);
+                bad++;
+            }
+            if (cfg->o_direct && b->samples[i].offset % cfg->direct_alignment != 0)
+                bad++;
+        }
+        fr_batch_recycle(b);
+    }
+    fr_ctx_close(ctx);
+    fr_pool_close(pool);
+    for (size_t i = 0; i < fr_test_nsizes; i++)
+        free(paths[i]);
+    free(paths);
+    return bad;
+}
+
+int fr_test_finish(const char *name)
+{
+    fr_test_cleanup();
+    if (fr_test_failures) {
+        fprintf(stderr, "%s: %d check(s) failed\n", name, fr_test_failures);
+        return 1;
+    }
+    printf("%s: ok\n", name);
+    return 0;
+}

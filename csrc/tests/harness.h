@@ -1,0 +1,42 @@
+/* A tiny harness for the C-level tests: temp trees, byte checks, failures. */
+#ifndef FR_TEST_HARNESS_H
+#define FR_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fastread.h"
+
+extern int fr_test_failures;
+
+#define CHECK(cond)                                                                   \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);  \
+            fr_test_failures++;                                                       \
+        }                                                                             \
+    } while (0)
+
+/* Sizes that exercise every edge: empty, one byte, around a page, large. */
+extern const size_t fr_test_sizes[];
+extern const size_t fr_test_nsizes;
+
+/* A fresh directory under $TMPDIR (or /var/tmp, which is disk-backed so
+ * O_DIRECT works); removed by fr_test_cleanup. */
+const char *fr_test_dir(void);
+void fr_test_cleanup(void);
+
+/* Writes a file of `size` pseudo-random bytes (seeded by `seed`) and returns
+ * its path (static storage per call index, caller copies if needed). */
+char *fr_test_write(const char *name, size_t size, unsigned seed);
+
+/* 1 if the sample holds exactly the bytes of file `path`. */
+int fr_test_same(const fr_batch *batch, size_t i, const char *path);
+
+/* Reads each of the test sizes with `cfg`, `repeat` times over, and checks
+ * bytes; returns the number of mismatches. */
+int fr_test_engine_roundtrip(const fr_config *cfg, int repeat);
+
+int fr_test_finish(const char *name);
+
+#endif

@@ -1,0 +1,21 @@
+/* psync reads every edge size byte-exactly, buffered and O_DIRECT, with
+ * more files than one window and with one or many threads. */
+#include <stdio.h>
+
+#include "harness.h"
+
+int main(void)
+{
+    fr_config cfg;
+    fr_config_init(&cfg);
+    cfg.engine = "psync";
+    unsigned threads[] = {1, 4};
+    for (int t = 0; t < 2; t++) {
+        cfg.threads = threads[t];
+        for (int direct = 0; direct < 2; direct++) {
+            cfg.o_direct = direct;
+            CHECK(fr_test_engine_roundtrip(&cfg, 30) == 0); /* 300 files > one window */
+        }
+    }
+    return fr_test_finish("test_engine_psync");
+}
