@@ -1,0 +1,24 @@
+"""fastread: native batch reads of training samples for DALI and PyTorch.
+
+The per-sample work (open, read, close; many I/Os in flight) happens in a C
+core with the GIL released. This package adapts it:
+
+- :func:`read_files` reads a list of files into NumPy arrays in one call.
+- :func:`scan` indexes a dataset exactly as DALI's ``fn.readers.file`` does.
+- :class:`Reader` iterates over sharded, shuffled batches read ahead on a
+  native thread.
+- ``fastread.dali`` and ``fastread.torch`` plug that into training loops.
+"""
+from fastread._core import Batch, Context, NativeReader
+from fastread.engine import engines, open_context
+from fastread.errors import ReadError
+from fastread.files import read_files
+from fastread.index import scan
+from fastread.reader import Reader
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch", "Context", "NativeReader", "ReadError", "Reader", "engines", "open_context",
+    "read_files", "scan", "__version__",
+]

@@ -1,0 +1,74 @@
+# Declarations of the C core (csrc/fastread.h). Logic lives in _core.pyx.
+from libc.stdint cimport int64_t, uint64_t, uint8_t
+
+
+cdef extern from "fastread.h" nogil:
+    const int FR_ERRLEN
+
+    ctypedef struct fr_config:
+        const char *engine
+        unsigned queue_depth
+        unsigned threads
+        int o_direct
+        unsigned direct_alignment
+        int register_buffers
+        int register_files
+
+    void fr_config_init(fr_config *cfg)
+
+    ctypedef struct fr_arena:
+        uint8_t *base
+        size_t capacity
+        size_t used
+        uint64_t generation
+
+    ctypedef struct fr_sample:
+        uint64_t offset
+        int64_t length
+
+    ctypedef struct fr_pool:
+        pass
+
+    ctypedef struct fr_batch:
+        fr_arena arena
+        fr_sample *samples
+        size_t count
+        int status
+        uint64_t seq
+        int64_t *indices
+        fr_pool *pool
+
+    int fr_batch_prepare(fr_batch *batch, size_t count)
+
+    fr_pool *fr_pool_new()
+    fr_batch *fr_pool_get(fr_pool *pool)
+    void fr_batch_recycle(fr_batch *batch)
+    void fr_pool_retain(fr_pool *pool)
+    void fr_pool_close(fr_pool *pool)
+    size_t fr_pool_bytes(fr_pool *pool)
+    size_t fr_pool_batches(fr_pool *pool)
+
+    ctypedef struct fr_ctx:
+        pass
+
+    const char *const *fr_engine_names()
+    int fr_engine_probe(const char *engine, char *why, size_t why_len)
+    int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
+    void fr_ctx_close(fr_ctx *ctx)
+    const char *fr_ctx_engine(const fr_ctx *ctx)
+    int fr_read_files(fr_ctx *ctx, const char *const *paths, size_t n, fr_batch *batch)
+    long fr_ctx_stat(const fr_ctx *ctx, const char *key)
+
+    ctypedef struct fr_reader:
+        pass
+
+    int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
+                       unsigned prefetch, fr_reader **out, char *err, size_t err_len)
+    int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n)
+    int fr_reader_next(fr_reader *reader, fr_batch **out)
+    void fr_reader_reset(fr_reader *reader)
+    size_t fr_reader_pending(fr_reader *reader)
+    const char *fr_reader_path(const fr_reader *reader, size_t index)
+    size_t fr_reader_size(const fr_reader *reader)
+    fr_pool *fr_reader_pool(fr_reader *reader)
+    void fr_reader_close(fr_reader *reader)

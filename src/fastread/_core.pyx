@@ -1,0 +1,370 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
+"""The binding to the C core: contexts, readers and batches.
+
+Only adaptation happens here. Every native call that does I/O or waits runs
+with the GIL released; results come back as NumPy views over engine-owned
+arenas, each view keeping its batch alive.
+"""
+import os
+
+cimport numpy as cnp
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memchr
+
+from fastread._cfastread cimport *
+from fastread.errors import ReadError
+
+cnp.import_array()
+
+
+def engine_names():
+    """Engines compiled into this build, in order of preference."""
+    cdef const char *const *names = fr_engine_names()
+    out = []
+    cdef size_t i = 0
+    while names[i] != NULL:
+        out.append(names[i].decode())
+        i += 1
+    return out
+
+
+def probe(str engine):
+    """(True, "") if the engine can run here, else (False, why)."""
+    cdef char why[256]
+    why[0] = 0
+    b = engine.encode()
+    cdef int rc = fr_engine_probe(b, why, sizeof(why))
+    return (rc == 0, why.decode(errors="replace"))
+
+
+cdef class _PoolOwner:
+    """Holds one reference on a batch pool, so arena memory stays mapped while
+    any Python object that can reach it is alive."""
+    cdef fr_pool *pool
+
+    @staticmethod
+    cdef _PoolOwner wrap(fr_pool *pool):
+        cdef _PoolOwner o = _PoolOwner.__new__(_PoolOwner)
+        fr_pool_retain(pool)
+        o.pool = pool
+        return o
+
+    def __dealloc__(self):
+        if self.pool != NULL:
+            fr_pool_close(self.pool)
+            self.pool = NULL
+
+
+cdef class Batch:
+    """One batch of samples in one arena. Views made by arrays() keep it
+    alive; it returns to its pool when released or collected."""
+    cdef fr_batch *b
+    cdef _PoolOwner owner
+    cdef readonly bint released
+
+    @staticmethod
+    cdef Batch wrap(fr_batch *b, _PoolOwner owner):
+        cdef Batch self = Batch.__new__(Batch)
+        self.b = b
+        self.owner = owner
+        return self
+
+    def __dealloc__(self):
+        if self.b != NULL:
+            fr_batch_recycle(self.b)
+            self.b = NULL
+
+    def release(self):
+        """Hands the arena back for reuse now. Views made earlier stay mapped,
+        but their bytes may be overwritten by later batches."""
+        if self.b != NULL:
+            fr_batch_recycle(self.b)
+            self.b = NULL
+        self.released = True
+
+    cdef fr_batch *_get(self) except NULL:
+        if self.b == NULL:
+            raise ValueError("this batch was released")
+        return self.b
+
+    def __len__(self):
+        return self._get().count
+
+    @property
+    def status(self):
+        return self._get().status
+
+    @property
+    def nbytes(self):
+        """Bytes of sample data (not counting alignment padding)."""
+        cdef fr_batch *b = self._get()
+        cdef size_t i, total = 0
+        for i in range(b.count):
+            if b.samples[i].length > 0:
+                total += <size_t>b.samples[i].length
+        return total
+
+    @property
+    def arena_capacity(self):
+        return self._get().arena.capacity
+
+    def indices(self):
+        """The dataset indices of a reader's batch, as an int64 array."""
+        cdef fr_batch *b = self._get()
+        cdef cnp.ndarray[cnp.int64_t, ndim=1] out = cnp.PyArray_EMPTY(1, [<cnp.npy_intp>b.count], cnp.NPY_INT64, 0)
+        cdef size_t i
+        for i in range(b.count):
+            out[i] = b.indices[i]
+        return out
+
+    def failures(self):
+        """[(position, errno)] for every sample that failed."""
+        cdef fr_batch *b = self._get()
+        cdef size_t i
+        out = []
+        for i in range(b.count):
+            if b.samples[i].length < 0:
+                out.append((i, <int>-b.samples[i].length))
+        return out
+
+    def lengths(self):
+        cdef fr_batch *b = self._get()
+        cdef cnp.ndarray[cnp.int64_t, ndim=1] out = cnp.PyArray_EMPTY(1, [<cnp.npy_intp>b.count], cnp.NPY_INT64, 0)
+        cdef size_t i
+        for i in range(b.count):
+            out[i] = b.samples[i].length
+        return out
+
+    def arrays(self):
+        """A list of 1-D uint8 views, one per sample, in batch order. Failed
+        samples must be checked with failures() first; they appear empty."""
+        cdef fr_batch *b = self._get()
+        cdef list out = []
+        cdef size_t i
+        cdef cnp.npy_intp dim
+        cdef cnp.ndarray arr
+        for i in range(b.count):
+            dim = b.samples[i].length if b.samples[i].length > 0 else 0
+            arr = cnp.PyArray_SimpleNewFromData(1, &dim, cnp.NPY_UINT8,
+                                                b.arena.base + b.samples[i].offset)
+            Py_INCREF(self)
+            cnp.PyArray_SetBaseObject(arr, self)
+            out.append(arr)
+        return out
+
+
+cdef void _init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsigned threads,
+                       bint o_direct, unsigned direct_alignment, bint register_buffers,
+                       bint register_files):
+    fr_config_init(cfg)
+    cfg.engine = PyBytes_AS_STRING(engine)
+    cfg.queue_depth = queue_depth
+    cfg.threads = threads
+    cfg.o_direct = o_direct
+    cfg.direct_alignment = direct_alignment
+    cfg.register_buffers = register_buffers
+    cfg.register_files = register_files
+
+
+cdef bytes _encode_path(p):
+    cdef bytes b = os.fsencode(p)
+    if memchr(PyBytes_AS_STRING(b), 0, <size_t>PyBytes_GET_SIZE(b)) != NULL:
+        raise ValueError(f"path contains a NUL byte: {p!r}")
+    return b
+
+
+cdef _raise_errno(int rc, str what):
+    raise OSError(-rc, f"{what}: {os.strerror(-rc)}")
+
+
+cdef class Context:
+    """One engine instance. Not for concurrent use: calls from several Python
+    threads are serialized by a lock."""
+    cdef fr_ctx *ctx
+    cdef _PoolOwner owner
+    cdef object lock
+    cdef readonly str engine
+
+    def __cinit__(self, str engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
+                  bint o_direct=False, unsigned direct_alignment=4096,
+                  bint register_buffers=True, bint register_files=True):
+        import threading
+        cdef fr_config cfg
+        cdef char err[256]
+        err[0] = 0
+        cdef bytes eng = engine.encode()
+        _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
+                     register_buffers, register_files)
+        cdef int rc
+        with nogil:
+            rc = fr_ctx_open(&cfg, &self.ctx, err, sizeof(err))
+        if rc != 0:
+            msg = err.decode(errors="replace") or os.strerror(-rc)
+            if rc == -22:
+                raise ValueError(f"engine {engine!r}: {msg}")
+            raise OSError(-rc, f"engine {engine!r}: {msg}")
+        cdef fr_pool *pool = fr_pool_new()
+        if pool == NULL:
+            fr_ctx_close(self.ctx)
+            self.ctx = NULL
+            raise MemoryError()
+        self.owner = _PoolOwner.wrap(pool)
+        fr_pool_close(pool)  # the owner object now holds the only reference
+        self.lock = threading.Lock()
+        self.engine = engine
+
+    def __dealloc__(self):
+        # The context goes first: its ring unregisters arenas that the pool
+        # may free afterwards.
+        if self.ctx != NULL:
+            fr_ctx_close(self.ctx)
+            self.ctx = NULL
+
+    def close(self):
+        with self.lock:
+            if self.ctx != NULL:
+                fr_ctx_close(self.ctx)
+                self.ctx = NULL
+
+    def stat(self, str key):
+        if self.ctx == NULL:
+            raise ValueError("context is closed")
+        return fr_ctx_stat(self.ctx, key.encode())
+
+    def pool_batches(self):
+        return fr_pool_batches(self.owner.pool)
+
+    def read(self, paths):
+        """Reads every path; returns a Batch (check failures())."""
+        cdef list encoded = [_encode_path(p) for p in paths]
+        cdef size_t n = len(encoded), i
+        cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
+        if cpaths == NULL:
+            raise MemoryError()
+        cdef fr_batch *b = NULL
+        cdef int rc
+        try:
+            for i in range(n):
+                cpaths[i] = PyBytes_AS_STRING(encoded[i])
+            with self.lock:
+                if self.ctx == NULL:
+                    raise ValueError("context is closed")
+                b = fr_pool_get(self.owner.pool)
+                if b == NULL:
+                    raise MemoryError()
+                rc = fr_batch_prepare(b, n)
+                if rc == 0:
+                    with nogil:
+                        rc = fr_read_files(self.ctx, cpaths, n, b)
+            if rc != 0:
+                fr_batch_recycle(b)
+                _raise_errno(rc, f"engine {self.engine!r} failed a batch of {n} files")
+            return Batch.wrap(b, self.owner)
+        finally:
+            free(cpaths)
+
+
+cdef class NativeReader:
+    """A native thread reading submitted batches of dataset indices ahead."""
+    cdef fr_reader *rd
+    cdef _PoolOwner owner
+    cdef readonly str engine
+    cdef readonly size_t size
+
+    def __cinit__(self, paths, str engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
+                  bint o_direct=False, unsigned direct_alignment=4096,
+                  bint register_buffers=True, bint register_files=True, unsigned prefetch=2):
+        cdef list encoded = [_encode_path(p) for p in paths]
+        cdef size_t n = len(encoded), i
+        cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
+        if cpaths == NULL:
+            raise MemoryError()
+        cdef fr_config cfg
+        cdef char err[256]
+        err[0] = 0
+        cdef bytes eng = engine.encode()
+        cdef int rc
+        try:
+            for i in range(n):
+                cpaths[i] = PyBytes_AS_STRING(encoded[i])
+            _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
+                         register_buffers, register_files)
+            with nogil:
+                rc = fr_reader_open(&cfg, cpaths, n, prefetch, &self.rd, err, sizeof(err))
+        finally:
+            free(cpaths)
+        if rc != 0:
+            msg = err.decode(errors="replace") or os.strerror(-rc)
+            if rc == -22:
+                raise ValueError(f"engine {engine!r}: {msg}")
+            raise OSError(-rc, f"engine {engine!r}: {msg}")
+        self.owner = _PoolOwner.wrap(fr_reader_pool(self.rd))
+        self.engine = engine
+        self.size = n
+
+    def __dealloc__(self):
+        if self.rd != NULL:
+            with nogil:
+                fr_reader_close(self.rd)
+            self.rd = NULL
+
+    cdef fr_reader *_get(self) except NULL:
+        if self.rd == NULL:
+            raise ValueError("reader is closed")
+        return self.rd
+
+    def close(self):
+        if self.rd != NULL:
+            with nogil:
+                fr_reader_close(self.rd)
+            self.rd = NULL
+
+    def submit(self, indices):
+        cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] idx = \
+            cnp.PyArray_FROMANY(indices, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
+        cdef fr_reader *rd = self._get()
+        cdef int rc = fr_reader_submit(rd, <const int64_t *>idx.data, idx.shape[0])
+        if rc == -22:
+            raise IndexError(f"sample index out of range 0..{self.size - 1}")
+        if rc != 0:
+            _raise_errno(rc, "cannot queue a batch")
+
+    def next(self):
+        """The oldest submitted batch, waiting for it with the GIL released;
+        None when nothing is queued."""
+        cdef fr_reader *rd = self._get()
+        cdef fr_batch *b = NULL
+        cdef int rc
+        with nogil:
+            rc = fr_reader_next(rd, &b)
+        if rc == -61:  # ENODATA
+            return None
+        if rc != 0:
+            _raise_errno(rc, f"reader thread ({self.engine}) stopped")
+        if b.status != 0:
+            rc = b.status
+            fr_batch_recycle(b)
+            _raise_errno(rc, f"engine {self.engine!r} failed a batch")
+        return Batch.wrap(b, self.owner)
+
+    def reset(self):
+        fr_reader_reset(self._get())
+
+    @property
+    def pending(self):
+        return fr_reader_pending(self._get())
+
+    def path(self, size_t index):
+        cdef const char *p = fr_reader_path(self._get(), index)
+        if p == NULL:
+            raise IndexError(index)
+        return os.fsdecode(<bytes>p)
+
+    def pool_batches(self):
+        return fr_pool_batches(self.owner.pool)
+
+    def pool_idle_bytes(self):
+        return fr_pool_bytes(self.owner.pool)

@@ -1,0 +1,53 @@
+"""Run-time settings, each overridable by an environment variable.
+
+Read once per call of :func:`get`, so tests and users may change the
+environment at run time. Explicit arguments always win over these.
+"""
+import os
+
+_SETTINGS = {
+    # name: (environment variable, default, type)
+    "engine": ("FASTREAD_ENGINE", "auto", str),
+    "queue_depth": ("FASTREAD_QUEUE_DEPTH", 64, int),
+    "threads": ("FASTREAD_THREADS", 4, int),
+    "o_direct": ("FASTREAD_O_DIRECT", False, bool),
+    "direct_alignment": ("FASTREAD_DIRECT_ALIGNMENT", 4096, int),
+    "register_buffers": ("FASTREAD_REGISTER_BUFFERS", True, bool),
+    "register_files": ("FASTREAD_REGISTER_FILES", True, bool),
+    "prefetch": ("FASTREAD_PREFETCH", 2, int),
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse(name, raw, kind):
+    var = _SETTINGS[name][0]
+    if kind is bool:
+        v = raw.strip().lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+        raise ValueError(f"{var}={raw!r}: expected one of 1/0/true/false/yes/no/on/off")
+    if kind is int:
+        try:
+            return int(raw, 0)
+        except ValueError:
+            raise ValueError(f"{var}={raw!r}: expected an integer") from None
+    return raw
+
+
+def get(name):
+    """The setting's value: the environment variable if set, else the default."""
+    var, default, kind = _SETTINGS[name]
+    raw = os.environ.get(var)
+    return default if raw is None else _parse(name, raw, kind)
+
+
+def all_settings():
+    return {name: get(name) for name in _SETTINGS}
+
+
+def names():
+    return list(_SETTINGS)

@@ -1,0 +1,26 @@
+"""Reading lists of files in one native call."""
+from fastread.engine import cached_context
+from fastread.errors import ReadError
+
+
+def raise_failures(batch, path_of):
+    """Raises ReadError for a batch with failed samples; path_of(i) names
+    sample i."""
+    failures = batch.failures()
+    if failures:
+        named = [(path_of(i), err) for i, err in failures]
+        raise ReadError(named[0][1], named[0][0], named)
+
+
+def read_files(paths, engine="auto", **engine_options):
+    """Reads every file and returns a list of uint8 arrays, in input order.
+
+    One native call with the GIL released reads the whole list with many I/Os
+    in flight. The arrays are views into one engine-owned arena that stays
+    alive as long as any of them does. Raises ReadError naming the first path
+    that failed (all failures are in its ``failures``).
+    """
+    paths = list(paths)
+    batch = cached_context(engine, **engine_options).read(paths)
+    raise_failures(batch, lambda i: paths[i])
+    return batch.arrays()
