@@ -1,0 +1,492 @@
+"""Dataset indexing with the exact semantics of DALI's ``fn.readers.file``.
+
+This module is pure Python (numpy, plus libc's ``fnmatch`` through
+:mod:`ctypes`) and has no dependency on DALI or on the rest of
+:mod:`fastread`.  It provides:
+
+* :func:`scan` -- build the ``(paths, labels)`` sample list exactly as DALI 2.4's
+  ``fn.readers.file`` does, from a class-per-subdirectory tree (``file_root``),
+  from a ``file_list`` text file, or from explicit ``files``/``labels``.
+* :func:`shard_range` -- DALI's shard boundaries.
+* :func:`epoch_indices` -- the sample indices one shard reads in one epoch
+  (optionally globally shuffled per epoch, padded, or with the last partial
+  batch dropped).
+
+DALI semantics reproduced by :func:`scan` (DALI 2.4.0, verified both by reading
+``dali/operators/reader/loader/discover_files.cc``, ``file_label_loader.h``,
+``filesystem.cc``, ``loader.h``/``loader.cc`` and by experiment against the
+installed ``nvidia-dali-cuda120`` 2.4.0):
+
+Directory mode (``file_root`` without ``file_list``/``files``):
+
+* Every *first-level* entry of ``file_root`` whose ``stat()`` (symlinks
+  followed) says "directory" is a class.  Class directories are sorted by the
+  byte values of their names (``std::sort`` on ``std::string``; e.g. ``"B"`` <
+  ``"a_"`` < ``"aa"`` < ``"b"``) and the label of a class is its index in that
+  sorted list.  Directories without any matching file (even completely empty
+  ones) still consume a label index.  A dangling symlink directly under
+  ``file_root`` is an error (DALI ``stat()``-s every root entry).
+* Only files *directly* inside a class directory are samples: deeper
+  subdirectories are not traversed and files directly in ``file_root`` are
+  ignored.  An entry is a candidate if ``readdir`` reports it as a regular
+  file or a symlink (symlinks are *not* resolved: a dangling symlink or a
+  symlink to a directory whose name matches a filter is listed, and fails
+  later when read).  Directories, FIFOs, sockets and devices are skipped.
+* A name is kept if glibc ``fnmatch(filter, name, flags)`` accepts it for at
+  least one of ``file_filters`` (default and custom ones alike), with
+  ``flags = FNM_CASEFOLD`` unless ``case_sensitive_filter=True`` (then ``0``).
+  No ``FNM_PERIOD``: ``*`` also matches a leading dot, so hidden files are
+  included.  This module calls the very same libc ``fnmatch`` through
+  :mod:`ctypes`, with the name's on-disk bytes (``os.fsencode``, so names
+  that are not valid UTF-8 are matched byte-wise as in DALI) and the filter's
+  UTF-8 bytes (what DALI receives from Python).  Matching depends on the
+  process's ``LC_CTYPE`` locale: Python sets it from the environment at
+  startup (``C``/``POSIX`` is coerced to ``C.UTF-8``), and DALI running in the
+  same process sees the same locale.  In a UTF-8 locale, names are matched
+  per character and ``FNM_CASEFOLD`` folds with ``towlower``, so
+  ``"x.tİf"`` matches ``"*.tif"``.
+* Within a class, names are sorted by their bytes; the final order is class by
+  class, then file name.  Each sample path is ``join(file_root, class, name)``
+  using DALI's ``join_path`` (no normalisation: ``file_root="/d/"`` gives
+  ``"/d/c/x.jpg"``, ``file_root="/d//"`` gives ``"/d//c/x.jpg"``).
+
+``file_list`` mode: one ``<path> <label>`` per line, parsed from the end of the
+line: trailing ASCII whitespace is skipped, the label is the trailing run of
+decimal digits (no sign), and the file name is everything before the
+whitespace that precedes the label, so names may contain spaces (and even a
+leading space).  Blank lines are skipped; there are no comments (``#x 1`` is
+file ``#x``).  Labels are converted like C ``atoi`` (wrapping to int32).  Paths
+are joined to ``file_root`` if given, otherwise to the part of the
+``file_list`` path before its last ``/`` (with none, or for ``/list.txt``,
+paths stay relative to the current directory).  Absolute paths are kept.
+Files are not checked for existence and ``file_filters`` is ignored.
+
+``files`` mode: ``files`` joined to ``file_root`` (if given), labels from
+``labels`` or, without it, the position in ``files``.
+
+Difference from DALI (documented approximation): on filesystems that do not
+report ``d_type`` (``DT_UNKNOWN``) DALI keeps every matching name, while this
+module still excludes directories and special files.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import operator
+import os
+import stat
+import sys
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+__all__ = [
+    "DALI_DEFAULT_FILTERS",
+    "scan",
+    "shard_range",
+    "epoch_indices",
+]
+
+#: Default ``file_filters`` of DALI 2.4 ``fn.readers.file``
+#: (schema default ``kKnownExtensionsGlob``).  Matched case-insensitively.
+DALI_DEFAULT_FILTERS: Tuple[str, ...] = (
+    "*.jpg", "*.jpeg", "*.png", "*.bmp", "*.tif", "*.tiff", "*.pnm", "*.ppm",
+    "*.pgm", "*.pbm", "*.jp2", "*.webp", "*.flac", "*.ogg", "*.wav",
+)
+
+# DALI reads list lines with ``std::istream::getline`` into a 16 KiB buffer:
+# a line of 16384 or more characters makes the stream fail.
+_MAX_LIST_LINE = (16 << 10) - 1
+_C_SPACE = b" \t\n\v\f\r"
+_LONG_MAX = (1 << 63) - 1
+
+PathArg = Union[str, "os.PathLike[str]", bytes]
+
+
+# ----------------------------------------------------------------------------
+# file name filters: glibc fnmatch(3), called through ctypes
+# ----------------------------------------------------------------------------
+
+# DALI calls ``fnmatch(filter, d_name, case_sensitive_filter ? 0 : FNM_CASEFOLD)``.
+# The symbols are looked up in the process's global namespace, i.e. the same
+# libc ``fnmatch`` that DALI's shared library binds to.  No ``argtypes``: every
+# argument is bytes (``char *``) or a small int (``int``), which ctypes' default
+# conversions pass correctly, and declaring them makes each call ~3x slower.
+try:
+    _libc = ctypes.CDLL(None)
+    _fnmatch = _libc.fnmatch
+except (OSError, AttributeError):  # pragma: no cover - libc not in the global namespace
+    _libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    _fnmatch = _libc.fnmatch
+_FNM_CASEFOLD = 1 << 4  # <fnmatch.h>
+_GLOB_SPECIAL = frozenset("*?[\\\0")
+_FS_ENCODING = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+
+
+def _ascii_casefold_is_plain() -> bool:
+    """True if ``FNM_CASEFOLD`` folds ASCII like ``str.lower`` in the current
+    locale (glibc folds with ``tolower`` in single-byte and ``towlower`` in
+    multibyte locales; e.g. ``tr_TR.UTF-8`` maps ``I`` to dotless ``ı``)."""
+    return all(_libc.tolower(c) == _libc.towlower(c) == ord(chr(c).lower())
+               for c in range(128))
+
+
+class _Matcher:
+    """``name`` matches if glibc ``fnmatch(pattern, name, flags) == 0`` for any
+    pattern, exactly as in DALI.
+
+    Fast path (no ctypes call): an ASCII name against an ASCII pattern
+    ``"*" + literal`` (literal without ``* ? [ \\`` or NUL).  Without
+    ``FNM_PERIOD``/``FNM_PATHNAME`` the ``*`` matches any prefix (leading dots
+    included) and a literal matches character by character after folding both
+    sides, so fnmatch is ``fold(name).endswith(fold(literal))``; that is
+    ``str.lower`` (ASCII folding on ASCII input) when the locale folds ASCII
+    plainly, which is checked when the matcher is built.  Everything else,
+    including every non-ASCII or non-UTF-8 name, is passed to ``fnmatch``.
+    """
+
+    def __init__(self, patterns: Sequence[str], case_sensitive: bool):
+        self.flags = 0 if case_sensitive else _FNM_CASEFOLD
+        self.fold = str if case_sensitive else str.lower
+        fast = case_sensitive or _ascii_casefold_is_plain()
+        suffixes, self.slow, self.all = [], [], []
+        for p in dict.fromkeys(patterns):
+            b = p.encode("utf-8", "surrogateescape")  # what pybind11 hands DALI
+            self.all.append(b)
+            if fast and p[:1] == "*" and p.isascii() and _GLOB_SPECIAL.isdisjoint(p[1:]):
+                suffixes.append(self.fold(p[1:]))
+            else:
+                self.slow.append(b)
+        self.suffixes = tuple(suffixes)
+
+    def __call__(self, name: str) -> bool:
+        ascii_ = name.isascii()
+        if ascii_ and self.fold(name).endswith(self.suffixes):
+            return True
+        b = name.encode(*_FS_ENCODING)  # os.fsencode: the bytes readdir returned
+        for p in self.slow if ascii_ else self.all:
+            if _fnmatch(p, b, self.flags) == 0:
+                return True
+        return False
+
+
+# ----------------------------------------------------------------------------
+# scan
+# ----------------------------------------------------------------------------
+
+def _join_path(dir_: str, path: str) -> str:
+    """DALI ``filesystem::join_path``: prepend dir to relative paths."""
+    if not dir_:
+        return path
+    if not path:
+        return dir_
+    if path[0] == "/":
+        return path
+    if dir_[-1] == "/":
+        return dir_ + path
+    return dir_ + "/" + path
+
+
+def _to_str(p: PathArg, what: str) -> str:
+    try:
+        p = os.fspath(p)
+    except TypeError:
+        raise TypeError(f"{what} must be a path (str or os.PathLike), got {type(p).__name__}") from None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    return p
+
+
+def _byte_sorted(names: List[str]) -> List[str]:
+    # std::sort on std::string == byte order; for valid UTF-8 this equals
+    # code point order, but names with invalid bytes (surrogate escapes) differ.
+    if all(n.isascii() for n in names):
+        return sorted(names)
+    return sorted(names, key=os.fsencode)
+
+
+def _check_filters(filters, option: str) -> List[str]:
+    if isinstance(filters, (str, bytes)):
+        filters = [filters]
+    filters = [_to_str(f, option) if not isinstance(f, str) else f for f in filters]
+    if not filters:
+        raise ValueError(f"``{option}`` list cannot be empty")
+    return filters
+
+
+def _list_classes(root: str, dir_matcher: Optional[_Matcher]) -> List[str]:
+    try:
+        it = os.scandir(root)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"file_root {root!r} does not exist") from None
+    except NotADirectoryError:
+        raise NotADirectoryError(f"file_root {root!r} is not a directory") from None
+    subdirs = []
+    with it:
+        for e in it:
+            if e.is_symlink():
+                # DALI stat()s every root entry and fails if it cannot.
+                try:
+                    is_dir = stat.S_ISDIR(os.stat(e.path).st_mode)
+                except OSError as exc:
+                    raise FileNotFoundError(
+                        f"Could not access {_join_path(root, e.name)!r} during directory "
+                        f"traversal of file_root {root!r}: {exc.strerror}") from None
+            else:
+                is_dir = e.is_dir()
+            if is_dir and (dir_matcher is None or dir_matcher(e.name)):
+                subdirs.append(e.name)
+    return _byte_sorted(subdirs)
+
+
+def _list_files(dirpath: str, matcher: _Matcher) -> List[str]:
+    fold, suffixes = matcher.fold, matcher.suffixes
+    with os.scandir(dirpath) as it:
+        out = [name for e in it
+               # the matcher's fast path inlined: most names take it
+               if ((name := e.name).isascii() and fold(name).endswith(suffixes)
+                   or matcher(name))
+               and (e.is_file(follow_symlinks=False) or e.is_symlink())]
+    return _byte_sorted(out)
+
+
+def _scan_tree(root: str, filters: List[str], dir_filters: Optional[List[str]],
+               case_sensitive: bool):
+    matcher = _Matcher(filters, case_sensitive)
+    dir_matcher = _Matcher(dir_filters, case_sensitive) if dir_filters is not None else None
+    classes = _list_classes(root, dir_matcher)
+    paths: List[str] = []
+    counts = []
+    for cls in classes:
+        prefix = _join_path(root, cls) + "/"
+        names = _list_files(prefix[:-1], matcher)
+        paths.extend([prefix + n for n in names])
+        counts.append(len(names))
+    labels = np.repeat(np.arange(len(classes), dtype=np.int32),
+                       np.asarray(counts, dtype=np.int64))
+    return paths, labels
+
+
+def _atoi(digits: bytes) -> int:
+    v = min(int(digits), _LONG_MAX)  # strtol clamps, then (int) truncates
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= (1 << 31) else v
+
+
+def _parse_file_list(file_list: str, root: str):
+    try:
+        with open(file_list, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"file_list {file_list!r} does not exist") from None
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    paths: List[str] = []
+    labels: List[int] = []
+    for lineno, line in enumerate(lines, 1):
+        if len(line) > _MAX_LIST_LINE:
+            raise ValueError(f"file_list {file_list!r}, line {lineno}: line is longer than "
+                             f"{_MAX_LIST_LINE} bytes")
+        nul = line.find(b"\0")
+        if nul >= 0:
+            line = line[:nul]
+        i = len(line) - 1
+        while i >= 0 and line[i] in _C_SPACE:
+            i -= 1
+        if i < 0:
+            continue  # blank line
+        label_end = i + 1
+        while i >= 0 and 48 <= line[i] <= 57:
+            i -= 1
+        label_start = i + 1
+        while i >= 0 and line[i] in _C_SPACE:
+            i -= 1
+        name_end = i + 1
+        if not (0 < name_end < label_start and label_end > label_start):
+            raise ValueError(
+                f"file_list {file_list!r}, line {lineno}: expected a file name followed "
+                f"by whitespace and a non-negative integer label, got {os.fsdecode(line)!r}")
+        paths.append(_join_path(root, os.fsdecode(line[:name_end])))
+        labels.append(_atoi(line[label_start:label_end]))
+    if not paths:
+        raise ValueError(f"file_list {file_list!r} contains no samples")
+    return paths, np.asarray(labels, dtype=np.int32)
+
+
+def scan(file_root: Optional[PathArg],
+         file_filters: Optional[Sequence[str]] = None,
+         file_list: Optional[PathArg] = None,
+         *,
+         files: Optional[Sequence[PathArg]] = None,
+         labels: Optional[Sequence[int]] = None,
+         dir_filters: Optional[Sequence[str]] = None,
+         case_sensitive_filter: bool = False) -> Tuple[List[str], np.ndarray]:
+    """List samples exactly as DALI's ``fn.readers.file`` does (before shuffling
+    and sharding).
+
+    Args:
+        file_root: Dataset directory (one subdirectory per class), or the base
+            that ``file_list``/``files`` paths are relative to.  May be ``None``
+            with ``file_list`` or ``files``.
+        file_filters: Glob patterns for file names in directory mode;
+            ``None`` means :data:`DALI_DEFAULT_FILTERS`.  Ignored with
+            ``file_list``/``files`` (as in DALI).
+        file_list: Text file with ``<path> <label>`` lines (see module doc).
+        files: Explicit list of paths (DALI's ``files=``); mutually exclusive
+            with ``file_list``.
+        labels: Labels for ``files`` (DALI's ``labels=``); default: positions.
+        dir_filters: Optional glob patterns selecting class directories.
+        case_sensitive_filter: Match filters case-sensitively (DALI default
+            ``False``).
+
+    Returns:
+        ``(paths, labels)``: the paths exactly as DALI opens them (the DALI
+        ``join_path`` of ``file_root`` and the relative path) and an
+        ``np.int32`` array of labels, in DALI's (unshuffled) sample order.
+
+    Raises:
+        FileNotFoundError: ``file_root`` (directory mode) or ``file_list``
+            does not exist, or a root entry is a dangling symlink.
+        NotADirectoryError: ``file_root`` is not a directory (directory mode).
+        ValueError: no samples found (message names the root and filters),
+            a malformed ``file_list`` line (names file and line), or
+            inconsistent arguments.
+    """
+    if files is not None and file_list is not None:
+        raise ValueError("File paths can be provided through ``files`` or ``file_list`` "
+                         "but not both")
+    if labels is not None and files is None:
+        raise ValueError("``labels`` is valid only when file paths are provided as ``files``")
+    if file_root is None and files is None and file_list is None:
+        raise ValueError("``file_root`` is required when not using ``files`` or ``file_list``")
+    if file_filters is not None:
+        file_filters = _check_filters(file_filters, "file_filters")
+    if dir_filters is not None:
+        dir_filters = _check_filters(dir_filters, "dir_filters")
+    root = _to_str(file_root, "file_root") if file_root is not None else None
+
+    if files is not None:
+        files = [_to_str(f, "files") for f in files]
+        if not files:
+            raise ValueError("``files`` specified an empty list")
+        if labels is not None:
+            labels = np.asarray(labels)
+            if labels.ndim != 1 or len(labels) != len(files):
+                raise ValueError(f"Provided {labels.size} labels for {len(files)} files")
+            lab = labels.astype(np.int32)
+        else:
+            lab = np.arange(len(files), dtype=np.int32)
+        return [_join_path(root or "", f) for f in files], lab
+
+    if file_list is not None:
+        file_list = _to_str(file_list, "file_list")
+        if not file_list:
+            raise ValueError("``file_list`` argument cannot be empty")
+        if root is None:
+            idx = file_list.rfind("/")
+            root = file_list[:idx] if idx >= 0 else ""
+        return _parse_file_list(file_list, root)
+
+    filters = list(DALI_DEFAULT_FILTERS) if file_filters is None else file_filters
+    paths, lab = _scan_tree(root, filters, dir_filters, bool(case_sensitive_filter))
+    if not paths:
+        extra = f" and dir_filters {dir_filters!r}" if dir_filters is not None else ""
+        raise ValueError(f"No files found in class subdirectories of file_root {root!r} "
+                         f"matching file_filters {filters!r}{extra}")
+    return paths, lab
+
+
+# ----------------------------------------------------------------------------
+# sharding
+# ----------------------------------------------------------------------------
+
+def _as_int(value, option: str) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"``{option}`` must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"``{option}`` must be an integer, got {value!r}") from None
+
+
+def shard_range(num_samples: int, shard_id: int, num_shards: int) -> Tuple[int, int]:
+    """``[start, end)`` of shard ``shard_id`` out of ``num_shards``.
+
+    DALI's formula (``loader.cc``: ``start_index = size * shard_id /
+    num_shards``), so shard sizes differ by at most one and the larger shards
+    come last (10 samples in 3 shards: ``[0,3) [3,6) [6,10)``).  Like DALI,
+    ``num_shards`` may not exceed ``num_samples``.
+    """
+    num_samples = _as_int(num_samples, "num_samples")
+    shard_id = _as_int(shard_id, "shard_id")
+    num_shards = _as_int(num_shards, "num_shards")
+    if num_samples < 0:
+        raise ValueError(f"``num_samples`` must be >= 0, got {num_samples}")
+    if num_shards < 1:
+        raise ValueError(f"``num_shards`` must be >= 1, got {num_shards}")
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"``shard_id`` must be in [0, num_shards={num_shards}), got {shard_id}")
+    if num_shards > num_samples:
+        raise ValueError(f"The number of samples ({num_samples}) must be at least equal to "
+                         f"``num_shards`` ({num_shards})")
+    return num_samples * shard_id // num_shards, num_samples * (shard_id + 1) // num_shards
+
+
+def epoch_indices(num_samples: int, *, shard_id: int = 0, num_shards: int = 1,
+                  shuffle: bool = False, seed: int = 0, epoch: int = 0,
+                  pad_last_batch: bool = False, batch_size: Optional[int] = None,
+                  drop_last: bool = False) -> np.ndarray:
+    """Indices (into :func:`scan` order) that shard ``shard_id`` reads in ``epoch``.
+
+    * Without ``shuffle``: the shard's contiguous range :func:`shard_range`,
+      i.e. the samples DALI's reader with the same ``shard_id``/``num_shards``
+      yields in its first epoch (every epoch: like DALI with
+      ``stick_to_shard=True``; DALI's default instead moves each reader to the
+      next shard every epoch).
+    * With ``shuffle``: one global permutation per ``(seed, epoch)``,
+      ``np.random.default_rng([seed, epoch]).permutation(num_samples)``
+      (PCG64 via ``SeedSequence``), identical on every rank, sliced with
+      :func:`shard_range`.  Shards therefore partition the dataset in every
+      epoch, and each epoch has a different permutation (the idea of DALI's
+      ``shuffle_after_epoch``; the random stream itself differs from DALI's).
+    * ``pad_last_batch`` (DALI semantics, ``loader.h`` ``ShouldPadBatch``): the
+      shard is first padded by repeating its last sample up to
+      ``ceil(num_samples / num_shards)`` so all shards have equal length, then,
+      if ``batch_size`` is given, further up to a multiple of ``batch_size``.
+    * ``drop_last``: drop the final incomplete batch (requires ``batch_size``).
+      Combined with ``pad_last_batch`` the shards are still equalised first,
+      then the incomplete batch is dropped instead of padded.
+
+    Returns an ``np.int64`` array.
+    """
+    start, end = shard_range(num_samples, shard_id, num_shards)
+    num_samples = _as_int(num_samples, "num_samples")
+    num_shards = _as_int(num_shards, "num_shards")
+    if batch_size is not None:
+        batch_size = _as_int(batch_size, "batch_size")
+        if batch_size < 1:
+            raise ValueError(f"``batch_size`` must be >= 1, got {batch_size}")
+    elif drop_last:
+        raise ValueError("``drop_last`` requires ``batch_size``")
+    if shuffle:
+        seed = _as_int(seed, "seed")
+        epoch = _as_int(epoch, "epoch")
+        if seed < 0:
+            raise ValueError(f"``seed`` must be >= 0, got {seed}")
+        if epoch < 0:
+            raise ValueError(f"``epoch`` must be >= 0, got {epoch}")
+        perm = np.random.default_rng([seed, epoch]).permutation(num_samples)
+        idx = perm[start:end].astype(np.int64, copy=False)
+    else:
+        idx = np.arange(start, end, dtype=np.int64)
+    if pad_last_batch:
+        target = -(-num_samples // num_shards)
+        if batch_size is not None and not drop_last:
+            target = -(-target // batch_size) * batch_size
+        if target > len(idx):
+            idx = np.concatenate([idx, np.full(target - len(idx), idx[-1], dtype=np.int64)])
+    if drop_last:
+        idx = idx[: len(idx) // batch_size * batch_size]
+    return idx
