@@ -1,0 +1,56 @@
+import os
+
+import numpy as np
+import pytest
+
+import fastread
+
+# Sizes on every edge of the engines' arithmetic: empty, one byte, around a
+# page and a 512-byte sector, ~100 KB, and more than 2 MiB.
+EDGE_SIZES = [0, 1, 511, 512, 513, 4095, 4096, 4097, 100_000, (2 << 20) + 333]
+
+
+def available_engines():
+    return [name for name, ok in fastread.engines().items() if ok is True]
+
+
+def engine_params():
+    """Every engine fastread knows; unavailable ones skip with the reason."""
+    params = []
+    for name, ok in fastread.engines().items():
+        marks = [] if ok is True else [pytest.mark.skip(reason=f"engine {name}: {ok}")]
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+@pytest.fixture(scope="session")
+def disk_tmp(tmp_path_factory):
+    """A directory on a disk-backed file system (O_DIRECT needs one; /tmp may
+    be tmpfs)."""
+    base = os.environ.get("FASTREAD_TEST_DIR", "/var/tmp")
+    if os.path.isdir(base) and os.access(base, os.W_OK):
+        import tempfile
+        d = tempfile.mkdtemp(prefix="fastread-test-", dir=base)
+        yield d
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+    else:
+        yield str(tmp_path_factory.mktemp("disk"))
+
+
+@pytest.fixture(scope="session")
+def edge_tree(disk_tmp):
+    """class dirs with files of EDGE_SIZES; returns (root, {path: bytes})."""
+    rng = np.random.default_rng(1234)
+    root = os.path.join(disk_tmp, "edge")
+    content = {}
+    for c in range(3):
+        d = os.path.join(root, f"class{c}")
+        os.makedirs(d)
+        for j, size in enumerate(EDGE_SIZES):
+            p = os.path.join(d, f"s{j:02d}_{size}.jpg")
+            data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+            with open(p, "wb") as f:
+                f.write(data)
+            content[p] = data
+    return root, content

@@ -1,0 +1,171 @@
+"""read_files: byte equality per engine, buffered and O_DIRECT, and errors."""
+import errno
+import os
+import stat
+
+import numpy as np
+import pytest
+
+import fastread
+from conftest import EDGE_SIZES, engine_params
+
+
+@pytest.mark.parametrize("o_direct", [False, True], ids=["buffered", "o_direct"])
+@pytest.mark.parametrize("engine", engine_params())
+def test_bytes_equal_plain_reads(engine, o_direct, edge_tree):
+    _, content = edge_tree
+    paths = sorted(content) * 3  # repeated paths and more files than a queue
+    arrays = fastread.read_files(paths, engine=engine, o_direct=o_direct, queue_depth=8)
+    assert len(arrays) == len(paths)
+    for p, a in zip(paths, arrays):
+        assert a.dtype == np.uint8 and a.ndim == 1
+        assert a.tobytes() == content[p], p
+
+
+@pytest.mark.parametrize("engine", engine_params())
+def test_engine_options_change_nothing_observable(engine, edge_tree):
+    _, content = edge_tree
+    paths = sorted(content)
+    for opts in ({"register_buffers": False}, {"register_files": False},
+                 {"queue_depth": 1}, {"threads": 1}, {"direct_alignment": 512, "o_direct": True}):
+        arrays = fastread.read_files(paths, engine=engine, **opts)
+        assert [a.tobytes() for a in arrays] == [content[p] for p in paths], opts
+
+
+def test_empty_file_is_empty_array(edge_tree):
+    _, content = edge_tree
+    empty = [p for p, d in content.items() if not d]
+    for a in fastread.read_files(empty):
+        assert a.shape == (0,) and a.dtype == np.uint8
+
+
+def test_views_outlive_each_other_and_the_context(edge_tree):
+    _, content = edge_tree
+    paths = sorted(content)
+    ctx = fastread.open_context("psync")
+    arrays = ctx.read(paths).arrays()
+    ctx.close()
+    del ctx
+    keep = arrays[8]
+    del arrays
+    # Later reads must not overwrite memory a live view points into.
+    for _ in range(5):
+        fastread.read_files(paths)
+    assert keep.tobytes() == content[paths[8]]
+
+
+@pytest.mark.parametrize("engine", engine_params())
+def test_errors_name_the_path(engine, edge_tree, tmp_path):
+    _, content = edge_tree
+    good = sorted(content)[3]
+    missing = str(tmp_path / "missing.jpg")
+    with pytest.raises(fastread.ReadError) as e:
+        fastread.read_files([good, missing, good], engine=engine)
+    assert e.value.filename == missing and e.value.errno == errno.ENOENT
+    assert missing in str(e.value)
+    assert isinstance(e.value, OSError)
+
+    with pytest.raises(fastread.ReadError) as e:
+        fastread.read_files([str(tmp_path)], engine=engine)
+    assert e.value.errno == errno.EISDIR and e.value.filename == str(tmp_path)
+
+    both = [missing, str(tmp_path)]
+    with pytest.raises(fastread.ReadError) as e:
+        fastread.read_files(both, engine=engine)
+    assert [p for p, _ in e.value.failures] == both
+
+
+@pytest.mark.parametrize("engine", engine_params())
+def test_unreadable_file(engine):
+    import contextlib
+    import tempfile
+    d = tempfile.mkdtemp(prefix="fastread-perm-", dir="/var/tmp")
+    os.chmod(d, 0o755)
+    p = os.path.join(d, "secret.jpg")
+    with open(p, "wb") as f:
+        f.write(b"x" * 100)
+    os.chmod(p, 0)
+
+    @contextlib.contextmanager
+    def unprivileged():
+        # Root reads anything: act as 'nobody' for the duration of the read.
+        if os.geteuid() != 0:
+            yield
+            return
+        os.seteuid(65534)
+        try:
+            yield
+        finally:
+            os.seteuid(0)
+
+    try:
+        with unprivileged(), pytest.raises(fastread.ReadError) as e:
+            fastread.read_files([p], engine=engine, register_buffers=False)
+        assert e.value.errno == errno.EACCES and e.value.filename == p
+    finally:
+        os.chmod(p, 0o644)
+        os.remove(p)
+        os.rmdir(d)
+
+
+def test_unreadable_file_via_fifo(tmp_path):
+    # Works as root too: a FIFO is no regular file and must not block.
+    p = tmp_path / "pipe.jpg"
+    os.mkfifo(p)
+    for engine in [e for e, ok in fastread.engines().items() if ok is True]:
+        with pytest.raises(fastread.ReadError) as e:
+            fastread.read_files([str(p)], engine=engine)
+        assert e.value.filename == str(p)
+    assert stat.S_ISFIFO(os.stat(p).st_mode)
+
+
+def test_unknown_engine_lists_available():
+    with pytest.raises(ValueError) as e:
+        fastread.read_files(["x"], engine="warp-drive")
+    msg = str(e.value)
+    assert "warp-drive" in msg and "psync" in msg
+
+
+def test_bad_engine_option_named():
+    with pytest.raises(TypeError, match="queue_dept"):
+        fastread.read_files(["x"], queue_dept=4)
+    with pytest.raises(ValueError, match="direct_alignment"):
+        fastread.read_files(["x"], engine="psync", direct_alignment=1000)
+    with pytest.raises(ValueError, match="queue_depth"):
+        fastread.read_files(["x"], queue_depth=0)
+
+
+def test_nul_in_path_rejected():
+    with pytest.raises(ValueError, match="NUL"):
+        fastread.read_files(["a\0b"])
+
+
+def test_engines_reports_reasons():
+    avail = fastread.engines()
+    assert avail["psync"] is True
+    for name, ok in avail.items():
+        assert ok is True or (isinstance(ok, str) and ok), name
+
+
+def test_env_default_engine(monkeypatch, edge_tree):
+    _, content = edge_tree
+    monkeypatch.setenv("FASTREAD_ENGINE", "psync")
+    from fastread.engine import resolve
+    assert resolve(None) == "psync"
+    monkeypatch.setenv("FASTREAD_QUEUE_DEPTH", "zero")
+    with pytest.raises(ValueError, match="FASTREAD_QUEUE_DEPTH"):
+        fastread.read_files(sorted(content)[:1])
+
+
+def test_file_grown_after_sizing_is_not_truncated(tmp_path):
+    # A file bigger than anything seen before must come back whole.
+    big = tmp_path / "big.jpg"
+    data = np.random.default_rng(0).integers(0, 256, 9 << 20, dtype=np.uint8).tobytes()
+    big.write_bytes(data)
+    for engine in [e for e, ok in fastread.engines().items() if ok is True]:
+        (a,) = fastread.read_files([str(big)], engine=engine)
+        assert a.tobytes() == data
+
+
+def test_sizes_fixture_is_complete():
+    assert 0 in EDGE_SIZES and max(EDGE_SIZES) > 2 << 20

@@ -1,0 +1,180 @@
+"""Reader: batches, labels, shards, shuffles, prefetch and buffer safety."""
+import gc
+
+import numpy as np
+import pytest
+
+import fastread
+from conftest import engine_params
+
+
+@pytest.fixture(scope="module")
+def tree(disk_tmp):
+    import os
+    root = os.path.join(disk_tmp, "reader-tree")
+    content = {}
+    rng = np.random.default_rng(7)
+    for c in range(4):
+        os.makedirs(os.path.join(root, f"c{c}"))
+        for j in range(25):
+            p = os.path.join(root, f"c{c}", f"{j:03d}.jpg")
+            data = rng.integers(0, 256, int(rng.integers(0, 20000)), dtype=np.uint8).tobytes()
+            open(p, "wb").write(data)
+            content[p] = data
+    return root, content
+
+
+def epoch(reader):
+    arrays, labels = [], []
+    for a, l in reader:
+        arrays.extend(x.tobytes() for x in a)
+        labels.extend(l.tolist())
+    return arrays, labels
+
+
+@pytest.mark.parametrize("engine", engine_params())
+def test_one_epoch_in_scan_order(engine, tree):
+    root, content = tree
+    paths, labels = fastread.scan(root)
+    with fastread.Reader(root, batch_size=7, engine=engine) as r:
+        assert len(r) == 15  # ceil(100 / 7)
+        got, got_labels = epoch(r)
+    assert got == [content[p] for p in paths]
+    assert got_labels == labels.tolist()
+
+
+def test_batches_have_labels_int32(tree):
+    root, _ = tree
+    with fastread.Reader(root, batch_size=10) as r:
+        a, l = next(iter(r))
+    assert len(a) == 10 and l.dtype == np.int32 and l.shape == (10,)
+
+
+@pytest.mark.parametrize("num_shards", [1, 3, 7])
+def test_shards_cover_every_sample_once(tree, num_shards):
+    root, content = tree
+    seen = []
+    for shard in range(num_shards):
+        with fastread.Reader(root, batch_size=8, shard_id=shard, num_shards=num_shards) as r:
+            seen.extend(epoch(r)[0])
+    assert sorted(seen) == sorted(content.values())
+
+
+def test_shuffle_reproducible_and_new_each_epoch(tree):
+    root, content = tree
+    def two_epochs(seed):
+        with fastread.Reader(root, batch_size=9, random_shuffle=True, seed=seed) as r:
+            return epoch(r)[0], epoch(r)[0]
+    a1, a2 = two_epochs(5)
+    b1, b2 = two_epochs(5)
+    c1, _ = two_epochs(6)
+    assert a1 == b1 and a2 == b2
+    assert a1 != a2 and a1 != c1
+    assert sorted(a1) == sorted(a2) == sorted(content.values())
+
+
+def test_shuffled_shards_partition_each_epoch(tree):
+    root, content = tree
+    for ep in range(3):
+        seen = []
+        for shard in range(3):
+            with fastread.Reader(root, batch_size=8, shard_id=shard, num_shards=3,
+                                 random_shuffle=True, seed=1) as r:
+                r.set_epoch(ep)
+                seen.extend(epoch(r)[0])
+        assert sorted(seen) == sorted(content.values())
+
+
+def test_pad_and_drop_last(tree):
+    root, _ = tree
+    with fastread.Reader(root, batch_size=16, drop_last=True) as r:
+        sizes = [len(a) for a, _ in r]
+        assert sizes == [16] * 6 and len(r) == 6
+    with fastread.Reader(root, batch_size=16, pad_last_batch=True) as r:
+        sizes = [len(a) for a, _ in r]
+        assert sizes == [16] * 7 and len(r) == 7
+    with fastread.Reader(root, batch_size=16) as r:
+        assert [len(a) for a, _ in r] == [16] * 6 + [4]
+
+
+def test_abandoned_epoch_then_new_one(tree):
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    with fastread.Reader(root, batch_size=10, prefetch=3) as r:
+        it = iter(r)
+        next(it)
+        next(it)
+        got, _ = epoch(r)  # starts over, nothing stale leaks in
+        assert got == [content[p] for p in paths]
+        with pytest.raises(StopIteration):
+            next(it)
+
+
+def test_arrays_stay_valid_while_held(tree):
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    with fastread.Reader(root, batch_size=10) as r:
+        held = [a for a, _ in r]  # every batch kept: no reuse may happen
+        for _ in range(2):
+            epoch(r)
+    flat = [x.tobytes() for batch in held for x in batch]
+    assert flat == [content[p] for p in paths]
+
+
+def test_memory_is_bounded_when_batches_are_dropped(tree):
+    root, _ = tree
+    with fastread.Reader(root, batch_size=10, prefetch=2) as r:
+        for _ in range(10):
+            epoch(r)
+        gc.collect()
+        assert r.memory()["batches"] <= 2 + 3
+
+
+def test_ring_depth_caps_batches_even_if_arrays_are_held(tree):
+    root, _ = tree
+    with fastread.Reader(root, batch_size=10, prefetch=2, ring_depth=2) as r:
+        held = []
+        for _ in range(5):
+            held.extend(a for a, _ in r)
+        assert r.memory()["batches"] <= 2 + 2 + 1
+        # Held views may have been overwritten but are still mapped memory.
+        assert all(isinstance(x.sum(), np.integer) for b in held for x in b)
+
+
+def test_read_error_in_reader_names_path(tree, tmp_path):
+    import os
+    import shutil
+    root = tmp_path / "r"
+    shutil.copytree(tree[0], root)
+    with fastread.Reader(str(root), batch_size=50) as r:
+        victim = r.paths[60]
+        os.remove(victim)
+        it = iter(r)
+        next(it)
+        with pytest.raises(fastread.ReadError) as e:
+            next(it)
+        assert e.value.filename == victim
+
+
+def test_bad_arguments(tree, tmp_path):
+    root, _ = tree
+    with pytest.raises(ValueError, match="batch_size"):
+        fastread.Reader(root, batch_size=0)
+    with pytest.raises(ValueError, match="shard_id"):
+        fastread.Reader(root, shard_id=3, num_shards=3)
+    with pytest.raises(ValueError, match="prefetch"):
+        fastread.Reader(root, prefetch=0)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        fastread.Reader(str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="warp"):
+        fastread.Reader(root, engine="warp")
+
+
+def test_closed_reader_refuses(tree):
+    root, _ = tree
+    r = fastread.Reader(root, batch_size=10)
+    a, _ = next(iter(r))
+    r.close()
+    with pytest.raises(ValueError, match="closed"):
+        iter(r)
+    assert a[0].size >= 0  # arrays already returned stay valid
