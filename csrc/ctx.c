@@ -111,7 +111,8 @@ void fr_ctx_close(fr_ctx *ctx)
 
 const char *fr_ctx_engine(const fr_ctx *ctx) { return ctx->engine->name; }
 
-int fr_read_files(fr_ctx *ctx, const char *const *paths, size_t n, fr_batch *batch)
+int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
+                  fr_batch *batch)
 {
     if (batch->samples_cap < n)
         return -EINVAL;
@@ -119,7 +120,7 @@ int fr_read_files(fr_ctx *ctx, const char *const *paths, size_t n, fr_batch *bat
     batch->status = 0;
     if (n == 0)
         return 0;
-    int rc = ctx->engine->read_files(ctx->state, paths, n, batch);
+    int rc = ctx->engine->read_files(ctx->state, paths, size_hints, n, batch);
     batch->status = rc;
     return rc;
 }

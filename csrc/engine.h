@@ -22,7 +22,8 @@ typedef struct fr_engine {
     /* Contract: fill batch->samples[0..n) and lay bytes out in batch->arena.
      * Per-sample failures go in samples[i].length as -errno; return 0 or a
      * batch-level -errno. */
-    int (*read_files)(void *state, const char *const *paths, size_t n, fr_batch *batch);
+    int (*read_files)(void *state, const char *const *paths, const int64_t *size_hints, size_t n,
+                      fr_batch *batch);
     long (*stat)(const void *state, const char *key);
 } fr_engine;
 

@@ -217,8 +217,10 @@ static int psync_open(const fr_config *cfg, void **state, char *err, size_t err_
     return 0;
 }
 
-static int psync_read_files(void *state, const char *const *paths, size_t n, fr_batch *batch)
+static int psync_read_files(void *state, const char *const *paths, const int64_t *size_hints,
+                            size_t n, fr_batch *batch)
 {
+    (void)size_hints; /* fstat on an open descriptor is as cheap as a hint */
     psync *p = state;
     p->paths = paths;
     p->batch = batch;

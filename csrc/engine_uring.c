@@ -1,14 +1,20 @@
 /*
- * io_uring: a batch in three steps, each with up to queue_depth files in
- * flight.
- *   1. statx every path, so each sample gets a slot of exactly its size.
- *   2. Lay the arena out once (it may move now; nothing is in flight).
- *   3. Per file, one linked chain: openat into a direct descriptor -> read
- *      (into a registered buffer when possible) -> close. The read is hard-
- *      linked to the close so a failed read never leaks the descriptor slot.
- *      Kernels without direct descriptors get openat, then read -> close.
- * Anything the fast path cannot finish (a short read, a file that changed
- * size, a read cut at FR_MAX_REQUEST) is repaired synchronously afterwards.
+ * io_uring: a batch with up to queue_depth files in flight.
+ *
+ * When every file's size is known (a reader remembers them from earlier
+ * epochs), each file is one linked chain: openat into a direct descriptor ->
+ * read (into a registered buffer when possible) -> close, hard-linked so a
+ * failed read never leaks the descriptor slot. The arena is laid out before
+ * anything is submitted.
+ *
+ * Otherwise files are sized first, in windows of WINDOW: openat (which the
+ * kernel completes inline when the path is cached), fstat on the descriptor
+ * (cheap: the inode is in memory once open), lay the window out, then
+ * read -> close. statx is not used for sizing: io_uring always hands it to a
+ * worker thread, which costs more than the read of a small file.
+ *
+ * Anything the fast path cannot finish (a short read, a file whose size
+ * changed, a read cut at FR_MAX_REQUEST) is repaired synchronously afterwards.
  *
  * Registered buffers are cached per arena and identified by the arena's
  * address and generation, so the context must be closed before the arenas it
@@ -27,7 +33,9 @@
 #define NBUF_SLOTS 16
 #define MAX_FIXED_BUF ((size_t)1 << 30) /* the kernel's limit per buffer */
 
-enum op { OP_STATX = 1, OP_OPEN, OP_READ, OP_CLOSE };
+enum op { OP_OPEN = 1, OP_READ, OP_CLOSE };
+
+#define WINDOW 256
 
 typedef struct buf_slot {
     const fr_arena *arena;
@@ -49,7 +57,6 @@ typedef struct uring {
 
     /* Per-call scratch, grown as needed. */
     size_t cap;
-    struct statx *stx;
     int64_t *sizes;
     int64_t *open_res;
     int64_t *read_res;
@@ -80,14 +87,13 @@ static int uring_probe(char *why, size_t why_len)
     if (probe) {
         if (!io_uring_opcode_supported(probe, IORING_OP_OPENAT) ||
             !io_uring_opcode_supported(probe, IORING_OP_READ) ||
-            !io_uring_opcode_supported(probe, IORING_OP_STATX) ||
             !io_uring_opcode_supported(probe, IORING_OP_CLOSE))
             missing = 1;
         io_uring_free_probe(probe);
     }
     io_uring_queue_exit(&ring);
     if (missing) {
-        fr_set_err(why, why_len, "the kernel's io_uring lacks openat/read/statx/close (needs Linux >= 5.6)");
+        fr_set_err(why, why_len, "the kernel's io_uring lacks openat/read/close (needs Linux >= 5.6)");
         return -ENOTSUP;
     }
     return 0;
@@ -100,7 +106,6 @@ static void uring_close(void *state)
         return;
     io_uring_queue_exit(&u->ring);
     free(u->free_slots);
-    free(u->stx);
     free(u->sizes);
     free(u->open_res);
     free(u->read_res);
@@ -162,7 +167,6 @@ static int grow_scratch(uring *u, size_t n)
             return -ENOMEM;                                                 \
         u->field = p_;                                                      \
     } while (0)
-    GROW(stx);
     GROW(sizes);
     GROW(open_res);
     GROW(read_res);
@@ -238,50 +242,6 @@ static void drain(uring *u, size_t inflight_ops)
     }
 }
 
-static int64_t stat_result(int res, const struct statx *stx)
-{
-    if (res < 0)
-        return res;
-    if (S_ISDIR(stx->stx_mode))
-        return -EISDIR;
-    if (!S_ISREG(stx->stx_mode))
-        return -EINVAL;
-    return (int64_t)stx->stx_size;
-}
-
-static int size_all(uring *u, const char *const *paths, size_t n)
-{
-    size_t next = 0, inflight = 0;
-    while (next < n || inflight > 0) {
-        while (next < n && inflight < u->depth) {
-            struct io_uring_sqe *sqe = get_sqe(u);
-            if (!sqe)
-                break;
-            io_uring_prep_statx(sqe, AT_FDCWD, paths[next], 0, STATX_TYPE | STATX_SIZE,
-                                &u->stx[next]);
-            io_uring_sqe_set_data64(sqe, pack(next, 0, OP_STATX));
-            next++;
-            inflight++;
-        }
-        int rc = submit_wait(u);
-        if (rc < 0) {
-            drain(u, inflight);
-            return rc;
-        }
-        unsigned head, seen = 0;
-        struct io_uring_cqe *cqe;
-        io_uring_for_each_cqe(&u->ring, head, cqe)
-        {
-            size_t i = ud_index(cqe->user_data);
-            u->sizes[i] = stat_result(cqe->res, &u->stx[i]);
-            inflight--;
-            seen++;
-        }
-        io_uring_cq_advance(&u->ring, seen);
-    }
-    return 0;
-}
-
 static void prep_read(uring *u, struct io_uring_sqe *sqe, int fd, fr_batch *batch, size_t i,
                       int buf_index)
 {
@@ -298,7 +258,7 @@ static int open_flags(const uring *u)
     return O_RDONLY | (u->cfg.o_direct ? O_DIRECT : 0);
 }
 
-/* Step 3 with direct descriptors: one linked chain per file. */
+/* Every size known: one linked chain per file. */
 static int read_chained(uring *u, const char *const *paths, size_t n, fr_batch *batch,
                         int buf_index)
 {
@@ -358,21 +318,86 @@ static int read_chained(uring *u, const char *const *paths, size_t n, fr_batch *
     return 0;
 }
 
-/* Step 3 without direct descriptors: openat, then read -> close per file. */
-static int read_unchained(uring *u, const char *const *paths, size_t n, fr_batch *batch,
-                          int buf_index)
+/* Opens files [first, first+count) with regular descriptors, many in flight,
+ * and sizes each with fstat. Failures land in sizes[] as -errno. */
+static int open_window(uring *u, const char *const *paths, size_t first, size_t count)
 {
-    size_t next = 0, files = 0, ops = 0;
-    while (next < n || ops > 0) {
-        while (next < n && files < u->depth) {
-            size_t i = next++;
-            if (u->sizes[i] < 0)
-                continue;
+    size_t next = first, end = first + count, inflight = 0;
+    while (next < end || inflight > 0) {
+        while (next < end && inflight < u->depth) {
             struct io_uring_sqe *sqe = get_sqe(u);
-            io_uring_prep_openat(sqe, AT_FDCWD, paths[i], open_flags(u) | O_CLOEXEC, 0);
-            io_uring_sqe_set_data64(sqe, pack(i, 0, OP_OPEN));
-            files++;
-            ops++;
+            if (!sqe)
+                break;
+            io_uring_prep_openat(sqe, AT_FDCWD, paths[next], open_flags(u) | O_CLOEXEC, 0);
+            io_uring_sqe_set_data64(sqe, pack(next, 0, OP_OPEN));
+            u->fds[next] = -1;
+            next++;
+            inflight++;
+        }
+        int rc = submit_wait(u);
+        if (rc < 0) {
+            drain(u, inflight);
+            for (size_t i = first; i < next; i++)
+                if (u->fds[i] >= 0)
+                    close(u->fds[i]);
+            return rc;
+        }
+        unsigned head, seen = 0;
+        struct io_uring_cqe *cqe;
+        io_uring_for_each_cqe(&u->ring, head, cqe)
+        {
+            size_t i = ud_index(cqe->user_data);
+            u->open_res[i] = cqe->res < 0 ? cqe->res : 0;
+            if (cqe->res >= 0)
+                u->fds[i] = cqe->res;
+            inflight--;
+            seen++;
+        }
+        io_uring_cq_advance(&u->ring, seen);
+    }
+    for (size_t i = first; i < end; i++) {
+        int fd = u->fds[i];
+        if (fd < 0) {
+            /* O_DIRECT refused by this file system: the repair step reads it. */
+            u->sizes[i] = (u->open_res[i] == -EINVAL && u->cfg.o_direct) ? 0 : u->open_res[i];
+            continue;
+        }
+        struct stat st;
+        int64_t size;
+        if (fstat(fd, &st) != 0)
+            size = -errno;
+        else if (!S_ISREG(st.st_mode))
+            size = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+        else
+            size = st.st_size;
+        u->sizes[i] = size;
+        if (size < 0) {
+            close(fd);
+            u->fds[i] = -1;
+        }
+    }
+    return 0;
+}
+
+/* Reads and closes files [first, first+count) opened by open_window. */
+static int read_opened(uring *u, size_t first, size_t count, fr_batch *batch, int buf_index)
+{
+    size_t next = first, end = first + count, ops = 0;
+    while (next < end || ops > 0) {
+        while (next < end && ops + 2 <= 2 * (size_t)u->depth &&
+               io_uring_sq_space_left(&u->ring) >= 2) {
+            size_t i = next++;
+            int fd = u->fds[i];
+            if (fd < 0)
+                continue;
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+            prep_read(u, sqe, fd, batch, i, buf_index);
+            io_uring_sqe_set_data64(sqe, pack(i, 0, OP_READ));
+            sqe->flags |= IOSQE_IO_HARDLINK;
+            sqe = io_uring_get_sqe(&u->ring);
+            io_uring_prep_close(sqe, fd);
+            io_uring_sqe_set_data64(sqe, pack(i, 0, OP_CLOSE));
+            ops += 2;
         }
         if (ops == 0)
             continue;
@@ -381,59 +406,71 @@ static int read_unchained(uring *u, const char *const *paths, size_t n, fr_batch
             drain(u, ops);
             return rc;
         }
+        unsigned head, seen = 0;
         struct io_uring_cqe *cqe;
-        while (io_uring_peek_cqe(&u->ring, &cqe) == 0) {
+        io_uring_for_each_cqe(&u->ring, head, cqe)
+        {
             size_t i = ud_index(cqe->user_data);
-            enum op op = ud_op(cqe->user_data);
-            int res = cqe->res;
-            io_uring_cqe_seen(&u->ring, cqe);
+            if (ud_op(cqe->user_data) == OP_READ)
+                u->read_res[i] = cqe->res;
+            else
+                u->fds[i] = -1;
             ops--;
-            if (op == OP_OPEN) {
-                u->open_res[i] = res < 0 ? res : 0;
-                if (res < 0) {
-                    files--;
-                    continue;
-                }
-                u->fds[i] = res;
-                struct io_uring_sqe *sqe = get_sqe(u);
-                prep_read(u, sqe, res, batch, i, buf_index);
-                io_uring_sqe_set_data64(sqe, pack(i, 0, OP_READ));
-                sqe->flags |= IOSQE_IO_HARDLINK;
-                sqe = get_sqe(u);
-                io_uring_prep_close(sqe, res);
-                io_uring_sqe_set_data64(sqe, pack(i, 0, OP_CLOSE));
-                ops += 2;
-            } else if (op == OP_READ) {
-                u->read_res[i] = res;
-            } else if (op == OP_CLOSE) {
-                files--;
-            }
+            seen++;
         }
+        io_uring_cq_advance(&u->ring, seen);
     }
     return 0;
 }
 
-static int uring_read_files(void *state, const char *const *paths, size_t n, fr_batch *batch)
+static int layout_window(uring *u, fr_batch *batch, size_t first, size_t count)
+{
+    fr_sample *saved = batch->samples;
+    batch->samples = saved + first;
+    int rc = fr_layout(batch, u->sizes + first, count, u->cfg.o_direct, u->cfg.direct_alignment);
+    batch->samples = saved;
+    return rc;
+}
+
+static int uring_read_files(void *state, const char *const *paths, const int64_t *size_hints,
+                            size_t n, fr_batch *batch)
 {
     uring *u = state;
     int rc = grow_scratch(u, n);
-    if (rc)
-        return rc;
-    rc = size_all(u, paths, n);
-    if (rc)
-        return rc;
-    rc = fr_layout(batch, u->sizes, n, u->cfg.o_direct, u->cfg.direct_alignment);
     if (rc)
         return rc;
     for (size_t i = 0; i < n; i++) {
         u->open_res[i] = 0;
         u->read_res[i] = -ECANCELED;
     }
-    int buf_index = buffer_index(u, &batch->arena);
-    rc = u->fixed_files ? read_chained(u, paths, n, batch, buf_index)
-                        : read_unchained(u, paths, n, batch, buf_index);
-    if (rc)
-        return rc;
+    int known = u->fixed_files && size_hints != NULL;
+    for (size_t i = 0; known && i < n; i++)
+        known = size_hints[i] >= 0;
+
+    if (known) {
+        memcpy(u->sizes, size_hints, n * sizeof(*u->sizes));
+        rc = fr_layout(batch, u->sizes, n, u->cfg.o_direct, u->cfg.direct_alignment);
+        if (rc)
+            return rc;
+        rc = read_chained(u, paths, n, batch, buffer_index(u, &batch->arena));
+        if (rc)
+            return rc;
+    } else {
+        for (size_t first = 0; first < n; first += WINDOW) {
+            size_t count = n - first < WINDOW ? n - first : WINDOW;
+            rc = open_window(u, paths, first, count);
+            if (rc == 0)
+                rc = layout_window(u, batch, first, count);
+            if (rc == 0)
+                rc = read_opened(u, first, count, batch, buffer_index(u, &batch->arena));
+            if (rc) {
+                for (size_t i = first; i < first + count; i++)
+                    if (u->fds[i] >= 0)
+                        close(u->fds[i]);
+                return rc;
+            }
+        }
+    }
 
     for (size_t i = 0; i < n; i++) {
         if (u->sizes[i] < 0)
@@ -442,17 +479,19 @@ static int uring_read_files(void *state, const char *const *paths, size_t n, fr_
         int64_t size = u->sizes[i];
         int64_t open_res = u->open_res[i], read_res = u->read_res[i];
         size_t slot = fr_request_len((size_t)size, u->cfg.o_direct, u->cfg.direct_alignment);
-        if (open_res < 0 && !(open_res == -EINVAL && u->cfg.o_direct)) {
-            s->length = open_res; /* e.g. the file vanished after statx */
+        int direct_refused = u->cfg.o_direct && (open_res == -EINVAL || read_res == -EINVAL);
+        if (open_res < 0 && !direct_refused) {
+            s->length = open_res; /* e.g. the file vanished since it was sized */
         } else if (read_res == size) {
             s->length = size;
-        } else if (read_res < 0 && read_res != -EINVAL && read_res != -EAGAIN &&
+        } else if (read_res < 0 && !direct_refused && read_res != -EAGAIN &&
                    read_res != -EINTR && read_res != -ECANCELED) {
             s->length = read_res;
         } else {
-            /* Short, grown, cut at FR_MAX_REQUEST, or O_DIRECT refused by the
-             * file system: finish it the slow, sure way. */
-            if (u->cfg.o_direct && (open_res == -EINVAL || read_res == -EINVAL))
+            /* Short, changed size, cut at FR_MAX_REQUEST, O_DIRECT refused by
+             * the file system, or a hinted file that moved: finish it the
+             * slow, sure way. */
+            if (direct_refused)
                 u->direct_fallbacks++;
             fr_read_whole(batch, i, paths[i], slot);
         }

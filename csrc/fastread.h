@@ -113,8 +113,13 @@ const char *fr_ctx_engine(const fr_ctx *ctx);
 
 /* Reads every path into batch (after fr_batch_prepare-ing it for n). Each
  * sample gets its own result; the return value is 0, or a negative errno for
- * a failure of the whole batch (out of memory, a broken ring). */
-int fr_read_files(fr_ctx *ctx, const char *const *paths, size_t n, fr_batch *batch);
+ * a failure of the whole batch (out of memory, a broken ring).
+ * `size_hints` (may be NULL; entries < 0 mean unknown) are the sizes the
+ * files had when last read: with every size known an engine can skip sizing
+ * them. A wrong hint costs time, never bytes: a file whose size changed is
+ * detected and read again. */
+int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
+                  fr_batch *batch);
 
 /* Facts about the context, for diagnostics: "fixed_files", "fixed_buffers",
  * "queue_depth", "threads", "o_direct". Returns -1 for an unknown key. */

@@ -22,6 +22,7 @@ struct fr_reader {
     char engine[32];
     char *blob;
     const char **paths;
+    int64_t *sizes; /* each file's size when last read, -1 before; reader thread only */
     size_t npaths;
     unsigned prefetch;
     fr_pool *pool;
@@ -53,24 +54,39 @@ static void free_requests(request *r)
     }
 }
 
-static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
-                        const char ***scratch, size_t *scratch_cap)
+typedef struct scratch {
+    const char **paths;
+    int64_t *hints;
+    size_t cap;
+} scratch;
+
+static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b, scratch *sc)
 {
     int rc = fr_batch_prepare(b, req->n);
     if (rc)
         return rc;
-    if (req->n > *scratch_cap) {
-        const char **p = realloc(*scratch, req->n * sizeof(*p));
+    if (req->n > sc->cap) {
+        const char **p = realloc(sc->paths, req->n * sizeof(*p));
         if (!p)
             return -ENOMEM;
-        *scratch = p;
-        *scratch_cap = req->n;
+        sc->paths = p;
+        int64_t *h = realloc(sc->hints, req->n * sizeof(*h));
+        if (!h)
+            return -ENOMEM;
+        sc->hints = h;
+        sc->cap = req->n;
     }
     for (size_t i = 0; i < req->n; i++) {
-        b->indices[i] = req->indices[i];
-        (*scratch)[i] = rd->paths[req->indices[i]];
+        int64_t idx = req->indices[i];
+        b->indices[i] = idx;
+        sc->paths[i] = rd->paths[idx];
+        sc->hints[i] = rd->sizes[idx];
     }
-    return fr_read_files(ctx, *scratch, req->n, b);
+    rc = fr_read_files(ctx, sc->paths, sc->hints, req->n, b);
+    if (rc == 0)
+        for (size_t i = 0; i < req->n; i++)
+            rd->sizes[req->indices[i]] = b->samples[i].length >= 0 ? b->samples[i].length : -1;
+    return rc;
 }
 
 static void *reader_main(void *arg)
@@ -90,8 +106,7 @@ static void *reader_main(void *arg)
         return NULL;
     }
 
-    const char **scratch = NULL;
-    size_t scratch_cap = 0;
+    scratch sc = {NULL, NULL, 0};
     while (!rd->stop) {
         if (!rd->req_head || rd->nready >= rd->prefetch) {
             pthread_cond_wait(&rd->work_cv, &rd->lock);
@@ -108,7 +123,7 @@ static void *reader_main(void *arg)
         fr_batch *b = fr_pool_get(rd->pool);
         if (b) {
             b->seq = seq;
-            rc = read_request(rd, ctx, req, b, &scratch, &scratch_cap);
+            rc = read_request(rd, ctx, req, b, &sc);
             if (rc) {
                 b->count = 0;
                 b->status = rc;
@@ -142,7 +157,8 @@ static void *reader_main(void *arg)
         pthread_cond_broadcast(&rd->ready_cv);
     }
     pthread_mutex_unlock(&rd->lock);
-    free(scratch);
+    free(sc.paths);
+    free(sc.hints);
     fr_ctx_close(ctx);
     return NULL;
 }
@@ -169,11 +185,13 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
         total += strlen(paths[i]) + 1;
     rd->blob = malloc(total ? total : 1);
     rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
+    rd->sizes = malloc((npaths ? npaths : 1) * sizeof(int64_t));
     rd->pool = fr_pool_new();
-    if (!rd->blob || !rd->paths || !rd->pool) {
+    if (!rd->blob || !rd->paths || !rd->sizes || !rd->pool) {
         fr_pool_close(rd->pool);
         free(rd->blob);
         free(rd->paths);
+        free(rd->sizes);
         free(rd);
         return -ENOMEM;
     }
@@ -182,6 +200,7 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
         size_t len = strlen(paths[i]) + 1;
         memcpy(p, paths[i], len);
         rd->paths[i] = p;
+        rd->sizes[i] = -1;
         p += len;
     }
     pthread_mutex_init(&rd->lock, NULL);
@@ -195,6 +214,7 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
         fr_pool_close(rd->pool);
         free(rd->blob);
         free(rd->paths);
+        free(rd->sizes);
         free(rd);
         return -rc;
     }
@@ -322,5 +342,6 @@ void fr_reader_close(fr_reader *rd)
     fr_pool_close(rd->pool);
     free(rd->blob);
     free(rd->paths);
+    free(rd->sizes);
     free(rd);
 }

@@ -31,7 +31,7 @@ static void check_engine(const char *engine, int register_files)
     fr_pool *pool = fr_pool_new();
     fr_batch *b = fr_pool_get(pool);
     CHECK(fr_batch_prepare(b, 6) == 0);
-    CHECK(fr_read_files(ctx, paths, 6, b) == 0);
+    CHECK(fr_read_files(ctx, paths, NULL, 6, b) == 0);
     CHECK(fr_test_same(b, 0, good));
     CHECK(b->samples[1].length == -ENOENT);
     CHECK(fr_test_same(b, 2, good));
@@ -41,7 +41,7 @@ static void check_engine(const char *engine, int register_files)
     /* A batch in which every sample fails returns at once. */
     const char *all_bad[] = {missing, dir, missing};
     CHECK(fr_batch_prepare(b, 3) == 0);
-    CHECK(fr_read_files(ctx, all_bad, 3, b) == 0);
+    CHECK(fr_read_files(ctx, all_bad, NULL, 3, b) == 0);
     CHECK(b->samples[0].length == -ENOENT && b->samples[1].length == -EISDIR);
     fr_batch_recycle(b);
     fr_ctx_close(ctx);

@@ -56,7 +56,8 @@ cdef extern from "fastread.h" nogil:
     int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
     void fr_ctx_close(fr_ctx *ctx)
     const char *fr_ctx_engine(const fr_ctx *ctx)
-    int fr_read_files(fr_ctx *ctx, const char *const *paths, size_t n, fr_batch *batch)
+    int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
+                      fr_batch *batch)
     long fr_ctx_stat(const fr_ctx *ctx, const char *key)
 
     ctypedef struct fr_reader:

@@ -237,10 +237,19 @@ cdef class Context:
     def pool_batches(self):
         return fr_pool_batches(self.owner.pool)
 
-    def read(self, paths):
-        """Reads every path; returns a Batch (check failures())."""
+    def read(self, paths, sizes=None):
+        """Reads every path; returns a Batch (check failures()). ``sizes``,
+        if given, are the files' sizes when last read (-1: unknown): they let
+        an engine skip sizing; a wrong one costs time, never bytes."""
         cdef list encoded = [_encode_path(p) for p in paths]
         cdef size_t n = len(encoded), i
+        cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] hints
+        cdef const int64_t *hint_ptr = NULL
+        if sizes is not None:
+            hints = cnp.PyArray_FROMANY(sizes, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
+            if hints.shape[0] != <cnp.npy_intp>n:
+                raise ValueError(f"sizes has {hints.shape[0]} entries for {n} paths")
+            hint_ptr = <const int64_t *>hints.data
         cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
         if cpaths == NULL:
             raise MemoryError()
@@ -258,7 +267,7 @@ cdef class Context:
                 rc = fr_batch_prepare(b, n)
                 if rc == 0:
                     with nogil:
-                        rc = fr_read_files(self.ctx, cpaths, n, b)
+                        rc = fr_read_files(self.ctx, cpaths, hint_ptr, n, b)
             if rc != 0:
                 fr_batch_recycle(b)
                 _raise_errno(rc, f"engine {self.engine!r} failed a batch of {n} files")
