@@ -16,7 +16,8 @@ class Reader:
     an int32 array. Samples, labels and shards are those of DALI's
     ``fn.readers.file`` for the same arguments; with ``random_shuffle`` every
     rank draws the same permutation for a given ``seed`` and epoch, a new one
-    each epoch, and takes its shard of it.
+    each epoch, and takes its shard of it. ``stick_to_shard=False`` moves
+    each rank to the next shard every epoch, as DALI's readers do by default.
 
     A native thread reads up to ``prefetch`` batches ahead. By default a
     batch's memory is reused only after every array of it is gone, so arrays
@@ -28,6 +29,7 @@ class Reader:
     def __init__(self, file_root=None, *, file_list=None, files=None, labels=None,
                  file_filters=None, batch_size=64, shard_id=0, num_shards=1,
                  random_shuffle=False, seed=0, pad_last_batch=False, drop_last=False,
+                 stick_to_shard=True,
                  prefetch=None, engine="auto", ring_depth=None, **engine_options):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -44,6 +46,7 @@ class Reader:
         self.shard_id, self.num_shards = shard_id, num_shards
         self.random_shuffle, self.seed = bool(random_shuffle), seed
         self.pad_last_batch, self.drop_last = bool(pad_last_batch), bool(drop_last)
+        self.stick_to_shard = bool(stick_to_shard)
         self.ring_depth = ring_depth
         self.engine = resolve(engine)
         self._engine_options = options(self.engine, **engine_options)
@@ -53,11 +56,13 @@ class Reader:
                                           **self._engine_options)
         self._ring = collections.deque()
         self.epoch = 0
+        self._start_batch = 0
         self._active = None
 
     # -- sizes ---------------------------------------------------------------
     def _epoch_order(self, epoch):
-        return epoch_indices(len(self.paths), shard_id=self.shard_id, num_shards=self.num_shards,
+        shard = self.shard_id if self.stick_to_shard else (self.shard_id + epoch) % self.num_shards
+        return epoch_indices(len(self.paths), shard_id=shard, num_shards=self.num_shards,
                              shuffle=self.random_shuffle, seed=self.seed, epoch=epoch,
                              pad_last_batch=self.pad_last_batch, batch_size=self.batch_size,
                              drop_last=self.drop_last)
@@ -72,9 +77,13 @@ class Reader:
         """Samples this shard yields per epoch (padding included)."""
         return len(self._epoch_order(0))
 
-    def set_epoch(self, epoch):
-        """Chooses the epoch the next iter() reads (its shuffle)."""
+    def set_epoch(self, epoch, start_batch=0):
+        """Chooses the epoch the next iter() reads (its shuffle and shard),
+        starting at batch ``start_batch`` of it (to resume mid-epoch)."""
+        if int(epoch) < 0 or int(start_batch) < 0:
+            raise ValueError(f"epoch and start_batch must be >= 0, got {epoch}, {start_batch}")
         self.epoch = int(epoch)
+        self._start_batch = int(start_batch)
 
     # -- iteration -----------------------------------------------------------
     def __iter__(self):
@@ -84,7 +93,8 @@ class Reader:
             self._native.reset()  # abandon the unfinished epoch's read-ahead
         order = self._epoch_order(self.epoch)
         self.epoch += 1
-        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        start, self._start_batch = self._start_batch * self.batch_size, 0
+        batches = [order[i:i + self.batch_size] for i in range(start, len(order), self.batch_size)]
         for idx in batches:
             self._native.submit(idx)
         self._active = object()

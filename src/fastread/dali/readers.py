@@ -1,0 +1,130 @@
+"""Drop-in replacements for DALI readers, built on ``fn.external_source``.
+
+The native reader runs ahead on its own thread; each DALI iteration costs one
+Python call that hands over a batch already in memory, without a copy
+(``no_copy=True``). Arrays handed to DALI are kept unrecycled for as many
+iterations as DALI may still read them (its prefetch queue and a margin).
+
+Epochs end for real: the source raises ``StopIteration`` at the end of each
+epoch, so ``DALIGenericIterator`` / ``DALIClassificationIterator`` with the
+default ``size=-1`` stop there, and ``reset()`` starts the next epoch (a new
+shuffle, and the next shard unless ``stick_to_shard``). ``reader_name=`` is
+for DALI's own readers only; choose the last-batch behaviour here instead,
+with ``last_batch_policy`` (``"PARTIAL"``, ``"DROP"`` or ``"FILL"``, or
+DALI's ``LastBatchPolicy`` values), which matches what the iterators do with
+``fn.readers.file`` and ``pad_last_batch=True``.
+"""
+from fastread import _defaults
+from fastread.reader import Reader
+
+# fn.readers.file arguments that tune DALI's own reader and mean nothing here.
+_DALI_ONLY_ARGS = {
+    "dont_use_mmap", "read_ahead", "initial_fill", "lazy_init", "skip_cached_images",
+    "tensor_init_bytes", "bytes_per_sample_hint", "preserve", "seed_hint",
+}
+_POLICIES = ("PARTIAL", "DROP", "FILL")
+
+
+def _policy_name(policy):
+    if policy is None:
+        return "PARTIAL"
+    name = getattr(policy, "name", policy)
+    name = str(name).upper()
+    if name not in _POLICIES:
+        raise ValueError(f"last_batch_policy must be one of {', '.join(_POLICIES)}, got {policy!r}")
+    return name
+
+
+def _queue_depth(pipe):
+    depth = getattr(pipe, "prefetch_queue_depth", 2)
+    if isinstance(depth, dict):
+        return int(depth.get("cpu_size", 2)) + int(depth.get("gpu_size", 2))
+    return int(depth)
+
+
+class _BatchSource:
+    """What DALI pulls batches from. DALI calls iter() on a non-cycling
+    source once and keeps calling next() after each reset, so the first
+    next() after an epoch's StopIteration starts the next epoch."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self._it = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._it is None:
+            self._it = iter(self.reader)
+        try:
+            arrays, labels = next(self._it)
+        except StopIteration:
+            self._it = None
+            raise
+        return arrays, labels.reshape(-1, 1)
+
+
+def file(*, file_root=None, file_list=None, files=None, labels=None, file_filters=None,
+         shard_id=0, num_shards=1, random_shuffle=False, shuffle_after_epoch=False, seed=-1,
+         pad_last_batch=False, stick_to_shard=False, prefetch_queue_depth=1, name=None,
+         case_sensitive_filter=False, dir_filters=None, last_batch_policy=None,
+         engine="auto", device="cpu", no_copy=False, **kwargs):
+    """``fn.readers.file`` read by fastread; returns ``(data, labels)``.
+
+    Same arguments and, without shuffling, the same samples in the same order
+    with the same labels (labels are int32 of shape ``[1]``). Shuffling
+    (``random_shuffle`` or ``shuffle_after_epoch``) draws one permutation of
+    the whole data set per epoch, identical on every rank for a given
+    ``seed`` (``-1`` means 0, so ranks agree), so each epoch holds every
+    sample exactly once. Extra keyword arguments are engine options
+    (``queue_depth``, ``threads``, ``o_direct``, ...).
+    """
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+
+    for arg in _DALI_ONLY_ARGS & set(kwargs):
+        kwargs.pop(arg)
+    if device not in ("cpu",):
+        raise ValueError(f"device={device!r}: only 'cpu' output is supported by this build")
+    pipe = Pipeline.current()
+    if pipe is None:
+        raise RuntimeError("fastread.dali.readers.file must be called inside a DALI pipeline "
+                           "definition (@pipeline_def or `with pipe:`)")
+    batch_size = pipe.max_batch_size
+    policy = _policy_name(last_batch_policy)
+    if pad_last_batch and policy == "PARTIAL":
+        policy = "FILL"
+    if not isinstance(prefetch_queue_depth, int) or prefetch_queue_depth < 1:
+        raise ValueError(f"prefetch_queue_depth must be an integer >= 1, got {prefetch_queue_depth!r}")
+    depth = _queue_depth(pipe)
+    reader = Reader(
+        file_root, file_list=file_list, files=files, labels=labels, file_filters=file_filters,
+        batch_size=batch_size, shard_id=shard_id, num_shards=num_shards,
+        random_shuffle=bool(random_shuffle or shuffle_after_epoch),
+        seed=0 if seed is None or seed < 0 else seed,
+        pad_last_batch=policy == "FILL", drop_last=policy == "DROP",
+        stick_to_shard=stick_to_shard,
+        prefetch=max(prefetch_queue_depth, _defaults.get("prefetch")),
+        # DALI may read a fed batch until `depth` more iterations have run.
+        ring_depth=depth + 2, engine=engine, **kwargs)
+    source = _BatchSource(reader)
+    data, labels_node = fn.external_source(
+        source=source, num_outputs=2, batch=True, no_copy=bool(no_copy), cycle=False,
+        name=name, dtype=None)
+    # Kept on the pipeline so the reader lives exactly as long as it does.
+    readers = getattr(pipe, "_fastread_readers", None)
+    if readers is None:
+        readers = []
+        pipe._fastread_readers = readers
+    readers.append(reader)
+    return data, labels_node
+
+
+def epoch_size(pipe, index=0):
+    """Samples per epoch of the pipeline's ``index``-th fastread reader on this
+    shard (padding included): the ``size=`` a DALI iterator would need."""
+    readers = getattr(pipe, "_fastread_readers", [])
+    if not readers:
+        raise ValueError("this pipeline has no fastread reader")
+    return readers[index].num_samples
