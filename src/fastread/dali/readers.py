@@ -13,6 +13,11 @@ for DALI's own readers only; choose the last-batch behaviour here instead,
 with ``last_batch_policy`` (``"PARTIAL"``, ``"DROP"`` or ``"FILL"``, or
 DALI's ``LastBatchPolicy`` values), which matches what the iterators do with
 ``fn.readers.file`` and ``pad_last_batch=True``.
+
+One deliberate difference: every epoch starts at its first sample. DALI's
+own reader without ``pad_last_batch`` streams on past an epoch's end to fill
+the last batch, so its next epoch starts shifted by those samples; with
+``pad_last_batch=True`` DALI behaves as fastread always does.
 """
 from fastread import _defaults
 from fastread.reader import Reader

@@ -1,0 +1,175 @@
+"""A PyTorch loader: fastread reads, DALI decodes, torch tensors come out.
+
+::
+
+    from fastread.torch import ImageLoader
+
+    loader = ImageLoader("/data/train", batch_size=256, device="cuda", random_shuffle=True)
+    for epoch in range(90):
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            ...
+
+Shards come from torchrun's environment (RANK, WORLD_SIZE; LOCAL_RANK picks
+the GPU) unless given. ``state_dict()`` taken mid-epoch and loaded into a new
+loader resumes with exactly the samples that epoch had not yet delivered.
+"""
+import os
+
+import numpy as np
+
+from fastread.reader import Reader
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _env_int(name):
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+class ImageLoader:
+    """Batches ``(images, labels)`` as torch tensors.
+
+    With ``decode=True`` images are decoded by DALI (``device="cuda"`` uses
+    the mixed GPU decoder), resized to ``size`` x ``size`` and normalized:
+    float32 NCHW. With ``decode=False`` ``images`` is a list of uint8 tensors
+    holding the files' bytes (zero-copy views of fastread's buffers).
+    ``labels`` is an int64 tensor on the same device.
+    """
+
+    def __init__(self, file_root=None, batch_size=64, *, device="cpu", decode=True, size=224,
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, file_list=None, files=None, labels=None,
+                 file_filters=None, shard_id=None, num_shards=None, random_shuffle=False, seed=0,
+                 drop_last=False, num_threads=4, device_id=None, prefetch_queue_depth=2,
+                 engine="auto", **engine_options):
+        import torch  # noqa: F401  (fail early, with the real import error)
+
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if num_shards is None:
+            num_shards = _env_int("WORLD_SIZE") or 1
+        if shard_id is None:
+            shard_id = _env_int("RANK") or 0
+        if device == "cuda" and device_id is None:
+            device_id = _env_int("LOCAL_RANK") or 0
+        self.device, self.decode, self.size = device, bool(decode), int(size)
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.batch_size, self.num_threads = batch_size, num_threads
+        self.device_id = device_id if device == "cuda" else None
+        self.prefetch_queue_depth = prefetch_queue_depth
+        # Every rank keeps its own shard; with shuffling each epoch draws one
+        # permutation of the whole set, the same on every rank.
+        self.reader = Reader(file_root, file_list=file_list, files=files, labels=labels,
+                             file_filters=file_filters, batch_size=batch_size,
+                             shard_id=shard_id, num_shards=num_shards,
+                             random_shuffle=random_shuffle, seed=seed, drop_last=drop_last,
+                             stick_to_shard=True, engine=engine,
+                             ring_depth=prefetch_queue_depth + 2 if decode else None,
+                             **engine_options)
+        self.epoch = 0
+        self._start_batch = 0
+        self._delivered = 0
+        self._dali = None
+        self._dali_used = False
+
+    def __len__(self):
+        return len(self.reader)
+
+    def set_epoch(self, epoch):
+        """The epoch (shuffle) the next iteration delivers, from its start."""
+        self.epoch = int(epoch)
+        self._start_batch = 0
+
+    def state_dict(self):
+        """Where the loader stands: load it into a loader built with the same
+        arguments to continue with exactly the samples not yet delivered."""
+        return {"epoch": self.epoch, "batches_delivered": self._delivered,
+                "num_samples": len(self.reader.paths), "batch_size": self.batch_size,
+                "seed": self.reader.seed, "shard_id": self.reader.shard_id,
+                "num_shards": self.reader.num_shards}
+
+    def load_state_dict(self, state):
+        for key in ("num_samples", "batch_size", "seed", "shard_id", "num_shards"):
+            mine = self.state_dict()[key]
+            if state.get(key) != mine:
+                raise ValueError(f"state_dict was taken with {key}={state.get(key)!r}, "
+                                 f"this loader has {key}={mine!r}")
+        self.epoch = int(state["epoch"])
+        self._start_batch = int(state["batches_delivered"])
+        self._delivered = self._start_batch
+        self._teardown()  # a built pipeline may already hold batches read ahead
+
+    # -- iteration -----------------------------------------------------------
+    def __iter__(self):
+        self.reader.set_epoch(self.epoch, start_batch=self._start_batch)
+        self._delivered, self._start_batch = self._start_batch, 0
+        if not self.decode:
+            return self._iter_bytes()
+        return self._iter_dali()
+
+    def _iter_bytes(self):
+        import torch
+        for arrays, labels in self.reader:
+            images = [torch.from_numpy(a) for a in arrays]
+            labels = torch.from_numpy(labels.astype(np.int64))
+            if self.device == "cuda":
+                images = [t.to(f"cuda:{self.device_id}", non_blocking=True) for t in images]
+                labels = labels.to(f"cuda:{self.device_id}", non_blocking=True)
+            self._delivered += 1
+            yield images, labels
+        self._finish_epoch()
+
+    def _iter_dali(self):
+        if self._dali is None:
+            self._dali = self._build()
+        elif self._dali_used:
+            self._dali.reset()  # the source begins the reader's chosen epoch
+        self._dali_used = True
+        for out in self._dali:
+            self._delivered += 1
+            yield out[0]["images"], out[0]["labels"].reshape(-1).long()
+        self._finish_epoch()
+
+    def _finish_epoch(self):
+        self.epoch += 1
+        self._delivered = 0
+
+    def _build(self):
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+        from fastread.dali.readers import _BatchSource
+
+        reader, loader = self.reader, self
+
+        @pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads,
+                      device_id=self.device_id, prefetch_queue_depth=self.prefetch_queue_depth)
+        def pipe():
+            data, labels = fn.external_source(source=_BatchSource(reader), num_outputs=2,
+                                              batch=True, cycle=False)
+            images = fn.decoders.image(data, device="mixed" if loader.device == "cuda" else "cpu",
+                                       output_type=types.RGB)
+            images = fn.resize(images, resize_x=loader.size, resize_y=loader.size)
+            images = fn.crop_mirror_normalize(
+                images, dtype=types.FLOAT, output_layout="CHW",
+                mean=[m * 255 for m in loader.mean], std=[s * 255 for s in loader.std])
+            if loader.device == "cuda":
+                labels = labels.gpu()
+            return images, labels
+
+        return DALIGenericIterator([pipe()], ["images", "labels"], auto_reset=False)
+
+    def _teardown(self):
+        self._dali = None
+        self._dali_used = False
+
+    def close(self):
+        self._teardown()
+        self.reader.close()
