@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: the C core under ASan + UBSan (ctest), then the Python
+# suite. Installs everything it needs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/setup.sh
+setup_system
+setup_python "dali,test,plot"
+
+build=build/sanitize
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+      -DFASTREAD_SANITIZE=ON -DFASTREAD_BUILD_TESTS=ON >/dev/null
+cmake --build "$build"
+ctest --test-dir "$build" --output-on-failure
+
+# Run from outside the checkout so `import fastread` is the installed build.
+cd tests && python3 -m pytest -q -ra -p no:cacheprovider .
