@@ -128,3 +128,8 @@ def test_bad_policy_named(tree):
         return readers.file(file_root=tree, last_batch_policy="SOMETIMES")
     with pytest.raises(ValueError, match="last_batch_policy"):
         pipe()
+
+
+def test_name_argument_accepted(tree):
+    got = epochs(lambda: readers.file(file_root=tree, name="Reader"), 23, 1)
+    assert len(got[0]) == 23

@@ -115,8 +115,10 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
         ring_depth=depth + 2, engine=engine, **kwargs)
     source = _BatchSource(reader)
     data, labels_node = fn.external_source(
-        source=source, num_outputs=2, batch=True, no_copy=bool(no_copy), cycle=False,
-        name=name, dtype=None)
+        source=source, num_outputs=2, batch=True, no_copy=bool(no_copy), cycle=False)
+    # DALI refuses a name on a multi-output external source; the name stays
+    # on the reader (for epoch_size and messages).
+    reader.name = name
     # Kept on the pipeline so the reader lives exactly as long as it does.
     readers = getattr(pipe, "_fastread_readers", None)
     if readers is None:
