@@ -1,0 +1,54 @@
+"""The ``fastread`` command line.
+
+Subcommands, one module each:
+
+* ``fastread make-dataset DIR ...`` -- a synthetic ImageNet-like JPEG tree
+  (:mod:`fastread.cli.make_dataset`).
+* ``fastread info`` -- version, engines, optional packages, CUDA devices and
+  run-time defaults (:mod:`fastread.cli.info`).
+* ``fastread bench DATA_DIR ...`` -- throughput of DALI's reader, the seed's
+  Python reader and fastread's engines over one dataset
+  (:mod:`fastread.cli.bench`).
+
+Heavy imports (DALI, torch, matplotlib) happen inside the subcommand that
+needs them, so ``fastread --help`` and ``fastread info`` stay quick.
+"""
+import argparse
+import sys
+
+from fastread.cli import bench, info, make_dataset
+
+#: Subcommand modules; each has ``add_parser(subparsers)`` which registers a
+#: parser whose defaults carry ``run(args) -> int``.
+COMMANDS = (make_dataset, info, bench)
+
+
+def build_parser():
+    from fastread import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="fastread",
+        description="Native batch reads of training samples for DALI and PyTorch: "
+                    "dataset generation, environment report and benchmarks.")
+    parser.add_argument("--version", action="version", version=f"fastread {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv=None):
+    """Runs the command line; returns the exit status (argparse errors exit 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args._argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("fastread: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `fastread info | head -1`
+        return 0
+
+
+__all__ = ["main", "build_parser"]

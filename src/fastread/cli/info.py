@@ -1,0 +1,79 @@
+"""``fastread info``: what this installation of fastread can do here."""
+import json
+import os
+import sys
+
+from fastread.cli import _env
+
+
+def add_parser(sub):
+    p = sub.add_parser(
+        "info",
+        help="show version, engines, optional packages, CUDA devices and defaults",
+        description="Show fastread's version, which engines run here (and why any does not), "
+                    "the versions of numpy/DALI/torch/cupy, CUDA devices, and the run-time "
+                    "defaults with the environment variables that override them.")
+    p.add_argument("--json", action="store_true", help="print the same as one JSON object")
+    p.set_defaults(run=run, _parser=p)
+    return p
+
+
+def collect():
+    """Everything ``fastread info`` shows, as a dict."""
+    import fastread
+    from fastread import _defaults
+
+    engines = {name: (True if ok is True else str(ok)) for name, ok in fastread.engines().items()}
+    devices, why = _env.cuda_devices()
+    settings = {}
+    for name, value in _defaults.all_settings().items():
+        var = _env_var(_defaults, name)
+        settings[name] = {"value": value, "env": var,
+                          "from_env": bool(var) and var in os.environ}
+    return {
+        "fastread": fastread.__version__,
+        "module": os.path.dirname(fastread.__file__),
+        "engines": engines,
+        "packages": {label: _env.version(label) for label in _env.PACKAGES},
+        "cuda_devices": devices,
+        "cuda_reason": why,
+        "defaults": settings,
+    }
+
+
+def _env_var(defaults, name):
+    table = getattr(defaults, "_SETTINGS", {})
+    entry = table.get(name)
+    return entry[0] if entry else ""
+
+
+def run(args):
+    try:
+        data = collect()
+    except ValueError as e:  # a FASTREAD_* variable that does not parse
+        print(f"fastread info: error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    out = [f"fastread {data['fastread']} ({data['module']})", "", "engines:"]
+    width = max(map(len, data["engines"]), default=0)
+    for name, ok in data["engines"].items():
+        out.append(f"  {name:<{width}}  {'available' if ok is True else 'unavailable: ' + ok}")
+    out += ["", "packages:"]
+    width = max(map(len, data["packages"]))
+    for label, ver in data["packages"].items():
+        out.append(f"  {label:<{width}}  {ver}")
+    out += ["", "CUDA devices:"]
+    if data["cuda_devices"]:
+        out += [f"  {d}" for d in data["cuda_devices"]]
+    else:
+        out.append(f"  none ({data['cuda_reason']})")
+    out += ["", "defaults (environment variable overrides):"]
+    rows = [(name, repr(s["value"]), s["env"] + (" (set)" if s["from_env"] else ""))
+            for name, s in data["defaults"].items()]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    out += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
+    print("\n".join(out))
+    return 0

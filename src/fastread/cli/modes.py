@@ -1,0 +1,284 @@
+"""The modes of ``fastread bench``, as one data-driven table.
+
+A mode is a way of getting batches of encoded samples out of a dataset tree:
+
+===================  ==========================================================
+``dali``             DALI's own C++ reader, ``fn.readers.file``
+``python-file``      DALI ``fn.external_source`` over the seed's Python
+                     :class:`~fastread.cli.baselines.FileInputIterator`
+``fastread-<e>``     DALI with ``fastread.dali.readers.file(engine=<e>)``
+``read_files-<e>``   :class:`fastread.Reader` with engine ``<e>``, no DALI
+                     (the native ceiling)
+``python-loop``      ``np.fromfile`` per sample in a Python loop, no DALI
+``xnvme-*``          I/O stacks that are not built yet (see STACK_MODES)
+===================  ==========================================================
+
+``fastread-<e>`` and ``read_files-<e>`` exist for every engine that
+:func:`fastread.engines` lists (available or not), so a new engine added to
+``fastread.engine.KNOWN_ENGINES`` gets its modes without changes here.
+Modes named after an I/O stack rather than an engine go in STACK_MODES.
+
+Every mode builds a *runner* whose ``next()`` returns ``(samples, bytes)``
+for one batch, crossing epoch boundaries by itself, and keeps the previous
+batch referenced until the next call, as a training step would.
+"""
+import dataclasses
+import math
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    name: str
+    #: one of KINDS
+    kind: str
+    #: the fastread engine it reads with, if any
+    engine: str = None
+    #: needs a CUDA device even with --device cpu (data lands in GPU memory)
+    gpu_only: bool = False
+    help: str = ""
+
+    @property
+    def uses_dali(self):
+        return self.kind in DALI_KINDS
+
+
+DALI_KINDS = ("dali", "python-file", "fastread-dali")
+KINDS = DALI_KINDS + ("read_files", "python-loop")
+
+#: Modes named after an I/O stack. ``engine`` is the fastread engine each
+#: needs; while fastread.engines() does not list it the mode reports
+#: "engine not built in this version".
+STACK_MODES = (
+    Mode("xnvme-file", "fastread-dali", engine="xnvme-file",
+         help="DALI + fastread over xNVMe's file backend"),
+    Mode("xnvme-gds", "fastread-dali", engine="xnvme-gds", gpu_only=True,
+         help="DALI + fastread over xNVMe with GPUDirect Storage"),
+    Mode("xnvme-bam", "fastread-dali", engine="xnvme-bam", gpu_only=True,
+         help="DALI + fastread over xNVMe's BaM backend (GPU-initiated I/O)"),
+)
+
+NOT_BUILT = "engine not built in this version"
+
+
+def all_modes(engine_status):
+    """Every mode, in display order, for ``engine_status`` =
+    :func:`fastread.engines` (name -> True or why not)."""
+    modes = [
+        Mode("dali", "dali", help="DALI's fn.readers.file (C++ reader)"),
+        Mode("python-file", "python-file",
+             help="DALI external_source over the seed's Python FileInputIterator"),
+    ]
+    modes += [Mode(f"fastread-{e}", "fastread-dali", engine=e,
+                   help=f"DALI + fastread.dali.readers.file(engine={e!r})")
+              for e in engine_status]
+    modes += [Mode(f"read_files-{e}", "read_files", engine=e,
+                   help=f"fastread.Reader(engine={e!r}) without DALI")
+              for e in engine_status]
+    modes.append(Mode("python-loop", "python-loop", help="np.fromfile per sample, no DALI"))
+    names = {m.name for m in modes}
+    modes += [m for m in STACK_MODES if m.name not in names]
+    return modes
+
+
+@dataclasses.dataclass
+class Environment:
+    """What the modes need to know about this machine."""
+    engines: dict            # fastread.engines()
+    dali_error: str = None   # why DALI cannot be used, or None
+    fastread_dali_error: str = None
+    _cuda: list = None
+
+    @property
+    def cuda_error(self):
+        """Why there is no CUDA device, or None (probed on first use)."""
+        if self._cuda is None:
+            from fastread.cli import _env
+            devices, _why = _env.cuda_devices(quick=True)
+            self._cuda = [None if devices else "none found here (`fastread info` says why)"]
+        return self._cuda[0]
+
+
+def probe_environment(engines):
+    """Imports what the modes need; never raises."""
+    from fastread.cli import _env
+
+    env = Environment(engines=dict(engines))
+    mod, why = _env.try_import("nvidia.dali")
+    if mod is None:
+        env.dali_error = f"DALI {why} (pip install nvidia-dali-cuda120)"
+    mod, why = _env.try_import("fastread.dali")
+    if mod is None:
+        env.fastread_dali_error = f"fastread.dali {why}"
+    return env
+
+
+def unavailable(mode, env, *, device="cpu", decode=False):
+    """Why ``mode`` cannot run here with these settings, or None."""
+    if mode.engine is not None:
+        status = env.engines.get(mode.engine, NOT_BUILT)
+        if status is not True:
+            return str(status) if mode.engine in env.engines else NOT_BUILT
+    if mode.uses_dali:
+        if env.dali_error:
+            return env.dali_error
+        if mode.kind == "fastread-dali" and env.fastread_dali_error:
+            return env.fastread_dali_error
+    elif device == "gpu":
+        return "reads into host memory only; --device gpu applies to DALI modes"
+    elif decode:
+        return "does not decode; --decode applies to DALI modes"
+    if (device == "gpu" or mode.gpu_only) and env.cuda_error:
+        what = "--device gpu" if device == "gpu" else "this mode"
+        return f"{what} needs a CUDA device; {env.cuda_error}"
+    return None
+
+
+@dataclasses.dataclass
+class Config:
+    data_dir: str
+    paths: list
+    labels: np.ndarray
+    batch_size: int = 64
+    threads: int = 4
+    device: str = "cpu"
+    decode: bool = False
+    prefetch_queue_depth: int = 2
+    engine_options: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def epoch_batches(self):
+        return math.ceil(len(self.paths) / self.batch_size)
+
+
+def build(mode, cfg):
+    """A runner for one timed run of ``mode``."""
+    if mode.kind == "dali":
+        def reader():
+            from nvidia.dali import fn
+            return fn.readers.file(file_root=cfg.data_dir, random_shuffle=False, name="Reader")
+        return DaliRunner(cfg, reader)
+    if mode.kind == "python-file":
+        def reader():
+            from nvidia.dali import fn
+            from fastread.cli.baselines import FileInputIterator
+            it = FileInputIterator(batch_size=cfg.batch_size, paths=cfg.paths, labels=cfg.labels)
+            return fn.external_source(source=it, num_outputs=2, batch=True)
+        return DaliRunner(cfg, reader)
+    if mode.kind == "fastread-dali":
+        def reader():
+            from fastread.dali import readers
+            return readers.file(file_root=cfg.data_dir, engine=mode.engine, random_shuffle=False,
+                                name="Reader", **cfg.engine_options)
+        return DaliRunner(cfg, reader)
+    if mode.kind == "read_files":
+        return ReaderRunner(cfg, mode.engine)
+    if mode.kind == "python-loop":
+        return PythonLoopRunner(cfg)
+    raise ValueError(f"mode {mode.name}: unknown kind {mode.kind!r}")
+
+
+class DaliRunner:
+    """Iterates a DALI pipeline with ``pipe.run()``; an epoch that ends with
+    StopIteration (external sources) is followed by ``pipe.reset()``."""
+
+    def __init__(self, cfg, reader):
+        from nvidia.dali import fn, pipeline_def
+
+        gpu = cfg.device == "gpu"
+        decode = cfg.decode
+
+        @pipeline_def
+        def pipeline():
+            data, labels = reader()
+            if decode:
+                # Encoded sizes come along as a small CPU output (for GB/s).
+                sizes = data.shape()
+                images = fn.decoders.image(data, device="mixed" if gpu else "cpu")
+                return images, labels, sizes
+            return (data.gpu() if gpu else data), labels
+
+        self.decode = decode
+        self.pipe = pipeline(batch_size=cfg.batch_size, num_threads=cfg.threads,
+                             device_id=0 if gpu else None,
+                             prefetch_queue_depth=cfg.prefetch_queue_depth)
+        self.pipe.build()
+        self._keep = None
+        self.epochs_ended = 0
+
+    def next(self):
+        for _ in range(2):
+            try:
+                out = self.pipe.run()
+            except StopIteration:
+                self.epochs_ended += 1
+                self.pipe.reset()
+                continue
+            self._keep = out  # the previous batch is released only now
+            return self._count(out)
+        raise RuntimeError("the pipeline ended an epoch without a single batch after "
+                           "pipe.reset() (does its source restart on reset?)")
+
+    def _count(self, out):
+        samples = len(out[1])
+        if self.decode:
+            nbytes = int(np.asarray(out[2].as_array()).sum())
+        else:
+            nbytes = sum(math.prod(s) for s in out[0].shape())
+        return samples, nbytes
+
+    def close(self):
+        self._keep = None
+        pipe, self.pipe = self.pipe, None
+        del pipe
+
+
+class ReaderRunner:
+    """fastread.Reader iterated directly, epoch after epoch."""
+
+    def __init__(self, cfg, engine):
+        import fastread
+
+        self.reader = fastread.Reader(cfg.data_dir, batch_size=cfg.batch_size, engine=engine,
+                                      **cfg.engine_options)
+        self._it = iter(self.reader)
+        self._keep = None
+
+    def next(self):
+        try:
+            arrays, labels = next(self._it)
+        except StopIteration:
+            self._it = iter(self.reader)
+            arrays, labels = next(self._it)
+        self._keep = arrays
+        return len(arrays), sum(a.nbytes for a in arrays)
+
+    def close(self):
+        self._keep = None
+        self._it = None
+        self.reader.close()
+
+
+class PythonLoopRunner:
+    """The seed's np.fromfile loop without DALI, epoch after epoch."""
+
+    def __init__(self, cfg):
+        from fastread.cli.baselines import python_loop
+
+        self._epoch = lambda: python_loop(cfg.paths, cfg.labels, cfg.batch_size)
+        self._it = self._epoch()
+        self._keep = None
+
+    def next(self):
+        try:
+            arrays, labels = next(self._it)
+        except StopIteration:
+            self._it = self._epoch()
+            arrays, labels = next(self._it)
+        self._keep = arrays
+        return len(arrays), sum(a.nbytes for a in arrays)
+
+    def close(self):
+        self._keep = None
+        self._it = None
