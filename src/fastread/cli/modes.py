@@ -234,7 +234,32 @@ class DaliRunner:
         del pipe
 
 
-class ReaderRunner:
+class _EpochRunner:
+    """Batches from new_epoch() (an iterator of (arrays, labels)), epoch after
+    epoch; the last batch is kept alive until the next one."""
+
+    def __init__(self):
+        self._it = self.new_epoch()
+        self._keep = None
+
+    def new_epoch(self):
+        raise NotImplementedError
+
+    def next(self):
+        try:
+            arrays, labels = next(self._it)
+        except StopIteration:
+            self._it = self.new_epoch()
+            arrays, labels = next(self._it)
+        self._keep = arrays
+        return len(arrays), sum(a.nbytes for a in arrays)
+
+    def close(self):
+        self._keep = None
+        self._it = None
+
+
+class ReaderRunner(_EpochRunner):
     """fastread.Reader iterated directly, epoch after epoch."""
 
     def __init__(self, cfg, engine):
@@ -242,43 +267,24 @@ class ReaderRunner:
 
         self.reader = fastread.Reader(cfg.data_dir, batch_size=cfg.batch_size, engine=engine,
                                       **cfg.engine_options)
-        self._it = iter(self.reader)
-        self._keep = None
+        super().__init__()
 
-    def next(self):
-        try:
-            arrays, labels = next(self._it)
-        except StopIteration:
-            self._it = iter(self.reader)
-            arrays, labels = next(self._it)
-        self._keep = arrays
-        return len(arrays), sum(a.nbytes for a in arrays)
+    def new_epoch(self):
+        return iter(self.reader)
 
     def close(self):
-        self._keep = None
-        self._it = None
+        super().close()
         self.reader.close()
 
 
-class PythonLoopRunner:
+class PythonLoopRunner(_EpochRunner):
     """The seed's np.fromfile loop without DALI, epoch after epoch."""
 
     def __init__(self, cfg):
+        self.cfg = cfg
+        super().__init__()
+
+    def new_epoch(self):
         from fastread.cli.baselines import python_loop
 
-        self._epoch = lambda: python_loop(cfg.paths, cfg.labels, cfg.batch_size)
-        self._it = self._epoch()
-        self._keep = None
-
-    def next(self):
-        try:
-            arrays, labels = next(self._it)
-        except StopIteration:
-            self._it = self._epoch()
-            arrays, labels = next(self._it)
-        self._keep = arrays
-        return len(arrays), sum(a.nbytes for a in arrays)
-
-    def close(self):
-        self._keep = None
-        self._it = None
+        return python_loop(self.cfg.paths, self.cfg.labels, self.cfg.batch_size)
