@@ -10,8 +10,9 @@
  *   - fr_ctx: not thread-safe. Use a context from one thread at a time.
  *   - fr_pool: every call is thread-safe (batches are returned from whatever
  *     thread drops the last reference to them).
- *   - fr_reader: submit/next/reset/close from one consumer thread; the reader's
- *     own thread owns its context. fr_batch_recycle is thread-safe.
+ *   - fr_reader: submit/next/reset/close from one consumer thread; each of
+ *     the reader's worker threads owns its context. fr_batch_recycle is
+ *     thread-safe.
  *   - Nothing in the library is global: two readers share no state.
  */
 #ifndef FASTREAD_H
@@ -127,12 +128,14 @@ long fr_ctx_stat(const fr_ctx *ctx, const char *key);
 
 /* ----------------------------------------------------------------- reader */
 
-/* A background thread that reads batches ahead, in submission order. */
+/* Native threads that read batches ahead, delivered in submission order. */
 typedef struct fr_reader fr_reader;
 
-/* `paths` is copied. `prefetch` is how many finished batches may wait. */
+/* `paths` is copied. `workers` threads (1..64) each own a context; at most
+ * prefetch + workers - 1 batches are being read or waiting. */
 int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
-                   unsigned prefetch, fr_reader **out, char *err, size_t err_len);
+                   unsigned prefetch, unsigned workers, fr_reader **out, char *err,
+                   size_t err_len);
 /* Queues one batch of dataset indices (copied); 0, -EINVAL or -ENOMEM. */
 int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n);
 /* Blocks until the oldest submitted batch is read. -ENODATA if none is queued. */

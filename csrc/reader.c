@@ -1,15 +1,22 @@
 /*
- * A reader: one native thread that owns an engine context and reads
- * submitted batches ahead of the consumer, at most `prefetch` finished
- * batches waiting. Batches come back in submission order.
+ * A reader: `workers` native threads, each owning an engine context, read
+ * submitted batches ahead of the consumer. Batches are handed out strictly in
+ * submission order, whichever worker finished first. At most
+ * prefetch + workers - 1 batches are read or waiting at any time.
+ *
+ * Several workers keep more I/O in flight (cold caches, fast devices) and
+ * use more cores for the copies out of the page cache.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
+
+#define MAX_WORKERS 64
 
 typedef struct request {
     int64_t *indices;
@@ -22,24 +29,28 @@ struct fr_reader {
     char engine[32];
     char *blob;
     const char **paths;
-    int64_t *sizes; /* each file's size when last read, -1 before; reader thread only */
+    int64_t *sizes; /* each file's size when last read, -1 before; atomic access */
     size_t npaths;
     unsigned prefetch;
+    unsigned nworkers;
     fr_pool *pool;
 
-    pthread_t thread;
+    pthread_t threads[MAX_WORKERS];
+    unsigned nthreads;
     pthread_mutex_t lock;
     pthread_cond_t work_cv;
     pthread_cond_t ready_cv;
     request *req_head, *req_tail;
-    fr_batch *ready_head, *ready_tail;
+    fr_batch *ready;      /* finished batches, sorted by seq */
     size_t nready;
-    size_t outstanding; /* submitted and not yet taken, this generation */
-    uint64_t generation; /* bumped by reset: work of older generations is dropped */
-    uint64_t seq;
+    unsigned nbusy;       /* workers reading a batch */
+    size_t outstanding;   /* submitted and not yet taken, this generation */
+    uint64_t generation;  /* bumped by reset: older work is dropped */
+    uint64_t next_seq;    /* seq of the next request a worker takes */
+    uint64_t deliver_seq; /* seq the consumer gets next */
     int stop;
 
-    int started;
+    unsigned started;
     int open_rc;
     char open_err[FR_ERRLEN];
 };
@@ -80,26 +91,50 @@ static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch
         int64_t idx = req->indices[i];
         b->indices[i] = idx;
         sc->paths[i] = rd->paths[idx];
-        sc->hints[i] = rd->sizes[idx];
+        sc->hints[i] = __atomic_load_n(&rd->sizes[idx], __ATOMIC_RELAXED);
     }
     rc = fr_read_files(ctx, sc->paths, sc->hints, req->n, b);
     if (rc == 0)
         for (size_t i = 0; i < req->n; i++)
-            rd->sizes[req->indices[i]] = b->samples[i].length >= 0 ? b->samples[i].length : -1;
+            __atomic_store_n(&rd->sizes[req->indices[i]],
+                             b->samples[i].length >= 0 ? b->samples[i].length : -1,
+                             __ATOMIC_RELAXED);
     return rc;
 }
 
-static void *reader_main(void *arg)
+/* Inserts b into the ready list, kept sorted by seq. */
+static void insert_ready(fr_reader *rd, fr_batch *b)
+{
+    fr_batch **at = &rd->ready;
+    while (*at && (*at)->seq < b->seq)
+        at = &(*at)->next;
+    b->next = *at;
+    *at = b;
+    rd->nready++;
+}
+
+static int may_start(const fr_reader *rd)
+{
+    return rd->req_head && rd->nready + rd->nbusy < rd->prefetch + rd->nworkers - 1;
+}
+
+static void *worker_main(void *arg)
 {
     fr_reader *rd = arg;
     fr_ctx *ctx = NULL;
     char err[FR_ERRLEN] = "";
-    /* The context is opened here so the thread that submits also set it up. */
+    char name[16];
+    snprintf(name, sizeof(name), "fr-%.12s", rd->engine); /* 15 chars at most */
+    pthread_setname_np(pthread_self(), name);
+    /* Each worker opens its own context, so the thread that submits also set
+     * it up. */
     int rc = fr_ctx_open(&rd->cfg, &ctx, err, sizeof(err));
     pthread_mutex_lock(&rd->lock);
-    rd->open_rc = rc;
-    memcpy(rd->open_err, err, sizeof(err));
-    rd->started = 1;
+    if (rc && rd->open_rc == 0) {
+        rd->open_rc = rc;
+        memcpy(rd->open_err, err, sizeof(err));
+    }
+    rd->started++;
     pthread_cond_broadcast(&rd->ready_cv);
     if (rc) {
         pthread_mutex_unlock(&rd->lock);
@@ -108,7 +143,7 @@ static void *reader_main(void *arg)
 
     scratch sc = {NULL, NULL, 0};
     while (!rd->stop) {
-        if (!rd->req_head || rd->nready >= rd->prefetch) {
+        if (!may_start(rd)) {
             pthread_cond_wait(&rd->work_cv, &rd->lock);
             continue;
         }
@@ -117,7 +152,8 @@ static void *reader_main(void *arg)
         if (!rd->req_head)
             rd->req_tail = NULL;
         uint64_t gen = rd->generation;
-        uint64_t seq = rd->seq++;
+        uint64_t seq = rd->next_seq++;
+        rd->nbusy++;
         pthread_mutex_unlock(&rd->lock);
 
         fr_batch *b = fr_pool_get(rd->pool);
@@ -133,10 +169,12 @@ static void *reader_main(void *arg)
         free(req);
 
         pthread_mutex_lock(&rd->lock);
+        rd->nbusy--;
         if (gen != rd->generation) {
             pthread_mutex_unlock(&rd->lock);
             fr_batch_recycle(b);
             pthread_mutex_lock(&rd->lock);
+            pthread_cond_broadcast(&rd->work_cv);
             continue;
         }
         if (!b) {
@@ -145,15 +183,10 @@ static void *reader_main(void *arg)
             rd->open_rc = -ENOMEM;
             rd->stop = 1;
             pthread_cond_broadcast(&rd->ready_cv);
+            pthread_cond_broadcast(&rd->work_cv);
             break;
         }
-        b->next = NULL;
-        if (rd->ready_tail)
-            rd->ready_tail->next = b;
-        else
-            rd->ready_head = b;
-        rd->ready_tail = b;
-        rd->nready++;
+        insert_ready(rd, b);
         pthread_cond_broadcast(&rd->ready_cv);
     }
     pthread_mutex_unlock(&rd->lock);
@@ -163,12 +196,26 @@ static void *reader_main(void *arg)
     return NULL;
 }
 
+static void reader_free(fr_reader *rd)
+{
+    fr_pool_close(rd->pool);
+    free(rd->blob);
+    free(rd->paths);
+    free(rd->sizes);
+    free(rd);
+}
+
 int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
-                   unsigned prefetch, fr_reader **out, char *err, size_t err_len)
+                   unsigned prefetch, unsigned workers, fr_reader **out, char *err,
+                   size_t err_len)
 {
     *out = NULL;
     if (prefetch == 0) {
         fr_set_err(err, err_len, "prefetch must be at least 1");
+        return -EINVAL;
+    }
+    if (workers == 0 || workers > MAX_WORKERS) {
+        fr_set_err(err, err_len, "workers must be in 1..%d, got %u", MAX_WORKERS, workers);
         return -EINVAL;
     }
     fr_reader *rd = calloc(1, sizeof(*rd));
@@ -178,6 +225,7 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
     snprintf(rd->engine, sizeof(rd->engine), "%s", cfg->engine ? cfg->engine : "");
     rd->cfg.engine = rd->engine;
     rd->prefetch = prefetch;
+    rd->nworkers = workers;
     rd->npaths = npaths;
 
     size_t total = 0;
@@ -188,11 +236,7 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
     rd->sizes = malloc((npaths ? npaths : 1) * sizeof(int64_t));
     rd->pool = fr_pool_new();
     if (!rd->blob || !rd->paths || !rd->sizes || !rd->pool) {
-        fr_pool_close(rd->pool);
-        free(rd->blob);
-        free(rd->paths);
-        free(rd->sizes);
-        free(rd);
+        reader_free(rd);
         return -ENOMEM;
     }
     char *p = rd->blob;
@@ -207,24 +251,25 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
     pthread_cond_init(&rd->work_cv, NULL);
     pthread_cond_init(&rd->ready_cv, NULL);
 
-    int rc = pthread_create(&rd->thread, NULL, reader_main, rd);
-    if (rc != 0) {
-        fr_set_err(err, err_len, "cannot start the reader thread: %s", strerror(rc));
-        rd->started = 0;
-        fr_pool_close(rd->pool);
-        free(rd->blob);
-        free(rd->paths);
-        free(rd->sizes);
-        free(rd);
-        return -rc;
+    int rc = 0;
+    for (unsigned i = 0; i < workers; i++) {
+        rc = pthread_create(&rd->threads[i], NULL, worker_main, rd);
+        if (rc != 0) {
+            fr_set_err(err, err_len, "cannot start reader thread %u: %s", i, strerror(rc));
+            rc = -rc;
+            break;
+        }
+        rd->nthreads++;
     }
     pthread_mutex_lock(&rd->lock);
-    while (!rd->started)
+    while (rd->started < rd->nthreads)
         pthread_cond_wait(&rd->ready_cv, &rd->lock);
-    rc = rd->open_rc;
+    if (rc == 0 && rd->open_rc) {
+        rc = rd->open_rc;
+        fr_set_err(err, err_len, "%s", rd->open_err);
+    }
     pthread_mutex_unlock(&rd->lock);
     if (rc) {
-        fr_set_err(err, err_len, "%s", rd->open_err);
         fr_reader_close(rd);
         return rc;
     }
@@ -268,21 +313,20 @@ int fr_reader_next(fr_reader *rd, fr_batch **out)
         pthread_mutex_unlock(&rd->lock);
         return -ENODATA;
     }
-    while (rd->nready == 0 && !rd->stop)
+    while (!(rd->ready && rd->ready->seq == rd->deliver_seq) && !rd->stop)
         pthread_cond_wait(&rd->ready_cv, &rd->lock);
-    if (rd->nready == 0) {
+    if (!(rd->ready && rd->ready->seq == rd->deliver_seq)) {
         int rc = rd->open_rc ? rd->open_rc : -EPIPE;
         pthread_mutex_unlock(&rd->lock);
         return rc;
     }
-    fr_batch *b = rd->ready_head;
-    rd->ready_head = b->next;
-    if (!rd->ready_head)
-        rd->ready_tail = NULL;
+    fr_batch *b = rd->ready;
+    rd->ready = b->next;
     rd->nready--;
     rd->outstanding--;
+    rd->deliver_seq++;
     b->next = NULL;
-    pthread_cond_signal(&rd->work_cv);
+    pthread_cond_broadcast(&rd->work_cv);
     pthread_mutex_unlock(&rd->lock);
     *out = b;
     return 0;
@@ -292,13 +336,16 @@ void fr_reader_reset(fr_reader *rd)
 {
     pthread_mutex_lock(&rd->lock);
     request *reqs = rd->req_head;
-    fr_batch *ready = rd->ready_head;
+    fr_batch *ready = rd->ready;
     rd->req_head = rd->req_tail = NULL;
-    rd->ready_head = rd->ready_tail = NULL;
+    rd->ready = NULL;
     rd->nready = 0;
     rd->outstanding = 0;
     rd->generation++;
-    pthread_cond_signal(&rd->work_cv);
+    /* Batches being read now carry older seqs and the old generation: they
+     * are dropped when they finish. */
+    rd->deliver_seq = rd->next_seq;
+    pthread_cond_broadcast(&rd->work_cv);
     pthread_mutex_unlock(&rd->lock);
     free_requests(reqs);
     while (ready) {
@@ -334,14 +381,11 @@ void fr_reader_close(fr_reader *rd)
     rd->stop = 1;
     pthread_cond_broadcast(&rd->work_cv);
     pthread_mutex_unlock(&rd->lock);
-    pthread_join(rd->thread, NULL);
+    for (unsigned i = 0; i < rd->nthreads; i++)
+        pthread_join(rd->threads[i], NULL);
     pthread_cond_destroy(&rd->work_cv);
     pthread_cond_destroy(&rd->ready_cv);
     pthread_mutex_destroy(&rd->lock);
     /* Batches the caller still holds keep the pool, and their memory, alive. */
-    fr_pool_close(rd->pool);
-    free(rd->blob);
-    free(rd->paths);
-    free(rd->sizes);
-    free(rd);
+    reader_free(rd);
 }

@@ -178,3 +178,25 @@ def test_closed_reader_refuses(tree):
     with pytest.raises(ValueError, match="closed"):
         iter(r)
     assert a[0].size >= 0  # arrays already returned stay valid
+
+
+@pytest.mark.parametrize("engine", engine_params())
+def test_several_workers_deliver_in_order(engine, tree):
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    with fastread.Reader(root, batch_size=3, workers=4, prefetch=3, engine=engine) as r:
+        for _ in range(3):
+            got, _ = epoch(r)
+            assert got == [content[p] for p in paths]
+        it = iter(r)
+        next(it)
+        assert epoch(r)[0] == [content[p] for p in paths]  # reset with workers busy
+
+
+def test_workers_validated(tree, monkeypatch):
+    root, _ = tree
+    with pytest.raises(ValueError, match="workers"):
+        fastread.Reader(root, workers=65)
+    monkeypatch.setenv("FASTREAD_WORKERS", "2")
+    with fastread.Reader(root) as r:
+        assert r.workers == 2

@@ -1,4 +1,5 @@
-/* The reader returns batches in submission order with the right samples,
+/* The reader returns batches in submission order with the right samples
+ * (with one worker and with several),
  * bounds read-ahead, drops abandoned work on reset, and keeps batches the
  * caller holds valid after it is closed. */
 #include <errno.h>
@@ -18,8 +19,9 @@ int main(void)
         snprintf(name, sizeof(name), "r%02d.bin", i);
         paths[i] = fr_test_write(name, (size_t)(i * 997), (unsigned)i);
     }
-    const char *engines[] = {"psync", "io_uring"};
-    for (int e = 0; e < 2; e++) {
+    const char *engines[] = {"psync", "io_uring", "psync", "io_uring"};
+    for (int e = 0; e < 4; e++) {
+        unsigned workers = e < 2 ? 1 : 3; /* in-order delivery across workers */
         char why[FR_ERRLEN];
         if (fr_engine_probe(engines[e], why, sizeof(why)) != 0)
             continue;
@@ -28,7 +30,8 @@ int main(void)
         cfg.engine = engines[e];
         fr_reader *rd;
         char err[FR_ERRLEN];
-        CHECK(fr_reader_open(&cfg, (const char *const *)paths, NFILES, 2, &rd, err, sizeof(err)) == 0);
+        CHECK(fr_reader_open(&cfg, (const char *const *)paths, NFILES, 2, workers, &rd, err,
+                             sizeof(err)) == 0);
 
         fr_batch *b = NULL;
         CHECK(fr_reader_next(rd, &b) == -ENODATA);

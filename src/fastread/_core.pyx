@@ -277,7 +277,8 @@ cdef class Context:
 
 
 cdef class NativeReader:
-    """A native thread reading submitted batches of dataset indices ahead."""
+    """Native threads reading submitted batches of dataset indices ahead,
+    delivered in submission order."""
     cdef fr_reader *rd
     cdef _PoolOwner owner
     cdef readonly str engine
@@ -285,7 +286,8 @@ cdef class NativeReader:
 
     def __cinit__(self, paths, str engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
                   bint o_direct=False, unsigned direct_alignment=4096,
-                  bint register_buffers=True, bint register_files=True, unsigned prefetch=2):
+                  bint register_buffers=True, bint register_files=True, unsigned prefetch=2,
+                  unsigned workers=1):
         cdef list encoded = [_encode_path(p) for p in paths]
         cdef size_t n = len(encoded), i
         cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
@@ -302,7 +304,7 @@ cdef class NativeReader:
             _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
                          register_buffers, register_files)
             with nogil:
-                rc = fr_reader_open(&cfg, cpaths, n, prefetch, &self.rd, err, sizeof(err))
+                rc = fr_reader_open(&cfg, cpaths, n, prefetch, workers, &self.rd, err, sizeof(err))
         finally:
             free(cpaths)
         if rc != 0:

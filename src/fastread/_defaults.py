@@ -15,6 +15,8 @@ _SETTINGS = {
     "register_buffers": ("FASTREAD_REGISTER_BUFFERS", True, bool),
     "register_files": ("FASTREAD_REGISTER_FILES", True, bool),
     "prefetch": ("FASTREAD_PREFETCH", 2, int),
+    # Reader threads, each with its own engine context; 0: one per 4 CPUs.
+    "workers": ("FASTREAD_WORKERS", 0, int),
 }
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -43,6 +45,23 @@ def get(name):
     var, default, kind = _SETTINGS[name]
     raw = os.environ.get(var)
     return default if raw is None else _parse(name, raw, kind)
+
+
+def env_var(name):
+    """The environment variable that overrides setting `name`."""
+    return _SETTINGS[name][0]
+
+
+def reader_workers(workers=None):
+    """Reader threads: explicit, else FASTREAD_WORKERS, else one per 4 CPUs
+    (at least 1, at most 8)."""
+    if workers is None:
+        workers = get("workers")
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 0 <= workers <= 64:
+        raise ValueError(f"workers must be an integer in 0..64, got {workers!r}")
+    if workers == 0:
+        workers = min(8, max(1, (os.cpu_count() or 1) // 4))
+    return workers
 
 
 def all_settings():

@@ -19,7 +19,8 @@ class Reader:
     each epoch, and takes its shard of it. ``stick_to_shard=False`` moves
     each rank to the next shard every epoch, as DALI's readers do by default.
 
-    A native thread reads up to ``prefetch`` batches ahead. By default a
+    ``workers`` native threads (each with its own engine context) read up to
+    ``prefetch`` batches ahead, delivered in order. By default a
     batch's memory is reused only after every array of it is gone, so arrays
     are never overwritten while reachable; ``ring_depth=N`` instead caps
     memory at ``N + prefetch + 1`` batches: a batch's arrays stay valid until
@@ -30,7 +31,7 @@ class Reader:
                  file_filters=None, batch_size=64, shard_id=0, num_shards=1,
                  random_shuffle=False, seed=0, pad_last_batch=False, drop_last=False,
                  stick_to_shard=True,
-                 prefetch=None, engine="auto", ring_depth=None, **engine_options):
+                 prefetch=None, workers=None, engine="auto", ring_depth=None, **engine_options):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if pad_last_batch and drop_last:
@@ -52,8 +53,9 @@ class Reader:
         self._engine_options = options(self.engine, **engine_options)
         # Validates shard_id/num_shards now rather than at the first epoch.
         self._epoch_order(0)
+        self.workers = _defaults.reader_workers(workers)
         self._native = _core.NativeReader(self.paths, self.engine, prefetch=prefetch,
-                                          **self._engine_options)
+                                          workers=self.workers, **self._engine_options)
         self._ring = collections.deque()
         self.epoch = 0
         self._start_batch = 0

@@ -27,7 +27,7 @@ def collect():
     devices, why = _env.cuda_devices()
     settings = {}
     for name, value in _defaults.all_settings().items():
-        var = _env_var(_defaults, name)
+        var = _defaults.env_var(name)
         settings[name] = {"value": value, "env": var,
                           "from_env": bool(var) and var in os.environ}
     return {
@@ -39,12 +39,6 @@ def collect():
         "cuda_reason": why,
         "defaults": settings,
     }
-
-
-def _env_var(defaults, name):
-    table = getattr(defaults, "_SETTINGS", {})
-    entry = table.get(name)
-    return entry[0] if entry else ""
 
 
 def run(args):
