@@ -30,3 +30,12 @@ for bs in 64 256; do
         done
     done
 done
+# Cold reads want more I/O in flight: more workers, deeper queues, more threads.
+tuned="--engine-option workers=8 --engine-option queue_depth=128 --engine-option threads=8"
+for bs in 64 256; do
+    tag="bs${bs}-cold-tuned"
+    echo "== $tag ($tuned)"
+    python3 -m fastread.cli bench "$data" --device gpu --threads 8 --batchsize "$bs" --cold \
+        --modes dali,fastread-io_uring,fastread-psync $tuned --no-progress --json "$json/$tag.json"
+    tar -cf "$out/results.tar" -C "$json" .
+done
