@@ -125,6 +125,22 @@ int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hin
     return rc;
 }
 
+int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t n,
+                   fr_batch *batch)
+{
+    if (!ctx->engine->read_ranges)
+        return -ENOTSUP;
+    if (batch->samples_cap < n)
+        return -EINVAL;
+    batch->count = n;
+    batch->status = 0;
+    if (n == 0)
+        return 0;
+    int rc = ctx->engine->read_ranges(ctx->state, path, ranges, n, batch);
+    batch->status = rc;
+    return rc;
+}
+
 long fr_ctx_stat(const fr_ctx *ctx, const char *key)
 {
     return ctx->engine->stat ? ctx->engine->stat(ctx->state, key) : -1;

@@ -25,6 +25,10 @@ typedef struct fr_engine {
     int (*read_files)(void *state, const char *const *paths, const int64_t *size_hints, size_t n,
                       fr_batch *batch);
     long (*stat)(const void *state, const char *key);
+    /* Optional (NULL: -ENOTSUP). Same contract as read_files, one sample per
+     * range of `path`; see fr_read_ranges. */
+    int (*read_ranges)(void *state, const char *path, const fr_range *ranges, size_t n,
+                       fr_batch *batch);
 } fr_engine;
 
 extern const fr_engine fr_engine_psync;

@@ -122,6 +122,21 @@ const char *fr_ctx_engine(const fr_ctx *ctx);
 int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
                   fr_batch *batch);
 
+/* A byte range of one file or device: a sample of a packed image. */
+typedef struct fr_range {
+    uint64_t offset;
+    uint64_t length;
+} fr_range;
+
+/* Reads each range of `path` (a regular file or a block device, opened once
+ * and cached by the context) as one sample into batch. Every range comes
+ * back with its true length; with O_DIRECT, offsets must be multiples of
+ * direct_alignment and the engine reads whole aligned blocks. Ranges longer
+ * than the engine's largest transfer are split. Engines without range reads
+ * return -ENOTSUP. */
+int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t n,
+                   fr_batch *batch);
+
 /* Facts about the context, for diagnostics: "fixed_files", "fixed_buffers",
  * "queue_depth", "threads", "o_direct". Returns -1 for an unknown key. */
 long fr_ctx_stat(const fr_ctx *ctx, const char *key);
