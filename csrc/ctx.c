@@ -36,6 +36,8 @@ void fr_config_init(fr_config *cfg)
     cfg->direct_alignment = 4096;
     cfg->register_buffers = 1;
     cfg->register_files = 1;
+    cfg->pin_memory = 0;
+    cfg->engine_args = "";
 }
 
 const char *const *fr_engine_names(void) { return engine_names; }

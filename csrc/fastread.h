@@ -38,6 +38,8 @@ typedef struct fr_config {
     unsigned direct_alignment; /* O_DIRECT buffer/length alignment in bytes (power of two) */
     int register_buffers;      /* io_uring: register arenas as fixed buffers */
     int register_files;        /* io_uring: direct descriptors (linked open/read/close) */
+    int pin_memory;            /* page-lock arenas through the CUDA runtime, if loadable */
+    const char *engine_args;   /* engine-specific "key=value,key=value" (e.g. xNVMe's be=) */
 } fr_config;
 
 /* Fills in the defaults: io_uring, depth 64, 4 threads, buffered, 4096-byte

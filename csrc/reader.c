@@ -27,6 +27,7 @@ typedef struct request {
 struct fr_reader {
     fr_config cfg;
     char engine[32];
+    char *engine_args;
     char *blob;
     const char **paths;
     int64_t *sizes; /* each file's size when last read, -1 before; atomic access */
@@ -202,6 +203,7 @@ static void reader_free(fr_reader *rd)
     free(rd->blob);
     free(rd->paths);
     free(rd->sizes);
+    free(rd->engine_args);
     free(rd);
 }
 
@@ -224,6 +226,12 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
     rd->cfg = *cfg;
     snprintf(rd->engine, sizeof(rd->engine), "%s", cfg->engine ? cfg->engine : "");
     rd->cfg.engine = rd->engine;
+    rd->engine_args = strdup(cfg->engine_args ? cfg->engine_args : "");
+    if (!rd->engine_args) {
+        free(rd);
+        return -ENOMEM;
+    }
+    rd->cfg.engine_args = rd->engine_args;
     rd->prefetch = prefetch;
     rd->nworkers = workers;
     rd->npaths = npaths;

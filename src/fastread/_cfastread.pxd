@@ -13,6 +13,8 @@ cdef extern from "fastread.h" nogil:
         unsigned direct_alignment
         int register_buffers
         int register_files
+        int pin_memory
+        const char *engine_args
 
     void fr_config_init(fr_config *cfg)
 
@@ -59,6 +61,13 @@ cdef extern from "fastread.h" nogil:
     int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
                       fr_batch *batch)
     long fr_ctx_stat(const fr_ctx *ctx, const char *key)
+
+    ctypedef struct fr_range:
+        uint64_t offset
+        uint64_t length
+
+    int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t n,
+                       fr_batch *batch)
 
     ctypedef struct fr_reader:
         pass

@@ -158,7 +158,7 @@ cdef class Batch:
 
 cdef void _init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsigned threads,
                        bint o_direct, unsigned direct_alignment, bint register_buffers,
-                       bint register_files):
+                       bint register_files, bint pin_memory, bytes engine_args):
     fr_config_init(cfg)
     cfg.engine = PyBytes_AS_STRING(engine)
     cfg.queue_depth = queue_depth
@@ -167,6 +167,8 @@ cdef void _init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsig
     cfg.direct_alignment = direct_alignment
     cfg.register_buffers = register_buffers
     cfg.register_files = register_files
+    cfg.pin_memory = pin_memory
+    cfg.engine_args = PyBytes_AS_STRING(engine_args)
 
 
 cdef bytes _encode_path(p):
@@ -190,14 +192,16 @@ cdef class Context:
 
     def __cinit__(self, str engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
                   bint o_direct=False, unsigned direct_alignment=4096,
-                  bint register_buffers=True, bint register_files=True):
+                  bint register_buffers=True, bint register_files=True,
+                  bint pin_memory=False, str engine_args=""):
         import threading
         cdef fr_config cfg
         cdef char err[256]
         err[0] = 0
         cdef bytes eng = engine.encode()
+        cdef bytes args = engine_args.encode()
         _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
-                     register_buffers, register_files)
+                     register_buffers, register_files, pin_memory, args)
         cdef int rc
         with nogil:
             rc = fr_ctx_open(&cfg, &self.ctx, err, sizeof(err))
@@ -286,7 +290,8 @@ cdef class NativeReader:
 
     def __cinit__(self, paths, str engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
                   bint o_direct=False, unsigned direct_alignment=4096,
-                  bint register_buffers=True, bint register_files=True, unsigned prefetch=2,
+                  bint register_buffers=True, bint register_files=True,
+                  bint pin_memory=False, str engine_args="", unsigned prefetch=2,
                   unsigned workers=1):
         cdef list encoded = [_encode_path(p) for p in paths]
         cdef size_t n = len(encoded), i
@@ -297,12 +302,13 @@ cdef class NativeReader:
         cdef char err[256]
         err[0] = 0
         cdef bytes eng = engine.encode()
+        cdef bytes args = engine_args.encode()
         cdef int rc
         try:
             for i in range(n):
                 cpaths[i] = PyBytes_AS_STRING(encoded[i])
             _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
-                         register_buffers, register_files)
+                         register_buffers, register_files, pin_memory, args)
             with nogil:
                 rc = fr_reader_open(&cfg, cpaths, n, prefetch, workers, &self.rd, err, sizeof(err))
         finally:

@@ -13,7 +13,7 @@ KNOWN_ENGINES = {
 
 # Options every engine accepts; an engine ignores those it has no use for.
 OPTION_NAMES = ("queue_depth", "threads", "o_direct", "direct_alignment",
-                "register_buffers", "register_files")
+                "register_buffers", "register_files", "pin_memory", "engine_args")
 
 
 def engines():
@@ -62,8 +62,10 @@ def options(engine, **opts):
             raise ValueError(f"engine option {name} must be a non-negative integer, got {v!r}")
     if out["queue_depth"] < 1:
         raise ValueError(f"engine option queue_depth must be >= 1, got {out['queue_depth']}")
-    for name in ("o_direct", "register_buffers", "register_files"):
+    for name in ("o_direct", "register_buffers", "register_files", "pin_memory"):
         out[name] = bool(out[name])
+    if not isinstance(out["engine_args"], str):
+        raise ValueError(f"engine option engine_args must be a string, got {out['engine_args']!r}")
     return out
 
 
