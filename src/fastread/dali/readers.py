@@ -70,11 +70,48 @@ class _BatchSource:
         return arrays, labels.reshape(-1, 1)
 
 
+class _GpuBatchSource(_BatchSource):
+    """Batches delivered in GPU memory: per batch, one host-to-device copy of
+    the contiguous region of the arena that holds its samples, into a ring of
+    device buffers; DALI gets CuPy views (no further copies). A device buffer
+    is reused only after `depth` more batches, when DALI is done with it."""
+
+    def __init__(self, reader, device_id, depth):
+        super().__init__(reader)
+        import cupy
+
+        self._cupy = cupy
+        self._device = cupy.cuda.Device(device_id)
+        with self._device:
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._ring = [None] * depth
+        self._slot = 0
+
+    def __next__(self):
+        arrays, labels = super().__next__()
+        cp = self._cupy
+        starts = [a.ctypes.data for a in arrays]
+        lo = min(starts)
+        hi = max(s + a.nbytes for s, a in zip(starts, arrays))
+        with self._device:
+            buf = self._ring[self._slot]
+            if buf is None or buf.size < hi - lo:
+                buf = self._ring[self._slot] = cp.empty(max(hi - lo, 1), dtype=cp.uint8)
+            self._slot = (self._slot + 1) % len(self._ring)
+            cp.cuda.runtime.memcpyAsync(buf.data.ptr, lo, hi - lo,
+                                        cp.cuda.runtime.memcpyHostToDevice, self._stream.ptr)
+            gpu_labels = cp.asarray(labels)
+            # The host arena may be reused as soon as this returns.
+            self._stream.synchronize()
+        views = [buf[s - lo:s - lo + a.nbytes] for s, a in zip(starts, arrays)]
+        return views, gpu_labels
+
+
 def file(*, file_root=None, file_list=None, files=None, labels=None, file_filters=None,
          shard_id=0, num_shards=1, random_shuffle=False, shuffle_after_epoch=False, seed=-1,
          pad_last_batch=False, stick_to_shard=False, prefetch_queue_depth=1, name=None,
          case_sensitive_filter=False, dir_filters=None, last_batch_policy=None,
-         engine="auto", device="cpu", no_copy=False, **kwargs):
+         engine="auto", device="cpu", no_copy=False, device_id=None, **kwargs):
     """``fn.readers.file`` read by fastread; returns ``(data, labels)``.
 
     Same arguments and, without shuffling, the same samples in the same order
@@ -83,15 +120,21 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     the whole data set per epoch, identical on every rank for a given
     ``seed`` (``-1`` means 0, so ranks agree), so each epoch holds every
     sample exactly once. Extra keyword arguments are engine options
-    (``queue_depth``, ``threads``, ``o_direct``, ...).
+    (``queue_depth``, ``threads``, ``o_direct``, ...) and Reader options
+    (``workers``).
+
+    ``device="gpu"`` delivers both outputs in GPU memory (the pipeline's
+    ``device_id`` unless given): one host-to-device copy per batch into a
+    ring of device buffers, handed to DALI without further copies. Use it
+    for read-to-GPU; the mixed image decoder wants ``device="cpu"``.
     """
     from nvidia.dali import fn
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
         kwargs.pop(arg)
-    if device not in ("cpu",):
-        raise ValueError(f"device={device!r}: only 'cpu' output is supported by this build")
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     pipe = Pipeline.current()
     if pipe is None:
         raise RuntimeError("fastread.dali.readers.file must be called inside a DALI pipeline "
@@ -103,6 +146,11 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     if not isinstance(prefetch_queue_depth, int) or prefetch_queue_depth < 1:
         raise ValueError(f"prefetch_queue_depth must be an integer >= 1, got {prefetch_queue_depth!r}")
     depth = _queue_depth(pipe)
+    gpu = device == "gpu"
+    if gpu:
+        device_id = pipe.device_id if device_id is None else device_id
+        if device_id is None:
+            raise ValueError("device='gpu' needs a pipeline with a device_id (or device_id=)")
     reader = Reader(
         file_root, file_list=file_list, files=files, labels=labels, file_filters=file_filters,
         batch_size=batch_size, shard_id=shard_id, num_shards=num_shards,
@@ -111,11 +159,17 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
         pad_last_batch=policy == "FILL", drop_last=policy == "DROP",
         stick_to_shard=stick_to_shard,
         prefetch=max(prefetch_queue_depth, _defaults.get("prefetch")),
-        # DALI may read a fed batch until `depth` more iterations have run.
-        ring_depth=depth + 2, engine=engine, **kwargs)
-    source = _BatchSource(reader)
-    data, labels_node = fn.external_source(
-        source=source, num_outputs=2, batch=True, no_copy=bool(no_copy), cycle=False)
+        # DALI may read a fed batch until `depth` more iterations have run;
+        # GPU output copies each batch out before DALI sees it.
+        ring_depth=None if gpu else depth + 2, engine=engine, **kwargs)
+    if gpu:
+        source = _GpuBatchSource(reader, device_id, depth + 2)
+        data, labels_node = fn.external_source(
+            source=source, num_outputs=2, batch=True, no_copy=True, cycle=False, device="gpu")
+    else:
+        source = _BatchSource(reader)
+        data, labels_node = fn.external_source(
+            source=source, num_outputs=2, batch=True, no_copy=bool(no_copy), cycle=False)
     # DALI refuses a name on a multi-output external source; the name stays
     # on the reader (for epoch_size and messages).
     reader.name = name
