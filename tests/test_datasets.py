@@ -234,3 +234,17 @@ def test_decodes_from_bytes_like_a_loader(band_tree):
         im = Image.open(io.BytesIO(f.read()))
         im.load()
     assert im.mode == "RGB"
+
+
+def test_workers_start_safely_beside_native_threads(tmp_path):
+    # Forking beside running threads can deadlock the children; with native
+    # reader threads alive the generator must still finish, with the same bytes.
+    import fastread
+
+    small = dict(classes=2, per_class=3, seed=5, mean_kb=8, width=96, height=72, progress=False)
+    alone = make_imagenet_like(str(tmp_path / "alone"), workers=1, **small)
+    with fastread.Reader(str(tmp_path / "alone"), batch_size=2, workers=2) as r:
+        next(iter(r))
+        beside = make_imagenet_like(str(tmp_path / "beside"), workers=2, **small)
+    for a, b in zip(sorted(alone.paths()), sorted(beside.paths())):
+        assert open(a, "rb").read() == open(b, "rb").read()

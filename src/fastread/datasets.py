@@ -478,15 +478,18 @@ def _finish(root, params, classes, per_class, sizes, *, counts=None, extra=None)
 
 
 def _make_pool(nworkers: int) -> ProcessPoolExecutor:
-    # On Linux use fork explicitly (Python 3.14 defaults to forkserver): the
-    # workers need nothing from the parent but this module's functions, start
-    # instantly, and scripts calling us at top level without an
-    # ``if __name__ == "__main__"`` guard keep working.
+    # fork is fast and lets scripts without an ``if __name__ == "__main__"``
+    # guard call us, but forking a process that runs other threads (DALI's,
+    # fastread's readers) can leave a child blocked forever on a lock one of
+    # them held (seen: workers stuck inside Pillow). So fork only from a
+    # single-threaded process; otherwise start workers from a clean
+    # forkserver.
+    import multiprocessing
+
     ctx = None
     if sys.platform.startswith("linux"):
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("fork")
+        threads = len(os.listdir("/proc/self/task"))
+        ctx = multiprocessing.get_context("fork" if threads == 1 else "forkserver")
     return ProcessPoolExecutor(max_workers=nworkers, mp_context=ctx)
 
 
