@@ -16,11 +16,12 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "range_io.h"
 
 #define WINDOW 256
 #define MAX_THREADS 16
 
-enum phase { PHASE_OPEN, PHASE_READ, PHASE_EXIT };
+enum phase { PHASE_OPEN, PHASE_READ, PHASE_RANGES, PHASE_EXIT };
 
 typedef struct psync {
     fr_config cfg;
@@ -42,6 +43,11 @@ typedef struct psync {
     int fds[WINDOW];
     int64_t sizes[WINDOW];
     unsigned char needs_repair[WINDOW];
+
+    /* Range reads: the cached image and the batch's ranges. */
+    fr_image_cache image;
+    const char *image_path;
+    const fr_range *ranges;
 } psync;
 
 static int psync_probe(char *why, size_t why_len)
@@ -109,14 +115,39 @@ static void read_one(psync *p, size_t k)
     }
 }
 
+/* One range of the image, on any thread: pread into its slot (whole aligned
+ * blocks with O_DIRECT), falling back to the plain path when O_DIRECT is
+ * refused or the read comes back short. */
+static void range_one(psync *p, size_t k)
+{
+    fr_sample *s = &p->batch->samples[k];
+    if (s->length < 0)
+        return; /* a bad range */
+    const fr_range *r = &p->ranges[k];
+    if (r->length == 0)
+        return;
+    int direct = p->image.direct;
+    size_t want = fr_range_request_len(r->length, direct, p->cfg.direct_alignment);
+    ssize_t got = fr_pread_full(p->image.fd, p->batch->arena.base + s->offset, want,
+                                (off_t)r->offset);
+    if (got >= 0 && (uint64_t)got >= r->length)
+        s->length = (int64_t)r->length;
+    else if (got >= 0 || (got == -EINVAL && direct))
+        fr_read_range_plain(p->batch, k, p->image_path, r);
+    else
+        s->length = got;
+}
+
 static void run_phase(psync *p, enum phase ph)
 {
     size_t k;
     while ((k = atomic_fetch_add(&p->next, 1)) < p->count) {
         if (ph == PHASE_OPEN)
             open_one(p, k);
-        else
+        else if (ph == PHASE_READ)
             read_one(p, k);
+        else
+            range_one(p, k);
     }
 }
 
@@ -173,6 +204,7 @@ static void psync_close(void *state)
     pthread_mutex_unlock(&p->lock);
     for (unsigned i = 0; i < p->nthreads; i++)
         pthread_join(p->threads[i], NULL);
+    fr_image_cache_close(&p->image);
     free(p->threads);
     pthread_cond_destroy(&p->work_cv);
     pthread_cond_destroy(&p->done_cv);
@@ -186,6 +218,7 @@ static int psync_open(const fr_config *cfg, void **state, char *err, size_t err_
     if (!p)
         return -ENOMEM;
     p->cfg = *cfg;
+    fr_image_cache_init(&p->image);
     unsigned n = cfg->threads;
     if (n == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -252,6 +285,31 @@ static int psync_read_files(void *state, const char *const *paths, const int64_t
     return 0;
 }
 
+static int psync_read_ranges(void *state, const char *path, const fr_range *ranges, size_t n,
+                             fr_batch *batch)
+{
+    psync *p = state;
+    int rc = fr_image_cache_get(&p->image, path, p->cfg.o_direct);
+    if (rc < 0)
+        return rc;
+    int fd = p->image.fd;
+    rc = fr_layout_ranges(batch, ranges, n, fd >= 0 && p->image.direct, p->cfg.direct_alignment);
+    if (rc)
+        return rc;
+    if (fd < 0) { /* the image cannot be opened: every sample says why */
+        for (size_t i = 0; i < n; i++)
+            batch->samples[i].length = p->image.err;
+        return 0;
+    }
+    p->image_path = path;
+    p->ranges = ranges;
+    p->batch = batch;
+    p->first = 0;
+    p->count = n;
+    dispatch(p, PHASE_RANGES);
+    return 0;
+}
+
 static long psync_stat(const void *state, const char *key)
 {
     const psync *p = state;
@@ -259,6 +317,8 @@ static long psync_stat(const void *state, const char *key)
         return (long)p->nthreads + 1;
     if (strcmp(key, "o_direct") == 0)
         return p->cfg.o_direct;
+    if (strcmp(key, "image_direct") == 0)
+        return p->image.fd >= 0 ? p->image.direct : -1;
     return -1;
 }
 
@@ -269,4 +329,5 @@ const fr_engine fr_engine_psync = {
     .close = psync_close,
     .read_files = psync_read_files,
     .stat = psync_stat,
+    .read_ranges = psync_read_ranges,
 };

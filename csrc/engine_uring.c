@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "range_io.h"
 
 #define NBUF_SLOTS 16
 #define MAX_FIXED_BUF ((size_t)1 << 30) /* the kernel's limit per buffer */
@@ -54,6 +55,14 @@ typedef struct uring {
     unsigned *free_slots;
     unsigned nfree;
     long direct_fallbacks;
+
+    /* Range reads: the cached image, registered at fixed slot `depth` when
+     * direct descriptors are on. */
+    fr_image_cache image;
+    int image_fixed; /* the image sits in the fixed table */
+    size_t rcap;
+    uint32_t *chunks_left; /* per range: chunks still in flight */
+    int64_t *range_res;    /* per range: 0, or the first failed chunk's result */
 
     /* Per-call scratch, grown as needed. */
     size_t cap;
@@ -105,6 +114,9 @@ static void uring_close(void *state)
     if (!u)
         return;
     io_uring_queue_exit(&u->ring);
+    fr_image_cache_close(&u->image);
+    free(u->chunks_left);
+    free(u->range_res);
     free(u->free_slots);
     free(u->sizes);
     free(u->open_res);
@@ -120,6 +132,7 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
         return -ENOMEM;
     u->cfg = *cfg;
     u->depth = cfg->queue_depth;
+    fr_image_cache_init(&u->image);
     /* Three SQEs per file in flight, rounded up by the kernel to a power of 2. */
     unsigned entries = u->depth * 4;
     struct io_uring_params params;
@@ -141,7 +154,8 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
         uring_close(u);
         return -ENOMEM;
     }
-    if (cfg->register_files && io_uring_register_files_sparse(&u->ring, u->depth) == 0) {
+    /* One slot per file in flight, and one more for a range reader's image. */
+    if (cfg->register_files && io_uring_register_files_sparse(&u->ring, u->depth + 1) == 0) {
         u->fixed_files = 1;
         for (unsigned i = 0; i < u->depth; i++)
             u->free_slots[i] = u->depth - 1 - i;
@@ -499,6 +513,163 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
     return 0;
 }
 
+
+/* ---- range reads ---- */
+
+/* Range index in the high bits, chunk number in the low 24 (16 TiB ranges). */
+static inline uint64_t range_ud(size_t i, size_t chunk) { return ((uint64_t)i << 24) | chunk; }
+
+static int grow_range_scratch(uring *u, size_t n)
+{
+    if (n <= u->rcap)
+        return 0;
+    size_t cap = u->rcap ? u->rcap : 64;
+    while (cap < n)
+        cap *= 2;
+    uint32_t *c = realloc(u->chunks_left, cap * sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    u->chunks_left = c;
+    int64_t *r = realloc(u->range_res, cap * sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    u->range_res = r;
+    u->rcap = cap;
+    return 0;
+}
+
+/* Opens (or reuses) the image and keeps fixed slot `depth` pointing at it.
+ * Returns the descriptor to use (a fixed index when *fixed), or -errno. */
+static int image_fd(uring *u, const char *path, int *fixed)
+{
+    int changed = fr_image_cache_get(&u->image, path, u->cfg.o_direct);
+    if (changed < 0)
+        return changed;
+    if (u->image.fd < 0)
+        return u->image.err;
+    if (changed || !u->image_fixed) {
+        u->image_fixed = 0;
+        if (u->fixed_files) {
+            int fd = u->image.fd;
+            if (io_uring_register_files_update(&u->ring, u->depth, &fd, 1) == 1)
+                u->image_fixed = 1;
+        }
+    }
+    *fixed = u->image_fixed;
+    return u->image_fixed ? (int)u->depth : u->image.fd;
+}
+
+static int uring_read_ranges(void *state, const char *path, const fr_range *ranges, size_t n,
+                             fr_batch *batch)
+{
+    uring *u = state;
+    int rc = grow_range_scratch(u, n);
+    if (rc)
+        return rc;
+    int fixed = 0;
+    int fd = image_fd(u, path, &fixed);
+    if (fd == -ENOMEM)
+        return fd;
+    int direct = fd >= 0 && u->image.direct;
+    size_t align = u->cfg.direct_alignment;
+    rc = fr_layout_ranges(batch, ranges, n, direct, align);
+    if (rc)
+        return rc;
+    if (fd < 0) { /* the image cannot be opened: every sample says why */
+        for (size_t i = 0; i < n; i++)
+            batch->samples[i].length = fd;
+        return 0;
+    }
+    int buf_index = buffer_index(u, &batch->arena);
+
+    size_t next = 0, next_chunk = 0, inflight = 0;
+    for (size_t i = 0; i < n; i++) {
+        u->range_res[i] = batch->samples[i].length; /* 0, or -EINVAL from the layout */
+        u->chunks_left[i] = 0;
+    }
+    while (next < n || inflight > 0) {
+        while (next < n && inflight < u->depth) {
+            if (u->range_res[next] < 0 || ranges[next].length == 0) {
+                next++;
+                next_chunk = 0;
+                continue;
+            }
+            struct io_uring_sqe *sqe = get_sqe(u);
+            if (!sqe)
+                break;
+            size_t i = next;
+            size_t req = fr_range_request_len(ranges[i].length, direct, align);
+            size_t off = next_chunk * FR_RANGE_CHUNK;
+            size_t len = req - off < FR_RANGE_CHUNK ? req - off : FR_RANGE_CHUNK;
+            uint8_t *dst = batch->arena.base + batch->samples[i].offset + off;
+            uint64_t at = ranges[i].offset + off;
+            if (buf_index >= 0)
+                io_uring_prep_read_fixed(sqe, fd, dst, (unsigned)len, at, buf_index);
+            else
+                io_uring_prep_read(sqe, fd, dst, (unsigned)len, at);
+            if (fixed)
+                sqe->flags |= IOSQE_FIXED_FILE;
+            io_uring_sqe_set_data64(sqe, range_ud(i, next_chunk));
+            u->chunks_left[i]++;
+            inflight++;
+            if (off + len >= req) {
+                next++;
+                next_chunk = 0;
+            } else {
+                next_chunk++;
+            }
+        }
+        if (inflight == 0)
+            continue;
+        rc = submit_wait(u);
+        if (rc < 0) {
+            drain(u, inflight);
+            return rc;
+        }
+        unsigned head, seen = 0;
+        struct io_uring_cqe *cqe;
+        io_uring_for_each_cqe(&u->ring, head, cqe)
+        {
+            size_t i = (size_t)(cqe->user_data >> 24);
+            size_t chunk = (size_t)(cqe->user_data & 0xFFFFFF);
+            /* Every completion is checked: a chunk must deliver each byte of
+             * the range it covers (the O_DIRECT tail past the range's end may
+             * be missing at the end of the image). */
+            uint64_t start = (uint64_t)chunk * FR_RANGE_CHUNK;
+            uint64_t want = ranges[i].length - start;
+            if (want > FR_RANGE_CHUNK)
+                want = FR_RANGE_CHUNK;
+            if (cqe->res < 0) {
+                if (u->range_res[i] == 0)
+                    u->range_res[i] = cqe->res;
+            } else if ((uint64_t)cqe->res < want && u->range_res[i] == 0) {
+                u->range_res[i] = -EAGAIN; /* short: finished on the slow path */
+            }
+            u->chunks_left[i]--;
+            inflight--;
+            seen++;
+        }
+        io_uring_cq_advance(&u->ring, seen);
+    }
+    for (size_t i = 0; i < n; i++) {
+        fr_sample *s = &batch->samples[i];
+        int64_t res = u->range_res[i];
+        if (s->length < 0)
+            continue; /* a bad range */
+        if (res == 0) {
+            s->length = (int64_t)ranges[i].length;
+        } else if (res == -EAGAIN || res == -EINTR || res == -ECANCELED ||
+                   (res == -EINVAL && direct)) {
+            if (res == -EINVAL)
+                u->direct_fallbacks++;
+            fr_read_range_plain(batch, i, path, &ranges[i]);
+        } else {
+            s->length = res;
+        }
+    }
+    return 0;
+}
+
 static long uring_stat(const void *state, const char *key)
 {
     const uring *u = state;
@@ -512,6 +683,10 @@ static long uring_stat(const void *state, const char *key)
         return u->cfg.o_direct;
     if (strcmp(key, "direct_fallbacks") == 0)
         return u->direct_fallbacks;
+    if (strcmp(key, "image_fixed") == 0)
+        return u->image_fixed;
+    if (strcmp(key, "image_direct") == 0)
+        return u->image.fd >= 0 ? u->image.direct : -1;
     return -1;
 }
 
@@ -522,4 +697,5 @@ const fr_engine fr_engine_uring = {
     .close = uring_close,
     .read_files = uring_read_files,
     .stat = uring_stat,
+    .read_ranges = uring_read_ranges,
 };

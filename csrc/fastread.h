@@ -153,6 +153,14 @@ typedef struct fr_reader fr_reader;
 int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
                    unsigned prefetch, unsigned workers, fr_reader **out, char *err,
                    size_t err_len);
+/* A reader whose samples are ranges of one image (a packed image or a block
+ * device) instead of files: sample i is ranges[i] (copied), read with
+ * fr_read_ranges. Same submit/next semantics; fr_reader_path returns the
+ * image for every index. -EINVAL (and why in err) for a range that
+ * overflows or, with O_DIRECT, is not aligned to direct_alignment. */
+int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
+                          size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
+                          char *err, size_t err_len);
 /* Queues one batch of dataset indices (copied); 0, -EINVAL or -ENOMEM. */
 int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n);
 /* Blocks until the oldest submitted batch is read. -ENODATA if none is queued. */

@@ -1,13 +1,17 @@
 /* Helpers every engine shares: request sizing, arena layout, the slow path. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "engine.h"
+#include "range_io.h"
 
 void fr_set_err(char *err, size_t err_len, const char *fmt, ...)
 {
@@ -116,4 +120,142 @@ void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len)
         want *= 2;
     }
     close(fd);
+}
+
+/* ---- range reads (packed images, block devices) ---- */
+
+size_t fr_range_request_len(uint64_t length, int o_direct, size_t dio_align)
+{
+    return o_direct ? fr_round_up((size_t)length, dio_align) : (size_t)length;
+}
+
+int fr_check_range(const fr_range *r, int o_direct, size_t dio_align)
+{
+    /* At most 2^24 chunks per range (16 TiB), and no offset overflow. */
+    if (r->length > ((uint64_t)FR_RANGE_CHUNK << 24) || r->length > (uint64_t)SIZE_MAX / 2 ||
+        r->offset > (uint64_t)INT64_MAX - r->length)
+        return -EINVAL;
+    if (o_direct && (r->offset & (dio_align - 1)) != 0)
+        return -EINVAL;
+    return 0;
+}
+
+int fr_layout_ranges(fr_batch *batch, const fr_range *ranges, size_t n, int o_direct,
+                     size_t dio_align)
+{
+    size_t align = o_direct ? dio_align : FR_SAMPLE_ALIGN;
+    size_t off = fr_round_up(batch->arena.used, align);
+    for (size_t i = 0; i < n; i++) {
+        int rc = fr_check_range(&ranges[i], o_direct, dio_align);
+        batch->samples[i].offset = off;
+        batch->samples[i].length = rc;
+        if (rc)
+            continue;
+        off += fr_round_up(fr_range_request_len(ranges[i].length, o_direct, dio_align), align);
+    }
+    int rc = fr_arena_reserve(&batch->arena, off);
+    if (rc == 0)
+        batch->arena.used = off;
+    return rc;
+}
+
+int fr_open_image(const char *path, int o_direct, int *direct_out)
+{
+    int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
+    int fd;
+    *direct_out = 0;
+    if (o_direct) {
+        do {
+            fd = open(path, flags | O_DIRECT);
+        } while (fd < 0 && errno == EINTR);
+        if (fd >= 0) {
+            *direct_out = 1;
+            goto opened;
+        }
+        if (errno != EINVAL)
+            return -errno;
+        /* This file system refuses O_DIRECT: read through the page cache. */
+    }
+    do {
+        fd = open(path, flags);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return -errno;
+opened:;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+        close(fd);
+        return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+    }
+    /* O_NONBLOCK only kept a FIFO from blocking the open; reads of files and
+     * block devices ignore it, but clear it anyway. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    return fd;
+}
+
+void fr_read_range_plain(fr_batch *batch, size_t i, const char *path, const fr_range *r)
+{
+    fr_sample *s = &batch->samples[i];
+    int fd;
+    do {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        s->length = -errno;
+        return;
+    }
+    ssize_t got = fr_pread_full(fd, batch->arena.base + s->offset, (size_t)r->length,
+                                (off_t)r->offset);
+    close(fd);
+    if (got < 0)
+        s->length = got;
+    else if ((uint64_t)got < r->length)
+        s->length = -ENODATA; /* the range ends past the end of the image */
+    else
+        s->length = (int64_t)r->length;
+}
+
+void fr_image_cache_init(fr_image_cache *c)
+{
+    c->path = NULL;
+    c->fd = -1;
+    c->direct = 0;
+    c->err = 0;
+}
+
+void fr_image_cache_close(fr_image_cache *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->path);
+    fr_image_cache_init(c);
+}
+
+int fr_image_cache_get(fr_image_cache *c, const char *path, int o_direct)
+{
+    if (c->path && strcmp(c->path, path) == 0 && c->fd >= 0)
+        return 0;
+    char *copy = strdup(path);
+    if (!copy)
+        return -ENOMEM;
+    int had = c->fd >= 0;
+    fr_image_cache_close(c);
+    c->path = copy;
+    int fd = fr_open_image(path, o_direct, &c->direct);
+    if (fd < 0) {
+        c->err = fd; /* retried on the next call: the image may appear */
+        return had;
+    }
+    c->fd = fd;
+    return 1;
 }

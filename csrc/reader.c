@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "range_io.h"
 
 #define MAX_WORKERS 64
 
@@ -31,7 +32,9 @@ struct fr_reader {
     char *blob;
     const char **paths;
     int64_t *sizes; /* each file's size when last read, -1 before; atomic access */
-    size_t npaths;
+    size_t npaths;  /* samples: files, or ranges of the image */
+    char *image;    /* range reader: the image all samples are ranges of */
+    fr_range *ranges;
     unsigned prefetch;
     unsigned nworkers;
     fr_pool *pool;
@@ -69,14 +72,34 @@ static void free_requests(request *r)
 typedef struct scratch {
     const char **paths;
     int64_t *hints;
-    size_t cap;
+    fr_range *ranges;
+    size_t cap, rcap;
 } scratch;
+
+static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
+                               scratch *sc)
+{
+    if (req->n > sc->rcap) {
+        fr_range *r = realloc(sc->ranges, req->n * sizeof(*r));
+        if (!r)
+            return -ENOMEM;
+        sc->ranges = r;
+        sc->rcap = req->n;
+    }
+    for (size_t i = 0; i < req->n; i++) {
+        b->indices[i] = req->indices[i];
+        sc->ranges[i] = rd->ranges[req->indices[i]];
+    }
+    return fr_read_ranges(ctx, rd->image, sc->ranges, req->n, b);
+}
 
 static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b, scratch *sc)
 {
     int rc = fr_batch_prepare(b, req->n);
     if (rc)
         return rc;
+    if (rd->image)
+        return read_ranges_request(rd, ctx, req, b, sc);
     if (req->n > sc->cap) {
         const char **p = realloc(sc->paths, req->n * sizeof(*p));
         if (!p)
@@ -142,7 +165,7 @@ static void *worker_main(void *arg)
         return NULL;
     }
 
-    scratch sc = {NULL, NULL, 0};
+    scratch sc = {NULL, NULL, NULL, 0, 0};
     while (!rd->stop) {
         if (!may_start(rd)) {
             pthread_cond_wait(&rd->work_cv, &rd->lock);
@@ -193,6 +216,7 @@ static void *worker_main(void *arg)
     pthread_mutex_unlock(&rd->lock);
     free(sc.paths);
     free(sc.hints);
+    free(sc.ranges);
     fr_ctx_close(ctx);
     return NULL;
 }
@@ -203,13 +227,15 @@ static void reader_free(fr_reader *rd)
     free(rd->blob);
     free(rd->paths);
     free(rd->sizes);
+    free(rd->image);
+    free(rd->ranges);
     free(rd->engine_args);
     free(rd);
 }
 
-int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
-                   unsigned prefetch, unsigned workers, fr_reader **out, char *err,
-                   size_t err_len)
+/* The common part of opening: checks, the config copy and the pool. */
+static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers, fr_reader **out,
+                      char *err, size_t err_len)
 {
     *out = NULL;
     if (prefetch == 0) {
@@ -227,40 +253,27 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
     snprintf(rd->engine, sizeof(rd->engine), "%s", cfg->engine ? cfg->engine : "");
     rd->cfg.engine = rd->engine;
     rd->engine_args = strdup(cfg->engine_args ? cfg->engine_args : "");
-    if (!rd->engine_args) {
-        free(rd);
+    rd->pool = fr_pool_new();
+    if (!rd->engine_args || !rd->pool) {
+        reader_free(rd);
         return -ENOMEM;
     }
     rd->cfg.engine_args = rd->engine_args;
     rd->prefetch = prefetch;
     rd->nworkers = workers;
-    rd->npaths = npaths;
+    *out = rd;
+    return 0;
+}
 
-    size_t total = 0;
-    for (size_t i = 0; i < npaths; i++)
-        total += strlen(paths[i]) + 1;
-    rd->blob = malloc(total ? total : 1);
-    rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
-    rd->sizes = malloc((npaths ? npaths : 1) * sizeof(int64_t));
-    rd->pool = fr_pool_new();
-    if (!rd->blob || !rd->paths || !rd->sizes || !rd->pool) {
-        reader_free(rd);
-        return -ENOMEM;
-    }
-    char *p = rd->blob;
-    for (size_t i = 0; i < npaths; i++) {
-        size_t len = strlen(paths[i]) + 1;
-        memcpy(p, paths[i], len);
-        rd->paths[i] = p;
-        rd->sizes[i] = -1;
-        p += len;
-    }
+/* Starts the worker threads; on failure closes the reader. */
+static int reader_start(fr_reader *rd, fr_reader **out, char *err, size_t err_len)
+{
     pthread_mutex_init(&rd->lock, NULL);
     pthread_cond_init(&rd->work_cv, NULL);
     pthread_cond_init(&rd->ready_cv, NULL);
 
     int rc = 0;
-    for (unsigned i = 0; i < workers; i++) {
+    for (unsigned i = 0; i < rd->nworkers; i++) {
         rc = pthread_create(&rd->threads[i], NULL, worker_main, rd);
         if (rc != 0) {
             fr_set_err(err, err_len, "cannot start reader thread %u: %s", i, strerror(rc));
@@ -283,6 +296,72 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
     }
     *out = rd;
     return 0;
+}
+
+int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
+                   unsigned prefetch, unsigned workers, fr_reader **out, char *err,
+                   size_t err_len)
+{
+    fr_reader *rd;
+    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
+    *out = NULL;
+    if (rc)
+        return rc;
+    rd->npaths = npaths;
+    size_t total = 0;
+    for (size_t i = 0; i < npaths; i++)
+        total += strlen(paths[i]) + 1;
+    rd->blob = malloc(total ? total : 1);
+    rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
+    rd->sizes = malloc((npaths ? npaths : 1) * sizeof(int64_t));
+    if (!rd->blob || !rd->paths || !rd->sizes) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    char *p = rd->blob;
+    for (size_t i = 0; i < npaths; i++) {
+        size_t len = strlen(paths[i]) + 1;
+        memcpy(p, paths[i], len);
+        rd->paths[i] = p;
+        rd->sizes[i] = -1;
+        p += len;
+    }
+    return reader_start(rd, out, err, err_len);
+}
+
+int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
+                          size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
+                          char *err, size_t err_len)
+{
+    *out = NULL;
+    if (!image || !*image) {
+        fr_set_err(err, err_len, "a range reader needs an image path");
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (fr_check_range(&ranges[i], cfg->o_direct, cfg->direct_alignment) != 0) {
+            fr_set_err(err, err_len,
+                       "range %zu of %s (offset %llu, length %llu) is out of bounds%s", i, image,
+                       (unsigned long long)ranges[i].offset,
+                       (unsigned long long)ranges[i].length,
+                       cfg->o_direct ? " or not aligned to direct_alignment for O_DIRECT" : "");
+            return -EINVAL;
+        }
+    }
+    fr_reader *rd;
+    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
+    if (rc)
+        return rc;
+    rd->npaths = n;
+    rd->image = strdup(image);
+    rd->ranges = malloc((n ? n : 1) * sizeof(*rd->ranges));
+    if (!rd->image || !rd->ranges) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    if (n)
+        memcpy(rd->ranges, ranges, n * sizeof(*rd->ranges));
+    return reader_start(rd, out, err, err_len);
 }
 
 int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
@@ -373,7 +452,9 @@ size_t fr_reader_pending(fr_reader *rd)
 
 const char *fr_reader_path(const fr_reader *rd, size_t index)
 {
-    return index < rd->npaths ? rd->paths[index] : NULL;
+    if (index >= rd->npaths)
+        return NULL;
+    return rd->image ? rd->image : rd->paths[index];
 }
 
 size_t fr_reader_size(const fr_reader *rd) { return rd->npaths; }

@@ -7,18 +7,24 @@ core with the GIL released. This package adapts it:
 - :func:`scan` indexes a dataset exactly as DALI's ``fn.readers.file`` does.
 - :class:`Reader` iterates over sharded, shuffled batches read ahead on a
   native thread.
+- :class:`PackedImage` / :func:`pack` / :func:`verify`: a dataset packed into
+  one image with aligned samples, read with block-level range reads.
+- :func:`build_bmap` / :func:`load_bmap`: extent maps of files in place (FIEMAP).
 - ``fastread.dali`` and ``fastread.torch`` plug that into training loops.
 """
 from fastread._core import Batch, Context, NativeReader
 from fastread.engine import engines, open_context
 from fastread.errors import ReadError
 from fastread.files import read_files
+from fastread.bmap import build_bmap, load_bmap
+from fastread.image import ImageError, PackedImage, pack, verify
 from fastread.index import scan
 from fastread.reader import Reader
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Batch", "Context", "NativeReader", "ReadError", "Reader", "engines", "open_context",
-    "read_files", "scan", "__version__",
+    "Batch", "Context", "ImageError", "NativeReader", "PackedImage", "ReadError", "Reader",
+    "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
+    "__version__",
 ]

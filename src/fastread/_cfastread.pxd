@@ -75,6 +75,9 @@ cdef extern from "fastread.h" nogil:
     int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
                        unsigned prefetch, unsigned workers, fr_reader **out, char *err,
                        size_t err_len)
+    int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
+                              size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
+                              char *err, size_t err_len)
     int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n)
     int fr_reader_next(fr_reader *reader, fr_batch **out)
     void fr_reader_reset(fr_reader *reader)

@@ -10,7 +10,7 @@ import os
 cimport numpy as cnp
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.ref cimport Py_INCREF
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memchr
 
@@ -182,6 +182,30 @@ cdef _raise_errno(int rc, str what):
     raise OSError(-rc, f"{what}: {os.strerror(-rc)}")
 
 
+cdef fr_range *_make_ranges(offsets, lengths, size_t *count) except NULL:
+    """A malloc'ed fr_range array from two equal-length integer sequences."""
+    cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] off = \
+        cnp.PyArray_FROMANY(offsets, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
+    cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] ln = \
+        cnp.PyArray_FROMANY(lengths, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
+    cdef size_t n = off.shape[0], i
+    if <size_t>ln.shape[0] != n:
+        raise ValueError(f"{n} offsets but {ln.shape[0]} lengths")
+    cdef const int64_t *po = <const int64_t *>off.data
+    cdef const int64_t *pl = <const int64_t *>ln.data
+    for i in range(n):
+        if po[i] < 0 or pl[i] < 0:
+            raise ValueError(f"range {i}: offset {po[i]} and length {pl[i]} must be >= 0")
+    cdef fr_range *r = <fr_range *>malloc((n if n else 1) * sizeof(fr_range))
+    if r == NULL:
+        raise MemoryError()
+    for i in range(n):
+        r[i].offset = <uint64_t>po[i]
+        r[i].length = <uint64_t>pl[i]
+    count[0] = n
+    return r
+
+
 cdef class Context:
     """One engine instance. Not for concurrent use: calls from several Python
     threads are serialized by a lock."""
@@ -279,10 +303,45 @@ cdef class Context:
         finally:
             free(cpaths)
 
+    def read_ranges(self, path, offsets, lengths):
+        """Reads byte ranges ``[offsets[i], offsets[i] + lengths[i])`` of one
+        file or block device (opened once and cached by the context) as the
+        samples of a Batch, each with its true length (check failures()).
+        With ``o_direct`` the offsets must be multiples of direct_alignment."""
+        cdef bytes p = _encode_path(path)
+        cdef const char *cpath = PyBytes_AS_STRING(p)
+        cdef size_t n = 0
+        cdef fr_range *ranges = _make_ranges(offsets, lengths, &n)
+        cdef fr_batch *b = NULL
+        cdef int rc
+        try:
+            with self.lock:
+                if self.ctx == NULL:
+                    raise ValueError("context is closed")
+                b = fr_pool_get(self.owner.pool)
+                if b == NULL:
+                    raise MemoryError()
+                rc = fr_batch_prepare(b, n)
+                if rc == 0:
+                    with nogil:
+                        rc = fr_read_ranges(self.ctx, cpath, ranges, n, b)
+            if rc != 0:
+                fr_batch_recycle(b)
+                if rc == -95:  # EOPNOTSUPP
+                    raise ValueError(f"engine {self.engine!r} cannot read ranges")
+                _raise_errno(rc, f"engine {self.engine!r} failed a batch of {n} ranges of {path}")
+            return Batch.wrap(b, self.owner)
+        finally:
+            free(ranges)
+
 
 cdef class NativeReader:
     """Native threads reading submitted batches of dataset indices ahead,
-    delivered in submission order."""
+    delivered in submission order.
+
+    Samples are files (``paths``), or, with ``image=``, byte ranges
+    ``(offsets[i], lengths[i])`` of one packed image or block device (then
+    ``paths`` is ignored and may be None)."""
     cdef fr_reader *rd
     cdef _PoolOwner owner
     cdef readonly str engine
@@ -292,11 +351,19 @@ cdef class NativeReader:
                   bint o_direct=False, unsigned direct_alignment=4096,
                   bint register_buffers=True, bint register_files=True,
                   bint pin_memory=False, str engine_args="", unsigned prefetch=2,
-                  unsigned workers=1):
-        cdef list encoded = [_encode_path(p) for p in paths]
+                  unsigned workers=1, image=None, offsets=None, lengths=None):
+        cdef list encoded = [] if image is not None else [_encode_path(p) for p in paths]
         cdef size_t n = len(encoded), i
+        cdef bytes image_b = _encode_path(image) if image is not None else None
+        cdef const char *cimage = PyBytes_AS_STRING(image_b) if image is not None else NULL
+        cdef fr_range *ranges = NULL
+        if image is not None:
+            if offsets is None or lengths is None:
+                raise ValueError("a range reader needs offsets= and lengths=")
+            ranges = _make_ranges(offsets, lengths, &n)
         cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
         if cpaths == NULL:
+            free(ranges)
             raise MemoryError()
         cdef fr_config cfg
         cdef char err[256]
@@ -305,14 +372,21 @@ cdef class NativeReader:
         cdef bytes args = engine_args.encode()
         cdef int rc
         try:
-            for i in range(n):
-                cpaths[i] = PyBytes_AS_STRING(encoded[i])
             _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
                          register_buffers, register_files, pin_memory, args)
-            with nogil:
-                rc = fr_reader_open(&cfg, cpaths, n, prefetch, workers, &self.rd, err, sizeof(err))
+            if ranges != NULL:
+                with nogil:
+                    rc = fr_reader_open_ranges(&cfg, cimage, ranges, n, prefetch, workers,
+                                               &self.rd, err, sizeof(err))
+            else:
+                for i in range(n):
+                    cpaths[i] = PyBytes_AS_STRING(encoded[i])
+                with nogil:
+                    rc = fr_reader_open(&cfg, cpaths, n, prefetch, workers, &self.rd, err,
+                                        sizeof(err))
         finally:
             free(cpaths)
+            free(ranges)
         if rc != 0:
             msg = err.decode(errors="replace") or os.strerror(-rc)
             if rc == -22:

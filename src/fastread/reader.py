@@ -25,10 +25,17 @@ class Reader:
     are never overwritten while reachable; ``ring_depth=N`` instead caps
     memory at ``N + prefetch + 1`` batches: a batch's arrays stay valid until
     N more batches have been returned, after which their bytes may change.
+
+    ``image=`` (a path or a :class:`fastread.PackedImage`; ``index=`` names
+    its index if not ``<image>.index``) reads the samples of a packed image
+    instead of files, with block-level range reads (``o_direct=True`` for
+    O_DIRECT); the epochs, shards and shuffles are the same as for the
+    directory that was packed.
     """
 
     def __init__(self, file_root=None, *, file_list=None, files=None, labels=None,
-                 file_filters=None, batch_size=64, shard_id=0, num_shards=1,
+                 file_filters=None, image=None, index=None, batch_size=64, shard_id=0,
+                 num_shards=1,
                  random_shuffle=False, seed=0, pad_last_batch=False, drop_last=False,
                  stick_to_shard=True,
                  prefetch=None, workers=None, engine="auto", ring_depth=None, **engine_options):
@@ -41,8 +48,19 @@ class Reader:
             raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
         if ring_depth is not None and (not isinstance(ring_depth, int) or ring_depth < 1):
             raise ValueError(f"ring_depth must be None or an integer >= 1, got {ring_depth!r}")
-        self.paths, self.labels = scan(file_root, file_filters=file_filters, file_list=file_list,
-                                       files=files, labels=labels)
+        self.image = None
+        if image is not None:
+            if file_root is not None or file_list is not None or files is not None:
+                raise ValueError("image= excludes file_root, file_list and files")
+            from fastread.image import PackedImage
+            self.image = image if isinstance(image, PackedImage) else PackedImage(image, index)
+            # Names of the samples (paths relative to the packed root), for len() and errors.
+            self.paths, self.labels = self.image.names, self.image.labels
+        else:
+            if index is not None:
+                raise ValueError("index= applies only with image=")
+            self.paths, self.labels = scan(file_root, file_filters=file_filters,
+                                           file_list=file_list, files=files, labels=labels)
         self.batch_size = batch_size
         self.shard_id, self.num_shards = shard_id, num_shards
         self.random_shuffle, self.seed = bool(random_shuffle), seed
@@ -54,8 +72,18 @@ class Reader:
         # Validates shard_id/num_shards now rather than at the first epoch.
         self._epoch_order(0)
         self.workers = _defaults.reader_workers(workers)
-        self._native = _core.NativeReader(self.paths, self.engine, prefetch=prefetch,
-                                          workers=self.workers, **self._engine_options)
+        if self.image is not None:
+            self.image.check_engine_options(self._engine_options)
+            self._native = _core.NativeReader(None, self.engine, prefetch=prefetch,
+                                              workers=self.workers, image=self.image.path,
+                                              offsets=self.image.offsets,
+                                              lengths=self.image.lengths,
+                                              **self._engine_options)
+            self._name = self.image.sample_name
+        else:
+            self._native = _core.NativeReader(self.paths, self.engine, prefetch=prefetch,
+                                              workers=self.workers, **self._engine_options)
+            self._name = self.paths.__getitem__
         self._ring = collections.deque()
         self.epoch = 0
         self._start_batch = 0
@@ -113,7 +141,7 @@ class Reader:
     def _next_batch(self):
         batch = self._native.next()
         idx = batch.indices()
-        raise_failures(batch, lambda i: self.paths[idx[i]])
+        raise_failures(batch, lambda i: self._name(int(idx[i])))
         arrays = batch.arrays()
         if self.ring_depth is not None:
             self._ring.append(batch)

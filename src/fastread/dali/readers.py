@@ -189,3 +189,4 @@ def epoch_size(pipe, index=0):
     if not readers:
         raise ValueError("this pipeline has no fastread reader")
     return readers[index].num_samples
+from fastread.dali._image import image  # noqa: E402,F401

@@ -1,0 +1,437 @@
+"""Packed images: a whole dataset in one file (or block device), every sample
+starting at an aligned offset, so it can be read with block-level I/O
+(``O_DIRECT``, whole aligned blocks, many reads in flight).
+
+Layout of an image (``alignment`` is 4096 unless packed otherwise)::
+
+    [0, alignment)        header block: HEADER (magic, version, alignment,
+                          sample count, image size, image id, CRC-32 of the
+                          header), then zeros
+    [alignment, ...)      the samples in fastread.scan order, each starting at
+                          a multiple of ``alignment``, zero-padded
+    image size            a multiple of ``alignment``
+
+The index is a separate file (``<image>.index`` unless named): one ASCII
+header line ``FASTREAD-INDEX <version> <body bytes> <crc32 of body, hex>``,
+then a JSON body with the format version, the image id and size, the
+alignment, the checksum algorithm and, per sample, name (path relative to
+FILE_ROOT), label, offset, length and checksum. A damaged index fails its
+CRC; an index of another image fails the image id; a truncated image fails
+the size check -- each with an error that says so.
+
+Sample checksums are CRC-32 (``zlib.crc32``, the stdlib's C implementation:
+fast, and it detects corruption; it is not a defence against tampering).
+
+Packing is atomic: the image and the index are written under temporary names
+in their directories, fsync'ed, and renamed only when complete; the header
+block is written last. An interrupted pack leaves no image (a block device
+has its header block zeroed first, so it holds no valid-looking image until
+the pack completes).
+"""
+import errno
+import json
+import os
+import stat
+import struct
+import sys
+import uuid
+import zlib
+
+import numpy as np
+
+__all__ = ["PackedImage", "ImageError", "pack", "verify", "index_path"]
+
+MAGIC = b"FRIMAGE\0"
+VERSION = 1
+INDEX_MAGIC = "FASTREAD-INDEX"
+INDEX_FORMAT = "fastread-packed-image"
+CHECKSUM = "crc32"
+# magic, version, alignment, count, image_size, image id (16 bytes)
+_HEADER = struct.Struct("<8sIIQQ16s")
+_HEADER_CRC = struct.Struct("<I")
+_BLKGETSIZE64 = 0x80081272
+
+
+class ImageError(ValueError):
+    """A packed image or its index is unusable: truncated, corrupt, or the
+    two do not belong together. The message names the file and why."""
+
+
+def index_path(image):
+    """The default index of an image: ``<image>.index``."""
+    return os.fspath(image) + ".index"
+
+
+def _round_up(v, a):
+    return -(-v // a) * a
+
+
+def _device_size(fd):
+    import fcntl
+
+    buf = bytearray(8)
+    fcntl.ioctl(fd, _BLKGETSIZE64, buf)
+    return struct.unpack("<Q", buf)[0]
+
+
+def _size_of(path):
+    """Bytes in a regular file or block device."""
+    st = os.stat(path)
+    if stat.S_ISREG(st.st_mode):
+        return st.st_size
+    if stat.S_ISBLK(st.st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return _device_size(fd)
+        finally:
+            os.close(fd)
+    raise ImageError(f"image {path!r} is neither a regular file nor a block device")
+
+
+def _header_block(alignment, count, image_size, image_id):
+    head = _HEADER.pack(MAGIC, VERSION, alignment, count, image_size, image_id)
+    head += _HEADER_CRC.pack(zlib.crc32(head))
+    return head + bytes(alignment - len(head))
+
+
+def _parse_header(raw, path):
+    n = _HEADER.size
+    if len(raw) < n + 4 or raw[:8] != MAGIC:
+        raise ImageError(f"{path!r} is not a fastread packed image (no image header; "
+                         "an interrupted pack leaves none)")
+    if _HEADER_CRC.unpack_from(raw, n)[0] != zlib.crc32(raw[:n]):
+        raise ImageError(f"the header block of image {path!r} is corrupt (CRC mismatch)")
+    magic, version, alignment, count, image_size, image_id = _HEADER.unpack_from(raw)
+    if version != VERSION:
+        raise ImageError(f"image {path!r} has format version {version}; this fastread reads "
+                         f"version {VERSION}")
+    return {"alignment": alignment, "count": count, "image_size": image_size,
+            "image_id": image_id.hex()}
+
+
+# -- the index -------------------------------------------------------------------
+
+def _encode_index(doc):
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    head = f"{INDEX_MAGIC} {VERSION} {len(body)} {zlib.crc32(body):08x}\n".encode()
+    return head + body
+
+
+def _load_index(path):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "index of the packed image not found "
+                                "(pass index= if it lives elsewhere)", path) from None
+    nl = data.find(b"\n", 0, 200)
+    parts = data[:nl].decode("ascii", "replace").split(" ") if nl > 0 else []
+    if len(parts) != 4 or parts[0] != INDEX_MAGIC:
+        raise ImageError(f"index {path!r} is corrupt or not a fastread image index (bad "
+                         "header line)")
+    try:
+        version, length, crc = int(parts[1]), int(parts[2]), int(parts[3], 16)
+    except ValueError:
+        raise ImageError(f"index {path!r} is corrupt (bad header line)") from None
+    if version != VERSION:
+        raise ImageError(f"index {path!r} has format version {version}; this fastread reads "
+                         f"version {VERSION}")
+    body = data[nl + 1:]
+    if len(body) != length:
+        raise ImageError(f"index {path!r} is corrupt: {len(body)} bytes of body, its header "
+                         f"says {length} (truncated or appended to)")
+    if zlib.crc32(body) != crc:
+        raise ImageError(f"index {path!r} is corrupt (CRC-32 of its body does not match)")
+    try:
+        doc = json.loads(body)
+    except ValueError as e:
+        raise ImageError(f"index {path!r} is corrupt (invalid JSON: {e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
+        raise ImageError(f"index {path!r} is not a fastread image index")
+    return doc
+
+
+# -- reading ---------------------------------------------------------------------
+
+class PackedImage:
+    """A packed image and its index.
+
+    ``names`` (paths relative to the packed FILE_ROOT, in fastread.scan
+    order), ``labels`` (int32), ``offsets`` / ``lengths`` (int64, bytes) and
+    ``checksums`` (uint32 CRC-32) describe the samples; ``len()`` counts them.
+    :meth:`read` returns the samples' bytes. Opening checks that the index is
+    intact, that it belongs to the image, and that the image is not
+    truncated; each failure raises :class:`ImageError` (or
+    ``FileNotFoundError``) naming the file.
+    """
+
+    def __init__(self, path, index=None):
+        self.path = os.fspath(path)
+        self.index_path = os.fspath(index) if index is not None else index_path(self.path)
+        doc = _load_index(self.index_path)
+        try:
+            self.alignment = int(doc["alignment"])
+            self.image_size = int(doc["image_size"])
+            self.image_id = str(doc["image_id"])
+            self.checksum = doc["checksum"]
+            self.names = list(doc["names"])
+            self.labels = np.asarray(doc["labels"], dtype=np.int32)
+            self.offsets = np.asarray(doc["offsets"], dtype=np.int64)
+            self.lengths = np.asarray(doc["lengths"], dtype=np.int64)
+            self.checksums = np.asarray(doc["checksums"], dtype=np.uint32)
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            raise ImageError(f"index {self.index_path!r} is malformed: {e!r}") from None
+        self.file_root = doc.get("file_root")
+        n = len(self.names)
+        if not (len(self.labels) == len(self.offsets) == len(self.lengths)
+                == len(self.checksums) == n == int(doc.get("count", n))):
+            raise ImageError(f"index {self.index_path!r} is malformed: per-sample lists differ "
+                             "in length")
+        if self.checksum != CHECKSUM:
+            raise ImageError(f"index {self.index_path!r} uses checksum {self.checksum!r}; "
+                             f"this fastread knows {CHECKSUM!r}")
+        if n and (self.offsets.min() < self.alignment or (self.offsets % self.alignment).any()
+                  or self.lengths.min() < 0
+                  or (self.offsets + self.lengths).max() > self.image_size):
+            raise ImageError(f"index {self.index_path!r} is malformed: a sample lies outside "
+                             "the image or off its alignment")
+        self._check_image()
+
+    def _check_image(self):
+        try:
+            size = _size_of(self.path)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "packed image not found", self.path) from None
+        if size < self.image_size:
+            raise ImageError(f"image {self.path!r} is truncated: {size} bytes, its index "
+                             f"{self.index_path!r} describes {self.image_size}")
+        with open(self.path, "rb") as f:
+            raw = f.read(self.alignment)
+        head = _parse_header(raw, self.path)
+        if head["image_id"] != self.image_id:
+            raise ImageError(f"index {self.index_path!r} does not belong to image {self.path!r} "
+                             f"(image id {head['image_id']}, the index is of "
+                             f"{self.image_id}): pack again or pass the matching index=")
+        if (head["count"], head["image_size"], head["alignment"]) != (
+                len(self.names), self.image_size, self.alignment):
+            raise ImageError(f"index {self.index_path!r} does not match image {self.path!r} "
+                             "(sample count, size or alignment differ)")
+
+    def __len__(self):
+        return len(self.names)
+
+    def __repr__(self):
+        return (f"PackedImage({self.path!r}, {len(self)} samples, {self.image_size} bytes, "
+                f"alignment {self.alignment})")
+
+    def sample_name(self, i):
+        """How errors name sample ``i``: ``image[name]``."""
+        return f"{self.path}[{self.names[i]}]"
+
+    def check_engine_options(self, opts):
+        """Raises ValueError if O_DIRECT reads of this image cannot be aligned."""
+        if opts.get("o_direct") and self.alignment % int(opts.get("direct_alignment") or 4096):
+            raise ValueError(f"image {self.path!r} is packed with alignment {self.alignment}, "
+                             f"not a multiple of direct_alignment "
+                             f"{opts.get('direct_alignment')}: read it without o_direct or "
+                             "pack it again with --alignment")
+
+    def read(self, indices, engine="auto", **engine_options):
+        """The samples ``indices`` as a list of uint8 arrays of their true
+        lengths, in one native call (GIL released). Raises
+        :class:`fastread.ReadError` naming ``image[name]`` of a failed sample."""
+        from fastread.engine import cached_context, options, resolve
+        from fastread.files import raise_failures
+
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < -len(self) or idx.max() >= len(self)):
+            raise IndexError(f"sample index out of range for {len(self)} samples")
+        idx = idx % max(len(self), 1)
+        self.check_engine_options(options(resolve(engine), **engine_options))
+        ctx = cached_context(engine, **engine_options)
+        batch = ctx.read_ranges(self.path, self.offsets[idx], self.lengths[idx])
+        raise_failures(batch, lambda i: self.sample_name(int(idx[i])))
+        return batch.arrays()
+
+
+# -- packing ---------------------------------------------------------------------
+
+def _pwrite_all(fd, data, offset):
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def _fsync_dir(path):
+    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tmp_name(path):
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{base}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _progress(total, enabled, desc):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+    return tqdm(total=total, desc=desc, unit="img", file=sys.stderr, dynamic_ncols=True,
+                disable=None if enabled is None else not enabled, leave=False)
+
+
+def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batch_size=256,
+         engine="auto", workers=None, prefetch=None, progress=None, file_filters=None,
+         on_batch=None, **engine_options):
+    """Packs the samples of ``file_root`` (fastread.scan order and labels)
+    into the image ``out`` and writes its index (``<out>.index`` unless
+    ``index`` is given). Returns the :class:`PackedImage`.
+
+    Reads with the native engines, ``batch_size`` samples at a time, and
+    writes each batch at once, so memory stays bounded by a few batches.
+    ``block_device=True`` is required to write onto a block device (which
+    must then be named explicitly, with an explicit ``index`` path); a file
+    is written under a temporary name and renamed when complete.
+    ``progress``: None shows a bar when stderr is a terminal. ``on_batch(i)``
+    is called after batch ``i`` is written (for tests and progress hooks).
+    """
+    from fastread.index import scan
+    from fastread.reader import Reader
+
+    if not isinstance(alignment, int) or alignment < 512 or alignment & (alignment - 1):
+        raise ValueError(f"alignment must be a power of two >= 512, got {alignment!r}")
+    out = os.fspath(out)
+    root = os.fspath(file_root)
+    paths, labels = scan(root, file_filters=file_filters)
+    names = [os.path.relpath(p, root) for p in paths]
+
+    is_dev = os.path.exists(out) and stat.S_ISBLK(os.stat(out).st_mode)
+    if is_dev and not block_device:
+        raise ValueError(f"{out!r} is a block device: pass block_device=True (--block-device) "
+                         "to overwrite it")
+    if block_device and not is_dev:
+        raise ValueError(f"block_device=True but {out!r} is not a block device")
+    if is_dev and index is None:
+        raise ValueError(f"packing onto block device {out!r} needs an explicit index path")
+    index = os.fspath(index) if index is not None else index_path(out)
+    if os.path.isdir(out):
+        raise IsADirectoryError(errno.EISDIR, "image path is a directory", out)
+
+    image_id = uuid.uuid4().bytes
+    tmp_image = out if is_dev else _tmp_name(out)
+    tmp_index = _tmp_name(index)
+    fd = -1
+    done = False
+    try:
+        if is_dev:
+            fd = os.open(out, os.O_WRONLY | os.O_CLOEXEC)
+            capacity = _device_size(fd)
+            _pwrite_all(fd, bytes(alignment), 0)  # no valid header until complete
+            os.fsync(fd)
+        else:
+            fd = os.open(tmp_image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            capacity = None
+            _pwrite_all(fd, bytes(alignment), 0)
+        offsets = np.empty(len(paths), dtype=np.int64)
+        lengths = np.empty(len(paths), dtype=np.int64)
+        sums = np.empty(len(paths), dtype=np.uint32)
+        pos = alignment
+        bar = _progress(len(paths), progress, f"pack {os.path.basename(out)}")
+        k = 0
+        with Reader(None, files=paths, labels=labels, batch_size=batch_size, engine=engine,
+                    workers=workers, prefetch=prefetch, **engine_options) as reader:
+            for b, (arrays, _labels) in enumerate(reader):
+                start = pos
+                chunk = bytearray()
+                for a in arrays:
+                    n = a.nbytes
+                    offsets[k], lengths[k], sums[k] = pos, n, zlib.crc32(a)
+                    chunk += a.data
+                    pad = _round_up(n, alignment) - n
+                    if pad:
+                        chunk += bytes(pad)
+                    pos += n + pad
+                    k += 1
+                if capacity is not None and pos > capacity:
+                    raise OSError(errno.ENOSPC, f"the samples need more than the device's "
+                                  f"{capacity} bytes", out)
+                _pwrite_all(fd, chunk, start)
+                if bar is not None:
+                    bar.update(len(arrays))
+                if on_batch is not None:
+                    on_batch(b)
+        if bar is not None:
+            bar.close()
+        image_size = max(pos, alignment)
+        if not is_dev:
+            os.ftruncate(fd, image_size)
+        os.fsync(fd)
+        _pwrite_all(fd, _header_block(alignment, len(paths), image_size, image_id), 0)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+
+        doc = {"format": INDEX_FORMAT, "version": VERSION, "image_id": image_id.hex(),
+               "image_size": image_size, "alignment": alignment, "checksum": CHECKSUM,
+               "count": len(paths), "file_root": os.path.abspath(root),
+               "names": names, "labels": labels.tolist(), "offsets": offsets.tolist(),
+               "lengths": lengths.tolist(), "checksums": sums.tolist()}
+        with open(tmp_index, "xb") as f:
+            f.write(_encode_index(doc))
+            f.flush()
+            os.fsync(f.fileno())
+        # The image first: until the index follows, the old index (if any)
+        # names another image id and is refused.
+        if not is_dev:
+            os.replace(tmp_image, out)
+            _fsync_dir(out)
+        os.replace(tmp_index, index)
+        _fsync_dir(index)
+        done = True
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if not done:
+            for p in ((tmp_index,) if is_dev else (tmp_image, tmp_index)):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+    return PackedImage(out, index=index)
+
+
+def verify(image, index=None, *, batch_size=256, engine="auto", progress=None,
+           **engine_options):
+    """Reads every sample of a packed image and checks its CRC-32. Returns a
+    list of ``(name, why)`` for every bad sample (empty: all good). Opening
+    errors (truncated image, corrupt or mismatched index) raise."""
+    img = image if isinstance(image, PackedImage) else PackedImage(image, index=index)
+    from fastread.engine import cached_context
+    from fastread.errors import ReadError
+
+    ctx = cached_context(engine, **engine_options)
+    bad = []
+    bar = _progress(len(img), progress, f"verify {os.path.basename(img.path)}")
+    for start in range(0, len(img), batch_size):
+        idx = np.arange(start, min(start + batch_size, len(img)))
+        batch = ctx.read_ranges(img.path, img.offsets[idx], img.lengths[idx])
+        failed = dict(batch.failures())
+        for j, a in enumerate(batch.arrays()):
+            i = int(idx[j])
+            if j in failed:
+                bad.append((img.names[i], f"cannot read: {ReadError(failed[j], img.path)}"))
+            elif zlib.crc32(a) != int(img.checksums[i]):
+                bad.append((img.names[i], f"checksum mismatch (crc32 {zlib.crc32(a):08x}, "
+                                          f"index says {int(img.checksums[i]):08x})"))
+        batch.release()
+        if bar is not None:
+            bar.update(len(idx))
+    if bar is not None:
+        bar.close()
+    return bad
