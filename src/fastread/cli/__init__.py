@@ -9,6 +9,10 @@ Subcommands, one module each:
 * ``fastread bench DATA_DIR ...`` -- throughput of DALI's reader, the seed's
   Python reader and fastread's engines over one dataset
   (:mod:`fastread.cli.bench`).
+* ``fastread pack FILE_ROOT OUT`` / ``fastread verify OUT`` -- a dataset in one
+  image with aligned samples, and its checksums checked (:mod:`fastread.cli.pack`).
+* ``fastread bmap FILE_ROOT -o bmap.json`` -- extent map of the files in place
+  (:mod:`fastread.cli.bmap`).
 
 Heavy imports (DALI, torch, matplotlib) happen inside the subcommand that
 needs them, so ``fastread --help`` and ``fastread info`` stay quick.
@@ -16,11 +20,11 @@ needs them, so ``fastread --help`` and ``fastread info`` stay quick.
 import argparse
 import sys
 
-from fastread.cli import bench, info, make_dataset
+from fastread.cli import bench, bmap, info, make_dataset, pack
 
 #: Subcommand modules; each has ``add_parser(subparsers)`` which registers a
 #: parser whose defaults carry ``run(args) -> int``.
-COMMANDS = (make_dataset, info, bench)
+COMMANDS = (make_dataset, info, bench, pack, bmap)
 
 
 def build_parser():
