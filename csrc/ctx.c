@@ -10,6 +10,10 @@ static const fr_engine *const engines[] = {
     &fr_engine_uring,
 #endif
     &fr_engine_psync,
+#ifdef FASTREAD_HAVE_XNVME
+    &fr_engine_xnvme_file,
+    &fr_engine_xnvme,
+#endif
     NULL,
 };
 
@@ -18,6 +22,10 @@ static const char *const engine_names[] = {
     "io_uring",
 #endif
     "psync",
+#ifdef FASTREAD_HAVE_XNVME
+    "xnvme-file",
+    "xnvme",
+#endif
     NULL,
 };
 

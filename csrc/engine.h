@@ -35,6 +35,10 @@ extern const fr_engine fr_engine_psync;
 #ifdef FASTREAD_HAVE_URING
 extern const fr_engine fr_engine_uring;
 #endif
+#ifdef FASTREAD_HAVE_XNVME
+extern const fr_engine fr_engine_xnvme_file; /* "xnvme-file": whole files via xnvme_file_* */
+extern const fr_engine fr_engine_xnvme;      /* "xnvme": ranges of one device or image */
+#endif
 
 /* ---- helpers shared by the engines (io_common.c) ---- */
 

@@ -9,6 +9,39 @@ KNOWN_ENGINES = {
     "io_uring": "liburing was not found by pkg-config when fastread was built "
                 "(install liburing-dev and reinstall)",
     "psync": "not compiled in",
+    "xnvme-file": "xNVMe was not found by pkg-config (`xnvme`) when fastread was built "
+                  "(install xNVMe, then reinstall fastread; "
+                  "-Ccmake.define.FASTREAD_XNVME=ON makes its absence a build error)",
+    "xnvme": "xNVMe was not found by pkg-config (`xnvme`) when fastread was built "
+             "(install xNVMe, then reinstall fastread; "
+             "-Ccmake.define.FASTREAD_XNVME=ON makes its absence a build error)",
+}
+
+#: Engines that read byte ranges of one device or image (Context.read_ranges,
+#: fastread.PackedImage) but not whole files: engines() reports them with this
+#: text (so read_files and engine="auto" never pick them), and they can still
+#: be opened by name.
+RANGE_ONLY = {
+    "xnvme": "range reads only (Context.read_ranges / PackedImage on a device or image "
+             "file); read_files is not supported, use 'xnvme-file'",
+}
+
+XNVME_ENGINES = ("xnvme-file", "xnvme")
+
+#: Friendly options of the xNVMe engines, folded into engine_args:
+#: Python option -> (engine_args key, engines that take it).
+XNVME_OPTIONS = {
+    "xnvme_be": ("be", XNVME_ENGINES),
+    "xnvme_async": ("async", XNVME_ENGINES),
+    "xnvme_sync": ("sync", XNVME_ENGINES),
+    "xnvme_admin": ("admin", XNVME_ENGINES),
+    "xnvme_mem": ("mem", XNVME_ENGINES),
+    "xnvme_direct": ("direct", XNVME_ENGINES),
+    "xnvme_qdepth": ("qdepth", XNVME_ENGINES),
+    "xnvme_queue": ("queue", ("xnvme-file",)),
+    "xnvme_inflight": ("inflight", ("xnvme-file",)),
+    "xnvme_bounce": ("bounce", ("xnvme",)),
+    "xnvme_nsid": ("nsid", ("xnvme",)),
 }
 
 # Options every engine accepts; an engine ignores those it has no use for.
@@ -17,7 +50,8 @@ OPTION_NAMES = ("queue_depth", "threads", "o_direct", "direct_alignment",
 
 
 def engines():
-    """Engine name -> True if it can run here, else a string saying why not."""
+    """Engine name -> True if it can read files here, else a string saying
+    why not (for range-only engines such as 'xnvme': what they do instead)."""
     built = set(_core.engine_names())
     out = {}
     for name, missing in KNOWN_ENGINES.items():
@@ -25,8 +59,31 @@ def engines():
             out[name] = f"not built: {missing}"
             continue
         ok, why = _core.probe(name)
-        out[name] = True if ok else why
+        if ok and name in RANGE_ONLY:
+            out[name] = f"{RANGE_ONLY[name]} ({why})" if why else RANGE_ONLY[name]
+        else:
+            out[name] = True if ok else why
     return out
+
+
+def xnvme_version():
+    """(version string of the libxnvme the engines run on, None) or
+    (None, why the xNVMe engines are absent or unusable)."""
+    built = set(_core.engine_names())
+    if "xnvme-file" not in built:
+        return None, f"not built: {KNOWN_ENGINES['xnvme-file']}"
+    ok, why = _core.probe("xnvme-file")
+    if not ok:
+        return None, why
+    # The probe says "xNVMe X.Y.Z (built against A.B.C)".
+    return why.removeprefix("xNVMe ").strip() or "unknown version", None
+
+
+def _usable_by_name(name):
+    """True if `name` can be opened explicitly (range-only engines included)."""
+    if name not in RANGE_ONLY or name not in _core.engine_names():
+        return False
+    return _core.probe(name)[0]
 
 
 def resolve(engine):
@@ -40,18 +97,49 @@ def resolve(engine):
         return usable[0]
     if engine not in avail:
         raise ValueError(f"unknown engine {engine!r}; available engines: {', '.join(usable)}")
-    if avail[engine] is not True:
+    if avail[engine] is not True and not _usable_by_name(engine):
         raise ValueError(f"engine {engine!r} is unavailable here: {avail[engine]}; "
                          f"available engines: {', '.join(usable)}")
     return engine
 
 
+def _fold_xnvme(engine, opts):
+    """Moves xnvme_* options into engine_args ("key=value,..."), checking that
+    the engine takes each; returns the remaining options."""
+    given = {k: v for k, v in opts.items() if k in XNVME_OPTIONS and v is not None}
+    rest = {k: v for k, v in opts.items() if k not in XNVME_OPTIONS}
+    if not given:
+        return rest
+    wrong = sorted(k for k in given if engine not in XNVME_OPTIONS[k][1])
+    if wrong:
+        takers = sorted({e for k in wrong for e in XNVME_OPTIONS[k][1]})
+        raise TypeError(f"engine option(s) {', '.join(map(repr, wrong))} apply only to engine(s) "
+                        f"{', '.join(map(repr, takers))}, not {engine!r}")
+    parts = []
+    for k, v in given.items():
+        if isinstance(v, bool):
+            v = int(v)
+        v = str(v)
+        if not v or any(c in v for c in ",= "):
+            raise ValueError(f"engine option {k} must be a plain word or number, got {v!r}")
+        parts.append(f"{XNVME_OPTIONS[k][0]}={v}")
+    base = rest.get("engine_args")
+    if base is None:
+        base = _defaults.get("engine_args")
+    rest["engine_args"] = ",".join(([base] if base else []) + parts)
+    return rest
+
+
 def options(engine, **opts):
-    """Validated engine options with defaults filled in from fastread._defaults."""
-    unknown = sorted(set(opts) - set(OPTION_NAMES))
+    """Validated engine options with defaults filled in from fastread._defaults.
+    The xNVMe engines also take xnvme_be, xnvme_async, ... (see XNVME_OPTIONS),
+    which are folded into engine_args."""
+    valid = OPTION_NAMES + (tuple(k for k, (_, es) in XNVME_OPTIONS.items() if engine in es))
+    unknown = sorted(set(opts) - set(valid) - set(XNVME_OPTIONS))
     if unknown:
         raise TypeError(f"unknown engine option(s) {', '.join(map(repr, unknown))} for engine "
-                        f"{engine!r}; valid options: {', '.join(OPTION_NAMES)}")
+                        f"{engine!r}; valid options: {', '.join(valid)}")
+    opts = _fold_xnvme(engine, opts)
     out = {}
     for name in OPTION_NAMES:
         value = opts.get(name)

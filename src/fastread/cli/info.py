@@ -24,6 +24,8 @@ def collect():
     from fastread import _defaults
 
     engines = {name: (True if ok is True else str(ok)) for name, ok in fastread.engines().items()}
+    from fastread.engine import xnvme_version
+    xver, xwhy = xnvme_version()
     devices, why = _env.cuda_devices()
     settings = {}
     for name, value in _defaults.all_settings().items():
@@ -35,6 +37,8 @@ def collect():
         "module": os.path.dirname(fastread.__file__),
         "engines": engines,
         "packages": {label: _env.version(label) for label in _env.PACKAGES},
+        # The system library behind the xNVMe engines, or why they are absent.
+        "xnvme": {"version": xver, "reason": xwhy},
         "cuda_devices": devices,
         "cuda_reason": why,
         "defaults": settings,
@@ -42,6 +46,7 @@ def collect():
 
 
 def run(args):
+    from fastread.engine import RANGE_ONLY
     try:
         data = collect()
     except ValueError as e:  # a FASTREAD_* variable that does not parse
@@ -53,11 +58,20 @@ def run(args):
     out = [f"fastread {data['fastread']} ({data['module']})", "", "engines:"]
     width = max(map(len, data["engines"]), default=0)
     for name, ok in data["engines"].items():
-        out.append(f"  {name:<{width}}  {'available' if ok is True else 'unavailable: ' + ok}")
+        if ok is True:
+            state = "available"
+        elif name in RANGE_ONLY and ok.startswith(RANGE_ONLY[name]):
+            state = "available for " + ok  # "range reads only (...)"
+        else:
+            state = "unavailable: " + ok
+        out.append(f"  {name:<{width}}  {state}")
     out += ["", "packages:"]
-    width = max(map(len, data["packages"]))
+    width = max(max(map(len, data["packages"])), len("libxnvme"))
     for label, ver in data["packages"].items():
         out.append(f"  {label:<{width}}  {ver}")
+    x = data["xnvme"]
+    out.append(f"  {'libxnvme':<{width}}  "
+               f"{x['version'] if x['version'] else 'unavailable: ' + x['reason']}")
     out += ["", "CUDA devices:"]
     if data["cuda_devices"]:
         out += [f"  {d}" for d in data["cuda_devices"]]

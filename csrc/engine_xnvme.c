@@ -1,0 +1,551 @@
+/*
+ * xnvme: byte ranges of one device or image file through xNVMe's queues.
+ *
+ * The context opens the device once (xnvme_dev_open with the be/async/mem/
+ * direct options of engine_args) and keeps it, with one xnvme_queue of
+ * `qdepth` commands, until a call names another path (or a regular file
+ * behind the same path changed). One call reads every range of a batch:
+ * each range becomes whole logical blocks read with xnvme_nvm_read (LBA
+ * addressing, so regular files, block devices and NVMe character devices
+ * all work), split at the device's maximum transfer size, straight into the
+ * arena (or through xnvme_buf_alloc'd bounce buffers when the memory backend
+ * is not plain host memory). A sample points at its first byte inside the
+ * blocks read, so offsets and lengths need no alignment; its length is the
+ * range clamped to the device's end.
+ *
+ * Also here: the engine_args parser and probe both xNVMe engines share
+ * (declared again in engine_xnvme_file.c).
+ */
+#define _GNU_SOURCE
+#include <libxnvme.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "engine.h"
+
+#ifndef FASTREAD_XNVME_BUILD_VERSION
+#define FASTREAD_XNVME_BUILD_VERSION "unknown"
+#endif
+
+/* ------------------------------------------------ shared with xnvme-file */
+
+typedef struct fr_xnvme_args {
+    char be[24], async[24], sync[24], admin[24], mem[24];
+    int direct;       /* -1: follow cfg->o_direct */
+    unsigned qdepth;  /* queue capacity (power of two); 0: engine default */
+    int bounce;       /* -1: when the memory backend needs it */
+    int queue;        /* xnvme-file: 0 = synchronous xnvme_file_pread, no queue */
+    unsigned inflight; /* xnvme-file: files in flight per thread (0: from queue_depth) */
+    unsigned nsid;    /* xnvme: namespace (0: the device's) */
+} fr_xnvme_args;
+
+int fr_xnvme_parse_args(const char *engine, const char *s, int ranges, fr_xnvme_args *a,
+                        char *err, size_t err_len);
+void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, struct xnvme_opts *o);
+int fr_xnvme_probe(const char *engine, char *why, size_t why_len);
+
+static const char *const ASYNC_NAMES[] = {"io_uring", "io_uring_cmd", "libaio", "thrpool",
+                                          "posix", "emu", "nil", NULL};
+
+static int copy_value(char *dst, size_t cap, const char *v, size_t n)
+{
+    if (n == 0 || n >= cap)
+        return -1;
+    memcpy(dst, v, n);
+    dst[n] = 0;
+    return 0;
+}
+
+static int parse_uint(const char *v, size_t n, unsigned long max, unsigned long *out)
+{
+    if (n == 0 || n > 10)
+        return -1;
+    unsigned long x = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9')
+            return -1;
+        x = x * 10 + (unsigned long)(v[i] - '0');
+    }
+    if (x > max)
+        return -1;
+    *out = x;
+    return 0;
+}
+
+int fr_xnvme_parse_args(const char *engine, const char *s, int ranges, fr_xnvme_args *a,
+                        char *err, size_t err_len)
+{
+    memset(a, 0, sizeof(*a));
+    a->direct = -1;
+    a->bounce = -1;
+    a->queue = 1;
+    const char *valid = ranges ? "be, async, sync, admin, mem, direct, qdepth, bounce, nsid"
+                               : "be, async, sync, admin, mem, direct, qdepth, queue, inflight";
+    while (s && *s) {
+        const char *end = strchr(s, ',');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        const char *eq = memchr(s, '=', len);
+        if (len == 0) {
+            s = end ? end + 1 : s + len;
+            continue;
+        }
+        if (!eq) {
+            fr_set_err(err, err_len, "%s: engine_args entry '%.*s' is not key=value", engine,
+                       (int)len, s);
+            return -EINVAL;
+        }
+        size_t klen = (size_t)(eq - s);
+        const char *v = eq + 1;
+        size_t vlen = len - klen - 1;
+        unsigned long x = 0;
+        int bad = 0;
+#define KEY(k) (klen == sizeof(k) - 1 && memcmp(s, k, klen) == 0)
+        if (KEY("be"))
+            bad = copy_value(a->be, sizeof(a->be), v, vlen);
+        else if (KEY("async")) {
+            bad = copy_value(a->async, sizeof(a->async), v, vlen);
+            int known = 0;
+            for (size_t i = 0; !bad && ASYNC_NAMES[i]; i++)
+                known |= strcmp(ASYNC_NAMES[i], a->async) == 0;
+            if (!bad && !known) {
+                fr_set_err(err, err_len,
+                           "%s: unknown async engine '%s' (valid: io_uring, io_uring_cmd, "
+                           "libaio, thrpool, posix, emu, nil)", engine, a->async);
+                return -EINVAL;
+            }
+        } else if (KEY("sync"))
+            bad = copy_value(a->sync, sizeof(a->sync), v, vlen);
+        else if (KEY("admin"))
+            bad = copy_value(a->admin, sizeof(a->admin), v, vlen);
+        else if (KEY("mem"))
+            bad = copy_value(a->mem, sizeof(a->mem), v, vlen);
+        else if (KEY("direct")) {
+            bad = parse_uint(v, vlen, 1, &x);
+            a->direct = (int)x;
+        } else if (KEY("bounce") && ranges) {
+            bad = parse_uint(v, vlen, 1, &x);
+            a->bounce = (int)x;
+        } else if (KEY("queue") && !ranges) {
+            bad = parse_uint(v, vlen, 1, &x);
+            a->queue = (int)x;
+        } else if (KEY("qdepth")) {
+            bad = parse_uint(v, vlen, 2048, &x) || x == 0 || (x & (x - 1)) != 0;
+            a->qdepth = (unsigned)x;
+            if (bad) {
+                fr_set_err(err, err_len, "%s: qdepth must be a power of two in 1..2048, got '%.*s'",
+                           engine, (int)vlen, v);
+                return -EINVAL;
+            }
+        } else if (KEY("inflight") && !ranges) {
+            bad = parse_uint(v, vlen, 4096, &x) || x == 0;
+            a->inflight = (unsigned)x;
+        } else if (KEY("nsid") && ranges) {
+            bad = parse_uint(v, vlen, 0xFFFFFFFFul, &x);
+            a->nsid = (unsigned)x;
+        } else {
+            fr_set_err(err, err_len, "%s: unknown engine_args key '%.*s' (valid: %s)", engine,
+                       (int)klen, s, valid);
+            return -EINVAL;
+        }
+#undef KEY
+        if (bad) {
+            fr_set_err(err, err_len, "%s: bad value for engine_args key '%.*s': '%.*s'", engine,
+                       (int)klen, s, (int)vlen, v);
+            return -EINVAL;
+        }
+        s = end ? end + 1 : s + len;
+    }
+    return 0;
+}
+
+void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, struct xnvme_opts *o)
+{
+    *o = xnvme_opts_default();
+    o->rdonly = 1; /* read-only: the default is rdwr */
+    o->rdwr = 0;
+    o->wronly = 0;
+    o->create = 0;
+    o->truncate = 0;
+    o->direct = direct ? 1 : 0;
+    o->be = a->be[0] ? a->be : NULL;
+    o->async = a->async[0] ? a->async : NULL;
+    o->sync = a->sync[0] ? a->sync : NULL;
+    o->admin = a->admin[0] ? a->admin : NULL;
+    o->mem = a->mem[0] ? a->mem : NULL;
+    if (a->nsid)
+        o->nsid = a->nsid;
+}
+
+int fr_xnvme_probe(const char *engine, char *why, size_t why_len)
+{
+    int major = xnvme_ver_major(), minor = xnvme_ver_minor(), patch = xnvme_ver_patch();
+    char built[16];
+    snprintf(built, sizeof(built), "%d.%d.", major, minor);
+    /* struct xnvme_opts and friends change between minor versions: the
+     * library loaded must be the one the engines were compiled against. */
+    if (strncmp(FASTREAD_XNVME_BUILD_VERSION, built, strlen(built)) != 0) {
+        fr_set_err(why, why_len,
+                   "%s: built against xNVMe %s but libxnvme %d.%d.%d is loaded (reinstall "
+                   "fastread against this xNVMe)", engine, FASTREAD_XNVME_BUILD_VERSION, major,
+                   minor, patch);
+        return -ENOTSUP;
+    }
+    /* On success the text is the library's version (fastread info shows it). */
+    fr_set_err(why, why_len, "xNVMe %d.%d.%d (built against %s)", major, minor, patch,
+               FASTREAD_XNVME_BUILD_VERSION);
+    return 0;
+}
+
+/* ------------------------------------------------------------- the engine */
+
+#define DEFAULT_QDEPTH 64
+
+typedef struct cmd_rec {
+    struct xr *x;
+    size_t sample;
+    uint64_t slba;
+    uint32_t nlb;      /* blocks in this command */
+    uint64_t dst;      /* arena offset of the command's first block */
+    void *bounce;      /* staging buffer, or NULL */
+    int next_free;
+} cmd_rec;
+
+typedef struct xr {
+    fr_config cfg;
+    fr_xnvme_args a;
+    int direct;
+    /* The open device and what identifies it. */
+    char *path;
+    int is_file;
+    struct stat st;
+    struct xnvme_dev *dev;
+    struct xnvme_queue *q;
+    uint32_t nsid;
+    uint64_t tbytes;
+    size_t lba;     /* logical block bytes */
+    size_t align;   /* read granularity: lba, or the O_DIRECT alignment */
+    size_t chunk;   /* largest command in bytes */
+    int bounce;
+    unsigned cap;
+    cmd_rec *recs;
+    int free_head;
+    /* The call in progress. */
+    fr_batch *batch;
+    int *errs;
+    size_t errs_cap;
+    long resubmits, reopens, eff_direct;
+} xr;
+
+static int xr_probe(char *why, size_t why_len) { return fr_xnvme_probe("xnvme", why, why_len); }
+
+static void close_dev(xr *x)
+{
+    if (x->recs && x->dev)
+        for (unsigned i = 0; i < x->cap; i++)
+            if (x->recs[i].bounce)
+                xnvme_buf_free(x->dev, x->recs[i].bounce);
+    free(x->recs);
+    x->recs = NULL;
+    if (x->q) {
+        int rc = xnvme_queue_term(x->q);
+        (void)rc; /* nothing is in flight here; a failing term leaves nothing to undo */
+        x->q = NULL;
+    }
+    if (x->dev)
+        xnvme_dev_close(x->dev);
+    x->dev = NULL;
+    free(x->path);
+    x->path = NULL;
+}
+
+static void xr_close(void *state)
+{
+    xr *x = state;
+    if (!x)
+        return;
+    close_dev(x);
+    free(x->errs);
+    free(x);
+}
+
+static int xr_open(const fr_config *cfg, void **state, char *err, size_t err_len)
+{
+    xr *x = calloc(1, sizeof(*x));
+    if (!x)
+        return -ENOMEM;
+    x->cfg = *cfg;
+    int rc = fr_xnvme_parse_args("xnvme", cfg->engine_args, 1, &x->a, err, err_len);
+    if (rc) {
+        free(x);
+        return rc;
+    }
+    x->direct = x->a.direct >= 0 ? x->a.direct : cfg->o_direct;
+    x->cap = x->a.qdepth ? x->a.qdepth : DEFAULT_QDEPTH;
+    *state = x;
+    return 0;
+}
+
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* Opens `path` unless it is what is open already. 0 or -errno. */
+static int ensure_dev(xr *x, const char *path)
+{
+    struct stat st;
+    int have_st = stat(path, &st) == 0;
+    if (x->dev && strcmp(x->path, path) == 0 && (!x->is_file || (have_st && same_file(&st, &x->st))))
+        return 0;
+    if (x->dev)
+        x->reopens++;
+    close_dev(x);
+    if (have_st && S_ISDIR(st.st_mode))
+        return -EISDIR;
+    if (have_st && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISCHR(st.st_mode))
+        return -EINVAL; /* a FIFO would block open() */
+    if (!have_st && errno != ENOENT)
+        return -errno; /* EACCES on a parent, ENAMETOOLONG, ... */
+    struct xnvme_opts o;
+    fr_xnvme_apply_opts(&x->a, x->direct, &o);
+    errno = 0;
+    struct xnvme_dev *dev = xnvme_dev_open(path, &o);
+    if (!dev) {
+        /* Without be=linux, later backends overwrite errno (ENOENT reads as
+         * EINVAL), and a bad option name can leave it negative. */
+        int e = errno < 0 ? -errno : errno;
+        if (!have_st)
+            return -ENOENT; /* not a path: an SPDK/vfio address xNVMe refused */
+        return -(e > 0 && e < 4096 ? e : EIO);
+    }
+    const struct xnvme_geo *geo = xnvme_dev_get_geo(dev);
+    x->dev = dev;
+    x->path = strdup(path);
+    if (!x->path) {
+        close_dev(x);
+        return -ENOMEM;
+    }
+    x->is_file = have_st && S_ISREG(st.st_mode);
+    if (have_st)
+        x->st = st;
+    x->nsid = xnvme_dev_get_nsid(dev);
+    x->tbytes = geo->tbytes;
+    x->lba = geo->lba_nbytes ? geo->lba_nbytes : 512;
+    x->eff_direct = xnvme_dev_get_opts(dev)->direct;
+    x->align = x->lba;
+    if (x->eff_direct && x->cfg.direct_alignment > x->align)
+        x->align = x->cfg.direct_alignment;
+    size_t chunk = geo->mdts_nbytes ? geo->mdts_nbytes : ((size_t)128 << 10);
+    if (chunk > (size_t)65536 * x->lba)
+        chunk = (size_t)65536 * x->lba; /* nlb is 16 bits, 0-based */
+    chunk -= chunk % x->align;
+    x->chunk = chunk ? chunk : x->align;
+    const char *mem = xnvme_dev_get_opts(dev)->mem;
+    x->bounce = x->a.bounce >= 0 ? x->a.bounce : (mem && strcmp(mem, "posix") != 0);
+
+    int rc = xnvme_queue_init(dev, (uint16_t)x->cap, 0, &x->q);
+    if (rc) {
+        x->q = NULL;
+        close_dev(x);
+        return rc < 0 ? rc : -EIO;
+    }
+    x->recs = calloc(x->cap, sizeof(cmd_rec));
+    if (!x->recs) {
+        close_dev(x);
+        return -ENOMEM;
+    }
+    for (unsigned i = 0; i < x->cap; i++) {
+        x->recs[i].x = x;
+        x->recs[i].next_free = (int)i + 1 < (int)x->cap ? (int)i + 1 : -1;
+        if (x->bounce) {
+            x->recs[i].bounce = xnvme_buf_alloc(dev, x->chunk);
+            if (!x->recs[i].bounce) {
+                close_dev(x);
+                return -ENOMEM;
+            }
+        }
+    }
+    x->free_head = 0;
+    return 0;
+}
+
+/* Synchronous retry of one command: tells a real error from a short read
+ * that a pool thread's stale errno turned into one (see the notes on psync). */
+static int read_sync(xr *x, cmd_rec *r, void *dst)
+{
+    struct xnvme_cmd_ctx ctx = xnvme_cmd_ctx_from_dev(x->dev);
+    errno = 0;
+    int rc = xnvme_nvm_read(&ctx, x->nsid, r->slba, (uint16_t)(r->nlb - 1), dst, NULL);
+    if (rc == 0 && xnvme_cmd_ctx_cpl_status(&ctx))
+        rc = -(ctx.cpl.status.sc ? ctx.cpl.status.sc : EIO);
+    return rc;
+}
+
+static void on_done(struct xnvme_cmd_ctx *ctx, void *arg)
+{
+    cmd_rec *r = arg;
+    xr *x = r->x;
+    uint8_t *dst = x->batch->arena.base + r->dst;
+    size_t len = (size_t)r->nlb * x->lba;
+    int e = 0;
+    if (xnvme_cmd_ctx_cpl_status(ctx)) {
+        x->resubmits++;
+        e = read_sync(x, r, r->bounce ? r->bounce : dst);
+    }
+    if (e == 0 && r->bounce)
+        memcpy(dst, r->bounce, len);
+    if (e && !x->errs[r->sample])
+        x->errs[r->sample] = -e;
+    int rc = xnvme_queue_put_cmd_ctx(ctx->async.queue, ctx);
+    (void)rc; /* only fails for a ctx that is not the queue's */
+    r->next_free = x->free_head;
+    x->free_head = (int)(r - x->recs);
+}
+
+/* Submits one command, reaping completions while the queue is full. */
+static int submit(xr *x, size_t sample, uint64_t slba, uint32_t nlb, uint64_t dst)
+{
+    while (x->free_head < 0) {
+        errno = 0; /* emu reads inside poke: see the stale-errno note */
+        int rc = xnvme_queue_poke(x->q, 0);
+        if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+            return rc;
+    }
+    cmd_rec *r = &x->recs[x->free_head];
+    x->free_head = r->next_free;
+    *r = (cmd_rec){.x = x, .sample = sample, .slba = slba, .nlb = nlb, .dst = dst,
+                   .bounce = r->bounce, .next_free = -1};
+    for (;;) {
+        struct xnvme_cmd_ctx *ctx = xnvme_queue_get_cmd_ctx(x->q);
+        if (!ctx)
+            return -ENOMEM;
+        memset(&ctx->cpl, 0, sizeof(ctx->cpl)); /* pooled ctxs keep the last status */
+        xnvme_cmd_ctx_set_cb(ctx, on_done, r);
+        void *buf = r->bounce ? r->bounce : x->batch->arena.base + dst;
+        int rc = xnvme_nvm_read(ctx, x->nsid, slba, (uint16_t)(nlb - 1), buf, NULL);
+        if (rc == 0)
+            return 0;
+        int prc = xnvme_queue_put_cmd_ctx(x->q, ctx);
+        (void)prc;
+        if (rc != -EBUSY && rc != -EAGAIN)
+            return rc;
+        errno = 0;
+        rc = xnvme_queue_poke(x->q, 0);
+        if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+            return rc;
+    }
+}
+
+static int xr_read_ranges(void *state, const char *path, const fr_range *ranges, size_t n,
+                          fr_batch *batch)
+{
+    xr *x = state;
+    if (n > x->errs_cap) {
+        int *e = realloc(x->errs, n * sizeof(*e));
+        if (!e)
+            return -ENOMEM;
+        x->errs = e;
+        x->errs_cap = n;
+    }
+    memset(x->errs, 0, n * sizeof(*x->errs));
+    int rc = ensure_dev(x, path);
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            batch->samples[i] = (fr_sample){.offset = 0, .length = rc};
+        return 0;
+    }
+    /* Lay out whole blocks; a sample starts where its range does inside them. */
+    size_t A = x->align > FR_SAMPLE_ALIGN ? x->align : FR_SAMPLE_ALIGN;
+    size_t off = fr_round_up(batch->arena.used, A);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t o = ranges[i].offset, len = ranges[i].length;
+        uint64_t true_len = o >= x->tbytes ? 0 : (len < x->tbytes - o ? len : x->tbytes - o);
+        uint64_t a0 = o - o % x->align;
+        uint64_t a1 = true_len ? fr_round_up((size_t)(o + true_len), x->align) : a0;
+        batch->samples[i].offset = off + (o - a0);
+        batch->samples[i].length = (int64_t)true_len;
+        off += fr_round_up((size_t)(a1 - a0), A);
+    }
+    rc = fr_arena_reserve(&batch->arena, off);
+    if (rc)
+        return rc;
+    batch->arena.used = off;
+    x->batch = batch;
+
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int64_t len = batch->samples[i].length;
+        if (len == 0)
+            continue;
+        uint64_t o = ranges[i].offset;
+        uint64_t a0 = o - o % x->align;
+        uint64_t a1 = fr_round_up((size_t)(o + (uint64_t)len), x->align);
+        uint64_t base = batch->samples[i].offset - (o - a0);
+        for (uint64_t p = a0; p < a1 && rc == 0; p += x->chunk) {
+            uint64_t clen = a1 - p < x->chunk ? a1 - p : x->chunk;
+            rc = submit(x, i, p / x->lba, (uint32_t)(clen / x->lba), base + (p - a0));
+        }
+        errno = 0;
+        int prc = xnvme_queue_poke(x->q, 0);
+        if (prc < 0 && prc != -EAGAIN && prc != -EBUSY && rc == 0)
+            rc = prc;
+    }
+    /* Whatever happened, nothing may land in the arena after we return. */
+    errno = 0;
+    int drc = xnvme_queue_drain(x->q);
+    x->batch = NULL;
+    if (rc == 0 && drc < 0)
+        rc = drc;
+    if (rc) {
+        close_dev(x); /* the queue's state is unknown: start afresh next call */
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (x->errs[i])
+            batch->samples[i].length = x->errs[i];
+    return 0;
+}
+
+static int xr_read_files(void *state, const char *const *paths, const int64_t *size_hints,
+                         size_t n, fr_batch *batch)
+{
+    (void)state;
+    (void)paths;
+    (void)size_hints;
+    (void)n;
+    (void)batch;
+    return -ENOTSUP; /* ranges of one device only: use xnvme-file for files */
+}
+
+static long xr_stat(const void *state, const char *key)
+{
+    const xr *x = state;
+    if (strcmp(key, "queue_depth") == 0)
+        return x->cap;
+    if (strcmp(key, "o_direct") == 0)
+        return x->dev ? x->eff_direct : x->direct;
+    if (strcmp(key, "bounce") == 0)
+        return x->bounce;
+    if (strcmp(key, "max_transfer") == 0)
+        return (long)x->chunk;
+    if (strcmp(key, "block_size") == 0)
+        return (long)x->lba;
+    if (strcmp(key, "resubmits") == 0)
+        return x->resubmits;
+    if (strcmp(key, "reopens") == 0)
+        return x->reopens;
+    if (strcmp(key, "xnvme_version") == 0)
+        return xnvme_ver_major() * 10000L + xnvme_ver_minor() * 100L + xnvme_ver_patch();
+    return -1;
+}
+
+const fr_engine fr_engine_xnvme = {
+    .name = "xnvme",
+    .probe = xr_probe,
+    .open = xr_open,
+    .close = xr_close,
+    .read_files = xr_read_files,
+    .stat = xr_stat,
+    .read_ranges = xr_read_ranges,
+};

@@ -1,0 +1,556 @@
+/*
+ * xnvme-file: whole files through xNVMe's file API (xnvme_file_open /
+ * xnvme_file_pread / xnvme_file_close), a batch per native call.
+ *
+ * Like psync, a batch runs in windows of WINDOW files, each in two phases on
+ * a pool of native threads (the calling thread among them): every file is
+ * opened read-only with xnvme_file_open and sized from its geometry (tbytes,
+ * st_size at open), the arena is laid out once, then every file is read and
+ * closed. Reads ask for one byte more than the size (fr_request_len), so a
+ * file that changed size is noticed and read again by fr_read_whole.
+ *
+ * Reads go through xNVMe queues. xNVMe binds a queue to the device it was
+ * created on (io_uring/libaio/posix take the descriptor from the queue's
+ * device), so one queue serves one file: each thread keeps up to `inflight`
+ * files open with a queue each, submits every chunk of them (at most the
+ * file's max transfer size, mdts) and pokes its queues until they are done.
+ * Queues are created, used and torn down by one thread only (xNVMe's queue
+ * calls are not thread-safe). The async engine is engine_args' async=
+ * (io_uring, libaio, thrpool, posix, emu); queue=0 reads synchronously with
+ * xnvme_file_pread instead.
+ *
+ * Every completion's status is checked. A failed command, an O_DIRECT read
+ * the file system refused, or a short read from a stale errno (xNVMe's psync
+ * path calls a short read an error when errno happens to be set) is settled
+ * by fr_read_whole after the phase, which reports the file's real errno.
+ * Reads land straight in the arena: the linux backend's memory is plain host
+ * memory, so xnvme_buf_alloc is not needed for it (mem= other than posix is
+ * refused).
+ *
+ * read_ranges (a packed image) is the xnvme engine's, with the same options.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <libxnvme.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+/* Shared with engine_xnvme.c (see there). */
+typedef struct fr_xnvme_args {
+    char be[24], async[24], sync[24], admin[24], mem[24];
+    int direct;
+    unsigned qdepth;
+    int bounce;
+    int queue;
+    unsigned inflight;
+    unsigned nsid;
+} fr_xnvme_args;
+int fr_xnvme_parse_args(const char *engine, const char *s, int ranges, fr_xnvme_args *a,
+                        char *err, size_t err_len);
+void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, struct xnvme_opts *o);
+int fr_xnvme_probe(const char *engine, char *why, size_t why_len);
+
+#define WINDOW 256
+#define MAX_THREADS 16
+#define DEFAULT_QDEPTH 16
+
+enum phase { PHASE_OPEN, PHASE_READ, PHASE_EXIT };
+
+struct xfile;
+
+/* One file being read by one thread. */
+typedef struct slot {
+    struct xfile *x;
+    size_t k;                 /* index in the window */
+    struct xnvme_queue *q;
+    size_t want, next_off;    /* bytes to ask for; next chunk to submit */
+    unsigned outstanding;
+    uint64_t got;
+    int failed;
+} slot;
+
+typedef struct xfile {
+    fr_config cfg;
+    fr_xnvme_args a;
+    struct xnvme_opts opts;
+    int direct;
+    unsigned qcap, inflight;
+    unsigned nthreads; /* extra threads; the caller is one more */
+    pthread_t *threads;
+
+    pthread_mutex_t lock;
+    pthread_cond_t work_cv, done_cv;
+    uint64_t job_id;
+    unsigned busy;
+    enum phase phase;
+
+    const char *const *paths;
+    fr_batch *batch;
+    size_t first, count;
+    atomic_size_t next;
+    struct xnvme_dev *devs[WINDOW];
+    int64_t sizes[WINDOW];
+    unsigned char repair[WINDOW];
+    atomic_long direct_fallbacks, repairs;
+    void *ranges; /* the xnvme engine's state, for read_ranges (opened on first use) */
+} xfile;
+
+static int xf_probe(char *why, size_t why_len) { return fr_xnvme_probe("xnvme-file", why, why_len); }
+
+/* errno for a path xnvme_file_open refused: its errno is unreliable (later
+ * backends overwrite it, a bad option leaves it negative), so ask open(). */
+static int open_errno(const char *path, int xerr)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return -errno;
+    close(fd);
+    if (xerr < 0)
+        xerr = -xerr;
+    return -(xerr > 0 && xerr < 4096 ? xerr : EIO);
+}
+
+static void open_one(xfile *x, size_t k)
+{
+    const char *path = x->paths[x->first + k];
+    x->devs[k] = NULL;
+    /* xNVMe opens without O_NONBLOCK: a FIFO would block, so look first. */
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        x->sizes[k] = -errno;
+        return;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        x->sizes[k] = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+        return;
+    }
+    struct xnvme_opts o = x->opts; /* xNVMe may write to it */
+    errno = 0;
+    struct xnvme_dev *dev = xnvme_file_open(path, &o);
+    if (!dev) {
+        x->sizes[k] = open_errno(path, errno);
+        return;
+    }
+    if (x->direct && !xnvme_dev_get_opts(dev)->direct)
+        atomic_fetch_add(&x->direct_fallbacks, 1); /* xNVMe retried without O_DIRECT */
+    x->devs[k] = dev;
+    x->sizes[k] = (int64_t)xnvme_dev_get_geo(dev)->tbytes;
+}
+
+static void finish(xfile *x, size_t k, uint64_t got, int failed)
+{
+    fr_sample *s = &x->batch->samples[x->first + k];
+    if (!failed && got == (uint64_t)x->sizes[k])
+        s->length = (int64_t)got;
+    else
+        x->repair[k] = 1;
+    xnvme_file_close(x->devs[k]);
+    x->devs[k] = NULL;
+}
+
+static void on_chunk(struct xnvme_cmd_ctx *ctx, void *arg)
+{
+    slot *sl = arg;
+    if (xnvme_cmd_ctx_cpl_status(ctx))
+        sl->failed = 1;
+    else
+        sl->got += ctx->cpl.result;
+    sl->outstanding--;
+    int rc = xnvme_queue_put_cmd_ctx(ctx->async.queue, ctx);
+    if (rc)
+        sl->failed = 1;
+}
+
+/* Submits chunks of the slot's file until its queue is full. 0 or -errno. */
+static int submit_chunks(slot *sl, size_t chunk)
+{
+    xfile *x = sl->x;
+    uint8_t *base = x->batch->arena.base + x->batch->samples[x->first + sl->k].offset;
+    while (sl->next_off < sl->want && sl->outstanding < x->qcap) {
+        size_t len = sl->want - sl->next_off < chunk ? sl->want - sl->next_off : chunk;
+        struct xnvme_cmd_ctx *ctx = xnvme_queue_get_cmd_ctx(sl->q);
+        if (!ctx)
+            return -ENOMEM;
+        memset(&ctx->cpl, 0, sizeof(ctx->cpl)); /* pooled ctxs keep the last status */
+        xnvme_cmd_ctx_set_cb(ctx, on_chunk, sl);
+        int rc = xnvme_file_pread(ctx, base + sl->next_off, len, (off_t)sl->next_off);
+        if (rc) {
+            int prc = xnvme_queue_put_cmd_ctx(sl->q, ctx);
+            (void)prc;
+            return rc == -EBUSY || rc == -EAGAIN ? 0 : rc; /* full: poke, then more */
+        }
+        sl->outstanding++;
+        sl->next_off += len;
+    }
+    return 0;
+}
+
+static size_t chunk_of(const xfile *x, struct xnvme_dev *dev)
+{
+    size_t chunk = xnvme_dev_get_geo(dev)->mdts_nbytes;
+    if (chunk == 0 || chunk > FR_MAX_REQUEST)
+        chunk = (size_t)1 << 20;
+    chunk -= chunk % x->cfg.direct_alignment;
+    return chunk ? chunk : x->cfg.direct_alignment;
+}
+
+static size_t want_of(const xfile *x, size_t k)
+{
+    return fr_request_len((size_t)x->sizes[k], x->direct, x->cfg.direct_alignment);
+}
+
+/* queue=0: synchronous xnvme_file_pread, chunk by chunk. */
+static void read_sync(xfile *x, size_t k)
+{
+    struct xnvme_dev *dev = x->devs[k];
+    size_t want = want_of(x, k), chunk = chunk_of(x, dev);
+    uint8_t *base = x->batch->arena.base + x->batch->samples[x->first + k].offset;
+    uint64_t got = 0;
+    int failed = 0;
+    for (size_t off = 0; off < want; off += chunk) {
+        size_t len = want - off < chunk ? want - off : chunk;
+        struct xnvme_cmd_ctx ctx = xnvme_file_get_cmd_ctx(dev);
+        errno = 0; /* a short read is an error to psync iff errno is set */
+        int rc = xnvme_file_pread(&ctx, base + off, len, (off_t)off);
+        if (rc || xnvme_cmd_ctx_cpl_status(&ctx)) {
+            failed = 1;
+            break;
+        }
+        got += ctx.cpl.result;
+        if (ctx.cpl.result < len)
+            break; /* end of file */
+    }
+    finish(x, k, got, failed);
+}
+
+static int start_slot(slot *sl, size_t k)
+{
+    xfile *x = sl->x;
+    *sl = (slot){.x = x, .k = k, .want = want_of(x, k)};
+    size_t chunks = (sl->want + chunk_of(x, x->devs[k]) - 1) / chunk_of(x, x->devs[k]);
+    unsigned cap = 2;
+    while (cap < chunks && cap < x->qcap)
+        cap *= 2;
+    int rc = xnvme_queue_init(x->devs[k], (uint16_t)cap, 0, &sl->q);
+    if (rc) {
+        sl->q = NULL;
+        return rc;
+    }
+    return 0;
+}
+
+static void end_slot(slot *sl)
+{
+    xfile *x = sl->x;
+    /* Whatever failed, nothing may still be in flight into the arena. */
+    if (sl->outstanding) {
+        errno = 0;
+        if (xnvme_queue_drain(sl->q) < 0 || sl->outstanding)
+            sl->failed = 1;
+    }
+    if (xnvme_queue_term(sl->q) != 0)
+        sl->failed = 1;
+    sl->q = NULL;
+    finish(x, sl->k, sl->got, sl->failed);
+}
+
+/* This thread's share of the read phase: up to `inflight` files at once. */
+static void read_phase(xfile *x)
+{
+    if (!x->a.queue) {
+        size_t k;
+        while ((k = atomic_fetch_add(&x->next, 1)) < x->count)
+            if (x->devs[k])
+                read_sync(x, k);
+        return;
+    }
+    /* Slots stay put while commands point at them; act[] lists the busy ones. */
+    slot slots[64], *act[64], *idle[64];
+    unsigned cap = x->inflight < 64 ? x->inflight : 64, active = 0, nidle = cap;
+    for (unsigned i = 0; i < cap; i++)
+        idle[i] = &slots[i];
+    int exhausted = 0;
+    for (;;) {
+        while (!exhausted && active < cap) {
+            size_t k = atomic_fetch_add(&x->next, 1);
+            if (k >= x->count) {
+                exhausted = 1;
+                break;
+            }
+            if (!x->devs[k])
+                continue;
+            slot *sl = idle[--nidle];
+            sl->x = x;
+            if (start_slot(sl, k) != 0) {
+                idle[nidle++] = sl;
+                finish(x, k, 0, 1); /* no queue: fr_read_whole reads it */
+                continue;
+            }
+            if (submit_chunks(sl, chunk_of(x, x->devs[k])) != 0)
+                sl->failed = 1;
+            act[active++] = sl;
+        }
+        if (active == 0)
+            return;
+        for (unsigned i = 0; i < active;) {
+            slot *sl = act[i];
+            errno = 0; /* emu reads inside poke: see the stale-errno note */
+            int rc = xnvme_queue_poke(sl->q, 0);
+            if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+                sl->failed = 1;
+            if (!sl->failed && sl->next_off < sl->want &&
+                submit_chunks(sl, chunk_of(x, x->devs[sl->k])) != 0)
+                sl->failed = 1;
+            if (sl->failed || (sl->outstanding == 0 && sl->next_off >= sl->want)) {
+                end_slot(sl);
+                idle[nidle++] = sl;
+                act[i] = act[--active];
+                continue;
+            }
+            i++;
+        }
+    }
+}
+
+static void run_phase(xfile *x, enum phase ph)
+{
+    if (ph == PHASE_READ) {
+        read_phase(x);
+        return;
+    }
+    size_t k;
+    while ((k = atomic_fetch_add(&x->next, 1)) < x->count)
+        open_one(x, k);
+}
+
+static void *worker(void *arg)
+{
+    xfile *x = arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&x->lock);
+    for (;;) {
+        while (x->job_id == seen)
+            pthread_cond_wait(&x->work_cv, &x->lock);
+        seen = x->job_id;
+        enum phase ph = x->phase;
+        if (ph == PHASE_EXIT)
+            break;
+        pthread_mutex_unlock(&x->lock);
+        run_phase(x, ph);
+        pthread_mutex_lock(&x->lock);
+        if (--x->busy == 0)
+            pthread_cond_signal(&x->done_cv);
+    }
+    pthread_mutex_unlock(&x->lock);
+    return NULL;
+}
+
+static void dispatch(xfile *x, enum phase ph)
+{
+    atomic_store(&x->next, 0);
+    pthread_mutex_lock(&x->lock);
+    x->phase = ph;
+    x->busy = x->nthreads;
+    x->job_id++;
+    pthread_cond_broadcast(&x->work_cv);
+    pthread_mutex_unlock(&x->lock);
+
+    run_phase(x, ph);
+
+    pthread_mutex_lock(&x->lock);
+    while (x->busy > 0)
+        pthread_cond_wait(&x->done_cv, &x->lock);
+    pthread_mutex_unlock(&x->lock);
+}
+
+static void xf_close(void *state)
+{
+    xfile *x = state;
+    if (!x)
+        return;
+    pthread_mutex_lock(&x->lock);
+    x->phase = PHASE_EXIT;
+    x->job_id++;
+    pthread_cond_broadcast(&x->work_cv);
+    pthread_mutex_unlock(&x->lock);
+    for (unsigned i = 0; i < x->nthreads; i++)
+        pthread_join(x->threads[i], NULL);
+    free(x->threads);
+    if (x->ranges)
+        fr_engine_xnvme.close(x->ranges);
+    pthread_cond_destroy(&x->work_cv);
+    pthread_cond_destroy(&x->done_cv);
+    pthread_mutex_destroy(&x->lock);
+    free(x);
+}
+
+static int xf_open(const fr_config *cfg, void **state, char *err, size_t err_len)
+{
+    xfile *x = calloc(1, sizeof(*x));
+    if (!x)
+        return -ENOMEM;
+    x->cfg = *cfg;
+    int rc = fr_xnvme_parse_args("xnvme-file", cfg->engine_args, 0, &x->a, err, err_len);
+    if (rc == 0 && x->a.mem[0] && strcmp(x->a.mem, "posix") != 0) {
+        fr_set_err(err, err_len, "xnvme-file: mem=%s is not supported (files are read with the "
+                   "linux backend into host memory: mem=posix)", x->a.mem);
+        rc = -EINVAL;
+    }
+    if (rc) {
+        free(x);
+        return rc;
+    }
+    if (!x->a.be[0])
+        strcpy(x->a.be, "linux"); /* regular files; also keeps open()'s errno */
+    if (!x->a.async[0])
+        strcpy(x->a.async, "emu");
+    x->direct = x->a.direct >= 0 ? x->a.direct : cfg->o_direct;
+    fr_xnvme_apply_opts(&x->a, x->direct, &x->opts);
+    x->qcap = x->a.qdepth ? x->a.qdepth : DEFAULT_QDEPTH;
+    if (x->qcap < 2)
+        x->qcap = 2;
+
+    unsigned n = cfg->threads;
+    if (n == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cpus > 0 ? (unsigned)cpus : 1;
+        if (n > MAX_THREADS)
+            n = MAX_THREADS;
+    }
+    /* emu runs each read inside poke, on this thread: more files in flight
+     * would only add bookkeeping. Real async engines share queue_depth. */
+    if (x->a.inflight)
+        x->inflight = x->a.inflight;
+    else if (strcmp(x->a.async, "emu") == 0)
+        x->inflight = 1;
+    else
+        x->inflight = (cfg->queue_depth + n - 1) / n;
+    if (x->inflight < 1)
+        x->inflight = 1;
+    unsigned extra = n - 1;
+    x->threads = calloc(extra ? extra : 1, sizeof(pthread_t));
+    if (!x->threads || pthread_mutex_init(&x->lock, NULL) != 0) {
+        free(x->threads);
+        free(x);
+        return -ENOMEM;
+    }
+    if (pthread_cond_init(&x->work_cv, NULL) != 0 || pthread_cond_init(&x->done_cv, NULL) != 0) {
+        fr_set_err(err, err_len, "xnvme-file: cannot create condition variables");
+        pthread_mutex_destroy(&x->lock);
+        free(x->threads);
+        free(x);
+        return -ENOMEM;
+    }
+    for (unsigned i = 0; i < extra; i++) {
+        rc = pthread_create(&x->threads[i], NULL, worker, x);
+        if (rc != 0) {
+            x->nthreads = i;
+            xf_close(x);
+            fr_set_err(err, err_len, "xnvme-file: cannot start worker thread %u: %s", i,
+                       strerror(rc));
+            return -rc;
+        }
+        x->nthreads = i + 1;
+    }
+    *state = x;
+    return 0;
+}
+
+static int xf_read_files(void *state, const char *const *paths, const int64_t *size_hints,
+                         size_t n, fr_batch *batch)
+{
+    (void)size_hints; /* the size comes with the open file's geometry */
+    xfile *x = state;
+    x->paths = paths;
+    x->batch = batch;
+    for (size_t first = 0; first < n; first += WINDOW) {
+        x->first = first;
+        x->count = n - first < WINDOW ? n - first : WINDOW;
+        memset(x->repair, 0, sizeof(x->repair));
+        dispatch(x, PHASE_OPEN);
+        fr_sample *saved = batch->samples;
+        batch->samples = saved + first;
+        int rc = fr_layout(batch, x->sizes, x->count, x->direct, x->cfg.direct_alignment);
+        batch->samples = saved;
+        if (rc != 0) {
+            for (size_t k = 0; k < x->count; k++)
+                if (x->devs[k])
+                    xnvme_file_close(x->devs[k]);
+            return rc;
+        }
+        dispatch(x, PHASE_READ);
+        for (size_t k = 0; k < x->count; k++) {
+            if (!x->repair[k])
+                continue;
+            atomic_fetch_add(&x->repairs, 1);
+            size_t slot_len = fr_request_len((size_t)x->sizes[k], x->direct,
+                                             x->cfg.direct_alignment);
+            fr_read_whole(batch, first + k, paths[first + k], slot_len);
+        }
+    }
+    return 0;
+}
+
+/* Ranges of one file or device: the xnvme engine's queue-based reader, with
+ * this context's be/async/sync/admin/mem/direct/qdepth. */
+static int xf_read_ranges(void *state, const char *path, const fr_range *ranges, size_t n,
+                          fr_batch *batch)
+{
+    xfile *x = state;
+    if (!x->ranges) {
+        char args[256];
+        int len = snprintf(args, sizeof(args), "be=%s,async=%s,direct=%d%s%s%s%s%s%s", x->a.be,
+                           x->a.async, x->direct, x->a.sync[0] ? ",sync=" : "", x->a.sync,
+                           x->a.admin[0] ? ",admin=" : "", x->a.admin,
+                           x->a.mem[0] ? ",mem=" : "", x->a.mem);
+        if (len < 0 || (size_t)len >= sizeof(args))
+            return -EINVAL;
+        if (x->a.qdepth)
+            snprintf(args + len, sizeof(args) - (size_t)len, ",qdepth=%u", x->a.qdepth);
+        fr_config cfg = x->cfg;
+        cfg.engine_args = args;
+        char err[FR_ERRLEN];
+        int rc = fr_engine_xnvme.open(&cfg, &x->ranges, err, sizeof(err));
+        if (rc) {
+            x->ranges = NULL;
+            return rc;
+        }
+    }
+    return fr_engine_xnvme.read_ranges(x->ranges, path, ranges, n, batch);
+}
+
+static long xf_stat(const void *state, const char *key)
+{
+    const xfile *x = state;
+    if (strcmp(key, "threads") == 0)
+        return (long)x->nthreads + 1;
+    if (strcmp(key, "o_direct") == 0)
+        return x->direct;
+    if (strcmp(key, "queue_depth") == 0)
+        return x->qcap;
+    if (strcmp(key, "inflight") == 0)
+        return x->a.queue ? x->inflight : 1;
+    if (strcmp(key, "direct_fallbacks") == 0)
+        return atomic_load(&((xfile *)state)->direct_fallbacks);
+    if (strcmp(key, "repairs") == 0)
+        return atomic_load(&((xfile *)state)->repairs);
+    if (strcmp(key, "xnvme_version") == 0)
+        return xnvme_ver_major() * 10000L + xnvme_ver_minor() * 100L + xnvme_ver_patch();
+    return -1;
+}
+
+const fr_engine fr_engine_xnvme_file = {
+    .name = "xnvme-file",
+    .probe = xf_probe,
+    .open = xf_open,
+    .close = xf_close,
+    .read_files = xf_read_files,
+    .stat = xf_stat,
+    .read_ranges = xf_read_ranges,
+};
