@@ -70,6 +70,8 @@ def add_parser(sub):
                    default=[], metavar="KEY=VALUE",
                    help="option for fastread engines (repeatable), e.g. o_direct=1, "
                         "queue_depth=128")
+    p.add_argument("--mem", choices=("cpu", "gpu"), default=None,
+                   help="where xnvme-gds reads land: host memory or the GPU")
     p.add_argument("--json", metavar="OUT.json", help="write the results as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="bar chart of img/s per mode (matplotlib)")
     p.add_argument("--no-progress", action="store_true",
@@ -83,13 +85,18 @@ def _engine_options(args, parser):
     from fastread.engine import OPTION_NAMES, options
 
     opts = {"threads": args.threads}
+    reader_opts = {}
     for key, value in args.engine_options:
+        if key == "workers":  # a Reader option, not an engine's
+            reader_opts[key] = int(value)  # "1" parses as True
+            continue
         if key not in OPTION_NAMES:
             parser.error(f"--engine-option {key}={value}: unknown option {key!r}; "
-                         f"valid options: {', '.join(OPTION_NAMES)}")
+                         f"valid options: workers, {', '.join(OPTION_NAMES)}")
         opts[key] = value
     try:
         options("psync", **opts)  # the checks are the same for every engine
+        opts.update(reader_opts)
     except (TypeError, ValueError) as e:
         parser.error(f"--engine-option: {e}")
     return opts
@@ -260,7 +267,7 @@ def run(args):
     if args.list_modes:
         width = max(len(m.name) for m in table)
         for m in table:
-            why = M.unavailable(m, env, device=args.device, decode=args.decode)
+            why = M.unavailable(m, env, device=args.device, decode=args.decode, mem=args.mem)
             print(f"{m.name:<{width}}  {'ok' if why is None else 'not available: ' + why}"
                   f"  -- {m.help}")
         return 0
@@ -276,7 +283,7 @@ def run(args):
     cfg = M.Config(data_dir=args.data_dir, paths=paths, labels=labels,
                    batch_size=args.batch_size, threads=args.threads, device=args.device,
                    decode=args.decode, prefetch_queue_depth=args.prefetch_queue_depth,
-                   engine_options=engine_options)
+                   engine_options=engine_options, mem=args.mem or "cpu")
     epoch = cfg.epoch_batches
     batches = args.batches if args.batches else epoch * (args.epochs or 1)
     print(f"dataset {args.data_dir}: {len(paths)} files, {total_bytes / 1e9:.3f} GB, "
@@ -287,7 +294,8 @@ def run(args):
     cold = _Cold(args.cold)
     results, skipped, failed = [], {}, {}
     for mode in selected:
-        why = M.unavailable(mode, env, device=args.device, decode=args.decode)
+        why = M.unavailable(mode, env, device=args.device, decode=args.decode, mem=args.mem,
+                            cfg=cfg)
         if why is not None:
             skipped[mode.name] = why
             print(f"mode {mode.name}: not available: {why}", flush=True)

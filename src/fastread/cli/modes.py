@@ -10,7 +10,13 @@ A mode is a way of getting batches of encoded samples out of a dataset tree:
 ``read_files-<e>``   :class:`fastread.Reader` with engine ``<e>``, no DALI
                      (the native ceiling)
 ``python-loop``      ``np.fromfile`` per sample in a Python loop, no DALI
-``xnvme-*``          I/O stacks that are not built yet (see STACK_MODES)
+``xnvme-ctypes``     the seed's per-file xNVMe loop through the PyPI ``xnvme``
+                     ctypes bindings (open, pread, close per sample), no DALI
+``xnvme-file``       DALI + fastread's ``xnvme-file`` engine
+``xnvme-gds``        ``--mem cpu``: fastread.Reader over the packed image with
+                     the ``xnvme`` range engine (queues on one device/image);
+                     ``--mem gpu``: not built yet (no GPU pinned ring)
+``xnvme-bam``        not built in this version
 ===================  ==========================================================
 
 ``fastread-<e>`` and ``read_files-<e>`` exist for every engine that
@@ -24,6 +30,7 @@ batch referenced until the next call, as a training step would.
 """
 import dataclasses
 import math
+import os
 
 import numpy as np
 
@@ -45,7 +52,12 @@ class Mode:
 
 
 DALI_KINDS = ("dali", "python-file", "fastread-dali")
-KINDS = DALI_KINDS + ("read_files", "python-loop")
+KINDS = DALI_KINDS + ("read_files", "python-loop", "xnvme-ctypes", "xnvme-gds")
+
+#: Why ``xnvme-gds --mem gpu`` cannot run.
+GDS_GPU_MISSING = ("--mem gpu needs the GPU pinned ring (reads landing in GPU memory through "
+                   "GPUDirect Storage), which is not built yet; --mem cpu reads into host memory "
+                   "with the xnvme engine")
 
 #: Modes named after an I/O stack. ``engine`` is the fastread engine each
 #: needs; while fastread.engines() does not list it the mode reports
@@ -53,13 +65,19 @@ KINDS = DALI_KINDS + ("read_files", "python-loop")
 STACK_MODES = (
     Mode("xnvme-file", "fastread-dali", engine="xnvme-file",
          help="DALI + fastread over xNVMe's file backend"),
-    Mode("xnvme-gds", "fastread-dali", engine="xnvme-gds", gpu_only=True,
-         help="DALI + fastread over xNVMe with GPUDirect Storage"),
+    Mode("xnvme-gds", "xnvme-gds", engine="xnvme",
+         help="--mem cpu: fastread.Reader over the packed image with the xnvme range engine; "
+              "--mem gpu (GPUDirect Storage) is not built yet"),
+    Mode("xnvme-ctypes", "xnvme-ctypes",
+         help="the seed's per-file loop through xNVMe's ctypes bindings (pip install xnvme)"),
     Mode("xnvme-bam", "fastread-dali", engine="xnvme-bam", gpu_only=True,
          help="DALI + fastread over xNVMe's BaM backend (GPU-initiated I/O)"),
 )
 
 NOT_BUILT = "engine not built in this version"
+
+#: xNVMe async engines that get a read_files-xnvme-file-<async> mode.
+XNVME_ASYNC = ("io_uring", "posix", "thrpool", "emu")
 
 
 def all_modes(engine_status):
@@ -76,7 +94,15 @@ def all_modes(engine_status):
     modes += [Mode(f"read_files-{e}", "read_files", engine=e,
                    help=f"fastread.Reader(engine={e!r}) without DALI")
               for e in engine_status]
+    if "xnvme-file" in engine_status:
+        # The same engine with each of xNVMe's async engines (--engine-option
+        # engine_args=... is kept; these add async=...).
+        modes += [Mode(f"read_files-xnvme-file-{a}", "read_files", engine="xnvme-file",
+                       help=f"fastread.Reader(engine='xnvme-file', xnvme_async={a!r})")
+                  for a in XNVME_ASYNC]
     modes.append(Mode("python-loop", "python-loop", help="np.fromfile per sample, no DALI"))
+    from fastread.cli import image_modes
+    modes += image_modes.all_modes(engine_status)
     names = {m.name for m in modes}
     modes += [m for m in STACK_MODES if m.name not in names]
     return modes
@@ -114,8 +140,49 @@ def probe_environment(engines):
     return env
 
 
-def unavailable(mode, env, *, device="cpu", decode=False):
-    """Why ``mode`` cannot run here with these settings, or None."""
+def _range_engine_ok(env, engine):
+    from fastread.engine import RANGE_ONLY
+
+    status = env.engines.get(engine, NOT_BUILT)
+    if status is True or (engine in RANGE_ONLY and str(status).startswith(RANGE_ONLY[engine])):
+        return None
+    return str(status) if engine in env.engines else NOT_BUILT
+
+
+def unavailable(mode, env, *, device="cpu", decode=False, mem=None, cfg=None):
+    """Why ``mode`` cannot run here with these settings, or None. ``mem``
+    (cpu or gpu) is where xnvme-gds reads land; ``cfg`` lets image-based
+    modes check for their image."""
+    if mode.kind == "xnvme-gds":
+        if mem is None:
+            return ("say where its reads land: --mem cpu (host memory, xnvme engine over the "
+                    "packed image) or --mem gpu (not built yet)")
+        if mem == "gpu":
+            return GDS_GPU_MISSING
+        why = _range_engine_ok(env, mode.engine)
+        if why:
+            return why
+        if device == "gpu":
+            return "reads into host memory only; --device gpu applies to DALI modes"
+        if decode:
+            return "does not decode; --decode applies to DALI modes"
+        if cfg is not None:
+            from fastread.cli import image_modes
+            path = image_modes.image_path(cfg)
+            if not os.path.exists(path):
+                return (f"no packed image at {path} (run `fastread pack {cfg.data_dir} {path}` "
+                        "or set FASTREAD_BENCH_IMAGE)")
+        return None
+    if mode.kind == "xnvme-ctypes":
+        from fastread.cli.baselines import xnvme_ctypes_error
+        why = xnvme_ctypes_error()
+        if why:
+            return why
+        if device == "gpu":
+            return "reads into host memory only; --device gpu applies to DALI modes"
+        if decode:
+            return "does not decode; --decode applies to DALI modes"
+        return None
     if mode.engine is not None:
         status = env.engines.get(mode.engine, NOT_BUILT)
         if status is not True:
@@ -146,6 +213,8 @@ class Config:
     decode: bool = False
     prefetch_queue_depth: int = 2
     engine_options: dict = dataclasses.field(default_factory=dict)
+    #: where xnvme-gds reads land: "cpu" (host memory) or "gpu" (not built yet)
+    mem: str = "cpu"
 
     @property
     def epoch_batches(self):
@@ -154,6 +223,9 @@ class Config:
 
 def build(mode, cfg):
     """A runner for one timed run of ``mode``."""
+    from fastread.cli import image_modes
+    if mode.kind in image_modes.KINDS:
+        return image_modes.build(mode, cfg)
     if mode.kind == "dali":
         def reader():
             from nvidia.dali import fn
@@ -169,11 +241,24 @@ def build(mode, cfg):
     if mode.kind == "fastread-dali":
         def reader():
             from fastread.dali import readers
+            # Read-to-GPU: fastread copies each batch to the device itself.
+            device = "gpu" if cfg.device == "gpu" and not cfg.decode else "cpu"
             return readers.file(file_root=cfg.data_dir, engine=mode.engine, random_shuffle=False,
-                                name="Reader", **cfg.engine_options)
+                                name="Reader", device=device, **cfg.engine_options)
         return DaliRunner(cfg, reader)
     if mode.kind == "read_files":
-        return ReaderRunner(cfg, mode.engine)
+        opts = {}
+        prefix = "read_files-xnvme-file-"
+        if mode.name.startswith(prefix):
+            opts["xnvme_async"] = mode.name[len(prefix):]
+        return ReaderRunner(cfg, mode.engine, **opts)
+    if mode.kind == "xnvme-ctypes":
+        return XnvmeCtypesRunner(cfg)
+    if mode.kind == "xnvme-gds":
+        if cfg.mem == "gpu":
+            raise ValueError(GDS_GPU_MISSING)
+        from fastread.cli import image_modes
+        return image_modes.ImageReaderRunner(cfg, mode.engine)
     if mode.kind == "python-loop":
         return PythonLoopRunner(cfg)
     raise ValueError(f"mode {mode.name}: unknown kind {mode.kind!r}")
@@ -262,11 +347,11 @@ class _EpochRunner:
 class ReaderRunner(_EpochRunner):
     """fastread.Reader iterated directly, epoch after epoch."""
 
-    def __init__(self, cfg, engine):
+    def __init__(self, cfg, engine, **extra):
         import fastread
 
         self.reader = fastread.Reader(cfg.data_dir, batch_size=cfg.batch_size, engine=engine,
-                                      **cfg.engine_options)
+                                      **cfg.engine_options, **extra)
         super().__init__()
 
     def new_epoch(self):
@@ -288,3 +373,16 @@ class PythonLoopRunner(_EpochRunner):
         from fastread.cli.baselines import python_loop
 
         return python_loop(self.cfg.paths, self.cfg.labels, self.cfg.batch_size)
+
+
+class XnvmeCtypesRunner(_EpochRunner):
+    """The seed's per-file xNVMe loop (ctypes bindings), epoch after epoch."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        super().__init__()
+
+    def new_epoch(self):
+        from fastread.cli.baselines import xnvme_ctypes_loop
+
+        return xnvme_ctypes_loop(self.cfg.paths, self.cfg.labels, self.cfg.batch_size)
