@@ -23,6 +23,18 @@ def engine_params():
     return params
 
 
+def range_engine_params():
+    """Every engine that can read byte ranges (packed images): the file
+    engines plus range-only ones such as xnvme; unavailable ones skip."""
+    from fastread.engine import RANGE_ONLY
+    params = []
+    for name, ok in fastread.engines().items():
+        usable = ok is True or (name in RANGE_ONLY and str(ok).startswith(RANGE_ONLY[name]))
+        marks = [] if usable else [pytest.mark.skip(reason=f"engine {name}: {ok}")]
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
 @pytest.fixture(scope="session")
 def disk_tmp(tmp_path_factory):
     """A directory on a disk-backed file system (O_DIRECT needs one; /tmp may

@@ -12,7 +12,7 @@ import pytest
 import fastread
 from fastread.image import ImageError, PackedImage, pack, verify
 
-from conftest import engine_params
+from conftest import range_engine_params
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_layout_and_index(packed):
 
 
 @pytest.mark.parametrize("o_direct", [False, True], ids=["buffered", "direct"])
-@pytest.mark.parametrize("engine", engine_params())
+@pytest.mark.parametrize("engine", range_engine_params())
 def test_round_trip_byte_equal(packed, engine, o_direct):
     root, content, img = packed
     _paths, _labels, want = _expected(root, content)
@@ -52,12 +52,13 @@ def test_round_trip_byte_equal(packed, engine, o_direct):
     assert [a.tobytes() for a in arrays] == [want[i] for i in order]  # true lengths
 
 
-@pytest.mark.parametrize("engine", engine_params())
+@pytest.mark.parametrize("engine", range_engine_params())
 def test_reader_over_image_matches_reader_over_files(packed, engine):
     root, content, img = packed
     kw = dict(batch_size=4, shard_id=1, num_shards=2, random_shuffle=True, seed=3,
               stick_to_shard=False, engine=engine)
-    with fastread.Reader(root, **kw) as files, \
+    file_engine = engine if fastread.engines()[engine] is True else "auto"  # range-only engines
+    with fastread.Reader(root, **{**kw, "engine": file_engine}) as files, \
             fastread.Reader(image=img, o_direct=True, **kw) as image:
         assert len(files) == len(image)
         for epoch in range(2):
@@ -264,3 +265,12 @@ def test_dali_image_reader_matches_file_reader(packed):
     want = run(lambda: readers.file(file_root=root, **kw))
     got = run(lambda: readers.image(image=img.path, o_direct=True, **kw))
     assert got == want and len(got) > 0
+
+
+def test_range_only_engine_refuses_files(packed):
+    from fastread.engine import RANGE_ONLY
+    root, _, _ = packed
+    for name in RANGE_ONLY:
+        if name in fastread.engines():
+            with pytest.raises(ValueError, match="ranges"):
+                fastread.Reader(root, engine=name)

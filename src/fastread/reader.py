@@ -4,7 +4,7 @@ import collections
 import numpy as np
 
 from fastread import _core, _defaults
-from fastread.engine import options, resolve
+from fastread.engine import RANGE_ONLY, options, resolve
 from fastread.files import raise_failures
 from fastread.index import epoch_indices, scan
 
@@ -68,6 +68,9 @@ class Reader:
         self.stick_to_shard = bool(stick_to_shard)
         self.ring_depth = ring_depth
         self.engine = resolve(engine)
+        if self.image is None and self.engine in RANGE_ONLY:
+            raise ValueError(f"engine {self.engine!r} reads ranges of one image or device only; "
+                             f"give image= or choose a file engine (e.g. 'auto')")
         self._engine_options = options(self.engine, **engine_options)
         # Validates shard_id/num_shards now rather than at the first epoch.
         self._epoch_order(0)

@@ -54,9 +54,9 @@ def image_path(cfg):
 
 def unavailable(mode, env, *, device="cpu", decode=False, cfg=None):
     """Why ``mode`` cannot run here, or None (``cfg`` also checks the image)."""
-    status = env.engines.get(mode.engine, M.NOT_BUILT)
-    if status is not True:
-        return str(status)
+    why = M.range_engine_ok(env, mode.engine)  # range-only engines (xnvme) serve images
+    if why:
+        return why
     if mode.kind == "image-dali":
         if env.dali_error:
             return env.dali_error

@@ -140,7 +140,7 @@ def probe_environment(engines):
     return env
 
 
-def _range_engine_ok(env, engine):
+def range_engine_ok(env, engine):
     from fastread.engine import RANGE_ONLY
 
     status = env.engines.get(engine, NOT_BUILT)
@@ -159,7 +159,7 @@ def unavailable(mode, env, *, device="cpu", decode=False, mem=None, cfg=None):
                     "packed image) or --mem gpu (not built yet)")
         if mem == "gpu":
             return GDS_GPU_MISSING
-        why = _range_engine_ok(env, mode.engine)
+        why = range_engine_ok(env, mode.engine)
         if why:
             return why
         if device == "gpu":
