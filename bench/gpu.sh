@@ -39,3 +39,20 @@ for bs in 64 256; do
         --modes dali,fastread-io_uring,fastread-psync $tuned --no-progress --json "$json/$tag.json"
     tar -cf "$out/results.tar" -C "$json" .
 done
+# Block level: pack the tree, read the image cold against file-level reads and
+# DALI, and measure the disk's ceiling with the same engine.
+img=/tmp/fastread-imagenet-20k.img
+python3 -m fastread.cli pack "$data" "$img" --quiet
+for bs in 64 256; do
+    tag="bs${bs}-image-cold"
+    echo "== $tag"
+    FASTREAD_BENCH_IMAGE="$img" python3 -m fastread.cli bench "$data" --cold --threads 8 \
+        --batchsize "$bs" --modes dali,fastread-io_uring,image-io_uring,image-dali-io_uring,image-psync \
+        --engine-option queue_depth=128 --no-progress --json "$json/$tag.json"
+    tar -cf "$out/results.tar" -C "$json" .
+done
+for qd in 32 128; do
+    python3 bench/ceiling.py "$img" --cold --queue-depth "$qd"
+done
+# GPU tests (skipped elsewhere).
+(cd tests && python3 -m pytest -q -p no:cacheprovider test_gpu.py test_dali.py 2>&1 | tail -4)
