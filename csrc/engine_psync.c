@@ -8,7 +8,6 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,24 +15,17 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "threadpool.h"
 #include "range_io.h"
 
 #define WINDOW 256
 #define MAX_THREADS 16
 
-enum phase { PHASE_OPEN, PHASE_READ, PHASE_RANGES, PHASE_EXIT };
+enum phase { PHASE_OPEN, PHASE_READ, PHASE_RANGES };
 
 typedef struct psync {
     fr_config cfg;
-    unsigned nthreads;
-    pthread_t *threads;
-
-    pthread_mutex_t lock;
-    pthread_cond_t work_cv;
-    pthread_cond_t done_cv;
-    uint64_t job_id;   /* bumped for each phase handed to the pool */
-    unsigned busy;     /* workers still inside the current phase */
-    enum phase phase;
+    fr_threadpool *pool;
 
     /* The phase being run. */
     const char *const *paths;
@@ -138,8 +130,9 @@ static void range_one(psync *p, size_t k)
         s->length = got;
 }
 
-static void run_phase(psync *p, enum phase ph)
+static void run_phase(void *arg, int ph)
 {
+    psync *p = arg;
     size_t k;
     while ((k = atomic_fetch_add(&p->next, 1)) < p->count) {
         if (ph == PHASE_OPEN)
@@ -151,45 +144,11 @@ static void run_phase(psync *p, enum phase ph)
     }
 }
 
-static void *worker(void *arg)
-{
-    psync *p = arg;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&p->lock);
-    for (;;) {
-        while (p->job_id == seen)
-            pthread_cond_wait(&p->work_cv, &p->lock);
-        seen = p->job_id;
-        enum phase ph = p->phase;
-        if (ph == PHASE_EXIT)
-            break;
-        pthread_mutex_unlock(&p->lock);
-        run_phase(p, ph);
-        pthread_mutex_lock(&p->lock);
-        if (--p->busy == 0)
-            pthread_cond_signal(&p->done_cv);
-    }
-    pthread_mutex_unlock(&p->lock);
-    return NULL;
-}
-
 /* Runs one phase on the pool and the calling thread, returning when done. */
 static void dispatch(psync *p, enum phase ph)
 {
     atomic_store(&p->next, 0);
-    pthread_mutex_lock(&p->lock);
-    p->phase = ph;
-    p->busy = p->nthreads;
-    p->job_id++;
-    pthread_cond_broadcast(&p->work_cv);
-    pthread_mutex_unlock(&p->lock);
-
-    run_phase(p, ph);
-
-    pthread_mutex_lock(&p->lock);
-    while (p->busy > 0)
-        pthread_cond_wait(&p->done_cv, &p->lock);
-    pthread_mutex_unlock(&p->lock);
+    fr_threadpool_run(p->pool, ph);
 }
 
 static void psync_close(void *state)
@@ -197,18 +156,8 @@ static void psync_close(void *state)
     psync *p = state;
     if (!p)
         return;
-    pthread_mutex_lock(&p->lock);
-    p->phase = PHASE_EXIT;
-    p->job_id++;
-    pthread_cond_broadcast(&p->work_cv);
-    pthread_mutex_unlock(&p->lock);
-    for (unsigned i = 0; i < p->nthreads; i++)
-        pthread_join(p->threads[i], NULL);
+    fr_threadpool_stop(p->pool);
     fr_image_cache_close(&p->image);
-    free(p->threads);
-    pthread_cond_destroy(&p->work_cv);
-    pthread_cond_destroy(&p->done_cv);
-    pthread_mutex_destroy(&p->lock);
     free(p);
 }
 
@@ -227,24 +176,10 @@ static int psync_open(const fr_config *cfg, void **state, char *err, size_t err_
             n = MAX_THREADS;
     }
     /* The calling thread is one of the workers. */
-    unsigned extra = n - 1;
-    p->threads = calloc(extra ? extra : 1, sizeof(pthread_t));
-    if (!p->threads || pthread_mutex_init(&p->lock, NULL) != 0) {
-        free(p->threads);
+    int rc = fr_threadpool_start(&p->pool, n - 1, run_phase, p, "psync", err, err_len);
+    if (rc) {
         free(p);
-        return -ENOMEM;
-    }
-    pthread_cond_init(&p->work_cv, NULL);
-    pthread_cond_init(&p->done_cv, NULL);
-    for (unsigned i = 0; i < extra; i++) {
-        int rc = pthread_create(&p->threads[i], NULL, worker, p);
-        if (rc != 0) {
-            p->nthreads = i;
-            psync_close(p);
-            fr_set_err(err, err_len, "psync: cannot start worker thread %u: %s", i, strerror(rc));
-            return -rc;
-        }
-        p->nthreads = i + 1;
+        return rc;
     }
     *state = p;
     return 0;
@@ -314,7 +249,7 @@ static long psync_stat(const void *state, const char *key)
 {
     const psync *p = state;
     if (strcmp(key, "threads") == 0)
-        return (long)p->nthreads + 1;
+        return (long)fr_threadpool_size(p->pool);
     if (strcmp(key, "o_direct") == 0)
         return p->cfg.o_direct;
     if (strcmp(key, "image_direct") == 0)

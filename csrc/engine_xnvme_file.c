@@ -32,7 +32,6 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <libxnvme.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +39,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "threadpool.h"
 
 /* Shared with engine_xnvme.c (see there). */
 typedef struct fr_xnvme_args {
@@ -60,7 +60,7 @@ int fr_xnvme_probe(const char *engine, char *why, size_t why_len);
 #define MAX_THREADS 16
 #define DEFAULT_QDEPTH 16
 
-enum phase { PHASE_OPEN, PHASE_READ, PHASE_EXIT };
+enum phase { PHASE_OPEN, PHASE_READ };
 
 struct xfile;
 
@@ -81,14 +81,7 @@ typedef struct xfile {
     struct xnvme_opts opts;
     int direct;
     unsigned qcap, inflight;
-    unsigned nthreads; /* extra threads; the caller is one more */
-    pthread_t *threads;
-
-    pthread_mutex_t lock;
-    pthread_cond_t work_cv, done_cv;
-    uint64_t job_id;
-    unsigned busy;
-    enum phase phase;
+    fr_threadpool *pool;
 
     const char *const *paths;
     fr_batch *batch;
@@ -318,8 +311,9 @@ static void read_phase(xfile *x)
     }
 }
 
-static void run_phase(xfile *x, enum phase ph)
+static void run_phase(void *arg, int ph)
 {
+    xfile *x = arg;
     if (ph == PHASE_READ) {
         read_phase(x);
         return;
@@ -329,44 +323,10 @@ static void run_phase(xfile *x, enum phase ph)
         open_one(x, k);
 }
 
-static void *worker(void *arg)
-{
-    xfile *x = arg;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&x->lock);
-    for (;;) {
-        while (x->job_id == seen)
-            pthread_cond_wait(&x->work_cv, &x->lock);
-        seen = x->job_id;
-        enum phase ph = x->phase;
-        if (ph == PHASE_EXIT)
-            break;
-        pthread_mutex_unlock(&x->lock);
-        run_phase(x, ph);
-        pthread_mutex_lock(&x->lock);
-        if (--x->busy == 0)
-            pthread_cond_signal(&x->done_cv);
-    }
-    pthread_mutex_unlock(&x->lock);
-    return NULL;
-}
-
 static void dispatch(xfile *x, enum phase ph)
 {
     atomic_store(&x->next, 0);
-    pthread_mutex_lock(&x->lock);
-    x->phase = ph;
-    x->busy = x->nthreads;
-    x->job_id++;
-    pthread_cond_broadcast(&x->work_cv);
-    pthread_mutex_unlock(&x->lock);
-
-    run_phase(x, ph);
-
-    pthread_mutex_lock(&x->lock);
-    while (x->busy > 0)
-        pthread_cond_wait(&x->done_cv, &x->lock);
-    pthread_mutex_unlock(&x->lock);
+    fr_threadpool_run(x->pool, ph);
 }
 
 static void xf_close(void *state)
@@ -374,19 +334,9 @@ static void xf_close(void *state)
     xfile *x = state;
     if (!x)
         return;
-    pthread_mutex_lock(&x->lock);
-    x->phase = PHASE_EXIT;
-    x->job_id++;
-    pthread_cond_broadcast(&x->work_cv);
-    pthread_mutex_unlock(&x->lock);
-    for (unsigned i = 0; i < x->nthreads; i++)
-        pthread_join(x->threads[i], NULL);
-    free(x->threads);
+    fr_threadpool_stop(x->pool);
     if (x->ranges)
         fr_engine_xnvme.close(x->ranges);
-    pthread_cond_destroy(&x->work_cv);
-    pthread_cond_destroy(&x->done_cv);
-    pthread_mutex_destroy(&x->lock);
     free(x);
 }
 
@@ -433,30 +383,10 @@ static int xf_open(const fr_config *cfg, void **state, char *err, size_t err_len
         x->inflight = (cfg->queue_depth + n - 1) / n;
     if (x->inflight < 1)
         x->inflight = 1;
-    unsigned extra = n - 1;
-    x->threads = calloc(extra ? extra : 1, sizeof(pthread_t));
-    if (!x->threads || pthread_mutex_init(&x->lock, NULL) != 0) {
-        free(x->threads);
+    rc = fr_threadpool_start(&x->pool, n - 1, run_phase, x, "xnvme-file", err, err_len);
+    if (rc) {
         free(x);
-        return -ENOMEM;
-    }
-    if (pthread_cond_init(&x->work_cv, NULL) != 0 || pthread_cond_init(&x->done_cv, NULL) != 0) {
-        fr_set_err(err, err_len, "xnvme-file: cannot create condition variables");
-        pthread_mutex_destroy(&x->lock);
-        free(x->threads);
-        free(x);
-        return -ENOMEM;
-    }
-    for (unsigned i = 0; i < extra; i++) {
-        rc = pthread_create(&x->threads[i], NULL, worker, x);
-        if (rc != 0) {
-            x->nthreads = i;
-            xf_close(x);
-            fr_set_err(err, err_len, "xnvme-file: cannot start worker thread %u: %s", i,
-                       strerror(rc));
-            return -rc;
-        }
-        x->nthreads = i + 1;
+        return rc;
     }
     *state = x;
     return 0;
@@ -529,7 +459,7 @@ static long xf_stat(const void *state, const char *key)
 {
     const xfile *x = state;
     if (strcmp(key, "threads") == 0)
-        return (long)x->nthreads + 1;
+        return (long)fr_threadpool_size(x->pool);
     if (strcmp(key, "o_direct") == 0)
         return x->direct;
     if (strcmp(key, "queue_depth") == 0)
