@@ -38,7 +38,7 @@ typedef struct fr_config {
     unsigned direct_alignment; /* O_DIRECT buffer/length alignment in bytes (power of two) */
     int register_buffers;      /* io_uring: register arenas as fixed buffers */
     int register_files;        /* io_uring: direct descriptors (linked open/read/close) */
-    int pin_memory;            /* page-lock arenas through the CUDA runtime, if loadable */
+    int pin_memory;            /* reserved for the pinned staging ring; no engine reads it yet */
     const char *engine_args;   /* engine-specific "key=value,key=value" (e.g. xNVMe's be=) */
 } fr_config;
 

@@ -14,7 +14,6 @@ _SETTINGS = {
     "direct_alignment": ("FASTREAD_DIRECT_ALIGNMENT", 4096, int),
     "register_buffers": ("FASTREAD_REGISTER_BUFFERS", True, bool),
     "register_files": ("FASTREAD_REGISTER_FILES", True, bool),
-    "pin_memory": ("FASTREAD_PIN_MEMORY", False, bool),
     "engine_args": ("FASTREAD_ENGINE_ARGS", "", str),
     "prefetch": ("FASTREAD_PREFETCH", 2, int),
     # Reader threads, each with its own engine context; 0: one per 4 CPUs.

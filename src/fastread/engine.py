@@ -46,7 +46,7 @@ XNVME_OPTIONS = {
 
 # Options every engine accepts; an engine ignores those it has no use for.
 OPTION_NAMES = ("queue_depth", "threads", "o_direct", "direct_alignment",
-                "register_buffers", "register_files", "pin_memory", "engine_args")
+                "register_buffers", "register_files", "engine_args")
 
 
 def engines():
@@ -150,7 +150,7 @@ def options(engine, **opts):
             raise ValueError(f"engine option {name} must be a non-negative integer, got {v!r}")
     if out["queue_depth"] < 1:
         raise ValueError(f"engine option queue_depth must be >= 1, got {out['queue_depth']}")
-    for name in ("o_direct", "register_buffers", "register_files", "pin_memory"):
+    for name in ("o_direct", "register_buffers", "register_files"):
         out[name] = bool(out[name])
     if not isinstance(out["engine_args"], str):
         raise ValueError(f"engine option engine_args must be a string, got {out['engine_args']!r}")
