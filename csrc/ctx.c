@@ -121,18 +121,23 @@ void fr_ctx_close(fr_ctx *ctx)
 
 const char *fr_ctx_engine(const fr_ctx *ctx) { return ctx->engine->name; }
 
-int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
-                  fr_batch *batch)
+/* Readies batch for n samples: 1 if there is reading to do, else 0 or -errno. */
+static int begin_batch(fr_batch *batch, size_t n)
 {
     if (batch->samples_cap < n)
         return -EINVAL;
     batch->count = n;
     batch->status = 0;
-    if (n == 0)
-        return 0;
-    int rc = ctx->engine->read_files(ctx->state, paths, size_hints, n, batch);
-    batch->status = rc;
-    return rc;
+    return n > 0;
+}
+
+int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
+                  fr_batch *batch)
+{
+    int rc = begin_batch(batch, n);
+    if (rc <= 0)
+        return rc;
+    return batch->status = ctx->engine->read_files(ctx->state, paths, size_hints, n, batch);
 }
 
 int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t n,
@@ -140,15 +145,10 @@ int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t
 {
     if (!ctx->engine->read_ranges)
         return -ENOTSUP;
-    if (batch->samples_cap < n)
-        return -EINVAL;
-    batch->count = n;
-    batch->status = 0;
-    if (n == 0)
-        return 0;
-    int rc = ctx->engine->read_ranges(ctx->state, path, ranges, n, batch);
-    batch->status = rc;
-    return rc;
+    int rc = begin_batch(batch, n);
+    if (rc <= 0)
+        return rc;
+    return batch->status = ctx->engine->read_ranges(ctx->state, path, ranges, n, batch);
 }
 
 long fr_ctx_stat(const fr_ctx *ctx, const char *key)

@@ -257,6 +257,17 @@ cdef class Context:
                 fr_ctx_close(self.ctx)
                 self.ctx = NULL
 
+    cdef fr_batch *_take_batch(self, size_t n) except NULL:
+        """A batch from the pool, ready for n samples (its status holds a
+        preparation error). Call with the lock held."""
+        if self.ctx == NULL:
+            raise ValueError("context is closed")
+        cdef fr_batch *b = fr_pool_get(self.owner.pool)
+        if b == NULL:
+            raise MemoryError()
+        b.status = fr_batch_prepare(b, n)
+        return b
+
     def stat(self, str key):
         if self.ctx == NULL:
             raise ValueError("context is closed")
@@ -287,12 +298,8 @@ cdef class Context:
             for i in range(n):
                 cpaths[i] = PyBytes_AS_STRING(encoded[i])
             with self.lock:
-                if self.ctx == NULL:
-                    raise ValueError("context is closed")
-                b = fr_pool_get(self.owner.pool)
-                if b == NULL:
-                    raise MemoryError()
-                rc = fr_batch_prepare(b, n)
+                b = self._take_batch(n)
+                rc = b.status
                 if rc == 0:
                     with nogil:
                         rc = fr_read_files(self.ctx, cpaths, hint_ptr, n, b)
@@ -316,12 +323,8 @@ cdef class Context:
         cdef int rc
         try:
             with self.lock:
-                if self.ctx == NULL:
-                    raise ValueError("context is closed")
-                b = fr_pool_get(self.owner.pool)
-                if b == NULL:
-                    raise MemoryError()
-                rc = fr_batch_prepare(b, n)
+                b = self._take_batch(n)
+                rc = b.status
                 if rc == 0:
                     with nogil:
                         rc = fr_read_ranges(self.ctx, cpath, ranges, n, b)

@@ -253,14 +253,14 @@ def build(mode, cfg):
             opts["xnvme_async"] = mode.name[len(prefix):]
         return ReaderRunner(cfg, mode.engine, **opts)
     if mode.kind == "xnvme-ctypes":
-        return XnvmeCtypesRunner(cfg)
+        return LoopRunner(cfg, "xnvme_ctypes_loop")
     if mode.kind == "xnvme-gds":
         if cfg.mem == "gpu":
             raise ValueError(GDS_GPU_MISSING)
         from fastread.cli import image_modes
         return image_modes.ImageReaderRunner(cfg, mode.engine)
     if mode.kind == "python-loop":
-        return PythonLoopRunner(cfg)
+        return LoopRunner(cfg, "python_loop")
     raise ValueError(f"mode {mode.name}: unknown kind {mode.kind!r}")
 
 
@@ -362,27 +362,16 @@ class ReaderRunner(_EpochRunner):
         self.reader.close()
 
 
-class PythonLoopRunner(_EpochRunner):
-    """The seed's np.fromfile loop without DALI, epoch after epoch."""
+class LoopRunner(_EpochRunner):
+    """A baseline loop from fastread.cli.baselines (the seed's np.fromfile
+    loop, or its per-file xNVMe ctypes loop), epoch after epoch."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, loop_name):
+        from fastread.cli import baselines
+
         self.cfg = cfg
+        self.loop = getattr(baselines, loop_name)
         super().__init__()
 
     def new_epoch(self):
-        from fastread.cli.baselines import python_loop
-
-        return python_loop(self.cfg.paths, self.cfg.labels, self.cfg.batch_size)
-
-
-class XnvmeCtypesRunner(_EpochRunner):
-    """The seed's per-file xNVMe loop (ctypes bindings), epoch after epoch."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-        super().__init__()
-
-    def new_epoch(self):
-        from fastread.cli.baselines import xnvme_ctypes_loop
-
-        return xnvme_ctypes_loop(self.cfg.paths, self.cfg.labels, self.cfg.batch_size)
+        return self.loop(self.cfg.paths, self.cfg.labels, self.cfg.batch_size)

@@ -6,7 +6,8 @@ Sharding, shuffling, epochs and the last batch behave exactly as in
 same :class:`fastread.Reader` does the work). CPU output only for now.
 """
 from fastread import _defaults
-from fastread.dali.readers import _DALI_ONLY_ARGS, _BatchSource, _policy_name, _queue_depth
+from fastread.dali.readers import (_DALI_ONLY_ARGS, _attach, _BatchSource, _policy_name,
+                                   _queue_depth)
 from fastread.reader import Reader
 
 
@@ -20,7 +21,6 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
     ``index`` its index if not ``<image>.index``. Extra keyword arguments are
     engine options (``o_direct=True`` for O_DIRECT, ``queue_depth``, ...).
     """
-    from nvidia.dali import fn
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
@@ -44,13 +44,4 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
         stick_to_shard=stick_to_shard,
         prefetch=max(prefetch_queue_depth, _defaults.get("prefetch")),
         ring_depth=_queue_depth(pipe) + 2, engine=engine, **kwargs)
-    data, labels_node = fn.external_source(
-        source=_BatchSource(reader), num_outputs=2, batch=True, no_copy=bool(no_copy),
-        cycle=False)
-    reader.name = name
-    readers = getattr(pipe, "_fastread_readers", None)
-    if readers is None:
-        readers = []
-        pipe._fastread_readers = readers
-    readers.append(reader)
-    return data, labels_node
+    return _attach(pipe, reader, name, _BatchSource(reader), no_copy=no_copy)

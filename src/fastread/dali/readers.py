@@ -131,7 +131,6 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     copy is from pageable memory until pinned staging lands. The mixed
     image decoder wants ``device="cpu"``.
     """
-    from nvidia.dali import fn
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
@@ -166,17 +165,22 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
         # GPU output copies each batch out before DALI sees it.
         ring_depth=None if gpu else depth + 2, engine=engine, **kwargs)
     if gpu:
-        source = _GpuBatchSource(reader, device_id, depth + 2)
-        data, labels_node = fn.external_source(
-            source=source, num_outputs=2, batch=True, no_copy=True, cycle=False, device="gpu")
-    else:
-        source = _BatchSource(reader)
-        data, labels_node = fn.external_source(
-            source=source, num_outputs=2, batch=True, no_copy=bool(no_copy), cycle=False)
+        return _attach(pipe, reader, name, _GpuBatchSource(reader, device_id, depth + 2),
+                       no_copy=True, device="gpu")
+    return _attach(pipe, reader, name, _BatchSource(reader), no_copy=no_copy)
+
+
+def _attach(pipe, reader, name, source, no_copy, device="cpu"):
+    """The (data, labels) DataNodes of a batch external source pulling from
+    `source`; `reader` is kept on the pipeline so it lives as long as it."""
+    from nvidia.dali import fn
+
+    data, labels_node = fn.external_source(
+        source=source, num_outputs=2, batch=True, no_copy=bool(no_copy), cycle=False,
+        device=device)
     # DALI refuses a name on a multi-output external source; the name stays
     # on the reader (for epoch_size and messages).
     reader.name = name
-    # Kept on the pipeline so the reader lives exactly as long as it does.
     readers = getattr(pipe, "_fastread_readers", None)
     if readers is None:
         readers = []
