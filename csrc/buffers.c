@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include "fastread.h"
+#include "gpu.h"
 
 /* Arenas grow in 2 MiB steps so transparent huge pages can back them. */
 #define ARENA_GRANULE ((size_t)2 << 20)
@@ -41,8 +42,22 @@ int fr_arena_reserve(fr_arena *arena, size_t bytes)
         return -ENOMEM;
     }
     (void)madvise(p, want, MADV_HUGEPAGE); /* a hint; failure is harmless */
+    if (arena->pin) {
+        /* Pinned once per region, never per batch: registering is slow (it
+         * faults in and locks every page), reusing a pinned arena is free. */
+        int rc = fr_gpu_host_register(arena->pin, p, want);
+        if (rc) {
+            munmap(p, want);
+            free(old);
+            return rc;
+        }
+    }
     if (old) {
         memcpy(p, arena->base, arena->used);
+        /* Unlocked first: the kernel cannot release pages the GPU driver
+         * still holds. */
+        if (arena->pin)
+            fr_gpu_host_unregister(arena->pin, arena->base);
         (void)madvise(arena->base, arena->capacity, MADV_DONTNEED);
         old->base = arena->base;
         old->size = arena->capacity;
@@ -57,8 +72,11 @@ int fr_arena_reserve(fr_arena *arena, size_t bytes)
 
 void fr_arena_free(fr_arena *arena)
 {
-    if (arena->base)
+    if (arena->base) {
+        if (arena->pin)
+            fr_gpu_host_unregister(arena->pin, arena->base);
         munmap(arena->base, arena->capacity);
+    }
     retired_region *r = arena->retired;
     while (r) {
         retired_region *next = r->next;
@@ -94,11 +112,14 @@ int fr_batch_prepare(fr_batch *batch, size_t count)
     batch->count = count;
     batch->status = 0;
     batch->arena.used = 0;
+    batch->where = FR_ON_HOST;
     return 0;
 }
 
 static void batch_destroy(fr_batch *batch)
 {
+    if (batch->device.ptr)
+        fr_gpu_device_free(batch->device.owner, &batch->device);
     fr_arena_free(&batch->arena);
     free(batch->samples);
     free(batch->indices);
@@ -110,6 +131,8 @@ struct fr_pool {
     fr_batch *free_list;
     size_t refs;     /* the owner's reference plus one per batch handed out */
     size_t batches;  /* allocated, free or not */
+    fr_gpu *gpu;     /* arenas are page-locked through it when pin is set */
+    int pin;
 };
 
 fr_pool *fr_pool_new(void)
@@ -133,6 +156,7 @@ static void pool_destroy(fr_pool *pool)
         batch_destroy(b);
         b = next;
     }
+    fr_gpu_close(pool->gpu);
     pthread_mutex_destroy(&pool->lock);
     free(pool);
 }
@@ -147,6 +171,7 @@ fr_batch *fr_pool_get(fr_pool *pool)
         b = calloc(1, sizeof(*b));
         if (b) {
             b->pool = pool;
+            b->arena.pin = pool->pin ? pool->gpu : NULL;
             pool->batches++;
         }
     }
@@ -196,6 +221,27 @@ size_t fr_pool_bytes(fr_pool *pool)
     pthread_mutex_lock(&pool->lock);
     for (fr_batch *b = pool->free_list; b; b = b->next)
         bytes += b->arena.capacity;
+    pthread_mutex_unlock(&pool->lock);
+    return bytes;
+}
+
+void fr_pool_set_gpu(fr_pool *pool, fr_gpu *gpu, int pin)
+{
+    fr_gpu_retain(gpu);
+    pthread_mutex_lock(&pool->lock);
+    fr_gpu *old = pool->gpu;
+    pool->gpu = gpu;
+    pool->pin = pin;
+    pthread_mutex_unlock(&pool->lock);
+    fr_gpu_close(old);
+}
+
+size_t fr_pool_device_bytes(fr_pool *pool)
+{
+    size_t bytes = 0;
+    pthread_mutex_lock(&pool->lock);
+    for (fr_batch *b = pool->free_list; b; b = b->next)
+        bytes += b->device.capacity;
     pthread_mutex_unlock(&pool->lock);
     return bytes;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "gpu.h"
 
 static const fr_engine *const engines[] = {
 #ifdef FASTREAD_HAVE_URING
@@ -14,6 +15,7 @@ static const fr_engine *const engines[] = {
     &fr_engine_xnvme_file,
     &fr_engine_xnvme,
 #endif
+    &fr_engine_cufile,
     NULL,
 };
 
@@ -26,12 +28,16 @@ static const char *const engine_names[] = {
     "xnvme-file",
     "xnvme",
 #endif
+    "cufile",
     NULL,
 };
 
 struct fr_ctx {
     const fr_engine *engine;
     void *state;
+    fr_gpu *gpu;        /* NULL for host-only contexts */
+    fr_CUstream stream; /* this context's copies to and from the GPU */
+    int device_output;
 };
 
 void fr_config_init(fr_config *cfg)
@@ -44,8 +50,11 @@ void fr_config_init(fr_config *cfg)
     cfg->direct_alignment = 4096;
     cfg->register_buffers = 1;
     cfg->register_files = 1;
-    cfg->pin_memory = 0;
     cfg->engine_args = "";
+    cfg->device_id = -1;
+    cfg->pin_memory = 0;
+    cfg->device_output = 0;
+    cfg->gpu = NULL;
 }
 
 const char *const *fr_engine_names(void) { return engine_names; }
@@ -84,6 +93,16 @@ static int check_config(const fr_config *cfg, char *err, size_t err_len)
         fr_set_err(err, err_len, "threads must be in 0..1024, got %u", cfg->threads);
         return -EINVAL;
     }
+    if (cfg->device_id < 0 && (cfg->device_output || cfg->pin_memory)) {
+        fr_set_err(err, err_len, "%s needs a device_id (a CUDA device number)",
+                   cfg->device_output ? "device output" : "pin_memory");
+        return -EINVAL;
+    }
+    if (cfg->gpu && fr_gpu_device_id(cfg->gpu) != cfg->device_id) {
+        fr_set_err(err, err_len, "the gpu handed in is device %d, not device_id %d",
+                   fr_gpu_device_id(cfg->gpu), cfg->device_id);
+        return -EINVAL;
+    }
     return 0;
 }
 
@@ -102,8 +121,30 @@ int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
     if (!ctx)
         return -ENOMEM;
     ctx->engine = e;
-    rc = e->open(cfg, &ctx->state, err, err_len);
+    ctx->device_output = cfg->device_output;
+    fr_config local = *cfg;
+    /* CUDA is loaded only for a context that has GPU work to do. */
+    if (cfg->device_id >= 0 &&
+        (cfg->device_output || cfg->pin_memory || e == &fr_engine_cufile)) {
+        if (cfg->gpu) {
+            fr_gpu_retain(cfg->gpu);
+            ctx->gpu = cfg->gpu;
+        } else if ((rc = fr_gpu_open(cfg->device_id, &ctx->gpu, err, err_len))) {
+            free(ctx);
+            return rc;
+        }
+        if ((rc = fr_gpu_stream_create(ctx->gpu, &ctx->stream))) {
+            fr_gpu_last_error(ctx->gpu, err, err_len);
+            fr_gpu_close(ctx->gpu);
+            free(ctx);
+            return rc;
+        }
+        local.gpu = ctx->gpu;
+    }
+    rc = e->open(&local, &ctx->state, err, err_len);
     if (rc) {
+        fr_gpu_stream_destroy(ctx->gpu, ctx->stream);
+        fr_gpu_close(ctx->gpu);
         free(ctx);
         return rc;
     }
@@ -116,8 +157,14 @@ void fr_ctx_close(fr_ctx *ctx)
     if (!ctx)
         return;
     ctx->engine->close(ctx->state);
+    if (ctx->gpu) {
+        fr_gpu_stream_destroy(ctx->gpu, ctx->stream);
+        fr_gpu_close(ctx->gpu);
+    }
     free(ctx);
 }
+
+fr_gpu *fr_ctx_gpu(const fr_ctx *ctx) { return ctx->gpu; }
 
 const char *fr_ctx_engine(const fr_ctx *ctx) { return ctx->engine->name; }
 
@@ -128,7 +175,27 @@ static int begin_batch(fr_batch *batch, size_t n)
         return -EINVAL;
     batch->count = n;
     batch->status = 0;
+    batch->where = FR_ON_HOST;
     return n > 0;
+}
+
+/* Moves a read batch to where the caller wants it: to the GPU for device
+ * output, back to the host when an engine read into the GPU for a host
+ * caller. One copy of the arena's used region either way. */
+static int end_batch(fr_ctx *ctx, fr_batch *batch, int rc)
+{
+    if (rc == 0 && ctx->gpu) {
+        if (ctx->device_output && !(batch->where & FR_ON_DEVICE)) {
+            rc = fr_gpu_upload(ctx->gpu, ctx->stream, batch);
+            if (rc == 0)
+                batch->where |= FR_ON_DEVICE;
+        } else if (!ctx->device_output && !(batch->where & FR_ON_HOST)) {
+            rc = fr_gpu_download(ctx->gpu, ctx->stream, batch);
+            if (rc == 0)
+                batch->where |= FR_ON_HOST;
+        }
+    }
+    return batch->status = rc;
 }
 
 int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
@@ -137,7 +204,8 @@ int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hin
     int rc = begin_batch(batch, n);
     if (rc <= 0)
         return rc;
-    return batch->status = ctx->engine->read_files(ctx->state, paths, size_hints, n, batch);
+    return end_batch(ctx, batch,
+                     ctx->engine->read_files(ctx->state, paths, size_hints, n, batch));
 }
 
 int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t n,
@@ -148,7 +216,7 @@ int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t
     int rc = begin_batch(batch, n);
     if (rc <= 0)
         return rc;
-    return batch->status = ctx->engine->read_ranges(ctx->state, path, ranges, n, batch);
+    return end_batch(ctx, batch, ctx->engine->read_ranges(ctx->state, path, ranges, n, batch));
 }
 
 long fr_ctx_stat(const fr_ctx *ctx, const char *key)

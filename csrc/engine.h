@@ -32,6 +32,7 @@ typedef struct fr_engine {
 } fr_engine;
 
 extern const fr_engine fr_engine_psync;
+extern const fr_engine fr_engine_cufile; /* loads CUDA and libcufile at run time */
 #ifdef FASTREAD_HAVE_URING
 extern const fr_engine fr_engine_uring;
 #endif

@@ -38,12 +38,22 @@ typedef struct fr_config {
     unsigned direct_alignment; /* O_DIRECT buffer/length alignment in bytes (power of two) */
     int register_buffers;      /* io_uring: register arenas as fixed buffers */
     int register_files;        /* io_uring: direct descriptors (linked open/read/close) */
-    int pin_memory;            /* reserved for the pinned staging ring; no engine reads it yet */
     const char *engine_args;   /* engine-specific "key=value,key=value" (e.g. xNVMe's be=) */
+    /* GPU delivery (see fr_gpu). device_id < 0: host only, CUDA is never
+     * loaded. pin_memory page-locks the host arenas so host-to-device copies
+     * (ours or the caller's) run at full speed. device_output delivers every
+     * batch in device memory as well: one copy per batch of the arena's used
+     * region, finished before the batch is handed out. The cufile engine
+     * reads into device memory itself and needs device_id >= 0. */
+    int device_id;
+    int pin_memory;
+    int device_output;
+    struct fr_gpu *gpu;        /* optional, borrowed: an open fr_gpu for device_id */
 } fr_config;
 
 /* Fills in the defaults: io_uring, depth 64, 4 threads, buffered, 4096-byte
- * O_DIRECT alignment, registered buffers and files when the kernel has them. */
+ * O_DIRECT alignment, registered buffers and files when the kernel has them,
+ * host output (device_id -1). */
 void fr_config_init(fr_config *cfg);
 
 /* ------------------------------------------------------------------ arena */
@@ -57,9 +67,10 @@ typedef struct fr_arena {
     size_t used;
     uint64_t generation; /* bumped every time base or capacity changes */
     void *retired;       /* regions it grew out of, unmapped only when freed */
+    struct fr_gpu *pin;  /* set by the pool: regions are page-locked through it */
 } fr_arena;
 
-int fr_arena_reserve(fr_arena *arena, size_t bytes); /* 0 or -ENOMEM */
+int fr_arena_reserve(fr_arena *arena, size_t bytes); /* 0, -ENOMEM, or -EIO if pinning failed */
 void fr_arena_free(fr_arena *arena);
 
 /* One sample's outcome: its bytes are arena.base[offset, offset+length). */
@@ -68,9 +79,22 @@ typedef struct fr_sample {
     int64_t length; /* >= 0: bytes; < 0: -errno for this sample */
 } fr_sample;
 
+/* Device memory a batch is delivered in: the arena's layout, mirrored. */
+typedef struct fr_device_buffer {
+    uint64_t ptr; /* a CUdeviceptr; 0 when none */
+    size_t capacity;
+    struct fr_gpu *owner; /* retained while ptr is allocated */
+    int cufile_registered; /* cuFileBufRegister: 1 done, -1 refused, 0 not tried */
+} fr_device_buffer;
+
+/* Where a batch's bytes are: samples[i].offset is an offset into each. */
+enum { FR_ON_HOST = 1, FR_ON_DEVICE = 2 };
+
 /* A batch: an arena and one fr_sample per requested file. */
 typedef struct fr_batch {
     fr_arena arena;
+    fr_device_buffer device;
+    unsigned where;  /* FR_ON_HOST | FR_ON_DEVICE */
     fr_sample *samples;
     size_t count;
     size_t samples_cap;
@@ -98,6 +122,31 @@ void fr_pool_retain(fr_pool *pool);           /* one more owner reference */
 void fr_pool_close(fr_pool *pool);            /* drop an owner reference */
 size_t fr_pool_bytes(fr_pool *pool);          /* arena bytes of the idle batches */
 size_t fr_pool_batches(fr_pool *pool);        /* batches allocated */
+/* Page-locks the arenas of the pool's batches through `gpu` (retained until
+ * the pool dies). Call before the first fr_pool_get. */
+void fr_pool_set_gpu(fr_pool *pool, struct fr_gpu *gpu, int pin);
+size_t fr_pool_device_bytes(fr_pool *pool);   /* device bytes of the idle batches */
+
+/* -------------------------------------------------------------------- gpu */
+
+/* One CUDA device, reached through the driver API (libcuda.so.1) and, for the
+ * cufile engine, libcufile, both loaded at run time: the build needs no CUDA
+ * and CUDA-less machines never load it. Work runs in the device's primary
+ * context (the one the CUDA runtime, CuPy, PyTorch and DALI use). Reference
+ * counted; every call is thread-safe. */
+typedef struct fr_gpu fr_gpu;
+
+/* 0 when the driver loads and device `device` exists; else -errno and why. */
+int fr_gpu_probe(int device, char *why, size_t why_len);
+int fr_gpu_open(int device, fr_gpu **out, char *err, size_t err_len);
+void fr_gpu_retain(fr_gpu *gpu);
+void fr_gpu_close(fr_gpu *gpu);
+/* The most recent CUDA or cuFile error seen through this gpu, "" if none. */
+void fr_gpu_last_error(fr_gpu *gpu, char *out, size_t len);
+/* Loads libcufile and opens its driver (once per fr_gpu). 0, or -errno and
+ * why. On success `mode` says "gds" (nvidia-fs is loaded) or "compat" (cuFile
+ * reads through host bounce buffers). */
+int fr_gpu_cufile(fr_gpu *gpu, const char **mode, char *why, size_t why_len);
 
 /* ---------------------------------------------------------------- context */
 
@@ -113,6 +162,9 @@ int fr_engine_probe(const char *engine, char *why, size_t why_len);
 int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len);
 void fr_ctx_close(fr_ctx *ctx);
 const char *fr_ctx_engine(const fr_ctx *ctx);
+/* The context's GPU (borrowed), or NULL when it does no GPU work. Whoever
+ * owns the batches' pool pins it through this gpu (fr_pool_set_gpu). */
+struct fr_gpu *fr_ctx_gpu(const fr_ctx *ctx);
 
 /* Reads every path into batch (after fr_batch_prepare-ing it for n). Each
  * sample gets its own result; the return value is 0, or a negative errno for

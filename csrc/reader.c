@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "gpu.h"
 #include "range_io.h"
 
 #define MAX_WORKERS 64
@@ -38,6 +39,7 @@ struct fr_reader {
     unsigned prefetch;
     unsigned nworkers;
     fr_pool *pool;
+    fr_gpu *gpu; /* shared by the workers' contexts and the pool's pinning */
 
     pthread_t threads[MAX_WORKERS];
     unsigned nthreads;
@@ -224,6 +226,7 @@ static void *worker_main(void *arg)
 static void reader_free(fr_reader *rd)
 {
     fr_pool_close(rd->pool);
+    fr_gpu_close(rd->gpu);
     free(rd->blob);
     free(rd->paths);
     free(rd->sizes);
@@ -259,6 +262,21 @@ static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers,
         return -ENOMEM;
     }
     rd->cfg.engine_args = rd->engine_args;
+    if (cfg->device_id >= 0 && !cfg->gpu &&
+        (cfg->device_output || cfg->pin_memory || strcmp(rd->engine, "cufile") == 0)) {
+        /* One fr_gpu for every worker: one driver load, one cuFile driver. */
+        int rc = fr_gpu_open(cfg->device_id, &rd->gpu, err, err_len);
+        if (rc) {
+            reader_free(rd);
+            return rc;
+        }
+        rd->cfg.gpu = rd->gpu;
+    } else if (cfg->gpu) {
+        fr_gpu_retain(cfg->gpu);
+        rd->gpu = cfg->gpu;
+    }
+    if (rd->gpu && cfg->pin_memory)
+        fr_pool_set_gpu(rd->pool, rd->gpu, 1);
     rd->prefetch = prefetch;
     rd->nworkers = workers;
     *out = rd;

@@ -1,0 +1,638 @@
+/*
+ * cufile: GPUDirect Storage. Files (or ranges of a packed image) are read
+ * with cuFileRead straight into the batch's device buffer; the host arena
+ * only lends its layout (offsets), and its pages are never touched unless
+ * the caller wants host output (then ctx.c copies the batch down once).
+ *
+ * cuFile has no queue to keep full: many reads are in flight because a pool
+ * of native threads (cfg.threads) each issue cuFileRead, which is
+ * thread-safe. cuFile's batch API is not used: it needs nvidia-fs (no
+ * compatibility mode) and is not faster for whole small files.
+ *
+ * Registering a file with cuFile costs an open, a registration and, at the
+ * end, a deregistration and a close, so handles are cached across batches
+ * and epochs: a bounded LRU keyed by path. Each use re-checks the path with
+ * stat(), so a file replaced under the same name (new inode) is reopened,
+ * never read stale; stat also gives the size to read. Entries used by the
+ * batch being read are never evicted; when the cache is full of them, the
+ * extra handles live for one batch only.
+ *
+ * Device buffers are registered once per allocation (cuFileBufRegister);
+ * in compatibility mode (no nvidia-fs: cuFile reads through its own pinned
+ * host buffers) the registration may be refused and reads work unregistered.
+ *
+ * Like the other engines every read asks for one byte more than the size,
+ * so a file that changed is noticed. The rare sample whose read fails that
+ * check is settled on the host: the batch is copied down, the sample re-read
+ * with fr_read_whole, and the batch handed on as host data (ctx.c uploads it
+ * again for device output).
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "gpu.h"
+#include "range_io.h"
+#include "threadpool.h"
+
+#define MAX_THREADS 64
+#define DEFAULT_HANDLES 4096
+
+enum phase { PHASE_OPEN, PHASE_READ, PHASE_RANGES };
+
+typedef struct fh_entry {
+    char *path;
+    size_t hash;
+    int fd;
+    fr_CUfileHandle fh;
+    dev_t dev;
+    ino_t ino;
+    int direct;
+    uint64_t batch;              /* last batch that used it: not evictable then */
+    int transient;               /* not in the cache: closed after the batch */
+    struct fh_entry *hnext;      /* hash chain */
+    struct fh_entry *prev, *next; /* LRU list, most recent first */
+} fh_entry;
+
+typedef struct cufile {
+    fr_config cfg;
+    fr_gpu *gpu;
+    fr_threadpool *pool;
+
+    pthread_mutex_t lock; /* the handle cache */
+    fh_entry **buckets;
+    size_t nbuckets, count, capacity;
+    fh_entry *lru_head, *lru_tail;
+    fh_entry *transients;
+    uint64_t batch_no;
+
+    /* The phase being run. */
+    const char *const *paths;
+    fr_batch *batch;
+    size_t n;
+    atomic_size_t next;
+    fh_entry **entries;
+    int64_t *sizes;
+    unsigned char *repair;
+    size_t cap;
+
+    /* Range reads: one image, registered once. */
+    fr_image_cache image;
+    fr_CUfileHandle image_fh;
+    int image_registered;
+    const fr_range *ranges;
+} cufile;
+
+static int cufile_probe(char *why, size_t why_len)
+{
+    fr_gpu *gpu;
+    int rc = fr_gpu_open(0, &gpu, why, why_len);
+    if (rc)
+        return rc;
+    const char *mode = NULL;
+    rc = fr_gpu_cufile(gpu, &mode, why, why_len);
+    if (rc == 0)
+        fr_set_err(why, why_len, "%s",
+                   strcmp(mode, "gds") == 0
+                       ? "GPUDirect Storage (nvidia-fs loaded)"
+                       : "compatibility mode: nvidia-fs is not loaded, cuFile reads through "
+                         "host bounce buffers");
+    fr_gpu_close(gpu);
+    return rc;
+}
+
+static size_t hash_path(const char *s)
+{
+    size_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+static void lru_unlink(cufile *c, fh_entry *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        c->lru_head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        c->lru_tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void lru_push_front(cufile *c, fh_entry *e)
+{
+    e->prev = NULL;
+    e->next = c->lru_head;
+    if (c->lru_head)
+        c->lru_head->prev = e;
+    c->lru_head = e;
+    if (!c->lru_tail)
+        c->lru_tail = e;
+}
+
+static void hash_remove(cufile *c, fh_entry *e)
+{
+    fh_entry **at = &c->buckets[e->hash % c->nbuckets];
+    while (*at && *at != e)
+        at = &(*at)->hnext;
+    if (*at)
+        *at = e->hnext;
+    lru_unlink(c, e);
+    c->count--;
+}
+
+static void entry_close(cufile *c, fh_entry *e)
+{
+    fr_gpu_cufile_deregister(c->gpu, e->fh);
+    close(e->fd);
+    free(e->path);
+    free(e);
+}
+
+/* A cached handle for path if it still names the same file; with the lock. */
+static fh_entry *cache_find(cufile *c, const char *path, size_t h)
+{
+    for (fh_entry *e = c->buckets[h % c->nbuckets]; e; e = e->hnext)
+        if (e->hash == h && strcmp(e->path, path) == 0)
+            return e;
+    return NULL;
+}
+
+/* Opens and registers path; the entry is not in the cache yet. */
+static int entry_open(cufile *c, const char *path, size_t h, const struct stat *want,
+                      fh_entry **out)
+{
+    int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
+    int direct = c->cfg.o_direct;
+    int fd;
+    do {
+        fd = open(path, flags | (direct ? O_DIRECT : 0));
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0 && errno == EINVAL && direct) {
+        direct = 0; /* this file system refuses O_DIRECT */
+        do {
+            fd = open(path, flags);
+        } while (fd < 0 && errno == EINTR);
+    }
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (!S_ISREG(st.st_mode) || st.st_ino != want->st_ino || st.st_dev != want->st_dev) {
+        close(fd);
+        return S_ISDIR(st.st_mode) ? -EISDIR : !S_ISREG(st.st_mode) ? -EINVAL : -EAGAIN;
+    }
+    fh_entry *e = calloc(1, sizeof(*e));
+    char *copy = strdup(path);
+    if (!e || !copy) {
+        free(e);
+        free(copy);
+        close(fd);
+        return -ENOMEM;
+    }
+    int rc = fr_gpu_cufile_register(c->gpu, fd, &e->fh);
+    if (rc) {
+        free(e);
+        free(copy);
+        close(fd);
+        return rc;
+    }
+    e->path = copy;
+    e->hash = h;
+    e->fd = fd;
+    e->dev = st.st_dev;
+    e->ino = st.st_ino;
+    e->direct = direct;
+    *out = e;
+    return 0;
+}
+
+/* Phase 1 for sample k: its size and a registered handle. */
+static void open_one(cufile *c, size_t k)
+{
+    const char *path = c->paths[k];
+    c->entries[k] = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        c->sizes[k] = -errno;
+        return;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        c->sizes[k] = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+        return;
+    }
+    size_t h = hash_path(path);
+    fh_entry *stale = NULL;
+    pthread_mutex_lock(&c->lock);
+    fh_entry *e = cache_find(c, path, h);
+    if (e && (e->ino != st.st_ino || e->dev != st.st_dev)) {
+        if (e->batch == c->batch_no) {
+            e = NULL; /* replaced mid-batch and still in use: a one-batch handle */
+        } else {
+            hash_remove(c, e);
+            stale = e;
+            e = NULL;
+        }
+    }
+    if (e) {
+        e->batch = c->batch_no;
+        lru_unlink(c, e);
+        lru_push_front(c, e);
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (stale)
+        entry_close(c, stale);
+    if (!e) {
+        int rc = entry_open(c, path, h, &st, &e);
+        if (rc == -EAGAIN) /* replaced between stat and open: size it again */
+            rc = stat(path, &st) == 0 ? entry_open(c, path, h, &st, &e) : -errno;
+        if (rc) {
+            c->sizes[k] = rc == -EAGAIN ? -ESTALE : rc;
+            return;
+        }
+        fh_entry *victim = NULL;
+        pthread_mutex_lock(&c->lock);
+        fh_entry *dup = cache_find(c, path, h);
+        if (dup && dup->ino == e->ino && dup->dev == e->dev) {
+            /* Another thread cached it meanwhile (the path is in the batch
+             * twice): use theirs. */
+            victim = e;
+            e = dup;
+            e->batch = c->batch_no;
+        } else {
+            if (!dup && c->count >= c->capacity) {
+                fh_entry *t = c->lru_tail;
+                while (t && t->batch == c->batch_no)
+                    t = t->prev;
+                if (t) {
+                    hash_remove(c, t);
+                    victim = t;
+                }
+            }
+            e->batch = c->batch_no;
+            if (!dup && c->count < c->capacity) {
+                fh_entry **b = &c->buckets[h % c->nbuckets];
+                e->hnext = *b;
+                *b = e;
+                lru_push_front(c, e);
+                c->count++;
+            } else {
+                e->transient = 1;
+                e->hnext = c->transients;
+                c->transients = e;
+            }
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (victim)
+            entry_close(c, victim);
+    }
+    c->entries[k] = e;
+    c->sizes[k] = st.st_size;
+}
+
+/* cuFileRead until `want` bytes or end of file; bytes read or -errno. */
+static ssize_t read_full(cufile *c, fr_CUfileHandle fh, const fr_device_buffer *buf,
+                         size_t dev_off, size_t want, off_t file_off)
+{
+    size_t done = 0;
+    while (done < want) {
+        size_t chunk = want - done < FR_MAX_REQUEST ? want - done : FR_MAX_REQUEST;
+        ssize_t r = fr_gpu_cufile_read(c->gpu, fh, buf, dev_off + done, chunk,
+                                       file_off + (off_t)done);
+        if (r < 0)
+            return r;
+        if (r == 0)
+            break;
+        done += (size_t)r;
+    }
+    return (ssize_t)done;
+}
+
+static void read_one(cufile *c, size_t k)
+{
+    fh_entry *e = c->entries[k];
+    if (!e)
+        return;
+    fr_sample *s = &c->batch->samples[k];
+    size_t size = (size_t)c->sizes[k];
+    size_t want = fr_request_len(size, e->direct, c->cfg.direct_alignment);
+    ssize_t got = read_full(c, e->fh, &c->batch->device, s->offset, want, 0);
+    if (got >= 0 && (size_t)got == size)
+        s->length = got;
+    else if (got >= 0 || got == -EINVAL)
+        c->repair[k] = 1; /* changed size, or an O_DIRECT tail refused */
+    else
+        s->length = got;
+}
+
+static void range_one(cufile *c, size_t k)
+{
+    fr_sample *s = &c->batch->samples[k];
+    const fr_range *r = &c->ranges[k];
+    if (s->length < 0 || r->length == 0)
+        return;
+    size_t want = fr_range_request_len(r->length, c->image.direct, c->cfg.direct_alignment);
+    ssize_t got = read_full(c, c->image_fh, &c->batch->device, s->offset, want,
+                            (off_t)r->offset);
+    if (got >= 0 && (uint64_t)got >= r->length)
+        s->length = (int64_t)r->length;
+    else if (got >= 0 || got == -EINVAL)
+        c->repair[k] = 1;
+    else
+        s->length = got;
+}
+
+static void run_phase(void *arg, int ph)
+{
+    cufile *c = arg;
+    size_t k;
+    while ((k = atomic_fetch_add(&c->next, 1)) < c->n) {
+        if (ph == PHASE_OPEN)
+            open_one(c, k);
+        else if (ph == PHASE_READ)
+            read_one(c, k);
+        else
+            range_one(c, k);
+    }
+}
+
+static void dispatch(cufile *c, enum phase ph)
+{
+    atomic_store(&c->next, 0);
+    fr_threadpool_run(c->pool, ph);
+}
+
+static int grow_scratch(cufile *c, size_t n)
+{
+    if (n <= c->cap)
+        return 0;
+    fh_entry **e = realloc(c->entries, n * sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    c->entries = e;
+    int64_t *s = realloc(c->sizes, n * sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    c->sizes = s;
+    unsigned char *r = realloc(c->repair, n);
+    if (!r)
+        return -ENOMEM;
+    c->repair = r;
+    c->cap = n;
+    return 0;
+}
+
+static void close_transients(cufile *c)
+{
+    fh_entry *e = c->transients;
+    c->transients = NULL;
+    while (e) {
+        fh_entry *next = e->hnext;
+        entry_close(c, e);
+        e = next;
+    }
+}
+
+/* The device buffer for the laid-out batch, registered with cuFile. */
+static int reserve_device(cufile *c, fr_batch *batch)
+{
+    int rc = fr_gpu_device_reserve(c->gpu, &batch->device, batch->arena.used, 1);
+    if (rc == 0)
+        batch->where = FR_ON_DEVICE;
+    return rc;
+}
+
+/* Settles the samples marked for repair on the host: the batch comes down
+ * once, then each is read plainly into the arena. */
+static int repair_on_host(cufile *c, fr_batch *batch, int ranges)
+{
+    size_t i;
+    for (i = 0; i < batch->count && !c->repair[i]; i++)
+        ;
+    if (i == batch->count)
+        return 0;
+    fr_CUstream stream;
+    int rc = fr_gpu_stream_create(c->gpu, &stream);
+    if (rc == 0) {
+        rc = fr_gpu_download(c->gpu, stream, batch);
+        fr_gpu_stream_destroy(c->gpu, stream);
+    }
+    if (rc)
+        return rc;
+    batch->where = FR_ON_HOST;
+    for (; i < batch->count; i++) {
+        if (!c->repair[i])
+            continue;
+        if (ranges) {
+            fr_read_range_plain(batch, i, c->image.path, &c->ranges[i]);
+        } else {
+            size_t slot = fr_request_len((size_t)c->sizes[i], c->entries[i]->direct,
+                                         c->cfg.direct_alignment);
+            fr_read_whole(batch, i, c->paths[i], slot);
+        }
+    }
+    return 0;
+}
+
+static int cufile_read_files(void *state, const char *const *paths, const int64_t *size_hints,
+                             size_t n, fr_batch *batch)
+{
+    (void)size_hints; /* stat() both sizes the file and checks the cached handle */
+    cufile *c = state;
+    int rc = grow_scratch(c, n);
+    if (rc)
+        return rc;
+    c->batch_no++;
+    c->paths = paths;
+    c->batch = batch;
+    c->n = n;
+    dispatch(c, PHASE_OPEN);
+    rc = fr_layout(batch, c->sizes, n, c->cfg.o_direct, c->cfg.direct_alignment);
+    if (rc == 0)
+        rc = reserve_device(c, batch);
+    if (rc == 0) {
+        memset(c->repair, 0, n);
+        dispatch(c, PHASE_READ);
+        rc = repair_on_host(c, batch, 0);
+    }
+    close_transients(c);
+    return rc;
+}
+
+static int cufile_read_ranges(void *state, const char *path, const fr_range *ranges, size_t n,
+                              fr_batch *batch)
+{
+    cufile *c = state;
+    int rc = grow_scratch(c, n);
+    if (rc)
+        return rc;
+    int changed = fr_image_cache_get(&c->image, path, c->cfg.o_direct);
+    if (changed < 0)
+        return changed;
+    if (changed && c->image_registered) {
+        fr_gpu_cufile_deregister(c->gpu, c->image_fh);
+        c->image_registered = 0;
+    }
+    if (c->image.fd >= 0 && !c->image_registered) {
+        if ((rc = fr_gpu_cufile_register(c->gpu, c->image.fd, &c->image_fh)))
+            return rc;
+        c->image_registered = 1;
+    }
+    int fd = c->image.fd;
+    rc = fr_layout_ranges(batch, ranges, n, fd >= 0 && c->image.direct, c->cfg.direct_alignment);
+    if (rc)
+        return rc;
+    if (fd < 0) {
+        for (size_t i = 0; i < n; i++)
+            batch->samples[i].length = c->image.err;
+        return 0;
+    }
+    if ((rc = reserve_device(c, batch)))
+        return rc;
+    c->ranges = ranges;
+    c->batch = batch;
+    c->n = n;
+    memset(c->repair, 0, n);
+    dispatch(c, PHASE_RANGES);
+    return repair_on_host(c, batch, 1);
+}
+
+static void cufile_close(void *state)
+{
+    cufile *c = state;
+    if (!c)
+        return;
+    fr_threadpool_stop(c->pool);
+    close_transients(c);
+    fh_entry *e = c->lru_head;
+    while (e) {
+        fh_entry *next = e->next;
+        entry_close(c, e);
+        e = next;
+    }
+    if (c->image_registered)
+        fr_gpu_cufile_deregister(c->gpu, c->image_fh);
+    fr_image_cache_close(&c->image);
+    fr_gpu_close(c->gpu);
+    pthread_mutex_destroy(&c->lock);
+    free(c->buckets);
+    free(c->entries);
+    free(c->sizes);
+    free(c->repair);
+    free(c);
+}
+
+/* engine_args: handles=N, the most cached file handles. */
+static int parse_args(const char *s, size_t *handles, char *err, size_t err_len)
+{
+    while (s && *s) {
+        const char *end = strchr(s, ',');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        if (len > 8 && strncmp(s, "handles=", 8) == 0) {
+            char buf[32];
+            size_t vlen = len - 8 < sizeof(buf) - 1 ? len - 8 : sizeof(buf) - 1;
+            memcpy(buf, s + 8, vlen);
+            buf[vlen] = 0;
+            char *stop;
+            unsigned long long v = strtoull(buf, &stop, 10);
+            if (*stop || v == 0 || v > (1u << 24)) {
+                fr_set_err(err, err_len, "cufile: handles must be in 1..16777216, got '%s'", buf);
+                return -EINVAL;
+            }
+            *handles = (size_t)v;
+        } else if (len) {
+            fr_set_err(err, err_len, "cufile: unknown engine option '%.*s' (known: handles=N)",
+                       (int)len, s);
+            return -EINVAL;
+        }
+        s = end ? end + 1 : NULL;
+    }
+    return 0;
+}
+
+static int cufile_open(const fr_config *cfg, void **state, char *err, size_t err_len)
+{
+    if (cfg->device_id < 0 || !cfg->gpu) {
+        fr_set_err(err, err_len, "the cufile engine reads into GPU memory: it needs a device_id");
+        return -EINVAL;
+    }
+    /* By default a share of the descriptor limit: every worker of a reader
+     * holds its own cache. */
+    size_t handles = DEFAULT_HANDLES;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur / 8 < handles)
+        handles = rl.rlim_cur / 8 ? rl.rlim_cur / 8 : 1;
+    int rc = parse_args(cfg->engine_args, &handles, err, err_len);
+    if (rc)
+        return rc;
+    const char *mode;
+    if ((rc = fr_gpu_cufile(cfg->gpu, &mode, err, err_len)))
+        return rc;
+    cufile *c = calloc(1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->cfg = *cfg;
+    c->capacity = handles;
+    c->nbuckets = handles < 64 ? 64 : handles;
+    c->buckets = calloc(c->nbuckets, sizeof(*c->buckets));
+    if (!c->buckets || pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c->buckets);
+        free(c);
+        return -ENOMEM;
+    }
+    fr_image_cache_init(&c->image);
+    fr_gpu_retain(cfg->gpu);
+    c->gpu = cfg->gpu;
+    unsigned n = cfg->threads ? cfg->threads : 8;
+    if (n > MAX_THREADS)
+        n = MAX_THREADS;
+    rc = fr_threadpool_start(&c->pool, n - 1, run_phase, c, "cufile", err, err_len);
+    if (rc) {
+        fr_gpu_close(c->gpu);
+        pthread_mutex_destroy(&c->lock);
+        free(c->buckets);
+        free(c);
+        return rc;
+    }
+    *state = c;
+    return 0;
+}
+
+static long cufile_stat(const void *state, const char *key)
+{
+    const cufile *c = state;
+    if (strcmp(key, "threads") == 0)
+        return (long)fr_threadpool_size(c->pool);
+    if (strcmp(key, "o_direct") == 0)
+        return c->cfg.o_direct;
+    if (strcmp(key, "cached_handles") == 0)
+        return (long)c->count;
+    if (strcmp(key, "handle_capacity") == 0)
+        return (long)c->capacity;
+    return -1;
+}
+
+const fr_engine fr_engine_cufile = {
+    .name = "cufile",
+    .probe = cufile_probe,
+    .open = cufile_open,
+    .close = cufile_close,
+    .read_files = cufile_read_files,
+    .stat = cufile_stat,
+    .read_ranges = cufile_read_ranges,
+};

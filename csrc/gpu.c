@@ -1,0 +1,539 @@
+/*
+ * fr_gpu: one CUDA device through the driver API, and cuFile, both loaded
+ * with dlopen when first asked for, so that the library builds and runs
+ * without CUDA. Each fr_gpu holds its own library handles and function
+ * pointers (dlopen reference-counts the libraries): no global state.
+ *
+ * The driver API rather than the runtime: libcuda.so.1 comes with every
+ * driver, whatever toolkit (if any) is installed, and its primary context is
+ * the one the runtime (CuPy, PyTorch, DALI) uses, so memory we allocate and
+ * pin is theirs to use too.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "gpu.h"
+
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef unsigned long long CUdeviceptr;
+
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define CU_STREAM_NON_BLOCKING 0x1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_DEVICE 101
+
+/* The driver entry points we use, by their exported (versioned) names. */
+typedef struct cuda_api {
+    fr_CUresult (*cuInit)(unsigned int);
+    fr_CUresult (*cuDriverGetVersion)(int *);
+    fr_CUresult (*cuDeviceGetCount)(int *);
+    fr_CUresult (*cuDeviceGet)(CUdevice *, int);
+    fr_CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    fr_CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice);
+    fr_CUresult (*cuCtxPushCurrent_v2)(CUcontext);
+    fr_CUresult (*cuCtxPopCurrent_v2)(CUcontext *);
+    fr_CUresult (*cuMemHostRegister_v2)(void *, size_t, unsigned int);
+    fr_CUresult (*cuMemHostUnregister)(void *);
+    fr_CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
+    fr_CUresult (*cuMemFree_v2)(CUdeviceptr);
+    fr_CUresult (*cuMemcpyHtoD_v2)(CUdeviceptr, const void *, size_t);
+    fr_CUresult (*cuMemcpyHtoDAsync_v2)(CUdeviceptr, const void *, size_t, fr_CUstream);
+    fr_CUresult (*cuMemcpyDtoHAsync_v2)(void *, CUdeviceptr, size_t, fr_CUstream);
+    fr_CUresult (*cuStreamCreate)(fr_CUstream *, unsigned int);
+    fr_CUresult (*cuStreamDestroy_v2)(fr_CUstream);
+    fr_CUresult (*cuStreamSynchronize)(fr_CUstream);
+    fr_CUresult (*cuGetErrorString)(fr_CUresult, const char **);
+} cuda_api;
+
+typedef struct cufile_api {
+    fr_CUfileError (*cuFileDriverOpen)(void);
+    fr_CUfileError (*cuFileHandleRegister)(fr_CUfileHandle *, fr_CUfileDescr *);
+    void (*cuFileHandleDeregister)(fr_CUfileHandle);
+    fr_CUfileError (*cuFileBufRegister)(const void *, size_t, int);
+    fr_CUfileError (*cuFileBufDeregister)(const void *);
+    ssize_t (*cuFileRead)(fr_CUfileHandle, void *, size_t, off_t, off_t);
+} cufile_api;
+
+#define SYM(api, name) {#name, (void **)&(api).name}
+typedef struct sym {
+    const char *name;
+    void **slot;
+} sym;
+
+struct fr_gpu {
+    pthread_mutex_t lock;
+    unsigned refs;
+    int device;
+    CUdevice dev;
+    CUcontext ctx;
+    void *libcuda;
+    cuda_api cu;
+    char last_error[FR_ERRLEN];
+
+    int cufile_rc; /* 1: not tried yet; 0: usable; < 0: -errno, why in cufile_why */
+    char cufile_why[FR_ERRLEN];
+    const char *cufile_mode;
+    void *libcufile;
+    cufile_api cf;
+};
+
+static int load_syms(void *lib, const sym *syms, size_t n, const char *libname, char *err,
+                     size_t err_len)
+{
+    for (size_t i = 0; i < n; i++) {
+        *syms[i].slot = dlsym(lib, syms[i].name);
+        if (!*syms[i].slot) {
+            fr_set_err(err, err_len, "%s has no %s (too old?)", libname, syms[i].name);
+            return -ENOSYS;
+        }
+    }
+    return 0;
+}
+
+static void *open_first(const char *const *names, char *tried, size_t tried_len)
+{
+    tried[0] = 0;
+    for (size_t i = 0; names[i]; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (h)
+            return h;
+        if (!tried[0])
+            snprintf(tried, tried_len, "%s", dlerror());
+    }
+    return NULL;
+}
+
+static const char *cu_errstr(const fr_gpu *g, fr_CUresult r)
+{
+    const char *s = NULL;
+    if (g->cu.cuGetErrorString && g->cu.cuGetErrorString(r, &s) == 0 && s)
+        return s;
+    return "unknown CUDA error";
+}
+
+/* Records a failed CUDA call; returns the errno it maps to. */
+static int cu_fail(fr_gpu *g, fr_CUresult r, const char *what)
+{
+    pthread_mutex_lock(&g->lock);
+    snprintf(g->last_error, sizeof(g->last_error), "%s on GPU %d: %s (CUDA error %d)", what,
+             g->device, cu_errstr(g, r), r);
+    pthread_mutex_unlock(&g->lock);
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
+}
+
+static void gpu_free(fr_gpu *g)
+{
+    if (g->ctx)
+        g->cu.cuDevicePrimaryCtxRelease_v2(g->dev);
+    /* libcufile stays loaded: its driver stays open for the process (another
+     * user, such as DALI's GDS reader, may share it), and unloading it under
+     * its own threads is not safe. */
+    if (g->libcuda)
+        dlclose(g->libcuda);
+    pthread_mutex_destroy(&g->lock);
+    free(g);
+}
+
+static int gpu_load(int device, fr_gpu **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    if (device < 0) {
+        fr_set_err(err, err_len, "device_id must be >= 0, got %d", device);
+        return -EINVAL;
+    }
+    fr_gpu *g = calloc(1, sizeof(*g));
+    if (!g)
+        return -ENOMEM;
+    if (pthread_mutex_init(&g->lock, NULL) != 0) {
+        free(g);
+        return -ENOMEM;
+    }
+    g->refs = 1;
+    g->device = device;
+    g->cufile_rc = 1;
+    char tried[FR_ERRLEN];
+    static const char *const names[] = {"libcuda.so.1", "libcuda.so", NULL};
+    g->libcuda = open_first(names, tried, sizeof(tried));
+    if (!g->libcuda) {
+        fr_set_err(err, err_len, "no CUDA driver: %s", tried);
+        gpu_free(g);
+        return -ENOENT;
+    }
+    const sym syms[] = {
+        SYM(g->cu, cuInit), SYM(g->cu, cuDriverGetVersion), SYM(g->cu, cuDeviceGetCount),
+        SYM(g->cu, cuDeviceGet), SYM(g->cu, cuDevicePrimaryCtxRetain),
+        SYM(g->cu, cuDevicePrimaryCtxRelease_v2), SYM(g->cu, cuCtxPushCurrent_v2),
+        SYM(g->cu, cuCtxPopCurrent_v2), SYM(g->cu, cuMemHostRegister_v2),
+        SYM(g->cu, cuMemHostUnregister), SYM(g->cu, cuMemAlloc_v2), SYM(g->cu, cuMemFree_v2),
+        SYM(g->cu, cuMemcpyHtoD_v2), SYM(g->cu, cuMemcpyHtoDAsync_v2),
+        SYM(g->cu, cuMemcpyDtoHAsync_v2), SYM(g->cu, cuStreamCreate),
+        SYM(g->cu, cuStreamDestroy_v2), SYM(g->cu, cuStreamSynchronize),
+        SYM(g->cu, cuGetErrorString),
+    };
+    int rc = load_syms(g->libcuda, syms, sizeof(syms) / sizeof(syms[0]), "libcuda", err, err_len);
+    if (rc) {
+        gpu_free(g);
+        return rc;
+    }
+    fr_CUresult r = g->cu.cuInit(0);
+    int count = 0;
+    if (r == 0)
+        r = g->cu.cuDeviceGetCount(&count);
+    if (r != 0) {
+        fr_set_err(err, err_len, "CUDA driver unusable: %s (CUDA error %d)", cu_errstr(g, r), r);
+        gpu_free(g);
+        return r == CUDA_ERROR_NO_DEVICE ? -ENODEV : -EIO;
+    }
+    if (device >= count) {
+        fr_set_err(err, err_len, "no CUDA device %d (this machine has %d)", device, count);
+        gpu_free(g);
+        return -ENODEV;
+    }
+    *out = g;
+    return 0;
+}
+
+int fr_gpu_probe(int device, char *why, size_t why_len)
+{
+    fr_gpu *g;
+    int rc = gpu_load(device, &g, why, why_len);
+    if (rc == 0)
+        gpu_free(g);
+    return rc;
+}
+
+int fr_gpu_open(int device, fr_gpu **out, char *err, size_t err_len)
+{
+    fr_gpu *g;
+    int rc = gpu_load(device, &g, err, err_len);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cu.cuDeviceGet(&g->dev, device);
+    if (r == 0)
+        r = g->cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev);
+    if (r != 0) {
+        fr_set_err(err, err_len, "cannot use CUDA device %d: %s (CUDA error %d)", device,
+                   cu_errstr(g, r), r);
+        g->ctx = NULL;
+        gpu_free(g);
+        return -EIO;
+    }
+    *out = g;
+    return 0;
+}
+
+void fr_gpu_retain(fr_gpu *g)
+{
+    pthread_mutex_lock(&g->lock);
+    g->refs++;
+    pthread_mutex_unlock(&g->lock);
+}
+
+void fr_gpu_close(fr_gpu *g)
+{
+    if (!g)
+        return;
+    pthread_mutex_lock(&g->lock);
+    int last = --g->refs == 0;
+    pthread_mutex_unlock(&g->lock);
+    if (last)
+        gpu_free(g);
+}
+
+int fr_gpu_device_id(const fr_gpu *g) { return g->device; }
+
+void fr_gpu_last_error(fr_gpu *g, char *out, size_t len)
+{
+    pthread_mutex_lock(&g->lock);
+    snprintf(out, len, "%s", g->last_error);
+    pthread_mutex_unlock(&g->lock);
+}
+
+/* Every device call runs in the primary context, pushed for its duration. */
+static int push(fr_gpu *g)
+{
+    fr_CUresult r = g->cu.cuCtxPushCurrent_v2(g->ctx);
+    return r ? cu_fail(g, r, "cuCtxPushCurrent") : 0;
+}
+
+static void pop(fr_gpu *g)
+{
+    CUcontext c;
+    (void)g->cu.cuCtxPopCurrent_v2(&c);
+}
+
+int fr_gpu_host_register(fr_gpu *g, void *p, size_t len)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cu.cuMemHostRegister_v2(p, len, CU_MEMHOSTREGISTER_PORTABLE);
+    pop(g);
+    return r ? cu_fail(g, r, "cuMemHostRegister (pinning a host arena)") : 0;
+}
+
+void fr_gpu_host_unregister(fr_gpu *g, void *p)
+{
+    if (push(g))
+        return;
+    fr_CUresult r = g->cu.cuMemHostUnregister(p);
+    pop(g);
+    if (r)
+        (void)cu_fail(g, r, "cuMemHostUnregister");
+}
+
+static void cufile_buf_deregister(fr_gpu *g, fr_device_buffer *buf)
+{
+    if (buf->cufile_registered == 1) {
+        (void)g->cf.cuFileBufDeregister((const void *)(uintptr_t)buf->ptr);
+        buf->cufile_registered = 0;
+    }
+}
+
+void fr_gpu_device_free(fr_gpu *g, fr_device_buffer *buf)
+{
+    if (!buf->ptr)
+        return;
+    g = buf->owner; /* the gpu it was allocated on */
+    if (push(g) == 0) {
+        cufile_buf_deregister(g, buf);
+        fr_CUresult r = g->cu.cuMemFree_v2((CUdeviceptr)buf->ptr);
+        pop(g);
+        if (r)
+            (void)cu_fail(g, r, "cuMemFree");
+    }
+    buf->ptr = 0;
+    buf->capacity = 0;
+    buf->owner = NULL;
+    fr_gpu_close(g);
+}
+
+int fr_gpu_device_reserve(fr_gpu *g, fr_device_buffer *buf, size_t bytes, int cufile)
+{
+    if (buf->ptr && buf->owner != g)
+        fr_gpu_device_free(buf->owner, buf); /* another device's (or fr_gpu's) memory */
+    int register_it = cufile && g->cufile_rc == 0 && buf->cufile_registered == 0;
+    if (buf->ptr && bytes <= buf->capacity && !register_it)
+        return 0;
+    size_t want = buf->capacity;
+    if (!buf->ptr || bytes > buf->capacity) {
+        want = buf->capacity + buf->capacity / 2;
+        if (want < bytes)
+            want = bytes;
+        want = fr_round_up(want ? want : 1, (size_t)2 << 20);
+        fr_gpu_device_free(g, buf);
+        register_it = cufile && g->cufile_rc == 0;
+    }
+    int rc = push(g);
+    if (rc)
+        return rc;
+    if (!buf->ptr) {
+        CUdeviceptr p = 0;
+        fr_CUresult r = g->cu.cuMemAlloc_v2(&p, want);
+        if (r) {
+            pop(g);
+            return cu_fail(g, r, "cuMemAlloc (a batch's device buffer)");
+        }
+        buf->ptr = p;
+        buf->capacity = want;
+        buf->cufile_registered = 0;
+        buf->owner = g;
+        fr_gpu_retain(g);
+    }
+    if (register_it) {
+        /* Tried once per allocation: in compatibility mode registration may
+         * be refused, and cuFile then reads through its own buffers. */
+        fr_CUfileError e = g->cf.cuFileBufRegister((const void *)(uintptr_t)buf->ptr,
+                                                   buf->capacity, 0);
+        buf->cufile_registered = e.err == 0 ? 1 : -1;
+    }
+    pop(g);
+    return 0;
+}
+
+int fr_gpu_stream_create(fr_gpu *g, fr_CUstream *out)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cu.cuStreamCreate(out, CU_STREAM_NON_BLOCKING);
+    pop(g);
+    return r ? cu_fail(g, r, "cuStreamCreate") : 0;
+}
+
+void fr_gpu_stream_destroy(fr_gpu *g, fr_CUstream stream)
+{
+    if (!stream || push(g))
+        return;
+    (void)g->cu.cuStreamDestroy_v2(stream);
+    pop(g);
+}
+
+int fr_gpu_upload(fr_gpu *g, fr_CUstream stream, fr_batch *b)
+{
+    int rc = fr_gpu_device_reserve(g, &b->device, b->arena.used, 0);
+    if (rc || b->arena.used == 0)
+        return rc;
+    if ((rc = push(g)))
+        return rc;
+    fr_CUresult r = g->cu.cuMemcpyHtoDAsync_v2((CUdeviceptr)b->device.ptr, b->arena.base,
+                                               b->arena.used, stream);
+    if (r == 0)
+        r = g->cu.cuStreamSynchronize(stream);
+    pop(g);
+    return r ? cu_fail(g, r, "copying a batch to the GPU") : 0;
+}
+
+int fr_gpu_download(fr_gpu *g, fr_CUstream stream, fr_batch *b)
+{
+    if (b->arena.used == 0)
+        return 0;
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cu.cuMemcpyDtoHAsync_v2(b->arena.base, (CUdeviceptr)b->device.ptr,
+                                               b->arena.used, stream);
+    if (r == 0)
+        r = g->cu.cuStreamSynchronize(stream);
+    pop(g);
+    return r ? cu_fail(g, r, "copying a batch from the GPU") : 0;
+}
+
+int fr_gpu_copy_to_device(fr_gpu *g, uint64_t dst, const void *src, size_t len)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cu.cuMemcpyHtoD_v2((CUdeviceptr)dst, src, len);
+    pop(g);
+    return r ? cu_fail(g, r, "copying a sample to the GPU") : 0;
+}
+
+/* ------------------------------------------------------------------ cuFile */
+
+/* GPUDirect Storage proper needs the nvidia-fs kernel module; without it
+ * cuFile runs in compatibility mode (POSIX reads into its own pinned bounce
+ * buffers, then copies to the GPU). */
+static const char *cufile_mode_here(void)
+{
+    return access("/sys/module/nvidia_fs", F_OK) == 0 ? "gds" : "compat";
+}
+
+static int cufile_load(fr_gpu *g)
+{
+    static const char *const names[] = {"libcufile.so.0", "libcufile.so",
+                                        "/usr/local/cuda/lib64/libcufile.so.0", NULL};
+    char tried[FR_ERRLEN];
+    g->libcufile = open_first(names, tried, sizeof(tried));
+    if (!g->libcufile) {
+        fr_set_err(g->cufile_why, sizeof(g->cufile_why),
+                   "libcufile not found (install nvidia-cufile or the CUDA toolkit's GDS "
+                   "package): %s", tried);
+        return -ENOENT;
+    }
+    const sym syms[] = {
+        SYM(g->cf, cuFileDriverOpen), SYM(g->cf, cuFileHandleRegister),
+        SYM(g->cf, cuFileHandleDeregister), SYM(g->cf, cuFileBufRegister),
+        SYM(g->cf, cuFileBufDeregister), SYM(g->cf, cuFileRead),
+    };
+    int rc = load_syms(g->libcufile, syms, sizeof(syms) / sizeof(syms[0]), "libcufile",
+                       g->cufile_why, sizeof(g->cufile_why));
+    if (rc)
+        return rc;
+    if ((rc = push(g))) {
+        fr_set_err(g->cufile_why, sizeof(g->cufile_why), "%s", g->last_error);
+        return rc;
+    }
+    fr_CUfileError e = g->cf.cuFileDriverOpen();
+    pop(g);
+    if (e.err != 0) {
+        fr_set_err(g->cufile_why, sizeof(g->cufile_why),
+                   "cuFileDriverOpen failed (cuFile error %d, CUDA error %d)", e.err, e.cu_err);
+        return -EIO;
+    }
+    g->cufile_mode = cufile_mode_here();
+    return 0;
+}
+
+int fr_gpu_cufile(fr_gpu *g, const char **mode, char *why, size_t why_len)
+{
+    pthread_mutex_lock(&g->lock);
+    if (g->cufile_rc == 1) {
+        pthread_mutex_unlock(&g->lock);
+        /* Loading takes a while and calls back into the driver: not under the
+         * lock. A racing caller may load twice; dlopen and cuFileDriverOpen
+         * are reference counted, so that is harmless. */
+        int rc = cufile_load(g);
+        pthread_mutex_lock(&g->lock);
+        g->cufile_rc = rc;
+    }
+    int rc = g->cufile_rc;
+    if (rc)
+        fr_set_err(why, why_len, "%s", g->cufile_why);
+    else if (mode)
+        *mode = g->cufile_mode;
+    pthread_mutex_unlock(&g->lock);
+    return rc;
+}
+
+int fr_gpu_cufile_register(fr_gpu *g, int fd, fr_CUfileHandle *out)
+{
+    fr_CUfileDescr d;
+    memset(&d, 0, sizeof(d));
+    d.type = 1; /* CU_FILE_HANDLE_TYPE_OPAQUE_FD */
+    d.handle.fd = fd;
+    fr_CUfileError e = g->cf.cuFileHandleRegister(out, &d);
+    if (e.err != 0) {
+        pthread_mutex_lock(&g->lock);
+        snprintf(g->last_error, sizeof(g->last_error),
+                 "cuFileHandleRegister failed (cuFile error %d, CUDA error %d)", e.err,
+                 e.cu_err);
+        pthread_mutex_unlock(&g->lock);
+        return -EIO;
+    }
+    return 0;
+}
+
+void fr_gpu_cufile_deregister(fr_gpu *g, fr_CUfileHandle handle)
+{
+    g->cf.cuFileHandleDeregister(handle);
+}
+
+ssize_t fr_gpu_cufile_read(fr_gpu *g, fr_CUfileHandle handle, const fr_device_buffer *buf,
+                           size_t dev_offset, size_t len, off_t file_offset)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    void *base = (void *)(uintptr_t)buf->ptr;
+    ssize_t r;
+    do {
+        errno = 0;
+        /* A registered buffer is named by its base plus an offset, as cuFile
+         * requires; an unregistered one may be addressed directly. */
+        if (buf->cufile_registered == 1)
+            r = g->cf.cuFileRead(handle, base, len, file_offset, (off_t)dev_offset);
+        else
+            r = g->cf.cuFileRead(handle, (char *)base + dev_offset, len, file_offset, 0);
+    } while (r == -1 && errno == EINTR);
+    pop(g);
+    if (r == -1)
+        return errno ? -errno : -EIO;
+    if (r < 0) {
+        pthread_mutex_lock(&g->lock);
+        snprintf(g->last_error, sizeof(g->last_error), "cuFileRead failed (cuFile error %zd)",
+                 -r);
+        pthread_mutex_unlock(&g->lock);
+        return -EIO;
+    }
+    return r;
+}

@@ -1,0 +1,73 @@
+/*
+ * The GPU side of the core, for buffers.c, ctx.c and the cufile engine.
+ *
+ * The CUDA driver API and cuFile are declared here, not included: their
+ * types and entry points are a stable C ABI (cuda.h, cufile.h), and
+ * declaring the few we use keeps CUDA out of the build. Both libraries are
+ * dlopen'ed by fr_gpu_open / fr_gpu_cufile.
+ */
+#ifndef FASTREAD_GPU_H
+#define FASTREAD_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "fastread.h"
+
+/* ---- CUDA driver API (cuda.h) ---- */
+typedef int fr_CUresult; /* CUDA_SUCCESS == 0 */
+typedef struct fr_CUstream_st *fr_CUstream;
+
+/* ---- cuFile (cufile.h) ---- */
+typedef struct fr_CUfileError {
+    int err;    /* CUfileOpError; CU_FILE_SUCCESS == 0 */
+    int cu_err; /* CUresult */
+} fr_CUfileError;
+
+typedef struct fr_CUfileDescr {
+    int type; /* CU_FILE_HANDLE_TYPE_OPAQUE_FD == 1 */
+    union {
+        int fd;
+        void *handle;
+    } handle;
+    const void *fs_ops;
+} fr_CUfileDescr;
+
+typedef void *fr_CUfileHandle;
+
+/* Every device call below pushes the device's primary context for its own
+ * duration, so any thread may call them. Failures return -errno (-ENOMEM for
+ * out of device memory, -EIO otherwise) and record the CUDA error for
+ * fr_gpu_last_error. */
+
+int fr_gpu_host_register(fr_gpu *gpu, void *p, size_t len);
+void fr_gpu_host_unregister(fr_gpu *gpu, void *p);
+
+/* Grows buf to at least `bytes` (contents not kept); with cufile set the
+ * buffer is also registered with cuFileBufRegister (a failure to register is
+ * not an error: cuFile reads unregistered memory through its own buffers). */
+int fr_gpu_device_reserve(fr_gpu *gpu, fr_device_buffer *buf, size_t bytes, int cufile);
+void fr_gpu_device_free(fr_gpu *gpu, fr_device_buffer *buf);
+
+/* A stream for one thread's copies. */
+int fr_gpu_stream_create(fr_gpu *gpu, fr_CUstream *out);
+void fr_gpu_stream_destroy(fr_gpu *gpu, fr_CUstream stream);
+
+/* Copies batch bytes [0, arena.used) host->device (upload) or device->host
+ * (download) on `stream` and waits for the copy. */
+int fr_gpu_upload(fr_gpu *gpu, fr_CUstream stream, fr_batch *batch);
+int fr_gpu_download(fr_gpu *gpu, fr_CUstream stream, fr_batch *batch);
+/* Copies len bytes of host memory to device address dst, synchronously. */
+int fr_gpu_copy_to_device(fr_gpu *gpu, uint64_t dst, const void *src, size_t len);
+
+/* cuFile, after fr_gpu_cufile succeeded. */
+int fr_gpu_cufile_register(fr_gpu *gpu, int fd, fr_CUfileHandle *out);
+void fr_gpu_cufile_deregister(fr_gpu *gpu, fr_CUfileHandle handle);
+/* cuFileRead into buf->ptr + dev_offset: bytes read, or -errno. */
+ssize_t fr_gpu_cufile_read(fr_gpu *gpu, fr_CUfileHandle handle, const fr_device_buffer *buf,
+                           size_t dev_offset, size_t len, off_t file_offset);
+
+int fr_gpu_device_id(const fr_gpu *gpu);
+
+#endif
