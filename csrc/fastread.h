@@ -223,6 +223,7 @@ size_t fr_reader_pending(fr_reader *reader); /* submitted and not yet taken */
 const char *fr_reader_path(const fr_reader *reader, size_t index);
 size_t fr_reader_size(const fr_reader *reader);
 fr_pool *fr_reader_pool(fr_reader *reader);
+struct fr_gpu *fr_reader_gpu(fr_reader *reader); /* borrowed; NULL without GPU work */
 /* Stops the thread. Batches still held by the caller stay valid until they
  * are recycled. */
 void fr_reader_close(fr_reader *reader);

@@ -479,6 +479,8 @@ size_t fr_reader_size(const fr_reader *rd) { return rd->npaths; }
 
 fr_pool *fr_reader_pool(fr_reader *rd) { return rd->pool; }
 
+fr_gpu *fr_reader_gpu(fr_reader *rd) { return rd->gpu; }
+
 void fr_reader_close(fr_reader *rd)
 {
     if (!rd)

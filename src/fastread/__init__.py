@@ -12,7 +12,7 @@ core with the GIL released. This package adapts it:
 - :func:`build_bmap` / :func:`load_bmap`: extent maps of files in place (FIEMAP).
 - ``fastread.dali`` and ``fastread.torch`` plug that into training loops.
 """
-from fastread._core import Batch, Context, NativeReader
+from fastread._core import Batch, Context, DeviceArray, NativeReader
 from fastread.engine import engines, open_context
 from fastread.errors import ReadError
 from fastread.files import read_files
@@ -24,7 +24,7 @@ from fastread.reader import Reader
 __version__ = "0.1.0"
 
 __all__ = [
-    "Batch", "Context", "ImageError", "NativeReader", "PackedImage", "ReadError", "Reader",
+    "Batch", "Context", "DeviceArray", "ImageError", "NativeReader", "PackedImage", "ReadError", "Reader",
     "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
     "__version__",
 ]

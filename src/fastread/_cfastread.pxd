@@ -13,10 +13,19 @@ cdef extern from "fastread.h" nogil:
         unsigned direct_alignment
         int register_buffers
         int register_files
-        int pin_memory
         const char *engine_args
+        int device_id
+        int pin_memory
+        int device_output
+        fr_gpu *gpu
 
     void fr_config_init(fr_config *cfg)
+
+    ctypedef struct fr_gpu:
+        pass
+
+    int fr_gpu_probe(int device, char *why, size_t why_len)
+    void fr_gpu_last_error(fr_gpu *gpu, char *out, size_t len)
 
     ctypedef struct fr_arena:
         uint8_t *base
@@ -31,8 +40,18 @@ cdef extern from "fastread.h" nogil:
     ctypedef struct fr_pool:
         pass
 
+    ctypedef struct fr_device_buffer:
+        uint64_t ptr
+        size_t capacity
+
+    enum:
+        FR_ON_HOST
+        FR_ON_DEVICE
+
     ctypedef struct fr_batch:
         fr_arena arena
+        fr_device_buffer device
+        unsigned where
         fr_sample *samples
         size_t count
         int status
@@ -49,6 +68,8 @@ cdef extern from "fastread.h" nogil:
     void fr_pool_close(fr_pool *pool)
     size_t fr_pool_bytes(fr_pool *pool)
     size_t fr_pool_batches(fr_pool *pool)
+    void fr_pool_set_gpu(fr_pool *pool, fr_gpu *gpu, int pin)
+    size_t fr_pool_device_bytes(fr_pool *pool)
 
     ctypedef struct fr_ctx:
         pass
@@ -58,6 +79,7 @@ cdef extern from "fastread.h" nogil:
     int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
     void fr_ctx_close(fr_ctx *ctx)
     const char *fr_ctx_engine(const fr_ctx *ctx)
+    fr_gpu *fr_ctx_gpu(const fr_ctx *ctx)
     int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
                       fr_batch *batch)
     long fr_ctx_stat(const fr_ctx *ctx, const char *key)
@@ -85,4 +107,5 @@ cdef extern from "fastread.h" nogil:
     const char *fr_reader_path(const fr_reader *reader, size_t index)
     size_t fr_reader_size(const fr_reader *reader)
     fr_pool *fr_reader_pool(fr_reader *reader)
+    fr_gpu *fr_reader_gpu(fr_reader *reader)
     void fr_reader_close(fr_reader *reader)

@@ -40,6 +40,64 @@ def probe(str engine):
     return (rc == 0, why.decode(errors="replace"))
 
 
+def gpu_probe(int device=0):
+    """(True, "") if CUDA device `device` is usable through the driver, else
+    (False, why). Loads the driver only for the question."""
+    cdef char why[256]
+    why[0] = 0
+    cdef int rc
+    with nogil:
+        rc = fr_gpu_probe(device, why, sizeof(why))
+    return (rc == 0, why.decode(errors="replace"))
+
+
+cdef str _gpu_error(fr_gpu *gpu):
+    """The GPU's last CUDA/cuFile error, as a suffix for a message."""
+    cdef char msg[256]
+    if gpu == NULL:
+        return ""
+    msg[0] = 0
+    fr_gpu_last_error(gpu, msg, sizeof(msg))
+    return f" ({msg.decode(errors='replace')})" if msg[0] else ""
+
+
+cdef class DeviceArray:
+    """One sample in GPU memory: a 1-D uint8 array exposing
+    ``__cuda_array_interface__`` (CuPy, PyTorch, Numba and DALI take it
+    without a copy). It keeps its batch, and so its device buffer, alive."""
+    cdef readonly uint64_t ptr
+    cdef readonly size_t nbytes
+    cdef readonly int device_id
+    cdef object owner
+
+    @staticmethod
+    cdef DeviceArray wrap(uint64_t ptr, size_t nbytes, int device_id, object owner):
+        cdef DeviceArray a = DeviceArray.__new__(DeviceArray)
+        a.ptr = ptr
+        a.nbytes = nbytes
+        a.device_id = device_id
+        a.owner = owner
+        return a
+
+    def __len__(self):
+        return self.nbytes
+
+    @property
+    def shape(self):
+        return (self.nbytes,)
+
+    @property
+    def __cuda_array_interface__(self):
+        # The batch's device copy finished before it was handed out: no
+        # stream to wait on.
+        return {"shape": (self.nbytes,), "typestr": "|u1",
+                "data": (self.ptr if self.nbytes else 0, False), "version": 3,
+                "strides": None, "stream": None}
+
+    def __repr__(self):
+        return f"<fastread.DeviceArray {self.nbytes} bytes on GPU {self.device_id}>"
+
+
 cdef class _PoolOwner:
     """Holds one reference on a batch pool, so arena memory stays mapped while
     any Python object that can reach it is alive."""
@@ -111,6 +169,35 @@ cdef class Batch:
     def arena_capacity(self):
         return self._get().arena.capacity
 
+    @property
+    def on_device(self):
+        """True when the samples are (also) in GPU memory."""
+        return bool(self._get().where & FR_ON_DEVICE)
+
+    @property
+    def on_host(self):
+        return bool(self._get().where & FR_ON_HOST)
+
+    @property
+    def device_ptr(self):
+        """Address of the batch's device buffer (0 if none)."""
+        return self._get().device.ptr
+
+    def device_arrays(self, int device_id=0):
+        """One DeviceArray per sample, in batch order, over the batch's device
+        buffer (device output only). Failed samples appear empty."""
+        cdef fr_batch *b = self._get()
+        if not (b.where & FR_ON_DEVICE):
+            raise ValueError("this batch is in host memory only (read it with device output)")
+        cdef list out = []
+        cdef size_t i
+        cdef int64_t n
+        for i in range(b.count):
+            n = b.samples[i].length
+            out.append(DeviceArray.wrap(b.device.ptr + b.samples[i].offset,
+                                        <size_t>n if n > 0 else 0, device_id, self))
+        return out
+
     def indices(self):
         """The dataset indices of a reader's batch, as an int64 array."""
         cdef fr_batch *b = self._get()
@@ -142,6 +229,8 @@ cdef class Batch:
         """A list of 1-D uint8 views, one per sample, in batch order. Failed
         samples must be checked with failures() first; they appear empty."""
         cdef fr_batch *b = self._get()
+        if not (b.where & FR_ON_HOST):
+            raise ValueError("this batch is in GPU memory only: use device_arrays()")
         cdef list out = []
         cdef size_t i
         cdef cnp.npy_intp dim
@@ -158,7 +247,8 @@ cdef class Batch:
 
 cdef void _init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsigned threads,
                        bint o_direct, unsigned direct_alignment, bint register_buffers,
-                       bint register_files, bint pin_memory, bytes engine_args):
+                       bint register_files, bytes engine_args, int device_id,
+                       bint pin_memory, bint device_output):
     fr_config_init(cfg)
     cfg.engine = PyBytes_AS_STRING(engine)
     cfg.queue_depth = queue_depth
@@ -167,8 +257,10 @@ cdef void _init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsig
     cfg.direct_alignment = direct_alignment
     cfg.register_buffers = register_buffers
     cfg.register_files = register_files
-    cfg.pin_memory = pin_memory
     cfg.engine_args = PyBytes_AS_STRING(engine_args)
+    cfg.device_id = device_id
+    cfg.pin_memory = pin_memory
+    cfg.device_output = device_output
 
 
 cdef bytes _encode_path(p):
@@ -214,10 +306,14 @@ cdef class Context:
     cdef object lock
     cdef readonly str engine
 
+    cdef readonly int device_id
+    cdef readonly bint device_output
+
     def __cinit__(self, str engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
                   bint o_direct=False, unsigned direct_alignment=4096,
                   bint register_buffers=True, bint register_files=True,
-                  bint pin_memory=False, str engine_args=""):
+                  str engine_args="", int device_id=-1, bint pin_memory=False,
+                  bint device_output=False):
         import threading
         cdef fr_config cfg
         cdef char err[256]
@@ -225,7 +321,8 @@ cdef class Context:
         cdef bytes eng = engine.encode()
         cdef bytes args = engine_args.encode()
         _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
-                     register_buffers, register_files, pin_memory, args)
+                     register_buffers, register_files, args, device_id, pin_memory,
+                     device_output)
         cdef int rc
         with nogil:
             rc = fr_ctx_open(&cfg, &self.ctx, err, sizeof(err))
@@ -239,10 +336,14 @@ cdef class Context:
             fr_ctx_close(self.ctx)
             self.ctx = NULL
             raise MemoryError()
+        if pin_memory and fr_ctx_gpu(self.ctx) != NULL:
+            fr_pool_set_gpu(pool, fr_ctx_gpu(self.ctx), 1)
         self.owner = _PoolOwner.wrap(pool)
         fr_pool_close(pool)  # the owner object now holds the only reference
         self.lock = threading.Lock()
         self.engine = engine
+        self.device_id = device_id
+        self.device_output = device_output
 
     def __dealloc__(self):
         # The context goes first: its ring unregisters arenas that the pool
@@ -305,7 +406,8 @@ cdef class Context:
                         rc = fr_read_files(self.ctx, cpaths, hint_ptr, n, b)
             if rc != 0:
                 fr_batch_recycle(b)
-                _raise_errno(rc, f"engine {self.engine!r} failed a batch of {n} files")
+                _raise_errno(rc, f"engine {self.engine!r} failed a batch of {n} files"
+                             + _gpu_error(fr_ctx_gpu(self.ctx)))
             return Batch.wrap(b, self.owner)
         finally:
             free(cpaths)
@@ -332,7 +434,8 @@ cdef class Context:
                 fr_batch_recycle(b)
                 if rc == -95:  # EOPNOTSUPP
                     raise ValueError(f"engine {self.engine!r} cannot read ranges")
-                _raise_errno(rc, f"engine {self.engine!r} failed a batch of {n} ranges of {path}")
+                _raise_errno(rc, f"engine {self.engine!r} failed a batch of {n} ranges of {path}"
+                             + _gpu_error(fr_ctx_gpu(self.ctx)))
             return Batch.wrap(b, self.owner)
         finally:
             free(ranges)
@@ -350,10 +453,14 @@ cdef class NativeReader:
     cdef readonly str engine
     cdef readonly size_t size
 
+    cdef readonly int device_id
+    cdef readonly bint device_output
+
     def __cinit__(self, paths, str engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
                   bint o_direct=False, unsigned direct_alignment=4096,
                   bint register_buffers=True, bint register_files=True,
-                  bint pin_memory=False, str engine_args="", unsigned prefetch=2,
+                  str engine_args="", int device_id=-1, bint pin_memory=False,
+                  bint device_output=False, unsigned prefetch=2,
                   unsigned workers=1, image=None, offsets=None, lengths=None):
         cdef list encoded = [] if image is not None else [_encode_path(p) for p in paths]
         cdef size_t n = len(encoded), i
@@ -376,7 +483,8 @@ cdef class NativeReader:
         cdef int rc
         try:
             _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
-                         register_buffers, register_files, pin_memory, args)
+                         register_buffers, register_files, args, device_id, pin_memory,
+                         device_output)
             if ranges != NULL:
                 with nogil:
                     rc = fr_reader_open_ranges(&cfg, cimage, ranges, n, prefetch, workers,
@@ -398,6 +506,8 @@ cdef class NativeReader:
         self.owner = _PoolOwner.wrap(fr_reader_pool(self.rd))
         self.engine = engine
         self.size = n
+        self.device_id = device_id
+        self.device_output = device_output
 
     def __dealloc__(self):
         if self.rd != NULL:
@@ -441,7 +551,8 @@ cdef class NativeReader:
         if b.status != 0:
             rc = b.status
             fr_batch_recycle(b)
-            _raise_errno(rc, f"engine {self.engine!r} failed a batch")
+            _raise_errno(rc, f"engine {self.engine!r} failed a batch"
+                         + _gpu_error(fr_reader_gpu(rd)))
         return Batch.wrap(b, self.owner)
 
     def reset(self):
@@ -462,3 +573,6 @@ cdef class NativeReader:
 
     def pool_idle_bytes(self):
         return fr_pool_bytes(self.owner.pool)
+
+    def pool_idle_device_bytes(self):
+        return fr_pool_device_bytes(self.owner.pool)

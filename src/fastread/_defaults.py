@@ -18,6 +18,13 @@ _SETTINGS = {
     "prefetch": ("FASTREAD_PREFETCH", 2, int),
     # Reader threads, each with its own engine context; 0: one per 4 CPUs.
     "workers": ("FASTREAD_WORKERS", 0, int),
+    # The CUDA device a reader serves when it needs one (GPU output, the
+    # cufile engine) and none is given.
+    "device_id": ("FASTREAD_DEVICE_ID", 0, int),
+    # Page-lock host arenas whenever a reader serves a GPU, so copies to it
+    # run at full speed (costs locked host memory: prefetch + workers +
+    # in-use batches).
+    "pin_memory": ("FASTREAD_PIN_MEMORY", True, bool),
 }
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -15,7 +15,11 @@ KNOWN_ENGINES = {
     "xnvme": "xNVMe was not found by pkg-config (`xnvme`) when fastread was built "
              "(install xNVMe, then reinstall fastread; "
              "-Ccmake.define.FASTREAD_XNVME=ON makes its absence a build error)",
+    "cufile": "not compiled in",
 }
+
+#: Engines that read into GPU memory: they always serve a device.
+GPU_ENGINES = ("cufile",)
 
 #: Engines that read byte ranges of one device or image (Context.read_ranges,
 #: fastread.PackedImage) but not whole files: engines() reports them with this
@@ -47,6 +51,9 @@ XNVME_OPTIONS = {
 # Options every engine accepts; an engine ignores those it has no use for.
 OPTION_NAMES = ("queue_depth", "threads", "o_direct", "direct_alignment",
                 "register_buffers", "register_files", "engine_args")
+# Where batches go: device_id (a CUDA device, or None), device_output
+# (batches delivered in GPU memory), pin_memory (page-locked host arenas).
+GPU_OPTION_NAMES = ("device_id", "device_output", "pin_memory")
 
 
 def engines():
@@ -134,7 +141,8 @@ def options(engine, **opts):
     """Validated engine options with defaults filled in from fastread._defaults.
     The xNVMe engines also take xnvme_be, xnvme_async, ... (see XNVME_OPTIONS),
     which are folded into engine_args."""
-    valid = OPTION_NAMES + (tuple(k for k, (_, es) in XNVME_OPTIONS.items() if engine in es))
+    valid = OPTION_NAMES + GPU_OPTION_NAMES + (
+        tuple(k for k, (_, es) in XNVME_OPTIONS.items() if engine in es))
     unknown = sorted(set(opts) - set(valid) - set(XNVME_OPTIONS))
     if unknown:
         raise TypeError(f"unknown engine option(s) {', '.join(map(repr, unknown))} for engine "
@@ -154,7 +162,31 @@ def options(engine, **opts):
         out[name] = bool(out[name])
     if not isinstance(out["engine_args"], str):
         raise ValueError(f"engine option engine_args must be a string, got {out['engine_args']!r}")
+    out.update(_gpu_options(engine, opts))
     return out
+
+
+def _gpu_options(engine, opts):
+    """device_id / device_output / pin_memory, with defaults: a reader that
+    serves a GPU (device output, a device_id, or a GPU engine) uses
+    FASTREAD_DEVICE_ID unless given and pins its host arenas unless told not
+    to (FASTREAD_PIN_MEMORY); one that serves none never loads CUDA."""
+    device_id = opts.get("device_id")
+    output = opts.get("device_output") or False
+    pin = opts.get("pin_memory")
+    if device_id is not None and (not isinstance(device_id, int) or isinstance(device_id, bool)
+                                  or device_id < -1):
+        raise ValueError(f"device_id must be a CUDA device number (>= 0) or None, got {device_id!r}")
+    if device_id == -1:
+        device_id = None
+    if device_id is None and (output or engine in GPU_ENGINES or pin):
+        device_id = _defaults.get("device_id")
+    if device_id is None:
+        return {"device_id": -1, "device_output": False, "pin_memory": False}
+    if pin is None:
+        # A GPU engine's arenas are staging for the rare repair only.
+        pin = engine not in GPU_ENGINES and _defaults.get("pin_memory")
+    return {"device_id": device_id, "device_output": bool(output), "pin_memory": bool(pin)}
 
 
 def open_context(engine="auto", **opts):

@@ -1,8 +1,6 @@
 """Batches of samples, sharded and shuffled, read ahead on a native thread."""
 import collections
 
-import numpy as np
-
 from fastread import _core, _defaults
 from fastread.engine import RANGE_ONLY, options, resolve
 from fastread.files import raise_failures
@@ -31,6 +29,15 @@ class Reader:
     instead of files, with block-level range reads (``o_direct=True`` for
     O_DIRECT); the epochs, shards and shuffles are the same as for the
     directory that was packed.
+
+    ``device="gpu"`` delivers every batch in GPU memory (``device_id``, else
+    FASTREAD_DEVICE_ID): the native worker copies the batch's contiguous,
+    page-locked arena to the device in one copy and finishes it before the
+    batch is handed out; ``arrays`` are then :class:`fastread.DeviceArray`
+    objects (``__cuda_array_interface__``: CuPy, PyTorch and DALI take them
+    without a copy). The ``cufile`` engine reads into GPU memory itself.
+    ``device_id`` with ``device="cpu"`` pins the host arenas only, for
+    copies the caller makes.
     """
 
     def __init__(self, file_root=None, *, file_list=None, files=None, labels=None,
@@ -38,7 +45,8 @@ class Reader:
                  num_shards=1,
                  random_shuffle=False, seed=0, pad_last_batch=False, drop_last=False,
                  stick_to_shard=True,
-                 prefetch=None, workers=None, engine="auto", ring_depth=None, **engine_options):
+                 prefetch=None, workers=None, engine="auto", ring_depth=None, device="cpu",
+                 **engine_options):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if pad_last_batch and drop_last:
@@ -71,7 +79,13 @@ class Reader:
         if self.image is None and self.engine in RANGE_ONLY:
             raise ValueError(f"engine {self.engine!r} reads ranges of one image or device only; "
                              f"give image= or choose a file engine (e.g. 'auto')")
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        if device == "gpu":
+            engine_options["device_output"] = True
         self._engine_options = options(self.engine, **engine_options)
+        self.device = device
+        self.device_id = self._engine_options["device_id"]
         # Validates shard_id/num_shards now rather than at the first epoch.
         self._epoch_order(0)
         self.workers = _defaults.reader_workers(workers)
@@ -145,7 +159,7 @@ class Reader:
         batch = self._native.next()
         idx = batch.indices()
         raise_failures(batch, lambda i: self._name(int(idx[i])))
-        arrays = batch.arrays()
+        arrays = batch.device_arrays(self.device_id) if self.device == "gpu" else batch.arrays()
         if self.ring_depth is not None:
             self._ring.append(batch)
             while len(self._ring) > self.ring_depth:
@@ -169,4 +183,5 @@ class Reader:
 
     def memory(self):
         """Batches allocated by this reader's pool so far, and idle arena bytes."""
-        return {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes()}
+        return {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes(),
+                "idle_device_bytes": self._native.pool_idle_device_bytes()}

@@ -71,40 +71,23 @@ class _BatchSource:
 
 
 class _GpuBatchSource(_BatchSource):
-    """Batches delivered in GPU memory: per batch, one host-to-device copy of
-    the contiguous region of the arena that holds its samples, into a ring of
-    device buffers; DALI gets CuPy views (no further copies). A device buffer
-    is reused only after `depth` more batches, when DALI is done with it."""
+    """Batches already in GPU memory: the reader's native workers copied each
+    batch's contiguous pinned arena to a device buffer in one copy (or the
+    cufile engine read it there) and finished before handing it over, so DALI
+    gets the samples as device arrays with nothing left to wait for. Labels
+    go up with one small copy per batch."""
 
-    def __init__(self, reader, device_id, depth):
+    def __init__(self, reader, device_id):
         super().__init__(reader)
         import cupy
 
         self._cupy = cupy
         self._device = cupy.cuda.Device(device_id)
-        with self._device:
-            self._stream = cupy.cuda.Stream(non_blocking=True)
-        self._ring = [None] * depth
-        self._slot = 0
 
     def __next__(self):
         arrays, labels = super().__next__()
-        cp = self._cupy
-        starts = [a.ctypes.data for a in arrays]
-        lo = min(starts)
-        hi = max(s + a.nbytes for s, a in zip(starts, arrays))
         with self._device:
-            buf = self._ring[self._slot]
-            if buf is None or buf.size < hi - lo:
-                buf = self._ring[self._slot] = cp.empty(max(hi - lo, 1), dtype=cp.uint8)
-            self._slot = (self._slot + 1) % len(self._ring)
-            cp.cuda.runtime.memcpyAsync(buf.data.ptr, lo, hi - lo,
-                                        cp.cuda.runtime.memcpyHostToDevice, self._stream.ptr)
-            gpu_labels = cp.asarray(labels)
-            # The host arena may be reused as soon as this returns.
-            self._stream.synchronize()
-        views = [buf[s - lo:s - lo + a.nbytes] for s, a in zip(starts, arrays)]
-        return views, gpu_labels
+            return arrays, self._cupy.asarray(labels)
 
 
 def file(*, file_root=None, file_list=None, files=None, labels=None, file_filters=None,
@@ -124,13 +107,31 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     (``workers``).
 
     ``device="gpu"`` delivers both outputs in GPU memory (the pipeline's
-    ``device_id`` unless given): one host-to-device copy per batch into a
-    ring of device buffers, handed to DALI without further copies. Measured
-    on an H200 it beat ``data.gpu()`` on cold reads (1.57x vs 1.18x
-    ``fn.readers.file`` at batch 64) but not warm (0.96x vs 1.48x): the
-    copy is from pageable memory until pinned staging lands. The mixed
-    image decoder wants ``device="cpu"``.
+    ``device_id`` unless given): the native workers copy each batch from its
+    page-locked arena to the GPU in one copy (the ``cufile`` engine reads
+    into GPU memory itself), and DALI gets the samples without further
+    copies. Device buffers are reused only after DALI's prefetch queue has
+    moved past them. The mixed image decoder wants ``device="cpu"``; inside
+    a pipeline with a ``device_id`` the host arenas are page-locked then
+    too (``pin_memory=False`` turns that off).
     """
+    return _reader_outputs(
+        "file", dict(file_root=file_root, file_list=file_list, files=files, labels=labels,
+                     file_filters=file_filters),
+        shard_id=shard_id, num_shards=num_shards,
+        random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
+        pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
+        prefetch_queue_depth=prefetch_queue_depth, name=name,
+        last_batch_policy=last_batch_policy, engine=engine, device=device, no_copy=no_copy,
+        device_id=device_id, kwargs=kwargs)
+
+
+def _reader_outputs(reader_name, samples, *, shard_id, num_shards, random_shuffle, seed,
+                    pad_last_batch, stick_to_shard, prefetch_queue_depth, name,
+                    last_batch_policy, engine, device, no_copy, device_id, kwargs):
+    """The (data, labels) of a fastread reader in the current pipeline: the
+    part readers.file and readers.image share. `samples` are the Reader
+    arguments that choose the samples (a tree, a list, or an image)."""
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
@@ -139,33 +140,29 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     pipe = Pipeline.current()
     if pipe is None:
-        raise RuntimeError("fastread.dali.readers.file must be called inside a DALI pipeline "
-                           "definition (@pipeline_def or `with pipe:`)")
-    batch_size = pipe.max_batch_size
+        raise RuntimeError(f"fastread.dali.readers.{reader_name} must be called inside a DALI "
+                           "pipeline definition (@pipeline_def or `with pipe:`)")
     policy = _policy_name(last_batch_policy)
     if pad_last_batch and policy == "PARTIAL":
         policy = "FILL"
     if not isinstance(prefetch_queue_depth, int) or prefetch_queue_depth < 1:
         raise ValueError(f"prefetch_queue_depth must be an integer >= 1, got {prefetch_queue_depth!r}")
-    depth = _queue_depth(pipe)
     gpu = device == "gpu"
-    if gpu:
-        device_id = pipe.device_id if device_id is None else device_id
-        if device_id is None:
-            raise ValueError("device='gpu' needs a pipeline with a device_id (or device_id=)")
+    device_id = pipe.device_id if device_id is None else device_id
+    if gpu and device_id is None:
+        raise ValueError("device='gpu' needs a pipeline with a device_id (or device_id=)")
+    if device_id is not None:
+        kwargs["device_id"] = device_id
     reader = Reader(
-        file_root, file_list=file_list, files=files, labels=labels, file_filters=file_filters,
-        batch_size=batch_size, shard_id=shard_id, num_shards=num_shards,
-        random_shuffle=bool(random_shuffle or shuffle_after_epoch),
-        seed=0 if seed is None or seed < 0 else seed,
+        **samples, batch_size=pipe.max_batch_size, shard_id=shard_id, num_shards=num_shards,
+        random_shuffle=bool(random_shuffle), seed=0 if seed is None or seed < 0 else seed,
         pad_last_batch=policy == "FILL", drop_last=policy == "DROP",
         stick_to_shard=stick_to_shard,
         prefetch=max(prefetch_queue_depth, _defaults.get("prefetch")),
-        # DALI may read a fed batch until `depth` more iterations have run;
-        # GPU output copies each batch out before DALI sees it.
-        ring_depth=None if gpu else depth + 2, engine=engine, **kwargs)
+        # DALI may read a fed batch until `depth` more iterations have run.
+        ring_depth=_queue_depth(pipe) + 2, engine=engine, device=device, **kwargs)
     if gpu:
-        return _attach(pipe, reader, name, _GpuBatchSource(reader, device_id, depth + 2),
+        return _attach(pipe, reader, name, _GpuBatchSource(reader, device_id),
                        no_copy=True, device="gpu")
     return _attach(pipe, reader, name, _BatchSource(reader), no_copy=no_copy)
 
