@@ -62,12 +62,15 @@ cdef str _gpu_error(fr_gpu *gpu):
 
 
 cdef class DeviceArray:
-    """One sample in GPU memory: a 1-D uint8 array exposing
-    ``__cuda_array_interface__`` (CuPy, PyTorch, Numba and DALI take it
-    without a copy). It keeps its batch, and so its device buffer, alive."""
+    """One sample in GPU memory, exposing ``__cuda_array_interface__`` (CuPy,
+    PyTorch, Numba and DALI take it without a copy): a 1-D uint8 array of the
+    sample's bytes, or a typed view of part of it (:meth:`view`). It keeps
+    its batch, and so its device buffer, alive."""
     cdef readonly uint64_t ptr
     cdef readonly size_t nbytes
     cdef readonly int device_id
+    cdef readonly tuple shape
+    cdef readonly str typestr
     cdef object owner
 
     @staticmethod
@@ -77,25 +80,38 @@ cdef class DeviceArray:
         a.nbytes = nbytes
         a.device_id = device_id
         a.owner = owner
+        a.shape = (nbytes,)
+        a.typestr = "|u1"
+        return a
+
+    def view(self, size_t offset, tuple shape, str typestr, size_t itemsize):
+        """A C-ordered array of `shape` and NumPy type string `typestr`
+        (items of `itemsize` bytes) starting `offset` bytes in."""
+        cdef size_t n = itemsize, d
+        for d in shape:
+            n *= d
+        if offset + n > self.nbytes:
+            raise ValueError(f"a {shape} {typestr} view at offset {offset} needs {offset + n} "
+                             f"bytes; the sample has {self.nbytes}")
+        cdef DeviceArray a = DeviceArray.wrap(self.ptr + offset, n, self.device_id, self.owner)
+        a.shape = shape
+        a.typestr = typestr
         return a
 
     def __len__(self):
-        return self.nbytes
-
-    @property
-    def shape(self):
-        return (self.nbytes,)
+        return self.shape[0] if self.shape else 1
 
     @property
     def __cuda_array_interface__(self):
         # The batch's device copy finished before it was handed out: no
         # stream to wait on.
-        return {"shape": (self.nbytes,), "typestr": "|u1",
+        return {"shape": self.shape, "typestr": self.typestr,
                 "data": (self.ptr if self.nbytes else 0, False), "version": 3,
                 "strides": None, "stream": None}
 
     def __repr__(self):
-        return f"<fastread.DeviceArray {self.nbytes} bytes on GPU {self.device_id}>"
+        return (f"<fastread.DeviceArray {self.shape} {self.typestr} ({self.nbytes} bytes) "
+                f"on GPU {self.device_id}>")
 
 
 cdef class _PoolOwner:

@@ -274,6 +274,20 @@ def _atoi(digits: bytes) -> int:
     return v - (1 << 32) if v >= (1 << 31) else v
 
 
+def scan_numpy(file_root: PathArg, file_filter="*.npy", *,
+               case_sensitive_filter: bool = False) -> List[str]:
+    """The files DALI's ``fn.readers.numpy`` finds under ``file_root``: those
+    directly in it (as ``root/./name``, as DALI names them) and those in its
+    immediate subdirectories, matching ``file_filter``, in byte order of
+    their relative paths."""
+    root = _to_str(file_root, "file_root")
+    matcher = _Matcher(_check_filters(file_filter, "file_filter"), case_sensitive_filter)
+    rel = ["./" + n for n in _list_files(root, matcher)]
+    for sub in _list_classes(root, None):
+        rel.extend(f"{sub}/{n}" for n in _list_files(_join_path(root, sub), matcher))
+    return [_join_path(root, r) for r in _byte_sorted(rel)]
+
+
 def _parse_file_list(file_list: str, root: str):
     try:
         with open(file_list, "rb") as f:

@@ -128,10 +128,12 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
 
 def _reader_outputs(reader_name, samples, *, shard_id, num_shards, random_shuffle, seed,
                     pad_last_batch, stick_to_shard, prefetch_queue_depth, name,
-                    last_batch_policy, engine, device, no_copy, device_id, kwargs):
-    """The (data, labels) of a fastread reader in the current pipeline: the
-    part readers.file and readers.image share. `samples` are the Reader
-    arguments that choose the samples (a tree, a list, or an image)."""
+                    last_batch_policy, engine, device, no_copy, device_id, kwargs,
+                    make_source=None, num_outputs=2):
+    """The outputs of a fastread reader in the current pipeline: the part
+    the readers share. `samples` are the Reader arguments that choose the
+    samples (a tree, a list, or an image); `make_source(reader, gpu)`, if
+    given, makes what DALI pulls from (default: data and labels)."""
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
@@ -161,19 +163,21 @@ def _reader_outputs(reader_name, samples, *, shard_id, num_shards, random_shuffl
         prefetch=max(prefetch_queue_depth, _defaults.get("prefetch")),
         # DALI may read a fed batch until `depth` more iterations have run.
         ring_depth=_queue_depth(pipe) + 2, engine=engine, device=device, **kwargs)
-    if gpu:
-        return _attach(pipe, reader, name, _GpuBatchSource(reader, device_id),
-                       no_copy=True, device="gpu")
-    return _attach(pipe, reader, name, _BatchSource(reader), no_copy=no_copy)
+    if make_source is not None:
+        source = make_source(reader, gpu)
+    else:
+        source = _GpuBatchSource(reader, device_id) if gpu else _BatchSource(reader)
+    return _attach(pipe, reader, name, source, no_copy=True if gpu else no_copy,
+                   device=device, num_outputs=num_outputs)
 
 
-def _attach(pipe, reader, name, source, no_copy, device="cpu"):
-    """The (data, labels) DataNodes of a batch external source pulling from
-    `source`; `reader` is kept on the pipeline so it lives as long as it."""
+def _attach(pipe, reader, name, source, no_copy, device="cpu", num_outputs=2):
+    """The DataNodes of a batch external source pulling from `source`;
+    `reader` is kept on the pipeline so it lives as long as it."""
     from nvidia.dali import fn
 
-    data, labels_node = fn.external_source(
-        source=source, num_outputs=2, batch=True, no_copy=bool(no_copy), cycle=False,
+    nodes = fn.external_source(
+        source=source, num_outputs=num_outputs, batch=True, no_copy=bool(no_copy), cycle=False,
         device=device)
     # DALI refuses a name on a multi-output external source; the name stays
     # on the reader (for epoch_size and messages).
@@ -183,7 +187,7 @@ def _attach(pipe, reader, name, source, no_copy, device="cpu"):
         readers = []
         pipe._fastread_readers = readers
     readers.append(reader)
-    return data, labels_node
+    return nodes[0] if num_outputs == 1 else tuple(nodes)
 
 
 def epoch_size(pipe, index=0):
@@ -194,3 +198,4 @@ def epoch_size(pipe, index=0):
         raise ValueError("this pipeline has no fastread reader")
     return readers[index].num_samples
 from fastread.dali._image import image  # noqa: E402,F401
+from fastread.dali._numpy import numpy  # noqa: E402,F401
