@@ -110,6 +110,70 @@ def test_make_dataset_bad_arguments(tmp_path, capsys, argv, needle):
     assert not (tmp_path / "x").exists()
 
 
+def test_make_dataset_npy(tmp_path, capsys):
+    import numpy as np
+
+    from fastread.npy import NpyIndex
+
+    root = str(tmp_path / "npy")
+    argv = ["make-dataset", root, "--format", "npy", "--classes", "2", "--per-class", "3",
+            "--shape", "2,3,4", "--dtype", "float32", "--seed", "5", "--quiet"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "6 files in 2 classes" in out[0]
+    assert "arrays of shape (2, 3, 4) float32" in out[0] and "(reused)" not in out[0]
+    paths, labels = fastread.scan(root, file_filters=["*.npy"])
+    assert len(paths) == 6 and sorted(labels) == [0, 0, 0, 1, 1, 1]
+    idx = NpyIndex.build(paths)
+    assert idx.uniform() == ((2, 3, 4), np.dtype("float32"))
+    assert not np.array_equal(np.load(paths[0]), np.load(paths[1]))
+    assert main(argv) == 0
+    assert "(reused)" in capsys.readouterr().out
+
+
+def test_make_dataset_npy_array_bytes(tmp_path, capsys):
+    import numpy as np
+
+    root = tmp_path / "big"
+    assert main(["make-dataset", str(root), "--format", "npy", "--classes", "1",
+                 "--per-class", "2", "--array-bytes", "64KiB", "--quiet"]) == 0
+    assert "arrays of shape (65536,) uint8" in capsys.readouterr().out
+    files = sorted((root / "n10000000").iterdir())
+    assert [f.stat().st_size for f in files] == [65536 + 128] * 2
+    a = np.load(files[0])
+    assert a.shape == (65536,) and a.dtype == np.uint8
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--format", "npy", "--width", "5"], "--width applies to --format jpeg"),
+    (["--format", "npy", "--mean-kb", "5"], "--mean-kb applies to --format jpeg"),
+    (["--shape", "3,4"], "--shape applies to --format npy"),
+    (["--array-bytes", "4MiB"], "--array-bytes applies to --format npy"),
+    (["--format", "npy", "--shape", "3,4", "--array-bytes", "4MiB"], "not both"),
+    (["--format", "npy", "--array-bytes", "6", "--dtype", "float32"], "multiple"),
+    (["--format", "npy", "--array-bytes", "4XB"], "--array-bytes"),
+    (["--format", "npy", "--shape", "3,-4"], "--shape"),
+    (["--format", "npy", "--dtype", "object"], "--dtype"),
+    (["--format", "npy", "--dtype", "nonsense"], "--dtype"),
+    (["--format", "tiff"], "--format"),
+])
+def test_make_dataset_npy_bad_arguments(tmp_path, capsys, argv, needle):
+    err = usage_error(capsys, ["make-dataset", str(tmp_path / "x"), "--classes", "1",
+                               "--per-class", "1", *argv])
+    assert needle in err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("text, value", [
+    ("4MiB", 4 << 20), ("4 MiB", 4 << 20), ("4mib", 4 << 20), ("4MB", 4_000_000),
+    ("4M", 4_000_000), ("92kB", 92_000), ("1KiB", 1024), ("150528", 150528), ("7B", 7),
+    ("1GiB", 1 << 30), ("0", 0),
+])
+def test_byte_size_parsing(text, value):
+    from fastread.cli.make_dataset import byte_size
+    assert byte_size(text) == value
+
+
 # -- info ----------------------------------------------------------------------------
 def test_info_subprocess():
     r = run_cli("info")

@@ -248,3 +248,64 @@ def test_workers_start_safely_beside_native_threads(tmp_path):
         beside = make_imagenet_like(str(tmp_path / "beside"), workers=2, **small)
     for a, b in zip(sorted(alone.paths()), sorted(beside.paths())):
         assert open(a, "rb").read() == open(b, "rb").read()
+
+
+# -- make_npy_dataset: per_class, default shape, nbytes, threads ----------------------
+def test_npy_per_class_default_shape(tmp_path):
+    info = make_npy_dataset(tmp_path / "d", classes=2, per_class=3, seed=2, progress=False)
+    assert (info.classes, info.per_class, info.files) == (2, 3, 6)
+    for c in range(2):
+        d = class_dir_name(c)
+        assert sorted(os.listdir(tmp_path / "d" / d)) == [f"{d}_{j}.npy" for j in range(3)]
+    a = np.load(info.paths()[4])
+    assert a.shape == (3, 224, 224) and a.dtype == np.uint8
+    assert 100 < a.mean() < 155 and a.min() == 0 and a.max() == 255  # uniform bytes
+    assert info.total_bytes == 6 * (128 + 3 * 224 * 224)
+    # per_class=P is the same dataset as count=classes*P: reused, not rewritten.
+    again = make_npy_dataset(tmp_path / "d", classes=2, count=6, shape=(3, 224, 224), seed=2,
+                             progress=False)
+    assert again == info
+
+
+def test_npy_nbytes_gives_1d_arrays_of_exactly_that_data(tmp_path):
+    n = (1 << 20) + 8
+    info = make_npy_dataset(tmp_path / "b", classes=1, per_class=2, nbytes=n, dtype="<f8",
+                            progress=False)
+    a = np.load(info.paths()[1])
+    assert a.shape == (n // 8,) and a.dtype == np.dtype("<f8") and a.nbytes == n
+    assert os.path.getsize(info.paths()[1]) == n + 128
+    assert 0.9 < a.std() < 1.1  # standard normal
+    # The same arrays as spelled with shape: identical bytes.
+    make_npy_dataset(tmp_path / "s", classes=1, per_class=2, shape=(n // 8,), dtype="<f8",
+                     progress=False)
+    assert tree_digest(tmp_path / "b") == tree_digest(tmp_path / "s")
+
+
+def test_npy_threads_do_not_change_bytes(tmp_path):
+    kw = dict(classes=3, per_class=40, shape=(5, 7), dtype=">i4", seed=11, progress=False)
+    one = make_npy_dataset(tmp_path / "one", workers=1, **kw)
+    many = make_npy_dataset(tmp_path / "many", workers=4, **kw)
+    assert tree_digest(tmp_path / "one") == tree_digest(tmp_path / "many")
+    assert one.total_bytes == many.total_bytes and one.files == 120
+    a = np.load(one.paths()[7])
+    assert a.dtype == np.dtype(">i4") and a.shape == (5, 7)
+    assert len({tuple(np.load(p).ravel()[:4]) for p in one.paths()}) == 120  # all differ
+    assert not any(n.endswith(".tmp") for _, _, fs in os.walk(tmp_path) for n in fs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(classes=2), "per_class"),                       # neither per_class nor count
+        (dict(classes=2, per_class=2, count=4), "per_class"),  # both
+        (dict(classes=2, per_class=0), "per_class"),
+        (dict(classes=1, per_class=1, nbytes=8, shape=(8,)), "nbytes"),
+        (dict(classes=1, per_class=1, nbytes=6, dtype="float32"), "nbytes"),
+        (dict(classes=1, per_class=1, nbytes=-1), "nbytes"),
+        (dict(classes=1, per_class=1, workers=0), "workers"),
+    ],
+)
+def test_npy_bad_size_arguments(tmp_path, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        make_npy_dataset(tmp_path / "x", progress=False, **kwargs)
+    assert not (tmp_path / "x").exists()

@@ -34,8 +34,9 @@ same parameters give byte-identical files regardless of ``workers`` -- on the
 same software stack (other NumPy / Pillow / libjpeg-turbo / BLAS builds may
 produce slightly different bytes).
 
-``make_npy_dataset`` writes ``.npy`` arrays in the same layout, for raw-array
-(non-decoding) benchmarks.
+``make_npy_dataset`` writes random ``.npy`` arrays of one shape and dtype in
+the same layout (``n10000000/n10000000_0.npy`` ...), for raw-array
+(non-decoding) benchmarks and ``readers.numpy``.
 
 Both functions are reusable: when ``root`` already holds a complete dataset
 made with the same parameters (recorded in ``root/.fastread-dataset.json``,
@@ -58,7 +59,7 @@ import re
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from typing import Sequence
 
 import numpy as np
@@ -233,44 +234,60 @@ def make_imagenet_like(
 def make_npy_dataset(
     root: str | os.PathLike,
     *,
-    count: int,
-    shape: Sequence[int] | int,
+    classes: int = 10,
+    per_class: int | None = None,
+    count: int | None = None,
+    shape: Sequence[int] | int | None = None,
+    nbytes: int | None = None,
     dtype: str | np.dtype = "uint8",
     seed: int = 0,
-    classes: int = 10,
+    workers: int | None = None,
     progress: bool = True,
 ) -> DatasetInfo:
-    """Generate (or reuse) ``count`` random ``.npy`` arrays of ``shape``/``dtype``.
+    """Generate (or reuse) a tree of random ``.npy`` arrays, all of one shape and dtype.
 
-    Files go to ``root/<class_dir>/<class_dir>_<j>.npy`` (written with
-    ``np.save``), dealt round-robin over ``classes`` directories, so class ``c``
-    holds ``count // classes`` files plus one more if ``c < count % classes``;
-    ``DatasetInfo.per_class`` is the largest per-class count.  Contents are
-    seeded from ``(seed, class, index)``: uniform over the full range for
-    integer dtypes, standard normal for floating dtypes, fair coin for bool.
+    Files go to ``root/<class_dir>/<class_dir>_<j>.npy`` (``n10000000_0.npy``
+    ..., the JPEG generator's names), written with ``np.save`` (format 1.0, a
+    128-byte header for ordinary shapes).  Give the number of files as
+
+    - ``per_class``: ``classes * per_class`` files, ``per_class`` in each; or
+    - ``count``: ``count`` files dealt round-robin over ``classes``
+      directories, so class ``c`` holds ``count // classes`` files plus one
+      more if ``c < count % classes``; ``DatasetInfo.per_class`` is the
+      largest per-class count.
+
+    The arrays' size is either ``shape`` (default ``(3, 224, 224)``; an int
+    means a 1-D array) or ``nbytes``: the array *data* is exactly ``nbytes``
+    bytes, a 1-D array of shape ``(nbytes // itemsize,)`` (``nbytes`` must
+    be a multiple of the dtype's itemsize), so each file is ``nbytes`` plus
+    the header (128 bytes).  The two spellings make identical files.
+
+    Contents are seeded from ``(seed, class, index)``: uniform over the full
+    range for integer dtypes, standard normal for floating dtypes, fair coin
+    for bool; identical for any ``workers`` (threads writing files, default
+    one per CPU).
     """
-    count = _check_int("count", count, 1)
     classes = _check_int("classes", classes, 1)
     seed = _check_int("seed", seed, 0)
+    workers = _check_workers(workers)
+    if (per_class is None) == (count is None):
+        raise ValueError("give exactly one of per_class (files per class) and count (files in all)")
+    if per_class is not None:
+        count = classes * _check_int("per_class", per_class, 1)
+    count = _check_int("count", count, 1)
     if classes > count:
         raise ValueError(f"classes must be <= count ({count}), got {classes}")
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
-        shape = (int(shape),)
-    try:
-        shape = tuple(shape)
-    except TypeError:
-        raise ValueError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
-    if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
-        raise ValueError(f"shape must contain non-negative ints, got {shape!r}")
-    shape = tuple(int(s) for s in shape)
     try:
         dt = np.dtype(dtype)
     except TypeError as e:
         raise ValueError(f"dtype {dtype!r} is not a numpy dtype: {e}") from None
     if not (dt.kind in "biuf" and not dt.hasobject):
         raise ValueError(f"dtype must be a bool, integer or float dtype, got {dt}")
+    shape = _npy_shape(shape, nbytes, dt)
 
     root = os.path.abspath(os.fspath(root))
+    # The same parameters as before per_class / nbytes existed, so that
+    # datasets made either way are reused: they hold the same bytes.
     params = {
         "kind": "npy",
         "version": _GENERATOR_VERSION,
@@ -280,17 +297,59 @@ def make_npy_dataset(
         "dtype": dt.str,
         "seed": seed,
     }
-    per_class = -(-count // classes)
-    reused = _try_reuse(root, params, ".npy", counts=_npy_counts(count, classes))
+    counts = _npy_counts(count, classes)
+    reused = _try_reuse(root, params, ".npy", counts=counts)
     if reused is not None:
         return reused
     _prepare_root(root, params)
     items = []
-    for c, k in enumerate(_npy_counts(count, classes)):
+    for c, k in enumerate(counts):
         os.makedirs(os.path.join(root, class_dir_name(c)), exist_ok=True)
         items.extend((c, j) for j in range(k))
-    sizes = _run_chunks(None, 1, _npy_chunk, ((seed, shape, dt.str), root), items, progress, "arrays")
-    return _finish(root, params, classes, per_class, sizes, counts=_npy_counts(count, classes))
+    t0 = time.perf_counter()
+    # Threads, not processes: NumPy's generators and file writes release the
+    # GIL, and nothing here needs fork's isolation.
+    nworkers = min(workers, max(1, count // 16))
+    pool = ThreadPoolExecutor(nworkers, thread_name_prefix="fastread-npy") if nworkers > 1 else None
+    try:
+        sizes = _run_chunks(pool, nworkers, _npy_chunk, ((seed, shape, dt.str), root), items,
+                            progress, "arrays")
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    elapsed = time.perf_counter() - t0
+    info = _finish(root, params, classes, max(counts), sizes, counts=counts)
+    if progress:
+        print(
+            f"fastread.datasets: {count} arrays of shape {shape} {dt} in {root}: "
+            f"{info.total_bytes / 1e9:.3f} GB, {elapsed:.1f} s "
+            f"({info.total_bytes / 1e6 / max(elapsed, 1e-9):.0f} MB/s, {nworkers} thread(s))",
+            file=sys.stderr,
+        )
+    return info
+
+
+def _npy_shape(shape, nbytes, dt: np.dtype) -> tuple:
+    """The array shape from make_npy_dataset's shape or nbytes."""
+    if nbytes is not None:
+        if shape is not None:
+            raise ValueError("give shape or nbytes, not both")
+        nbytes = _check_int("nbytes", nbytes, 0)
+        if nbytes % dt.itemsize:
+            raise ValueError(f"nbytes ({nbytes}) must be a multiple of the itemsize of {dt} "
+                             f"({dt.itemsize})")
+        return (nbytes // dt.itemsize,)
+    if shape is None:
+        return (3, 224, 224)
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (int(shape),)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise ValueError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+    if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
+        raise ValueError(f"shape must contain non-negative ints, got {shape!r}")
+    return tuple(int(s) for s in shape)
 
 
 # --------------------------------------------------------------------------
@@ -796,8 +855,9 @@ def _npy_chunk(cfg, root: str, items) -> list[int]:
         if dt.kind == "b":
             a = rng.random(shape) < 0.5
         elif dt.kind in "iu":
+            # Generators draw native byte order only; swap afterwards (same values).
             info = np.iinfo(dt)
-            a = rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
+            a = rng.integers(info.min, info.max, size=shape, dtype=dt.newbyteorder("="), endpoint=True)
         else:
             a = rng.standard_normal(shape).astype(dt)
         a = np.ascontiguousarray(a, dtype=dt)

@@ -1,56 +1,155 @@
-"""``fastread make-dataset``: a synthetic ImageNet-like tree of JPEG files.
+"""``fastread make-dataset``: a synthetic dataset tree, JPEG files or ``.npy`` arrays.
 
-A thin front end to :func:`fastread.datasets.make_imagenet_like` (which shows
-a progress bar and reuses a complete tree made with the same parameters).
+A thin front end to :func:`fastread.datasets.make_imagenet_like` (``--format
+jpeg``, the default) and :func:`fastread.datasets.make_npy_dataset`
+(``--format npy``), which show a progress bar and reuse a complete tree made
+with the same parameters.
 """
+import argparse
 import os
+import re
 import sys
 
 from fastread.cli._args import positive_int, positive_float, nonnegative_int
+
+# Options of one format only, with the defaults they take when not given
+# (None on the parser, so that giving one with the other format is an error).
+_JPEG_ONLY = {"mean_kb": 92.0, "width": 500, "height": 375}
+_NPY_ONLY = {"shape": (3, 224, 224), "dtype": "uint8", "array_bytes": None}
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def byte_size(text):
+    """``4MiB`` -> 4194304; ``92kB`` -> 92000 (SI without the i); plain bytes."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"expected a size in bytes such as 4MiB, 150528, 92kB, got {text!r}")
+    unit = (m.group(2) or "").lower()
+    if unit != "b":
+        unit = unit.rstrip("b")
+    return int(m.group(1)) * _UNITS[unit]
+
+
+def shape_arg(text):
+    """``3,224,224`` -> (3, 224, 224); ``""`` -> () (0-d arrays)."""
+    parts = [t.strip() for t in text.split(",")] if text.strip() else []
+    try:
+        dims = tuple(int(t) for t in parts)
+    except ValueError:
+        dims = (-1,)
+    if any(d < 0 for d in dims):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated non-negative ints such as 3,224,224, got {text!r}")
+    return dims
+
+
+def dtype_arg(text):
+    import numpy as np
+
+    try:
+        dt = np.dtype(text)
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a NumPy dtype") from None
+    if dt.kind not in "biuf" or dt.hasobject:
+        raise argparse.ArgumentTypeError(
+            f"expected a bool, integer or float dtype such as uint8 or float32, got {text!r}")
+    return dt.name if dt.isnative else dt.str
 
 
 def add_parser(sub):
     p = sub.add_parser(
         "make-dataset",
-        help="write a synthetic ImageNet-like JPEG tree",
-        description="Write (or reuse) CLASSES x PER_CLASS synthetic baseline JPEGs under DIR, "
-                    "one directory per class, as fn.readers.file expects. Deterministic for a "
-                    "given --seed; a complete tree made with the same parameters is reused.")
+        help="write a synthetic ImageNet-like JPEG tree (or .npy arrays)",
+        description="Write (or reuse) CLASSES x PER_CLASS synthetic files under DIR, one "
+                    "directory per class, as fn.readers.file expects: baseline JPEGs (--format "
+                    "jpeg, the default) or random .npy arrays of one shape and dtype (--format "
+                    "npy, for fn.readers.numpy). Deterministic for a given --seed; a complete "
+                    "tree made with the same parameters is reused.")
     p.add_argument("dir", metavar="DIR", help="dataset root (absent, empty, or made by fastread)")
+    p.add_argument("--format", choices=("jpeg", "npy"), default="jpeg",
+                   help="file format (default: jpeg)")
     p.add_argument("--classes", type=positive_int, required=True, metavar="N",
                    help="number of class directories")
     p.add_argument("--per-class", type=positive_int, required=True, metavar="M",
-                   help="images per class")
+                   help="files per class")
     p.add_argument("--seed", type=nonnegative_int, default=0, metavar="S",
                    help="random seed (default: 0)")
-    p.add_argument("--mean-kb", type=positive_float, default=92.0, metavar="KB",
-                   help="target mean file size in KB of 1000 bytes (default: 92)")
-    p.add_argument("--width", type=positive_int, default=500, help="nominal width (default: 500)")
-    p.add_argument("--height", type=positive_int, default=375, help="nominal height (default: 375)")
     p.add_argument("--workers", type=positive_int, default=None, metavar="W",
-                   help="generator processes (default: one per CPU)")
+                   help="generator processes (jpeg) or writer threads (npy) (default: one per CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = p.add_argument_group("--format jpeg")
+    g.add_argument("--mean-kb", type=positive_float, default=None, metavar="KB",
+                   help="target mean file size in KB of 1000 bytes (default: 92)")
+    g.add_argument("--width", type=positive_int, default=None, help="nominal width (default: 500)")
+    g.add_argument("--height", type=positive_int, default=None, help="nominal height (default: 375)")
+    g = p.add_argument_group("--format npy")
+    g.add_argument("--shape", type=shape_arg, default=None, metavar="D0,D1,...",
+                   help="array shape (default: 3,224,224)")
+    g.add_argument("--dtype", type=dtype_arg, default=None, metavar="DTYPE",
+                   help="array dtype: bool, integer or float, e.g. uint8, float32, >f4 "
+                        "(default: uint8)")
+    g.add_argument("--array-bytes", type=byte_size, default=None, metavar="SIZE",
+                   help="instead of --shape: 1-D arrays of exactly SIZE bytes of data "
+                        "(each file SIZE + a 128-byte header), e.g. 4MiB (1024s) or 4MB "
+                        "(1000s); a multiple of the dtype's itemsize")
     p.set_defaults(run=run, _parser=p)
     return p
 
 
-def run(args):
-    from fastread.datasets import MARKER_NAME, make_imagenet_like
+def _check_format_options(args):
+    """Fills in per-format defaults; a usage error for the other format's options."""
+    mine, other = (_JPEG_ONLY, _NPY_ONLY) if args.format == "jpeg" else (_NPY_ONLY, _JPEG_ONLY)
+    other_format = "npy" if args.format == "jpeg" else "jpeg"
+    for dest in other:
+        if getattr(args, dest) is not None:
+            args._parser.error(f"--{dest.replace('_', '-')} applies to --format {other_format} "
+                               f"only, not {args.format}")
+    for dest, default in mine.items():
+        if getattr(args, dest) is None and not (dest == "shape" and args.array_bytes is not None):
+            setattr(args, dest, default)
+    if args.format == "npy" and args.array_bytes is not None:
+        import numpy as np
 
+        if args.shape is not None:
+            args._parser.error("give --shape or --array-bytes, not both")
+        itemsize = np.dtype(args.dtype).itemsize
+        if args.array_bytes % itemsize:
+            args._parser.error(f"--array-bytes {args.array_bytes} is not a multiple of the "
+                               f"{itemsize}-byte itemsize of --dtype {args.dtype}")
+        args.shape_from_bytes = (args.array_bytes // itemsize,)
+
+
+def run(args):
+    from fastread.datasets import MARKER_NAME, make_imagenet_like, make_npy_dataset
+
+    _check_format_options(args)
     marker = os.path.join(os.path.abspath(args.dir), MARKER_NAME)
     before = _mtime(marker)
+    what = ""
     try:
-        info = make_imagenet_like(args.dir, classes=args.classes, per_class=args.per_class,
-                                  seed=args.seed, mean_kb=args.mean_kb, width=args.width,
-                                  height=args.height, workers=args.workers,
-                                  progress=not args.quiet)
+        if args.format == "jpeg":
+            info = make_imagenet_like(args.dir, classes=args.classes, per_class=args.per_class,
+                                      seed=args.seed, mean_kb=args.mean_kb, width=args.width,
+                                      height=args.height, workers=args.workers,
+                                      progress=not args.quiet)
+        else:
+            info = make_npy_dataset(args.dir, classes=args.classes, per_class=args.per_class,
+                                    shape=args.shape, nbytes=args.array_bytes, dtype=args.dtype,
+                                    seed=args.seed, workers=args.workers,
+                                    progress=not args.quiet)
+            shape = args.shape if args.array_bytes is None else args.shape_from_bytes
+            what = f", arrays of shape {shape} {args.dtype}"
     except (ValueError, OSError) as e:  # FileExistsError, permissions, bad sizes
         print(f"fastread make-dataset: error: {e}", file=sys.stderr)
         return 1
     reused = before is not None and _mtime(marker) == before
     print(f"{info.root}: {info.files} files in {info.classes} classes, "
           f"{info.total_bytes / 1e9:.3f} GB total, mean {info.mean_bytes / 1e3:.1f} KB"
-          f"{' (reused)' if reused else ''}")
+          f"{what}{' (reused)' if reused else ''}")
     return 0
 
 
