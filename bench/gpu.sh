@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# The GPU-machine benchmark (one call of the device tool; DEVELOPERS.md says
-# how DALI's wheels are staged into /tmp/site and liburing carried in .deps).
-# Builds fastread there, generates the 20,000-JPEG tree and runs
-# `fastread bench --device gpu` warm and cold, read-only and with the mixed
-# decoder, at batch 64 and 256. Results go to $OUT (or bench-results/).
+# The GPU-machine benchmark and tests, in sections that each fit one call of
+# the device tool (DEVELOPERS.md says how DALI's wheels are staged into
+# /tmp/site and liburing carried in .deps):
+#
+#   bash bench/gpu.sh tests    build, then the GPU tests
+#   bash bench/gpu.sh files    JPEG tree: read-to-GPU and mixed decoding,
+#                              warm and cold, batch 64 and 256
+#   bash bench/gpu.sh numpy    .npy trees (3x224x224 uint8, 4 MiB) against
+#                              fn.readers.numpy(device="gpu"), warm and cold
+#   bash bench/gpu.sh image    packed image, cold, cufile ranges to the GPU,
+#                              and the disk's ceiling
+#
+# Datasets are generated once under /tmp (kept while the machine stays warm).
+# JSON results go to $OUT (or bench-results/) as results-<section>.tar.
 set -euo pipefail
+section="${1:-files}"
 out="${OUT:-bench-results}"
-json=/tmp/fastread-gpu-json
+json=/tmp/fastread-gpu-json/$section
 mkdir -p "$out" "$json"
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 deps="$PWD/.deps/liburing/usr"
@@ -14,45 +24,76 @@ if [ -d "$deps" ]; then
     export LIBURING_ROOT="$deps" LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export PKG_CONFIG_PATH="$deps/lib/x86_64-linux-gnu/pkgconfig"
 fi
-python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | grep -v -i warning || true
-data=/tmp/fastread-imagenet-20k
-python3 -m fastread.cli make-dataset "$data" --classes 20 --per-class 1000 --seed 0 --workers 16
-python3 -m fastread.cli info
-modes="${FASTREAD_GPU_MODES:-dali,python-file,fastread-io_uring,fastread-psync}"
-for bs in 64 256; do
-    for decode in "" "--decode"; do
-        for cold in "" "--cold"; do
-            tag="bs${bs}${decode:+-decode}${cold:+-cold}"
-            echo "== $tag"
-            python3 -m fastread.cli bench "$data" --device gpu --threads 8 --batchsize "$bs" \
-                --modes "$modes" $decode $cold --no-progress --json "$json/$tag.json"
-            tar -cf "$out/results.tar" -C "$json" .   # after each run: a timeout keeps what ran
-        done
+stamp=/tmp/fastread-installed-$(git rev-parse HEAD 2>/dev/null || echo tree)-$(git diff | sha1sum | cut -c1-12)
+if [ ! -e "$stamp" ]; then
+    python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | grep -v -i warning || true
+    touch "$stamp"
+fi
+bench() { # tag, then fastread bench arguments
+    local tag="$1"; shift
+    echo "== $tag: $*"
+    python3 -m fastread.cli bench "$@" --no-progress --json "$json/$tag.json"
+    tar -cf "$out/results-$section.tar" -C "$json" .   # after each run: a timeout keeps what ran
+}
+jpegs=/tmp/fastread-imagenet-20k
+make_jpegs() {
+    [ -d "$jpegs" ] || python3 -m fastread.cli make-dataset "$jpegs" --classes 20 --per-class 1000 \
+        --seed 0 --workers 16
+}
+
+case "$section" in
+tests)
+    python3 -m fastread.cli info
+    cd tests && python3 -m pytest -q -ra -p no:cacheprovider test_gpu.py test_numpy_reader.py \
+        test_dali.py 2>&1 | tail -25
+    ;;
+files)
+    make_jpegs
+    read_modes=dali,python-file,fastread-io_uring,fastread-gpu-io_uring,fastread-gpu-psync,fastread-gpu-cufile,read_files-io_uring
+    for bs in 256 64; do
+        bench "bs$bs-warm" "$jpegs" --device gpu --threads 8 --batchsize "$bs" --repeat 3 --modes "$read_modes"
+        bench "bs$bs-cold" "$jpegs" --device gpu --threads 8 --batchsize "$bs" --cold --modes "$read_modes"
     done
-done
-# Cold reads want more I/O in flight: more workers, deeper queues, more threads.
-tuned="--engine-option workers=8 --engine-option queue_depth=128 --engine-option threads=8"
-for bs in 64 256; do
-    tag="bs${bs}-cold-tuned"
-    echo "== $tag ($tuned)"
-    python3 -m fastread.cli bench "$data" --device gpu --threads 8 --batchsize "$bs" --cold \
-        --modes dali,fastread-io_uring,fastread-psync $tuned --no-progress --json "$json/$tag.json"
-    tar -cf "$out/results.tar" -C "$json" .
-done
-# Block level: pack the tree, read the image cold against file-level reads and
-# DALI, and measure the disk's ceiling with the same engine.
-img=/tmp/fastread-imagenet-20k.img
-python3 -m fastread.cli pack "$data" "$img" --quiet
-for bs in 64 256; do
-    tag="bs${bs}-image-cold"
-    echo "== $tag"
-    FASTREAD_BENCH_IMAGE="$img" python3 -m fastread.cli bench "$data" --cold --threads 8 \
-        --batchsize "$bs" --modes dali,fastread-io_uring,image-io_uring,image-dali-io_uring,image-psync \
-        --engine-option queue_depth=128 --no-progress --json "$json/$tag.json"
-    tar -cf "$out/results.tar" -C "$json" .
-done
-for qd in 32 128; do
-    python3 bench/ceiling.py "$img" --cold --queue-depth "$qd"
-done
-# GPU tests (skipped elsewhere).
-(cd tests && python3 -m pytest -q -p no:cacheprovider test_gpu.py test_dali.py 2>&1 | tail -4)
+    decode_modes=memory,dali,fastread-io_uring,fastread-psync
+    bench bs256-decode-warm "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --repeat 3 --modes "$decode_modes"
+    bench bs256-decode-cold "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --cold --modes "$decode_modes"
+    ;;
+numpy)
+    python3 - <<'EOF'
+import os
+import numpy as np
+rng = np.random.default_rng(0)
+for root, classes, per, shape in (("/tmp/fastread-npy-224", 20, 500, (3, 224, 224)),
+                                  ("/tmp/fastread-npy-4m", 10, 50, (4 << 20,))):
+    if os.path.isdir(root):
+        continue
+    for c in range(classes):
+        os.makedirs(f"{root}/c{c:03d}")
+        for j in range(per):
+            np.save(f"{root}/c{c:03d}/{j:05d}.npy", rng.integers(0, 256, shape, dtype=np.uint8))
+EOF
+    np_modes=numpy-dali,numpy-fastread-io_uring,numpy-fastread-psync,numpy-fastread-cufile
+    for set in "224 64" "4m 8"; do
+        read name bs <<<"$set"
+        bench "npy$name-warm" /tmp/fastread-npy-$name --device gpu --threads 8 --batchsize "$bs" --repeat 3 --modes "$np_modes"
+        bench "npy$name-cold" /tmp/fastread-npy-$name --device gpu --threads 8 --batchsize "$bs" --cold --modes "$np_modes"
+    done
+    ;;
+image)
+    make_jpegs
+    img=/tmp/fastread-imagenet-20k.img
+    [ -e "$img" ] || python3 -m fastread.cli pack "$jpegs" "$img" --quiet
+    for bs in 64 256; do
+        FASTREAD_BENCH_IMAGE="$img" bench "bs$bs-image-cold" "$jpegs" --device gpu --cold --threads 8 \
+            --batchsize "$bs" --modes dali,fastread-gpu-io_uring,image-io_uring,image-cufile,image-dali-io_uring,image-dali-cufile \
+            --engine-option queue_depth=128 --engine-option workers=4
+    done
+    for qd in 32 128; do
+        python3 bench/ceiling.py "$img" --cold --queue-depth "$qd"
+    done
+    ;;
+*)
+    echo "unknown section '$section' (tests, files, numpy, image)" >&2
+    exit 2
+    ;;
+esac

@@ -53,7 +53,10 @@ def run(pipe_fn, batches):
     return out
 
 
-@pytest.mark.parametrize("engine", ["io_uring", "psync"])
+ENGINES = ["io_uring", "psync", "cufile"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_gpu_output_equals_dali_gpu(tree, engine):
     @pipeline_def(batch_size=5, num_threads=2, device_id=0)
     def ref():
@@ -83,7 +86,81 @@ def test_mixed_decoder_on_fastread_input(disk_tmp):
                 (lambda pp: [pp.build()] and [pp.run() for _ in range(3)])(p())]
 
     want = decoded(lambda r: fn.readers.file(file_root=r))
-    got = decoded(lambda r: readers.file(file_root=r))
-    for wb, gb in zip(want, got):
-        for w, g in zip(wb, gb):
-            assert np.array_equal(w, g)
+    # In a pipeline with a device the arenas are pinned: DALI's uploads for
+    # the mixed decoder read them (no_copy) or its own copies of them.
+    for no_copy in (False, True):
+        got = decoded(lambda r: readers.file(file_root=r, no_copy=no_copy))
+        for wb, gb in zip(want, got):
+            for w, g in zip(wb, gb):
+                assert np.array_equal(w, g)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+@pytest.mark.parametrize("o_direct", [False, True])
+def test_bytes_equal_for_every_engine_and_output_device(tree, engine, device, o_direct):
+    import fastread
+    paths, _ = fastread.scan(tree)
+    want = [open(p, "rb").read() for p in paths]
+    with fastread.Reader(tree, batch_size=4, engine=engine, device=device, device_id=0,
+                         o_direct=o_direct, workers=2) as r:
+        got = []
+        for _ in range(2):  # a second epoch reuses arenas, handles, device buffers
+            for arrays, _labels in r:
+                got += [cupy.asarray(a).get().tobytes() if device == "gpu" else a.tobytes()
+                        for a in arrays]
+            assert got == want
+            got = []
+        mem = r.memory()
+        assert mem["batches"] <= r.workers + 2 + 1
+
+
+def test_cufile_reports_its_mode():
+    from fastread import _core
+    ok, why = _core.probe("cufile")
+    assert ok, why
+    assert "compatibility mode" in why or "GPUDirect Storage" in why
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_packed_image_to_gpu(tree, disk_tmp, engine):
+    import fastread
+    img_path = os.path.join(disk_tmp, "gpu-tree.img")
+    if not os.path.exists(img_path):
+        fastread.pack(tree, img_path)
+    img = fastread.PackedImage(img_path)
+    want = [bytes(a) for a in img.read(range(len(img)), engine="psync")]
+
+    @pipeline_def(batch_size=5, num_threads=2, device_id=0)
+    def ours():
+        return readers.image(image=img_path, engine=engine, device="gpu", o_direct=True)
+
+    got = [b for batch in run(ours, 3) for b, _ in batch]
+    assert got == want[:15]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_numpy_gpu_output_equals_dali_numpy(disk_tmp, engine):
+    root = os.path.join(disk_tmp, "gpu-npy")
+    if not os.path.isdir(root):
+        rng = np.random.default_rng(3)
+        for c in range(2):
+            os.makedirs(os.path.join(root, f"c{c}"))
+            for j in range(6):
+                a = rng.standard_normal((3, 5 + j, 7)).astype(np.float32)
+                np.save(os.path.join(root, f"c{c}", f"{j}.npy"),
+                        np.asfortranarray(a) if j == 4 else a)
+
+    def arrays(reader):
+        @pipeline_def(batch_size=4, num_threads=2, device_id=0)
+        def p():
+            return reader()
+        pp = p()
+        pp.build()
+        return [np.array(t) for _ in range(3) for t in pp.run()[0].as_cpu()]
+
+    want = arrays(lambda: fn.readers.numpy(file_root=root, device="gpu"))
+    got = arrays(lambda: readers.numpy(file_root=root, device="gpu", engine=engine))
+    assert len(got) == len(want) == 12
+    for w, g in zip(want, got):
+        assert w.dtype == g.dtype and np.array_equal(w, g)

@@ -272,8 +272,14 @@ def run(args):
                   f"  -- {m.help}")
         return 0
 
+    from fastread.cli import numpy_modes
     try:
-        paths, labels = fastread.scan(args.data_dir)
+        if numpy_modes.is_numpy_run(selected):
+            from fastread.index import scan_numpy
+            paths = scan_numpy(args.data_dir)
+            labels = [0] * len(paths)
+        else:
+            paths, labels = fastread.scan(args.data_dir)
     except (OSError, ValueError) as e:
         parser.error(f"cannot index DATA_DIR: {e}")
     if not paths:

@@ -62,10 +62,8 @@ def unavailable(mode, env, *, device="cpu", decode=False, cfg=None):
             return env.dali_error
         if env.fastread_dali_error:
             return env.fastread_dali_error
-        if device == "gpu":
-            return "readers.image has CPU output only in this version"
-    elif device == "gpu":
-        return "reads into host memory only; --device gpu applies to DALI modes"
+        if device == "gpu" and decode:
+            return "GPU output cannot feed the mixed decoder; drop --decode"
     elif decode:
         return "does not decode; --decode applies to DALI modes"
     if cfg is not None:
@@ -95,11 +93,12 @@ def _image(cfg):
 class ImageReaderRunner(M._EpochRunner):
     """fastread.Reader over the packed image, epoch after epoch."""
 
-    def __init__(self, cfg, engine):
+    def __init__(self, cfg, engine, device=None):
         import fastread
 
         self.reader = fastread.Reader(image=_image(cfg), batch_size=cfg.batch_size,
-                                      engine=engine, **_options(cfg))
+                                      engine=engine, device=device or cfg.device,
+                                      **_options(cfg))
         super().__init__()
 
     def new_epoch(self):
@@ -120,7 +119,7 @@ def build(mode, cfg):
         def reader():
             from fastread.dali import readers
             return readers.image(image=img, engine=mode.engine, random_shuffle=False,
-                                 name="Reader", **_options(cfg))
+                                 name="Reader", device=cfg.device, **_options(cfg))
         return M.DaliRunner(cfg, reader)
     raise ValueError(f"mode {mode.name}: not an image mode")
 

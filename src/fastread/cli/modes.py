@@ -13,9 +13,13 @@ A mode is a way of getting batches of encoded samples out of a dataset tree:
 ``xnvme-ctypes``     the seed's per-file xNVMe loop through the PyPI ``xnvme``
                      ctypes bindings (open, pread, close per sample), no DALI
 ``xnvme-file``       DALI + fastread's ``xnvme-file`` engine
-``xnvme-gds``        ``--mem cpu``: fastread.Reader over the packed image with
-                     the ``xnvme`` range engine (queues on one device/image);
-                     ``--mem gpu``: not built yet (no GPU pinned ring)
+``fastread-gpu-<e>`` DALI with ``readers.file(engine=<e>, device="gpu")``:
+                     batches uploaded natively from pinned arenas (or read
+                     into GPU memory by ``cufile``); ``--device gpu`` only
+``xnvme-gds``        fastread.Reader over the packed image with the ``xnvme``
+                     range engine (queues on one device/image), into host
+                     memory (``--mem cpu``) or on to the GPU (``--mem gpu``:
+                     pinned arena, one copy per batch)
 ``xnvme-bam``        not built in this version
 ===================  ==========================================================
 
@@ -51,13 +55,9 @@ class Mode:
         return self.kind in DALI_KINDS
 
 
-DALI_KINDS = ("dali", "python-file", "fastread-dali")
+DALI_KINDS = ("dali", "python-file", "fastread-dali", "fastread-dali-gpu")
+DALI_KINDS = DALI_KINDS + ("memory",)
 KINDS = DALI_KINDS + ("read_files", "python-loop", "xnvme-ctypes", "xnvme-gds")
-
-#: Why ``xnvme-gds --mem gpu`` cannot run.
-GDS_GPU_MISSING = ("--mem gpu needs the GPU pinned ring (reads landing in GPU memory through "
-                   "GPUDirect Storage), which is not built yet; --mem cpu reads into host memory "
-                   "with the xnvme engine")
 
 #: Modes named after an I/O stack. ``engine`` is the fastread engine each
 #: needs; while fastread.engines() does not list it the mode reports
@@ -66,8 +66,8 @@ STACK_MODES = (
     Mode("xnvme-file", "fastread-dali", engine="xnvme-file",
          help="DALI + fastread over xNVMe's file backend"),
     Mode("xnvme-gds", "xnvme-gds", engine="xnvme",
-         help="--mem cpu: fastread.Reader over the packed image with the xnvme range engine; "
-              "--mem gpu (GPUDirect Storage) is not built yet"),
+         help="fastread.Reader over the packed image with the xnvme range engine; --mem gpu "
+              "copies each batch from the pinned arena to the GPU"),
     Mode("xnvme-ctypes", "xnvme-ctypes",
          help="the seed's per-file loop through xNVMe's ctypes bindings (pip install xnvme)"),
     Mode("xnvme-bam", "fastread-dali", engine="xnvme-bam", gpu_only=True,
@@ -91,6 +91,9 @@ def all_modes(engine_status):
     modes += [Mode(f"fastread-{e}", "fastread-dali", engine=e,
                    help=f"DALI + fastread.dali.readers.file(engine={e!r})")
               for e in engine_status]
+    modes += [Mode(f"fastread-gpu-{e}", "fastread-dali-gpu", engine=e,
+                   help=f"DALI + fastread.dali.readers.file(engine={e!r}, device='gpu')")
+              for e in engine_status]
     modes += [Mode(f"read_files-{e}", "read_files", engine=e,
                    help=f"fastread.Reader(engine={e!r}) without DALI")
               for e in engine_status]
@@ -101,8 +104,13 @@ def all_modes(engine_status):
                        help=f"fastread.Reader(engine='xnvme-file', xnvme_async={a!r})")
                   for a in XNVME_ASYNC]
     modes.append(Mode("python-loop", "python-loop", help="np.fromfile per sample, no DALI"))
+    modes.append(Mode("memory", "memory",
+                      help="DALI external_source cycling over the first batches, already in "
+                           "memory: no I/O (with --decode, the decode-only ceiling)"))
     from fastread.cli import image_modes
     modes += image_modes.all_modes(engine_status)
+    from fastread.cli import numpy_modes
+    modes += numpy_modes.all_modes(engine_status)
     names = {m.name for m in modes}
     modes += [m for m in STACK_MODES if m.name not in names]
     return modes
@@ -153,17 +161,18 @@ def unavailable(mode, env, *, device="cpu", decode=False, mem=None, cfg=None):
     """Why ``mode`` cannot run here with these settings, or None. ``mem``
     (cpu or gpu) is where xnvme-gds reads land; ``cfg`` lets image-based
     modes check for their image."""
+    from fastread.cli import numpy_modes
+    if mode.kind in numpy_modes.KINDS:
+        return numpy_modes.unavailable(mode, env, device=device, decode=decode)
     if mode.kind == "xnvme-gds":
         if mem is None:
-            return ("say where its reads land: --mem cpu (host memory, xnvme engine over the "
-                    "packed image) or --mem gpu (not built yet)")
-        if mem == "gpu":
-            return GDS_GPU_MISSING
+            return ("say where its reads land: --mem cpu (host memory) or --mem gpu (on to the "
+                    "GPU, one copy per batch from the pinned arena)")
         why = range_engine_ok(env, mode.engine)
         if why:
             return why
-        if device == "gpu":
-            return "reads into host memory only; --device gpu applies to DALI modes"
+        if mem == "gpu" and env.cuda_error:
+            return f"--mem gpu needs a CUDA device; {env.cuda_error}"
         if decode:
             return "does not decode; --decode applies to DALI modes"
         if cfg is not None:
@@ -190,10 +199,16 @@ def unavailable(mode, env, *, device="cpu", decode=False, mem=None, cfg=None):
     if mode.uses_dali:
         if env.dali_error:
             return env.dali_error
-        if mode.kind == "fastread-dali" and env.fastread_dali_error:
+        if mode.kind.startswith("fastread-dali") and env.fastread_dali_error:
             return env.fastread_dali_error
-    elif device == "gpu":
-        return "reads into host memory only; --device gpu applies to DALI modes"
+        if mode.kind == "fastread-dali-gpu":
+            if device != "gpu":
+                return "GPU output: run it with --device gpu"
+            if decode:
+                return ("GPU output cannot feed the mixed decoder (it takes host input): "
+                        "use fastread-<engine> with --decode")
+    elif device == "gpu" and mode.kind != "read_files":
+        return "reads into host memory only; --device gpu applies to DALI and read_files modes"
     elif decode:
         return "does not decode; --decode applies to DALI modes"
     if (device == "gpu" or mode.gpu_only) and env.cuda_error:
@@ -213,7 +228,7 @@ class Config:
     decode: bool = False
     prefetch_queue_depth: int = 2
     engine_options: dict = dataclasses.field(default_factory=dict)
-    #: where xnvme-gds reads land: "cpu" (host memory) or "gpu" (not built yet)
+    #: where xnvme-gds reads land: "cpu" (host memory) or "gpu" (device memory)
     mem: str = "cpu"
 
     @property
@@ -238,13 +253,15 @@ def build(mode, cfg):
             it = FileInputIterator(batch_size=cfg.batch_size, paths=cfg.paths, labels=cfg.labels)
             return fn.external_source(source=it, num_outputs=2, batch=True)
         return DaliRunner(cfg, reader)
-    if mode.kind == "fastread-dali":
+    if mode.kind in ("fastread-dali", "fastread-dali-gpu"):
+        out = "gpu" if mode.kind == "fastread-dali-gpu" else "cpu"
+
         def reader():
             from fastread.dali import readers
-            # CPU output and data.gpu(), as a DALI user writes it: on the H200
-            # this beat readers.file(device="gpu") warm (pageable copies).
+            # fastread-<e>: CPU output and data.gpu(), as a DALI user writes
+            # it (pinned arenas when the pipeline has a GPU).
             return readers.file(file_root=cfg.data_dir, engine=mode.engine, random_shuffle=False,
-                                name="Reader", **cfg.engine_options)
+                                name="Reader", device=out, **cfg.engine_options)
         return DaliRunner(cfg, reader)
     if mode.kind == "read_files":
         opts = {}
@@ -255,13 +272,41 @@ def build(mode, cfg):
     if mode.kind == "xnvme-ctypes":
         return LoopRunner(cfg, "xnvme_ctypes_loop")
     if mode.kind == "xnvme-gds":
-        if cfg.mem == "gpu":
-            raise ValueError(GDS_GPU_MISSING)
         from fastread.cli import image_modes
-        return image_modes.ImageReaderRunner(cfg, mode.engine)
+        return image_modes.ImageReaderRunner(cfg, mode.engine, device=cfg.mem)
+    from fastread.cli import numpy_modes
+    if mode.kind in numpy_modes.KINDS:
+        return numpy_modes.build(mode, cfg)
     if mode.kind == "python-loop":
         return LoopRunner(cfg, "python_loop")
+    if mode.kind == "memory":
+        return DaliRunner(cfg, _memory_source(cfg))
     raise ValueError(f"mode {mode.name}: unknown kind {mode.kind!r}")
+
+
+#: Batches the memory mode holds (it cycles over them).
+MEMORY_BATCHES = 32
+
+
+def _memory_source(cfg):
+    """A reader() feeding DALI the dataset's first batches from memory."""
+    import fastread
+
+    n = min(len(cfg.paths), MEMORY_BATCHES * cfg.batch_size)
+    arrays = [a.copy() for a in fastread.read_files(cfg.paths[:n])]
+    labels = np.asarray(cfg.labels[:n], dtype=np.int32).reshape(-1, 1)
+    bs = cfg.batch_size
+    batches = [(arrays[i:i + bs], labels[i:i + bs]) for i in range(0, n - bs + 1, bs)]
+
+    def cycle():
+        while True:
+            yield from batches
+
+    def reader():
+        from nvidia.dali import fn
+        # The arrays never change, so DALI may use them in place.
+        return fn.external_source(source=cycle(), num_outputs=2, batch=True, no_copy=True)
+    return reader
 
 
 class DaliRunner:
@@ -351,7 +396,7 @@ class ReaderRunner(_EpochRunner):
         import fastread
 
         self.reader = fastread.Reader(cfg.data_dir, batch_size=cfg.batch_size, engine=engine,
-                                      **cfg.engine_options, **extra)
+                                      device=cfg.device, **cfg.engine_options, **extra)
         super().__init__()
 
     def new_epoch(self):
