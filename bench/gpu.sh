@@ -19,6 +19,10 @@ out="${OUT:-bench-results}"
 json=/tmp/fastread-gpu-json/$section
 mkdir -p "$out" "$json"
 export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Our GPU machine has no nvidia-fs, and cuFile cannot identify its virtio
+# disk's file system (no udev data): without forcing compatibility mode it
+# refuses to register files, for DALI's GDS reader and our cufile engine alike.
+export CUFILE_FORCE_COMPAT_MODE="${CUFILE_FORCE_COMPAT_MODE:-true}"
 deps="$PWD/.deps/liburing/usr"
 if [ -d "$deps" ]; then
     export LIBURING_ROOT="$deps" LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

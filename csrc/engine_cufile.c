@@ -196,6 +196,14 @@ static int entry_open(cufile *c, const char *path, size_t h, const struct stat *
         close(fd);
         return S_ISDIR(st.st_mode) ? -EISDIR : !S_ISREG(st.st_mode) ? -EINVAL : -EAGAIN;
     }
+    /* O_NONBLOCK only kept a FIFO from blocking the open; cuFileHandleRegister
+     * refuses descriptors that carry it. */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
     fh_entry *e = calloc(1, sizeof(*e));
     char *copy = strdup(path);
     if (!e || !copy) {

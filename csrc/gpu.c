@@ -495,8 +495,10 @@ int fr_gpu_cufile_register(fr_gpu *g, int fd, fr_CUfileHandle *out)
     if (e.err != 0) {
         pthread_mutex_lock(&g->lock);
         snprintf(g->last_error, sizeof(g->last_error),
-                 "cuFileHandleRegister failed (cuFile error %d, CUDA error %d)", e.err,
-                 e.cu_err);
+                 "cuFileHandleRegister failed (cuFile error %d, CUDA error %d; cufile.log says "
+                 "why; where GDS cannot identify the file system, as on VMs without udev "
+                 "data, CUFILE_FORCE_COMPAT_MODE=true selects cuFile's compatibility mode)",
+                 e.err, e.cu_err);
         pthread_mutex_unlock(&g->lock);
         return -EIO;
     }

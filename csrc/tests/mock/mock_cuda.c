@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -250,7 +251,9 @@ EXPORT CUfileError_t cuFileDriverOpen(void) { CUfileError_t e = {0, 0}; return e
 EXPORT CUfileError_t cuFileHandleRegister(void **fh, CUfileDescr_t *d)
 {
     CUfileError_t e = {0, 0};
-    if (d->type != 1 || d->handle.fd < 0) {
+    /* The real library refuses descriptors with O_NONBLOCK. */
+    int fl = d->handle.fd >= 0 ? fcntl(d->handle.fd, F_GETFL) : -1;
+    if (d->type != 1 || fl < 0 || (fl & O_NONBLOCK)) {
         e.err = 5001;
         return e;
     }
