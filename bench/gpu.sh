@@ -28,7 +28,9 @@ if [ -d "$deps" ]; then
     export LIBURING_ROOT="$deps" LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export PKG_CONFIG_PATH="$deps/lib/x86_64-linux-gnu/pkgconfig"
 fi
-stamp=/tmp/fastread-installed-$(git rev-parse HEAD 2>/dev/null || echo tree)-$(git diff | sha1sum | cut -c1-12)
+# Rebuilt whenever the sources changed (the copy here may have no .git).
+stamp=/tmp/fastread-installed-$(find csrc src CMakeLists.txt pyproject.toml -type f -print0 | sort -z |
+                                xargs -0 cat | sha1sum | cut -c1-16)
 if [ ! -e "$stamp" ]; then
     python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | grep -v -i warning || true
     touch "$stamp"
