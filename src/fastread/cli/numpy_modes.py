@@ -4,6 +4,9 @@
 ===========================  ================================================
 ``numpy-dali``               DALI's ``fn.readers.numpy`` (with ``--device
                              gpu``: ``device="gpu"``, DALI's GDS reader)
+``numpy-dali-cpu``           DALI's ``fn.readers.numpy(device="cpu")``, then
+                             ``.gpu()`` with ``--device gpu`` (where cuFile
+                             cannot run)
 ``numpy-fastread-<e>``       ``fastread.dali.readers.numpy(engine=<e>)``, on
                              the same device
 ===========================  ================================================
@@ -19,7 +22,9 @@ KINDS = ("numpy-dali", "numpy-fastread")
 
 def all_modes(engine_status):
     out = [M.Mode("numpy-dali", "numpy-dali",
-                  help="DALI's fn.readers.numpy (device='gpu' with --device gpu: GDS)")]
+                  help="DALI's fn.readers.numpy (device='gpu' with --device gpu: GDS)"),
+           M.Mode("numpy-dali-cpu", "numpy-dali",
+                  help="DALI's fn.readers.numpy on the CPU, then .gpu() with --device gpu")]
     out += [M.Mode(f"numpy-fastread-{e}", "numpy-fastread", engine=e,
                    help=f"fastread.dali.readers.numpy(engine={e!r})") for e in engine_status]
     return out
@@ -78,8 +83,10 @@ def build(mode, cfg):
     if mode.kind == "numpy-dali":
         def reader():
             from nvidia.dali import fn
-            return fn.readers.numpy(file_root=cfg.data_dir, device="gpu" if gpu else "cpu",
+            on_gpu = gpu and mode.name == "numpy-dali"
+            data = fn.readers.numpy(file_root=cfg.data_dir, device="gpu" if on_gpu else "cpu",
                                     random_shuffle=False, name="Reader")
+            return data.gpu() if gpu and not on_gpu else data
     else:
         def reader():
             from fastread.dali import readers

@@ -14,7 +14,7 @@ CPU, and on the GPU none after the batch's one upload (or none at all with
 """
 import numpy as np
 
-from fastread.dali.readers import _BatchSource, _reader_outputs
+from fastread.dali.readers import _BatchSource, _gpu_batch, _reader_outputs
 from fastread.index import scan, scan_numpy
 from fastread.npy import NpyError, NpyIndex
 
@@ -31,6 +31,7 @@ class _NumpySource(_BatchSource):
         super().__init__(reader)
         self.index = index
         self.gpu = gpu
+        self.device_id = reader.device_id
         if gpu:
             import cupy
             self._cupy = cupy
@@ -57,7 +58,7 @@ class _NumpySource(_BatchSource):
             else:
                 off = self._offset[i]
                 out.append(a[off:].view(self.index.dtype[i]).reshape(shape))
-        return (out,)
+        return (_gpu_batch(out, self.device_id) if self.gpu else out,)
 
     def _fortran_to_c(self, a, i, shape):
         rev = tuple(reversed(shape))

@@ -70,12 +70,21 @@ class _BatchSource:
         return arrays, labels.reshape(-1, 1)
 
 
+def _gpu_batch(arrays, device_id):
+    """The batch as one DALI TensorListGPU over the samples' device memory
+    (no copy). Handing DALI a TensorList skips its per-sample Python checks
+    (measured on an H200: those cost about 5 us a sample, more than the
+    native read and upload of the whole batch)."""
+    from nvidia.dali.tensors import TensorGPU, TensorListGPU
+    return TensorListGPU([TensorGPU(a, "", device_id) for a in arrays], "", contiguous=False)
+
+
 class _GpuBatchSource(_BatchSource):
     """Batches already in GPU memory: the reader's native workers copied each
     batch's contiguous pinned arena to a device buffer in one copy (or the
     cufile engine read it there) and finished before handing it over, so DALI
-    gets the samples as device arrays with nothing left to wait for. Labels
-    go up with one small copy per batch."""
+    gets the samples with nothing left to wait for. Labels go up with one
+    small copy per batch."""
 
     def __init__(self, reader, device_id):
         super().__init__(reader)
@@ -83,11 +92,12 @@ class _GpuBatchSource(_BatchSource):
 
         self._cupy = cupy
         self._device = cupy.cuda.Device(device_id)
+        self._device_id = device_id
 
     def __next__(self):
         arrays, labels = super().__next__()
         with self._device:
-            return arrays, self._cupy.asarray(labels)
+            return _gpu_batch(arrays, self._device_id), self._cupy.asarray(labels)
 
 
 def file(*, file_root=None, file_list=None, files=None, labels=None, file_filters=None,
