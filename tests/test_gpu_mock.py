@@ -126,3 +126,25 @@ except OSError as e:
 else:
     raise AssertionError("device 3 should not exist")
 """)
+
+
+def test_xnvme_ranges_to_gpu(mock_dir, edge_tree, disk_tmp):
+    """xnvme-gds --mem gpu: the xnvme range engine into the pinned arena,
+    then one upload per batch."""
+    if "xnvme" not in fastread._core.engine_names():
+        pytest.skip("xNVMe engines not built here")
+    root, _ = edge_tree
+    out = os.path.join(disk_tmp, "mock-xnvme.img")
+    if not os.path.exists(out):
+        fastread.pack(root, out)
+    run_child(mock_dir, PRELUDE + f"""
+img = fastread.PackedImage({out!r})
+want = img.read(range(len(img)), engine="psync")
+with fastread.Reader(image={out!r}, batch_size=5, device="gpu", engine="xnvme") as r:
+    n = 0
+    for arrays, labels in r:
+        for a in arrays:
+            assert device_bytes(a) == bytes(want[n])
+            n += 1
+    assert n == len(img)
+""")
