@@ -30,7 +30,6 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -76,8 +75,6 @@ typedef struct cufile {
     /* The phase being run. */
     const char *const *paths;
     fr_batch *batch;
-    size_t n;
-    atomic_size_t next;
     fh_entry **entries;
     int64_t *sizes;
     unsigned char *repair;
@@ -368,7 +365,7 @@ static void run_phase(void *arg, int ph)
 {
     cufile *c = arg;
     size_t k;
-    while ((k = atomic_fetch_add(&c->next, 1)) < c->n) {
+    while (fr_threadpool_claim(c->pool, &k)) {
         if (ph == PHASE_OPEN)
             open_one(c, k);
         else if (ph == PHASE_READ)
@@ -376,12 +373,6 @@ static void run_phase(void *arg, int ph)
         else
             range_one(c, k);
     }
-}
-
-static void dispatch(cufile *c, enum phase ph)
-{
-    atomic_store(&c->next, 0);
-    fr_threadpool_run(c->pool, ph);
 }
 
 static int grow_scratch(cufile *c, size_t n)
@@ -467,14 +458,13 @@ static int cufile_read_files(void *state, const char *const *paths, const int64_
     c->batch_no++;
     c->paths = paths;
     c->batch = batch;
-    c->n = n;
-    dispatch(c, PHASE_OPEN);
+    fr_threadpool_run(c->pool, PHASE_OPEN, n);
     rc = fr_layout(batch, c->sizes, n, c->cfg.o_direct, c->cfg.direct_alignment);
     if (rc == 0)
         rc = reserve_device(c, batch);
     if (rc == 0) {
         memset(c->repair, 0, n);
-        dispatch(c, PHASE_READ);
+        fr_threadpool_run(c->pool, PHASE_READ, n);
         rc = repair_on_host(c, batch, 0);
     }
     close_transients(c);
@@ -513,9 +503,8 @@ static int cufile_read_ranges(void *state, const char *path, const fr_range *ran
         return rc;
     c->ranges = ranges;
     c->batch = batch;
-    c->n = n;
     memset(c->repair, 0, n);
-    dispatch(c, PHASE_RANGES);
+    fr_threadpool_run(c->pool, PHASE_RANGES, n);
     return repair_on_host(c, batch, 1);
 }
 

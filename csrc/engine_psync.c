@@ -8,7 +8,6 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -31,7 +30,6 @@ typedef struct psync {
     const char *const *paths;
     fr_batch *batch;
     size_t first, count;
-    atomic_size_t next;
     int fds[WINDOW];
     int64_t sizes[WINDOW];
     unsigned char needs_repair[WINDOW];
@@ -134,7 +132,7 @@ static void run_phase(void *arg, int ph)
 {
     psync *p = arg;
     size_t k;
-    while ((k = atomic_fetch_add(&p->next, 1)) < p->count) {
+    while (fr_threadpool_claim(p->pool, &k)) {
         if (ph == PHASE_OPEN)
             open_one(p, k);
         else if (ph == PHASE_READ)
@@ -142,13 +140,6 @@ static void run_phase(void *arg, int ph)
         else
             range_one(p, k);
     }
-}
-
-/* Runs one phase on the pool and the calling thread, returning when done. */
-static void dispatch(psync *p, enum phase ph)
-{
-    atomic_store(&p->next, 0);
-    fr_threadpool_run(p->pool, ph);
 }
 
 static void psync_close(void *state)
@@ -196,7 +187,7 @@ static int psync_read_files(void *state, const char *const *paths, const int64_t
         p->first = first;
         p->count = n - first < WINDOW ? n - first : WINDOW;
         memset(p->needs_repair, 0, sizeof(p->needs_repair));
-        dispatch(p, PHASE_OPEN);
+        fr_threadpool_run(p->pool, PHASE_OPEN, p->count);
         /* fr_layout indexes samples from 0: shift the window's view. */
         fr_sample *saved = batch->samples;
         batch->samples = saved + first;
@@ -208,7 +199,7 @@ static int psync_read_files(void *state, const char *const *paths, const int64_t
                     close(p->fds[k]);
             return rc;
         }
-        dispatch(p, PHASE_READ);
+        fr_threadpool_run(p->pool, PHASE_READ, p->count);
         for (size_t k = 0; k < p->count; k++) {
             if (!p->needs_repair[k])
                 continue;
@@ -241,7 +232,7 @@ static int psync_read_ranges(void *state, const char *path, const fr_range *rang
     p->batch = batch;
     p->first = 0;
     p->count = n;
-    dispatch(p, PHASE_RANGES);
+    fr_threadpool_run(p->pool, PHASE_RANGES, p->count);
     return 0;
 }
 

@@ -109,7 +109,6 @@ typedef struct xfile {
     const char *const *paths;
     fr_batch *batch;
     size_t first, count;
-    atomic_size_t next;
     int64_t sizes[WINDOW];    /* stat()'s size, or -errno */
     size_t slot_len[WINDOW];  /* bytes laid out for the file (fr_request_len) */
     int hinted;               /* laid out from size hints: stat as part of the read */
@@ -318,7 +317,7 @@ static void read_phase(xfile *x)
 {
     if (!x->a.queue) {
         size_t k;
-        while ((k = atomic_fetch_add(&x->next, 1)) < x->count)
+        while (fr_threadpool_claim(x->pool, &k))
             if (to_read(x, k))
                 read_sync(x, k);
         return;
@@ -331,8 +330,8 @@ static void read_phase(xfile *x)
     int exhausted = 0;
     for (;;) {
         while (!exhausted && active < cap) {
-            size_t k = atomic_fetch_add(&x->next, 1);
-            if (k >= x->count) {
+            size_t k;
+            if (!fr_threadpool_claim(x->pool, &k)) {
                 exhausted = 1;
                 break;
             }
@@ -382,14 +381,8 @@ static void run_phase(void *arg, int ph)
         return;
     }
     size_t k;
-    while ((k = atomic_fetch_add(&x->next, 1)) < x->count)
+    while (fr_threadpool_claim(x->pool, &k))
         size_one(x, k);
-}
-
-static void dispatch(xfile *x, enum phase ph)
-{
-    atomic_store(&x->next, 0);
-    fr_threadpool_run(x->pool, ph);
 }
 
 static void xf_close(void *state)
@@ -473,7 +466,7 @@ static int xf_read_files(void *state, const char *const *paths, const int64_t *s
         if (x->hinted)
             memcpy(x->sizes, size_hints + first, x->count * sizeof(*x->sizes));
         else
-            dispatch(x, PHASE_SIZE);
+            fr_threadpool_run(x->pool, PHASE_SIZE, x->count);
         for (size_t k = 0; k < x->count; k++)
             x->slot_len[k] = x->sizes[k] < 0 ? 0 : want_of(x, k);
         fr_sample *saved = batch->samples;
@@ -482,7 +475,7 @@ static int xf_read_files(void *state, const char *const *paths, const int64_t *s
         batch->samples = saved;
         if (rc != 0)
             return rc;
-        dispatch(x, PHASE_READ);
+        fr_threadpool_run(x->pool, PHASE_READ, x->count);
         for (size_t k = 0; k < x->count; k++) {
             if (!x->repair[k])
                 continue;

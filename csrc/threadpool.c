@@ -1,6 +1,7 @@
 /* The fork-join pool behind the thread-based engines (threadpool.h). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@ struct fr_threadpool {
     unsigned busy;   /* threads still inside the current phase */
     int phase;
     int exiting;
+    size_t count;       /* items of the current phase */
+    atomic_size_t next; /* the next item to claim */
 };
 
 static void *worker(void *p_)
@@ -75,9 +78,11 @@ int fr_threadpool_start(fr_threadpool **out, unsigned extra, fr_phase_fn fn, voi
     return 0;
 }
 
-void fr_threadpool_run(fr_threadpool *p, int phase)
+void fr_threadpool_run(fr_threadpool *p, int phase, size_t count)
 {
     pthread_mutex_lock(&p->lock);
+    p->count = count;
+    atomic_store(&p->next, 0);
     p->phase = phase;
     p->busy = p->nthreads;
     p->job_id++;
@@ -90,6 +95,12 @@ void fr_threadpool_run(fr_threadpool *p, int phase)
     while (p->busy > 0)
         pthread_cond_wait(&p->done_cv, &p->lock);
     pthread_mutex_unlock(&p->lock);
+}
+
+int fr_threadpool_claim(fr_threadpool *p, size_t *k)
+{
+    *k = atomic_fetch_add(&p->next, 1);
+    return *k < p->count;
 }
 
 unsigned fr_threadpool_size(const fr_threadpool *p) { return p->nthreads + 1; }
