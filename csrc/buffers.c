@@ -215,15 +215,18 @@ void fr_pool_close(fr_pool *pool)
         pool_destroy(pool);
 }
 
-size_t fr_pool_bytes(fr_pool *pool)
+/* Bytes the idle batches hold: host arenas, or device buffers. */
+static size_t idle_bytes(fr_pool *pool, int device)
 {
     size_t bytes = 0;
     pthread_mutex_lock(&pool->lock);
     for (fr_batch *b = pool->free_list; b; b = b->next)
-        bytes += b->arena.capacity;
+        bytes += device ? b->device.capacity : b->arena.capacity;
     pthread_mutex_unlock(&pool->lock);
     return bytes;
 }
+
+size_t fr_pool_bytes(fr_pool *pool) { return idle_bytes(pool, 0); }
 
 void fr_pool_set_gpu(fr_pool *pool, fr_gpu *gpu, int pin)
 {
@@ -236,15 +239,7 @@ void fr_pool_set_gpu(fr_pool *pool, fr_gpu *gpu, int pin)
     fr_gpu_close(old);
 }
 
-size_t fr_pool_device_bytes(fr_pool *pool)
-{
-    size_t bytes = 0;
-    pthread_mutex_lock(&pool->lock);
-    for (fr_batch *b = pool->free_list; b; b = b->next)
-        bytes += b->device.capacity;
-    pthread_mutex_unlock(&pool->lock);
-    return bytes;
-}
+size_t fr_pool_device_bytes(fr_pool *pool) { return idle_bytes(pool, 1); }
 
 size_t fr_pool_batches(fr_pool *pool)
 {

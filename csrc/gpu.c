@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,13 +121,21 @@ static const char *cu_errstr(const fr_gpu *g, fr_CUresult r)
     return "unknown CUDA error";
 }
 
+/* Keeps the message for fr_gpu_last_error; any thread may call it. */
+__attribute__((format(printf, 2, 3))) static void record_error(fr_gpu *g, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&g->lock);
+    vsnprintf(g->last_error, sizeof(g->last_error), fmt, ap);
+    pthread_mutex_unlock(&g->lock);
+    va_end(ap);
+}
+
 /* Records a failed CUDA call; returns the errno it maps to. */
 static int cu_fail(fr_gpu *g, fr_CUresult r, const char *what)
 {
-    pthread_mutex_lock(&g->lock);
-    snprintf(g->last_error, sizeof(g->last_error), "%s on GPU %d: %s (CUDA error %d)", what,
-             g->device, cu_errstr(g, r), r);
-    pthread_mutex_unlock(&g->lock);
+    record_error(g, "%s on GPU %d: %s (CUDA error %d)", what, g->device, cu_errstr(g, r), r);
     return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
 }
 
@@ -450,7 +459,7 @@ static int cufile_load(fr_gpu *g)
     if (rc)
         return rc;
     if ((rc = push(g))) {
-        fr_set_err(g->cufile_why, sizeof(g->cufile_why), "%s", g->last_error);
+        fr_gpu_last_error(g, g->cufile_why, sizeof(g->cufile_why));
         return rc;
     }
     fr_CUfileError e = g->cf.cuFileDriverOpen();
@@ -493,13 +502,11 @@ int fr_gpu_cufile_register(fr_gpu *g, int fd, fr_CUfileHandle *out)
     d.handle.fd = fd;
     fr_CUfileError e = g->cf.cuFileHandleRegister(out, &d);
     if (e.err != 0) {
-        pthread_mutex_lock(&g->lock);
-        snprintf(g->last_error, sizeof(g->last_error),
+        record_error(g,
                  "cuFileHandleRegister failed (cuFile error %d, CUDA error %d; cufile.log says "
                  "why; where GDS cannot identify the file system, as on VMs without udev "
                  "data, CUFILE_FORCE_COMPAT_MODE=true selects cuFile's compatibility mode)",
                  e.err, e.cu_err);
-        pthread_mutex_unlock(&g->lock);
         return -EIO;
     }
     return 0;
@@ -531,10 +538,7 @@ ssize_t fr_gpu_cufile_read(fr_gpu *g, fr_CUfileHandle handle, const fr_device_bu
     if (r == -1)
         return errno ? -errno : -EIO;
     if (r < 0) {
-        pthread_mutex_lock(&g->lock);
-        snprintf(g->last_error, sizeof(g->last_error), "cuFileRead failed (cuFile error %zd)",
-                 -r);
-        pthread_mutex_unlock(&g->lock);
+        record_error(g, "cuFileRead failed (cuFile error %zd)", -r);
         return -EIO;
     }
     return r;
