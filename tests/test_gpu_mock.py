@@ -50,6 +50,19 @@ def device_bytes(a):
     cai = a.__cuda_array_interface__
     assert cai["typestr"] == "|u1" and cai["shape"] == (a.nbytes,) and cai["version"] == 3
     return ctypes.string_at(cai["data"][0], a.nbytes) if a.nbytes else b""
+
+def check_image_on_gpu(path, engine):
+    # Reader(image=path, device="gpu") must deliver psync's bytes; returns them.
+    img = fastread.PackedImage(path)
+    want = img.read(range(len(img)), engine="psync")
+    with fastread.Reader(image=path, batch_size=5, device="gpu", engine=engine) as r:
+        n = 0
+        for arrays, labels in r:
+            for a in arrays:
+                assert device_bytes(a) == bytes(want[n]), (engine, n)
+                n += 1
+        assert n == len(img)
+    return img, want
 """
 
 
@@ -85,23 +98,19 @@ for engine in ("io_uring", "psync", "cufile"):
 """)
 
 
-def test_cufile_packed_image(mock_dir, edge_tree, disk_tmp):
-    root, content = edge_tree
-    out = os.path.join(disk_tmp, "mock-cufile.img")
-    fastread.pack(root, out)
+@pytest.fixture(scope="module")
+def packed(edge_tree, disk_tmp):
+    out = os.path.join(disk_tmp, "mock-gpu.img")
+    fastread.pack(edge_tree[0], out)
+    return out
+
+
+def test_cufile_packed_image(mock_dir, packed):
     run_child(mock_dir, PRELUDE + f"""
-img = fastread.PackedImage({out!r})
-want = img.read(range(len(img)), engine="psync")
+img, want = check_image_on_gpu({packed!r}, "cufile")
 for o_direct in (False, True):
     got = img.read(range(len(img)), engine="cufile", o_direct=o_direct)
     assert [bytes(a) for a in got] == [bytes(a) for a in want]
-with fastread.Reader(image={out!r}, batch_size=5, device="gpu", engine="cufile") as r:
-    n = 0
-    for arrays, labels in r:
-        for a in arrays:
-            assert device_bytes(a) == bytes(want[n])
-            n += 1
-    assert n == len(img)
 """)
 
 
@@ -128,23 +137,11 @@ else:
 """)
 
 
-def test_xnvme_ranges_to_gpu(mock_dir, edge_tree, disk_tmp):
+def test_xnvme_ranges_to_gpu(mock_dir, packed):
     """xnvme-gds --mem gpu: the xnvme range engine into the pinned arena,
     then one upload per batch."""
     if "xnvme" not in fastread._core.engine_names():
         pytest.skip("xNVMe engines not built here")
-    root, _ = edge_tree
-    out = os.path.join(disk_tmp, "mock-xnvme.img")
-    if not os.path.exists(out):
-        fastread.pack(root, out)
     run_child(mock_dir, PRELUDE + f"""
-img = fastread.PackedImage({out!r})
-want = img.read(range(len(img)), engine="psync")
-with fastread.Reader(image={out!r}, batch_size=5, device="gpu", engine="xnvme") as r:
-    n = 0
-    for arrays, labels in r:
-        for a in arrays:
-            assert device_bytes(a) == bytes(want[n])
-            n += 1
-    assert n == len(img)
+check_image_on_gpu({packed!r}, "xnvme")
 """)

@@ -313,14 +313,18 @@ class DaliRunner:
     """Iterates a DALI pipeline with ``pipe.run()``; an epoch that ends with
     StopIteration (external sources) is followed by ``pipe.reset()``."""
 
-    def __init__(self, cfg, reader):
+    def __init__(self, cfg, reader, outputs=None):
+        """``outputs``: the pipeline's body, if not ``reader``'s (data, labels)
+        with optional decoding and upload."""
         from nvidia.dali import fn, pipeline_def
 
         gpu = cfg.device == "gpu"
-        decode = cfg.decode
+        decode = cfg.decode and outputs is None
 
         @pipeline_def
         def pipeline():
+            if outputs is not None:
+                return outputs()
             data, labels = reader()
             if decode:
                 # Encoded sizes come along as a small CPU output (for GB/s).

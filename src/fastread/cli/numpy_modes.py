@@ -53,19 +53,7 @@ class NumpyRunner(M.DaliRunner):
     """A pipeline whose one output is the arrays, on the bench's device."""
 
     def __init__(self, cfg, reader):
-        from nvidia.dali import pipeline_def
-
-        @pipeline_def
-        def pipeline():
-            return reader()
-
-        self.decode = False
-        self.pipe = pipeline(batch_size=cfg.batch_size, num_threads=cfg.threads,
-                             device_id=0 if cfg.device == "gpu" else None,
-                             prefetch_queue_depth=cfg.prefetch_queue_depth)
-        self.pipe.build()
-        self._keep = None
-        self.epochs_ended = 0
+        super().__init__(cfg, None, outputs=reader)
 
     def _count(self, out):
         return len(out[0]), _nbytes(out[0])
