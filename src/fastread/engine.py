@@ -56,21 +56,35 @@ OPTION_NAMES = ("queue_depth", "threads", "o_direct", "direct_alignment",
 GPU_OPTION_NAMES = ("device_id", "device_output", "pin_memory")
 
 
+def _status(name, built):
+    """True if engine `name` can read files here, else why not."""
+    if name not in built:
+        return f"not built: {KNOWN_ENGINES[name]}"
+    ok, why = _probe(name)
+    if ok and name in RANGE_ONLY:
+        return f"{RANGE_ONLY[name]} ({why})" if why else RANGE_ONLY[name]
+    return True if ok else why
+
+
+def _probe(name):
+    # Probing a GPU engine loads the CUDA driver and cuFile: costly, so done
+    # once per process. The others are cheap and may change (a kernel
+    # setting, a library installed), so they are asked every time.
+    if name in GPU_ENGINES:
+        if name not in _gpu_probes:
+            _gpu_probes[name] = _core.probe(name)
+        return _gpu_probes[name]
+    return _core.probe(name)
+
+
+_gpu_probes = {}
+
+
 def engines():
     """Engine name -> True if it can read files here, else a string saying
     why not (for range-only engines such as 'xnvme': what they do instead)."""
     built = set(_core.engine_names())
-    out = {}
-    for name, missing in KNOWN_ENGINES.items():
-        if name not in built:
-            out[name] = f"not built: {missing}"
-            continue
-        ok, why = _core.probe(name)
-        if ok and name in RANGE_ONLY:
-            out[name] = f"{RANGE_ONLY[name]} ({why})" if why else RANGE_ONLY[name]
-        else:
-            out[name] = True if ok else why
-    return out
+    return {name: _status(name, built) for name in KNOWN_ENGINES}
 
 
 def xnvme_version():
@@ -95,19 +109,27 @@ def _usable_by_name(name):
 
 def resolve(engine):
     """Turns 'auto' (or the FASTREAD_ENGINE default) into an available engine;
-    raises ValueError naming an unknown or unavailable one."""
+    raises ValueError naming an unknown or unavailable one. Probes only the
+    engines it needs to: 'auto' stops at the first that runs here."""
     if engine is None:
         engine = _defaults.get("engine")
-    avail = engines()
-    usable = [n for n, ok in avail.items() if ok is True]
+    built = set(_core.engine_names())
     if engine == "auto":
-        return usable[0]
-    if engine not in avail:
-        raise ValueError(f"unknown engine {engine!r}; available engines: {', '.join(usable)}")
-    if avail[engine] is not True and not _usable_by_name(engine):
-        raise ValueError(f"engine {engine!r} is unavailable here: {avail[engine]}; "
-                         f"available engines: {', '.join(usable)}")
-    return engine
+        for name in KNOWN_ENGINES:
+            if name not in GPU_ENGINES and _status(name, built) is True:
+                return name
+        raise ValueError(f"no engine can read files here: {engines()}")
+    elif engine in KNOWN_ENGINES:
+        status = _status(engine, built)
+        if status is True or _usable_by_name(engine):
+            return engine
+        raise ValueError(f"engine {engine!r} is unavailable here: {status}; "
+                         f"available engines: {', '.join(_usable())}")
+    raise ValueError(f"unknown engine {engine!r}; available engines: {', '.join(_usable())}")
+
+
+def _usable():
+    return [n for n, ok in engines().items() if ok is True]
 
 
 def _fold_xnvme(engine, opts):
