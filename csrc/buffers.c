@@ -177,10 +177,18 @@ fr_batch *fr_pool_get(fr_pool *pool)
     }
     if (b) {
         b->next = NULL;
+        b->holds = 1;
         pool->refs++;
     }
     pthread_mutex_unlock(&pool->lock);
     return b;
+}
+
+void fr_batch_retain(fr_batch *batch)
+{
+    pthread_mutex_lock(&batch->pool->lock);
+    batch->holds++;
+    pthread_mutex_unlock(&batch->pool->lock);
 }
 
 void fr_batch_recycle(fr_batch *batch)
@@ -189,6 +197,10 @@ void fr_batch_recycle(fr_batch *batch)
         return;
     fr_pool *pool = batch->pool;
     pthread_mutex_lock(&pool->lock);
+    if (--batch->holds > 0) {
+        pthread_mutex_unlock(&pool->lock);
+        return;
+    }
     batch->next = pool->free_list;
     pool->free_list = batch;
     int last = --pool->refs == 0;

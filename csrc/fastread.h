@@ -101,6 +101,7 @@ typedef struct fr_batch {
     int status;      /* 0, or a batch-level -errno (then samples are not valid) */
     uint64_t seq;    /* submission number within a reader */
     int64_t *indices; /* reader only: the dataset indices this batch holds */
+    unsigned holds;  /* fr_batch_retain count + 1; guarded by the pool's lock */
     struct fr_pool *pool;
     struct fr_batch *next;
 } fr_batch;
@@ -117,7 +118,12 @@ typedef struct fr_pool fr_pool;
 
 fr_pool *fr_pool_new(void);
 fr_batch *fr_pool_get(fr_pool *pool);         /* NULL on ENOMEM */
-void fr_batch_recycle(fr_batch *batch);       /* back to its pool */
+/* A batch goes back to its pool when the last of its holders recycles it:
+ * the one fr_pool_get (or fr_reader_next) made, and one per fr_batch_retain.
+ * Both are thread-safe, so a consumer (e.g. a DLPack deleter on another
+ * library's thread) can keep a batch alive without any language runtime. */
+void fr_batch_retain(fr_batch *batch);
+void fr_batch_recycle(fr_batch *batch);       /* drops one hold */
 void fr_pool_retain(fr_pool *pool);           /* one more owner reference */
 void fr_pool_close(fr_pool *pool);            /* drop an owner reference */
 size_t fr_pool_bytes(fr_pool *pool);          /* arena bytes of the idle batches */

@@ -145,3 +145,82 @@ def test_xnvme_ranges_to_gpu(mock_dir, packed):
     run_child(mock_dir, PRELUDE + f"""
 check_image_on_gpu({packed!r}, "xnvme")
 """)
+
+
+def test_dlpack_export_keeps_its_batch_without_python(mock_dir, edge_tree):
+    # DALI's from_dlpack_list (what readers.file(device="gpu") feeds) frees
+    # samples on its own threads: each capsule holds its batch natively and
+    # the batch goes back to the pool only after every capsule's deleter ran,
+    # whether a consumer called it or the capsule was never consumed.
+    root, content = edge_tree
+    run_child(mock_dir, PRELUDE + f"""
+import pytest
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+class DLManagedTensor(ctypes.Structure):
+    pass
+DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
+                            ("deleter", DELETER)]
+api = ctypes.pythonapi
+api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+def managed(capsule):
+    return ctypes.cast(api.PyCapsule_GetPointer(capsule, b"dltensor"),
+                       ctypes.POINTER(DLManagedTensor)).contents
+
+def consume(capsule):  # what a consumer does: take it, rename it, delete later
+    m = managed(capsule)
+    api.PyCapsule_SetName(capsule, b"used_dltensor")
+    return m
+
+paths = fastread.scan({root!r})[0]
+content = {{p: open(p, "rb").read() for p in paths}}
+rd = _core.NativeReader(paths, "psync", device_id=0, pin_memory=True, device_output=True,
+                        prefetch=1, workers=1)
+rd.submit(np.arange(len(paths)))
+batch = rd.next()
+arrays = batch.device_arrays(0)
+assert arrays[0].__dlpack_device__() == (2, 0)
+caps = [a.__dlpack__(stream=7) for a in arrays]
+for a, cap, path in zip(arrays, caps, paths):
+    t = managed(cap).dl_tensor
+    assert (t.device.device_type, t.device.device_id, t.ndim) == (2, 0, 1)
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (1, 8, 1)
+    assert t.shape[0] == a.nbytes == len(content[path]) and not t.strides
+    assert t.data == a.ptr and t.byte_offset == 0
+    if a.nbytes:
+        assert ctypes.string_at(t.data, a.nbytes) == content[path]
+big = next(a for a in arrays if a.nbytes >= 8)
+t = managed(big.view(0, (2,), "<f4", 4).__dlpack__()).dl_tensor
+assert (t.dtype.code, t.dtype.bits, t.shape[0]) == (2, 32, 2)
+with pytest.raises(BufferError):
+    big.__dlpack__(dl_device=(1, 0))
+with pytest.raises(BufferError):
+    big.__dlpack__(copy=True)
+with pytest.raises(BufferError):
+    big.view(0, (2,), ">f4", 4).__dlpack__()
+
+assert rd.pool_batches() == 1
+taken = [consume(c) for c in caps[::2]]
+del arrays, big
+batch.release()  # the Python side lets go: the capsules still hold the batch
+assert rd.pool_idle_device_bytes() == 0
+for m in taken:
+    m.deleter(ctypes.pointer(m))
+assert rd.pool_idle_device_bytes() == 0
+del caps, cap, a  # the rest were never consumed: their capsules' destructors let go
+assert rd.pool_idle_device_bytes() > 0
+with pytest.raises(ValueError, match="released"):
+    batch.device_arrays(0)
+rd.close()
+""")

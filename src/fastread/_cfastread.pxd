@@ -63,7 +63,8 @@ cdef extern from "fastread.h" nogil:
 
     fr_pool *fr_pool_new()
     fr_batch *fr_pool_get(fr_pool *pool)
-    void fr_batch_recycle(fr_batch *batch)
+    void fr_batch_retain(fr_batch *batch) nogil
+    void fr_batch_recycle(fr_batch *batch) nogil
     void fr_pool_retain(fr_pool *pool)
     void fr_pool_close(fr_pool *pool)
     size_t fr_pool_bytes(fr_pool *pool)

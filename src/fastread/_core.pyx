@@ -9,12 +9,15 @@ import os
 
 cimport numpy as cnp
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.pycapsule cimport (PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_IsValid,
+                               PyCapsule_New)
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memchr
 
 from fastread._cfastread cimport *
+from fastread._dlpack cimport *
 from fastread.errors import ReadError
 
 cnp.import_array()
@@ -62,10 +65,12 @@ cdef str _gpu_error(fr_gpu *gpu):
 
 
 cdef class DeviceArray:
-    """One sample in GPU memory, exposing ``__cuda_array_interface__`` (CuPy,
-    PyTorch, Numba and DALI take it without a copy): a 1-D uint8 array of the
-    sample's bytes, or a typed view of part of it (:meth:`view`). It keeps
-    its batch, and so its device buffer, alive."""
+    """One sample in GPU memory, exposing ``__cuda_array_interface__`` and
+    ``__dlpack__`` (CuPy, PyTorch, Numba and DALI take it without a copy): a
+    1-D uint8 array of the sample's bytes, or a typed view of part of it
+    (:meth:`view`). It keeps its batch, and so its device buffer, alive; so
+    does every DLPack capsule made from it, until its consumer's deleter runs
+    (from any thread, without the GIL)."""
     cdef readonly uint64_t ptr
     cdef readonly size_t nbytes
     cdef readonly int device_id
@@ -108,6 +113,20 @@ cdef class DeviceArray:
         return {"shape": self.shape, "typestr": self.typestr,
                 "data": (self.ptr if self.nbytes else 0, False), "version": 3,
                 "strides": None, "stream": None}
+
+    def __dlpack_device__(self):
+        return (kDLCUDA, self.device_id)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """An unversioned DLPack capsule over the same device memory. The
+        batch's copy finished before it was handed out, so there is nothing
+        for the consumer's ``stream`` to wait on."""
+        if dl_device is not None and tuple(dl_device) != (kDLCUDA, self.device_id):
+            raise BufferError(f"this array is on CUDA device {self.device_id}; "
+                              f"cannot export it to {dl_device}")
+        if copy:
+            raise BufferError("fastread.DeviceArray exports its memory without copying only")
+        return _dlpack_capsule(self)
 
     def __repr__(self):
         return (f"<fastread.DeviceArray {self.shape} {self.typestr} ({self.nbytes} bytes) "
@@ -312,6 +331,63 @@ cdef fr_range *_make_ranges(offsets, lengths, size_t *count) except NULL:
         r[i].length = <uint64_t>pl[i]
     count[0] = n
     return r
+
+
+cdef DLDataType _dl_dtype(str typestr) except *:
+    cdef DLDataType t
+    if len(typestr) < 3 or typestr[0] not in "|<=":
+        raise BufferError(f"DLPack takes little-endian data only, not {typestr!r}")
+    codes = {"u": kDLUInt, "i": kDLInt, "f": kDLFloat, "c": kDLComplex, "b": kDLBool}
+    if typestr[1] not in codes:
+        raise BufferError(f"no DLPack type for {typestr!r}")
+    t.code = codes[typestr[1]]
+    t.bits = 8 * int(typestr[2:])
+    t.lanes = 1
+    return t
+
+
+cdef void _dlpack_release(DLManagedTensor *m) noexcept nogil:
+    # Runs on the consumer's thread (DALI frees samples on its own): the
+    # batch hold is native, so no GIL is taken here.
+    fr_batch_recycle(<fr_batch *>m.manager_ctx)
+    free(m)
+
+
+cdef void _dlpack_capsule_destructor(object capsule) noexcept:
+    # Only a capsule nobody consumed still carries this name; a consumer
+    # renames it and calls the deleter itself.
+    if PyCapsule_IsValid(capsule, b"dltensor"):
+        _dlpack_release(<DLManagedTensor *>PyCapsule_GetPointer(capsule, b"dltensor"))
+
+
+cdef object _dlpack_capsule(DeviceArray a):
+    cdef fr_batch *b = (<Batch>a.owner)._get()
+    cdef DLDataType dtype = _dl_dtype(a.typestr)
+    cdef int ndim = len(a.shape), d
+    cdef DLManagedTensor *m = <DLManagedTensor *>malloc(sizeof(DLManagedTensor)
+                                                      + (ndim if ndim else 1) * sizeof(int64_t))
+    if m == NULL:
+        raise MemoryError()
+    m.dl_tensor.data = <void *>a.ptr
+    m.dl_tensor.device.device_type = kDLCUDA
+    m.dl_tensor.device.device_id = a.device_id
+    m.dl_tensor.ndim = ndim
+    m.dl_tensor.dtype = dtype
+    m.dl_tensor.shape = <int64_t *>(<char *>m + sizeof(DLManagedTensor))
+    for d in range(ndim):
+        m.dl_tensor.shape[d] = a.shape[d]
+    m.dl_tensor.strides = NULL  # C order
+    m.dl_tensor.byte_offset = 0
+    m.manager_ctx = b
+    m.deleter = _dlpack_release
+    try:
+        capsule = PyCapsule_New(m, b"dltensor", <PyCapsule_Destructor>_dlpack_capsule_destructor)
+    except BaseException:
+        free(m)
+        raise
+    fr_batch_retain(b)
+    return capsule
+
 
 
 cdef class Context:
