@@ -8,8 +8,11 @@
 #                              warm and cold, batch 64 and 256
 #   bash bench/gpu.sh numpy    .npy trees (3x224x224 uint8, 4 MiB) against
 #                              fn.readers.numpy(device="gpu"), warm and cold
-#   bash bench/gpu.sh image    packed image, cold, cufile ranges to the GPU,
-#                              and the disk's ceiling
+#   bash bench/gpu.sh image    packed image, cold: queue-depth sweep against the
+#                              disk's ceiling, then to the GPU (io_uring, cufile)
+#   bash bench/gpu.sh feed     DALI fed through DLPack vs the CUDA array
+#                              interface (bench/dali_feed.py), with a profile
+#   bash bench/gpu.sh tune     cold batch-256 reads over queue depths and workers
 #
 # Datasets are generated once under /tmp (kept while the machine stays warm).
 # JSON results go to $OUT (or bench-results/) as results-<section>.tar.
@@ -91,16 +94,31 @@ image)
     img=/tmp/fastread-imagenet-20k.img
     [ -e "$img" ] || python3 -m fastread.cli pack "$jpegs" "$img" --quiet
     for bs in 64 256; do
-        FASTREAD_BENCH_IMAGE="$img" bench "bs$bs-image-cold" "$jpegs" --device gpu --cold --threads 8 \
-            --batchsize "$bs" --modes dali,fastread-gpu-io_uring,image-io_uring,image-cufile,image-dali-io_uring,image-dali-cufile \
-            --engine-option queue_depth=128 --engine-option workers=4
+        python3 -m fastread.cli.image_modes "$jpegs" --image "$img" --cold --threads 8 \
+            --batchsize "$bs" --queue-depths 32,64,128 --json "$json/sweep-bs$bs.json" \
+            --modes ceiling-io_uring,image-io_uring,read_files-io_uring,dali || true
+        tar -cf "$out/results-$section.tar" -C "$json" .
     done
-    for qd in 32 128; do
-        python3 bench/ceiling.py "$img" --cold --queue-depth "$qd"
+    FASTREAD_BENCH_IMAGE="$img" bench bs256-image-gpu-cold "$jpegs" --device gpu --cold --threads 8 \
+        --batchsize 256 --engine-option queue_depth=128 --engine-option workers=4 \
+        --modes dali,ceiling-io_uring,fastread-gpu-io_uring,image-io_uring,image-dali-io_uring,image-cufile,image-dali-cufile
+    ;;
+feed)
+    make_jpegs
+    python3 bench/dali_feed.py "$jpegs" --batchsize 256 --rounds 3 --profile 2>&1 | head -60
+    python3 bench/dali_feed.py "$jpegs" --batchsize 64 --rounds 3
+    ;;
+tune)
+    make_jpegs
+    for opts in "queue_depth=64" "queue_depth=128" "queue_depth=128 workers=8" \
+                "queue_depth=256 workers=8" "queue_depth=64 workers=16"; do
+        args=(); for kv in $opts; do args+=(--engine-option "$kv"); done
+        bench "tune-${opts// /-}" "$jpegs" --device gpu --threads 8 --batchsize 256 --cold \
+            --modes read_files-io_uring,fastread-gpu-io_uring "${args[@]}"
     done
     ;;
 *)
-    echo "unknown section '$section' (tests, files, numpy, image)" >&2
+    echo "unknown section '$section' (tests, files, numpy, image, feed, tune)" >&2
     exit 2
     ;;
 esac

@@ -262,6 +262,31 @@ def test_bench_modes_json_plot(tiny, tmp_path, capsys):
     assert "Traceback" not in captured.err
 
 
+def test_bench_image_modes_against_the_ceiling(tiny, disk_tmp, monkeypatch, capsys):
+    # Block-level reads of a packed image, and the disk's ceiling: the whole
+    # image in 1 MiB O_DIRECT pieces, each mode shown as a share of it.
+    image = os.path.join(disk_tmp, "tiny-bench.img")
+    fastread.pack(tiny, image)
+    monkeypatch.setenv("FASTREAD_BENCH_IMAGE", image)
+    out_json = os.path.join(disk_tmp, "image-bench.json")
+    rc = main(["bench", tiny, "--modes", "ceiling-psync,image-psync", "--batches", "2",
+               "--batchsize", "4", "--warmup", "0", "--threads", "1", "--json", out_json,
+               "--no-progress"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured
+    ceiling, image_run = json.load(open(out_json))["results"]
+    assert (ceiling["kind"], image_run["kind"]) == ("ceiling", "image")
+    size = os.path.getsize(image)
+    piece = min(1 << 20, size - size % 4096)  # 1 MiB, or all of a small image
+    assert ceiling["bytes"] == 2 * min(32, size // piece) * piece  # whole pieces, wrapping
+
+    assert image_run["bytes"] == sum(sizes_of(tiny)[:8])  # true lengths, not blocks
+    lines = captured.out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:2] == ["mode", "img/s"])
+    assert lines[head].split()[-2:] == ["of", "ceiling"]
+    assert lines[head + 2].split()[0] == "ceiling-psync" and lines[head + 2].endswith("100%")
+
+
 @needs_dali
 def test_bench_decode(tiny, capsys):
     rc = main(["bench", tiny, "--modes", "dali", "--decode", "--batches", "1",

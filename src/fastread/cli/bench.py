@@ -195,9 +195,14 @@ def _mb(v):
 
 def format_table(results, rss=False):
     dali = next((r["img_per_s"] for r in results if r["mode"] == "dali"), None)
+    # The disk's ceiling (a ceiling-<engine> mode), judged by bytes: a share
+    # of its GB/s for every mode.
+    ceiling = max((r["gb_per_s"] for r in results if r.get("kind") == "ceiling"), default=None)
     head = ["mode", "img/s", "GB/s", "batches", "seconds"]
     if dali:
         head.append("vs dali")
+    if ceiling:
+        head.append("of ceiling")
     if rss:
         head += ["max RSS MiB", "RSS growth MiB"]
     rows = []
@@ -206,6 +211,8 @@ def format_table(results, rss=False):
                f"{r['seconds']:.3f}"]
         if dali:
             row.append(f"{r['img_per_s'] / dali:.2f}x")
+        if ceiling:
+            row.append(f"{100 * r['gb_per_s'] / ceiling:.0f}%")
         if rss:
             row += [_mb(r.get("rss_max")), _mb(r.get("rss_growth"))]
         rows.append(row)

@@ -2,29 +2,23 @@
 
 ===========================  ================================================
 ``image-<e>``                :class:`fastread.Reader` over the packed image,
-                             engine ``<e>``, no DALI (the native ceiling)
+                             engine ``<e>``, no DALI
 ``image-dali-<e>``           DALI with ``fastread.dali.readers.image``
+``ceiling-<e>``              the disk's ceiling with engine ``<e>``: the whole
+                             image read front to back in 1 MiB O_DIRECT
+                             pieces, many in flight (``queue_depth``,
+                             ``workers``), no sample boundaries
 ===========================  ================================================
 
 Image modes read with ``O_DIRECT`` unless ``--engine-option o_direct=0``.
 The image is ``cfg.image`` if the Config has one, else ``$FASTREAD_BENCH_IMAGE``,
 else ``DATA_DIR.img`` (what ``fastread pack DATA_DIR DATA_DIR.img`` writes);
-its samples must be those of DATA_DIR (checked by count).
+its samples must be those of DATA_DIR (checked by count). A ceiling's img/s
+is its GB/s over the data set's mean sample size: the samples per second the
+disk could deliver; `fastread bench` then shows every mode's share of it.
 
-Hooking into :mod:`fastread.cli.modes` (three lines there)::
-
-    # in all_modes(), before STACK_MODES are appended:
-    from fastread.cli import image_modes
-    modes += image_modes.all_modes(engine_status)
-    # at the top of unavailable():
-    if mode.kind in image_modes.KINDS:
-        return image_modes.unavailable(mode, env, device=device, decode=decode)
-    # at the top of build():
-    if mode.kind in image_modes.KINDS:
-        return image_modes.build(mode, cfg)
-
-Until then, ``python -m fastread.cli.image_modes`` runs these modes (and the
-file-level baselines) over a queue-depth sweep on its own; ``--help`` says how.
+``python -m fastread.cli.image_modes`` runs these modes (and the file-level
+baselines) over a queue-depth sweep on its own; ``--help`` says how.
 """
 import argparse
 import dataclasses
@@ -33,7 +27,7 @@ import sys
 
 from fastread.cli import modes as M
 
-KINDS = ("image", "image-dali")
+KINDS = ("image", "image-dali", "ceiling")
 
 
 def all_modes(engine_status):
@@ -43,6 +37,10 @@ def all_modes(engine_status):
            for e in engine_status]
     out += [M.Mode(f"image-dali-{e}", "image-dali", engine=e,
                    help=f"DALI + fastread.dali.readers.image(engine={e!r}, O_DIRECT)")
+            for e in engine_status]
+    out += [M.Mode(f"ceiling-{e}", "ceiling", engine=e,
+                   help=f"the disk's ceiling: the packed image read sequentially in 1 MiB "
+                        f"O_DIRECT pieces (engine {e!r})")
             for e in engine_status]
     return out
 
@@ -109,8 +107,69 @@ class ImageReaderRunner(M._EpochRunner):
         self.reader.close()
 
 
+class CeilingRunner:
+    """The packed image read front to back in fixed pieces, as fast as the
+    engine goes: batches of PIECES_PER_BATCH pieces are kept queued on the
+    native reader (``prefetch`` + ``workers`` of them), so the disk never
+    waits for Python. Wraps around at the end of the image."""
+
+    PIECE = 1 << 20
+    PIECES_PER_BATCH = 32
+
+    def __init__(self, cfg, engine):
+        import numpy as np
+
+        from fastread import _core, _defaults
+        from fastread.engine import options
+
+        img = _image(cfg)
+        self.mean_sample = max(1.0, float(np.mean(img.lengths))) if len(img) else 1.0
+        size = os.path.getsize(img.path)
+        # An image under 1 MiB (a test's) is read as one aligned piece.
+        self.piece = min(self.PIECE, size - size % 4096)
+        if self.piece == 0:
+            raise ValueError(f"{img.path}: under 4096 bytes, too small to measure a disk by")
+        n = size // self.piece
+        opts = _options(cfg)
+        workers = _defaults.reader_workers(opts.pop("workers", None))
+        prefetch = opts.pop("prefetch", None) or _defaults.get("prefetch")
+        self.native = _core.NativeReader(
+            None, engine, image=img.path, offsets=np.arange(n, dtype=np.int64) * self.piece,
+            lengths=np.full(n, self.piece, dtype=np.int64), prefetch=prefetch, workers=workers,
+            **options(engine, **opts))
+        self.pieces = n
+        self.next_piece = 0
+        for _ in range(prefetch + workers):
+            self._submit()
+
+    def _submit(self):
+        import numpy as np
+
+        k = min(self.PIECES_PER_BATCH, self.pieces)
+        idx = (self.next_piece + np.arange(k, dtype=np.int64)) % self.pieces
+        self.next_piece = int(idx[-1] + 1) % self.pieces
+        self.native.submit(idx)
+
+    def next(self):
+        batch = self.native.next()
+        failures = batch.failures()
+        if failures:
+            pos, err = failures[0]
+            raise OSError(err, f"{self.native.path(int(batch.indices()[pos]))}: "
+                               f"{os.strerror(err)} reading the image")
+        nbytes = batch.nbytes
+        batch.release()
+        self._submit()
+        return round(nbytes / self.mean_sample), nbytes
+
+    def close(self):
+        self.native.close()
+
+
 def build(mode, cfg):
     """A runner for one timed run of an image mode."""
+    if mode.kind == "ceiling":
+        return CeilingRunner(cfg, mode.engine)
     if mode.kind == "image":
         return ImageReaderRunner(cfg, mode.engine)
     if mode.kind == "image-dali":
