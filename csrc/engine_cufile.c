@@ -21,6 +21,14 @@
  * in compatibility mode (no nvidia-fs: cuFile reads through its own pinned
  * host buffers) the registration may be refused and reads work unregistered.
  *
+ * Where cuFile refuses a file (cuFileHandleRegister fails: GDS cannot place
+ * the file system, as on VMs without udev data), the engine falls back like
+ * KvikIO's compatibility mode, unless compat=off: that file system's files
+ * are read with pread into the batch's page-locked arena by the same
+ * threads, and ctx.c uploads the batch in one copy. A batch mixing both
+ * kinds comes down once and its host samples are read again (rare: two file
+ * systems in one batch).
+ *
  * Like the other engines every read asks for one byte more than the size,
  * so a file that changed is noticed. The rare sample whose read fails that
  * check is settled on the host: the batch is copied down, the sample re-read
@@ -30,6 +38,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -43,6 +52,10 @@
 
 #define MAX_THREADS 64
 #define DEFAULT_HANDLES 4096
+#define MAX_REFUSED_DEVS 16
+
+/* Per-sample marks of a batch being read. */
+enum { MARK_REPAIR = 1, MARK_ON_HOST = 2, MARK_ON_DEVICE = 4 };
 
 enum phase { PHASE_OPEN, PHASE_READ, PHASE_RANGES };
 
@@ -54,6 +67,7 @@ typedef struct fh_entry {
     dev_t dev;
     ino_t ino;
     int direct;
+    int host;                    /* cuFile refused it: read with pread */
     uint64_t batch;              /* last batch that used it: not evictable then */
     int transient;               /* not in the cache: closed after the batch */
     struct fh_entry *hnext;      /* hash chain */
@@ -71,19 +85,24 @@ typedef struct cufile {
     fh_entry *lru_head, *lru_tail;
     fh_entry *transients;
     uint64_t batch_no;
+    int compat;                  /* 1: fall back to the host where cuFile refuses */
+    dev_t refused[MAX_REFUSED_DEVS]; /* file systems cuFile refused, with the lock */
+    size_t nrefused;
+    atomic_long host_files;      /* files opened for the host path */
 
     /* The phase being run. */
     const char *const *paths;
     fr_batch *batch;
     fh_entry **entries;
     int64_t *sizes;
-    unsigned char *repair;
+    unsigned char *marks;        /* MARK_* per sample */
     size_t cap;
 
     /* Range reads: one image, registered once. */
     fr_image_cache image;
     fr_CUfileHandle image_fh;
     int image_registered;
+    int image_host;              /* cuFile refused the image: pread it */
     const fr_range *ranges;
 } cufile;
 
@@ -150,7 +169,8 @@ static void hash_remove(cufile *c, fh_entry *e)
 
 static void entry_close(cufile *c, fh_entry *e)
 {
-    fr_gpu_cufile_deregister(c->gpu, e->fh);
+    if (!e->host)
+        fr_gpu_cufile_deregister(c->gpu, e->fh);
     close(e->fd);
     free(e->path);
     free(e);
@@ -163,6 +183,30 @@ static fh_entry *cache_find(cufile *c, const char *path, size_t h)
         if (e->hash == h && strcmp(e->path, path) == 0)
             return e;
     return NULL;
+}
+
+/* A cuFile handle for fd, or (compat) *host = 1 when cuFile refuses the file.
+ * A refusal is remembered per file system, so the others on it are not
+ * offered to cuFile again (each refusal costs a registration attempt). */
+static int register_or_fall_back(cufile *c, int fd, dev_t dev, fr_CUfileHandle *fh, int *host)
+{
+    int refused = 0;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->nrefused && !refused; i++)
+        refused = c->refused[i] == dev;
+    pthread_mutex_unlock(&c->lock);
+    int rc = refused ? -EIO : fr_gpu_cufile_register(c->gpu, fd, fh);
+    if (rc == 0 || !c->compat)
+        return rc;
+    if (!refused) {
+        pthread_mutex_lock(&c->lock);
+        if (c->nrefused < MAX_REFUSED_DEVS)
+            c->refused[c->nrefused++] = dev;
+        pthread_mutex_unlock(&c->lock);
+    }
+    *host = 1;
+    atomic_fetch_add(&c->host_files, 1);
+    return 0;
 }
 
 /* Opens and registers path; the entry is not in the cache yet. */
@@ -209,7 +253,7 @@ static int entry_open(cufile *c, const char *path, size_t h, const struct stat *
         close(fd);
         return -ENOMEM;
     }
-    int rc = fr_gpu_cufile_register(c->gpu, fd, &e->fh);
+    int rc = register_or_fall_back(c, fd, st.st_dev, &e->fh, &e->host);
     if (rc) {
         free(e);
         free(copy);
@@ -327,6 +371,19 @@ static ssize_t read_full(cufile *c, fr_CUfileHandle fh, const fr_device_buffer *
     return (ssize_t)done;
 }
 
+/* Reads one sample where its file allows: into the device buffer through
+ * cuFile, or into the host arena with pread. */
+static ssize_t read_sample(cufile *c, size_t k, int host, int fd, fr_CUfileHandle fh,
+                           size_t want, off_t file_off)
+{
+    fr_batch *b = c->batch;
+    size_t off = b->samples[k].offset;
+    c->marks[k] = host ? MARK_ON_HOST : MARK_ON_DEVICE;
+    if (host)
+        return fr_pread_full(fd, b->arena.base + off, want, file_off);
+    return read_full(c, fh, &b->device, off, want, file_off);
+}
+
 static void read_one(cufile *c, size_t k)
 {
     fh_entry *e = c->entries[k];
@@ -335,11 +392,11 @@ static void read_one(cufile *c, size_t k)
     fr_sample *s = &c->batch->samples[k];
     size_t size = (size_t)c->sizes[k];
     size_t want = fr_request_len(size, e->direct, c->cfg.direct_alignment);
-    ssize_t got = read_full(c, e->fh, &c->batch->device, s->offset, want, 0);
+    ssize_t got = read_sample(c, k, e->host, e->fd, e->fh, want, 0);
     if (got >= 0 && (size_t)got == size)
         s->length = got;
     else if (got >= 0 || got == -EINVAL)
-        c->repair[k] = 1; /* changed size, or an O_DIRECT tail refused */
+        c->marks[k] |= MARK_REPAIR; /* changed size, or an O_DIRECT tail refused */
     else
         s->length = got;
 }
@@ -351,12 +408,12 @@ static void range_one(cufile *c, size_t k)
     if (s->length < 0 || r->length == 0)
         return;
     size_t want = fr_range_request_len(r->length, c->image.direct, c->cfg.direct_alignment);
-    ssize_t got = read_full(c, c->image_fh, &c->batch->device, s->offset, want,
-                            (off_t)r->offset);
+    ssize_t got = read_sample(c, k, c->image_host, c->image.fd, c->image_fh, want,
+                              (off_t)r->offset);
     if (got >= 0 && (uint64_t)got >= r->length)
         s->length = (int64_t)r->length;
     else if (got >= 0 || got == -EINVAL)
-        c->repair[k] = 1;
+        c->marks[k] |= MARK_REPAIR;
     else
         s->length = got;
 }
@@ -387,10 +444,10 @@ static int grow_scratch(cufile *c, size_t n)
     if (!s)
         return -ENOMEM;
     c->sizes = s;
-    unsigned char *r = realloc(c->repair, n);
+    unsigned char *r = realloc(c->marks, n);
     if (!r)
         return -ENOMEM;
-    c->repair = r;
+    c->marks = r;
     c->cap = n;
     return 0;
 }
@@ -415,26 +472,42 @@ static int reserve_device(cufile *c, fr_batch *batch)
     return rc;
 }
 
-/* Settles the samples marked for repair on the host: the batch comes down
- * once, then each is read plainly into the arena. */
-static int repair_on_host(cufile *c, fr_batch *batch, int ranges)
+/* Puts the whole batch in one place. Samples read on the host (cuFile
+ * refused their file) and on the device: all-host batches are host data
+ * (ctx.c uploads them in one copy for device output); a mixed batch comes
+ * down once, which overwrites the arena, so its host samples are read again.
+ * Then the samples marked for repair are settled on the host: each is read
+ * plainly into the arena. */
+static int settle_batch(cufile *c, fr_batch *batch, int ranges)
 {
-    size_t i;
-    for (i = 0; i < batch->count && !c->repair[i]; i++)
-        ;
-    if (i == batch->count)
-        return 0;
-    fr_CUstream stream;
-    int rc = fr_gpu_stream_create(c->gpu, &stream);
-    if (rc == 0) {
-        rc = fr_gpu_download(c->gpu, stream, batch);
-        fr_gpu_stream_destroy(c->gpu, stream);
+    size_t n = batch->count, host = 0, device = 0, repair = 0;
+    for (size_t i = 0; i < n; i++) {
+        host += (c->marks[i] & MARK_ON_HOST) != 0;
+        device += (c->marks[i] & MARK_ON_DEVICE) != 0;
     }
-    if (rc)
-        return rc;
-    batch->where = FR_ON_HOST;
-    for (; i < batch->count; i++) {
-        if (!c->repair[i])
+    if (host && device) {
+        for (size_t i = 0; i < n; i++)
+            if (c->marks[i] & MARK_ON_HOST)
+                c->marks[i] |= MARK_REPAIR;
+    }
+    for (size_t i = 0; i < n; i++)
+        repair += (c->marks[i] & MARK_REPAIR) != 0;
+    if (!device && !host)
+        return 0;
+    if (device && (host || repair)) {
+        fr_CUstream stream;
+        int rc = fr_gpu_stream_create(c->gpu, &stream);
+        if (rc == 0) {
+            rc = fr_gpu_download(c->gpu, stream, batch);
+            fr_gpu_stream_destroy(c->gpu, stream);
+        }
+        if (rc)
+            return rc;
+    }
+    if (host || repair)
+        batch->where = FR_ON_HOST;
+    for (size_t i = 0; i < n; i++) {
+        if (!(c->marks[i] & MARK_REPAIR))
             continue;
         if (ranges) {
             fr_read_range_plain(batch, i, c->image.path, &c->ranges[i]);
@@ -463,9 +536,9 @@ static int cufile_read_files(void *state, const char *const *paths, const int64_
     if (rc == 0)
         rc = reserve_device(c, batch);
     if (rc == 0) {
-        memset(c->repair, 0, n);
+        memset(c->marks, 0, n);
         fr_threadpool_run(c->pool, PHASE_READ, n);
-        rc = repair_on_host(c, batch, 0);
+        rc = settle_batch(c, batch, 0);
     }
     close_transients(c);
     return rc;
@@ -485,10 +558,16 @@ static int cufile_read_ranges(void *state, const char *path, const fr_range *ran
         fr_gpu_cufile_deregister(c->gpu, c->image_fh);
         c->image_registered = 0;
     }
-    if (c->image.fd >= 0 && !c->image_registered) {
-        if ((rc = fr_gpu_cufile_register(c->gpu, c->image.fd, &c->image_fh)))
+    if (changed)
+        c->image_host = 0;
+    if (c->image.fd >= 0 && !c->image_registered && !c->image_host) {
+        struct stat st;
+        if (fstat(c->image.fd, &st) != 0)
+            return -errno;
+        if ((rc = register_or_fall_back(c, c->image.fd, st.st_dev, &c->image_fh,
+                                        &c->image_host)))
             return rc;
-        c->image_registered = 1;
+        c->image_registered = !c->image_host;
     }
     int fd = c->image.fd;
     rc = fr_layout_ranges(batch, ranges, n, fd >= 0 && c->image.direct, c->cfg.direct_alignment);
@@ -503,9 +582,9 @@ static int cufile_read_ranges(void *state, const char *path, const fr_range *ran
         return rc;
     c->ranges = ranges;
     c->batch = batch;
-    memset(c->repair, 0, n);
+    memset(c->marks, 0, n);
     fr_threadpool_run(c->pool, PHASE_RANGES, n);
-    return repair_on_host(c, batch, 1);
+    return settle_batch(c, batch, 1);
 }
 
 static void cufile_close(void *state)
@@ -529,30 +608,46 @@ static void cufile_close(void *state)
     free(c->buckets);
     free(c->entries);
     free(c->sizes);
-    free(c->repair);
+    free(c->marks);
     free(c);
 }
 
-/* engine_args: handles=N, the most cached file handles. */
-static int parse_args(const char *s, size_t *handles, char *err, size_t err_len)
+/* engine_args: handles=N, the most cached file handles; compat=auto|off,
+ * whether files cuFile refuses are read on the host (auto) or fail (off). */
+static int parse_args(const char *s, size_t *handles, int *compat, char *err, size_t err_len)
 {
     while (s && *s) {
         const char *end = strchr(s, ',');
         size_t len = end ? (size_t)(end - s) : strlen(s);
-        if (len > 8 && strncmp(s, "handles=", 8) == 0) {
-            char buf[32];
-            size_t vlen = len - 8 < sizeof(buf) - 1 ? len - 8 : sizeof(buf) - 1;
-            memcpy(buf, s + 8, vlen);
-            buf[vlen] = 0;
+        char buf[32];
+        const char *eq = memchr(s, '=', len);
+        size_t klen = eq ? (size_t)(eq - s) : len;
+        size_t vlen = eq ? len - klen - 1 : 0;
+        if (vlen > sizeof(buf) - 1)
+            vlen = sizeof(buf) - 1;
+        if (eq)
+            memcpy(buf, eq + 1, vlen);
+        buf[vlen] = 0;
+        if (eq && klen == 7 && strncmp(s, "handles", 7) == 0) {
             char *stop;
             unsigned long long v = strtoull(buf, &stop, 10);
-            if (*stop || v == 0 || v > (1u << 24)) {
+            if (!vlen || *stop || v == 0 || v > (1u << 24)) {
                 fr_set_err(err, err_len, "cufile: handles must be in 1..16777216, got '%s'", buf);
                 return -EINVAL;
             }
             *handles = (size_t)v;
+        } else if (eq && klen == 6 && strncmp(s, "compat", 6) == 0) {
+            if (strcmp(buf, "auto") == 0) {
+                *compat = 1;
+            } else if (strcmp(buf, "off") == 0) {
+                *compat = 0;
+            } else {
+                fr_set_err(err, err_len, "cufile: compat must be auto or off, got '%s'", buf);
+                return -EINVAL;
+            }
         } else if (len) {
-            fr_set_err(err, err_len, "cufile: unknown engine option '%.*s' (known: handles=N)",
+            fr_set_err(err, err_len,
+                       "cufile: unknown engine option '%.*s' (known: handles=N, compat=auto|off)",
                        (int)len, s);
             return -EINVAL;
         }
@@ -574,7 +669,8 @@ static int cufile_open(const fr_config *cfg, void **state, char *err, size_t err
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
         rl.rlim_cur / 8 < handles)
         handles = rl.rlim_cur / 8 ? rl.rlim_cur / 8 : 1;
-    int rc = parse_args(cfg->engine_args, &handles, err, err_len);
+    int compat = 1;
+    int rc = parse_args(cfg->engine_args, &handles, &compat, err, err_len);
     if (rc)
         return rc;
     const char *mode;
@@ -584,6 +680,7 @@ static int cufile_open(const fr_config *cfg, void **state, char *err, size_t err
     if (!c)
         return -ENOMEM;
     c->cfg = *cfg;
+    c->compat = compat;
     c->capacity = handles;
     c->nbuckets = handles < 64 ? 64 : handles;
     c->buckets = calloc(c->nbuckets, sizeof(*c->buckets));
@@ -621,6 +718,8 @@ static long cufile_stat(const void *state, const char *key)
         return (long)c->count;
     if (strcmp(key, "handle_capacity") == 0)
         return (long)c->capacity;
+    if (strcmp(key, "host_files") == 0) /* files cuFile refused, read on the host */
+        return atomic_load(&((cufile *)state)->host_files) + (c->image_host ? 1 : 0);
     return -1;
 }
 

@@ -224,3 +224,27 @@ with pytest.raises(ValueError, match="released"):
     batch.device_arrays(0)
 rd.close()
 """)
+
+
+def test_cufile_reads_on_the_host_where_cufile_refuses_the_files(mock_dir, edge_tree, packed):
+    # As on VMs whose disk GDS cannot place: cuFile refuses every file. The
+    # engine falls back to pread into the pinned arena and one upload, unless
+    # engine_args="compat=off", which fails those samples with EIO.
+    root, content = edge_tree
+    run_child(mock_dir, PRELUDE + f"""
+import pytest
+content = {{p: open(p, "rb").read() for p in fastread.scan({root!r})[0]}}
+with fastread.Reader({root!r}, batch_size=7, device="gpu", engine="cufile") as r:
+    seen = 0
+    for arrays, labels in r:
+        for a in arrays:
+            assert device_bytes(a) == content[r.paths[seen]], r.paths[seen]
+            seen += 1
+    assert seen == len(content)
+got = fastread.read_files(list(content), engine="cufile", o_direct=True)
+assert [bytes(a) for a in got] == list(content.values())
+check_image_on_gpu({packed!r}, "cufile")
+with pytest.raises(fastread.ReadError) as e:
+    fastread.read_files(list(content)[:2], engine="cufile", engine_args="compat=off")
+assert e.value.errno == 5  # EIO, naming the file
+""", MOCK_CUFILE_REFUSE_FILES="/")

@@ -1,7 +1,8 @@
 /* GPU delivery against the mock driver (csrc/tests/mock): device output
  * from every host engine, pinned arenas, the cufile engine for files and
  * ranges with host and device output, its handle cache (reuse, a file
- * replaced under its name, eviction), per-sample errors, and that closing
+ * replaced under its name, eviction), per-sample errors, the host fallback
+ * where cuFile refuses a file system, and that closing
  * everything frees every device buffer, pin, stream, handle and context. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -22,7 +23,7 @@ static long (*live_cufile)(const char *);
 /* Live objects of a kind, from the mock that owns them. */
 static long live(const char *what)
 {
-    if (!strcmp(what, "handles") || !strcmp(what, "bufregs"))
+    if (!strcmp(what, "handles") || !strcmp(what, "bufregs") || !strcmp(what, "register_attempts"))
         return live_cufile ? live_cufile(what) : -1;
     return live_cuda(what);
 }
@@ -236,6 +237,91 @@ int main(void)
         fr_batch_recycle(b);
         fr_pool_close(pool);
         fr_ctx_close(ctx);
+    }
+
+    /* cuFile refuses a file system (GDS cannot place it): compat=auto reads
+     * its files and images on the host with one registration attempt per
+     * file system and context, compat=off fails them, and a batch mixing
+     * refused and registered files is settled on the host. */
+    {
+        setenv("MOCK_CUFILE_REFUSE_FILES", "/", 1);
+        for (int variant = 0; variant < 4; variant++) {
+            fr_config cfg;
+            fr_config_init(&cfg);
+            cfg.engine = "cufile";
+            cfg.device_id = 0;
+            cfg.device_output = variant & 1;
+            cfg.o_direct = variant >> 1;
+            cfg.threads = 2;
+            long attempts = live("register_attempts");
+            read_all(&cfg, paths, variant & 1, 1);
+            /* At most one per thread racing to the first refusal. */
+            CHECK(live("register_attempts") - attempts <= 2 * 2); /* 2 workers x 2 threads */
+        }
+        fr_config cfg;
+        fr_config_init(&cfg);
+        cfg.engine = "cufile";
+        cfg.device_id = 0;
+        cfg.device_output = 1;
+        fr_ctx *ctx;
+        char err[FR_ERRLEN];
+        CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+        fr_pool *pool = fr_pool_new();
+        fr_batch *b = fr_pool_get(pool);
+        const char *three[3] = {paths[1], paths[8], paths[30]};
+        CHECK(fr_batch_prepare(b, 3) == 0);
+        CHECK(fr_read_files(ctx, three, NULL, 3, b) == 0);
+        for (int i = 0; i < 3; i++)
+            CHECK(same_on_device(b, (size_t)i, three[i]));
+        CHECK(fr_ctx_stat(ctx, "host_files") == 3);
+        char *image = fr_test_write("refused.img", 1 << 20, 21);
+        fr_range r[2] = {{0, 5000}, {8192, 300000}};
+        CHECK(fr_batch_prepare(b, 2) == 0);
+        CHECK(fr_read_ranges(ctx, image, r, 2, b) == 0);
+        FILE *img = fopen(image, "rb");
+        for (int i = 0; i < 2; i++) {
+            char *want = malloc(r[i].length);
+            CHECK(img && fseek(img, (long)r[i].offset, SEEK_SET) == 0 &&
+                  fread(want, 1, r[i].length, img) == r[i].length);
+            CHECK(b->samples[i].length == (int64_t)r[i].length &&
+                  memcmp((char *)(uintptr_t)b->device.ptr + b->samples[i].offset, want,
+                         r[i].length) == 0);
+            free(want);
+        }
+        fclose(img);
+        fr_ctx_close(ctx);
+
+        cfg.engine_args = "compat=off";
+        CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+        CHECK(fr_batch_prepare(b, 3) == 0);
+        CHECK(fr_read_files(ctx, three, NULL, 3, b) == 0);
+        for (int i = 0; i < 3; i++)
+            CHECK(b->samples[i].length == -EIO);
+        CHECK(fr_batch_prepare(b, 2) == 0);
+        CHECK(fr_read_ranges(ctx, image, r, 2, b) == -EIO);
+        fr_ctx_close(ctx);
+        free(image);
+        cfg.engine_args = "compat=maybe";
+        CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == -EINVAL && strstr(err, "compat"));
+
+        /* Mixed: g04 registers, g05 is refused. */
+        setenv("MOCK_CUFILE_REFUSE_FILES", "g05.bin", 1);
+        for (int out = 0; out < 2; out++) {
+            cfg.engine_args = "";
+            cfg.device_output = out;
+            CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+            const char *mixed[3] = {paths[4], paths[5], paths[33]};
+            CHECK(fr_batch_prepare(b, 3) == 0);
+            CHECK(fr_read_files(ctx, mixed, NULL, 3, b) == 0);
+            for (int i = 0; i < 3; i++)
+                CHECK(out ? same_on_device(b, (size_t)i, mixed[i])
+                          : fr_test_same(b, (size_t)i, mixed[i]));
+            CHECK(fr_ctx_stat(ctx, "host_files") >= 1);
+            fr_ctx_close(ctx);
+        }
+        unsetenv("MOCK_CUFILE_REFUSE_FILES");
+        fr_batch_recycle(b);
+        fr_pool_close(pool);
     }
 
     /* Out of device memory: a batch-level -ENOMEM, not a crash. */

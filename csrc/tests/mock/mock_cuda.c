@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -36,6 +37,7 @@ typedef struct pin {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pin *pins;
 static long live_allocs, live_pins, live_streams, live_handles, live_bufregs, ctx_refs;
+static long register_attempts;
 static long pageable_copies, pinned_copies;
 static _Thread_local int ctx_depth;
 
@@ -47,6 +49,7 @@ EXPORT long mock_cuda_live(const char *what)
              : !strcmp(what, "streams")       ? live_streams
              : !strcmp(what, "handles")       ? live_handles
              : !strcmp(what, "bufregs")       ? live_bufregs
+             : !strcmp(what, "register_attempts") ? register_attempts
              : !strcmp(what, "contexts")      ? ctx_refs
              : !strcmp(what, "pageable_copies") ? pageable_copies
              : !strcmp(what, "pinned_copies") ? pinned_copies
@@ -251,11 +254,27 @@ EXPORT CUfileError_t cuFileDriverOpen(void) { CUfileError_t e = {0, 0}; return e
 EXPORT CUfileError_t cuFileHandleRegister(void **fh, CUfileDescr_t *d)
 {
     CUfileError_t e = {0, 0};
+    pthread_mutex_lock(&lock);
+    register_attempts++;
+    pthread_mutex_unlock(&lock);
     /* The real library refuses descriptors with O_NONBLOCK. */
     int fl = d->handle.fd >= 0 ? fcntl(d->handle.fd, F_GETFL) : -1;
     if (d->type != 1 || fl < 0 || (fl & O_NONBLOCK)) {
         e.err = 5001;
         return e;
+    }
+    /* MOCK_CUFILE_REFUSE_FILES=substring: refuse files whose path holds it
+     * ("/" refuses all), as cuFile refuses a file system it cannot place. */
+    const char *refuse = getenv("MOCK_CUFILE_REFUSE_FILES");
+    if (refuse) {
+        char link[64], path[4096];
+        snprintf(link, sizeof(link), "/proc/self/fd/%d", d->handle.fd);
+        ssize_t n = readlink(link, path, sizeof(path) - 1);
+        path[n > 0 ? n : 0] = 0;
+        if (strstr(path, refuse)) {
+            e.err = 5030;
+            return e;
+        }
     }
     int *h = malloc(sizeof(int));
     *h = d->handle.fd;
