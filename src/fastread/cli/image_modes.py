@@ -64,6 +64,8 @@ def unavailable(mode, env, *, device="cpu", decode=False, cfg=None):
             return "GPU output cannot feed the mixed decoder; drop --decode"
     elif decode:
         return "does not decode; --decode applies to DALI modes"
+    if device == "gpu" and mode.kind != "ceiling" and env.cuda_error:
+        return f"--device gpu needs a CUDA device; {env.cuda_error}"
     if cfg is not None:
         path = image_path(cfg)
         if not os.path.exists(path):

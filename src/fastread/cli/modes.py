@@ -161,9 +161,11 @@ def unavailable(mode, env, *, device="cpu", decode=False, mem=None, cfg=None):
     """Why ``mode`` cannot run here with these settings, or None. ``mem``
     (cpu or gpu) is where xnvme-gds reads land; ``cfg`` lets image-based
     modes check for their image."""
-    from fastread.cli import numpy_modes
+    from fastread.cli import image_modes, numpy_modes
     if mode.kind in numpy_modes.KINDS:
         return numpy_modes.unavailable(mode, env, device=device, decode=decode)
+    if mode.kind in image_modes.KINDS:
+        return image_modes.unavailable(mode, env, device=device, decode=decode, cfg=cfg)
     if mode.kind == "xnvme-gds":
         if mem is None:
             return ("say where its reads land: --mem cpu (host memory) or --mem gpu (on to the "
