@@ -62,11 +62,11 @@ files)
     read_modes=dali,python-file,fastread-io_uring,fastread-gpu-io_uring,fastread-gpu-psync,fastread-gpu-cufile,read_files-io_uring
     for bs in 256 64; do
         bench "bs$bs-warm" "$jpegs" --device gpu --threads 8 --batchsize "$bs" --repeat 3 --modes "$read_modes"
-        bench "bs$bs-cold" "$jpegs" --device gpu --threads 8 --batchsize "$bs" --cold --modes "$read_modes"
+        bench "bs$bs-cold" "$jpegs" --device gpu --threads 8 --batchsize "$bs" --cold --repeat 3 --modes "$read_modes"
     done
     decode_modes=memory,dali,fastread-io_uring,fastread-psync
     bench bs256-decode-warm "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --repeat 3 --modes "$decode_modes"
-    bench bs256-decode-cold "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --cold --modes "$decode_modes"
+    bench bs256-decode-cold "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --cold --repeat 3 --modes "$decode_modes"
     ;;
 numpy)
     python3 - <<'EOF'
@@ -100,20 +100,18 @@ image)
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
     FASTREAD_BENCH_IMAGE="$img" bench bs256-image-gpu-cold "$jpegs" --device gpu --cold --threads 8 \
-        --batchsize 256 --engine-option queue_depth=128 --engine-option workers=4 \
+        --batchsize 256 --engine-option queue_depth=128 --repeat 3 \
         --modes dali,ceiling-io_uring,fastread-gpu-io_uring,image-io_uring,image-dali-io_uring,image-cufile,image-dali-cufile
     ;;
 feed)
     make_jpegs
-    python3 bench/dali_feed.py "$jpegs" --batchsize 256 --rounds 3 --profile 2>&1 | head -60
-    python3 bench/dali_feed.py "$jpegs" --batchsize 64 --rounds 3
+    python3 bench/dali_feed.py "$jpegs" --batchsize 256 --rounds 3
     ;;
 tune)
     make_jpegs
-    for opts in "queue_depth=64" "queue_depth=128" "queue_depth=128 workers=8" \
-                "queue_depth=256 workers=8" "queue_depth=64 workers=16"; do
+    for opts in "queue_depth=64 workers=4" "queue_depth=64 workers=8" "queue_depth=128 workers=8"; do
         args=(); for kv in $opts; do args+=(--engine-option "$kv"); done
-        bench "tune-${opts// /-}" "$jpegs" --device gpu --threads 8 --batchsize 256 --cold \
+        bench "tune-${opts// /-}" "$jpegs" --device gpu --threads 8 --batchsize 256 --cold --repeat 3 \
             --modes read_files-io_uring,fastread-gpu-io_uring "${args[@]}"
     done
     ;;
