@@ -1,70 +1,105 @@
-"""How fastread hands GPU batches to DALI, timed: the same
-``fastread.dali.readers.file(device="gpu")`` pipeline fed through DLPack
-(``TensorListGPU.from_dlpack_list``, what fastread uses) and through the
-CUDA array interface (one ``TensorGPU`` per sample), alternating, warm cache.
-Needs a GPU and DALI.
+"""How fastread hands GPU batches to DALI, timed: one external source fed
+from ``fastread.Reader(device="gpu")`` in several ways, alternating, warm
+cache, with the time DALI's ``feed_input`` takes per output. Needs a GPU and
+DALI.
 
-    python3 bench/dali_feed.py DATA_DIR [--batchsize 256] [--rounds 3] [--profile]
+    python3 bench/dali_feed.py DATA_DIR [--batchsize 256] [--rounds 3]
 
-``--profile`` prints where the Python side of one DLPack run spends its time.
+Ways (``--ways``, comma-separated):
+
+* ``product``: ``fastread.dali.readers.file(device="gpu")`` as shipped.
+* ``cai``: one ``TensorGPU`` per sample through ``__cuda_array_interface__``;
+  labels by ``cupy.asarray`` on CuPy's current stream.
+* ``dlpack``: ``TensorListGPU.from_dlpack_list``; labels as for ``cai``.
+* ``dlpack-stream``: as ``dlpack``, with labels copied on a private
+  non-blocking stream that is also the external source's ``cuda_stream``.
 """
 import argparse
-import cProfile
-import pstats
+import collections
 import time
 
-from fastread.dali import readers
+WAYS = ("product", "cai", "dlpack", "dlpack-stream")
 
 
-def _cuda_array_interface_batch(arrays, device_id):
+def _source(reader, way, stream):
+    import cupy
     from nvidia.dali.tensors import TensorGPU, TensorListGPU
-    return TensorListGPU([TensorGPU(a, "", device_id) for a in arrays], "", contiguous=False)
+
+    def batches():
+        while True:
+            for arrays, labels in reader:
+                labels = labels.reshape(-1, 1)
+                if way == "cai":
+                    data = TensorListGPU([TensorGPU(a, "", 0) for a in arrays], "",
+                                         contiguous=False)
+                else:
+                    data = TensorListGPU.from_dlpack_list(arrays, "", contiguous=False)
+                if way == "dlpack-stream":
+                    with stream:
+                        labels = cupy.asarray(labels)
+                    stream.synchronize()
+                else:
+                    labels = cupy.asarray(labels)
+                yield data, labels
+    return batches()
 
 
-FEEDS = {"dlpack": readers._gpu_batch, "cuda_array_interface": _cuda_array_interface_batch}
+def run(data_dir, way, batch_size, threads, iterations):
+    import cupy
+    from nvidia.dali import fn, pipeline_def
 
+    import fastread
+    from fastread.dali import readers
 
-def run(data_dir, feed, batch_size, threads, iterations, profile=False):
-    from nvidia.dali import pipeline_def
+    reader = None
+    stream = cupy.cuda.Stream(non_blocking=True)
 
-    readers._gpu_batch = FEEDS[feed]
-    try:
-        @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0)
-        def pipe():
+    @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=0)
+    def pipe():
+        nonlocal reader
+        if way == "product":
             return readers.file(file_root=data_dir, device="gpu", name="Reader")
+        reader = fastread.Reader(data_dir, batch_size=batch_size, device="gpu", ring_depth=6)
+        return tuple(fn.external_source(
+            source=_source(reader, way, stream), num_outputs=2, batch=True, no_copy=True,
+            device="gpu", cuda_stream=stream if way == "dlpack-stream" else None))
 
-        p = pipe()
-        p.build()
-        samples = 0
+    p = pipe()
+    p.build()
+    feed_time = collections.Counter()
+    feed = p._feed_input
 
-        def loop(n):
-            nonlocal samples
-            done = 0
-            while done < n:
-                try:
-                    out = p.run()
-                except StopIteration:
-                    p.reset()
-                    continue
-                samples += len(out[1])
-                done += 1
-
-        loop(10)
-        samples = 0
-        prof = cProfile.Profile() if profile else None
+    def timed_feed(name, data, *args, **kwargs):
         t0 = time.perf_counter()
-        if prof:
-            prof.enable()
-        loop(iterations)
-        if prof:
-            prof.disable()
-        seconds = time.perf_counter() - t0
-        del p
-    finally:
-        readers._gpu_batch = FEEDS["dlpack"]
-    if prof:
-        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
-    return samples / seconds
+        feed(name, data, *args, **kwargs)
+        feed_time[type(data).__name__] += time.perf_counter() - t0
+
+    p._feed_input = timed_feed
+    samples = 0
+
+    def loop(n):
+        nonlocal samples
+        done = 0
+        while done < n:
+            try:
+                out = p.run()
+            except StopIteration:
+                p.reset()
+                continue
+            samples += len(out[1])
+            done += 1
+
+    loop(10)
+    samples = 0
+    feed_time.clear()
+    t0 = time.perf_counter()
+    loop(iterations)
+    seconds = time.perf_counter() - t0
+    del p
+    if reader is not None:
+        reader.close()
+    per_batch = {k: 1e6 * v / iterations for k, v in feed_time.items()}
+    return samples / seconds, per_batch
 
 
 def main():
@@ -74,19 +109,32 @@ def main():
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ways", default=",".join(WAYS))
     args = ap.parse_args()
-    results = {feed: [] for feed in FEEDS}
+    ways = [w for w in args.ways.split(",") if w]
+    bad = set(ways) - set(WAYS)
+    if bad:
+        ap.error(f"unknown ways {sorted(bad)}; known: {', '.join(WAYS)}")
+    results = {w: [] for w in ways}
+    feeds = {}
     for _ in range(args.rounds):
-        for feed in FEEDS:
-            results[feed].append(run(args.data_dir, feed, args.batchsize, args.threads,
-                                     args.iterations))
-    for feed, vals in results.items():
+        for way in ways:
+            try:
+                rate, per_batch = run(args.data_dir, way, args.batchsize, args.threads,
+                                      args.iterations)
+            except Exception as e:  # one way failing must not hide the others
+                print(f"{way}: failed: {type(e).__name__}: {e}")
+                continue
+            results[way].append(rate)
+            feeds[way] = per_batch
+    print(f"batch {args.batchsize}, {args.iterations} iterations per run")
+    for way, vals in results.items():
+        if not vals:
+            continue
         vals.sort()
-        print(f"{feed:>22}: median {vals[len(vals) // 2]:>10,.0f} samples/s  "
-              f"(runs {', '.join(f'{v:,.0f}' for v in vals)})")
-    if args.profile:
-        run(args.data_dir, "dlpack", args.batchsize, args.threads, args.iterations, profile=True)
+        feed = ", ".join(f"{k} {v:.0f} us" for k, v in sorted(feeds[way].items()))
+        print(f"{way:>14}: median {vals[len(vals) // 2]:>10,.0f} samples/s  "
+              f"(runs {', '.join(f'{v:,.0f}' for v in vals)}); feed_input per batch: {feed}")
 
 
 if __name__ == "__main__":
