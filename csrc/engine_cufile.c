@@ -662,13 +662,15 @@ static int cufile_open(const fr_config *cfg, void **state, char *err, size_t err
         fr_set_err(err, err_len, "the cufile engine reads into GPU memory: it needs a device_id");
         return -EINVAL;
     }
-    /* By default a share of the descriptor limit: every worker of a reader
-     * holds its own cache. */
+    /* By default 1/64 of the descriptor limit: a reader has up to 8 worker
+     * contexts, each with its own cache, and the process (DALI, PyTorch,
+     * other readers) needs descriptors too. 1/8 each exhausted a 1024 limit
+     * with 8 workers. */
     size_t handles = DEFAULT_HANDLES;
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        rl.rlim_cur / 8 < handles)
-        handles = rl.rlim_cur / 8 ? rl.rlim_cur / 8 : 1;
+        rl.rlim_cur / 64 < handles)
+        handles = rl.rlim_cur / 64 ? rl.rlim_cur / 64 : 1;
     int compat = 1;
     int rc = parse_args(cfg->engine_args, &handles, &compat, err, err_len);
     if (rc)

@@ -12,6 +12,7 @@ shows the median run by img/s (the lower median for an even count):
 
 A mode that cannot run here says why in one line and is skipped.
 """
+import gc
 import json
 import math
 import os
@@ -327,6 +328,7 @@ def run(args):
                 finally:
                     runner.close()
                     del runner
+                    gc.collect()
         except Exception as e:  # a mode that breaks at run time: say so, go on
             msg = str(e).strip().splitlines()
             failed[mode.name] = f"{type(e).__name__}: {msg[0] if msg else ''}"

@@ -367,6 +367,11 @@ class DaliRunner:
     def close(self):
         self._keep = None
         pipe, self.pipe = self.pipe, None
+        # fastread readers hold threads, pinned memory and descriptors: free
+        # them now, not whenever the pipeline's reference cycles are collected
+        # (a failed mode's leftovers exhausted the next modes' descriptors).
+        for reader in getattr(pipe, "_fastread_readers", []):
+            reader.close()
         del pipe
 
 

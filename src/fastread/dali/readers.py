@@ -196,9 +196,13 @@ def _attach(pipe, reader, name, source, no_copy, device="cpu", num_outputs=2):
     with a ``cuda_stream`` has its GPU data ready in that stream's order."""
     from nvidia.dali import fn
 
+    # DALI copies a GPU batch that is not one contiguous allocation even with
+    # no_copy; use_copy_kernel makes that one batched kernel instead of a
+    # cudaMemcpyAsync per sample (~1 ms of host time at batch 256).
     nodes = fn.external_source(
         source=source, num_outputs=num_outputs, batch=True, no_copy=bool(no_copy), cycle=False,
-        device=device, cuda_stream=getattr(source, "cuda_stream", None))
+        device=device, cuda_stream=getattr(source, "cuda_stream", None),
+        use_copy_kernel=device == "gpu")
     # DALI refuses a name on a multi-output external source; the name stays
     # on the reader (for epoch_size and messages).
     reader.name = name
