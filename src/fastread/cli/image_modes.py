@@ -90,23 +90,13 @@ def _image(cfg):
     return img
 
 
-class ImageReaderRunner(M._EpochRunner):
+def image_reader_runner(cfg, engine, device=None):
     """fastread.Reader over the packed image, epoch after epoch."""
+    import fastread
 
-    def __init__(self, cfg, engine, device=None):
-        import fastread
-
-        self.reader = fastread.Reader(image=_image(cfg), batch_size=cfg.batch_size,
-                                      engine=engine, device=device or cfg.device,
-                                      **_options(cfg))
-        super().__init__()
-
-    def new_epoch(self):
-        return iter(self.reader)
-
-    def close(self):
-        super().close()
-        self.reader.close()
+    return M.ReaderRunner(fastread.Reader(image=_image(cfg), batch_size=cfg.batch_size,
+                                          engine=engine, device=device or cfg.device,
+                                          **_options(cfg)))
 
 
 class CeilingRunner:
@@ -173,7 +163,7 @@ def build(mode, cfg):
     if mode.kind == "ceiling":
         return CeilingRunner(cfg, mode.engine)
     if mode.kind == "image":
-        return ImageReaderRunner(cfg, mode.engine)
+        return image_reader_runner(cfg, mode.engine)
     if mode.kind == "image-dali":
         img = _image(cfg)
 

@@ -270,12 +270,15 @@ def build(mode, cfg):
         prefix = "read_files-xnvme-file-"
         if mode.name.startswith(prefix):
             opts["xnvme_async"] = mode.name[len(prefix):]
-        return ReaderRunner(cfg, mode.engine, **opts)
+        import fastread
+        return ReaderRunner(fastread.Reader(cfg.data_dir, batch_size=cfg.batch_size,
+                                            engine=mode.engine, device=cfg.device,
+                                            **cfg.engine_options, **opts))
     if mode.kind == "xnvme-ctypes":
         return LoopRunner(cfg, "xnvme_ctypes_loop")
     if mode.kind == "xnvme-gds":
         from fastread.cli import image_modes
-        return image_modes.ImageReaderRunner(cfg, mode.engine, device=cfg.mem)
+        return image_modes.image_reader_runner(cfg, mode.engine, device=cfg.mem)
     from fastread.cli import numpy_modes
     if mode.kind in numpy_modes.KINDS:
         return numpy_modes.build(mode, cfg)
@@ -401,13 +404,11 @@ class _EpochRunner:
 
 
 class ReaderRunner(_EpochRunner):
-    """fastread.Reader iterated directly, epoch after epoch."""
+    """A fastread.Reader (over files or a packed image) iterated directly,
+    epoch after epoch; closed with the runner."""
 
-    def __init__(self, cfg, engine, **extra):
-        import fastread
-
-        self.reader = fastread.Reader(cfg.data_dir, batch_size=cfg.batch_size, engine=engine,
-                                      device=cfg.device, **cfg.engine_options, **extra)
+    def __init__(self, reader):
+        self.reader = reader
         super().__init__()
 
     def new_epoch(self):
