@@ -333,16 +333,24 @@ cdef fr_range *_make_ranges(offsets, lengths, size_t *count) except NULL:
     return r
 
 
+# NumPy type kinds as DLPack type codes.
+cdef dict _DL_CODES = {"u": kDLUInt, "i": kDLInt, "f": kDLFloat, "c": kDLComplex, "b": kDLBool}
+
+
 cdef DLDataType _dl_dtype(str typestr) except *:
     cdef DLDataType t
+    t.lanes = 1
+    if typestr == "|u1":  # every whole-sample array: skip the parsing
+        t.code = kDLUInt
+        t.bits = 8
+        return t
     if len(typestr) < 3 or typestr[0] not in "|<=":
         raise BufferError(f"DLPack takes little-endian data only, not {typestr!r}")
-    codes = {"u": kDLUInt, "i": kDLInt, "f": kDLFloat, "c": kDLComplex, "b": kDLBool}
-    if typestr[1] not in codes:
+    code = _DL_CODES.get(typestr[1])
+    if code is None:
         raise BufferError(f"no DLPack type for {typestr!r}")
-    t.code = codes[typestr[1]]
+    t.code = code
     t.bits = 8 * int(typestr[2:])
-    t.lanes = 1
     return t
 
 
@@ -602,6 +610,9 @@ cdef class NativeReader:
         self.device_output = device_output
 
     def __dealloc__(self):
+        self._close()
+
+    cdef void _close(self) noexcept:
         if self.rd != NULL:
             with nogil:
                 fr_reader_close(self.rd)
@@ -613,10 +624,7 @@ cdef class NativeReader:
         return self.rd
 
     def close(self):
-        if self.rd != NULL:
-            with nogil:
-                fr_reader_close(self.rd)
-            self.rd = NULL
+        self._close()
 
     def submit(self, indices):
         cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] idx = \
