@@ -39,6 +39,18 @@ static int same_on_device(const fr_batch *b, size_t i, const char *path)
     return fr_test_same(&view, i, path);
 }
 
+/* A config reading with `engine` onto GPU 0, delivering on the device or
+ * (device_output 0) on the host. */
+static fr_config gpu_config(const char *engine, int device_output)
+{
+    fr_config cfg;
+    fr_config_init(&cfg);
+    cfg.engine = engine;
+    cfg.device_id = 0;
+    cfg.device_output = device_output;
+    return cfg;
+}
+
 static void read_all(const fr_config *cfg, char **paths, int device_output, int rounds)
 {
     fr_reader *rd;
@@ -106,11 +118,7 @@ int main(void)
     for (int e = 0; e < 2; e++) {
         if (fr_engine_probe(host_engines[e], why, sizeof(why)) != 0)
             continue;
-        fr_config cfg;
-        fr_config_init(&cfg);
-        cfg.engine = host_engines[e];
-        cfg.device_id = 0;
-        cfg.device_output = 1;
+        fr_config cfg = gpu_config(host_engines[e], 1);
         cfg.pin_memory = 1;
         long pageable = live("pageable_copies");
         read_all(&cfg, paths, 1, 3);
@@ -140,11 +148,7 @@ int main(void)
 
     /* cufile, device and host output, buffered and O_DIRECT. */
     for (int variant = 0; variant < 4; variant++) {
-        fr_config cfg;
-        fr_config_init(&cfg);
-        cfg.engine = "cufile";
-        cfg.device_id = 0;
-        cfg.device_output = variant & 1;
+        fr_config cfg = gpu_config("cufile", variant & 1);
         cfg.o_direct = variant >> 1;
         if (variant == 3)
             setenv("MOCK_CUFILE_REFUSE_BUFREG", "1", 1); /* compat mode may refuse */
@@ -154,11 +158,7 @@ int main(void)
 
     /* The handle cache: reuse, replacement, eviction, errors. */
     {
-        fr_config cfg;
-        fr_config_init(&cfg);
-        cfg.engine = "cufile";
-        cfg.device_id = 0;
-        cfg.device_output = 1;
+        fr_config cfg = gpu_config("cufile", 1);
         cfg.engine_args = "handles=4";
         fr_ctx *ctx;
         char err[FR_ERRLEN];
@@ -246,11 +246,7 @@ int main(void)
     {
         setenv("MOCK_CUFILE_REFUSE_FILES", "/", 1);
         for (int variant = 0; variant < 4; variant++) {
-            fr_config cfg;
-            fr_config_init(&cfg);
-            cfg.engine = "cufile";
-            cfg.device_id = 0;
-            cfg.device_output = variant & 1;
+            fr_config cfg = gpu_config("cufile", variant & 1);
             cfg.o_direct = variant >> 1;
             cfg.threads = 2;
             long attempts = live("register_attempts");
@@ -258,11 +254,7 @@ int main(void)
             /* At most one per thread racing to the first refusal. */
             CHECK(live("register_attempts") - attempts <= 2 * 2); /* 2 workers x 2 threads */
         }
-        fr_config cfg;
-        fr_config_init(&cfg);
-        cfg.engine = "cufile";
-        cfg.device_id = 0;
-        cfg.device_output = 1;
+        fr_config cfg = gpu_config("cufile", 1);
         fr_ctx *ctx;
         char err[FR_ERRLEN];
         CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
@@ -327,11 +319,7 @@ int main(void)
     /* Out of device memory: a batch-level -ENOMEM, not a crash. */
     {
         setenv("MOCK_CUDA_MEM_LIMIT", "1000", 1);
-        fr_config cfg;
-        fr_config_init(&cfg);
-        cfg.engine = "psync";
-        cfg.device_id = 0;
-        cfg.device_output = 1;
+        fr_config cfg = gpu_config("psync", 1);
         fr_ctx *ctx;
         char err[FR_ERRLEN];
         CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
