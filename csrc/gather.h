@@ -1,0 +1,152 @@
+/*
+ * fr_store: a storage-backed array of fixed-size rows, gathered by id.
+ *
+ * The public C API of fastread's row gathers (GNN node features, embedding
+ * tables). A store is one file or block device holding `rows` rows of
+ * `row_bytes` bytes each, starting at `offset`. A gather takes a list of row
+ * ids (duplicated and unsorted ids are fine) and writes the rows, in input
+ * order, to host or device memory.
+ *
+ * Backends (fr_store_config.backend):
+ *   "host"       ids sorted on the host, adjacent rows coalesced into range
+ *                reads through an engine (engine.h), rows scattered to the
+ *                output in input order; one host-to-device copy for device
+ *                output. Runs everywhere; the baseline and the fallback.
+ *   "proxy"      GPU-initiated: a CUDA kernel looks every row up in a
+ *                software page cache in device memory; misses become read
+ *                requests in a submission ring in page-locked host memory
+ *                mapped into the device; native host service threads serve
+ *                them with an engine and post completions; the kernel
+ *                copies the page into the cache and the row to the output.
+ *                Kernels are compiled at run time with NVRTC (dlopen'ed).
+ *   "xnvme-cuda" GPU-initiated, with xNVMe's GPU-resident NVMe queues
+ *                (libxnvme_cuda.h, upcie-cuda backend) instead of the host
+ *                proxy; built where the system's xNVMe provides them.
+ *   "auto"       proxy where a GPU and NVRTC are present, else host.
+ * A BaM/libnvm backend would slot in beside xnvme-cuda: it replaces the
+ * ring + proxy with NVMe queue pairs in device memory (see gather_backend.h).
+ *
+ * Tiers, checked in this order by the device path: the HBM page cache; a
+ * page-locked host tier read by GPU threads over PCIe (the whole file when
+ * it fits in host_bytes, else the rows listed in hot_ids); storage.
+ *
+ * Thread safety: every fr_store_* call is thread-safe. Gathers on one store
+ * run one at a time (a second caller waits), so concurrent callers from
+ * several threads or streams get correct rows. fr_store_close may be called
+ * while a gather runs on another thread: that gather is cancelled and
+ * returns -ECANCELED. Nothing is global: two stores share no state.
+ */
+#ifndef FASTREAD_GATHER_H
+#define FASTREAD_GATHER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fr_store fr_store;
+
+typedef struct fr_store_config {
+    const char *path;     /* file or block device */
+    uint64_t offset;      /* byte offset of row 0 (e.g. a .npy header) */
+    uint64_t rows;        /* rows in the array */
+    uint64_t row_bytes;   /* bytes per row (> 0) */
+
+    const char *backend;  /* "auto", "host", "proxy", "xnvme-cuda" */
+    /* Host-side reads (the host backend, and the proxy's service threads). */
+    const char *engine;      /* "auto", "io_uring", "psync", ... (fr_engine_names) */
+    const char *engine_args; /* engine-specific "key=value,..." */
+    int o_direct;            /* -1: where offsets are aligned; 0: never; 1: always */
+    unsigned queue_depth;    /* reads in flight per host thread (0: default) */
+    unsigned threads;        /* host threads serving reads (0: default) */
+
+    /* Device path. device_id < 0: host only (CUDA is never loaded). */
+    int device_id;
+    uint64_t cache_bytes;    /* HBM page cache (0: default) */
+    uint32_t page_bytes;     /* cache page: a power of two, 4 KiB..1 MiB; row_bytes divides it */
+    uint64_t host_bytes;     /* page-locked host tier budget; 0: none; UINT64_MAX: auto */
+    const int64_t *hot_ids;  /* rows for the host tier when the file does not fit (borrowed) */
+    size_t n_hot;
+    unsigned ring_entries;   /* submission ring size, a power of two (0: default) */
+    uint32_t timeout_ms;     /* device-side waits give up after this (0: default) */
+    const char *cache_dir;   /* compiled kernels; NULL: $FASTREAD_CACHE_DIR or ~/.cache/fastread */
+} fr_store_config;
+
+/* Defaults: backend "auto", engine "auto", o_direct -1, host only
+ * (device_id -1), 1 GiB cache of 64 KiB pages, no host tier, 4096 ring
+ * entries, 10 s timeout. */
+void fr_store_config_init(fr_store_config *cfg);
+
+/* Opens a store. Fails with -errno and a message naming the thing for: a
+ * file shorter than offset + rows * row_bytes, a page size that is not a
+ * power of two in range or that row_bytes does not divide, a device path
+ * asked for without a GPU, NVRTC missing, a cache that does not fit in
+ * device memory, an unknown backend or engine. */
+int fr_store_open(const fr_store_config *cfg, fr_store **out, char *err, size_t err_len);
+/* Cancels a gather in flight (it returns -ECANCELED), waits for it to leave,
+ * and frees everything. */
+void fr_store_close(fr_store *store);
+
+/* The backend that runs ("host", "proxy", "xnvme-cuda"). */
+const char *fr_store_backend(const fr_store *store);
+
+/* Rows ids[0..n) to host memory out (n * row_bytes bytes), in input order,
+ * through the host backend (always available). 0, or -errno with a message:
+ * -ERANGE for an id out of range (*bad_index: its position in ids), -EIO
+ * and the path for a read that failed. */
+int fr_store_gather_host(fr_store *store, const int64_t *ids, size_t n, void *out,
+                         size_t *bad_index, char *err, size_t err_len);
+
+/* Rows to device memory: ids is a device pointer to n ids of id_bytes (4 or
+ * 8) each, out a device pointer to n * row_bytes bytes, stream a CUstream
+ * (NULL: the legacy default stream). The work is ordered after what is
+ * already queued on `stream`; the call returns once it is done (the host
+ * must see the result to report errors). With backend "host" the ids are
+ * copied down, gathered on the host and copied up. Errors as for
+ * fr_store_gather_host, plus -ETIMEDOUT when a device-side wait ran out. */
+int fr_store_gather_device(fr_store *store, uint64_t ids, int id_bytes, size_t n, uint64_t out,
+                           void *stream, size_t *bad_index, char *err, size_t err_len);
+
+/* Where the rows of all gathers so far came from. */
+typedef struct fr_store_stats {
+    uint64_t gathers;        /* gather calls */
+    uint64_t rows;           /* rows returned */
+    uint64_t cache_hits;     /* rows served from the HBM cache */
+    uint64_t cache_misses;   /* pages a gather had to bring into the cache */
+    uint64_t coalesced;      /* requests merged into another (same page in a warp, or
+                                concurrent misses to one page; adjacent rows on the host) */
+    uint64_t host_tier_rows; /* rows read by the GPU from the page-locked host tier */
+    uint64_t storage_reads;  /* read requests sent to storage */
+    uint64_t bytes_read;     /* bytes read from storage */
+    uint64_t evictions;      /* cache pages replaced */
+} fr_store_stats;
+void fr_store_stats_get(fr_store *store, fr_store_stats *out);
+
+/* Memory held, by part (bytes). */
+typedef struct fr_store_memory {
+    uint64_t device_cache;   /* HBM cache pages */
+    uint64_t device_meta;    /* page table, slot tags and counters */
+    uint64_t host_tier;      /* page-locked host tier */
+    uint64_t rings;          /* submission/completion rings (page-locked, mapped) */
+    uint64_t staging;        /* page-locked staging pages the host reads into */
+    uint64_t host_buffers;   /* host backend buffers (range reads, sorted ids) */
+} fr_store_memory;
+void fr_store_memory_get(fr_store *store, fr_store_memory *out);
+
+/* For users' own kernels: the device address of the store's device view
+ * (a `const fr_dev_store *` for fastread_device.cuh), 0 without a device
+ * path. Valid until fr_store_close. Users' kernels must not run while
+ * fr_store_close does. */
+uint64_t fr_store_device_view(fr_store *store);
+
+/* Source of the device header (fastread_device.cuh) compiled into the
+ * library, for NVRTC or CuPy RawModule users without the installed file. */
+const char *fr_store_device_header(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FASTREAD_GATHER_H */
