@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "base.h"
 #include "fastread.h"
 
 typedef struct fr_engine {
@@ -40,38 +41,5 @@ extern const fr_engine fr_engine_uring;
 extern const fr_engine fr_engine_xnvme_file; /* "xnvme-file": whole files via xnvme_file_* */
 extern const fr_engine fr_engine_xnvme;      /* "xnvme": ranges of one device or image */
 #endif
-
-/* ---- helpers shared by the engines (io_common.c) ---- */
-
-/* Longest single read request; larger files are read on in pieces. */
-#define FR_MAX_REQUEST ((size_t)1 << 30)
-/* Alignment of every sample in the arena without O_DIRECT. */
-#define FR_SAMPLE_ALIGN 64
-
-static inline size_t fr_round_up(size_t v, size_t align)
-{
-    return (v + align - 1) & ~(align - 1);
-}
-
-/* Bytes a read of a file of `size` bytes asks for: one more than the size, so
- * a file that grew since it was sized is noticed; rounded for O_DIRECT. */
-size_t fr_request_len(size_t size, int o_direct, size_t dio_align);
-
-/* Lays samples out in the arena from their sizes (sizes[i] < 0 marks a sample
- * that already failed), growing the arena once. Sets samples[i].offset. */
-int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
-              size_t dio_align);
-
-/* Synchronous repair for the rare sample the fast path could not finish: a
- * short read, a file that changed size, a read cut at FR_MAX_REQUEST. Reads
- * the whole file again without O_DIRECT, into its slot when it fits or at the
- * end of the arena. No I/O may be in flight on the arena. */
-void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len);
-
-/* pread until `len` bytes or end of file; returns bytes read or -errno. */
-ssize_t fr_pread_full(int fd, void *buf, size_t len, off_t offset);
-
-void fr_set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 
 #endif

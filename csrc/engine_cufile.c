@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "io_common.h"
 #include "gpu.h"
 #include "range_io.h"
 #include "threadpool.h"

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "io_common.h"
 #include "threadpool.h"
 #include "range_io.h"
 

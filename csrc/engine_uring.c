@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "io_common.h"
 #include "range_io.h"
 
 #define NBUF_SLOTS 16

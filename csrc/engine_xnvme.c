@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 
 #include "engine.h"
+#include "io_common.h"
 
 #ifndef FASTREAD_XNVME_BUILD_VERSION
 #define FASTREAD_XNVME_BUILD_VERSION "unknown"

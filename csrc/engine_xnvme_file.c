@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "io_common.h"
 #include "threadpool.h"
 
 /* Shared with engine_xnvme.c (see there). */

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "base.h"
 #include "gpu.h"
 
 typedef int CUdevice;

@@ -10,18 +10,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "io_common.h"
 #include "range_io.h"
-
-void fr_set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (!err || err_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 size_t fr_request_len(size_t size, int o_direct, size_t dio_align)
 {

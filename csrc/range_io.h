@@ -6,7 +6,7 @@
 #ifndef FASTREAD_RANGE_IO_H
 #define FASTREAD_RANGE_IO_H
 
-#include "engine.h"
+#include "io_common.h"
 
 /* Largest single transfer of a range read; longer ranges are split. 1 MiB
  * stays within every device's max_sectors and keeps many requests in flight. */

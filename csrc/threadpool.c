@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "base.h"
 #include "threadpool.h"
 
 struct fr_threadpool {

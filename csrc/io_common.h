@@ -1,0 +1,37 @@
+/*
+ * Helpers the engines share for whole-file reads: request sizing, arena
+ * layout and the slow repair path. Implemented in io_common.c (with the
+ * range helpers of range_io.h). Internal: not part of the public API.
+ */
+#ifndef FASTREAD_IO_COMMON_H
+#define FASTREAD_IO_COMMON_H
+
+#include <sys/types.h>
+
+#include "base.h"
+#include "fastread.h"
+
+/* Longest single read request; larger files are read on in pieces. */
+#define FR_MAX_REQUEST ((size_t)1 << 30)
+/* Alignment of every sample in the arena without O_DIRECT. */
+#define FR_SAMPLE_ALIGN 64
+
+/* Bytes a read of a file of `size` bytes asks for: one more than the size, so
+ * a file that grew since it was sized is noticed; rounded for O_DIRECT. */
+size_t fr_request_len(size_t size, int o_direct, size_t dio_align);
+
+/* Lays samples out in the arena from their sizes (sizes[i] < 0 marks a sample
+ * that already failed), growing the arena once. Sets samples[i].offset. */
+int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
+              size_t dio_align);
+
+/* Synchronous repair for the rare sample the fast path could not finish: a
+ * short read, a file that changed size, a read cut at FR_MAX_REQUEST. Reads
+ * the whole file again without O_DIRECT, into its slot when it fits or at the
+ * end of the arena. No I/O may be in flight on the arena. */
+void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len);
+
+/* pread until `len` bytes or end of file; returns bytes read or -errno. */
+ssize_t fr_pread_full(int fd, void *buf, size_t len, off_t offset);
+
+#endif
