@@ -61,4 +61,4 @@ cdef extern from "gather.h" nogil:
 
     void fr_store_memory_get(fr_store *store, fr_store_memory *out)
     uint64_t fr_store_device_view(fr_store *store)
-    const char *fr_store_device_header()
+    # fr_store_device_header(): bound once the core defines it (the device path).

@@ -43,9 +43,9 @@ class Ids(NamedTuple):
     def host_int64(self):
         """The ids as a flat C-contiguous int64 NumPy array (copied down from the GPU)."""
         a = self.array
-        if self.lib == "torch":
+        if is_torch(a):
             a = a.detach().cpu().numpy()
-        elif self.lib == "cupy":
+        elif is_cupy(a):
             a = a.get()
         return np.ascontiguousarray(np.asarray(a).reshape(-1), dtype=np.int64)
 

@@ -51,14 +51,6 @@ def _error(int rc, str msg):
     return OSError(e, msg)
 
 
-def device_header():
-    """The source of fastread_device.cuh compiled into the library."""
-    cdef const char *src
-    with nogil:
-        src = fr_store_device_header()
-    return src.decode() if src != NULL else ""
-
-
 cdef class Store:
     """An open fr_store. ``close()`` may be called while a gather runs on
     another thread: that gather is cancelled (OSError ECANCELED)."""

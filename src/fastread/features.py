@@ -61,7 +61,11 @@ def device_include_dir():
 
 def device_header():
     """The source of ``fastread_device.cuh`` compiled into the library."""
-    return _gather.device_header()
+    get = getattr(_gather, "device_header", None)
+    if get is None:
+        raise RuntimeError("this fastread build has no device path (fastread_device.cuh is "
+                           "not compiled in)")
+    return get()
 
 
 def _is_power_of_two(v):
