@@ -121,7 +121,8 @@ def as_ids(ids):
             ids = ids.detach().contiguous()
             return Ids(ids, "torch", ids.device.index, dtype, tuple(ids.shape))
         a = ids.detach().numpy()
-        return Ids(np.ascontiguousarray(a), "torch", None, dtype, a.shape)
+        a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        return Ids(a, "torch", None, dtype, a.shape)
     if is_cupy(ids):
         _check_id_dtype(np.dtype(ids.dtype), ids.dtype)
         ids = ids if ids.flags.c_contiguous else ids.copy(order="C")
@@ -147,7 +148,7 @@ def as_ids(ids):
     if a.dtype.kind == "i" and a.dtype.byteorder not in "=|" and a.dtype.newbyteorder("=") in ID_DTYPES:
         a = a.astype(a.dtype.newbyteorder("="))
     _check_id_dtype(a.dtype if a.dtype in ID_DTYPES else None, a.dtype)
-    a = np.ascontiguousarray(a)
+    a = a if a.flags.c_contiguous else np.ascontiguousarray(a)  # keeps 0-d ids 0-d
     return Ids(a, "numpy", None, a.dtype, a.shape)
 
 

@@ -135,6 +135,7 @@ class FeatureStore:
                  threads=None, engine_args=None, ring_entries=None, timeout_ms=None,
                  kernel_cache_dir=None, **engine_options):
         self._store = None
+        self._auto_note = None  # why backend "auto" settled for the host backend
         self._args = dict(path=path, dtype=dtype, shape=shape, offset=offset, engine=engine,
                           backend=backend, cache_bytes=cache_bytes, page_bytes=page_bytes,
                           host_bytes=host_bytes, hot_ids=hot_ids, device_id=device_id,
@@ -396,7 +397,7 @@ class FeatureStore:
             try:
                 store.gather_host(flat, rows.reshape(-1).view(np.uint8))
             except IndexError as e:
-                raise self._index_error(D.Ids(flat, "numpy", None, flat.dtype, flat.shape),
+                raise self._index_error(D.Ids(flat, "numpy", None, flat.dtype, ids.shape),
                                         e) from None
         if out is not None:
             return out
