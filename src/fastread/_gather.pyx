@@ -52,10 +52,18 @@ def _error(int rc, str msg):
 
 
 cdef class Store:
-    """An open fr_store. ``close()`` may be called while a gather runs on
-    another thread: that gather is cancelled (OSError ECANCELED)."""
+    """An open fr_store.
+
+    ``close()`` may be called while gathers run on other threads: no new
+    gather starts, and the store is freed once those running have left.
+    Python counts its own callers (``_users``): a thread that read the store
+    pointer and released the GIL may not yet be inside the C call, where
+    fr_store_close would count it, so freeing without waiting for it would
+    be a use after free. (gather.h has no cancel that leaves the store
+    allocated; fr_store_close is the only one, so running gathers finish.)"""
     cdef fr_store *s
-    cdef object _lock  # held by close() and the short calls, never by a gather
+    cdef object _cv    # guards s, _users; held by the short calls, never by a gather
+    cdef int _users    # gathers between their check of s and their return
     cdef object _hot  # the hot-id array, kept while the C core may read it
     cdef readonly str path
     cdef readonly uint64_t rows
@@ -120,7 +128,7 @@ cdef class Store:
         self.rows = rows
         self.row_bytes = row_bytes
         self.device_id = device_id
-        self._lock = threading.Lock()
+        self._cv = threading.Condition(threading.Lock())
 
     def __dealloc__(self):
         if self.s != NULL:
@@ -137,12 +145,28 @@ cdef class Store:
             raise ValueError(f"feature store {self.path!r} is closed")
         return self.s
 
-    def close(self):
-        """Cancels a gather in flight, waits for it to leave, frees the store."""
+    cdef fr_store *_enter(self) except NULL:
         cdef fr_store *s
-        with self._lock:
+        with self._cv:
+            s = self._get()
+            self._users += 1
+        return s
+
+    cdef void _leave(self):
+        with self._cv:
+            self._users -= 1
+            if self._users == 0:
+                self._cv.notify_all()
+
+    def close(self):
+        """Refuses new gathers, waits for those running to leave (the GIL
+        released), frees the store."""
+        cdef fr_store *s
+        with self._cv:
             s = self.s
             self.s = NULL
+            while self._users > 0:
+                self._cv.wait()
         if s != NULL:
             with nogil:
                 fr_store_close(s)
@@ -164,13 +188,12 @@ cdef class Store:
         cdef char err[ERRLEN]
         cdef int rc
         err[0] = 0
-        # Gathers hold no lock of ours: fr_store_close cancels them and waits
-        # for them to leave. The store pointer is read with the GIL held, and
-        # close() clears it before closing, so no gather starts on a closed
-        # store (one that read it just before close() ran is cancelled in C).
-        cdef fr_store *s = self._get()
-        with nogil:
-            rc = fr_store_gather_host(s, pids, n, pout, &bad, err, sizeof(err))
+        cdef fr_store *s = self._enter()
+        try:
+            with nogil:
+                rc = fr_store_gather_host(s, pids, n, pout, &bad, err, sizeof(err))
+        finally:
+            self._leave()
         if rc != 0:
             self._raise(rc, err, bad)
 
@@ -186,10 +209,13 @@ cdef class Store:
         cdef char err[ERRLEN]
         cdef int rc
         err[0] = 0
-        cdef fr_store *s = self._get()
-        with nogil:
-            rc = fr_store_gather_device(s, ids, id_bytes, n, out, <void *>stream, &bad,
-                                        err, sizeof(err))
+        cdef fr_store *s = self._enter()
+        try:
+            with nogil:
+                rc = fr_store_gather_device(s, ids, id_bytes, n, out, <void *>stream, &bad,
+                                            err, sizeof(err))
+        finally:
+            self._leave()
         if rc != 0:
             self._raise(rc, err, bad)
 
@@ -207,7 +233,7 @@ cdef class Store:
     def stats(self):
         cdef fr_store_stats st
         cdef fr_store *s
-        with self._lock:  # close() waits for it
+        with self._cv:  # close() waits for it
             s = self._get()
             with nogil:
                 fr_store_stats_get(s, &st)
@@ -216,7 +242,7 @@ cdef class Store:
     def memory(self):
         cdef fr_store_memory m
         cdef fr_store *s
-        with self._lock:  # close() waits for it
+        with self._cv:  # close() waits for it
             s = self._get()
             with nogil:
                 fr_store_memory_get(s, &m)
@@ -226,7 +252,7 @@ cdef class Store:
         """Device address of the store's fr_dev_store (0 without a device path)."""
         cdef uint64_t v
         cdef fr_store *s
-        with self._lock:  # close() waits for it
+        with self._cv:  # close() waits for it
             s = self._get()
             with nogil:
                 v = fr_store_device_view(s)
