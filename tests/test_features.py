@@ -514,3 +514,15 @@ def test_matches_numpy_fancy_indexing(disk_tmp, data, rows, row, dtype, offset, 
     with FeatureStore(path, dtype, (rows, *row), offset=offset, o_direct=o_direct,
                       backend="host") as s:
         np.testing.assert_array_equal(s.gather(ids, device="cpu"), arr[ids])
+
+
+def test_read_failure_is_an_exception_naming_the_file(disk_tmp):
+    # The file shrinks under an open store: the lost rows cannot be read.
+    path = os.path.join(disk_tmp, "shrink.bin")
+    np.ones((100_000, 32), np.float32).tofile(path)
+    with FeatureStore(path, np.float32, (100_000, 32)) as s:
+        os.truncate(path, 1 << 20)
+        with pytest.raises(OSError, match=r"shrink\.bin") as e:
+            s.gather([99_999, 0], device="cpu")
+        assert e.value.errno is not None
+        np.testing.assert_array_equal(s.gather([0, 5], device="cpu"), np.ones((2, 32)))

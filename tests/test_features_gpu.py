@@ -1,0 +1,327 @@
+"""fastread.FeatureStore on a GPU: the host and proxy backends against NumPy,
+torch and CuPy in and out, streams, the HBM cache and the host tier seen
+through stats(), users' own kernels over the store's device view, and
+close() during a gather. Skipped, with the reason, where there is no GPU.
+
+On the GPU machine: `cd tests && python3 -m pytest -q test_features_gpu.py`.
+"""
+import errno
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastread
+from fastread.features import FeatureStore, device_include_dir
+
+_ok, _why = fastread._core.gpu_probe(0)
+pytestmark = pytest.mark.skipif(not _ok, reason=f"no CUDA device here: {_why}")
+
+try:
+    import torch
+    if not torch.cuda.is_available():
+        torch = None
+except ImportError:
+    torch = None
+try:
+    import cupy
+except ImportError:
+    cupy = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch with CUDA is not installed")
+needs_cupy = pytest.mark.skipif(cupy is None, reason="cupy is not installed")
+
+ROWS, COLS = 20_000, 32  # 128-byte rows: 512 to a 64 KiB page
+
+
+@pytest.fixture(scope="module")
+def table(disk_tmp):
+    arr = np.random.default_rng(7).standard_normal((ROWS, COLS)).astype(np.float32)
+    path = os.path.join(disk_tmp, "gpu-feat.npy")
+    np.save(path, arr)
+    return arr, path
+
+
+def open_store(path, backend, **kw):
+    try:
+        return FeatureStore(path, backend=backend, device_id=0, **kw)
+    except RuntimeError as e:
+        if "not available in this build" in str(e):
+            pytest.skip(f"backend {backend!r}: {e}")
+        raise
+
+
+BACKENDS = ["host", "proxy"]
+
+
+def host(x):
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.cpu().numpy()
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return cupy.asnumpy(x)
+    return np.asarray(x)
+
+
+@needs_torch
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("id_dtype", ["int32", "int64"])
+def test_torch_in_torch_out(table, backend, id_dtype):
+    arr, path = table
+    rng = np.random.default_rng(1)
+    ids_np = rng.integers(0, ROWS, 50_000)  # duplicates, unsorted
+    ids = torch.from_numpy(ids_np.astype(id_dtype)).cuda()
+    with open_store(path, backend) as s:
+        got = s.gather(ids)
+        assert isinstance(got, torch.Tensor) and got.is_cuda and got.dtype == torch.float32
+        assert tuple(got.shape) == (50_000, COLS)
+        np.testing.assert_array_equal(host(got), arr[ids_np])
+        # Again: now (partly) from the cache, same rows.
+        np.testing.assert_array_equal(host(s.gather(ids)), arr[ids_np])
+        # To the host from device ids.
+        np.testing.assert_array_equal(host(s.gather(ids, device="cpu")), arr[ids_np])
+
+
+@needs_cupy
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cupy_in_cupy_out(table, backend):
+    arr, path = table
+    ids_np = np.random.default_rng(2).integers(0, ROWS, 10_000)
+    with open_store(path, backend) as s:
+        got = s.gather(cupy.asarray(ids_np, dtype=cupy.int32))
+        assert isinstance(got, cupy.ndarray) and got.dtype == cupy.float32
+        np.testing.assert_array_equal(cupy.asnumpy(got), arr[ids_np])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_numpy_ids_to_cuda(table, backend):
+    if torch is None and cupy is None:
+        pytest.skip("neither torch nor cupy is installed")
+    arr, path = table
+    ids = np.array([[5, 19_999], [5, 0]])
+    with open_store(path, backend) as s:
+        got = s.gather(ids, device="cuda")
+        assert type(got).__module__.split(".")[0] == ("torch" if torch is not None else "cupy")
+        np.testing.assert_array_equal(host(got), arr[ids])
+        assert s.gather(np.zeros(0, np.int64), device="cuda").shape[0] == 0
+
+
+@needs_torch
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_and_errors_on_device(table, backend):
+    arr, path = table
+    with open_store(path, backend) as s:
+        ids = torch.tensor([3, 1, 3], device="cuda")
+        out = torch.empty((3, COLS), device="cuda")
+        assert s.gather(ids, out=out) is out
+        np.testing.assert_array_equal(host(out), arr[[3, 1, 3]])
+        with pytest.raises(ValueError, match=r"out has shape \(2, 32\)"):
+            s.gather(ids, out=torch.empty((2, COLS), device="cuda"))
+        with pytest.raises(TypeError, match="out has dtype torch.float64"):
+            s.gather(ids, out=torch.empty((3, COLS), dtype=torch.float64, device="cuda"))
+        with pytest.raises(ValueError, match="C-contiguous"):
+            s.gather(ids, out=torch.empty((COLS, 3), device="cuda").T)
+        with pytest.raises(ValueError, match="out is on cpu"):
+            s.gather(ids, out=torch.empty((3, COLS)))
+        with pytest.raises(TypeError, match="ids must be int32 or int64, got torch.float32"):
+            s.gather(torch.tensor([1.0], device="cuda"))
+        bad = torch.tensor([0, 1, ROWS + 5, 2, -3], device="cuda")
+        with pytest.raises(IndexError, match=rf"id {ROWS + 5} at position 2 is out of range"):
+            s.gather(bad)
+        # The store still works after a failed gather.
+        np.testing.assert_array_equal(host(s.gather(ids)), arr[[3, 1, 3]])
+
+
+@needs_torch
+def test_ids_on_another_gpu(table):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    arr, path = table
+    with open_store(path, "host") as s:
+        with pytest.raises(ValueError, match="ids on GPU 1, but feature store .* serves GPU 0"):
+            s.gather(torch.tensor([1], device="cuda:1"))
+
+
+@needs_torch
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_streams(table, backend):
+    arr, path = table
+    ids_np = np.random.default_rng(3).integers(0, ROWS, 30_000)
+    with open_store(path, backend) as s:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # torch's current stream by default
+            ids = torch.from_numpy(ids_np).cuda()
+            got = s.gather(ids)
+        side.synchronize()
+        np.testing.assert_array_equal(host(got), arr[ids_np])
+        other = torch.cuda.Stream()
+        ids = torch.from_numpy(ids_np).cuda()
+        torch.cuda.current_stream().synchronize()
+        got = s.gather(ids, stream=other)  # explicit stream object
+        np.testing.assert_array_equal(host(got), arr[ids_np])
+        got = s.gather(ids, stream=other.cuda_stream)  # as an address
+        np.testing.assert_array_equal(host(got), arr[ids_np])
+
+
+@needs_torch
+def test_concurrent_gathers_on_streams(table):
+    arr, path = table
+    errors = []
+    with open_store(path, "proxy", cache_bytes=4 << 20) as s:
+        def work(seed):
+            rng = np.random.default_rng(seed)
+            stream = torch.cuda.Stream()
+            try:
+                with torch.cuda.stream(stream):
+                    for _ in range(10):
+                        ids_np = rng.integers(0, ROWS, 20_000)
+                        got = s.gather(torch.from_numpy(ids_np).cuda())
+                        if not np.array_equal(host(got), arr[ids_np]):
+                            errors.append(f"thread {seed}: wrong rows")
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert s.stats()["gathers"] == 40
+
+
+@needs_torch
+def test_cache_hits_misses_evictions(table):
+    arr, path = table
+    page = 64 << 10
+    rows_per_page = page // (COLS * 4)
+    # 8 pages of cache for a table of 40 pages.
+    with open_store(path, "proxy", cache_bytes=8 * page, page_bytes=page) as s:
+        assert s.backend == "proxy"
+        hot = torch.arange(0, 2 * rows_per_page, device="cuda")  # two pages
+        s.gather(hot)
+        first = s.stats()
+        assert first["misses"] == 2 and first["storage_reads"] >= 2
+        assert first["bytes_read"] >= 2 * page
+        s.gather(hot)
+        second = s.stats()
+        assert second["misses"] == 2, "the hot pages were read again"
+        assert second["hits"] - first["hits"] == hot.numel()
+        everything = torch.arange(ROWS, device="cuda")
+        np.testing.assert_array_equal(host(s.gather(everything)), arr)
+        st = s.stats()
+        assert st["evictions"] > 0 and st["misses"] >= ROWS // rows_per_page
+        t = st["tiers"]
+        assert t["device_cache"] + t["host_tier"] + t["storage"] == st["rows"]
+        m = s.memory()
+        assert m["device_cache"] == 8 * page and m["rings"] > 0
+        assert m["total"] == sum(v for k, v in m.items() if k != "total")
+
+
+@needs_torch
+def test_host_tier(table):
+    arr, path = table
+    ids_np = np.random.default_rng(4).integers(0, ROWS, 40_000)
+    # The whole file fits the host tier: every row is read from pinned host memory.
+    with open_store(path, "proxy", host_bytes="auto") as s:
+        got = s.gather(torch.from_numpy(ids_np).cuda())
+        np.testing.assert_array_equal(host(got), arr[ids_np])
+        st = s.stats()
+        assert st["host_tier_rows"] == len(ids_np) and st["tiers"]["storage"] == 0
+        assert s.memory()["host_tier"] >= arr.nbytes
+    # Only hot rows in a small tier.
+    hot = np.arange(0, 1000)
+    with open_store(path, "proxy", host_bytes=1000 * COLS * 4, hot_ids=hot) as s:
+        got = s.gather(torch.from_numpy(np.r_[hot[:500], [15_000, 15_001]]).cuda())
+        np.testing.assert_array_equal(host(got), arr[np.r_[hot[:500], [15_000, 15_001]]])
+        assert s.stats()["host_tier_rows"] == 500
+
+
+@needs_cupy
+def test_users_kernel_reads_rows_through_device_view(table):
+    arr, path = table
+    src = r'''
+    #include "fastread_device.cuh"
+    extern "C" __global__ void read_rows(const fr_dev_store *s, const long long *ids, int n,
+                                         unsigned char *out, int *status)
+    {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i >= n)
+            return;
+        fr_dev_counts cnt;
+        for (int k = 0; k < FR_NCOUNTERS; k++)
+            cnt.c[k] = 0;
+        int rc = fr_dev_read_row(s, ids[i], out + (unsigned long long)i * s->row_bytes, &cnt);
+        if (rc)
+            atomicCAS(status, 0, rc);
+    }
+    '''
+    mod = cupy.RawModule(code=src, options=("-I" + device_include_dir(), "-std=c++14"))
+    kernel = mod.get_function("read_rows")
+    with open_store(path, "proxy") as s:
+        view = s.device_view
+        assert view != 0
+        ids_np = np.random.default_rng(5).integers(0, ROWS, 1000)
+        ids = cupy.asarray(ids_np, dtype=cupy.int64)
+        out = cupy.zeros((1000, COLS), dtype=cupy.float32)
+        status = cupy.zeros(1, dtype=cupy.int32)
+        kernel(((1000 + 127) // 128,), (128,), (np.uint64(view), ids, np.int32(1000), out, status))
+        cupy.cuda.runtime.deviceSynchronize()
+        assert int(status[0]) == 0
+        np.testing.assert_array_equal(cupy.asnumpy(out), arr[ids_np])
+        # An id out of range is the kernel's to report: FR_DEV_ERANGE.
+        bad = cupy.asarray([ROWS], dtype=cupy.int64)
+        kernel((1,), (32,), (np.uint64(view), bad, np.int32(1), out, status))
+        cupy.cuda.runtime.deviceSynchronize()
+        assert int(status[0]) == -errno.ERANGE
+
+
+@needs_torch
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_during_gather(disk_tmp, backend):
+    path = os.path.join(disk_tmp, "gpu-close.npy")
+    arr = np.arange(500_000 * 32, dtype=np.float32).reshape(500_000, 32)
+    np.save(path, arr)
+    s = open_store(path, backend, cache_bytes=8 << 20)
+    ids = torch.randint(0, 500_000, (2_000_000,), device="cuda")
+    outcome, started = [], threading.Event()
+
+    def loop():
+        try:
+            while True:
+                started.set()
+                s.gather(ids)
+        except OSError as e:
+            outcome.append(("cancelled", e.errno, str(e)))
+        except ValueError as e:
+            outcome.append(("closed", None, str(e)))
+        except BaseException as e:
+            outcome.append(("error", None, repr(e)))
+
+    t = threading.Thread(target=loop)
+    t.start()
+    started.wait(30)
+    time.sleep(0.5)
+    s.close()
+    t.join(60)
+    assert not t.is_alive(), "a gather hung after close()"
+    kind, err, msg = outcome[0]
+    assert kind in ("cancelled", "closed"), msg
+    if kind == "cancelled":
+        assert err == errno.ECANCELED
+
+
+@needs_torch
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_read_failure_is_an_exception(disk_tmp, backend):
+    # The file shrinks under an open store: reads of the lost rows fail; the
+    # gather raises (never a hung kernel), naming the file.
+    path = os.path.join(disk_tmp, "gpu-shrink.bin")
+    arr = np.ones((100_000, 32), np.float32)
+    arr.tofile(path)
+    with open_store(path, backend, dtype=np.float32, shape=(100_000, 32), timeout_ms=5000) as s:
+        os.truncate(path, 1 << 20)
+        t0 = time.monotonic()
+        with pytest.raises(OSError, match="gpu-shrink.bin"):
+            s.gather(torch.tensor([99_999, 0], device="cuda"))
+        assert time.monotonic() - t0 < 30
