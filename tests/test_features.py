@@ -526,3 +526,93 @@ def test_read_failure_is_an_exception_naming_the_file(disk_tmp):
             s.gather([99_999, 0], device="cpu")
         assert e.value.errno is not None
         np.testing.assert_array_equal(s.gather([0, 5], device="cpu"), np.ones((2, 32)))
+
+
+# -- DALI ------------------------------------------------------------------------------
+
+def _dali_epoch(pipe):
+    out = []
+    while True:
+        try:
+            rows, ids = pipe.run()
+        except StopIteration:
+            return out
+        out.append((np.stack([np.array(r) for r in rows]), np.array([int(np.array(i)[0])
+                                                                      for i in ids])))
+
+
+@pytest.mark.parametrize("policy", ["PARTIAL", "DROP"])
+def test_dali_gather_cpu(feats, policy):
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+    from fastread.dali.gather import gather
+
+    arr, _, npy = feats
+    train = np.random.default_rng(9).choice(5000, 30, replace=False)
+    with FeatureStore(npy) as s:
+        @pipeline_def(batch_size=8, num_threads=1, device_id=None)
+        def pipe():
+            return gather(s, train, device="cpu", random_shuffle=True, seed=3,
+                          last_batch_policy=policy)
+
+        p = pipe()
+        p.build()
+        epochs = []
+        for _ in range(2):
+            batches = _dali_epoch(p)
+            p.reset()
+            assert [len(b[1]) for b in batches] == ([8, 8, 8, 6] if policy == "PARTIAL"
+                                                     else [8, 8, 8])
+            for rows, ids in batches:
+                np.testing.assert_array_equal(rows, arr[ids])
+            epochs.append(np.concatenate([b[1] for b in batches]))
+        if policy == "PARTIAL":
+            assert sorted(epochs[0]) == sorted(train) == sorted(epochs[1])
+        assert not np.array_equal(epochs[0], epochs[1])  # reshuffled each epoch
+
+
+def test_dali_gather_from_a_sampler(feats):
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+    from fastread.dali.gather import gather
+
+    arr, _, npy = feats
+    batches = [np.array([1, 4999, 1]), np.array([7, 3], np.int32), np.arange(100, 110)]
+    with FeatureStore(npy) as s:
+        @pipeline_def(batch_size=10, num_threads=1, device_id=None)
+        def pipe():
+            return gather(s, lambda: iter(batches), device="cpu")
+
+        p = pipe()
+        p.build()
+        got = _dali_epoch(p)
+        assert [list(ids) for _, ids in got] == [list(b) for b in batches]
+        for rows, ids in got:
+            np.testing.assert_array_equal(rows, arr[ids])
+
+
+def test_dali_gather_errors(feats):
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+    from fastread.dali.gather import gather
+
+    _, _, npy = feats
+    with FeatureStore(npy, device_id=-1) as s:
+        with pytest.raises(RuntimeError, match="inside a DALI pipeline"):
+            gather(s, [1, 2])
+
+        @pipeline_def(batch_size=4, num_threads=1, device_id=0)
+        def on_gpu():
+            return gather(s, [1, 2])
+
+        with pytest.raises(ValueError, match=r"serves GPU -1 .*the pipeline runs on GPU 0"):
+            on_gpu()
+
+        @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+        def too_big():
+            return gather(s, lambda: iter([np.arange(3)]), device="cpu")
+
+        p = too_big()
+        p.build()
+        with pytest.raises(Exception, match="1 to 2 ids"):
+            p.run()
