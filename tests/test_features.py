@@ -616,3 +616,34 @@ def test_dali_gather_errors(feats):
         p.build()
         with pytest.raises(Exception, match="1 to 2 ids"):
             p.run()
+
+
+# -- the examples, on the CPU --------------------------------------------------------
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+
+
+def _run_example(name, args):
+    import runpy
+    import sys
+    argv = sys.argv
+    sys.argv = [name] + args
+    try:
+        mod = runpy.run_path(os.path.join(EXAMPLES, name), run_name="example")
+        return mod["main"](args)
+    finally:
+        sys.argv = argv
+
+
+def test_gnn_example_on_cpu(disk_tmp):
+    pytest.importorskip("torch")
+    assert _run_example("gnn_features.py", ["--device", "cpu", "--nodes", "5000", "--dim", "16",
+                                            "--steps", "4", "--batch-size", "64",
+                                            "--workdir", disk_tmp, "--check"]) == 0
+
+
+def test_dali_example_on_cpu(disk_tmp):
+    pytest.importorskip("nvidia.dali")
+    assert _run_example("dali_gather.py", ["--device", "cpu", "--rows", "6000", "--dim", "8",
+                                           "--batch-size", "500", "--epochs", "2",
+                                           "--workdir", disk_tmp, "--check"]) == 0
