@@ -647,3 +647,33 @@ def test_dali_example_on_cpu(disk_tmp):
     assert _run_example("dali_gather.py", ["--device", "cpu", "--rows", "6000", "--dim", "8",
                                            "--batch-size", "500", "--epochs", "2",
                                            "--workdir", disk_tmp, "--check"]) == 0
+
+
+# -- the benchmark's CPU smoke run ------------------------------------------------------
+
+def test_bench_gather_smoke(disk_tmp):
+    """bench/gather.py end to end on the CPU (warm only: dropping the page cache
+    would disturb the machine). It checks every mode's rows itself; here we
+    check that it measured and said why GPU modes did not run."""
+    import json
+    import runpy
+
+    out = os.path.join(disk_tmp, "gather-smoke.json")
+    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "gather.py")
+    main = runpy.run_path(bench, run_name="bench_gather")["main"]
+    assert main(["--device", "cpu", "--rows", "100000", "--dim", "32", "--states", "warm",
+                 "--batches", "1k,20k", "--repeat", "2", "--ceiling-seconds", "0.2",
+                 "--workdir", disk_tmp, "--json", out, "--plot", out + ".png"]) == 0
+    doc = json.load(open(out))
+    ran = {(r["mode"], r["batch"], r["dist"]) for r in doc["results"] if "rows_per_s" in r}
+    assert ran == {(m, b, d) for m in ("memmap", "host") for b in (1000, 20000)
+                   for d in ("uniform", "zipf")}
+    for r in doc["results"]:
+        if "rows_per_s" in r:
+            assert r["rows_per_s"] > 0 and len(r["times_s"]) == 2
+        else:
+            assert r["mode"] not in ("memmap", "host") and r["skipped"]
+    host = [r for r in doc["results"] if r["mode"] == "host" and "stats" in r][0]
+    assert host["backend"] == "host" and host["stats"]["rows"] > 0 and host["memory"]["total"] > 0
+    assert doc["disk"].get("rand4k_iops", 0) > 0 or "error" in doc["disk"]
+    assert os.path.getsize(out + ".png") > 0
