@@ -168,7 +168,7 @@ def test_streams(table, backend):
 def test_concurrent_gathers_on_streams(table):
     arr, path = table
     errors = []
-    with open_store(path, "proxy", cache_bytes=4 << 20) as s:
+    with open_store(path, "proxy", cache_bytes=32 << 20) as s:
         def work(seed):
             rng = np.random.default_rng(seed)
             stream = torch.cuda.Stream()
@@ -193,10 +193,11 @@ def test_concurrent_gathers_on_streams(table):
 @needs_torch
 def test_cache_hits_misses_evictions(table):
     arr, path = table
-    page = 64 << 10
-    rows_per_page = page // (COLS * 4)
-    # 8 pages of cache for a table of 40 pages.
-    with open_store(path, "proxy", cache_bytes=8 * page, page_bytes=page) as s:
+    page = 4096
+    rows_per_page = page // (COLS * 4)  # 32
+    pages = -(-ROWS // rows_per_page)    # 625
+    # 128 pages of cache for a table of 625.
+    with open_store(path, "proxy", cache_bytes=128 * page, page_bytes=page) as s:
         assert s.backend == "proxy"
         hot = torch.arange(0, 2 * rows_per_page, device="cuda")  # two pages
         s.gather(hot)
@@ -210,12 +211,24 @@ def test_cache_hits_misses_evictions(table):
         everything = torch.arange(ROWS, device="cuda")
         np.testing.assert_array_equal(host(s.gather(everything)), arr)
         st = s.stats()
-        assert st["evictions"] > 0 and st["misses"] >= ROWS // rows_per_page
+        assert st["evictions"] > 0 and st["misses"] >= pages
         t = st["tiers"]
         assert t["device_cache"] + t["host_tier"] + t["storage"] == st["rows"]
         m = s.memory()
-        assert m["device_cache"] == 8 * page and m["rings"] > 0
+        assert m["device_cache"] == 128 * page and m["rings"] > 0
         assert m["total"] == sum(v for k, v in m.items() if k != "total")
+
+
+def test_auto_backend_and_row_sizes(disk_tmp):
+    # 12-byte rows fit no power-of-two page: "auto" says so and runs the host
+    # backend; "proxy" refuses, naming the page and the row.
+    path = os.path.join(disk_tmp, "gpu-rows12.npy")
+    np.save(path, np.ones((1000, 3), np.float32))
+    with FeatureStore(path, device_id=0) as s:
+        assert s.backend == "host" and "12 bytes" in s.backend_note
+    with pytest.raises(ValueError, match=r"page_bytes=65536 is not a multiple of the row size "
+                                         r"\(12 bytes"):
+        FeatureStore(path, device_id=0, backend="proxy", page_bytes=65536)
 
 
 @needs_torch
@@ -282,7 +295,7 @@ def test_close_during_gather(disk_tmp, backend):
     path = os.path.join(disk_tmp, "gpu-close.npy")
     arr = np.arange(500_000 * 32, dtype=np.float32).reshape(500_000, 32)
     np.save(path, arr)
-    s = open_store(path, backend, cache_bytes=8 << 20)
+    s = open_store(path, backend, cache_bytes=64 << 20)
     ids = torch.randint(0, 500_000, (2_000_000,), device="cuda")
     outcome, started = [], threading.Event()
 

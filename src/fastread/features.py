@@ -149,8 +149,8 @@ class FeatureStore:
         self._layout(file_path, base, size, offset, what, dtype, shape)
         backend = self._backend(backend)
         self.device_id, self._no_gpu = self._device(device_id, backend)
-        page = self._page(page_bytes, backend)
-        if backend == "auto" and page is None:
+        page, device_ok = self._page(page_bytes, backend)
+        if backend == "auto" and not device_ok:
             backend = "host"
         cfg = self._config(engine, backend, cache_bytes, page, host_bytes, hot_ids, o_direct,
                            queue_depth, threads, engine_args, ring_entries, timeout_ms,
@@ -162,6 +162,8 @@ class FeatureStore:
         except (ValueError, RuntimeError, MemoryError) as e:
             raise type(e)(f"feature store {what}: {e}") from None
         self.backend = self._store.backend
+        #: Why backend "auto" runs the host backend here (None: it did not, or no GPU).
+        self.backend_note = self._auto_note
 
     # -- opening ----------------------------------------------------------------
 
@@ -279,8 +281,8 @@ class FeatureStore:
         return -1, why
 
     def _page(self, page_bytes, backend):
-        """The cache page size; None when backend "auto" cannot use the
-        device path because no page fits the row."""
+        """(cache page size, whether the device path can use it); the
+        second is False only for backend "auto" when no page fits the row."""
         explicit = page_bytes is not None
         page = G.parse_bytes(page_bytes, "page_bytes") if explicit else G.get("page_bytes")
         what = "page_bytes" if explicit else G.env_var("page_bytes")
@@ -288,17 +290,17 @@ class FeatureStore:
             raise ValueError(f"{what}={page}: a cache page must be a power of two from "
                              f"{MIN_PAGE} to {MAX_PAGE} bytes")
         if self.device_id < 0 or backend == "host":
-            return page
+            return page, True
         if page % self.row_bytes == 0:
-            return page
+            return page, True
         # A larger page may hold the row whole.
         fits = _is_power_of_two(self.row_bytes) and self.row_bytes <= MAX_PAGE
         if fits and not explicit:
-            return max(page, self.row_bytes)
+            return max(page, self.row_bytes), True
         if backend == "auto" and not explicit:
             self._auto_note = (f"rows of {self.row_bytes} bytes fit no cache page (a power of "
                                f"two, {MIN_PAGE}..{MAX_PAGE} bytes, that the row size divides)")
-            return None
+            return page, False
         raise ValueError(f"feature store {self.path!r}: {what}={page} is not a multiple of the "
                          f"row size ({self.row_bytes} bytes: {self.row_shape} of {self.dtype}); "
                          + ("use a page the row divides, or " if fits else "")
@@ -411,11 +413,10 @@ class FeatureStore:
             raise RuntimeError(f"feature store {self.path!r} cannot gather to a GPU: "
                                f"{self._no_gpu}")
         dev = self.device_id
-        for what, d in (("device", index), ("ids", ids.device)):
+        for what, d in (("device='cuda:{}' asked for", index), ("ids on GPU {}", ids.device)):
             if d is not None and d != dev:
-                where = f"on GPU {d}" if what == "ids" else f"device='cuda:{d}'"
-                raise ValueError(f"{what} {where}, but feature store {self.path!r} serves GPU "
-                                 f"{dev} (device_id={dev})")
+                raise ValueError(f"{what.format(d)}, but feature store {self.path!r} serves "
+                                 f"GPU {dev} (device_id={dev})")
         if out is not None:
             out_ptr, out_lib = D.check_device_out(out, shape, self.dtype, dev)
         D.check_native(self.dtype)
