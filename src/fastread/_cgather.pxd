@@ -26,11 +26,14 @@ cdef extern from "gather.h" nogil:
         unsigned ring_entries
         uint32_t timeout_ms
         const char *cache_dir
+        const char *nvrtc_path
 
     void fr_store_config_init(fr_store_config *cfg)
     int fr_store_open(const fr_store_config *cfg, fr_store **out, char *err, size_t err_len)
     void fr_store_close(fr_store *store)
     const char *fr_store_backend(const fr_store *store)
+    const char *fr_store_backend_reason(const fr_store *store)
+    const char *fr_store_kernel_source(const fr_store *store)
 
     int fr_store_gather_host(fr_store *store, const int64_t *ids, size_t n, void *out,
                              size_t *bad_index, char *err, size_t err_len)
@@ -61,4 +64,4 @@ cdef extern from "gather.h" nogil:
 
     void fr_store_memory_get(fr_store *store, fr_store_memory *out)
     uint64_t fr_store_device_view(fr_store *store)
-    # fr_store_device_header(): bound once the core defines it (the device path).
+    const char *fr_store_device_header()

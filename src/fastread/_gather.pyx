@@ -51,6 +51,14 @@ def _error(int rc, str msg):
     return OSError(e, msg)
 
 
+def device_header():
+    """The source of fastread_device.cuh compiled into the library."""
+    cdef const char *src
+    with nogil:
+        src = fr_store_device_header()
+    return src.decode() if src != NULL else ""
+
+
 cdef class Store:
     """An open fr_store.
 
@@ -70,18 +78,21 @@ cdef class Store:
     cdef readonly uint64_t row_bytes
     cdef readonly int device_id
     cdef readonly str backend
+    cdef readonly str backend_reason  # why "auto" fell back to "host" ("" if it did not)
+    cdef readonly str kernel_source   # where the gather kernel came from ("" without one)
 
     def __cinit__(self, path, uint64_t offset, uint64_t rows, uint64_t row_bytes, *,
                   str backend="auto", str engine="auto", str engine_args="", int o_direct=-1,
                   unsigned queue_depth=0, unsigned threads=0, int device_id=-1,
                   uint64_t cache_bytes=0, uint32_t page_bytes=0, uint64_t host_bytes=0,
                   hot_ids=None, unsigned ring_entries=0, uint32_t timeout_ms=0,
-                  cache_dir=None):
+                  cache_dir=None, nvrtc_path=None):
         cdef bytes bpath = _c_str(path, "path")
         cdef bytes bbackend = _c_str(backend, "backend")
         cdef bytes bengine = _c_str(engine, "engine")
         cdef bytes bargs = _c_str(engine_args, "engine_args")
         cdef bytes bcache = _c_str(cache_dir, "cache_dir") if cache_dir is not None else None
+        cdef bytes bnvrtc = _c_str(nvrtc_path, "nvrtc_path") if nvrtc_path is not None else None
         cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] hot
         cdef fr_store_config cfg
         cdef char err[ERRLEN]
@@ -115,15 +126,23 @@ cdef class Store:
             cfg.timeout_ms = timeout_ms
         if bcache is not None:
             cfg.cache_dir = PyBytes_AS_STRING(bcache)
+        if bnvrtc is not None:
+            cfg.nvrtc_path = PyBytes_AS_STRING(bnvrtc)
         with nogil:
             rc = fr_store_open(&cfg, &self.s, err, sizeof(err))
         if rc != 0:
             self.s = NULL
             raise _error(rc, err.decode(errors="replace"))
         cdef const char *name
+        cdef const char *reason
+        cdef const char *kernel
         with nogil:
             name = fr_store_backend(self.s)
+            reason = fr_store_backend_reason(self.s)
+            kernel = fr_store_kernel_source(self.s)
         self.backend = name.decode()
+        self.backend_reason = reason.decode(errors="replace") if reason != NULL else ""
+        self.kernel_source = kernel.decode(errors="replace") if kernel != NULL else ""
         self.path = os.fsdecode(bpath)
         self.rows = rows
         self.row_bytes = row_bytes

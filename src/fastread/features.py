@@ -48,24 +48,38 @@ _NPY_PROBE = 64 << 10  # enough for any header np.load accepts
 
 
 def device_include_dir():
-    """The installed directory holding ``fastread_device.cuh``, for users'
-    own kernels (``cupy.RawModule(code, options=("-I" + dir,))``): they read
-    rows through a store's :attr:`FeatureStore.device_view`."""
-    d = resources.files("fastread") / "include"
-    if not (d / "fastread_device.cuh").is_file():
-        raise FileNotFoundError(errno.ENOENT, "fastread_device.cuh is not installed with this "
-                                "fastread (reinstall it; device_header() gives its source)",
-                                str(d / "fastread_device.cuh"))
-    return str(d)
+    """The directory holding ``fastread_device.cuh``, for users' own kernels
+    (``cupy.RawModule(code=..., options=("-I" + device_include_dir(),))``),
+    which read rows through a store's :attr:`FeatureStore.device_view`.
+
+    The copy installed with fastread (``fastread/include``); where a build
+    installed none, the header compiled into the library, written once to
+    ``$FASTREAD_CACHE_DIR/include`` (default ``~/.cache/fastread/include``)."""
+    installed = resources.files("fastread") / "include"
+    if (installed / "fastread_device.cuh").is_file():
+        return str(installed)
+    src = device_header().encode()
+    base = os.environ.get("FASTREAD_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "fastread")
+    d = os.path.join(base, "include")
+    path = os.path.join(d, "fastread_device.cuh")
+    try:
+        with open(path, "rb") as f:
+            if f.read() == src:
+                return d
+    except OSError:
+        pass
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(src)
+    os.replace(tmp, path)  # atomic: concurrent users see the old or the new file whole
+    return d
 
 
 def device_header():
     """The source of ``fastread_device.cuh`` compiled into the library."""
-    get = getattr(_gather, "device_header", None)
-    if get is None:
-        raise RuntimeError("this fastread build has no device path (fastread_device.cuh is "
-                           "not compiled in)")
-    return get()
+    return _gather.device_header()
 
 
 def _is_power_of_two(v):
@@ -125,15 +139,17 @@ class FeatureStore:
     host only, CUDA never loaded).
 
     Thread-safe: gathers from several threads are correct (they run one at a
-    time). :meth:`close` cancels a gather running in another thread, which
-    then raises ``OSError`` (``errno.ECANCELED``).
+    time). :meth:`close` while gathers run in other threads refuses new ones
+    (ValueError) and frees the store once the running gather has returned
+    (see ``_gather.Store``); a gather the core cancels raises ``OSError``
+    (``errno.ECANCELED``).
     """
 
     def __init__(self, path, dtype=None, shape=None, *, offset=0, engine=None, backend=None,
                  cache_bytes=None, page_bytes=None, host_bytes=None, hot_ids=None,
                  device_id=None, sample=None, index=None, o_direct=None, queue_depth=None,
                  threads=None, engine_args=None, ring_entries=None, timeout_ms=None,
-                 kernel_cache_dir=None, **engine_options):
+                 kernel_cache_dir=None, nvrtc_path=None, **engine_options):
         self._store = None
         self._auto_note = None  # why backend "auto" settled for the host backend
         self._args = dict(path=path, dtype=dtype, shape=shape, offset=offset, engine=engine,
@@ -142,7 +158,8 @@ class FeatureStore:
                           sample=sample, index=index, o_direct=o_direct,
                           queue_depth=queue_depth, threads=threads, engine_args=engine_args,
                           ring_entries=ring_entries, timeout_ms=timeout_ms,
-                          kernel_cache_dir=kernel_cache_dir, **engine_options)
+                          kernel_cache_dir=kernel_cache_dir, nvrtc_path=nvrtc_path,
+                          **engine_options)
         file_path, base, size, what = self._source(path, sample, index)
         self.path = file_path
         offset = _int(offset, "offset")
@@ -155,6 +172,8 @@ class FeatureStore:
         cfg = self._config(engine, backend, cache_bytes, page, host_bytes, hot_ids, o_direct,
                            queue_depth, threads, engine_args, ring_entries, timeout_ms,
                            kernel_cache_dir, engine_options)
+        if nvrtc_path is not None:
+            cfg["nvrtc_path"] = os.fspath(nvrtc_path)
         try:
             self._store = _gather.Store(file_path, self.offset, self.rows, self.row_bytes, **cfg)
         except OSError as e:
@@ -162,8 +181,10 @@ class FeatureStore:
         except (ValueError, RuntimeError, MemoryError) as e:
             raise type(e)(f"feature store {what}: {e}") from None
         self.backend = self._store.backend
-        #: Why backend "auto" runs the host backend here (None: it did not, or no GPU).
-        self.backend_note = self._auto_note
+        #: Why backend "auto" runs the host backend here with a GPU (None: it did not).
+        self.backend_note = self._auto_note or self._store.backend_reason or None
+        #: Where the gather kernel came from ("" without a device path).
+        self.kernel_source = self._store.kernel_source
 
     # -- opening ----------------------------------------------------------------
 
