@@ -219,6 +219,27 @@ def test_cache_hits_misses_evictions(table):
         assert m["total"] == sum(v for k, v in m.items() if k != "total")
 
 
+def test_cache_too_big_for_the_gpu(table):
+    _, path = table
+    with pytest.raises(MemoryError, match=r"cache of \d+ bytes .* does not fit in GPU 0"):
+        FeatureStore(path, backend="proxy", device_id=0, cache_bytes="64T")
+
+
+def test_nvrtc_missing_is_named(table, tmp_path, monkeypatch):
+    _, path = table
+    # NVRTC only (no built-in PTX), an empty kernel cache, NVRTC pointed at nothing.
+    monkeypatch.setenv("FASTREAD_KERNEL_SOURCE", "nvrtc")
+    monkeypatch.setenv("FASTREAD_NVRTC", str(tmp_path / "none"))
+    try:
+        s = FeatureStore(path, backend="proxy", device_id=0, nvrtc_path=str(tmp_path / "none"),
+                         kernel_cache_dir=str(tmp_path / "kernels"))
+    except RuntimeError as e:
+        assert "NVRTC" in str(e) and "gpu-feat.npy" in str(e)
+        return
+    with s:
+        pytest.skip(f"the core found NVRTC elsewhere: {s.kernel_source}")
+
+
 def test_auto_backend_and_row_sizes(disk_tmp):
     # 12-byte rows fit no power-of-two page: "auto" says so and runs the host
     # backend; "proxy" refuses, naming the page and the row.
@@ -271,22 +292,35 @@ def test_users_kernel_reads_rows_through_device_view(table):
     '''
     mod = cupy.RawModule(code=src, options=("-I" + device_include_dir(), "-std=c++14"))
     kernel = mod.get_function("read_rows")
-    with open_store(path, "proxy") as s:
-        view = s.device_view
-        assert view != 0
-        ids_np = np.random.default_rng(5).integers(0, ROWS, 1000)
-        ids = cupy.asarray(ids_np, dtype=cupy.int64)
-        out = cupy.zeros((1000, COLS), dtype=cupy.float32)
+    ids_np = np.random.default_rng(5).integers(0, ROWS, 1000)
+    ids = cupy.asarray(ids_np, dtype=cupy.int64)
+
+    def launch(view, which, n):
+        out = cupy.zeros((n, COLS), dtype=cupy.float32)
         status = cupy.zeros(1, dtype=cupy.int32)
-        kernel(((1000 + 127) // 128,), (128,), (np.uint64(view), ids, np.int32(1000), out, status))
+        kernel(((n + 127) // 128,), (128,), (np.uint64(view), which, np.int32(n), out, status))
         cupy.cuda.runtime.deviceSynchronize()
-        assert int(status[0]) == 0
+        return out, int(status[0])
+
+    # The proxy's service threads poll only while a gather of the store runs,
+    # so a user's kernel reads rows the store holds on the GPU side: here,
+    # rows its own gather just brought into the HBM cache ...
+    with open_store(path, "proxy") as s:
+        assert s.device_view != 0
+        s.gather(ids)
+        hits = s.stats()["hits"]
+        out, status = launch(s.device_view, ids, 1000)
+        assert status == 0
         np.testing.assert_array_equal(cupy.asnumpy(out), arr[ids_np])
+        assert s.stats()["hits"] == hits  # the user's kernel keeps its own counts
         # An id out of range is the kernel's to report: FR_DEV_ERANGE.
-        bad = cupy.asarray([ROWS], dtype=cupy.int64)
-        kernel((1,), (32,), (np.uint64(view), bad, np.int32(1), out, status))
-        cupy.cuda.runtime.deviceSynchronize()
-        assert int(status[0]) == -errno.ERANGE
+        _, status = launch(s.device_view, cupy.asarray([ROWS], dtype=cupy.int64), 1)
+        assert status == -errno.ERANGE
+    # ... or every row, from the page-locked host tier.
+    with open_store(path, "proxy", host_bytes="auto") as s:
+        out, status = launch(s.device_view, ids, 1000)
+        assert status == 0
+        np.testing.assert_array_equal(cupy.asnumpy(out), arr[ids_np])
 
 
 @needs_torch

@@ -23,8 +23,9 @@ _SETTINGS = {
     "page_bytes": ("FASTREAD_GATHER_PAGE_BYTES", 64 << 10, "bytes"),
     # Page-locked host tier: 0 none, "auto" sized from free memory.
     "host_bytes": ("FASTREAD_GATHER_HOST_BYTES", 0, "bytes_or_auto"),
-    # Submission ring entries (a power of two).
-    "ring_entries": ("FASTREAD_GATHER_RING_ENTRIES", 4096, int),
+    # Submission ring entries (a power of two); 0: the core's choice (4096,
+    # fewer where the staging pages, entries * page_bytes, would pass 256 MiB).
+    "ring_entries": ("FASTREAD_GATHER_RING_ENTRIES", 0, int),
     # Device-side waits give up after this many milliseconds.
     "timeout_ms": ("FASTREAD_GATHER_TIMEOUT_MS", 10_000, int),
     # Host threads serving reads, and reads in flight per thread (0: the core's default).

@@ -177,6 +177,9 @@ class FeatureStore:
         try:
             self._store = _gather.Store(file_path, self.offset, self.rows, self.row_bytes, **cfg)
         except OSError as e:
+            if e.errno == errno.ENOENT and os.path.exists(file_path):
+                # Not the data: something the device path loads (NVRTC), named in the message.
+                raise RuntimeError(f"feature store {what}: {e.strerror or e}") from None
             raise type(e)(e.errno, f"feature store {what}: {e.strerror or e}") from None
         except (ValueError, RuntimeError, MemoryError) as e:
             raise type(e)(f"feature store {what}: {e}") from None
@@ -366,9 +369,9 @@ class FeatureStore:
                 raise IndexError(f"hot_ids[{bad[0]}] = {hot[bad[0]]} is out of range for "
                                  f"{self.rows} rows of {self.path!r}")
         ring = G.get("ring_entries") if ring_entries is None else _int(ring_entries,
-                                                                        "ring_entries", 1)
-        if not _is_power_of_two(ring):
-            raise ValueError(f"ring_entries={ring} must be a power of two")
+                                                                        "ring_entries")
+        if ring and not _is_power_of_two(ring):
+            raise ValueError(f"ring_entries={ring} must be a power of two (or 0: the default)")
         timeout = G.get("timeout_ms") if timeout_ms is None else _int(timeout_ms, "timeout_ms", 1)
         qd = G.get("queue_depth") if queue_depth is None else _int(queue_depth, "queue_depth")
         th = G.get("threads") if threads is None else _int(threads, "threads")
