@@ -21,7 +21,8 @@ the rows, as neighbour sampling gives). States:
 
 Modes (``--modes``; unavailable ones are reported with the reason):
 
-* ``memmap``: ``np.memmap`` fancy index (+ ``torch pin_memory().cuda()``).
+* ``memmap``: ``np.memmap`` fancy index (+ ``torch pin_memory().cuda()``, or
+  the same through CuPy's pinned memory without torch).
 * ``uva``: the whole file in page-locked host memory (``cudaHostRegister``),
   gathered by a CuPy kernel reading it over PCIe (DGL's pinned gathers);
   when it fits in RAM.
@@ -275,14 +276,23 @@ def open_mode(mode, args, path, gpu):
         mm = np.load(path, mmap_mode="r")
         if args.device == "cpu":
             r.run = lambda h, d: mm[h]
-        else:
+        elif gpu.torch is not None:
             torch = gpu.torch
-            if torch is None:
-                raise Skip("the memmap baseline's upload is torch's pin_memory().cuda()")
 
             def run(h, d):
                 x = torch.from_numpy(mm[h]).pin_memory().cuda(non_blocking=True)
                 torch.cuda.synchronize()
+                return x
+            r.run = run
+        else:  # the same with CuPy: fancy index into page-locked memory, one upload
+            import cupyx
+            cp = gpu.cupy
+
+            def run(h, d):
+                pinned = cupyx.empty_pinned((len(h), dim), np.float32)
+                np.take(mm, h, axis=0, out=pinned)
+                x = cp.asarray(pinned)
+                cp.cuda.runtime.deviceSynchronize()
                 return x
             r.run = run
         r.close = lambda: None
@@ -301,7 +311,8 @@ def open_mode(mode, args, path, gpu):
             f.readinto(memoryview(buf))
         ptr = host.ctypes.data
         cp.cuda.runtime.hostRegister(ptr, nbytes, 3)  # portable | mapped
-        dptr = cp.cuda.runtime.hostGetDevicePointer(ptr, 0)
+        get_dptr = getattr(cp.cuda.runtime, "hostGetDevicePointer", None)
+        dptr = get_dptr(ptr, 0) if get_dptr else ptr  # unified addressing: the same address
         mem = cp.cuda.UnownedMemory(dptr, nbytes, host)
         table = cp.ndarray((rows, dim), cp.float32, cp.cuda.MemoryPointer(mem, 128))
 
@@ -409,7 +420,7 @@ def measure(args, path, gpu, mode, state, dist, n, rng, perm):
                 if why:
                     raise Skip(why)
                 runner = open_mode(mode, args, path, gpu)
-            elif state == "warm" and runner.store is not None and args.device == "cuda" and i > 0:
+            elif state == "warm" and mode in ("proxy", "proxy-smallcache") and i > 0:
                 runner.close()  # an empty HBM cache each time: storage -> GPU, not cache hits
                 runner = open_mode(mode, args, path, gpu)
             h = fixed if state == "hot" else draw_ids(rng, dist, n, args.rows, perm)
@@ -434,6 +445,8 @@ def measure(args, path, gpu, mode, state, dist, n, rng, perm):
     finally:
         if runner is not None:
             runner.close()
+        if gpu is not None:
+            gpu.free()  # CuPy's pool would keep a mode's table from the next mode's cache
     med = statistics.median(times)
     return dict(info, median_s=med, times_s=times, rows_per_s=n / med,
                 gb_per_s=n * row_bytes / med / 1e9)
@@ -444,8 +457,8 @@ def states_for(mode, states):
     for s in states:
         if s == "hot" and not mode.startswith("proxy"):
             continue  # only the GPU cache has a "hot"
-        if s == "cold" and mode in ("uva", "hbm"):
-            continue  # the table is in memory before the clock starts
+        if s == "cold" and mode in ("uva", "hbm", "proxy-hosttier"):
+            continue  # the table is in memory (loaded at open) before the clock starts
         out.append(s)
     return out
 
@@ -490,7 +503,8 @@ def main(argv=None):
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--batches", default="10k,100k,1M")
     p.add_argument("--dists", default="uniform,zipf")
-    p.add_argument("--states", default="warm,cold,hot")
+    p.add_argument("--states", default="warm,hot,cold",
+                   help="in this order (cold last: the slowest, first cut by --time-budget)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--cold-repeat", type=int, default=3)

@@ -66,7 +66,6 @@ def is_cupy(obj):
 
 def _np_dtype(lib, dtype):
     if lib == "torch":
-        import torch
         # torch dtypes print as "torch.int64"; NumPy knows the same names.
         name = str(dtype).removeprefix("torch.")
         try:
