@@ -372,3 +372,36 @@ def test_read_failure_is_an_exception(disk_tmp, backend):
         with pytest.raises(OSError, match="gpu-shrink.bin"):
             s.gather(torch.tensor([99_999, 0], device="cuda"))
         assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dali_gather_on_gpu(table, backend):
+    dali = pytest.importorskip("nvidia.dali", reason="nvidia.dali is not installed")
+    if torch is None and cupy is None:
+        pytest.skip("neither torch nor cupy is installed")
+    from nvidia.dali import pipeline_def
+    from fastread.dali.gather import gather
+
+    arr, path = table
+    train = np.random.default_rng(8).choice(ROWS, 1000, replace=False)
+    with open_store(path, backend) as s:
+        @pipeline_def(batch_size=256, num_threads=2, device_id=0, prefetch_queue_depth=2)
+        def pipe():
+            return gather(s, train, random_shuffle=True, seed=1)
+
+        p = pipe()
+        p.build()
+        for epoch in range(2):
+            seen = []
+            while True:
+                try:
+                    rows, ids = p.run()
+                except StopIteration:
+                    p.reset()
+                    break
+                r = rows.as_cpu().as_array()
+                i = ids.as_cpu().as_array().reshape(-1)
+                np.testing.assert_array_equal(r, arr[i])
+                seen.append(i)
+            assert sorted(np.concatenate(seen)) == sorted(train), f"epoch {epoch}"
+        del p
