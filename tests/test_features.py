@@ -46,6 +46,19 @@ def test_raw_file(feats):
         np.testing.assert_array_equal(s.gather(ids, device="cpu"), arr[ids])
 
 
+@pytest.mark.parametrize("engine", ["io_uring", "psync"])
+@pytest.mark.parametrize("o_direct", [True, False, None])
+def test_engines_and_o_direct(feats, engine, o_direct):
+    if fastread.engines().get(engine) is not True:
+        pytest.skip(f"engine {engine}: {fastread.engines().get(engine)}")
+    arr, raw, _ = feats  # row 0 at byte 100: O_DIRECT reads are widened to aligned blocks
+    with FeatureStore(raw, np.float32, (5000, 16), offset=100, engine=engine,
+                      o_direct=o_direct) as s:
+        assert s.engine == engine
+        ids = np.random.default_rng(2).integers(0, 5000, 3000)
+        np.testing.assert_array_equal(s.gather(ids, device="cpu"), arr[ids])
+
+
 def test_raw_file_rows_counted_from_size(feats):
     arr, raw, _ = feats
     with FeatureStore(raw, "float32", (-1, 16), offset=100) as s:
