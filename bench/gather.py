@@ -398,16 +398,28 @@ def open_mode(mode, args, path, gpu):
 
 # -- the matrix ---------------------------------------------------------------------
 
-def measure(args, path, gpu, mode, state, dist, n, rng, perm):
-    """{rows_per_s, gb_per_s, ...} for one cell of the matrix."""
+# Modes slow to open (the whole table loaded or page-locked) that a state's
+# measurements share; their stores' stats are reported per measurement.
+SHARED = ("uva", "hbm", "proxy-hosttier")
+
+
+def measure(args, path, gpu, mode, state, dist, n, rng, perm, shared):
+    """{rows_per_s, gb_per_s, ...} for one cell of the matrix. ``shared``:
+    runners of SHARED modes kept open for the state (closed by the caller)."""
     row_bytes = args.dim * 4
     times = []
     runner = None
     info = {}
     reps = args.cold_repeat if state == "cold" else args.repeat
+    keep = mode in SHARED and state != "cold"
     try:
-        if state != "cold":
+        if keep:
+            if mode not in shared:
+                shared[mode] = open_mode(mode, args, path, gpu)
+            runner = shared[mode]
+        elif state != "cold":
             runner = open_mode(mode, args, path, gpu)
+        before = runner.store.stats() if runner is not None and runner.store is not None else None
         fixed = draw_ids(rng, dist, n, args.rows, perm)  # "hot": the same ids again
         for i in range(args.warmup + reps):
             timed = i >= args.warmup
@@ -439,13 +451,17 @@ def measure(args, path, gpu, mode, state, dist, n, rng, perm):
                     raise AssertionError(f"{mode}: wrong rows for {state}/{dist}/{n}")
             del out
         if runner.store is not None:
-            info["stats"] = runner.store.stats()
+            st = runner.store.stats()
+            if before is not None:  # this measurement's share of a shared store's counts
+                st = {k: v - before[k] if isinstance(v, int) else
+                      {t: c - before[k][t] for t, c in v.items()} for k, v in st.items()}
+            info["stats"] = st
             info["memory"] = runner.store.memory()
             info["backend"] = runner.store.backend
     finally:
-        if runner is not None:
+        if runner is not None and not keep:
             runner.close()
-        if gpu is not None:
+        if gpu is not None and not keep:
             gpu.free()  # CuPy's pool would keep a mode's table from the next mode's cache
     med = statistics.median(times)
     return dict(info, median_s=med, times_s=times, rows_per_s=n / med,
@@ -569,33 +585,51 @@ def main(argv=None):
     for state in states:
         if state == "warm":
             warm_file(path)
-        for dist in dists:
-            for n in batches:
-                for mode in modes:
-                    if state not in states_for(mode, [state]):
-                        continue
-                    key = dict(state=state, dist=dist, batch=n, mode=mode)
-                    if mode in skipped:
-                        doc["results"].append(dict(key, skipped=skipped[mode]))
-                        continue
-                    if args.time_budget and time.monotonic() - t_start > args.time_budget:
-                        doc["results"].append(dict(key, skipped="time budget spent"))
-                        continue
-                    if state == "warm":
-                        warm_file(path)  # a cold mode may have evicted it
-                    try:
-                        res = measure(args, path, gpu, mode, state, dist, n, rng, perm)
-                    except Skip as e:
-                        if "capped" not in str(e) and "cannot drop" not in str(e):
-                            skipped[mode] = str(e)
-                        doc["results"].append(dict(key, skipped=str(e)))
-                        print(f"{state:5} {dist:7} {n:>9,} {mode:17} skipped: {e}", flush=True)
+        why = drop_caches() if state == "cold" else None
+        if why:
+            print(f"cold: skipped: {why}", flush=True)
+            doc["results"] += [dict(state=state, dist=d, batch=n, mode=m, skipped=why)
+                               for m in modes if state in states_for(m, [state])
+                               for d in dists for n in batches]
+            save()
+            continue
+        for mode in modes:
+            if state not in states_for(mode, [state]):
+                continue
+            shared = {}
+            try:
+                for dist in dists:
+                    for n in batches:
+                        key = dict(state=state, dist=dist, batch=n, mode=mode)
+                        if mode in skipped:
+                            doc["results"].append(dict(key, skipped=skipped[mode]))
+                            continue
+                        if args.time_budget and time.monotonic() - t_start > args.time_budget:
+                            doc["results"].append(dict(key, skipped="time budget spent"))
+                            continue
+                        if state == "warm":
+                            warm_file(path)  # a cold run may have evicted it
+                        label = f"{state:5} {dist:7} {n:>9,} {mode:17}"
+                        try:
+                            res = measure(args, path, gpu, mode, state, dist, n, rng, perm, shared)
+                        except Skip as e:
+                            if "capped" not in str(e) and "page cache" not in str(e):
+                                skipped[mode] = str(e)
+                            doc["results"].append(dict(key, skipped=str(e)))
+                            print(f"{label} skipped: {e}", flush=True)
+                        except Exception as e:  # recorded; the other modes still run
+                            doc["results"].append(dict(key, error=repr(e)))
+                            print(f"{label} FAILED: {e!r}", flush=True)
+                        else:
+                            doc["results"].append(dict(key, **res))
+                            print(f"{label} {res['rows_per_s'] / 1e6:9.2f}M rows/s "
+                                  f"{res['gb_per_s']:7.2f} GB/s", flush=True)
                         save()
-                        continue
-                    doc["results"].append(dict(key, **res))
-                    print(f"{state:5} {dist:7} {n:>9,} {mode:17} {res['rows_per_s'] / 1e6:9.2f}M rows/s "
-                          f"{res['gb_per_s']:7.2f} GB/s", flush=True)
-                    save()
+            finally:
+                for r in shared.values():
+                    r.close()
+                if gpu is not None:
+                    gpu.free()
     if args.plot:
         plot(doc, args.plot)
     print(f"wrote {args.json}" + (f" and {args.plot}" if args.plot else ""))

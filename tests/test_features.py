@@ -680,6 +680,7 @@ def test_bench_gather_smoke(disk_tmp):
                  "--batches", "1k,20k", "--repeat", "2", "--ceiling-seconds", "0.2",
                  "--workdir", disk_tmp, "--json", out, "--plot", out + ".png"]) == 0
     doc = json.load(open(out))
+    assert not [r for r in doc["results"] if "error" in r]
     ran = {(r["mode"], r["batch"], r["dist"]) for r in doc["results"] if "rows_per_s" in r}
     assert ran == {(m, b, d) for m in ("memmap", "host") for b in (1000, 20000)
                    for d in ("uniform", "zipf")}
