@@ -174,7 +174,9 @@ FR_DEV fr_u64 fr_dev_now_ns(void)
 FR_DEV void fr_pause(void) { thrd_yield(); }
 #endif
 
-/* Byte copy with 16-byte accesses where both ends and the length allow. */
+/* Byte copy with 16-byte accesses where both ends and the length allow, by
+ * one thread. Used for staging -> cache slot: the source is host memory the
+ * host just rewrote, so it is loaded with ld.cv (no cached copy is used). */
 FR_DEV void fr_copy_bytes(fr_u8 *dst, const fr_u8 *src, fr_u64 len)
 {
 #ifdef FR_GPU
@@ -184,11 +186,11 @@ FR_DEV void fr_copy_bytes(fr_u8 *dst, const fr_u8 *src, fr_u64 len)
         fr_u64 n = len / 16;
 #pragma unroll 4
         for (fr_u64 i = 0; i < n; i++)
-            d[i] = s[i];
+            d[i] = __ldcv(s + i);
         return;
     }
     for (fr_u64 i = 0; i < len; i++)
-        dst[i] = src[i];
+        dst[i] = *(const volatile fr_u8 *)(src + i);
 #else
     memcpy(dst, src, (size_t)len);
 #endif
@@ -564,18 +566,21 @@ FR_DEV void fr_dev_record_error(const fr_dev_store *s, int rc)
     atomicCAS((int *)&s->result->error, 0, rc);
 }
 
-/* All 32 lanes copy one row, 16 bytes a lane per step where aligned. */
+/* All 32 lanes copy one row, 16 bytes a lane per step where aligned. The
+ * source (a cache slot another SM may have just filled, or the host tier)
+ * is loaded with ld.cg: from L2, never from a line this SM's L1 may still
+ * hold from the slot's previous page. */
 FR_DEV void fr_warp_copy(fr_u8 *dst, const fr_u8 *src, fr_u64 len, unsigned lane)
 {
     if ((((fr_u64)dst | (fr_u64)src | len) & 15) == 0) {
         for (fr_u64 o = (fr_u64)lane * 16; o < len; o += 32 * 16)
-            *(uint4 *)(dst + o) = *(const uint4 *)(src + o);
+            *(uint4 *)(dst + o) = __ldcg((const uint4 *)(src + o));
     } else if ((((fr_u64)dst | (fr_u64)src | len) & 3) == 0) {
         for (fr_u64 o = (fr_u64)lane * 4; o < len; o += 32 * 4)
-            *(fr_u32 *)(dst + o) = *(const fr_u32 *)(src + o);
+            *(unsigned int *)(dst + o) = __ldcg((const unsigned int *)(src + o));
     } else {
         for (fr_u64 o = lane; o < len; o += 32)
-            dst[o] = src[o];
+            dst[o] = (fr_u8)__ldcg((const unsigned char *)(src + o));
     }
 }
 
