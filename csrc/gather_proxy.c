@@ -59,6 +59,7 @@ struct proxy {
     uint32_t page_bytes;
     int direct;
     unsigned nsvc, batch_max;
+    long delay_us; /* $FASTREAD_PROXY_DELAY_US: fault injection (tests) */
     fr_gpu *gpu;
     const atomic_int *store_cancel;
 
@@ -108,6 +109,10 @@ static void serve(svc *v, unsigned n)
         v->ranges[i].offset = lo;
         v->ranges[i].length = start + c->len - lo;
         total += v->ranges[i].length;
+    }
+    if (p->delay_us > 0) { /* a slow device, on purpose: tests of timeouts and cancels */
+        struct timespec ts = {p->delay_us / 1000000, (p->delay_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
     }
     int rc = 0;
     if (atomic_load(&p->cancelled) || (p->store_cancel && atomic_load(p->store_cancel)))
@@ -255,6 +260,8 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
     if (p->nsvc > n)
         p->nsvc = n;
     p->batch_max = env->queue_depth ? env->queue_depth : 32;
+    const char *delay = getenv("FASTREAD_PROXY_DELAY_US");
+    p->delay_us = delay ? atol(delay) : 0;
     if (!p->path) {
         proxy_close(p);
         return -ENOMEM;
