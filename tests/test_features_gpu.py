@@ -219,10 +219,18 @@ def test_cache_hits_misses_evictions(table):
         assert m["total"] == sum(v for k, v in m.items() if k != "total")
 
 
-def test_cache_too_big_for_the_gpu(table):
-    _, path = table
-    with pytest.raises(MemoryError, match=r"cache of \d+ bytes .* does not fit in GPU 0"):
-        FeatureStore(path, backend="proxy", device_id=0, cache_bytes="64T")
+def test_cache_too_big_for_the_gpu(disk_tmp):
+    # The cache is at most the table, so the table must outgrow the GPU: a
+    # sparse 1 TiB file (nothing is read at open).
+    path = os.path.join(disk_tmp, "gpu-sparse.bin")
+    with open(path, "wb") as f:
+        f.truncate(1 << 40)
+    try:
+        with pytest.raises(MemoryError, match=r"cache of \d+ bytes .* does not fit in GPU 0"):
+            FeatureStore(path, np.uint8, (-1, 4096), backend="proxy", device_id=0,
+                         cache_bytes="1T")
+    finally:
+        os.unlink(path)
 
 
 def test_nvrtc_missing_is_named(table, tmp_path, monkeypatch):
