@@ -298,7 +298,7 @@ def test_users_kernel_reads_rows_through_device_view(table):
             atomicCAS(status, 0, rc);
     }
     '''
-    mod = cupy.RawModule(code=src, options=("-I" + device_include_dir(), "-std=c++14"))
+    mod = cupy.RawModule(code=src, options=("-I" + device_include_dir(), "--std=c++17"))
     kernel = mod.get_function("read_rows")
     ids_np = np.random.default_rng(5).integers(0, ROWS, 1000)
     ids = cupy.asarray(ids_np, dtype=cupy.int64)
