@@ -89,6 +89,11 @@ def make_table(path, rows, dim):
     os.replace(tmp, path)
 
 
+def data_offset(path):
+    """Where row 0 starts in the .npy table."""
+    return np.load(path, mmap_mode="r").offset
+
+
 def draw_ids(rng, dist, n, rows, perm):
     if dist == "uniform":
         return rng.integers(0, rows, n, dtype=np.int64)
@@ -241,8 +246,9 @@ class Gpu:
         self.torch.cuda.empty_cache()
         return self.torch.cuda.mem_get_info()[0]
 
-    def ids(self, host_ids):
-        if self.torch is not None:
+    def ids(self, host_ids, lib=None):
+        """Device ids as ``lib`` ("torch", "cupy"; None: torch if installed)."""
+        if lib != "cupy" and self.torch is not None:
             return self.torch.from_numpy(host_ids).cuda()
         return self.cupy.asarray(host_ids)
 
@@ -257,8 +263,10 @@ class Gpu:
 # -- modes --------------------------------------------------------------------------
 
 class Runner:
-    """One mode, open: ``run(host_ids, dev_ids)`` gathers a batch and waits for it."""
+    """One mode, open: ``run(host_ids, dev_ids)`` gathers a batch and waits for it;
+    ``lib`` is the library its device ids come in (made before the clock starts)."""
     store = None
+    lib = None
 
     def close(self):
         if self.store is not None:
@@ -314,7 +322,7 @@ def open_mode(mode, args, path, gpu):
         get_dptr = getattr(cp.cuda.runtime, "hostGetDevicePointer", None)
         dptr = get_dptr(ptr, 0) if get_dptr else ptr  # unified addressing: the same address
         mem = cp.cuda.UnownedMemory(dptr, nbytes, host)
-        table = cp.ndarray((rows, dim), cp.float32, cp.cuda.MemoryPointer(mem, 128))
+        table = cp.ndarray((rows, dim), cp.float32, cp.cuda.MemoryPointer(mem, data_offset(path)))
 
         def run(h, d):
             x = table[d]
@@ -323,7 +331,7 @@ def open_mode(mode, args, path, gpu):
 
         def close():
             cp.cuda.runtime.hostUnregister(ptr)
-        r.run, r.close = run, close
+        r.run, r.close, r.lib = run, close, "cupy"
         return r
     if mode == "hbm":
         cp = gpu.cupy
@@ -343,7 +351,7 @@ def open_mode(mode, args, path, gpu):
             x = table[d]
             cp.cuda.runtime.deviceSynchronize()
             return x
-        r.run = run
+        r.run, r.lib = run, "cupy"
         r.close = lambda: None
         return r
     if mode == "kvikio":
@@ -355,13 +363,13 @@ def open_mode(mode, args, path, gpu):
         if cp is None:
             raise Skip("needs CuPy")
         f = kvikio.CuFile(path, "r")
-        row = dim * 4
+        row, off = dim * 4, data_offset(path)
 
         def run(h, d):
             if len(h) > args.kvikio_max:
                 raise Skip(f"per-row reads are capped at --kvikio-max {args.kvikio_max} ids")
             out = cp.empty((len(h), dim), cp.float32)
-            futs = [f.pread(out[i], row, 128 + int(h[i]) * row) for i in range(len(h))]
+            futs = [f.pread(out[i], row, off + int(h[i]) * row) for i in range(len(h))]
             for fu in futs:
                 fu.get()
             cp.cuda.runtime.deviceSynchronize()
@@ -436,7 +444,7 @@ def measure(args, path, gpu, mode, state, dist, n, rng, perm, shared):
                 runner.close()  # an empty HBM cache each time: storage -> GPU, not cache hits
                 runner = open_mode(mode, args, path, gpu)
             h = fixed if state == "hot" else draw_ids(rng, dist, n, args.rows, perm)
-            d = gpu.ids(h) if gpu is not None and args.device == "cuda" else None
+            d = gpu.ids(h, runner.lib) if gpu is not None and args.device == "cuda" else None
             if gpu is not None and args.device == "cuda":
                 gpu.sync()
             t0 = time.perf_counter()
