@@ -145,14 +145,14 @@ class ImageLoader:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-        from fastread.dali.readers import _BatchSource
+        from fastread.dali._common import BatchSource
 
         reader, loader = self.reader, self
 
         @pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads,
                       device_id=self.device_id, prefetch_queue_depth=self.prefetch_queue_depth)
         def pipe():
-            data, labels = fn.external_source(source=_BatchSource(reader), num_outputs=2,
+            data, labels = fn.external_source(source=BatchSource(reader), num_outputs=2,
                                               batch=True, cycle=False)
             images = fn.decoders.image(data, device="mixed" if loader.device == "cuda" else "cpu",
                                        output_type=types.RGB)
