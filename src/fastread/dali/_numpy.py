@@ -17,6 +17,7 @@ import numpy as np
 from fastread.dali._common import BatchSource, gpu_batch, reader_outputs
 from fastread.index import scan, scan_numpy
 from fastread.npy import NpyError, NpyIndex
+from fastread.source import FileList
 
 # fn.readers.numpy arguments that cut regions out of arrays: not done here.
 _ROI_ARGS = {"roi_start", "rel_roi_start", "roi_end", "rel_roi_end", "roi_shape",
@@ -101,7 +102,7 @@ def numpy(*, file_root=None, file_filter="*.npy", files=None, file_list=None, sh
                              "or its subdirectories")
     index = NpyIndex.build(paths)
     return reader_outputs(
-        "numpy", dict(files=paths, labels=np.arange(len(paths))), shard_id=shard_id,
+        "numpy", dict(source=FileList(paths, np.arange(len(paths)))), shard_id=shard_id,
         num_shards=num_shards, random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
         prefetch_queue_depth=prefetch_queue_depth, name=name,

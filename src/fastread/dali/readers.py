@@ -22,6 +22,7 @@ the last batch, so its next epoch starts shifted by those samples; with
 from fastread.dali._common import reader_outputs
 from fastread.dali._image import image
 from fastread.dali._numpy import numpy
+from fastread.source import FileList
 
 __all__ = ["file", "image", "numpy", "epoch_size"]
 
@@ -51,9 +52,11 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     a pipeline with a ``device_id`` the host arenas are page-locked then
     too (``pin_memory=False`` turns that off).
     """
+    source = FileList.scan(file_root, file_filters=file_filters, file_list=file_list,
+                           files=files, labels=labels, dir_filters=dir_filters,
+                           case_sensitive_filter=case_sensitive_filter)
     return reader_outputs(
-        "file", dict(file_root=file_root, file_list=file_list, files=files, labels=labels,
-                     file_filters=file_filters),
+        "file", dict(source=source),
         shard_id=shard_id, num_shards=num_shards,
         random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
