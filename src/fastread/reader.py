@@ -68,7 +68,8 @@ class Reader:
         self.source = _source(file_root, file_list=file_list, files=files, labels=labels,
                               file_filters=file_filters, image=image, index=index, source=source)
         # Names of the samples (paths, or names inside an image), for len() and errors.
-        self.paths, self.labels = self.source.names, check_source(self.source)
+        self.labels = check_source(self.source)
+        self.paths = self.source.names
         self.batch_size = batch_size
         self.shard_id, self.num_shards = shard_id, num_shards
         self.random_shuffle, self.seed = bool(random_shuffle), seed

@@ -132,7 +132,7 @@ class FileList(SampleSource):
         return self.names
 
     def __repr__(self):
-        return f"FileList({len(self)} files)"
+        return f"{type(self).__name__}({len(self)} files)"
 
     def open_native(self, engine, options, *, prefetch, workers):
         return _core.NativeReader(self.names, engine, prefetch=prefetch, workers=workers,
@@ -172,7 +172,7 @@ class FileRanges(SampleSource):
         return self.lengths
 
     def __repr__(self):
-        return f"FileRanges({self.path!r}, {len(self)} ranges)"
+        return f"{type(self).__name__}({self.path!r}, {len(self)} ranges)"
 
     def sample_name(self, i):
         return f"{self.path}[{self.names[i]}]"
