@@ -67,8 +67,8 @@ class Reader:
             opts = opts.replace(device_output=True)
         self.source = _source(file_root, file_list=file_list, files=files, labels=labels,
                               file_filters=file_filters, image=image, index=index, source=source)
-        # Names of the samples (paths, or names inside an image), for len() and errors.
         self.labels = check_source(self.source)
+        # Names of the samples (paths, or names inside an image), for len() and errors.
         self.paths = self.source.names
         self.batch_size = batch_size
         self.shard_id, self.num_shards = shard_id, num_shards
@@ -80,9 +80,9 @@ class Reader:
         # Validates shard_id/num_shards before any thread starts.
         self._epoch_order(0)
         self.options = opts
-        self.engine, self._resolved_options, self._native, self.workers = open_native_reader(
-            self.source, engine, opts, prefetch=prefetch, workers=workers)
-        self.device_id = self._resolved_options["device_id"]
+        opened = open_native_reader(self.source, engine, opts, prefetch=prefetch, workers=workers)
+        self.engine, self.workers, self._native = opened.engine, opened.workers, opened.native
+        self.device_id = opened.options["device_id"]
         self._ring = collections.deque()
         self.epoch = 0
         self._start_batch = 0

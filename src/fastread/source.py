@@ -44,6 +44,7 @@ consumer calls before trusting a source it did not build.
 """
 import abc
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,8 +53,8 @@ from fastread.engine import RANGE_ONLY, EngineOptions, cached_context, resolve
 from fastread.files import raise_failures
 from fastread.index import scan
 
-__all__ = ["SampleSource", "FileList", "FileRanges", "check_source", "open_native_reader",
-           "read_in_order"]
+__all__ = ["SampleSource", "FileList", "FileRanges", "OpenedReader", "check_source",
+           "open_native_reader", "read_in_order"]
 
 
 class SampleSource(abc.ABC):
@@ -255,11 +256,19 @@ def check_engine_for(source, engine):
     return name
 
 
+class OpenedReader(NamedTuple):
+    """What :func:`open_native_reader` opened, and the settings it chose."""
+    engine: str                 # the resolved engine name
+    options: dict               # the resolved engine options
+    native: "_core.NativeReader"
+    workers: int                # reader threads
+
+
 def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
     """Opens ``source``'s native read-ahead reader: ``engine`` resolved and
     checked against the source, ``options`` (an EngineOptions) resolved for
     it, ``prefetch`` and ``workers`` defaulted from :mod:`fastread._defaults`.
-    Returns ``(engine name, resolved options, NativeReader, workers)``."""
+    Returns an :class:`OpenedReader`."""
     name = check_engine_for(source, engine)
     prefetch = _defaults.get("prefetch") if prefetch is None else prefetch
     if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
@@ -272,7 +281,7 @@ def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
         native.close()
         raise ValueError(f"source {source!r} opened a native reader over {native.size} samples "
                          f"but names {len(source)}")
-    return name, resolved, native, workers
+    return OpenedReader(name, resolved, native, workers)
 
 
 def read_in_order(source, batch_size, engine="auto", *, prefetch=None, workers=None,
@@ -285,8 +294,7 @@ def read_in_order(source, batch_size, engine="auto", *, prefetch=None, workers=N
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     labels = check_source(source)
     opts = EngineOptions.coerce(options, **engine_options)
-    _, _, native, _ = open_native_reader(source, engine, opts, prefetch=prefetch,
-                                         workers=workers)
+    native = open_native_reader(source, engine, opts, prefetch=prefetch, workers=workers).native
     try:
         n = len(source)
         for start in range(0, n, batch_size):

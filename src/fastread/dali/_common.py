@@ -95,14 +95,15 @@ class GpuBatchSource(BatchSource):
             return gpu_batch(arrays, self._device_id), self._cupy.asarray(labels)
 
 
-def reader_outputs(reader_name, samples, *, shard_id, num_shards, random_shuffle, seed,
-                    pad_last_batch, stick_to_shard, prefetch_queue_depth, name,
-                    last_batch_policy, engine, device, no_copy, device_id, kwargs,
-                    make_source=None, num_outputs=2):
+def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_shuffle, seed,
+                   pad_last_batch, stick_to_shard, prefetch_queue_depth, name,
+                   last_batch_policy, engine, device, no_copy, device_id, kwargs,
+                   make_batch_source=None, num_outputs=2):
     """The outputs of a fastread reader in the current pipeline: the part
-    the readers share. `samples` are the Reader arguments that choose the
-    samples (a tree, a list, or an image); `make_source(reader, gpu)`, if
-    given, makes what DALI pulls from (default: data and labels)."""
+    the readers share. `open_samples()` returns the fastread.SampleSource to
+    read (called once the pipeline is known to exist);
+    `make_batch_source(reader, gpu)`, if given, makes what DALI pulls from
+    (default: data and labels)."""
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
@@ -125,18 +126,19 @@ def reader_outputs(reader_name, samples, *, shard_id, num_shards, random_shuffle
     if device_id is not None:
         kwargs["device_id"] = device_id
     reader = Reader(
-        **samples, batch_size=pipe.max_batch_size, shard_id=shard_id, num_shards=num_shards,
+        source=open_samples(), batch_size=pipe.max_batch_size, shard_id=shard_id,
+        num_shards=num_shards,
         random_shuffle=bool(random_shuffle), seed=0 if seed is None or seed < 0 else seed,
         pad_last_batch=policy == "FILL", drop_last=policy == "DROP",
         stick_to_shard=stick_to_shard,
         prefetch=max(prefetch_queue_depth, _defaults.get("prefetch")),
         # DALI may read a fed batch until `depth` more iterations have run.
         ring_depth=_queue_depth(pipe) + 2, engine=engine, device=device, **kwargs)
-    if make_source is not None:
-        source = make_source(reader, gpu)
+    if make_batch_source is not None:
+        batches = make_batch_source(reader, gpu)
     else:
-        source = GpuBatchSource(reader, device_id) if gpu else BatchSource(reader)
-    return _attach(pipe, reader, name, source, no_copy=True if gpu else no_copy,
+        batches = GpuBatchSource(reader, device_id) if gpu else BatchSource(reader)
+    return _attach(pipe, reader, name, batches, no_copy=True if gpu else no_copy,
                    device=device, num_outputs=num_outputs)
 
 

@@ -102,10 +102,10 @@ def numpy(*, file_root=None, file_filter="*.npy", files=None, file_list=None, sh
                              "or its subdirectories")
     index = NpyIndex.build(paths)
     return reader_outputs(
-        "numpy", dict(source=FileList(paths, np.arange(len(paths)))), shard_id=shard_id,
+        "numpy", lambda: FileList(paths, np.arange(len(paths))), shard_id=shard_id,
         num_shards=num_shards, random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
         prefetch_queue_depth=prefetch_queue_depth, name=name,
         last_batch_policy=last_batch_policy, engine=engine, device=device, no_copy=True,
         device_id=device_id, kwargs=kwargs,
-        make_source=lambda reader, gpu: _NumpySource(reader, index, gpu), num_outputs=1)
+        make_batch_source=lambda reader, gpu: _NumpySource(reader, index, gpu), num_outputs=1)

@@ -52,11 +52,13 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     a pipeline with a ``device_id`` the host arenas are page-locked then
     too (``pin_memory=False`` turns that off).
     """
-    source = FileList.scan(file_root, file_filters=file_filters, file_list=file_list,
-                           files=files, labels=labels, dir_filters=dir_filters,
-                           case_sensitive_filter=case_sensitive_filter)
+    def open_samples():
+        return FileList.scan(file_root, file_filters=file_filters, file_list=file_list,
+                             files=files, labels=labels, dir_filters=dir_filters,
+                             case_sensitive_filter=case_sensitive_filter)
+
     return reader_outputs(
-        "file", dict(source=source),
+        "file", open_samples,
         shard_id=shard_id, num_shards=num_shards,
         random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
