@@ -276,3 +276,31 @@ def test_o_direct_needs_aligned_ranges(tmp_path):
     aligned = FileRanges(str(p), [0, 4096], [10, 10])
     assert [a.tobytes() for a in aligned.read([0, 1], engine="psync", o_direct=True)] == \
         [bytes(10)] * 2
+
+
+def test_sources_sit_below_their_consumers():
+    # Layers, bottom up: source -> image (a source) -> reader (consumes any
+    # source) -> dali; nothing below imports what is above it, at any depth.
+    from test_layering import python_import_graph
+
+    graph = python_import_graph()
+
+    def reaches(a, b):
+        seen, todo = set(), [a]
+        while todo:
+            m = todo.pop()
+            if m == b:
+                return True
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph.get(m, ()))
+        return False
+
+    below_above = [("fastread.source", "fastread.image"), ("fastread.source", "fastread.reader"),
+                   ("fastread.image", "fastread.reader"), ("fastread.reader", "fastread.dali"),
+                   ("fastread.dali._common", "fastread.dali.readers"),
+                   ("fastread.dali._common", "fastread.dali._image"),
+                   ("fastread.datasets._shared", "fastread.datasets.jpeg")]
+    for low, high in below_above:
+        assert not reaches(low, high), f"{low} imports {high} (directly or through others)"
+    assert reaches("fastread.reader", "fastread.source")
