@@ -160,9 +160,10 @@ def _fold_xnvme(engine, given, engine_args):
 
 
 # The checks of each option, made where an option enters (EngineOptions, the
-# keyword arguments of every public call) and again on values that come from
-# the environment: (kind, low, high). The C core checks them too, but names
-# neither the option's origin nor, for some, the option.
+# keyword arguments of every public call) and again on defaults that come
+# from the environment. The C core checks the ranges too, but its messages
+# name neither where a value came from nor, for a wrong type, the option.
+# Integer options: name -> (lowest, highest).
 _INT_RANGES = {"queue_depth": (1, 4096), "threads": (0, 1024)}
 _BOOL_OPTIONS = ("o_direct", "register_buffers", "register_files", "pin_memory", "device_output")
 
@@ -185,9 +186,10 @@ def _check_option(name, v, from_env=False):
                              f"got {v!r}{where}")
         return int(v)
     if name == "direct_alignment":
-        if not _is_int(v) or v < 512 or v & (v - 1):
-            raise ValueError(f"engine option direct_alignment must be a power of two >= 512, "
-                             f"got {v!r}{where}")
+        # At most 2**31: the C core holds it in an unsigned int.
+        if not _is_int(v) or v < 512 or v > 1 << 31 or v & (v - 1):
+            raise ValueError(f"engine option direct_alignment must be a power of two in "
+                             f"512..2**31, got {v!r}{where}")
         return int(v)
     if name in _BOOL_OPTIONS:
         # 0 and 1 too: command lines and config files spell booleans so.
