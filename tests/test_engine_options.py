@@ -14,7 +14,7 @@ BAD_VALUES = [
     ("queue_depth", 1.5), ("queue_depth", True),
     ("threads", -1), ("threads", 2000), ("threads", "4"), ("threads", 2.0),
     ("direct_alignment", 0), ("direct_alignment", -4096), ("direct_alignment", 1000),
-    ("direct_alignment", "4096"),
+    ("direct_alignment", "4096"), ("direct_alignment", 1 << 32),
     ("o_direct", "yes"), ("o_direct", 2), ("o_direct", -1),
     ("register_buffers", "no"), ("register_files", 0.0),
     ("engine_args", 5), ("engine_args", ["be=linux"]),
