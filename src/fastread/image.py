@@ -410,7 +410,7 @@ def verify(image, index=None, *, batch_size=256, engine="auto", progress=None,
     bar = _progress(len(img), progress, f"verify {os.path.basename(img.path)}")
     for start in range(0, len(img), batch_size):
         idx = np.arange(start, min(start + batch_size, len(img)))
-        batch = ctx.read_ranges(img.path, img.offsets[idx], img.lengths[idx])
+        batch = img.read_batch(ctx, idx)
         failed = dict(batch.failures())
         for j, a in enumerate(batch.arrays()):
             i = int(idx[j])
