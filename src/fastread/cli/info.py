@@ -3,7 +3,7 @@ import json
 import os
 import sys
 
-from fastread.cli import _env
+from fastread.bench import environment as _env
 
 
 def add_parser(sub):
