@@ -113,41 +113,42 @@ class Mode:
 
 
 # -- families ---------------------------------------------------------------------------
-_families = {}
-_broken = {}
+_found = {}  # package -> (families, broken)
 
 
-def families():
-    """Family name -> module, in ORDER; modules that fail to import are left
-    out (:func:`broken_families` says why)."""
-    if not _families and not _broken:
-        pkg = importlib.import_module(FAMILY_PACKAGE)
-        found = []
+def _discover(package):
+    if package not in _found:
+        pkg = importlib.import_module(package)
+        found, broken = [], {}
         for info in pkgutil.iter_modules(pkg.__path__):
             if info.name.startswith("_"):
                 continue
-            qual = f"{FAMILY_PACKAGE}.{info.name}"
             try:
-                mod = importlib.import_module(qual)
-                name = mod.NAME
-                found.append((getattr(mod, "ORDER", 100), name, mod))
+                mod = importlib.import_module(f"{package}.{info.name}")
+                found.append((getattr(mod, "ORDER", 100), mod.NAME, mod))
             except Exception as e:  # a broken family must not break the others
-                _broken[info.name] = f"{type(e).__name__}: {e}"
-        for _order, name, mod in sorted(found, key=lambda t: (t[0], t[1])):
-            _families[name] = mod
-    return dict(_families)
+                broken[info.name] = f"{type(e).__name__}: {e}"
+        fams = {name: mod for _order, name, mod in sorted(found, key=lambda t: (t[0], t[1]))}
+        _found[package] = (fams, broken)
+    return _found[package]
 
 
-def broken_families():
+def families(package=None):
+    """Family name -> module, in ORDER, from every module of ``package``
+    (default :data:`FAMILY_PACKAGE`); modules that fail to import are left out
+    (:func:`broken_families` says why)."""
+    return dict(_discover(package or FAMILY_PACKAGE)[0])
+
+
+def broken_families(package=None):
     """Family module -> why it could not be imported."""
-    families()
-    return dict(_broken)
+    return dict(_discover(package or FAMILY_PACKAGE)[1])
 
 
-def all_modes(env):
+def all_modes(env, package=None):
     """Every mode of every family, in display order."""
     out, owner = [], {}
-    for fname, mod in families().items():
+    for fname, mod in families(package).items():
         for m in mod.modes(env):
             if m.name in owner:
                 raise RuntimeError(f"mode {m.name} is registered by families {owner[m.name]} "
@@ -202,7 +203,7 @@ def detect_dataset(path, image=None):
     if not os.path.exists(path):
         raise BenchError(f"DATA {path!r} does not exist")
     if not os.path.isdir(path):
-        img = _open_image(path)
+        img = _open_image(path, f"DATA {path!r} is neither a directory nor a packed image")
         return Dataset(root=path, primary="image", kinds=("image",), image=img.path,
                        samples=len(img), nbytes=int(img.lengths.sum()))
     try:
@@ -213,7 +214,7 @@ def detect_dataset(path, image=None):
         scan_error = None
     if paths:
         ds = Dataset(root=path, primary="files", kinds=("files",), paths=paths, labels=labels,
-                     samples=len(paths), nbytes=sum(os.path.getsize(p) for p in paths))
+                     samples=len(paths), nbytes=_total_size(paths))
         _attach_image(ds, image)
         return ds
     from fastread.index import scan_numpy
@@ -223,20 +224,29 @@ def detect_dataset(path, image=None):
         npys = []
     if npys:
         return Dataset(root=path, primary="npy", kinds=("npy",), paths=npys,
-                       labels=[0] * len(npys), samples=len(npys),
-                       nbytes=sum(os.path.getsize(p) for p in npys))
+                       labels=[0] * len(npys), samples=len(npys), nbytes=_total_size(npys))
     why = f" ({scan_error})" if scan_error else ""
     raise BenchError(f"DATA {path!r} holds no samples{why}: expected one directory per class "
                      "with image files, .npy arrays, or a packed image file")
 
 
-def _open_image(path):
+def _total_size(paths):
+    total = 0
+    for p in paths:
+        try:
+            total += os.path.getsize(p)
+        except OSError as e:
+            raise BenchError(f"sample {p}: {e.strerror or e}") from None
+    return total
+
+
+def _open_image(path, what):
     import fastread
 
     try:
         return fastread.PackedImage(path)
     except (OSError, ValueError) as e:
-        raise BenchError(f"DATA {path!r} is neither a directory nor a packed image: {e}") from None
+        raise BenchError(f"{what}: {e}") from None
 
 
 def _attach_image(ds, image):
@@ -248,7 +258,7 @@ def _attach_image(ds, image):
         ds.notes += (f"no packed image at {path}: image modes need one "
                      f"(`fastread pack {ds.root} {path}`, or --image)",)
         return
-    img = _open_image(path)
+    img = _open_image(path, f"packed image {path!r}")
     if len(img) != ds.samples:
         msg = (f"packed image {path} holds {len(img)} samples, {ds.root} {ds.samples}: "
                "pack it again")
