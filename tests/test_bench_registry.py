@@ -60,8 +60,8 @@ def _family_package(tmp_path, monkeypatch, files):
     pkg = tmp_path / name
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    for name, text in files.items():
-        (pkg / f"{name}.py").write_text(textwrap.dedent(text))
+    for module, text in files.items():
+        (pkg / f"{module}.py").write_text(textwrap.dedent(text))
     monkeypatch.syspath_prepend(str(tmp_path))
     return name
 
