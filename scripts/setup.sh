@@ -27,7 +27,7 @@ pip_install() {
     local what="$1"; shift
     say "pip: $what"
     python3 -m pip install --progress-bar off "$@" 2>&1 |
-        sed -u -E '/^(Requirement already satisfied|Using cached|  )/d'
+        sed -u -E '/^(Requirement already satisfied|Using cached|Looking in|  )/d'
 }
 
 # setup_python EXTRAS [no-torch]: fastread itself with the given extras,

@@ -226,7 +226,8 @@ def test_info_engine_reasons_wrapped_and_shared():
     assert text.count("the library was not found") == 3  # one reason for both engines
     assert "a, b: not built:" in text and "c: no CUDA driver" in text
     data["engine_auto"], data["engine_auto_reason"] = None, "no engine can read files here"
-    assert format_engines(data)[0] == "engines (engine='auto' fails: no engine can read files here):"
+    assert format_engines(data)[0] == \
+        "engines (engine='auto' fails: no engine can read files here):"
 
 
 def test_info_bad_environment_variable(monkeypatch, capsys):
