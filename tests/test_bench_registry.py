@@ -243,3 +243,9 @@ def test_verdict_and_table():
     assert table[0].split() == ["mode", "img/s", "GB/s", "batches", "seconds", "spread", "vs",
                                 "dali", "what", "ran"]
     assert table[2].split()[:7] == ["dali", "105", "0.105", "10", "1.000", "±5%", "1.00x"]
+
+
+def test_dataset_kinds_are_registered_once():
+    registry.add_dataset_kind("files", registry.DATASET_KINDS["files"])  # the same: fine
+    with pytest.raises(ValueError, match="already registered"):
+        registry.add_dataset_kind("files", "something else")

@@ -84,7 +84,8 @@ def list_modes(opts):
             family = m.family
             _out(f"[{family}]")
         if not registry.applies(m, dataset):
-            state = f"does not apply (reads {_KIND_SHORT[m.dataset]})"
+            state = ("does not apply (reads "
+                     f"{_KIND_SHORT.get(m.dataset) or registry.DATASET_KINDS[m.dataset]})")
         else:
             why = m.unavailable(cfg)
             if why is None:

@@ -25,8 +25,21 @@ A family module defines::
   ``"files"`` (a tree of sample files, one directory per class, as
   ``fn.readers.file`` reads it), ``"image"`` (a packed image, ``fastread
   pack``) or ``"npy"`` (a tree of ``.npy`` arrays). A mode is attempted only
-  on a dataset of its kind; add a kind here together with its detection in
-  :func:`detect_dataset`.
+  on a dataset of its kind.
+
+A family that reads a new kind of dataset (record files, say) brings it
+along in the same module::
+
+    add_dataset_kind("records", "a directory of record files")
+
+    def detect(path):        # optional: a Dataset if path is one of ours, else None
+        ...
+        return Dataset(root=path, primary="records", kinds=("records",),
+                       paths=files, samples=n, nbytes=total)
+
+:func:`detect_dataset` asks every family's ``detect`` before its own rules
+(a tree of sample files, of ``.npy`` arrays, a packed image); a ``detect``
+raises :class:`BenchError` for a dataset of its kind that it cannot read.
 * ``check(mode, cfg)`` says why the mode cannot run here with these settings
   (``cfg``: a :class:`fastread.bench.runners.Config`; ``cfg.env`` the
   environment, ``cfg.device`` cpu or gpu, ``cfg.dataset`` the
@@ -70,6 +83,16 @@ DATASET_KINDS = {
     "image": "a packed image (fastread pack)",
     "npy": "a tree of .npy arrays (as fn.readers.numpy reads it)",
 }
+
+
+
+def add_dataset_kind(kind, description):
+    """Registers a kind of dataset (a family's, at import)."""
+    if DATASET_KINDS.get(kind, description) != description:
+        raise ValueError(f"dataset kind {kind!r} is already registered as "
+                         f"{DATASET_KINDS[kind]!r}")
+    DATASET_KINDS[kind] = description
+
 
 #: The package whose modules are the families.
 FAMILY_PACKAGE = "fastread.bench.families"
@@ -185,23 +208,30 @@ class Dataset:
     notes: tuple = ()
 
     def describe(self):
-        what = {"files": "file tree", "image": "packed image", "npy": ".npy tree"}[self.primary]
+        what = {"files": "file tree", "image": "packed image", "npy": ".npy tree"}.get(
+            self.primary) or DATASET_KINDS.get(self.primary, self.primary)
         also = [k for k in self.kinds if k != self.primary]
         extra = f" (and its packed image {self.image})" if "image" in also else ""
         return (f"{self.root}: {what}, {self.samples:,} samples, {self.nbytes / 1e9:.3f} GB"
                 f"{extra}")
 
 
-def detect_dataset(path, image=None):
-    """The :class:`Dataset` at ``path``: a directory of sample files (images,
-    as ``fn.readers.file`` indexes them), of ``.npy`` arrays, or a packed image
-    file. ``image`` (else ``$FASTREAD_BENCH_IMAGE``, else ``<path>.img`` if it
-    exists) is a packed image of a file tree, read by the image modes.
-    Raises BenchError naming the path."""
+def detect_dataset(path, image=None, package=None):
+    """The :class:`Dataset` at ``path``: what a family's ``detect`` says it
+    is, else a directory of sample files (images, as ``fn.readers.file``
+    indexes them), of ``.npy`` arrays, or a packed image file. ``image``
+    (else ``$FASTREAD_BENCH_IMAGE``, else ``<path>.img`` if it exists) is a
+    packed image of a file tree, read by the image modes. Raises BenchError
+    naming the path."""
     import fastread
 
     if not os.path.exists(path):
         raise BenchError(f"DATA {path!r} does not exist")
+    for mod in families(package).values():
+        detect = getattr(mod, "detect", None)
+        found = detect(path) if detect is not None else None
+        if found is not None:
+            return found
     if not os.path.isdir(path):
         img = _open_image(path, f"DATA {path!r} is neither a directory nor a packed image")
         return Dataset(root=path, primary="image", kinds=("image",), image=img.path,
