@@ -13,7 +13,12 @@
 #   bash bench/gpu.sh feed     DALI fed through DLPack vs the CUDA array
 #                              interface (bench/dali_feed.py), with a profile
 #   bash bench/gpu.sh tune     cold batch-256 reads over queue depths and workers
+#   bash bench/gpu.sh gather   (to come: the GPU feature-gather benchmark)
 #
+# Mode names are those of `fastread bench --list-modes`: reader-<engine> is
+# fastread.Reader, read_files-<engine> the read_files() function. Warm runs
+# pass --cache warm and cold ones --cold (without either, fastread bench
+# times both).
 # Datasets are generated once under /tmp (kept while the machine stays warm).
 # JSON results go to $OUT (or bench-results/) as results-<section>.tar.
 set -euo pipefail
@@ -59,13 +64,13 @@ tests)
     ;;
 files)
     make_jpegs
-    read_modes=dali,python-file,fastread-io_uring,fastread-gpu-io_uring,fastread-gpu-psync,fastread-gpu-cufile,read_files-io_uring
+    read_modes=dali,python-file,fastread-io_uring,fastread-gpu-io_uring,fastread-gpu-psync,fastread-gpu-cufile,reader-io_uring
     for bs in 256 64; do
-        bench "bs$bs-warm" "$jpegs" --device gpu --threads 8 --batchsize "$bs" --repeat 3 --modes "$read_modes"
+        bench "bs$bs-warm" "$jpegs" --device gpu --threads 8 --batchsize "$bs" --cache warm --repeat 3 --modes "$read_modes"
         bench "bs$bs-cold" "$jpegs" --device gpu --threads 8 --batchsize "$bs" --cold --repeat 3 --modes "$read_modes"
     done
     decode_modes=memory,dali,fastread-io_uring,fastread-psync
-    bench bs256-decode-warm "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --repeat 3 --modes "$decode_modes"
+    bench bs256-decode-warm "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --cache warm --repeat 3 --modes "$decode_modes"
     bench bs256-decode-cold "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --cold --repeat 3 --modes "$decode_modes"
     ;;
 numpy)
@@ -85,7 +90,7 @@ EOF
     np_modes=numpy-dali,numpy-dali-cpu,numpy-fastread-io_uring,numpy-fastread-psync,numpy-fastread-cufile
     for set in "224 64" "4m 8"; do
         read name bs <<<"$set"
-        bench "npy$name-warm" /tmp/fastread-npy-$name --device gpu --threads 8 --batchsize "$bs" --repeat 3 --modes "$np_modes"
+        bench "npy$name-warm" /tmp/fastread-npy-$name --device gpu --threads 8 --batchsize "$bs" --cache warm --repeat 3 --modes "$np_modes"
         bench "npy$name-cold" /tmp/fastread-npy-$name --device gpu --threads 8 --batchsize "$bs" --cold --modes "$np_modes"
     done
     ;;
@@ -94,9 +99,9 @@ image)
     img=/tmp/fastread-imagenet-20k.img
     [ -e "$img" ] || python3 -m fastread.cli pack "$jpegs" "$img" --quiet
     for bs in 64 256; do
-        python3 -m fastread.cli.image_modes "$jpegs" --image "$img" --cold --threads 8 \
+        python3 -m fastread.bench.sweep "$jpegs" --image "$img" --cold --threads 8 \
             --batchsize "$bs" --queue-depths 32,64,128 --json "$json/sweep-bs$bs.json" \
-            --modes ceiling-io_uring,image-io_uring,read_files-io_uring,dali || true
+            --modes ceiling-io_uring,image-io_uring,reader-io_uring,dali || true
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
     FASTREAD_BENCH_IMAGE="$img" bench bs256-image-gpu-cold "$jpegs" --device gpu --cold --threads 8 \
@@ -112,9 +117,11 @@ tune)
     for opts in "queue_depth=64 workers=4" "queue_depth=64 workers=8" "queue_depth=128 workers=8"; do
         args=(); for kv in $opts; do args+=(--engine-option "$kv"); done
         bench "tune-${opts// /-}" "$jpegs" --device gpu --threads 8 --batchsize 256 --cold --repeat 3 \
-            --modes read_files-io_uring,fastread-gpu-io_uring "${args[@]}"
+            --modes reader-io_uring,fastread-gpu-io_uring "${args[@]}"
     done
     ;;
+# ---- gather) goes here: the GPU feature-gather benchmark (xnvme-bam), added
+# ---- by the coordinator with its fastread.bench family. Keep it above *).
 *)
     echo "unknown section '$section' (tests, files, numpy, image, feed, tune)" >&2
     exit 2

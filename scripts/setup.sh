@@ -1,24 +1,52 @@
 # Sourced by scripts/test.sh and scripts/bench.sh: installs what fastread
-# needs on a fresh Debian/Ubuntu machine, system packages included.
+# needs on a fresh Debian/Ubuntu machine, system packages included, saying
+# what it installs and why as it goes.
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+
+say() { echo "setup: $*"; }
 
 setup_system() {
     local need=()
     pkg-config --exists liburing 2>/dev/null || need+=(liburing-dev)
     command -v pkg-config >/dev/null || need+=(pkg-config)
     command -v cc >/dev/null || need+=(build-essential)
-    if [ ${#need[@]} -gt 0 ]; then
-        local sudo=""
-        [ "$(id -u)" -eq 0 ] || sudo="sudo"
-        $sudo apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+    if [ ${#need[@]} -eq 0 ]; then
+        say "system packages present (liburing $(pkg-config --modversion liburing), pkg-config, a C compiler)"
+        return
     fi
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    say "apt-get: installing ${need[*]} (liburing-dev: the io_uring engine; pkg-config and a C compiler: the build)"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 }
 
-# setup_python EXTRAS: fastread itself with the given extras, built from this
-# checkout. torch is pinned: an unpinned torch pulls gigabytes of CUDA wheels.
+# pip_install WHAT ARGS...: says WHAT, then runs pip, showing what it
+# downloads and builds (not the packages that are already there).
+pip_install() {
+    local what="$1"; shift
+    say "pip: $what"
+    python3 -m pip install --progress-bar off "$@" 2>&1 |
+        sed -u -E '/^(Requirement already satisfied|Using cached|Looking in|  )/d'
+}
+
+# setup_python EXTRAS [no-torch]: fastread itself with the given extras,
+# built from this checkout, and torch unless told not to (the tests need it,
+# the benchmark does not). torch is pinned: an unpinned torch pulls
+# gigabytes of CUDA wheels.
 setup_python() {
-    local extras="$1"
-    python3 -m pip install -q "torch==${FASTREAD_TORCH_VERSION:-2.13.0}" cmake ninja
-    python3 -m pip install -q ".[${extras}]"
+    local extras="$1" torch="${2:-torch}"
+    pip_install "build tools (cmake, ninja)" cmake ninja
+    if [ "$torch" != no-torch ]; then
+        pip_install "torch==${FASTREAD_TORCH_VERSION:-2.13.0} (fastread.torch and its tests; a large download the first time)" \
+            "torch==${FASTREAD_TORCH_VERSION:-2.13.0}"
+    fi
+    if pkg-config --exists xnvme 2>/dev/null; then
+        pip_install "xNVMe's Python bindings xnvme==0.7.5 (libxnvme $(pkg-config --modversion xnvme) is here: the xnvme-ctypes baseline)" \
+            "xnvme==0.7.5"
+    else
+        say "libxnvme not found by pkg-config: no xNVMe engines, and the xnvme Python bindings are not installed (the xnvme-ctypes baseline says so)"
+    fi
+    pip_install "fastread from this checkout with [${extras}] (compiles the C core and the Cython module: a minute or two)" \
+        ".[${extras}]"
 }

@@ -133,3 +133,28 @@ def test_bad_policy_named(tree):
 def test_name_argument_accepted(tree):
     got = epochs(lambda: readers.file(file_root=tree, name="Reader"), 23, 1)
     assert len(got[0]) == 23
+
+
+@pytest.fixture(scope="module")
+def mixed_case_tree(disk_tmp):
+    root = os.path.join(disk_tmp, "dali-mixed-case")
+    for d, names in {"keep_a": ["x.jpg", "Y.JPG", "z.png"], "keep_b": ["w.JPG", "v.jpg"],
+                     "skip_c": ["u.jpg"]}.items():
+        os.makedirs(os.path.join(root, d))
+        for name in names:
+            with open(os.path.join(root, d, name), "wb") as f:
+                f.write(f"{d}/{name}".encode())
+    return root
+
+
+@pytest.mark.parametrize("kw", [dict(file_filters=["*.jpg"], case_sensitive_filter=True),
+                                dict(file_filters=["*.jpg"], case_sensitive_filter=False),
+                                dict(dir_filters=["keep_*"])],
+                         ids=["case-sensitive", "case-insensitive", "dir_filters"])
+def test_filters_match_dali(mixed_case_tree, kw):
+    # readers.file accepted dir_filters and case_sensitive_filter but did not
+    # pass them on to the scan: the samples differed from DALI's.
+    want = epochs(dali_file(mixed_case_tree, **kw), 3, 1, reader_name="Reader",
+                  last_batch_policy=LastBatchPolicy.PARTIAL)
+    got = epochs(fast_file(mixed_case_tree, **kw), 3, 1)
+    assert got == want

@@ -97,3 +97,20 @@ def test_labels_are_dali_labels(jpegs):
     _, labels = fastread.scan(jpegs)
     loader = ImageLoader(jpegs, batch_size=21, decode=False)
     assert labels_of(loader) == labels.astype(np.int64).tolist()
+
+
+def test_cuda_without_a_gpu_fails_at_construction(jpegs, monkeypatch):
+    from fastread import _core
+    usable, why = _core.gpu_probe(0)
+    if usable:
+        pytest.skip("a CUDA device is usable here")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for decode in (True, False):
+        with pytest.raises(RuntimeError, match="CUDA device 0 is not usable here") as e:
+            ImageLoader(jpegs, batch_size=4, device="cuda", decode=decode)
+        assert why in str(e.value) and "device='cpu'" in str(e.value)
+    monkeypatch.setenv("LOCAL_RANK", "3")  # torchrun's choice of GPU is the one named
+    with pytest.raises(RuntimeError, match="CUDA device 3"):
+        ImageLoader(jpegs, batch_size=4, device="cuda")
+    with pytest.raises(ValueError, match="device_id"):
+        ImageLoader(jpegs, batch_size=4, device="cuda", device_id=-1)

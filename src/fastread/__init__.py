@@ -6,25 +6,28 @@ core with the GIL released. This package adapts it:
 - :func:`read_files` reads a list of files into NumPy arrays in one call.
 - :func:`scan` indexes a dataset exactly as DALI's ``fn.readers.file`` does.
 - :class:`Reader` iterates over sharded, shuffled batches read ahead on a
-  native thread.
+  native thread, from a sample source (:class:`SampleSource`: a
+  :class:`FileList`, a :class:`PackedImage`, :class:`FileRanges`, or one of
+  your own), with engine options in one :class:`EngineOptions`.
 - :class:`PackedImage` / :func:`pack` / :func:`verify`: a dataset packed into
   one image with aligned samples, read with block-level range reads.
 - :func:`build_bmap` / :func:`load_bmap`: extent maps of files in place (FIEMAP).
 - ``fastread.dali`` and ``fastread.torch`` plug that into training loops.
 """
 from fastread._core import Batch, Context, DeviceArray, NativeReader
-from fastread.engine import engines, open_context
+from fastread.engine import EngineOptions, engines, open_context
 from fastread.errors import ReadError
 from fastread.files import read_files
 from fastread.bmap import build_bmap, load_bmap
 from fastread.image import ImageError, PackedImage, pack, verify
 from fastread.index import scan
 from fastread.reader import Reader
+from fastread.source import FileList, FileRanges, SampleSource
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Batch", "Context", "DeviceArray", "ImageError", "NativeReader", "PackedImage", "ReadError", "Reader",
-    "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
+    "Batch", "Context", "DeviceArray", "EngineOptions", "FileList", "FileRanges", "ImageError",
+    "NativeReader", "PackedImage", "ReadError", "Reader", "SampleSource", "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
     "__version__",
 ]

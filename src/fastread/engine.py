@@ -1,5 +1,11 @@
-"""Engine selection: which engines exist, which run here, and their options."""
+"""Engine selection: which engines exist, which run here, and their options
+(:class:`EngineOptions`)."""
+import dataclasses
 import threading
+from collections.abc import Mapping
+from typing import Optional, Union
+
+import numpy as np
 
 from fastread import _core, _defaults
 
@@ -132,13 +138,11 @@ def _usable():
     return [n for n, ok in engines().items() if ok is True]
 
 
-def _fold_xnvme(engine, opts):
-    """Moves xnvme_* options into engine_args ("key=value,..."), checking that
-    the engine takes each; returns the remaining options."""
-    given = {k: v for k, v in opts.items() if k in XNVME_OPTIONS and v is not None}
-    rest = {k: v for k, v in opts.items() if k not in XNVME_OPTIONS}
+def _fold_xnvme(engine, given, engine_args):
+    """engine_args ("key=value,...") with the xnvme_* options in `given`
+    appended, checking that the engine takes each."""
     if not given:
-        return rest
+        return engine_args
     wrong = sorted(k for k in given if engine not in XNVME_OPTIONS[k][1])
     if wrong:
         takers = sorted({e for k in wrong for e in XNVME_OPTIONS[k][1]})
@@ -152,78 +156,226 @@ def _fold_xnvme(engine, opts):
         if not v or any(c in v for c in ",= "):
             raise ValueError(f"engine option {k} must be a plain word or number, got {v!r}")
         parts.append(f"{XNVME_OPTIONS[k][0]}={v}")
-    base = rest.get("engine_args")
-    if base is None:
-        base = _defaults.get("engine_args")
-    rest["engine_args"] = ",".join(([base] if base else []) + parts)
-    return rest
+    return ",".join(([engine_args] if engine_args else []) + parts)
+
+
+# The checks of each option, made where an option enters (EngineOptions, the
+# keyword arguments of every public call) and again on defaults that come
+# from the environment. The C core checks the ranges too, but its messages
+# name neither where a value came from nor, for a wrong type, the option.
+# Integer options: name -> (lowest, highest).
+_INT_RANGES = {"queue_depth": (1, 4096), "threads": (0, 1024)}
+_BOOL_OPTIONS = ("o_direct", "register_buffers", "register_files", "pin_memory", "device_output")
+
+
+def _origin(name, from_env):
+    return f" (from {_defaults.env_var(name)})" if from_env else ""
+
+
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_option(name, v, from_env=False):
+    """`v` as the option's type; ValueError naming the option if it is wrong."""
+    where = _origin(name, from_env)
+    if name in _INT_RANGES:
+        lo, hi = _INT_RANGES[name]
+        if not _is_int(v) or not lo <= v <= hi:
+            raise ValueError(f"engine option {name} must be an integer in {lo}..{hi}, "
+                             f"got {v!r}{where}")
+        return int(v)
+    if name == "direct_alignment":
+        # At most 2**31: the C core holds it in an unsigned int.
+        if not _is_int(v) or v < 512 or v > 1 << 31 or v & (v - 1):
+            raise ValueError(f"engine option direct_alignment must be a power of two in "
+                             f"512..2**31, got {v!r}{where}")
+        return int(v)
+    if name in _BOOL_OPTIONS:
+        # 0 and 1 too: command lines and config files spell booleans so.
+        if isinstance(v, (bool, np.bool_)) or (_is_int(v) and v in (0, 1)):
+            return bool(v)
+        raise ValueError(f"engine option {name} must be True or False, got {v!r}{where}")
+    if name == "engine_args":
+        if not isinstance(v, str):
+            raise ValueError(f"engine option engine_args must be a string of key=value pairs, "
+                             f"got {v!r}{where}")
+        return v
+    if name == "device_id":
+        if not _is_int(v) or v < -1:
+            raise ValueError(f"device_id must be a CUDA device number (>= 0) or None, "
+                             f"got {v!r}{where}")
+        return int(v)
+    if name in XNVME_OPTIONS:
+        if not (isinstance(v, str) or _is_int(v) or isinstance(v, bool)):
+            raise ValueError(f"engine option {name} must be a word or a number, got {v!r}")
+        return v
+    raise TypeError(f"unknown engine option {name!r}")
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class EngineOptions:
+    """How an engine reads: one object for every engine option, as KvikIO's
+    defaults and DALI's reader arguments group theirs.
+
+    ``None`` (every field's default) means the setting's default from
+    :mod:`fastread._defaults`, read from its environment variable
+    (``FASTREAD_QUEUE_DEPTH``, ...) when the options are resolved for an
+    engine; explicit values win. Values are checked on construction: a
+    wrong type or range raises ``ValueError`` naming the option.
+
+    - ``queue_depth`` (1..4096): files or ranges in flight (io_uring, xNVMe).
+    - ``threads`` (0..1024, 0: one per CPU): native threads (psync).
+    - ``o_direct``, ``direct_alignment`` (a power of two >= 512): ``O_DIRECT``
+      reads and the alignment they use.
+    - ``register_buffers``, ``register_files``: io_uring registration.
+    - ``engine_args``: engine-specific ``"key=value,..."``.
+    - ``device_id``, ``pin_memory``, ``device_output``: the GPU a reader
+      serves, page-locked host arenas, batches delivered in GPU memory.
+    - ``xnvme_be``, ``xnvme_async``, ...: the xNVMe engines' options, folded
+      into ``engine_args`` (only for the engines that take them).
+
+    :meth:`resolve` gives the complete, checked mapping for one engine;
+    :meth:`coerce` builds options from an object, a mapping and keyword
+    arguments (how every public call accepts them).
+    """
+
+    queue_depth: Optional[int] = None
+    threads: Optional[int] = None
+    o_direct: Optional[bool] = None
+    direct_alignment: Optional[int] = None
+    register_buffers: Optional[bool] = None
+    register_files: Optional[bool] = None
+    engine_args: Optional[str] = None
+    device_id: Optional[int] = None
+    pin_memory: Optional[bool] = None
+    device_output: bool = False
+    xnvme_be: Union[str, int, None] = None
+    xnvme_async: Union[str, int, None] = None
+    xnvme_sync: Union[str, int, None] = None
+    xnvme_admin: Union[str, int, None] = None
+    xnvme_mem: Union[str, int, None] = None
+    xnvme_direct: Union[str, int, None] = None
+    xnvme_qdepth: Union[str, int, None] = None
+    xnvme_queue: Union[str, int, None] = None
+    xnvme_inflight: Union[str, int, None] = None
+    xnvme_bounce: Union[str, int, None] = None
+    xnvme_nsid: Union[str, int, None] = None
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                object.__setattr__(self, f.name, _check_option(f.name, v))
+
+    @classmethod
+    def coerce(cls, options=None, /, **kwargs):
+        """Options from ``options`` (an EngineOptions, a mapping of option
+        names, or None) and keyword arguments; an unknown name raises
+        TypeError listing the valid ones, an option given both ways raises
+        TypeError naming it."""
+        if options is None:
+            base = {}
+        elif isinstance(options, EngineOptions):
+            base = options._given()
+        elif isinstance(options, Mapping):
+            base = dict(options)
+        else:
+            raise TypeError(f"options must be an EngineOptions, a mapping of option names to "
+                            f"values, or None; got {type(options).__name__}")
+        twice = sorted(k for k in kwargs if kwargs[k] is not None and base.get(k) is not None)
+        if twice:
+            raise TypeError(f"engine option(s) {', '.join(map(repr, twice))} given twice: in "
+                            "options= and as keyword arguments")
+        merged = {**base, **{k: v for k, v in kwargs.items() if v is not None}}
+        unknown = sorted(set(merged) - set(_FIELD_NAMES))
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {', '.join(map(repr, unknown))}; valid "
+                            f"options: {', '.join(_FIELD_NAMES)}")
+        if isinstance(options, EngineOptions) and not kwargs:
+            return options
+        return cls(**merged)
+
+    def __repr__(self):
+        # Only what was set: the rest comes from the environment at resolve().
+        given = ", ".join(f"{k}={v!r}" for k, v in self._given().items()
+                          if not (k == "device_output" and v is False))
+        return f"EngineOptions({given})"
+
+    def _given(self):
+        """The options set explicitly (not None), by name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
+
+    def replace(self, **changes):
+        """A copy with some options changed (checked like the constructor)."""
+        return dataclasses.replace(self, **changes)
+
+    def resolve(self, engine):
+        """The complete options for ``engine`` (a resolved engine name), as
+        :class:`fastread.Context` and :class:`fastread.NativeReader` take
+        them: defaults filled in from :mod:`fastread._defaults`, the xNVMe
+        options folded into ``engine_args``, the GPU settings decided."""
+        given = self._given()
+        out = {}
+        for name in OPTION_NAMES:
+            if name in given:
+                out[name] = given[name]
+            else:
+                out[name] = _check_option(name, _defaults.get(name), from_env=True)
+        xnvme = {k: v for k, v in given.items() if k in XNVME_OPTIONS}
+        out["engine_args"] = _fold_xnvme(engine, xnvme, out["engine_args"])
+        out.update(_gpu_options(engine, given))
+        return out
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(EngineOptions))
 
 
 def options(engine, **opts):
-    """Validated engine options with defaults filled in from fastread._defaults.
-    The xNVMe engines also take xnvme_be, xnvme_async, ... (see XNVME_OPTIONS),
-    which are folded into engine_args."""
-    valid = OPTION_NAMES + GPU_OPTION_NAMES + (
-        tuple(k for k, (_, es) in XNVME_OPTIONS.items() if engine in es))
-    unknown = sorted(set(opts) - set(valid) - set(XNVME_OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown engine option(s) {', '.join(map(repr, unknown))} for engine "
-                        f"{engine!r}; valid options: {', '.join(valid)}")
-    opts = _fold_xnvme(engine, opts)
-    out = {}
-    for name in OPTION_NAMES:
-        value = opts.get(name)
-        out[name] = _defaults.get(name) if value is None else value
-    for name in ("queue_depth", "threads", "direct_alignment"):
-        v = out[name]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"engine option {name} must be a non-negative integer, got {v!r}")
-    if out["queue_depth"] < 1:
-        raise ValueError(f"engine option queue_depth must be >= 1, got {out['queue_depth']}")
-    for name in ("o_direct", "register_buffers", "register_files"):
-        out[name] = bool(out[name])
-    if not isinstance(out["engine_args"], str):
-        raise ValueError(f"engine option engine_args must be a string, got {out['engine_args']!r}")
-    out.update(_gpu_options(engine, opts))
-    return out
+    """Validated engine options with defaults filled in from fastread._defaults,
+    as a dict (see :meth:`EngineOptions.resolve`). The xNVMe engines also take
+    xnvme_be, xnvme_async, ... (see XNVME_OPTIONS), which are folded into
+    engine_args."""
+    return EngineOptions.coerce(**opts).resolve(engine)
 
 
-def _gpu_options(engine, opts):
+def _gpu_options(engine, given):
     """device_id / device_output / pin_memory, with defaults: a reader that
     serves a GPU (device output, a device_id, or a GPU engine) uses
     FASTREAD_DEVICE_ID unless given and pins its host arenas unless told not
     to (FASTREAD_PIN_MEMORY); one that serves none never loads CUDA."""
-    device_id = opts.get("device_id")
-    output = opts.get("device_output") or False
-    pin = opts.get("pin_memory")
-    if device_id is not None and (not isinstance(device_id, int) or isinstance(device_id, bool)
-                                  or device_id < -1):
-        raise ValueError(f"device_id must be a CUDA device number (>= 0) or None, got {device_id!r}")
+    device_id = given.get("device_id")
+    output = given.get("device_output") or False
+    pin = given.get("pin_memory")
     if device_id == -1:
         device_id = None
     if device_id is None and (output or engine in GPU_ENGINES or pin):
-        device_id = _defaults.get("device_id")
+        device_id = _check_option("device_id", _defaults.get("device_id"), from_env=True)
     if device_id is None:
         return {"device_id": -1, "device_output": False, "pin_memory": False}
     if pin is None:
         # A GPU engine's arenas are staging for the rare repair only.
-        pin = engine not in GPU_ENGINES and _defaults.get("pin_memory")
+        pin = engine not in GPU_ENGINES and _check_option(
+            "pin_memory", _defaults.get("pin_memory"), from_env=True)
     return {"device_id": device_id, "device_output": bool(output), "pin_memory": bool(pin)}
 
 
-def open_context(engine="auto", **opts):
-    """A fresh engine context (one per reader; not shared between threads)."""
+def open_context(engine="auto", options=None, **opts):
+    """A fresh engine context (one per reader; not shared between threads).
+    ``options``: an :class:`EngineOptions` or a mapping; keyword arguments
+    are engine options too."""
     name = resolve(engine)
-    return _core.Context(name, **options(name, **opts))
+    return _core.Context(name, **EngineOptions.coerce(options, **opts).resolve(name))
 
 
 _local = threading.local()
 
 
-def cached_context(engine="auto", **opts):
+def cached_context(engine="auto", options=None, **opts):
     """This thread's context for these settings, opened on first use."""
     name = resolve(engine)
-    resolved = options(name, **opts)
+    resolved = EngineOptions.coerce(options, **opts).resolve(name)
     key = (name,) + tuple(sorted(resolved.items()))
     cache = getattr(_local, "contexts", None)
     if cache is None:

@@ -12,15 +12,17 @@ def raise_failures(batch, path_of):
         raise ReadError(named[0][1], named[0][0], named)
 
 
-def read_files(paths, engine="auto", **engine_options):
+def read_files(paths, engine="auto", options=None, **engine_options):
     """Reads every file and returns a list of uint8 arrays, in input order.
 
     One native call with the GIL released reads the whole list with many I/Os
     in flight. The arrays are views into one engine-owned arena that stays
     alive as long as any of them does. Raises ReadError naming the first path
-    that failed (all failures are in its ``failures``).
+    that failed (all failures are in its ``failures``). Engine options:
+    ``options`` (a :class:`fastread.EngineOptions` or a mapping) and/or
+    keyword arguments.
     """
     paths = list(paths)
-    batch = cached_context(engine, **engine_options).read(paths)
+    batch = cached_context(engine, options, **engine_options).read(paths)
     raise_failures(batch, lambda i: paths[i])
     return batch.arrays()

@@ -39,6 +39,11 @@ import zlib
 
 import numpy as np
 
+from fastread.engine import cached_context
+from fastread.errors import ReadError
+from fastread.index import scan
+from fastread.source import FileList, FileRanges, read_in_order
+
 __all__ = ["PackedImage", "ImageError", "pack", "verify", "index_path"]
 
 MAGIC = b"FRIMAGE\0"
@@ -153,7 +158,7 @@ def _load_index(path):
 
 # -- reading ---------------------------------------------------------------------
 
-class PackedImage:
+class PackedImage(FileRanges):
     """A packed image and its index.
 
     ``names`` (paths relative to the packed FILE_ROOT, in fastread.scan
@@ -163,6 +168,9 @@ class PackedImage:
     intact, that it belongs to the image, and that the image is not
     truncated; each failure raises :class:`ImageError` (or
     ``FileNotFoundError``) naming the file.
+
+    A packed image is a sample source (:class:`fastread.source.FileRanges`):
+    ``fastread.Reader(source=img)`` or ``image=`` reads it with range reads.
     """
 
     def __init__(self, path, index=None):
@@ -196,6 +204,9 @@ class PackedImage:
             raise ImageError(f"index {self.index_path!r} is malformed: a sample lies outside "
                              "the image or off its alignment")
         self._check_image()
+        # The checks above are the image's own (with their ImageError
+        # messages); FileRanges adds the range-source behaviour.
+        super().__init__(self.path, self.offsets, self.lengths, self.labels, self.names)
 
     def _check_image(self):
         try:
@@ -224,34 +235,16 @@ class PackedImage:
         return (f"PackedImage({self.path!r}, {len(self)} samples, {self.image_size} bytes, "
                 f"alignment {self.alignment})")
 
-    def sample_name(self, i):
-        """How errors name sample ``i``: ``image[name]``."""
-        return f"{self.path}[{self.names[i]}]"
-
-    def check_engine_options(self, opts):
+    def check_options(self, options):
         """Raises ValueError if O_DIRECT reads of this image cannot be aligned."""
-        if opts.get("o_direct") and self.alignment % int(opts.get("direct_alignment") or 4096):
+        if options.get("o_direct") and self.alignment % int(options.get("direct_alignment") or 4096):
             raise ValueError(f"image {self.path!r} is packed with alignment {self.alignment}, "
                              f"not a multiple of direct_alignment "
-                             f"{opts.get('direct_alignment')}: read it without o_direct or "
+                             f"{options.get('direct_alignment')}: read it without o_direct or "
                              "pack it again with --alignment")
 
-    def read(self, indices, engine="auto", **engine_options):
-        """The samples ``indices`` as a list of uint8 arrays of their true
-        lengths, in one native call (GIL released). Raises
-        :class:`fastread.ReadError` naming ``image[name]`` of a failed sample."""
-        from fastread.engine import cached_context, options, resolve
-        from fastread.files import raise_failures
-
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < -len(self) or idx.max() >= len(self)):
-            raise IndexError(f"sample index out of range for {len(self)} samples")
-        idx = idx % max(len(self), 1)
-        self.check_engine_options(options(resolve(engine), **engine_options))
-        ctx = cached_context(engine, **engine_options)
-        batch = ctx.read_ranges(self.path, self.offsets[idx], self.lengths[idx])
-        raise_failures(batch, lambda i: self.sample_name(int(idx[i])))
-        return batch.arrays()
+    #: The name this check had before images were sample sources.
+    check_engine_options = check_options
 
 
 # -- packing ---------------------------------------------------------------------
@@ -301,9 +294,6 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
     ``progress``: None shows a bar when stderr is a terminal. ``on_batch(i)``
     is called after batch ``i`` is written (for tests and progress hooks).
     """
-    from fastread.index import scan
-    from fastread.reader import Reader
-
     if not isinstance(alignment, int) or alignment < 512 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two >= 512, got {alignment!r}")
     out = os.fspath(out)
@@ -344,9 +334,10 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
         pos = alignment
         bar = _progress(len(paths), progress, f"pack {os.path.basename(out)}")
         k = 0
-        with Reader(None, files=paths, labels=labels, batch_size=batch_size, engine=engine,
-                    workers=workers, prefetch=prefetch, **engine_options) as reader:
-            for b, (arrays, _labels) in enumerate(reader):
+        batches = read_in_order(FileList(paths, labels), batch_size, engine, workers=workers,
+                                prefetch=prefetch, **engine_options)
+        try:
+            for b, (arrays, _labels) in enumerate(batches):
                 start = pos
                 chunk = bytearray()
                 for a in arrays:
@@ -366,6 +357,8 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
                     bar.update(len(arrays))
                 if on_batch is not None:
                     on_batch(b)
+        finally:
+            batches.close()  # stops the native reader now, also on an error
         if bar is not None:
             bar.close()
         image_size = max(pos, alignment)
@@ -412,15 +405,12 @@ def verify(image, index=None, *, batch_size=256, engine="auto", progress=None,
     list of ``(name, why)`` for every bad sample (empty: all good). Opening
     errors (truncated image, corrupt or mismatched index) raise."""
     img = image if isinstance(image, PackedImage) else PackedImage(image, index=index)
-    from fastread.engine import cached_context
-    from fastread.errors import ReadError
-
     ctx = cached_context(engine, **engine_options)
     bad = []
     bar = _progress(len(img), progress, f"verify {os.path.basename(img.path)}")
     for start in range(0, len(img), batch_size):
         idx = np.arange(start, min(start + batch_size, len(img)))
-        batch = ctx.read_ranges(img.path, img.offsets[idx], img.lengths[idx])
+        batch = img.read_batch(ctx, idx)
         failed = dict(batch.failures())
         for j, a in enumerate(batch.arrays()):
             i = int(idx[j])

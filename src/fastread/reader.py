@@ -1,10 +1,11 @@
 """Batches of samples, sharded and shuffled, read ahead on a native thread."""
 import collections
 
-from fastread import _core, _defaults
-from fastread.engine import RANGE_ONLY, options, resolve
+from fastread.engine import EngineOptions
 from fastread.files import raise_failures
-from fastread.index import epoch_indices, scan
+from fastread.image import PackedImage
+from fastread.index import epoch_indices
+from fastread.source import FileList, check_source, open_native_reader
 
 
 class Reader:
@@ -24,11 +25,19 @@ class Reader:
     memory at ``N + prefetch + 1`` batches: a batch's arrays stay valid until
     N more batches have been returned, after which their bytes may change.
 
-    ``image=`` (a path or a :class:`fastread.PackedImage`; ``index=`` names
-    its index if not ``<image>.index``) reads the samples of a packed image
-    instead of files, with block-level range reads (``o_direct=True`` for
-    O_DIRECT); the epochs, shards and shuffles are the same as for the
-    directory that was packed.
+    The samples: ``file_root`` / ``file_list`` / ``files`` (+ ``labels``) /
+    ``file_filters`` as in ``fn.readers.file``; or ``image=`` (a path or a
+    :class:`fastread.PackedImage`; ``index=`` names its index if not
+    ``<image>.index``), the samples of a packed image read with block-level
+    range reads (``o_direct=True`` for O_DIRECT), with the same epochs,
+    shards and shuffles as the directory that was packed; or ``source=``,
+    any :class:`fastread.SampleSource` (a :class:`fastread.FileList`, a
+    packed image, :class:`fastread.FileRanges`, or one of your own).
+
+    Engine options: ``options=`` (a :class:`fastread.EngineOptions` or a
+    mapping of option names) and/or the options as keyword arguments
+    (``queue_depth=``, ``o_direct=``, ...); unset ones come from
+    :mod:`fastread._defaults` (environment variables).
 
     ``device="gpu"`` delivers every batch in GPU memory (``device_id``, else
     FASTREAD_DEVICE_ID): the native worker copies the batch's contiguous,
@@ -41,66 +50,39 @@ class Reader:
     """
 
     def __init__(self, file_root=None, *, file_list=None, files=None, labels=None,
-                 file_filters=None, image=None, index=None, batch_size=64, shard_id=0,
-                 num_shards=1,
-                 random_shuffle=False, seed=0, pad_last_batch=False, drop_last=False,
-                 stick_to_shard=True,
-                 prefetch=None, workers=None, engine="auto", ring_depth=None, device="cpu",
-                 **engine_options):
-        if not isinstance(batch_size, int) or batch_size < 1:
+                 file_filters=None, image=None, index=None, source=None, batch_size=64,
+                 shard_id=0, num_shards=1, random_shuffle=False, seed=0, pad_last_batch=False,
+                 drop_last=False, stick_to_shard=True, prefetch=None, workers=None,
+                 engine="auto", ring_depth=None, device="cpu", options=None, **engine_options):
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if pad_last_batch and drop_last:
             raise ValueError("pad_last_batch and drop_last exclude each other")
-        prefetch = _defaults.get("prefetch") if prefetch is None else prefetch
-        if not isinstance(prefetch, int) or prefetch < 1:
-            raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
         if ring_depth is not None and (not isinstance(ring_depth, int) or ring_depth < 1):
             raise ValueError(f"ring_depth must be None or an integer >= 1, got {ring_depth!r}")
-        self.image = None
-        if image is not None:
-            if file_root is not None or file_list is not None or files is not None:
-                raise ValueError("image= excludes file_root, file_list and files")
-            from fastread.image import PackedImage
-            self.image = image if isinstance(image, PackedImage) else PackedImage(image, index)
-            # Names of the samples (paths relative to the packed root), for len() and errors.
-            self.paths, self.labels = self.image.names, self.image.labels
-        else:
-            if index is not None:
-                raise ValueError("index= applies only with image=")
-            self.paths, self.labels = scan(file_root, file_filters=file_filters,
-                                           file_list=file_list, files=files, labels=labels)
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        opts = EngineOptions.coerce(options, **engine_options)
+        if device == "gpu":
+            opts = opts.replace(device_output=True)
+        self.source = _source(file_root, file_list=file_list, files=files, labels=labels,
+                              file_filters=file_filters, image=image, index=index, source=source)
+        self.labels = check_source(self.source)
+        # Names of the samples (paths, or names inside an image), for len() and errors.
+        self.paths = self.source.names
         self.batch_size = batch_size
         self.shard_id, self.num_shards = shard_id, num_shards
         self.random_shuffle, self.seed = bool(random_shuffle), seed
         self.pad_last_batch, self.drop_last = bool(pad_last_batch), bool(drop_last)
         self.stick_to_shard = bool(stick_to_shard)
         self.ring_depth = ring_depth
-        self.engine = resolve(engine)
-        if self.image is None and self.engine in RANGE_ONLY:
-            raise ValueError(f"engine {self.engine!r} reads ranges of one image or device only; "
-                             f"give image= or choose a file engine (e.g. 'auto')")
-        if device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-        if device == "gpu":
-            engine_options["device_output"] = True
-        self._engine_options = options(self.engine, **engine_options)
         self.device = device
-        self.device_id = self._engine_options["device_id"]
-        # Validates shard_id/num_shards now rather than at the first epoch.
+        # Validates shard_id/num_shards before any thread starts.
         self._epoch_order(0)
-        self.workers = _defaults.reader_workers(workers)
-        if self.image is not None:
-            self.image.check_engine_options(self._engine_options)
-            self._native = _core.NativeReader(None, self.engine, prefetch=prefetch,
-                                              workers=self.workers, image=self.image.path,
-                                              offsets=self.image.offsets,
-                                              lengths=self.image.lengths,
-                                              **self._engine_options)
-            self._name = self.image.sample_name
-        else:
-            self._native = _core.NativeReader(self.paths, self.engine, prefetch=prefetch,
-                                              workers=self.workers, **self._engine_options)
-            self._name = self.paths.__getitem__
+        self.options = opts
+        opened = open_native_reader(self.source, engine, opts, prefetch=prefetch, workers=workers)
+        self.engine, self.workers, self._native = opened.engine, opened.workers, opened.native
+        self.device_id = opened.options["device_id"]
         self._ring = collections.deque()
         self.epoch = 0
         self._start_batch = 0
@@ -158,7 +140,7 @@ class Reader:
     def _next_batch(self):
         batch = self._native.next()
         idx = batch.indices()
-        raise_failures(batch, lambda i: self._name(int(idx[i])))
+        raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])))
         arrays = batch.device_arrays(self.device_id) if self.device == "gpu" else batch.arrays()
         if self.ring_depth is not None:
             self._ring.append(batch)
@@ -185,3 +167,24 @@ class Reader:
         """Batches allocated by this reader's pool so far, and idle arena bytes."""
         return {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes(),
                 "idle_device_bytes": self._native.pool_idle_device_bytes()}
+
+
+def _source(file_root, *, file_list, files, labels, file_filters, image, index, source):
+    """The SampleSource that Reader's sample arguments name (exactly one
+    way: a tree or list of files, an image, or a source)."""
+    given = [name for name, v in (("source", source), ("image", image)) if v is not None]
+    files_given = [name for name, v in (("file_root", file_root), ("file_list", file_list),
+                                        ("files", files)) if v is not None]
+    if len(given) + bool(files_given) > 1:
+        raise ValueError(f"{' and '.join(given + files_given)} exclude each other: choose the "
+                         "samples one way (files, image= or source=)")
+    if index is not None and image is None:
+        raise ValueError("index= applies only with image=")
+    if (labels is not None or file_filters is not None) and not files_given:
+        raise ValueError("labels= and file_filters= apply only with file_root, file_list or files")
+    if source is not None:
+        return source
+    if image is not None:
+        return image if isinstance(image, PackedImage) else PackedImage(image, index)
+    return FileList.scan(file_root, file_filters=file_filters, file_list=file_list, files=files,
+                         labels=labels)

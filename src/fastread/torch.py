@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from fastread import _core
 from fastread.reader import Reader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -32,6 +33,18 @@ def _env_int(name):
         return int(value)
     except ValueError:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _require_gpu(device_id):
+    """Raises RuntimeError unless CUDA device ``device_id`` is usable. Asked
+    of the driver when the loader is built: otherwise the first batch fails
+    deep inside DALI's pipeline with a message about the pipeline."""
+    if not isinstance(device_id, int) or isinstance(device_id, bool) or device_id < 0:
+        raise ValueError(f"device_id must be a CUDA device number (>= 0), got {device_id!r}")
+    ok, why = _core.gpu_probe(device_id)
+    if not ok:
+        raise RuntimeError(f"ImageLoader(device='cuda'): CUDA device {device_id} is not usable "
+                           f"here: {why}. Use device='cpu' on a machine without a GPU.")
 
 
 class ImageLoader:
@@ -59,6 +72,8 @@ class ImageLoader:
             shard_id = _env_int("RANK") or 0
         if device == "cuda" and device_id is None:
             device_id = _env_int("LOCAL_RANK") or 0
+        if device == "cuda":
+            _require_gpu(device_id)
         self.device, self.decode, self.size = device, bool(decode), int(size)
         self.mean, self.std = tuple(mean), tuple(std)
         self.batch_size, self.num_threads = batch_size, num_threads
@@ -145,14 +160,14 @@ class ImageLoader:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-        from fastread.dali.readers import _BatchSource
+        from fastread.dali._common import BatchSource
 
         reader, loader = self.reader, self
 
         @pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads,
                       device_id=self.device_id, prefetch_queue_depth=self.prefetch_queue_depth)
         def pipe():
-            data, labels = fn.external_source(source=_BatchSource(reader), num_outputs=2,
+            data, labels = fn.external_source(source=BatchSource(reader), num_outputs=2,
                                               batch=True, cycle=False)
             images = fn.decoders.image(data, device="mixed" if loader.device == "cuda" else "cpu",
                                        output_type=types.RGB)

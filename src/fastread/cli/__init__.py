@@ -6,9 +6,9 @@ Subcommands, one module each:
   (:mod:`fastread.cli.make_dataset`).
 * ``fastread info`` -- version, engines, optional packages, CUDA devices and
   run-time defaults (:mod:`fastread.cli.info`).
-* ``fastread bench DATA_DIR ...`` -- throughput of DALI's reader, the seed's
-  Python reader and fastread's engines over one dataset
-  (:mod:`fastread.cli.bench`).
+* ``fastread bench DATA ...`` -- fastread against DALI's reader and the
+  plain Python external source over one dataset (:mod:`fastread.cli.bench`
+  parses; the benchmark itself is :mod:`fastread.bench`).
 * ``fastread pack FILE_ROOT OUT`` / ``fastread verify OUT`` -- a dataset in one
   image with aligned samples, and its checksums checked (:mod:`fastread.cli.pack`).
 * ``fastread bmap FILE_ROOT -o bmap.json`` -- extent map of the files in place

@@ -1,9 +1,11 @@
 """``fastread info``: what this installation of fastread can do here."""
 import json
 import os
+import shutil
 import sys
+import textwrap
 
-from fastread.cli import _env
+from fastread.bench import environment as _env
 
 
 def add_parser(sub):
@@ -24,6 +26,14 @@ def collect():
     from fastread import _defaults
 
     engines = {name: (True if ok is True else str(ok)) for name, ok in fastread.engines().items()}
+    try:
+        from fastread.engine import resolve
+        auto = resolve("auto")
+    except ValueError as e:
+        auto = None
+        auto_reason = str(e)
+    else:
+        auto_reason = None
     from fastread.engine import xnvme_version
     xver, xwhy = xnvme_version()
     devices, why = _env.cuda_devices()
@@ -36,6 +46,9 @@ def collect():
         "fastread": fastread.__version__,
         "module": os.path.dirname(fastread.__file__),
         "engines": engines,
+        # What engine="auto" (or FASTREAD_ENGINE) picks here, or why none.
+        "engine_auto": auto,
+        "engine_auto_reason": auto_reason,
         "packages": {label: _env.version(label) for label in _env.PACKAGES},
         # The system library behind the xNVMe engines, or why they are absent.
         "xnvme": {"version": xver, "reason": xwhy},
@@ -55,16 +68,8 @@ def run(args):
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    out = [f"fastread {data['fastread']} ({data['module']})", "", "engines:"]
-    width = max(map(len, data["engines"]), default=0)
-    for name, ok in data["engines"].items():
-        if ok is True:
-            state = "available"
-        elif name in RANGE_ONLY and ok.startswith(RANGE_ONLY[name]):
-            state = "available for " + ok  # "range reads only (...)"
-        else:
-            state = "unavailable: " + ok
-        out.append(f"  {name:<{width}}  {state}")
+    out = [f"fastread {data['fastread']} ({data['module']})", ""]
+    out += format_engines(data)
     out += ["", "packages:"]
     width = max(max(map(len, data["packages"])), len("libxnvme"))
     for label, ver in data["packages"].items():
@@ -85,3 +90,42 @@ def run(args):
     out += [f"  {a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]
     print("\n".join(out))
     return 0
+
+
+def format_engines(data, width=None):
+    """The engines, available ones first; each unavailable engine with its
+    reason, wrapped under it; engines with the same reason share one."""
+    from fastread.engine import RANGE_ONLY
+
+    if width is None:
+        width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
+    engines = data["engines"]
+    if data.get("engine_auto"):
+        head = f"engines (engine='auto' picks {data['engine_auto']}):"
+    else:
+        head = f"engines (engine='auto' fails: {data.get('engine_auto_reason')}):"
+    out = [head]
+    name_w = max(map(len, engines), default=0)
+    ok = [n for n, s in engines.items() if s is True]
+    partial = [n for n, s in engines.items()
+               if s is not True and n in RANGE_ONLY and s.startswith(RANGE_ONLY[n])]
+    if ok:
+        out.append(f"  available:    {', '.join(ok)}")
+    for n in partial:
+        out += _wrapped(f"  {n:<{name_w}}  ", "available for " + engines[n], width)
+    groups = {}
+    for n, s in engines.items():
+        if s is not True and n not in partial:
+            groups.setdefault(s, []).append(n)
+    if groups:
+        out.append("  unavailable:")
+        for reason, names in groups.items():
+            label = ", ".join(names)
+            out += _wrapped(f"    {label}: ", reason, width)
+    return out
+
+
+def _wrapped(prefix, text, width):
+    indent = " " * min(len(prefix), 16)
+    return textwrap.wrap(text, width=width, initial_indent=prefix, subsequent_indent=indent,
+                         break_on_hyphens=False, break_long_words=False) or [prefix]

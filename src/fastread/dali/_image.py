@@ -8,7 +8,8 @@ same :class:`fastread.Reader` does the work), and so does GPU output:
 arena) or with ``engine="cufile"``, which reads the ranges straight into GPU
 memory (the GDS-like path).
 """
-from fastread.dali.readers import _reader_outputs
+from fastread.dali._common import reader_outputs
+from fastread.image import PackedImage
 
 
 def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
@@ -21,8 +22,9 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
     ``index`` its index if not ``<image>.index``. Extra keyword arguments are
     engine options (``o_direct=True`` for O_DIRECT, ``queue_depth``, ...).
     """
-    return _reader_outputs(
-        "image", dict(image=image, index=index), shard_id=shard_id, num_shards=num_shards,
+    return reader_outputs(
+        "image", lambda: image if isinstance(image, PackedImage) else PackedImage(image, index),
+        shard_id=shard_id, num_shards=num_shards,
         random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
         prefetch_queue_depth=prefetch_queue_depth, name=name,

@@ -14,16 +14,17 @@ CPU, and on the GPU none after the batch's one upload (or none at all with
 """
 import numpy as np
 
-from fastread.dali.readers import _BatchSource, _gpu_batch, _reader_outputs
+from fastread.dali._common import BatchSource, gpu_batch, reader_outputs
 from fastread.index import scan, scan_numpy
 from fastread.npy import NpyError, NpyIndex
+from fastread.source import FileList
 
 # fn.readers.numpy arguments that cut regions out of arrays: not done here.
 _ROI_ARGS = {"roi_start", "rel_roi_start", "roi_end", "rel_roi_end", "roi_shape",
              "rel_roi_shape", "roi_axes", "out_of_bounds_policy", "fill_value"}
 
 
-class _NumpySource(_BatchSource):
+class _NumpySource(BatchSource):
     """Turns a batch of whole .npy files into the arrays they hold. The
     reader's labels are the samples' indices (see numpy())."""
 
@@ -58,7 +59,7 @@ class _NumpySource(_BatchSource):
             else:
                 off = self._offset[i]
                 out.append(a[off:].view(self.index.dtype[i]).reshape(shape))
-        return (_gpu_batch(out, self.device_id) if self.gpu else out,)
+        return (gpu_batch(out, self.device_id) if self.gpu else out,)
 
     def _fortran_to_c(self, a, i, shape):
         rev = tuple(reversed(shape))
@@ -100,11 +101,11 @@ def numpy(*, file_root=None, file_filter="*.npy", files=None, file_list=None, sh
             raise ValueError(f"no files matching {file_filter!r} in file_root {file_root!r} "
                              "or its subdirectories")
     index = NpyIndex.build(paths)
-    return _reader_outputs(
-        "numpy", dict(files=paths, labels=np.arange(len(paths))), shard_id=shard_id,
+    return reader_outputs(
+        "numpy", lambda: FileList(paths, np.arange(len(paths))), shard_id=shard_id,
         num_shards=num_shards, random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
         prefetch_queue_depth=prefetch_queue_depth, name=name,
         last_batch_policy=last_batch_policy, engine=engine, device=device, no_copy=True,
         device_id=device_id, kwargs=kwargs,
-        make_source=lambda reader, gpu: _NumpySource(reader, index, gpu), num_outputs=1)
+        make_batch_source=lambda reader, gpu: _NumpySource(reader, index, gpu), num_outputs=1)

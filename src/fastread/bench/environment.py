@@ -1,8 +1,11 @@
-"""What is installed and usable here: optional packages and CUDA devices.
+"""What is installed and usable here: optional packages, CUDA devices and
+fastread's engines, and the checks modes share (an engine, DALI, a GPU).
 
 Every probe returns a value or a reason; none raises, so ``fastread info``
-and ``fastread bench`` never show a traceback for a missing package.
+and ``fastread bench`` never show a traceback for a missing package. This
+module is the bottom of :mod:`fastread.bench`: it imports nothing else of it.
 """
+import dataclasses
 import importlib
 
 #: Optional packages reported by ``fastread info``: label -> (module, pip name).
@@ -111,3 +114,67 @@ def _cupy_name(cupy, i):
 def _one_line(e):
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+# -- what the modes need to know about this machine ---------------------------------
+#: Why a mode whose engine fastread does not list cannot run.
+NOT_BUILT = "engine not built in this version"
+
+
+@dataclasses.dataclass
+class Environment:
+    """fastread's engines and the optional packages the modes use."""
+    engines: dict            # fastread.engines(): name -> True or why not
+    dali_error: str = None   # why DALI cannot be used, or None
+    fastread_dali_error: str = None
+    _cuda: list = None
+
+    @property
+    def cuda_error(self):
+        """Why there is no CUDA device, or None (probed on first use)."""
+        if self._cuda is None:
+            devices, _why = cuda_devices(quick=True)
+            self._cuda = [None if devices else "none found here (`fastread info` says why)"]
+        return self._cuda[0]
+
+    def engine_error(self, engine):
+        """Why ``engine`` cannot read files here, or None."""
+        status = self.engines.get(engine, NOT_BUILT)
+        if status is True:
+            return None
+        return str(status) if engine in self.engines else NOT_BUILT
+
+    def range_engine_error(self, engine):
+        """Why ``engine`` cannot read byte ranges (packed images) here, or None:
+        range-only engines (xnvme) can, though engines() refuses them files."""
+        from fastread.engine import RANGE_ONLY
+
+        status = self.engines.get(engine, NOT_BUILT)
+        if status is True or (engine in RANGE_ONLY
+                              and str(status).startswith(RANGE_ONLY[engine])):
+            return None
+        return self.engine_error(engine)
+
+    def dali_error_for(self, fastread_reader=False):
+        """Why a DALI pipeline (with a fastread reader in it) cannot be built."""
+        if self.dali_error:
+            return self.dali_error
+        if fastread_reader and self.fastread_dali_error:
+            return self.fastread_dali_error
+        return None
+
+
+def probe_environment(engines=None):
+    """Imports what the modes need; never raises. ``engines`` defaults to
+    :func:`fastread.engines`."""
+    if engines is None:
+        import fastread
+        engines = fastread.engines()
+    env = Environment(engines=dict(engines))
+    mod, why = try_import("nvidia.dali")
+    if mod is None:
+        env.dali_error = f"DALI {why} (pip install nvidia-dali-cuda120)"
+    mod, why = try_import("fastread.dali")
+    if mod is None:
+        env.fastread_dali_error = f"fastread.dali {why}"
+    return env

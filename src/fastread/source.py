@@ -1,0 +1,310 @@
+"""Sample sources: the samples a :class:`fastread.Reader` reads.
+
+A source is a fixed list of samples numbered ``0 .. len - 1``. The Reader
+decides which samples each batch holds (epochs, shards, shuffles); the source
+says what the samples are and how the native core reads them. Two kinds ship:
+
+- :class:`FileList`: whole files (what :func:`fastread.scan` lists).
+- :class:`FileRanges`: byte ranges of one file or block device;
+  :class:`fastread.PackedImage` is one.
+
+What a source provides (a new one, e.g. a record format such as CIFAR
+binary, Squirrel or WebDataset, subclasses :class:`SampleSource`; when its
+samples are byte ranges of one file, subclass :class:`FileRanges` and only
+parse the format's index):
+
+``names``
+    A sequence of ``len`` strings, one per sample: a path, or the sample's
+    name inside a container. ``len(source)`` is ``len(names)``.
+``labels``
+    One integer label per sample (stored as int32).
+``sizes``
+    An int64 array of each sample's byte size where the source knows it up
+    front (ranges, fixed-size records), else ``None`` (files are sized when
+    read). Sizes must be >= 0 and one per sample.
+``sample_name(i)``
+    How errors name sample ``i`` (default ``names[i]``).
+``reads_ranges``
+    True if the samples are byte ranges of one file or device, so that
+    range-only engines (``'xnvme'``) can read them.
+``check_options(options)``
+    Raises ``ValueError`` if these resolved engine options cannot read the
+    source (e.g. ``O_DIRECT`` with unaligned ranges). Default: any can.
+``open_native(engine, options, *, prefetch, workers)``
+    A :class:`fastread.NativeReader` over exactly these samples (its sample
+    ``i`` is the source's sample ``i``) for a resolved engine name and its
+    resolved options (:meth:`fastread.engine.EngineOptions.resolve`).
+``read_batch(context, indices)``
+    Samples ``indices`` read in one call on an engine
+    :class:`fastread.Context`, as a :class:`fastread.Batch`.
+
+:meth:`SampleSource.read` (one-shot reads) and :func:`read_in_order` (one
+pass with read-ahead) are built on those; :func:`check_source` is what a
+consumer calls before trusting a source it did not build.
+"""
+import abc
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from fastread import _core, _defaults
+from fastread.engine import RANGE_ONLY, EngineOptions, cached_context, resolve
+from fastread.files import raise_failures
+from fastread.index import scan
+
+__all__ = ["SampleSource", "FileList", "FileRanges", "OpenedReader", "check_source",
+           "open_native_reader", "read_in_order"]
+
+
+class SampleSource(abc.ABC):
+    """The interface every sample source implements (see the module's
+    documentation for what each member means). Subclasses set ``names`` and
+    ``labels`` (attributes or properties) and implement :meth:`open_native`
+    and :meth:`read_batch`."""
+
+    #: True for sources whose samples are byte ranges of one file or device.
+    reads_ranges = False
+
+    @property
+    def sizes(self):
+        """Byte sizes of the samples if known up front, else None."""
+        return None
+
+    def __len__(self):
+        return len(self.names)
+
+    def sample_name(self, i):
+        """How errors name sample ``i``."""
+        return str(self.names[i])
+
+    def check_options(self, options):
+        """Raises ValueError if the resolved engine ``options`` cannot read
+        this source. Every engine option can read a plain source."""
+
+    @abc.abstractmethod
+    def open_native(self, engine, options, *, prefetch, workers):
+        """A NativeReader over this source's samples (see the module doc)."""
+
+    @abc.abstractmethod
+    def read_batch(self, context, indices):
+        """Samples ``indices`` (an int64 array) read in one call on ``context``."""
+
+    def read(self, indices, engine="auto", options=None, **engine_options):
+        """The samples ``indices`` (negative ones count from the end) as a
+        list of uint8 arrays, in one native call with the GIL released.
+        Raises :class:`fastread.ReadError` naming the first failed sample."""
+        n = len(self)
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"sample index out of range for {n} samples")
+        idx = idx % max(n, 1)
+        name = check_engine_for(self, engine)
+        opts = EngineOptions.coerce(options, **engine_options)
+        self.check_options(opts.resolve(name))
+        batch = self.read_batch(cached_context(name, opts), idx)
+        raise_failures(batch, lambda i: self.sample_name(int(idx[i])))
+        return batch.arrays()
+
+
+class FileList(SampleSource):
+    """Samples that are whole files: ``paths`` with ``labels`` (default:
+    each file's position). Sizes are not known up front: every file is sized
+    when it is read."""
+
+    def __init__(self, paths, labels=None):
+        self.names = [os.fspath(p) for p in paths]
+        if labels is None:
+            labels = np.arange(len(self.names))
+        self.labels = _int32_labels(labels, len(self.names), f"FileList of {len(self.names)} files")
+
+    @classmethod
+    def scan(cls, file_root=None, *, file_filters=None, file_list=None, files=None, labels=None,
+             dir_filters=None, case_sensitive_filter=False):
+        """The files ``fn.readers.file`` would read for these arguments
+        (see :func:`fastread.scan`)."""
+        paths, labels = scan(file_root, file_filters=file_filters, file_list=file_list,
+                             files=files, labels=labels, dir_filters=dir_filters,
+                             case_sensitive_filter=case_sensitive_filter)
+        return cls(paths, labels)
+
+    @property
+    def paths(self):
+        return self.names
+
+    def __repr__(self):
+        return f"{type(self).__name__}({len(self)} files)"
+
+    def open_native(self, engine, options, *, prefetch, workers):
+        return _core.NativeReader(self.names, engine, prefetch=prefetch, workers=workers,
+                                  **options)
+
+    def read_batch(self, context, indices):
+        return context.read([self.names[i] for i in indices])
+
+
+class FileRanges(SampleSource):
+    """Samples that are byte ranges ``[offsets[i], offsets[i] + lengths[i])``
+    of one file or block device ``path``, read with range reads (one open
+    for all of them; ``O_DIRECT`` when the offsets are aligned). ``names``
+    default to the samples' numbers; errors name a sample ``path[name]``."""
+
+    reads_ranges = True
+
+    def __init__(self, path, offsets, lengths, labels=None, names=None):
+        self.path = os.fspath(path)
+        what = f"ranges of {self.path!r}"
+        self.offsets = _int64_column(offsets, "offsets", what)
+        n = len(self.offsets)
+        self.lengths = _int64_column(lengths, "lengths", what, n)
+        if n and self.offsets.min() < 0:
+            raise ValueError(f"{what}: offsets must be >= 0 (sample {int(self.offsets.argmin())} "
+                             f"starts at {int(self.offsets.min())})")
+        if n and self.lengths.min() < 0:
+            raise ValueError(f"{what}: lengths must be >= 0 (sample {int(self.lengths.argmin())} "
+                             f"has {int(self.lengths.min())})")
+        self.names = [str(i) for i in range(n)] if names is None else [str(s) for s in names]
+        if len(self.names) != n:
+            raise ValueError(f"{what}: {len(self.names)} names for {n} ranges")
+        self.labels = _int32_labels(np.zeros(n) if labels is None else labels, n, what)
+
+    @property
+    def sizes(self):
+        return self.lengths
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.path!r}, {len(self)} ranges)"
+
+    def sample_name(self, i):
+        return f"{self.path}[{self.names[i]}]"
+
+    def check_options(self, options):
+        align = options.get("direct_alignment") or 4096
+        if options.get("o_direct") and len(self) and (self.offsets % align).any():
+            i = int(np.flatnonzero(self.offsets % align)[0])
+            raise ValueError(f"O_DIRECT reads of {self.path!r} need offsets that are multiples "
+                             f"of direct_alignment {align}; sample {self.sample_name(i)} starts "
+                             f"at {int(self.offsets[i])}")
+
+    def open_native(self, engine, options, *, prefetch, workers):
+        return _core.NativeReader(None, engine, prefetch=prefetch, workers=workers,
+                                  image=self.path, offsets=self.offsets, lengths=self.lengths,
+                                  **options)
+
+    def read_batch(self, context, indices):
+        return context.read_ranges(self.path, self.offsets[indices], self.lengths[indices])
+
+
+# -- checks ----------------------------------------------------------------------
+
+def _int64_column(values, what, owner, n=None):
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{owner}: {what} must be integers: {e}") from None
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"{owner}: {what} must be a 1-D sequence of integers, got "
+                         f"{arr.dtype} of shape {arr.shape}")
+    if n is not None and len(arr) != n:
+        raise ValueError(f"{owner}: {len(arr)} {what} for {n} samples")
+    return arr.astype(np.int64)
+
+
+def _int32_labels(labels, n, owner):
+    arr = np.asarray(labels)
+    if arr.ndim != 1 or len(arr) != n:
+        raise ValueError(f"{owner}: {arr.size} labels of shape {arr.shape} for {n} samples "
+                         "(one integer label per sample)")
+    if arr.size and arr.dtype.kind not in "iuf":
+        raise ValueError(f"{owner}: labels must be integers, got {arr.dtype}")
+    if arr.size and arr.dtype.kind == "f" and not np.array_equal(arr, np.round(arr)):
+        raise ValueError(f"{owner}: labels must be integers, got fractional values")
+    return arr.astype(np.int32)
+
+
+def check_source(source):
+    """Checks that ``source`` keeps the SampleSource contract (one label and
+    at most one size per sample, sizes >= 0); returns its labels as int32.
+    Raises TypeError for an object that is not a source, ValueError naming
+    the source otherwise."""
+    if not isinstance(source, SampleSource):
+        raise TypeError(f"source must be a fastread.SampleSource (a FileList, a PackedImage, "
+                        f"FileRanges or a subclass of your own), got {type(source).__name__}")
+    try:
+        n = len(source.names)
+    except (AttributeError, TypeError) as e:
+        raise ValueError(f"source {source!r} has no sequence of sample names: {e}") from None
+    labels = _int32_labels(source.labels, n, f"source {source!r}")
+    sizes = source.sizes
+    if sizes is not None:
+        sizes = _int64_column(sizes, "sizes", f"source {source!r}", n)
+        if n and sizes.min() < 0:
+            i = int(sizes.argmin())
+            raise ValueError(f"source {source!r}: sample {source.sample_name(i)} has size "
+                             f"{int(sizes[i])} (sizes must be >= 0)")
+    return labels
+
+
+def check_engine_for(source, engine):
+    """The resolved engine name; ValueError if it cannot read this source
+    (a range-only engine on files)."""
+    name = resolve(engine)
+    if name in RANGE_ONLY and not source.reads_ranges:
+        raise ValueError(f"engine {name!r} reads ranges of one image or device only; "
+                         f"give image= (or a FileRanges source) or choose a file engine "
+                         f"(e.g. 'auto')")
+    return name
+
+
+class OpenedReader(NamedTuple):
+    """What :func:`open_native_reader` opened, and the settings it chose."""
+    engine: str                 # the resolved engine name
+    options: dict               # the resolved engine options
+    native: "_core.NativeReader"
+    workers: int                # reader threads
+
+
+def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
+    """Opens ``source``'s native read-ahead reader: ``engine`` resolved and
+    checked against the source, ``options`` (an EngineOptions) resolved for
+    it, ``prefetch`` and ``workers`` defaulted from :mod:`fastread._defaults`.
+    Returns an :class:`OpenedReader`."""
+    name = check_engine_for(source, engine)
+    prefetch = _defaults.get("prefetch") if prefetch is None else prefetch
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
+        raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
+    workers = _defaults.reader_workers(workers)
+    resolved = options.resolve(name)
+    source.check_options(resolved)
+    native = source.open_native(name, resolved, prefetch=prefetch, workers=workers)
+    if native.size != len(source):
+        native.close()
+        raise ValueError(f"source {source!r} opened a native reader over {native.size} samples "
+                         f"but names {len(source)}")
+    return OpenedReader(name, resolved, native, workers)
+
+
+def read_in_order(source, batch_size, engine="auto", *, prefetch=None, workers=None,
+                  options=None, **engine_options):
+    """Every sample of ``source`` once, in order: yields ``(arrays, labels)``
+    per batch of ``batch_size`` (the last may be smaller), read ahead on
+    native threads. Arrays stay valid while referenced. Raises
+    :class:`fastread.ReadError` naming the first failed sample of a batch."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    labels = check_source(source)
+    opts = EngineOptions.coerce(options, **engine_options)
+    native = open_native_reader(source, engine, opts, prefetch=prefetch, workers=workers).native
+    try:
+        n = len(source)
+        for start in range(0, n, batch_size):
+            native.submit(np.arange(start, min(n, start + batch_size), dtype=np.int64))
+        while True:
+            batch = native.next()
+            if batch is None:
+                return
+            idx = batch.indices()
+            raise_failures(batch, lambda i: source.sample_name(int(idx[i])))
+            yield batch.arrays(), labels[idx]
+    finally:
+        native.close()
