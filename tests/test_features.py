@@ -135,6 +135,15 @@ def test_packed_image_samples(packed):
         np.testing.assert_array_equal(s.gather([699, 0, 350], device="cpu"), raw[[699, 0, 350]])
 
 
+def test_any_file_ranges_source(feats):
+    from fastread.source import FileRanges
+    arr, raw, _ = feats
+    src = FileRanges(raw, offsets=[0, 100], lengths=[100, arr.nbytes], names=["head", "table"])
+    with FeatureStore(src, np.float32, (-1, 16), sample="table") as s:
+        assert s.shape == arr.shape and s.offset == 100
+        np.testing.assert_array_equal(s.gather([3, 0], device="cpu"), arr[[3, 0]])
+
+
 def test_packed_image_errors(packed):
     img, _, _ = packed
     with pytest.raises(ValueError, match="needs sample="):
@@ -270,6 +279,8 @@ def test_open_errors_name_the_thing(feats, disk_tmp):
         FeatureStore(npy, engine="nope")
     with pytest.raises(TypeError, match=r"unknown option\(s\) 'bogus'"):
         FeatureStore(npy, bogus=1)
+    with pytest.raises(TypeError, match=r"'xnvme_be' apply only to engine"):
+        FeatureStore(npy, engine="psync", xnvme_be="io_uring")
     with pytest.raises(ValueError, match=r"offset must be an integer >= 0"):
         FeatureStore(raw, np.float32, offset=-4)
     with pytest.raises(ValueError, match=r"shape\[1\] must be an integer >= 1"):

@@ -38,6 +38,7 @@ import numpy as np
 from fastread import _core, _defaults, _devarrays as D, _gather, _gather_defaults as G
 from fastread.image import PackedImage, _device_size
 from fastread.npy import MAGIC as NPY_MAGIC, NpyError, parse_header
+from fastread.source import FileRanges
 
 __all__ = ["FeatureStore", "device_include_dir", "device_header", "BACKENDS"]
 
@@ -121,9 +122,10 @@ class FeatureStore:
     """Rows of an array in a file, a ``.npy`` file, a packed-image sample or
     a block device, gathered by id (see the module's text).
 
-    ``path``: the file or device, or a :class:`fastread.PackedImage` (then
-    ``sample=`` picks the sample by index or name; a path with ``sample=``
-    is opened as a packed image, ``index=`` naming its index file).
+    ``path``: the file or device, or a :class:`fastread.PackedImage` (any
+    :class:`fastread.source.FileRanges`; then ``sample=`` picks the sample
+    by index or name; a path with ``sample=`` is opened as a packed image,
+    ``index=`` naming its index file).
     ``dtype``/``shape``: required for raw data (``shape`` may be None for
     1-D data, or start with -1 to count the rows from the size); optional for
     ``.npy`` data, and checked against the header if given. ``offset``: bytes
@@ -193,8 +195,8 @@ class FeatureStore:
 
     def _source(self, path, sample, index):
         """(file path, base offset, bytes available from there, name for errors)."""
-        if isinstance(path, PackedImage) or sample is not None:
-            img = path if isinstance(path, PackedImage) else PackedImage(path, index=index)
+        if isinstance(path, FileRanges) or sample is not None:
+            img = path if isinstance(path, FileRanges) else PackedImage(path, index=index)
             if sample is None:
                 raise ValueError(f"a packed image ({img.path!r}) needs sample= (an index or a "
                                  "name) to say which sample holds the array")
@@ -333,21 +335,21 @@ class FeatureStore:
     def _config(self, engine, backend, cache_bytes, page, host_bytes, hot_ids, o_direct,
                 queue_depth, threads, engine_args, ring_entries, timeout_ms, cache_dir,
                 engine_options):
-        from fastread.engine import _fold_xnvme, resolve
+        from fastread.engine import XNVME_OPTIONS, _fold_xnvme, resolve
 
         if engine is None:
             engine = G.get("engine")
         engine = resolve(None if engine == "auto" else engine)
-        extra = _fold_xnvme(engine, dict(engine_options, engine_args=engine_args))
-        unknown = sorted(set(extra) - {"engine_args"})
+        unknown = sorted(set(engine_options) - set(XNVME_OPTIONS))
         if unknown:
             raise TypeError(f"FeatureStore got unknown option(s) "
                             f"{', '.join(map(repr, unknown))}")
-        engine_args = extra.get("engine_args")
         if engine_args is None:
             engine_args = _defaults.get("engine_args")
         if not isinstance(engine_args, str):
             raise ValueError(f"engine_args must be a string, got {engine_args!r}")
+        engine_args = _fold_xnvme(engine, {k: v for k, v in engine_options.items()
+                                           if v is not None}, engine_args)
         if o_direct is None:
             o_direct = G.get("o_direct")
         o_direct = -1 if o_direct == "auto" else int(bool(o_direct))
