@@ -413,3 +413,21 @@ def test_dali_gather_on_gpu(table, backend):
                 seen.append(i)
             assert sorted(np.concatenate(seen)) == sorted(train), f"epoch {epoch}"
         del p
+
+
+@needs_torch
+def test_timeout_is_a_timeout_error(table, monkeypatch):
+    # The core's fault injection: every proxy read sleeps 300 ms; device-side
+    # waits give up after 50 ms. The gather raises, naming timeout_ms, and the
+    # store serves the next gather once the reads are fast again.
+    arr, path = table
+    monkeypatch.setenv("FASTREAD_PROXY_DELAY_US", "300000")
+    with open_store(path, "proxy", timeout_ms=50) as s:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="timeout_ms"):
+            s.gather(torch.arange(0, ROWS, 97, device="cuda"))
+        assert time.monotonic() - t0 < 30
+    monkeypatch.delenv("FASTREAD_PROXY_DELAY_US")
+    with open_store(path, "proxy", timeout_ms=5000) as s:
+        ids = torch.arange(0, ROWS, 97, device="cuda")
+        np.testing.assert_array_equal(host(s.gather(ids)), arr[::97])
