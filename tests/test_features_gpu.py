@@ -418,8 +418,9 @@ def test_dali_gather_on_gpu(table, backend):
 @needs_torch
 def test_timeout_is_a_timeout_error(table, monkeypatch):
     # The core's fault injection: every proxy read sleeps 300 ms; device-side
-    # waits give up after 50 ms. The gather raises, naming timeout_ms, and the
-    # store serves the next gather once the reads are fast again.
+    # waits give up after 50 ms. The gather raises, naming timeout_ms, in
+    # bounded time; closing that store after it is clean, and a store opened
+    # without the delay gathers correctly (the delay is read at open).
     arr, path = table
     monkeypatch.setenv("FASTREAD_PROXY_DELAY_US", "300000")
     with open_store(path, "proxy", timeout_ms=50) as s:
