@@ -17,6 +17,7 @@ core with the GIL released. This package adapts it:
 from fastread._core import Batch, Context, DeviceArray, NativeReader
 from fastread.engine import EngineOptions, engines, open_context
 from fastread.errors import ReadError
+from fastread.features import FeatureStore
 from fastread.files import read_files
 from fastread.bmap import build_bmap, load_bmap
 from fastread.image import ImageError, PackedImage, pack, verify
@@ -27,7 +28,7 @@ from fastread.source import FileList, FileRanges, SampleSource
 __version__ = "0.1.0"
 
 __all__ = [
-    "Batch", "Context", "DeviceArray", "EngineOptions", "FileList", "FileRanges", "ImageError",
+    "Batch", "Context", "DeviceArray", "FeatureStore", "EngineOptions", "FileList", "FileRanges", "ImageError",
     "NativeReader", "PackedImage", "ReadError", "Reader", "SampleSource", "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
     "__version__",
 ]

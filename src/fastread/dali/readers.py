@@ -74,3 +74,7 @@ def epoch_size(pipe, index=0):
     if not readers:
         raise ValueError("this pipeline has no fastread reader")
     return readers[index].num_samples
+
+
+# Row gathers from a FeatureStore (fastread.dali.gather), beside the file readers.
+from fastread.dali.gather import gather  # noqa: E402,F401
