@@ -74,7 +74,8 @@ typedef struct fr_store_config {
     const char *cache_dir;   /* compiled kernels; NULL: $FASTREAD_CACHE_DIR or ~/.cache/fastread */
     /* Added after the first version (additive): */
     const char *nvrtc_path;  /* libnvrtc file or directory (e.g. the nvidia-cuda-nvrtc wheel's
-                                lib dir); NULL: $FASTREAD_NVRTC, then libnvrtc.so.13/.12/.so */
+                                lib dir), and only that one; NULL: $FASTREAD_NVRTC, then
+                                libnvrtc.so.13/.12/.so */
 } fr_store_config;
 
 /* Defaults: backend "auto", engine "auto", o_direct -1, host only
