@@ -416,15 +416,13 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
         fr_set_err(err, err_len, "store %s: backend %s: %s", d->path, d->be->name, berr);
         return rc;
     }
-    /* Warps: one per 32 ids, at most 64 per SM (full occupancy), and at
-     * most 4 per cache slot (more would only contend for victims;
-     * correctness does not depend on it: see fr_dev_gather_warp). */
+    /* Warps: one per 32 ids, at most 64 per SM (full occupancy). The cache
+     * size sets no bound: no warp waits while holding slots, and a loader
+     * that finds no victim gives its claim back (fr_dev_gather_warp). */
     uint64_t warps = (n + 31) / 32;
     uint64_t cap = (uint64_t)d->sm_count * 64;
     if (warps > cap)
         warps = cap;
-    if (warps > 4ull * d->nslots)
-        warps = 4ull * d->nslots;
     unsigned block = warps * 32 < 256 ? (unsigned)(warps * 32) : 256;
     unsigned grid = (unsigned)((warps * 32 + block - 1) / block);
     uint64_t view = d->view_d;
