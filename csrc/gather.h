@@ -151,6 +151,15 @@ void fr_store_memory_get(fr_store *store, fr_store_memory *out);
  * fr_store_close does. */
 uint64_t fr_store_device_view(fr_store *store);
 
+/* Users' kernels that may miss the cache need the backend's host side
+ * serving: fr_store_device_serve(store, 1) before launching them, (store, 0)
+ * after they finished (sessions nest with fastread's own gathers, which
+ * work meanwhile). Closing the last session resets the rings (a user
+ * kernel's wait may have timed out). 0, -ENODEV without a device path,
+ * -EINVAL for an off without an on, -ECANCELED once the store is closing.
+ * Added after the first version (additive). */
+int fr_store_device_serve(fr_store *store, int on, char *err, size_t err_len);
+
 /* Source of the device header (fastread_device.cuh) compiled into the
  * library, for NVRTC or CuPy RawModule users without the installed file. */
 const char *fr_store_device_header(void);

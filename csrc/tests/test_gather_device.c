@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device/fastread_device.cuh"
 #include "gather.h"
 #include "gpu.h"
 #include "harness.h"
@@ -361,6 +362,88 @@ static void test_faults(const char *dir)
     free(path);
 }
 
+/* A user's own "kernel" (host threads, as the mock's device memory is host
+ * memory) reading rows through the store's device view. */
+typedef struct user_arg {
+    uint64_t view;
+    const int64_t *ids;
+    size_t n;
+    int rc;
+    size_t wrong;
+} user_arg;
+
+static void *user_kernel(void *p)
+{
+    user_arg *a = p;
+    const fr_dev_store *v = (const fr_dev_store *)(uintptr_t)a->view;
+    fr_dev_counts cnt;
+    memset(&cnt, 0, sizeof(cnt));
+    unsigned char row[ROW];
+    a->rc = 0;
+    a->wrong = 0;
+    for (size_t i = 0; i < a->n && a->rc == 0; i++) {
+        a->rc = fr_dev_read_row(v, a->ids[i], row, &cnt);
+        if (a->rc == 0 && memcmp(row, file_bytes + 512 + (size_t)a->ids[i] * ROW, ROW) != 0)
+            a->wrong++;
+    }
+    return NULL;
+}
+
+static void test_user_kernels(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    c.timeout_ms = 300;
+    fr_store *s = NULL;
+    char err[FR_ERRLEN];
+    size_t bad;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (!s)
+        return;
+    int64_t *ids = random_ids(600, 21);
+    /* Serving: the user's reads miss, the proxy serves them; a gather of
+     * fastread's own runs inside the session. */
+    CHECK(fr_store_device_serve(s, 1, err, sizeof(err)) == 0);
+    user_arg a[2] = {{fr_store_device_view(s), ids, 300, 1, 0},
+                     {fr_store_device_view(s), ids + 300, 300, 1, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_create(&th[i], NULL, user_kernel, &a[i]) == 0);
+    CHECK(gather_check(s, ids, 600, 8, err, &bad) == 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(a[i].rc == 0 && a[i].wrong == 0);
+    }
+    CHECK(fr_store_device_serve(s, 0, err, sizeof(err)) == 0);
+    CHECK(fr_store_device_serve(s, 0, err, sizeof(err)) == -EINVAL);
+
+    /* Not serving: a user read that misses times out and leaves its ring
+     * cell taken; the next session's end resets the ring, and gathers
+     * work again. */
+    int64_t cold[1] = {ROWS - 1 - 16 * 5}; /* a page no one read yet */
+    user_arg u = {fr_store_device_view(s), cold, 1, 1, 0};
+    user_kernel(&u);
+    CHECK(u.rc == FR_DEV_ETIMEDOUT);
+    CHECK(fr_store_device_serve(s, 1, err, sizeof(err)) == 0);
+    CHECK(fr_store_device_serve(s, 0, err, sizeof(err)) == 0);
+    int64_t *more = random_ids(2000, 22);
+    CHECK(gather_check(s, more, 2000, 8, err, &bad) == 0);
+    free(more);
+    free(ids);
+    fr_store_close(s);
+
+    /* The host backend has no device view. */
+    base_config(&c, path);
+    c.backend = "host";
+    c.device_id = -1;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        CHECK(fr_store_device_view(s) == 0);
+        CHECK(fr_store_device_serve(s, 1, err, sizeof(err)) == -ENODEV);
+        fr_store_close(s);
+    }
+}
+
 static void test_open_errors(const char *path)
 {
     fr_store_config c;
@@ -545,6 +628,7 @@ int main(void)
     test_gathers(path);
     test_concurrent(path);
     test_host_tier(path);
+    test_user_kernels(path);
     test_faults(fr_test_dir());
     load_file(path);
 
