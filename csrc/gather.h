@@ -66,7 +66,9 @@ typedef struct fr_store_config {
     int device_id;
     uint64_t cache_bytes;    /* HBM page cache (0: default) */
     uint32_t page_bytes;     /* cache page: a power of two, 4 KiB..1 MiB; row_bytes divides it */
-    uint64_t host_bytes;     /* page-locked host tier budget; 0: none; UINT64_MAX: auto */
+    uint64_t host_bytes;     /* page-locked host tier budget; 0: none; UINT64_MAX: auto (half
+                                the memory free at open): the whole array when it fits,
+                                else the hot_ids rows that fit */
     const int64_t *hot_ids;  /* rows for the host tier when the file does not fit (borrowed) */
     size_t n_hot;
     unsigned ring_entries;   /* submission ring size, a power of two (0: default) */
@@ -84,7 +86,12 @@ typedef struct fr_store_config {
  * entries * page_bytes), 10 s timeout. */
 void fr_store_config_init(fr_store_config *cfg);
 
-/* Opens a store. Fails with -errno and a message naming the thing for: a
+/* Environment: FASTREAD_NVRTC (libnvrtc file or directory), FASTREAD_CACHE_DIR
+ * (compiled kernels), FASTREAD_KERNEL_SOURCE=auto|nvrtc|ptx (where the
+ * gather kernel comes from: NVRTC else the PTX built in, or only one),
+ * FASTREAD_PROXY_DELAY_US (fault injection: the proxy answers late; tests).
+ *
+ * Opens a store. Fails with -errno and a message naming the thing for: a
  * file shorter than offset + rows * row_bytes, a page size that is not a
  * power of two in range or that row_bytes does not divide, a device path
  * asked for without a GPU, NVRTC missing, a cache that does not fit in
