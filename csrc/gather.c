@@ -432,3 +432,19 @@ void fr_store_memory_get(fr_store *s, fr_store_memory *out)
 }
 
 uint64_t fr_store_device_view(fr_store *s) { return s->dev ? fr_gdev_view(s->dev) : 0; }
+
+int fr_store_device_serve(fr_store *s, int on, char *err, size_t err_len)
+{
+    if (!s->dev) {
+        fr_set_err(err, err_len, "store %s has no device path (backend %s)", s->path, s->backend);
+        return -ENODEV;
+    }
+    int rc = enter(s, err, err_len);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&s->gather_lock);
+    rc = fr_gdev_serve(s->dev, on, err, err_len);
+    pthread_mutex_unlock(&s->gather_lock);
+    leave(s);
+    return rc;
+}

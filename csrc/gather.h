@@ -66,7 +66,9 @@ typedef struct fr_store_config {
     int device_id;
     uint64_t cache_bytes;    /* HBM page cache (0: default) */
     uint32_t page_bytes;     /* cache page: a power of two, 4 KiB..1 MiB; row_bytes divides it */
-    uint64_t host_bytes;     /* page-locked host tier budget; 0: none; UINT64_MAX: auto */
+    uint64_t host_bytes;     /* page-locked host tier budget; 0: none; UINT64_MAX: auto (half
+                                the memory free at open): the whole array when it fits,
+                                else the hot_ids rows that fit */
     const int64_t *hot_ids;  /* rows for the host tier when the file does not fit (borrowed) */
     size_t n_hot;
     unsigned ring_entries;   /* submission ring size, a power of two (0: default) */
@@ -74,7 +76,8 @@ typedef struct fr_store_config {
     const char *cache_dir;   /* compiled kernels; NULL: $FASTREAD_CACHE_DIR or ~/.cache/fastread */
     /* Added after the first version (additive): */
     const char *nvrtc_path;  /* libnvrtc file or directory (e.g. the nvidia-cuda-nvrtc wheel's
-                                lib dir); NULL: $FASTREAD_NVRTC, then libnvrtc.so.13/.12/.so */
+                                lib dir), and only that one; NULL: $FASTREAD_NVRTC, then
+                                libnvrtc.so.13/.12/.so */
 } fr_store_config;
 
 /* Defaults: backend "auto", engine "auto", o_direct -1, host only
@@ -83,7 +86,12 @@ typedef struct fr_store_config {
  * entries * page_bytes), 10 s timeout. */
 void fr_store_config_init(fr_store_config *cfg);
 
-/* Opens a store. Fails with -errno and a message naming the thing for: a
+/* Environment: FASTREAD_NVRTC (libnvrtc file or directory), FASTREAD_CACHE_DIR
+ * (compiled kernels), FASTREAD_KERNEL_SOURCE=auto|nvrtc|ptx (where the
+ * gather kernel comes from: NVRTC else the PTX built in, or only one),
+ * FASTREAD_PROXY_DELAY_US (fault injection: the proxy answers late; tests).
+ *
+ * Opens a store. Fails with -errno and a message naming the thing for: a
  * file shorter than offset + rows * row_bytes, a page size that is not a
  * power of two in range or that row_bytes does not divide, a device path
  * asked for without a GPU, NVRTC missing, a cache that does not fit in
@@ -149,6 +157,15 @@ void fr_store_memory_get(fr_store *store, fr_store_memory *out);
  * path. Valid until fr_store_close. Users' kernels must not run while
  * fr_store_close does. */
 uint64_t fr_store_device_view(fr_store *store);
+
+/* Users' kernels that may miss the cache need the backend's host side
+ * serving: fr_store_device_serve(store, 1) before launching them, (store, 0)
+ * after they finished (sessions nest with fastread's own gathers, which
+ * work meanwhile). Closing the last session resets the rings (a user
+ * kernel's wait may have timed out). 0, -ENODEV without a device path,
+ * -EINVAL for an off without an on, -ECANCELED once the store is closing.
+ * Added after the first version (additive). */
+int fr_store_device_serve(fr_store *store, int on, char *err, size_t err_len);
 
 /* Source of the device header (fastread_device.cuh) compiled into the
  * library, for NVRTC or CuPy RawModule users without the installed file. */

@@ -66,6 +66,10 @@
  *              backend must quiesce (nothing of it may touch the device view
  *              or dst memory after end returns) and, after a failure, reset
  *              its queues/rings so the next gather starts clean.
+ *              begin/end pairs may nest: fr_store_device_serve keeps a
+ *              session open for users' own kernels while fastread's gathers
+ *              run inside it. Serve while any session is open; quiesce and
+ *              reset (if any session failed) when the last one ends.
  *   cancel     asynchronous: the store is closing; stop serving and let
  *              waiters fail fast (the device sees the abort flag too).
  *   counters   add what the host side counted (storage_reads, bytes_read).

@@ -56,6 +56,8 @@ struct fr_gdev {
     void *module, *fn;
     char kernel_source[512];
     atomic_int cancelled;
+    unsigned serving;        /* open fr_gdev_serve sessions (gather lock held) */
+    int cache_reset_pending; /* a gather failed while users' kernels may run */
 };
 
 static int gpu_err(fr_gdev *d, int rc, const char *what, char *err, size_t err_len)
@@ -416,15 +418,13 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
         fr_set_err(err, err_len, "store %s: backend %s: %s", d->path, d->be->name, berr);
         return rc;
     }
-    /* Warps: one per 32 ids, at most 64 per SM (full occupancy), and at
-     * most 4 per cache slot (more would only contend for victims;
-     * correctness does not depend on it: see fr_dev_gather_warp). */
+    /* Warps: one per 32 ids, at most 64 per SM (full occupancy). The cache
+     * size sets no bound: no warp waits while holding slots, and a loader
+     * that finds no victim gives its claim back (fr_dev_gather_warp). */
     uint64_t warps = (n + 31) / 32;
     uint64_t cap = (uint64_t)d->sm_count * 64;
     if (warps > cap)
         warps = cap;
-    if (warps > 4ull * d->nslots)
-        warps = 4ull * d->nslots;
     unsigned block = warps * 32 < 256 ? (unsigned)(warps * 32) : 256;
     unsigned grid = (unsigned)((warps * 32 + block - 1) / block);
     uint64_t view = d->view_d;
@@ -440,7 +440,9 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
     int failed = launch_rc || read_rc || res.error != 0;
     berr[0] = 0;
     int end_rc = d->be->end(d->bstate, failed, berr, sizeof(berr));
-    if (failed) {
+    if (failed && d->serving) {
+        d->cache_reset_pending = 1; /* users' kernels may be using the cache */
+    } else if (failed) {
         int rrc = reset_cache(d);
         if (rrc && !launch_rc) {
             fr_gpu_last_error(d->gpu, launch_err, sizeof(launch_err));
@@ -504,6 +506,42 @@ void fr_gdev_memory(fr_gdev *d, fr_store_memory *add)
     add->host_tier += d->tier_bytes;
     add->rings += 4096; /* the abort flag's page */
     d->be->memory(d->bstate, add);
+}
+
+int fr_gdev_serve(fr_gdev *d, int on, char *err, size_t err_len)
+{
+    char berr[FR_ERRLEN] = "";
+    if (on) {
+        if (atomic_load(&d->cancelled)) {
+            fr_set_err(err, err_len, "store %s is closing", d->path);
+            return -ECANCELED;
+        }
+        __atomic_store_n((uint32_t *)d->abort_h, 0, __ATOMIC_SEQ_CST);
+        int rc = d->be->begin(d->bstate, berr, sizeof(berr));
+        if (rc) {
+            fr_set_err(err, err_len, "store %s: backend %s: %s", d->path, d->be->name, berr);
+            return rc;
+        }
+        d->serving++;
+        return 0;
+    }
+    if (d->serving == 0) {
+        fr_set_err(err, err_len, "store %s: no serving session is open", d->path);
+        return -EINVAL;
+    }
+    d->serving--;
+    /* failed = 1 when the last session ends: users' kernels report their
+     * failures to no one, so the rings are reset in any case (cheap). */
+    int rc = d->be->end(d->bstate, d->serving == 0, berr, sizeof(berr));
+    if (d->serving == 0 && d->cache_reset_pending) {
+        d->cache_reset_pending = 0;
+        int crc = reset_cache(d);
+        if (crc && !rc)
+            rc = gpu_err(d, crc, "resetting the cache", err, err_len);
+    }
+    if (rc && berr[0])
+        fr_set_err(err, err_len, "store %s: backend %s: %s", d->path, d->be->name, berr);
+    return rc;
 }
 
 uint64_t fr_gdev_view(const fr_gdev *d) { return d->view_d; }

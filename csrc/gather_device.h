@@ -31,6 +31,11 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
 /* Any thread: makes a gather in flight end with -ECANCELED, now and for good. */
 void fr_gdev_cancel(fr_gdev *d);
 void fr_gdev_memory(fr_gdev *d, fr_store_memory *add);
+/* Users' kernels: on opens a serving session (the backend serves misses),
+ * off closes one; sessions nest with gathers. Closing the last one resets
+ * the backend's rings (a user kernel's wait may have given up) and, if a
+ * gather failed meanwhile, the cache. */
+int fr_gdev_serve(fr_gdev *d, int on, char *err, size_t err_len);
 uint64_t fr_gdev_view(const fr_gdev *d);
 const char *fr_gdev_kernel_source(const fr_gdev *d); /* where the kernel came from */
 

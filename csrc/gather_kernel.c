@@ -56,11 +56,44 @@ static void *try_open(const char *path, char *tried, size_t tried_len)
     return h;
 }
 
-/* A file, or a directory holding libnvrtc.so*. */
-static void *open_named(const char *where, char *tried, size_t tried_len)
+/* NVRTC loads libnvrtc-builtins by soname; outside the loader's search path
+ * (a wheel's lib dir) it finds it only if it is already loaded, so load the
+ * one beside it first. Its handle is kept with NVRTC's (closed after it). */
+static void *preload_builtins(const char *dir)
+{
+    static const char *const names[] = {"libnvrtc-builtins.so.13.0", "libnvrtc-builtins.so.13",
+                                        "libnvrtc-builtins.so.12.9", "libnvrtc-builtins.so.12.8",
+                                        "libnvrtc-builtins.so.12.6", "libnvrtc-builtins.so.12.4",
+                                        "libnvrtc-builtins.so.12", "libnvrtc-builtins.so", NULL};
+    for (size_t i = 0; names[i]; i++) {
+        char p[4096];
+        snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
+        if (access(p, F_OK) != 0)
+            continue;
+        void *h = dlopen(p, RTLD_NOW | RTLD_GLOBAL);
+        if (h)
+            return h;
+    }
+    return NULL;
+}
+
+/* A file, or a directory holding libnvrtc.so*. *builtins: see preload_builtins. */
+static void *open_named(const char *where, void **builtins, char *tried, size_t tried_len)
 {
     struct stat st;
-    if (stat(where, &st) == 0 && S_ISDIR(st.st_mode)) {
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", where);
+    int is_dir = stat(where, &st) == 0 && S_ISDIR(st.st_mode);
+    if (!is_dir) {
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = 0;
+        else
+            snprintf(dir, sizeof(dir), ".");
+    }
+    if (!*builtins)
+        *builtins = preload_builtins(dir);
+    if (is_dir) {
         static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
         for (size_t i = 0; i < 3; i++) {
             char p[4096];
@@ -78,14 +111,14 @@ static void *open_named(const char *where, char *tried, size_t tried_len)
     return try_open(where, tried, tried_len);
 }
 
-static void *open_nvrtc(const char *path, char *tried, size_t tried_len)
+static void *open_nvrtc(const char *path, void **builtins, char *tried, size_t tried_len)
 {
     tried[0] = 0;
     void *h = NULL;
-    if (path && path[0] && (h = open_named(path, tried, tried_len)))
-        return h;
+    if (path && path[0]) /* named: that one or none, never a surprise */
+        return open_named(path, builtins, tried, tried_len);
     const char *env = getenv("FASTREAD_NVRTC");
-    if (env && env[0] && (h = open_named(env, tried, tried_len)))
+    if (env && env[0] && (h = open_named(env, builtins, tried, tried_len)))
         return h;
     static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
                                         "/usr/local/cuda/lib64/libnvrtc.so", NULL};
@@ -208,15 +241,34 @@ static int load_image(fr_gpu *gpu, const void *image, void **module, void **fn)
     return rc;
 }
 
+static int via_nvrtc_loaded(fr_gpu *gpu, const fr_kernel_request *rq, int cc, void *lib,
+                            void **module, void **fn, char *how, size_t how_len, char *err,
+                            size_t err_len);
+
 /* NVRTC compile (or cache hit). 0, -ENOENT when NVRTC is missing (tried:
  * where it looked), other -errno on failure with err set. */
 static int via_nvrtc(fr_gpu *gpu, const fr_kernel_request *rq, int cc, void **module, void **fn,
                      char *how, size_t how_len, char *tried, size_t tried_len, char *err,
                      size_t err_len)
 {
-    void *lib = open_nvrtc(rq->nvrtc_path, tried, tried_len);
-    if (!lib)
+    void *builtins = NULL;
+    void *lib = open_nvrtc(rq->nvrtc_path, &builtins, tried, tried_len);
+    if (!lib) {
+        if (builtins)
+            dlclose(builtins);
         return -ENOENT;
+    }
+    int rc = via_nvrtc_loaded(gpu, rq, cc, lib, module, fn, how, how_len, err, err_len);
+    dlclose(lib);
+    if (builtins)
+        dlclose(builtins);
+    return rc;
+}
+
+static int via_nvrtc_loaded(fr_gpu *gpu, const fr_kernel_request *rq, int cc, void *lib,
+                            void **module, void **fn, char *how, size_t how_len, char *err,
+                            size_t err_len)
+{
     nvrtc_api n;
     struct {
         const char *name;
@@ -236,7 +288,6 @@ static int via_nvrtc(fr_gpu *gpu, const fr_kernel_request *rq, int cc, void **mo
         *syms[i].slot = dlsym(lib, syms[i].name);
         if (!*syms[i].slot) {
             fr_set_err(err, err_len, "NVRTC has no %s (older than CUDA 11.1?)", syms[i].name);
-            dlclose(lib);
             return -ENOSYS;
         }
     }
@@ -244,7 +295,6 @@ static int via_nvrtc(fr_gpu *gpu, const fr_kernel_request *rq, int cc, void **mo
     n.nvrtcVersion(&major, &minor);
     char *src = build_source(rq);
     if (!src) {
-        dlclose(lib);
         return -ENOMEM;
     }
     char arch[48];
@@ -270,8 +320,7 @@ static int via_nvrtc(fr_gpu *gpu, const fr_kernel_request *rq, int cc, void **mo
             if (rc == 0) {
                 snprintf(how, how_len, "cached cubin %s", path);
                 free(src);
-                dlclose(lib);
-                return 0;
+                    return 0;
             }
             unlink(path); /* unusable (truncated, other driver): compile again */
         }
@@ -281,7 +330,6 @@ static int via_nvrtc(fr_gpu *gpu, const fr_kernel_request *rq, int cc, void **mo
     free(src);
     if (r != 0) {
         fr_set_err(err, err_len, "nvrtcCreateProgram: %s", n.nvrtcGetErrorString(r));
-        dlclose(lib);
         return -EIO;
     }
     r = n.nvrtcCompileProgram(prog, nopts, opts);
@@ -309,7 +357,6 @@ static int via_nvrtc(fr_gpu *gpu, const fr_kernel_request *rq, int cc, void **mo
         rc = -EIO;
     }
     n.nvrtcDestroyProgram(&prog);
-    dlclose(lib);
     if (rc == 0) {
         if (have_dir)
             write_atomic(path, cubin, cubin_len);

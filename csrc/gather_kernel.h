@@ -17,7 +17,8 @@ typedef struct fr_kernel_request {
     const char *fetch_define;   /* "FR_FETCH_PROXY", "FR_FETCH_EXTERN" */
     const char *backend_source; /* FR_FETCH_EXTERN: the backend's device code */
     const char *cache_dir;      /* NULL: $FASTREAD_CACHE_DIR, else ~/.cache/fastread */
-    const char *nvrtc_path;     /* NULL: $FASTREAD_NVRTC, then libnvrtc.so.13/.12/.so */
+    const char *nvrtc_path;     /* only this one; NULL: $FASTREAD_NVRTC, then
+                                   libnvrtc.so.13/.12/.so */
 } fr_kernel_request;
 
 /* Loads the kernel into the device's primary context: *module (unload with

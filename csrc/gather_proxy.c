@@ -76,6 +76,8 @@ struct proxy {
     atomic_int active;  /* a gather is in flight: poll */
     atomic_int cancelled;
     atomic_ullong reads, bytes;
+    unsigned sessions;  /* begin() calls not yet ended (they nest) */
+    int reset_pending;  /* a failed gather ended inside another session */
     int err_rc;         /* first read error of the gather in flight */
     char err[FR_ERRLEN];
     svc *svcs;
@@ -357,35 +359,53 @@ static int proxy_begin(void *state, char *err, size_t err_len)
     pthread_mutex_lock(&p->lock);
     p->err_rc = 0;
     p->err[0] = 0;
-    atomic_store(&p->cancelled, 0);
-    atomic_store(&p->active, 1);
-    pthread_cond_broadcast(&p->cv);
+    if (p->sessions++ == 0) {
+        atomic_store(&p->cancelled, 0);
+        atomic_store(&p->active, 1);
+        pthread_cond_broadcast(&p->cv);
+    }
     pthread_mutex_unlock(&p->lock);
     return 0;
+}
+
+/* Every cell free for lap 0, every shard at its first ticket, the device's
+ * ticket counter 0. Only while nothing uses the ring. */
+static int reset_ring(proxy *p, char *err, size_t err_len)
+{
+    fr_ring_host_reset(&p->hring);
+    for (unsigned i = 0; i < p->nsvc; i++)
+        p->svcs[i].head = i;
+    int rc = fr_gpu_memset8(p->gpu, p->tail_d, 0, sizeof(uint64_t));
+    if (rc)
+        fr_gpu_last_error(p->gpu, err, err_len);
+    return rc;
 }
 
 static int proxy_end(void *state, int failed, char *err, size_t err_len)
 {
     proxy *p = state;
     pthread_mutex_lock(&p->lock);
-    atomic_store(&p->active, 0);
-    while (p->busy > 0)
-        pthread_cond_wait(&p->idle_cv, &p->lock);
+    int last = --p->sessions == 0;
+    if (failed)
+        p->reset_pending = 1;
+    if (last) {
+        atomic_store(&p->active, 0);
+        while (p->busy > 0)
+            pthread_cond_wait(&p->idle_cv, &p->lock);
+    }
     int rc = p->err_rc;
     if (rc)
         fr_set_err(err, err_len, "%s", p->err);
+    /* Waiters that gave up left cells submitted or done and tickets
+     * unserved: the ring starts clean once no session uses it. */
+    int reset = last && p->reset_pending;
+    if (reset)
+        p->reset_pending = 0;
     pthread_mutex_unlock(&p->lock);
-    if (failed) {
-        /* Waiters that gave up left cells submitted or done and tickets
-         * unserved: start the next gather from a clean ring. */
-        fr_ring_host_reset(&p->hring);
-        for (unsigned i = 0; i < p->nsvc; i++)
-            p->svcs[i].head = i;
-        int mrc = fr_gpu_memset8(p->gpu, p->tail_d, 0, sizeof(uint64_t));
-        if (mrc && !rc) {
-            fr_gpu_last_error(p->gpu, err, err_len);
+    if (reset) {
+        int mrc = reset_ring(p, rc ? NULL : err, err_len);
+        if (mrc && !rc)
             rc = mrc;
-        }
     }
     return rc;
 }

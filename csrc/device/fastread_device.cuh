@@ -390,11 +390,16 @@ FR_DEV int fr_dev_fetch_page(const fr_dev_store *s, fr_u64 page, fr_u8 *dst, fr_
 
 enum { FR_HIT = 0, FR_OWN = 1, FR_BUSY = 2 };
 
-/* Clock sweep for a slot no one holds: EXCL taken on it, or -1 after two
- * full turns found none (every slot held or loading: the caller retries). */
+/* Clock sweep for a slot no one holds: EXCL taken on it, or -1 after a
+ * bounded number of steps found none (every slot looked at was held,
+ * loading or recently used: the caller gives its claim back and retries).
+ * The bound keeps thousands of loaders from hammering the hand when the
+ * cache is small; the hand is shared, so the sweep still goes round. */
 FR_DEV fr_i64 fr_cache_victim(const fr_dev_cache *c)
 {
     fr_u64 steps = 2ull * c->nslots + 32;
+    if (steps > 512)
+        steps = 512;
     for (fr_u64 k = 0; k < steps; k++) {
         fr_u32 h = fr_atom_add32(c->hand, 1) % c->nslots;
         if (fr_load32(&c->clock_bits[h])) {
@@ -621,10 +626,14 @@ FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_
             __match_any_sync(full, pending ? (unsigned long long)page : ~0ull - lane);
         unsigned leader = __ffs(group) - 1;
         fr_u32 slot = 0;
-        int res = 0; /* 1: slot held; < 0: error; 0: try again */
+        fr_u64 ticket = 0;
+        /* 1: slot held; 2 (proxy): page in staging, the warp copies it in;
+         * < 0: error; 0: try again */
+        int res = 0;
         if (pending && lane == leader) {
             int r = fr_cache_lookup(&s->cache, page, &slot, &cnt->c[FR_CNT_EVICTIONS]);
             if (r == FR_OWN) {
+#if defined(FR_FETCH_EXTERN)
                 int rc = fr_dev_fetch_page(s, page, fr_dev_slot_data(&s->cache, slot),
                                            fr_dev_page_len(s, page), cnt);
                 if (rc) {
@@ -635,6 +644,22 @@ FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_
                     cnt->c[FR_CNT_MISSES]++;
                     res = 1;
                 }
+#else
+                const fr_dev_ring *ring = &s->fetch.ring;
+                int rc = fr_ring_submit(s, ring, page, fr_dev_page_len(s, page), &ticket,
+                                        &cnt->c[FR_CNT_RING_FULL]);
+                if (rc == 0) {
+                    rc = fr_ring_wait(s, ring, ticket);
+                    if (rc != 0 && rc != FR_DEV_ETIMEDOUT && rc != FR_DEV_ECANCELED)
+                        fr_ring_release(ring, ticket); /* the host said no: cell done */
+                }
+                if (rc) {
+                    fr_cache_abandon(&s->cache, page, slot);
+                    res = rc;
+                } else {
+                    res = 2;
+                }
+#endif
             } else if (r == FR_HIT) {
                 if (deadline)
                     cnt->c[FR_CNT_COALESCED]++; /* waited on another's load */
@@ -646,11 +671,50 @@ FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_
             } else {
                 res = fr_dev_wait_check(s, deadline);
             }
-            if (res == 1)
+            if (res >= 1)
                 cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
             if (res < 0)
                 fr_dev_record_error(s, res);
         }
+#if !defined(FR_FETCH_EXTERN)
+        /* Pages the leaders brought into staging: the whole warp copies each
+         * into its cache slot (16 bytes a lane, ld.cv: the host just wrote
+         * it), then its leader frees the ring cell and publishes the page. */
+        unsigned loaded = __ballot_sync(full, pending && lane == leader && res == 2);
+        while (loaded) {
+            int j = __ffs(loaded) - 1;
+            loaded &= loaded - 1;
+            fr_u64 tj = __shfl_sync(full, (unsigned long long)ticket, j);
+            fr_u32 sj = __shfl_sync(full, slot, j);
+            fr_u64 pj = __shfl_sync(full, (unsigned long long)page, j);
+            fr_u32 len = fr_dev_page_len(s, pj);
+            fr_u8 *dst = fr_dev_slot_data(&s->cache, sj);
+            const fr_u8 *from = fr_ring_staging(&s->fetch.ring, tj);
+            if (((len | (fr_u64)from) & 15) == 0) {
+                for (fr_u64 o = (fr_u64)lane * 16; o < len; o += 4 * 512) {
+                    uint4 v[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        if (o + k * 512 < len)
+                            v[k] = __ldcv((const uint4 *)(from + o + k * 512));
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        if (o + k * 512 < len)
+                            *(uint4 *)(dst + o + k * 512) = v[k];
+                }
+            } else {
+                for (fr_u64 o = lane; o < len; o += 32)
+                    dst[o] = *(const volatile fr_u8 *)(from + o);
+            }
+            __syncwarp();
+            if (lane == j) {
+                fr_ring_release(&s->fetch.ring, tj);
+                fr_cache_publish(&s->cache, pj, sj);
+                cnt->c[FR_CNT_MISSES]++;
+                res = 1;
+            }
+        }
+#endif
         res = __shfl_sync(full, res, leader);
         slot = __shfl_sync(full, slot, leader);
         int held = pending && lane == leader && res == 1;
@@ -660,11 +724,38 @@ FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_
                 src = fr_dev_slot_data(&s->cache, slot) +
                       ((fr_u64)id % s->rows_per_page) * s->row_bytes;
         }
-        for (int j = 0; j < 32; j++) {
-            const fr_u8 *sj = (const fr_u8 *)__shfl_sync(full, (unsigned long long)src, j);
-            unsigned long long pj = __shfl_sync(full, (unsigned long long)pos, j);
-            if (sj)
-                fr_warp_copy(out + pj * s->row_bytes, sj, s->row_bytes, lane);
+        /* Every row ready in this round, copied by the whole warp, four
+         * rows at a time so each lane has four loads in flight. */
+        const fr_u64 rb = s->row_bytes;
+        for (int j0 = 0; j0 < 32; j0 += 4) {
+            const fr_u8 *sk[4];
+            fr_u8 *dk[4];
+            int fast = 1;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                sk[k] = (const fr_u8 *)__shfl_sync(full, (unsigned long long)src, j0 + k);
+                unsigned long long pk = __shfl_sync(full, (unsigned long long)pos, j0 + k);
+                dk[k] = out + pk * rb;
+                if (sk[k] && (((fr_u64)sk[k] | (fr_u64)dk[k] | rb) & 15))
+                    fast = 0;
+            }
+            if (fast) {
+                for (fr_u64 o = (fr_u64)lane * 16; o < rb; o += 512) {
+                    uint4 v[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        if (sk[k])
+                            v[k] = __ldcg((const uint4 *)(sk[k] + o));
+#pragma unroll
+                    for (int k = 0; k < 4; k++)
+                        if (sk[k])
+                            *(uint4 *)(dk[k] + o) = v[k];
+                }
+            } else {
+                for (int k = 0; k < 4; k++)
+                    if (sk[k])
+                        fr_warp_copy(dk[k], sk[k], rb, lane);
+            }
         }
         __syncwarp();
         if (held)
@@ -696,7 +787,8 @@ FR_DEV void fr_dev_flush_counts(const fr_dev_store *s, const fr_dev_counts *cnt)
 /* fastread's own gather: rows ids[0..n) to out, grid-stride over warps
  * (blockDim.x a multiple of 32). Stops early once the host aborts or any
  * lane failed (the host reports result->error). */
-extern "C" __global__ void fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
+extern "C" __global__ void __launch_bounds__(256)
+fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
                                           unsigned long long n, fr_u8 *out)
 {
     unsigned lane = threadIdx.x & 31;

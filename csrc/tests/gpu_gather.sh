@@ -19,7 +19,9 @@ cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTREAD_UR
 grep fastread: "$OUT/cmake.log"
 cmake --build build/gpu >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 export TMPDIR=/var/tmp FASTREAD_CACHE_DIR=/var/tmp/fastread-kernels
-ctest --test-dir build/gpu --output-on-failure -E test_gather_gpu --timeout 120 2>&1 | tail -25
+ctest --test-dir build/gpu --output-on-failure -E test_gather_gpu --timeout 120 >"$OUT/ctest.log" 2>&1; tail -15 "$OUT/ctest.log"
+echo "=== test_gather_device (mock driver) with the toolkit's NVRTC: its disk cache"
+FASTREAD_NVRTC=/usr/local/cuda/lib64 LD_LIBRARY_PATH=$PWD/build/gpu/mockcuda timeout 120 build/gpu/test_gather_device; echo "rc=$?"
 echo "=== test_gather_gpu"
 FR_GPU_TEST_LOG=$OUT timeout 300 build/gpu/test_gather_gpu; echo "test_gather_gpu rc=$?"
 echo "=== nvrtc_header_check"

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device/fastread_device.cuh"
 #include "gather.h"
 #include "gpu.h"
 #include "harness.h"
@@ -28,6 +29,11 @@
 static unsigned char *file_bytes;
 static long (*live)(const char *);
 static fr_gpu *gpu;
+/* Where the kernel comes from in most tests: the embedded PTX when the
+ * build has it (deterministic and quick), else NVRTC if it is here. */
+static const char *mode;
+
+static void set_mode(void) { setenv("FASTREAD_KERNEL_SOURCE", mode, 1); }
 
 static void load_file(const char *path)
 {
@@ -123,7 +129,8 @@ static void test_gathers(const char *path)
         return;
     }
     CHECK(strcmp(fr_store_backend(s), "proxy") == 0);
-    CHECK(strstr(fr_store_kernel_source(s), "PTX") != NULL);
+    CHECK(strstr(fr_store_kernel_source(s), strcmp(mode, "ptx") ? "cubin" : "PTX") != NULL ||
+          strstr(fr_store_kernel_source(s), "NVRTC") != NULL);
     CHECK(fr_store_device_view(s) != 0);
     size_t bad = 0;
     int64_t *ids = random_ids(3000, 1);
@@ -234,9 +241,11 @@ static void test_host_tier(const char *path)
     fr_store_config c;
     base_config(&c, path);
     c.host_bytes = UINT64_MAX; /* auto: the file fits */
-    fr_store *s;
+    fr_store *s = NULL;
     char err[FR_ERRLEN];
     CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (!s)
+        return;
     int64_t *ids = random_ids(1000, 3);
     size_t bad;
     CHECK(gather_check(s, ids, 1000, 8, err, &bad) == 0);
@@ -255,7 +264,12 @@ static void test_host_tier(const char *path)
     c.host_bytes = 100 * ROW;
     c.hot_ids = hot_ids;
     c.n_hot = 100;
+    s = NULL;
     CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (!s) {
+        free(ids);
+        return;
+    }
     int64_t mixed[64];
     for (int i = 0; i < 64; i++)
         mixed[i] = i % 2 ? i : 10000 + i; /* 32 hot, 32 not */
@@ -292,10 +306,14 @@ static void test_faults(const char *dir)
     load_file(path);
     fr_store_config c;
     base_config(&c, path);
-    fr_store *s;
+    fr_store *s = NULL;
     char err[FR_ERRLEN];
     size_t bad;
     CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (!s) {
+        free(path);
+        return;
+    }
     /* A read that fails on the host: the file shrank under the store. */
     CHECK(truncate(path, 512 + 1000 * ROW) == 0);
     int64_t tail[4] = {ROWS - 1, ROWS - 100, 5, 6};
@@ -314,15 +332,24 @@ static void test_faults(const char *dir)
     /* A service that answers late: the device-side wait times out. */
     setenv("FASTREAD_PROXY_DELAY_US", "400000", 1);
     c.timeout_ms = 50;
+    s = NULL;
     CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
-    CHECK(gather_check(s, tail, 4, 8, err, &bad) == -ETIMEDOUT);
-    CHECK(strstr(err, "50 ms") != NULL);
-    CHECK(gather_check(s, tail, 4, 8, err, &bad) == -ETIMEDOUT); /* and again, cleanly */
-    fr_store_close(s);
+    if (s) {
+        CHECK(gather_check(s, tail, 4, 8, err, &bad) == -ETIMEDOUT);
+        CHECK(strstr(err, "50 ms") != NULL);
+        CHECK(gather_check(s, tail, 4, 8, err, &bad) == -ETIMEDOUT); /* and again, cleanly */
+        fr_store_close(s);
+    }
 
     /* Close while a gather waits on the slow service: cancelled. */
     c.timeout_ms = 20000;
+    s = NULL;
     CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (!s) {
+        unsetenv("FASTREAD_PROXY_DELAY_US");
+        free(path);
+        return;
+    }
     close_arg a = {s, 1, ""};
     pthread_t t;
     CHECK(pthread_create(&t, NULL, slow_gather, &a) == 0);
@@ -333,6 +360,88 @@ static void test_faults(const char *dir)
     unsetenv("FASTREAD_PROXY_DELAY_US");
     (void)dir;
     free(path);
+}
+
+/* A user's own "kernel" (host threads, as the mock's device memory is host
+ * memory) reading rows through the store's device view. */
+typedef struct user_arg {
+    uint64_t view;
+    const int64_t *ids;
+    size_t n;
+    int rc;
+    size_t wrong;
+} user_arg;
+
+static void *user_kernel(void *p)
+{
+    user_arg *a = p;
+    const fr_dev_store *v = (const fr_dev_store *)(uintptr_t)a->view;
+    fr_dev_counts cnt;
+    memset(&cnt, 0, sizeof(cnt));
+    unsigned char row[ROW];
+    a->rc = 0;
+    a->wrong = 0;
+    for (size_t i = 0; i < a->n && a->rc == 0; i++) {
+        a->rc = fr_dev_read_row(v, a->ids[i], row, &cnt);
+        if (a->rc == 0 && memcmp(row, file_bytes + 512 + (size_t)a->ids[i] * ROW, ROW) != 0)
+            a->wrong++;
+    }
+    return NULL;
+}
+
+static void test_user_kernels(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    c.timeout_ms = 300;
+    fr_store *s = NULL;
+    char err[FR_ERRLEN];
+    size_t bad;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (!s)
+        return;
+    int64_t *ids = random_ids(600, 21);
+    /* Serving: the user's reads miss, the proxy serves them; a gather of
+     * fastread's own runs inside the session. */
+    CHECK(fr_store_device_serve(s, 1, err, sizeof(err)) == 0);
+    user_arg a[2] = {{fr_store_device_view(s), ids, 300, 1, 0},
+                     {fr_store_device_view(s), ids + 300, 300, 1, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_create(&th[i], NULL, user_kernel, &a[i]) == 0);
+    CHECK(gather_check(s, ids, 600, 8, err, &bad) == 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(a[i].rc == 0 && a[i].wrong == 0);
+    }
+    CHECK(fr_store_device_serve(s, 0, err, sizeof(err)) == 0);
+    CHECK(fr_store_device_serve(s, 0, err, sizeof(err)) == -EINVAL);
+
+    /* Not serving: a user read that misses times out and leaves its ring
+     * cell taken; the next session's end resets the ring, and gathers
+     * work again. */
+    int64_t cold[1] = {ROWS - 1 - 16 * 5}; /* a page no one read yet */
+    user_arg u = {fr_store_device_view(s), cold, 1, 1, 0};
+    user_kernel(&u);
+    CHECK(u.rc == FR_DEV_ETIMEDOUT);
+    CHECK(fr_store_device_serve(s, 1, err, sizeof(err)) == 0);
+    CHECK(fr_store_device_serve(s, 0, err, sizeof(err)) == 0);
+    int64_t *more = random_ids(2000, 22);
+    CHECK(gather_check(s, more, 2000, 8, err, &bad) == 0);
+    free(more);
+    free(ids);
+    fr_store_close(s);
+
+    /* The host backend has no device view. */
+    base_config(&c, path);
+    c.backend = "host";
+    c.device_id = -1;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        CHECK(fr_store_device_view(s) == 0);
+        CHECK(fr_store_device_serve(s, 1, err, sizeof(err)) == -ENODEV);
+        fr_store_close(s);
+    }
 }
 
 static void test_open_errors(const char *path)
@@ -383,7 +492,7 @@ static void test_open_errors(const char *path)
     CHECK(rc == -ENOENT);
     CHECK(strstr(err, "no PTX built in") != NULL);
 #endif
-    unsetenv("FASTREAD_KERNEL_SOURCE");
+    set_mode();
 
     base_config(&c, path);
     setenv("MOCK_CUDA_CC", "61", 1);
@@ -417,7 +526,60 @@ static void test_open_errors(const char *path)
         CHECK(gather_check(s, ids, 3, 8, err, &bad) == 0);
         fr_store_close(s);
     }
-    unsetenv("FASTREAD_KERNEL_SOURCE");
+    set_mode();
+}
+
+/* With FASTREAD_NVRTC naming an NVRTC (a file, or a wheel's lib dir): the
+ * kernel is compiled once, then loaded from the cache directory; a cached
+ * file the driver refuses is replaced by a fresh compile. Opt-in: NVRTC
+ * keeps allocations LeakSanitizer reports after it is unloaded. */
+static void test_nvrtc_cache(const char *path)
+{
+    const char *nvrtc = getenv("FASTREAD_NVRTC");
+    if (!nvrtc || !nvrtc[0]) {
+        fprintf(stderr, "test_gather_device: FASTREAD_NVRTC not set: NVRTC's cache not tested\n");
+        return;
+    }
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/kernels", fr_test_dir());
+    fr_store_config c;
+    base_config(&c, path);
+    c.cache_dir = dir;
+    c.nvrtc_path = nvrtc;
+    setenv("FASTREAD_KERNEL_SOURCE", "nvrtc", 1);
+    fr_store *s = NULL;
+    char err[FR_ERRLEN];
+    int rc = fr_store_open(&c, &s, err, sizeof(err));
+    if (rc == -ENOENT && strstr(err, "NVRTC not found")) {
+        fprintf(stderr, "test_gather_device: no NVRTC here, its cache is not tested (%s)\n", err);
+        set_mode();
+        return;
+    }
+    CHECK(rc == 0);
+    if (rc) {
+        fprintf(stderr, "nvrtc: %s\n", err);
+        set_mode();
+        return;
+    }
+    CHECK(strncmp(fr_store_kernel_source(s), "NVRTC", 5) == 0);
+    fr_store_close(s);
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    const char *src = fr_store_kernel_source(s);
+    CHECK(strncmp(src, "cached cubin ", 13) == 0);
+    char cubin[1100] = "";
+    snprintf(cubin, sizeof(cubin), "%s", src + 13);
+    int64_t ids[5] = {0, 1, 2, 19999, 7};
+    size_t bad;
+    CHECK(gather_check(s, ids, 5, 8, err, &bad) == 0);
+    fr_store_close(s);
+    FILE *f = fopen(cubin, "wb"); /* a damaged cache entry */
+    CHECK(f && fputs("not a cubin", f) >= 0);
+    if (f)
+        fclose(f);
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    CHECK(strncmp(fr_store_kernel_source(s), "NVRTC", 5) == 0);
+    fr_store_close(s);
+    set_mode();
 }
 
 int main(void)
@@ -439,10 +601,34 @@ int main(void)
     const char *h = fr_store_device_header();
     CHECK(h && strstr(h, "fr_dev_gather_warp") && strstr(h, "FASTREAD_DEVICE_CUH"));
 
+#ifdef FASTREAD_TEST_HAVE_PTX
+    mode = "ptx";
+#else
+    mode = "nvrtc";
+#endif
+    set_mode();
+    test_nvrtc_cache(path);
+    test_open_errors(path);
+    fr_store_config c;
+    base_config(&c, path);
+    fr_store *probe = NULL;
+    if (fr_store_open(&c, &probe, err, sizeof(err)) != 0) {
+        /* Neither PTX built in nor NVRTC here: only the refusals can run. */
+        fprintf(stderr, "test_gather_device: no kernel here (%s); gathers not tested\n", err);
+        CHECK(strstr(err, "no PTX built in") != NULL || strstr(err, "NVRTC not found") != NULL);
+        fr_gpu_close(gpu);
+        free(path);
+        free(file_bytes);
+        fr_test_cleanup();
+        int frc = fr_test_finish("test_gather_device");
+        return frc ? frc : 77;
+    }
+    fr_store_close(probe);
+
     test_gathers(path);
     test_concurrent(path);
     test_host_tier(path);
-    test_open_errors(path);
+    test_user_kernels(path);
     test_faults(fr_test_dir());
     load_file(path);
 

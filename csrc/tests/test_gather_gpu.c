@@ -295,6 +295,42 @@ static void test_host_backend(const char *path)
     free(ids);
 }
 
+/* For the record (printed, never asserted): the whole array fits the
+ * cache; cold then hot, with 4 KiB and 64 KiB pages. */
+static void test_perf(const char *path)
+{
+    static const uint32_t pages[] = {4096, 65536};
+    for (int p = 0; p < 2; p++) {
+        fr_store_config c;
+        config(&c, path);
+        c.page_bytes = pages[p];
+        c.cache_bytes = (uint64_t)1 << 30;
+        char what[64];
+        snprintf(what, sizeof(what), "perf, %u-byte pages, 1 GiB cache", pages[p]);
+        fr_store *s = open_or_fail(&c, what);
+        if (!s)
+            return;
+        char err[FR_ERRLEN];
+        size_t bad;
+        double t;
+        int64_t *ids = random_ids(100000, 40 + p, ROWS);
+        CHECK(gather(s, ids, 100000, 8, &bad, err, &t) == 0);
+        say("  100k ids, cold cache (file in the page cache): %.4f s, %.2f M rows/s\n", t,
+            0.1 / t);
+        free(ids);
+        ids = random_ids(1000000, 50 + p, ROWS);
+        CHECK(gather(s, ids, 1000000, 8, &bad, err, &t) == 0);
+        say("  1M ids, partly cached: %.4f s, %.2f M rows/s\n", t, 1.0 / t);
+        CHECK(gather(s, ids, 1000000, 8, &bad, err, &t) == 0);
+        say("  1M ids, hot: %.4f s, %.1f M rows/s\n", t, 1.0 / t);
+        CHECK(gather(s, ids, 1000000, 4, &bad, err, &t) == 0);
+        say("  1M int32 ids, hot: %.4f s, %.1f M rows/s\n", t, 1.0 / t);
+        print_stats(what, s);
+        free(ids);
+        fr_store_close(s);
+    }
+}
+
 typedef struct targ {
     fr_store *s;
     unsigned seed;
@@ -412,6 +448,7 @@ int main(void)
     test_core(path, "auto");
     test_tiers(path);
     test_host_backend(path);
+    test_perf(path);
     test_faults(path);
     fr_gpu_close(gpu);
     free(path);

@@ -71,6 +71,16 @@ static int devices(void)
     return s ? atoi(s) : 1;
 }
 
+/* NVRTC 13 loads the driver and asks for its private export tables; a
+ * driver may refuse (CUDA_ERROR_NOT_SUPPORTED), and NVRTC then compiles
+ * without them. Without this entry point NVRTC crashes under the mock. */
+EXPORT int cuGetExportTable(const void **table, const void *uuid)
+{
+    (void)uuid;
+    *table = NULL;
+    return 801;
+}
+
 EXPORT int cuInit(unsigned f) { (void)f; return devices() ? 0 : 100; }
 EXPORT int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 EXPORT int cuDeviceGetCount(int *c) { *c = devices(); return 0; }
