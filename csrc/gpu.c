@@ -427,6 +427,31 @@ int fr_gpu_copy_to_device(fr_gpu *g, uint64_t dst, const void *src, size_t len)
     return r ? cu_fail(g, r, "copying a sample to the GPU") : 0;
 }
 
+int fr_gpu_copy_dtoh_wait(fr_gpu *g, void *dst, uint64_t src, size_t len, fr_CUstream stream)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cu.cuMemcpyDtoHAsync_v2(dst, (CUdeviceptr)src, len, stream);
+    if (r == 0)
+        r = g->cu.cuStreamSynchronize(stream);
+    pop(g);
+    return r ? cu_fail(g, r, "copying from the GPU") : 0;
+}
+
+int fr_gpu_copy_htod_wait(fr_gpu *g, uint64_t dst, const void *src, size_t len,
+                          fr_CUstream stream)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cu.cuMemcpyHtoDAsync_v2((CUdeviceptr)dst, src, len, stream);
+    if (r == 0)
+        r = g->cu.cuStreamSynchronize(stream);
+    pop(g);
+    return r ? cu_fail(g, r, "copying to the GPU") : 0;
+}
+
 /* ------------------------------------------------------------------ cuFile */
 
 /* GPUDirect Storage proper needs the nvidia-fs kernel module; without it

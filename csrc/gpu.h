@@ -61,6 +61,12 @@ int fr_gpu_download(fr_gpu *gpu, fr_CUstream stream, fr_batch *batch);
 /* Copies len bytes of host memory to device address dst, synchronously. */
 int fr_gpu_copy_to_device(fr_gpu *gpu, uint64_t dst, const void *src, size_t len);
 
+/* Copies on `stream` (NULL: the legacy default stream) and waits for them,
+ * so the copy is ordered after the work already queued there. */
+int fr_gpu_copy_dtoh_wait(fr_gpu *gpu, void *dst, uint64_t src, size_t len, fr_CUstream stream);
+int fr_gpu_copy_htod_wait(fr_gpu *gpu, uint64_t dst, const void *src, size_t len,
+                          fr_CUstream stream);
+
 /* cuFile, after fr_gpu_cufile succeeded. */
 int fr_gpu_cufile_register(fr_gpu *gpu, int fd, fr_CUfileHandle *out);
 void fr_gpu_cufile_deregister(fr_gpu *gpu, fr_CUfileHandle handle);
