@@ -3,14 +3,12 @@
 # system's xNVMe found by pkg-config (`xnvme`), when its include directories
 # hold libxnvme_cuda.h (xNVMe main; the upcie-cuda backend itself is checked
 # at run time: the header is installed even where xNVMe was built without
-# CUDA). The device part needs libxnvme.h, which NVRTC cannot compile, so
-# nvcc compiles it here into a fatbin embedded in the library; without nvcc
-# the backend is built but refuses, saying so. xNVMe is never built or
-# vendored here.
+# CUDA). The device half is compiled at run time by the gather core (NVRTC)
+# from a text made here of the system's xNVMe headers that libxnvme_cuda.h
+# needs and fastread's device half (cmake/xnvme_cuda_source.cmake): NVRTC
+# cannot include libxnvme.h itself. xNVMe is never built or vendored here.
 set(FASTREAD_XNVME_CUDA "AUTO" CACHE STRING "xnvme-cuda gather backend (xNVMe GPU queues): AUTO, ON or OFF")
 set_property(CACHE FASTREAD_XNVME_CUDA PROPERTY STRINGS AUTO ON OFF)
-set(FASTREAD_XNVME_CUDA_ARCHS "75;80;90" CACHE STRING
-    "xnvme-cuda: GPU architectures compiled by nvcc (plus PTX of the first, for newer GPUs)")
 if(NOT FASTREAD_XNVME_CUDA MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "fastread: FASTREAD_XNVME_CUDA must be AUTO, ON or OFF, got '${FASTREAD_XNVME_CUDA}'")
 endif()
@@ -21,7 +19,6 @@ target_sources(fastread_core PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../csrc/gather_xn
 target_compile_options(fastread_core PRIVATE ${FASTREAD_WARNINGS})
 
 set(FASTREAD_HAVE_XNVME_CUDA OFF)
-set(FASTREAD_XNVME_CUDA_NVCC "")
 set(_fr_xc_why "")
 if(FASTREAD_XNVME_CUDA STREQUAL "OFF")
   message(STATUS "fastread: xnvme-cuda backend OFF (FASTREAD_XNVME_CUDA=OFF)")
@@ -42,56 +39,44 @@ else()
   else()
     set(_fr_xc_why "xnvme not found by pkg-config")
   endif()
+  # nvcc is optional: only the tests use it (to compile the device half).
   find_program(FASTREAD_NVCC nvcc HINTS ENV CUDA_PATH ENV CUDA_HOME PATH_SUFFIXES bin
                PATHS /usr/local/cuda/bin)
-  if(FASTREAD_XNVME_CUDA_HEADER AND NOT FASTREAD_NVCC)
-    set(_fr_xc_why "nvcc not found (set CUDA_PATH): the device part needs it")
-  endif()
-  if(FASTREAD_XNVME_CUDA_HEADER AND FASTREAD_NVCC)
+  foreach(h libxnvme_spec.h)
+    if(FASTREAD_XNVME_CUDA_HEADER AND NOT EXISTS ${FASTREAD_XNVME_CUDA_HEADER}/${h})
+      set(_fr_xc_why "${h} is missing beside libxnvme_cuda.h")
+      unset(FASTREAD_XNVME_CUDA_HEADER CACHE)
+    endif()
+  endforeach()
+  if(FASTREAD_XNVME_CUDA_HEADER)
     set(FASTREAD_HAVE_XNVME_CUDA ON)
-    set(FASTREAD_XNVME_CUDA_NVCC "${FASTREAD_NVCC}")
     set(_fr_xc_dir ${CMAKE_BINARY_DIR}/xnvme_cuda)
-    set(_fr_xc_src ${CMAKE_CURRENT_LIST_DIR}/../csrc)
-    set(_fr_xc_gencode "")
-    foreach(arch ${FASTREAD_XNVME_CUDA_ARCHS})
-      list(APPEND _fr_xc_gencode -gencode arch=compute_${arch},code=sm_${arch})
-    endforeach()
-    list(GET FASTREAD_XNVME_CUDA_ARCHS 0 _fr_xc_ptx)
-    list(APPEND _fr_xc_gencode -gencode arch=compute_${_fr_xc_ptx},code=compute_${_fr_xc_ptx})
-    set(_fr_xc_nvcc_flags -std=c++17 -I${FASTREAD_XNVME_CUDA_HEADER} -I${_fr_xc_src}
-        # libxnvme_spec.h has arrays of structs with flexible members (#1717)
-        -diag-suppress 1717 -Werror all-warnings)
+    get_filename_component(_fr_xc_src ${CMAKE_CURRENT_LIST_DIR}/../csrc ABSOLUTE)
+    set(_fr_xc_inputs ${FASTREAD_XNVME_CUDA_HEADER}/libxnvme_spec.h ${FASTREAD_XNVME_CUDA_HEADER}/libxnvme_cuda.h
+        ${_fr_xc_src}/xnvme_cuda_map.h ${_fr_xc_src}/device/fastread_xnvme_cuda.cuh)
+    string(REPLACE ";" "|" _fr_xc_inputs_arg "${_fr_xc_inputs}")
     add_custom_command(
-      OUTPUT ${_fr_xc_dir}/xnvme_cuda_kernels.fatbin
+      OUTPUT ${_fr_xc_dir}/xnvme_cuda_device_source.c
       COMMAND ${CMAKE_COMMAND} -E make_directory ${_fr_xc_dir}
-      COMMAND ${FASTREAD_NVCC} ${_fr_xc_nvcc_flags} ${_fr_xc_gencode} -fatbin
-              -o ${_fr_xc_dir}/xnvme_cuda_kernels.fatbin ${_fr_xc_src}/device/xnvme_cuda_kernels.cu
-      DEPENDS ${_fr_xc_src}/device/xnvme_cuda_kernels.cu ${_fr_xc_src}/device/fastread_xnvme_cuda.cuh
-              ${_fr_xc_src}/xnvme_cuda_map.h
-      COMMENT "nvcc: xnvme-cuda fill kernel (${FASTREAD_XNVME_CUDA_ARCHS})"
+      COMMAND ${CMAKE_COMMAND} -DINPUTS=${_fr_xc_inputs_arg} -DOUTPUT=${_fr_xc_dir}/xnvme_cuda_device_source.c
+              -P ${CMAKE_CURRENT_LIST_DIR}/xnvme_cuda_source.cmake
+      DEPENDS ${_fr_xc_inputs} ${CMAKE_CURRENT_LIST_DIR}/xnvme_cuda_source.cmake
+      COMMENT "xnvme-cuda: device source from the system's xNVMe headers"
       VERBATIM)
-    add_custom_command(
-      OUTPUT ${_fr_xc_dir}/xnvme_cuda_fatbin.c
-      COMMAND ${CMAKE_COMMAND} -DINPUT=${_fr_xc_dir}/xnvme_cuda_kernels.fatbin
-              -DOUTPUT=${_fr_xc_dir}/xnvme_cuda_fatbin.c -P ${CMAKE_CURRENT_LIST_DIR}/xnvme_cuda_embed.cmake
-      DEPENDS ${_fr_xc_dir}/xnvme_cuda_kernels.fatbin ${CMAKE_CURRENT_LIST_DIR}/xnvme_cuda_embed.cmake
-      VERBATIM)
-    target_sources(fastread_core PRIVATE ${_fr_xc_dir}/xnvme_cuda_fatbin.c)
+    target_sources(fastread_core PRIVATE ${_fr_xc_dir}/xnvme_cuda_device_source.c)
     target_compile_definitions(fastread_core PUBLIC FASTREAD_HAVE_XNVME_CUDA=1)
     set_source_files_properties(${_fr_xc_src}/gather_xnvme_cuda.c PROPERTIES COMPILE_DEFINITIONS
-      "FASTREAD_XNVME_CUDA_FATBIN=1;FASTREAD_XNVME_BUILD_VERSION=\"${FR_XC_XNVME_VERSION}\"")
+      "FASTREAD_XNVME_BUILD_VERSION=\"${FR_XC_XNVME_VERSION}\"")
     target_link_libraries(fastread_core PUBLIC PkgConfig::FR_XC_XNVME)
-    # For the tests: how to compile the device part again on its own.
-    string(REPLACE ";" " " _fr_xc_flags_str "${_fr_xc_nvcc_flags}")
+    # For the tests: where the headers are, and how to run nvcc on the device half.
     file(WRITE ${_fr_xc_dir}/include/xnvme_cuda_build.h
       "/* Generated by cmake/xnvme_cuda.cmake. */\n"
       "#define FR_XC_NVCC \"${FASTREAD_NVCC}\"\n"
-      "#define FR_XC_NVCC_FLAGS \"${_fr_xc_flags_str}\"\n"
+      "#define FR_XC_XNVME_INCLUDE \"${FASTREAD_XNVME_CUDA_HEADER}\"\n"
       "#define FR_XC_DEVICE_DIR \"${_fr_xc_src}/device\"\n")
     target_include_directories(fastread_core PUBLIC ${_fr_xc_dir}/include)
     message(STATUS "fastread: xnvme-cuda backend ON (xnvme ${FR_XC_XNVME_VERSION}, "
-                   "${FASTREAD_XNVME_CUDA_HEADER}/libxnvme_cuda.h, nvcc ${FASTREAD_NVCC}); "
-                   "untested against hardware")
+                   "${FASTREAD_XNVME_CUDA_HEADER}/libxnvme_cuda.h); untested against hardware")
   elseif(FASTREAD_XNVME_CUDA STREQUAL "ON")
     message(FATAL_ERROR "fastread: FASTREAD_XNVME_CUDA=ON but ${_fr_xc_why} "
                         "(point PKG_CONFIG_PATH at an xNVMe main install built with -Dwith-cuda=enabled, "

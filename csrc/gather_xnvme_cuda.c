@@ -1,12 +1,12 @@
 /*
- * xnvme-cuda host side: see gather_xnvme_cuda.h.
+ * xnvme-cuda host half: see gather_xnvme_cuda.h.
  *
  * Linked against the system's libxnvme (found by pkg-config, with
  * libxnvme_cuda.h: cmake/xnvme_cuda.cmake). fastread itself still never
  * links CUDA: the few driver calls made here (context switch, small
- * allocations, module load, launch) go through a table dlsym'ed per
- * instance, as gpu.c does. A libxnvme built with CUDA does link libcuda
- * itself, so on such a system it is loaded anyway.
+ * allocations and copies) go through a table dlsym'ed per backend instance,
+ * as gpu.c does. A libxnvme built with CUDA links libcuda itself, though, so
+ * with such an xNVMe the CUDA driver is a load-time dependency of fastread.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -24,14 +24,13 @@
 #ifdef FASTREAD_HAVE_XNVME_CUDA
 #include <dlfcn.h>
 #include <libxnvme.h>
+#include <stdatomic.h>
+
+#include "gather_backend.h"
+#include "gpu.h"
 #endif
 
-#define DEFAULT_QUEUES 8u
-#define DEFAULT_QDEPTH 256u
-#define DEFAULT_TIMEOUT_MS 10000u
-
-/* Own formatting, not base.h's fr_set_err: the tests link this file with
- * nothing else of the core where xNVMe is absent. */
+/* Like base.h's fr_set_err, but NULL-safe for the best-effort callers. */
 __attribute__((format(printf, 3, 4))) static void xc_err(char *err, size_t err_len,
                                                          const char *fmt, ...)
 {
@@ -42,15 +41,6 @@ __attribute__((format(printf, 3, 4))) static void xc_err(char *err, size_t err_l
     vsnprintf(err, err_len, fmt, ap);
     va_end(ap);
 }
-
-void fr_xc_config_init(fr_xc_config *cfg)
-{
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->page_bytes = 64u << 10;
-    cfg->cache_bytes = 1ull << 30;
-}
-
-/* ------------------------------------------------------------- engine_args */
 
 static int parse_u32(const char *v, size_t n, unsigned long max, unsigned long *out)
 {
@@ -68,8 +58,10 @@ static int parse_u32(const char *v, size_t n, unsigned long max, unsigned long *
     return 0;
 }
 
-int fr_xc_parse_args(const char *s, fr_xc_config *cfg, char *err, size_t err_len)
+
+int fr_xc_parse_args(const char *s, fr_xc_args *a, char *err, size_t err_len)
 {
+    memset(a, 0, sizeof(*a));
     while (s && *s) {
         const char *end = strchr(s, ',');
         size_t len = end ? (size_t)(end - s) : strlen(s);
@@ -87,29 +79,20 @@ int fr_xc_parse_args(const char *s, fr_xc_config *cfg, char *err, size_t err_len
         const char *v = eq + 1;
         unsigned long x = 0;
         int bad;
-#define KEY(k) (klen == sizeof(k) - 1 && memcmp(s, k, klen) == 0)
-        if (KEY("nsid")) {
+        if (klen == 4 && memcmp(s, "nsid", 4) == 0) {
             bad = parse_u32(v, vlen, 0xFFFFFFFEul, &x) || x == 0;
-            cfg->nsid = (uint32_t)x;
-        } else if (KEY("queues")) {
+            a->nsid = (uint32_t)x;
+        } else if (klen == 6 && memcmp(s, "queues", 6) == 0) {
             bad = parse_u32(v, vlen, 1024, &x) || x == 0;
-            cfg->queues = (unsigned)x;
-        } else if (KEY("qdepth")) {
-            bad = parse_u32(v, vlen, 1024, &x) || x < 32 || (x & (x - 1)) != 0;
-            cfg->queue_depth = (unsigned)x;
-        } else if (KEY("gpu")) {
-            bad = parse_u32(v, vlen, 1024, &x);
-            cfg->gpu_id = (int)x;
+            a->queues = (unsigned)x;
         } else {
             xc_err(err, err_len, "xnvme-cuda: unknown engine_args key '%.*s' (valid: nsid, "
-                   "queues, qdepth, gpu)", (int)klen, s);
+                   "queues)", (int)klen, s);
             return -EINVAL;
         }
-#undef KEY
         if (bad) {
             xc_err(err, err_len, "xnvme-cuda: bad value for '%.*s': '%.*s' (nsid >= 1, queues "
-                   "1..1024, qdepth a power of two in 32..1024, gpu >= 0)", (int)klen, s,
-                   (int)vlen, v);
+                   "1..1024)", (int)klen, s, (int)vlen, v);
             return -EINVAL;
         }
         s = end ? end + 1 : s + len;
@@ -258,45 +241,26 @@ int fr_xc_resolve(const char *sysfs, const char *uri, char *pci, size_t pci_len,
 
 /* ---------------------------------------------- built without xNVMe CUDA */
 
-static const char NOT_BUILT[] =
-    "xnvme-cuda: fastread was built without xNVMe's GPU queues (libxnvme_cuda.h was not "
-    "found through pkg-config's xnvme include directories at build time, or "
-    "FASTREAD_XNVME_CUDA=OFF); build xNVMe main with -Dwith-cuda=enabled and reinstall fastread";
-
 int fr_xc_probe(char *why, size_t why_len)
 {
-    xc_err(why, why_len, "%s", NOT_BUILT);
+    xc_err(why, why_len,
+           "xnvme-cuda: fastread was built without xNVMe's GPU queues (libxnvme_cuda.h was not "
+           "found through pkg-config's xnvme include directories at build time, or "
+           "FASTREAD_XNVME_CUDA=OFF); build xNVMe main with -Dwith-cuda=enabled and reinstall "
+           "fastread");
     return -ENOTSUP;
 }
 
-int fr_xc_open(const fr_xc_config *cfg, fr_xc **out, char *err, size_t err_len)
+int fr_xc_open_at(const struct fr_backend_env *env, const char *sysfs, void **state, char *err,
+                  size_t err_len)
 {
-    (void)cfg;
-    *out = NULL;
-    xc_err(err, err_len, "%s", NOT_BUILT);
-    return -ENOTSUP;
+    (void)env, (void)sysfs;
+    *state = NULL;
+    return fr_xc_probe(err, err_len);
 }
 
-void fr_xc_close(fr_xc *x) { (void)x; }
-const fr_xc_geom *fr_xc_geometry(const fr_xc *x) { (void)x; return NULL; }
-uint32_t fr_xc_slots(const fr_xc *x) { (void)x; return 0; }
-uint64_t fr_xc_slot_base(const fr_xc *x) { (void)x; return 0; }
-void *fr_xc_context(const fr_xc *x) { (void)x; return NULL; }
-uint64_t fr_xc_view_address(const fr_xc *x) { (void)x; return 0; }
-
-int fr_xc_fill(fr_xc *x, uint64_t d_pages, uint64_t d_slots, uint32_t n, char *err,
-               size_t err_len)
-{
-    (void)x, (void)d_pages, (void)d_slots, (void)n;
-    xc_err(err, err_len, "%s", NOT_BUILT);
-    return -ENOTSUP;
-}
-
-void fr_xc_stats_get(const fr_xc *x, fr_xc_stats *out)
-{
-    (void)x;
-    memset(out, 0, sizeof(*out));
-}
+const char *fr_xc_device_source(void) { return NULL; }
+void *fr_xc_context(void *state) { (void)state; return NULL; }
 
 #else /* FASTREAD_HAVE_XNVME_CUDA */
 
@@ -304,17 +268,14 @@ void fr_xc_stats_get(const fr_xc *x, fr_xc_stats *out)
 #define FASTREAD_XNVME_BUILD_VERSION "unknown"
 #endif
 
-/* The fill kernel, compiled by nvcc at build time (xnvme_cuda_kernels.cu). */
-#ifdef FASTREAD_XNVME_CUDA_FATBIN
-extern const unsigned char fr_xc_fatbin[];
-extern const size_t fr_xc_fatbin_len;
-#endif
+/* Made at build time by cmake/xnvme_cuda_source.cmake. */
+extern const char fr_xc_device_source_text[];
+
+const char *fr_xc_device_source(void) { return fr_xc_device_source_text; }
 
 /* ---- the CUDA driver calls used here (cuda.h's stable C ABI) ---- */
 typedef int CUres;
 typedef void *CUctx;
-typedef void *CUmod;
-typedef void *CUfn;
 typedef struct xc_cuda {
     void *lib;
     CUres (*cuInit)(unsigned);
@@ -322,44 +283,36 @@ typedef struct xc_cuda {
     CUres (*cuCtxGetCurrent)(CUctx *);
     CUres (*cuCtxPushCurrent)(CUctx);
     CUres (*cuCtxPopCurrent)(CUctx *);
-    CUres (*cuCtxSynchronize)(void);
     CUres (*cuPointerGetAttribute)(void *, int, uint64_t);
     CUres (*cuMemAlloc)(uint64_t *, size_t);
     CUres (*cuMemFree)(uint64_t);
     CUres (*cuMemcpyHtoD)(uint64_t, const void *, size_t);
     CUres (*cuMemcpyDtoH)(void *, uint64_t, size_t);
     CUres (*cuMemsetD8)(uint64_t, unsigned char, size_t);
-    CUres (*cuModuleLoadData)(CUmod *, const void *);
-    CUres (*cuModuleUnload)(CUmod);
-    CUres (*cuModuleGetFunction)(CUfn *, CUmod, const char *);
-    CUres (*cuLaunchKernel)(CUfn, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                            unsigned, void *, void **, void **);
 } xc_cuda;
 #define CU_POINTER_ATTRIBUTE_CONTEXT 1
 
-struct fr_xc {
+#define DEFAULT_QUEUES 32u
+
+typedef struct xc {
     char pci[16];
     uint32_t nsid;
     char what[64]; /* "<pci> nsid <n>": names the device in every message */
     struct xnvme_dev *dev;
-    fr_xc_geom geom;
     xc_cuda cu;
-    CUctx ctx;          /* xNVMe's context: slots, queues, our module */
+    CUctx ctx;              /* xNVMe's context: heap, queues, our tables */
     int ctx_pushed;
-    void *slots;        /* xnvme_buf_alloc'ed: nslots * page_bytes */
-    void *prp_raw;      /* xnvme_buf_alloc'ed PRP lists (+ alignment slack) */
-    uint32_t nslots;
+    fr_xc_fetch f;          /* what fill_view hands the device */
     unsigned nq, qdepth;
     struct xnvme_cuda_queue **queues; /* host array of device pointers */
-    uint64_t d_queues, d_slot_iova, d_prp_iova, d_view, d_status;
-    CUmod mod;
-    CUfn fill;
-    uint32_t timeout_ms;
-    int lost;           /* a fill timed out: the queues' state is unknown */
-    fr_xc_stats stats;
-};
+    void *bounce;           /* xnvme_buf_alloc'ed: nq * page_bytes */
+    void *prp_raw;          /* xnvme_buf_alloc'ed PRP lists (+ alignment slack) */
+    uint64_t d_queues, d_locks, d_iova, d_prp, d_counters;
+    uint64_t seen[FR_XC_NCNT]; /* device counters already reported */
+    atomic_int cancelled;
+} xc;
 
-static const char *cu_str(const fr_xc *x, CUres r)
+static const char *cu_str(const xc *x, CUres r)
 {
     const char *s = NULL;
     if (x->cu.cuGetErrorString && x->cu.cuGetErrorString(r, &s) == 0 && s)
@@ -382,12 +335,10 @@ static int load_cuda(xc_cuda *cu, const char *what, char *err, size_t err_len)
 #define S(field, name) {name, (void **)&cu->field}
         S(cuInit, "cuInit"), S(cuGetErrorString, "cuGetErrorString"),
         S(cuCtxGetCurrent, "cuCtxGetCurrent"), S(cuCtxPushCurrent, "cuCtxPushCurrent_v2"),
-        S(cuCtxPopCurrent, "cuCtxPopCurrent_v2"), S(cuCtxSynchronize, "cuCtxSynchronize"),
+        S(cuCtxPopCurrent, "cuCtxPopCurrent_v2"),
         S(cuPointerGetAttribute, "cuPointerGetAttribute"), S(cuMemAlloc, "cuMemAlloc_v2"),
         S(cuMemFree, "cuMemFree_v2"), S(cuMemcpyHtoD, "cuMemcpyHtoD_v2"),
         S(cuMemcpyDtoH, "cuMemcpyDtoH_v2"), S(cuMemsetD8, "cuMemsetD8_v2"),
-        S(cuModuleLoadData, "cuModuleLoadData"), S(cuModuleUnload, "cuModuleUnload"),
-        S(cuModuleGetFunction, "cuModuleGetFunction"), S(cuLaunchKernel, "cuLaunchKernel"),
 #undef S
     };
     for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
@@ -432,28 +383,22 @@ int fr_xc_probe(char *why, size_t why_len)
                minor, patch);
         return -ENOTSUP;
     }
-#ifndef FASTREAD_XNVME_CUDA_FATBIN
-    xc_err(why, why_len, "xnvme-cuda: fastread was built without nvcc, so its fill kernel "
-           "(which includes libxnvme_cuda.h, beyond NVRTC) was not compiled");
-    return -ENOTSUP;
-#else
     xc_err(why, why_len, "xNVMe %d.%d.%d with upcie-cuda (built against %s)", major, minor,
            patch, FASTREAD_XNVME_BUILD_VERSION);
     return 0;
-#endif
 }
 
-static void pop_ctx(fr_xc *x)
+static void pop_ctx(xc *x)
 {
     if (x->ctx_pushed) {
         CUctx c;
         CUres r = x->cu.cuCtxPopCurrent(&c);
-        (void)r; /* only fails without a current context: nothing to restore then */
+        (void)r; /* fails only without a current context: nothing to restore then */
         x->ctx_pushed = 0;
     }
 }
 
-static int push_ctx(fr_xc *x, char *err, size_t err_len)
+static int push_ctx(xc *x, char *err, size_t err_len)
 {
     CUres r = x->cu.cuCtxPushCurrent(x->ctx);
     if (r) {
@@ -465,43 +410,75 @@ static int push_ctx(fr_xc *x, char *err, size_t err_len)
     return 0;
 }
 
-void fr_xc_close(fr_xc *x)
+static void destroy_queues(xc *x)
 {
+    /* Deleting a queue pair at the controller ends its commands: nothing
+     * lands in a bounce page after this. */
+    for (unsigned i = 0; x->queues && i < x->nq; i++)
+        if (x->queues[i]) {
+            xnvme_cuda_queue_destroy(x->dev, x->queues[i]);
+            x->queues[i] = NULL;
+        }
+}
+
+/* Creates the queues (context pushed) and publishes their table and free
+ * locks to the device. */
+static int create_queues(xc *x, char *err, size_t err_len)
+{
+    for (unsigned i = 0; i < x->nq; i++) {
+        int rc = xnvme_cuda_queue_create(x->dev, (uint16_t)x->qdepth, &x->queues[i]);
+        if (rc) {
+            x->queues[i] = NULL;
+            /* Its sign is not reliable (a negated CUresult and a positive
+             * errno both occur): report the raw value. */
+            xc_err(err, err_len, "xnvme-cuda: %s: xnvme_cuda_queue_create (queue %u of %u, depth "
+                   "%u) failed with %d%s", x->what, i + 1, x->nq, x->qdepth, rc,
+                   rc == -ENOSYS ? " (libxnvme built without CUDA)"
+                                 : i ? " (the controller grants fewer I/O queues? set "
+                                       "engine_args queues=N)" : "");
+            return rc == -ENOSYS ? -ENOTSUP : -EIO;
+        }
+    }
+    CUres r = x->cu.cuMemcpyHtoD(x->d_queues, x->queues, x->nq * sizeof(*x->queues));
+    if (r == 0)
+        r = x->cu.cuMemsetD8(x->d_locks, 0, x->nq * sizeof(uint32_t));
+    if (r) {
+        xc_err(err, err_len, "xnvme-cuda: %s: publishing the queue table: %s", x->what,
+               cu_str(x, r));
+        return -EIO;
+    }
+    return 0;
+}
+
+static void xc_close(void *state)
+{
+    xc *x = state;
     if (!x)
         return;
-    int pushed = x->ctx && x->cu.lib && x->cu.cuCtxPushCurrent(x->ctx) == 0;
+    int pushed = x->ctx && x->cu.lib && push_ctx(x, NULL, 0) == 0;
+    destroy_queues(x);
+    free(x->queues);
     if (pushed) {
-        if (x->mod)
-            (void)x->cu.cuModuleUnload(x->mod);
-        uint64_t bufs[] = {x->d_queues, x->d_slot_iova, x->d_prp_iova, x->d_view, x->d_status};
+        uint64_t bufs[] = {x->d_queues, x->d_locks, x->d_iova, x->d_prp, x->d_counters};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
             if (bufs[i])
                 (void)x->cu.cuMemFree(bufs[i]); /* nothing to do about a failing free */
     }
-    /* After a timeout a command may still complete into a slot: the queues
-     * are deleted (the controller stops using them) before the slots go. */
-    for (unsigned i = 0; x->queues && i < x->nq; i++)
-        if (x->queues[i])
-            xnvme_cuda_queue_destroy(x->dev, x->queues[i]);
-    free(x->queues);
     if (x->dev) {
         if (x->prp_raw)
             xnvme_buf_free(x->dev, x->prp_raw);
-        if (x->slots)
-            xnvme_buf_free(x->dev, x->slots);
+        if (x->bounce)
+            xnvme_buf_free(x->dev, x->bounce);
         xnvme_dev_close(x->dev);
     }
-    if (pushed) {
-        CUctx c;
-        (void)x->cu.cuCtxPopCurrent(&c);
-    }
+    pop_ctx(x);
     if (x->cu.lib)
         dlclose(x->cu.lib);
     free(x);
 }
 
 /* Why xnvme_dev_open refused, from what upcie-cuda's open path returns. */
-static void explain_open(const fr_xc *x, int e, size_t heap, int gpu, char *err, size_t err_len)
+static void explain_open(const xc *x, int e, size_t heap, int gpu, char *err, size_t err_len)
 {
     const char *why;
     switch (e) {
@@ -533,8 +510,7 @@ static void explain_open(const fr_xc *x, int e, size_t heap, int gpu, char *err,
 
 static uint64_t round_up64(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-/* Bus address of host-visible VA p inside an xnvme_buf_alloc'ed buffer. */
-static int iova_of(fr_xc *x, void *p, uint64_t *out, char *err, size_t err_len)
+static int iova_of(xc *x, void *p, uint64_t *out, char *err, size_t err_len)
 {
     int rc = xnvme_buf_vtophys(x->dev, p, out);
     if (rc) {
@@ -544,8 +520,8 @@ static int iova_of(fr_xc *x, void *p, uint64_t *out, char *err, size_t err_len)
     return 0;
 }
 
-static int dev_alloc_copy(fr_xc *x, uint64_t *d, const void *src, size_t len, const char *what,
-                          char *err, size_t err_len)
+static int dev_alloc(xc *x, uint64_t *d, const void *src, size_t len, const char *what,
+                     char *err, size_t err_len)
 {
     CUres r = x->cu.cuMemAlloc(d, len);
     if (r) {
@@ -554,145 +530,98 @@ static int dev_alloc_copy(fr_xc *x, uint64_t *d, const void *src, size_t len, co
                cu_str(x, r));
         return -ENOMEM;
     }
-    if (src && (r = x->cu.cuMemcpyHtoD(*d, src, len))) {
-        xc_err(err, err_len, "xnvme-cuda: %s: cuMemcpyHtoD (%s): %s", x->what, what,
-               cu_str(x, r));
+    r = src ? x->cu.cuMemcpyHtoD(*d, src, len) : x->cu.cuMemsetD8(*d, 0, len);
+    if (r) {
+        xc_err(err, err_len, "xnvme-cuda: %s: initialising %s: %s", x->what, what, cu_str(x, r));
         return -EIO;
     }
     return 0;
 }
 
-/* Slots, their bus addresses and PRP lists (geometry known). */
-static int setup_slots(fr_xc *x, char *err, size_t err_len)
+/* Bounce pages, their bus addresses and PRP lists (context pushed). */
+static int setup_bounce(xc *x, char *err, size_t err_len)
 {
-    const fr_xc_geom *g = &x->geom;
-    size_t slot_bytes = (size_t)x->nslots * g->page_bytes;
-    x->slots = xnvme_buf_alloc(x->dev, slot_bytes);
-    if (!x->slots) {
-        xc_err(err, err_len, "xnvme-cuda: %s: xnvme_buf_alloc of %zu MiB of cache slots in "
-               "xNVMe's GPU heap failed", x->what, slot_bytes >> 20);
+    const fr_xc_geom *g = &x->f.geom;
+    size_t mpp = g->mem_pages_per_page, n = (size_t)x->nq * mpp;
+    x->bounce = xnvme_buf_alloc(x->dev, (size_t)x->nq * g->page_bytes);
+    if (!x->bounce) {
+        xc_err(err, err_len, "xnvme-cuda: %s: xnvme_buf_alloc of %u bounce pages of %u bytes in "
+               "xNVMe's GPU heap failed", x->what, x->nq, g->page_bytes);
         return -ENOMEM;
     }
-    /* PRP entries after the first must be 4 KiB aligned: so must the slots. */
-    if ((uintptr_t)x->slots % FR_XC_MEM_PAGE) {
-        xc_err(err, err_len, "xnvme-cuda: %s: xNVMe's GPU heap returned slots at %p, not 4 KiB "
-               "aligned", x->what, x->slots);
+    /* PRP entries after the first must be 4 KiB aligned: so must the pages. */
+    if ((uintptr_t)x->bounce % FR_XC_MEM_PAGE) {
+        xc_err(err, err_len, "xnvme-cuda: %s: xNVMe's GPU heap returned %p, not 4 KiB aligned",
+               x->what, x->bounce);
         return -EINVAL;
     }
-    size_t mpp = g->mem_pages_per_page, n = (size_t)x->nslots * mpp;
     uint64_t *iova = malloc(n * sizeof(*iova));
-    uint64_t *prp_iova = calloc(x->nslots, sizeof(*prp_iova));
+    uint64_t *prp = calloc(x->nq, sizeof(*prp));
     uint64_t *lists = NULL;
-    int rc = iova && prp_iova ? 0 : -ENOMEM;
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        rc = iova_of(x, (char *)x->slots + i * FR_XC_MEM_PAGE, &iova[i], err, err_len);
-    for (size_t i = 0; rc == 0 && i < n; i++)
-        if (iova[i] % FR_XC_MEM_PAGE) {
-            xc_err(err, err_len, "xnvme-cuda: %s: slot memory page %zu has bus address 0x%llx, "
+    int rc = iova && prp ? 0 : -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        rc = iova_of(x, (char *)x->bounce + i * FR_XC_MEM_PAGE, &iova[i], err, err_len);
+        if (rc == 0 && iova[i] % FR_XC_MEM_PAGE) {
+            xc_err(err, err_len, "xnvme-cuda: %s: bounce memory page %zu has bus address 0x%llx, "
                    "not 4 KiB aligned", x->what, i, (unsigned long long)iova[i]);
             rc = -EINVAL;
         }
-    /* Pages over two memory pages need a PRP list for PRP2. A slot's list
-     * holds the bus addresses of its memory pages 1..mpp-1, at a power-of-
-     * two stride so that no list crosses a 4 KiB boundary (a PRP list may
-     * not, unless chained). */
-    uint32_t stride = 0;
+    }
+    /* Pages over two memory pages need a PRP list for PRP2: queue q's holds
+     * the bus addresses of its memory pages 1..mpp-1, at a power-of-two
+     * stride so that no list crosses a 4 KiB boundary (a PRP list may not,
+     * unless chained). */
     if (rc == 0 && mpp > 2) {
-        stride = 8;
+        size_t stride = 8;
         while (stride < (mpp - 1) * 8)
             stride <<= 1;
-        size_t list_bytes = (size_t)x->nslots * stride;
-        x->prp_raw = xnvme_buf_alloc(x->dev, list_bytes + FR_XC_MEM_PAGE);
-        lists = calloc(1, list_bytes + FR_XC_MEM_PAGE);
+        size_t bytes = (size_t)x->nq * stride + FR_XC_MEM_PAGE;
+        x->prp_raw = xnvme_buf_alloc(x->dev, bytes);
+        lists = calloc(1, bytes);
         if (!x->prp_raw || !lists) {
             xc_err(err, err_len, "xnvme-cuda: %s: no memory for PRP lists (%zu bytes)", x->what,
-                   list_bytes);
+                   bytes);
             rc = -ENOMEM;
         } else {
             uintptr_t base = ((uintptr_t)x->prp_raw + FR_XC_MEM_PAGE - 1) & ~(uintptr_t)4095;
             size_t skip = base - (uintptr_t)x->prp_raw;
-            for (uint32_t s = 0; rc == 0 && s < x->nslots; s++) {
-                uint64_t *l = (uint64_t *)((char *)lists + skip + (size_t)s * stride);
+            for (unsigned q = 0; rc == 0 && q < x->nq; q++) {
+                uint64_t *l = (uint64_t *)((char *)lists + skip + q * stride);
                 for (size_t j = 1; j < mpp; j++)
-                    l[j - 1] = iova[(size_t)s * mpp + j];
-                /* The list's own bus address: its 4 KiB page's, plus the
-                 * offset inside it (translation is per memory page). */
-                uintptr_t va = base + (size_t)s * stride;
-                uint64_t pg;
+                    l[j - 1] = iova[q * mpp + j];
+                /* Translation is per memory page: the list's page, plus its
+                 * offset inside it. */
+                uintptr_t va = base + q * stride;
+                uint64_t pg = 0;
                 rc = iova_of(x, (void *)(va & ~(uintptr_t)4095), &pg, err, err_len);
-                prp_iova[s] = pg + (va & 4095);
+                prp[q] = pg + (va & 4095);
             }
-            CUres r = rc ? 0 : x->cu.cuMemcpyHtoD((uint64_t)(uintptr_t)x->prp_raw, lists,
-                                                   list_bytes + FR_XC_MEM_PAGE);
+            CUres r = rc ? 0 : x->cu.cuMemcpyHtoD((uint64_t)(uintptr_t)x->prp_raw, lists, bytes);
             if (r) {
-                xc_err(err, err_len, "xnvme-cuda: %s: cuMemcpyHtoD (PRP lists): %s", x->what,
+                xc_err(err, err_len, "xnvme-cuda: %s: writing the PRP lists: %s", x->what,
                        cu_str(x, r));
                 rc = -EIO;
             }
         }
     }
     if (rc == 0)
-        rc = dev_alloc_copy(x, &x->d_slot_iova, iova, n * sizeof(*iova), "slot bus addresses",
-                            err, err_len);
+        rc = dev_alloc(x, &x->d_iova, iova, n * sizeof(*iova), "bounce bus addresses", err,
+                       err_len);
     if (rc == 0)
-        rc = dev_alloc_copy(x, &x->d_prp_iova, prp_iova, x->nslots * sizeof(*prp_iova),
-                            "PRP list addresses", err, err_len);
-    free(iova);
-    free(prp_iova);
-    free(lists);
+        rc = dev_alloc(x, &x->d_prp, prp, x->nq * sizeof(*prp), "PRP list addresses", err,
+                       err_len);
     if (rc == -ENOMEM && err && !err[0])
         xc_err(err, err_len, "xnvme-cuda: %s: out of host memory", x->what);
+    free(iova);
+    free(prp);
+    free(lists);
     return rc;
 }
 
-static int setup_queues(fr_xc *x, uint32_t timeout_ms, char *err, size_t err_len)
+int fr_xc_open_at(const fr_backend_env *env, const char *sysfs, void **state, char *err,
+                  size_t err_len)
 {
-    x->queues = calloc(x->nq, sizeof(*x->queues));
-    if (!x->queues)
-        return -ENOMEM;
-    for (unsigned i = 0; i < x->nq; i++) {
-        int rc = xnvme_cuda_queue_create(x->dev, (uint16_t)x->qdepth, &x->queues[i]);
-        if (rc) {
-            x->queues[i] = NULL;
-            /* Its sign is not reliable (a negated CUresult or a positive
-             * errno both occur): report the raw value. */
-            xc_err(err, err_len, "xnvme-cuda: %s: xnvme_cuda_queue_create (queue %u of %u, depth "
-                   "%u) failed with %d%s", x->what, i + 1, x->nq, x->qdepth, rc,
-                   rc == -ENOSYS ? " (libxnvme built without CUDA)" : "");
-            return rc == -ENOSYS ? -ENOTSUP : (rc < 0 ? (rc > -4096 ? rc : -EIO) : -rc);
-        }
-    }
-    int rc = dev_alloc_copy(x, &x->d_queues, x->queues, x->nq * sizeof(*x->queues),
-                            "queue table", err, err_len);
-    if (rc)
-        return rc;
-    uint32_t stride = 0;
-    if (x->geom.mem_pages_per_page > 2)
-        for (stride = 8; stride < (x->geom.mem_pages_per_page - 1) * 8; stride <<= 1)
-            ;
-    fr_xc_view v = {
-        .geom = x->geom,
-        .queues = x->d_queues,
-        .slot_base = (uint64_t)(uintptr_t)x->slots,
-        .slot_iova = x->d_slot_iova,
-        .prp_iova = x->d_prp_iova,
-        .nslots = x->nslots,
-        .nqueues = x->nq,
-        .qdepth = x->qdepth,
-        .nsid = x->nsid,
-        .timeout_ms = timeout_ms,
-        .prp_stride = stride,
-    };
-    rc = dev_alloc_copy(x, &x->d_view, &v, sizeof(v), "device view", err, err_len);
-    if (rc == 0)
-        rc = dev_alloc_copy(x, &x->d_status, NULL, sizeof(fr_xc_fill_status), "fill status",
-                            err, err_len);
-    return rc;
-}
-
-int fr_xc_open(const fr_xc_config *cfg, fr_xc **out, char *err, size_t err_len)
-{
-    *out = NULL;
+    *state = NULL;
     if (err && err_len)
         err[0] = 0;
     int rc = fr_xc_probe(err, err_len);
@@ -700,34 +629,23 @@ int fr_xc_open(const fr_xc_config *cfg, fr_xc **out, char *err, size_t err_len)
         return rc;
     if (err && err_len)
         err[0] = 0;
-    fr_xc *x = calloc(1, sizeof(*x));
+    fr_xc_args a;
+    rc = fr_xc_parse_args(env->engine_args, &a, err, err_len);
+    if (rc)
+        return rc;
+    xc *x = calloc(1, sizeof(*x));
     if (!x)
         return -ENOMEM;
     uint32_t ns_from_path = 0;
-    rc = fr_xc_resolve(cfg->sysfs, cfg->uri, x->pci, sizeof(x->pci), &ns_from_path, err,
-                       err_len);
+    rc = fr_xc_resolve(sysfs, env->path, x->pci, sizeof(x->pci), &ns_from_path, err, err_len);
     if (rc) {
         free(x);
         return rc;
     }
-    x->nsid = cfg->nsid ? cfg->nsid : (ns_from_path ? ns_from_path : 1);
+    x->nsid = a.nsid ? a.nsid : (ns_from_path ? ns_from_path : 1);
     snprintf(x->what, sizeof(x->what), "%s nsid %u", x->pci, x->nsid);
-    x->nq = cfg->queues ? cfg->queues : DEFAULT_QUEUES;
-    x->qdepth = cfg->queue_depth ? cfg->queue_depth : DEFAULT_QDEPTH;
-    if (x->qdepth < 32 || x->qdepth > 1024 || (x->qdepth & (x->qdepth - 1))) {
-        xc_err(err, err_len, "xnvme-cuda: queue depth %u is not a power of two in 32..1024 (one "
-               "thread block drives one queue)", x->qdepth);
-        free(x);
-        return -EINVAL;
-    }
-    uint32_t timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : DEFAULT_TIMEOUT_MS;
-    x->timeout_ms = timeout_ms;
-    if (cfg->page_bytes == 0 || cfg->cache_bytes < cfg->page_bytes) {
-        xc_err(err, err_len, "xnvme-cuda: cache_bytes %llu holds no page of %u bytes",
-               (unsigned long long)cfg->cache_bytes, cfg->page_bytes);
-        free(x);
-        return -EINVAL;
-    }
+    x->nq = a.queues ? a.queues : DEFAULT_QUEUES;
+    int gpu = env->gpu ? fr_gpu_device_id(env->gpu) : 0;
     rc = load_cuda(&x->cu, x->what, err, err_len);
     CUres r = rc ? 0 : x->cu.cuInit(0);
     if (rc == 0 && r) {
@@ -736,61 +654,56 @@ int fr_xc_open(const fr_xc_config *cfg, fr_xc **out, char *err, size_t err_len)
         rc = -ENODEV;
     }
     if (rc) {
-        fr_xc_close(x);
+        xc_close(x);
         return rc;
     }
-    /* xNVMe's heap holds the slots, the PRP lists and the queues (one 64 KiB
-     * unit at least each for SQ and CQ); it is sized on the first
-     * upcie-cuda open of the process, so a later store may find it full. */
-    uint64_t nslots = cfg->cache_bytes / cfg->page_bytes;
-    if (nslots > UINT32_MAX)
-        nslots = UINT32_MAX;
-    uint64_t heap = nslots * cfg->page_bytes + nslots * 4096ull +
-                    (uint64_t)x->nq * 2 * round_up64((uint64_t)(x->qdepth + 1) * 64, 64 << 10) +
+    /* xNVMe's heap holds the bounce pages, the PRP lists and the queues (at
+     * least one 64 KiB unit each for SQ and CQ); the first upcie-cuda open
+     * of the process sizes it, so a later store may find it too small. */
+    uint64_t heap = (uint64_t)x->nq * (env->page_bytes + 4096ull + 2 * (256ull << 10)) +
                     (64ull << 20);
     heap = round_up64(heap, 2ull << 20);
-
     CUctx before = NULL;
     r = x->cu.cuCtxGetCurrent(&before);
     (void)r; /* no current context is fine */
     struct xnvme_opts o = xnvme_opts_default();
     o.be = "upcie-cuda";
     o.nsid = x->nsid;
-    o.gpu_id = (uint32_t)cfg->gpu_id;
+    o.gpu_id = (uint32_t)gpu;
     o.device_heap_size = (size_t)heap;
     errno = 0;
     x->dev = xnvme_dev_open(x->pci, &o);
     if (!x->dev) {
         int e = errno < 0 ? -errno : errno;
-        explain_open(x, e ? e : EIO, (size_t)heap, cfg->gpu_id, err, err_len);
-        fr_xc_close(x);
-        return -(e ? (e == ENOENT || e == ENXIO ? ENODEV : e) : EIO);
+        explain_open(x, e ? e : EIO, (size_t)heap, gpu, err, err_len);
+        xc_close(x);
+        return -(e && e != ENOENT && e != ENXIO ? e : ENODEV);
     }
     const struct xnvme_geo *geo = xnvme_dev_get_geo(x->dev);
-    rc = fr_xc_geom_init(&x->geom, x->what, cfg->offset, cfg->rows, cfg->row_bytes,
-                         cfg->page_bytes, geo->lba_nbytes, geo->mdts_nbytes, geo->tbytes, err,
+    rc = fr_xc_geom_init(&x->f.geom, x->what, env->offset, env->rows, env->row_bytes,
+                         env->page_bytes, geo->lba_nbytes, geo->mdts_nbytes, geo->tbytes, err,
                          err_len);
     if (rc) {
-        fr_xc_close(x);
+        xc_close(x);
         return rc;
     }
-    x->nslots = (uint32_t)(nslots < x->geom.pages ? nslots : (x->geom.pages ? x->geom.pages : 1));
+    /* One page's commands at a time per queue; NVMe needs a depth >= 2. */
+    x->qdepth = x->f.geom.cmds_per_page < 2 ? 2 : x->f.geom.cmds_per_page;
 
     /* xNVMe made its own context current if this was the process's first
-     * upcie-cuda open: find it from memory it owns, then give the caller's
-     * thread its context back and switch explicitly from here on. */
-    x->slots = xnvme_buf_alloc(x->dev, FR_XC_MEM_PAGE);
+     * upcie-cuda open: find it from memory it owns, give the calling thread
+     * its context back and switch explicitly from here on. */
+    void *probe_buf = xnvme_buf_alloc(x->dev, FR_XC_MEM_PAGE);
     CUctx owner = NULL;
-    r = x->slots ? x->cu.cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT,
-                                               (uint64_t)(uintptr_t)x->slots)
-                 : 1;
-    if (x->slots)
-        xnvme_buf_free(x->dev, x->slots);
-    x->slots = NULL;
+    r = probe_buf ? x->cu.cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT,
+                                                (uint64_t)(uintptr_t)probe_buf)
+                  : 1;
+    if (probe_buf)
+        xnvme_buf_free(x->dev, probe_buf);
     if (r || !owner) {
         xc_err(err, err_len, "xnvme-cuda: %s: cannot tell which CUDA context owns xNVMe's GPU "
                "heap (%s)", x->what, r ? cu_str(x, r) : "no context");
-        fr_xc_close(x);
+        xc_close(x);
         return -EIO;
     }
     x->ctx = owner;
@@ -801,111 +714,135 @@ int fr_xc_open(const fr_xc_config *cfg, fr_xc **out, char *err, size_t err_len)
     }
     rc = push_ctx(x, err, err_len);
     if (rc == 0)
-        rc = setup_slots(x, err, err_len);
+        rc = setup_bounce(x, err, err_len);
+    x->queues = rc ? NULL : calloc(x->nq, sizeof(*x->queues));
+    if (rc == 0 && !x->queues)
+        rc = -ENOMEM;
     if (rc == 0)
-        rc = setup_queues(x, timeout_ms, err, err_len);
-#ifdef FASTREAD_XNVME_CUDA_FATBIN
-    if (rc == 0 && (r = x->cu.cuModuleLoadData(&x->mod, fr_xc_fatbin))) {
-        x->mod = NULL;
-        xc_err(err, err_len, "xnvme-cuda: %s: loading the fill kernel (%zu-byte fatbin) failed: "
-               "%s (no code for this GPU's architecture?)", x->what, fr_xc_fatbin_len,
-               cu_str(x, r));
-        rc = -ENOTSUP;
-    }
-    if (rc == 0 && (r = x->cu.cuModuleGetFunction(&x->fill, x->mod, "fr_xc_fill_pages"))) {
-        xc_err(err, err_len, "xnvme-cuda: fill kernel not found in the module: %s", cu_str(x, r));
-        rc = -EIO;
-    }
-#endif
+        rc = dev_alloc(x, &x->d_queues, NULL, x->nq * sizeof(*x->queues), "queue table", err,
+                       err_len);
+    if (rc == 0)
+        rc = dev_alloc(x, &x->d_locks, NULL, x->nq * sizeof(uint32_t), "queue locks", err,
+                       err_len);
+    if (rc == 0)
+        rc = dev_alloc(x, &x->d_counters, NULL, FR_XC_NCNT * sizeof(uint64_t), "counters", err,
+                       err_len);
+    if (rc == 0)
+        rc = create_queues(x, err, err_len);
     pop_ctx(x);
     if (rc) {
-        fr_xc_close(x);
+        xc_close(x);
         return rc;
     }
-    *out = x;
+    x->f.queues = x->d_queues;
+    x->f.locks = x->d_locks;
+    x->f.bounce = (uint64_t)(uintptr_t)x->bounce;
+    x->f.bounce_iova = x->d_iova;
+    x->f.prp_iova = x->d_prp;
+    x->f.counters = x->d_counters;
+    x->f.nqueues = x->nq;
+    x->f.nsid = x->nsid;
+    *state = x;
     return 0;
 }
 
-const fr_xc_geom *fr_xc_geometry(const fr_xc *x) { return &x->geom; }
-uint32_t fr_xc_slots(const fr_xc *x) { return x->nslots; }
-uint64_t fr_xc_slot_base(const fr_xc *x) { return (uint64_t)(uintptr_t)x->slots; }
-void *fr_xc_context(const fr_xc *x) { return x->ctx; }
-uint64_t fr_xc_view_address(const fr_xc *x) { return x->d_view; }
-
-int fr_xc_fill(fr_xc *x, uint64_t d_pages, uint64_t d_slots, uint32_t n, char *err,
-               size_t err_len)
+static int xc_probe(const fr_backend_env *env, char *why, size_t why_len)
 {
-    if (x->lost) {
-        xc_err(err, err_len, "xnvme-cuda: %s: the GPU queues were retired after a timeout (a "
-               "late completion could still land in a slot): close and reopen the store",
-               x->what);
-        return -EIO;
+    int rc = fr_xc_probe(why, why_len);
+    if (rc || !env || !env->path)
+        return rc;
+    char pci[16];
+    uint32_t nsid = 0;
+    return fr_xc_resolve(NULL, env->path, pci, sizeof(pci), &nsid, why, why_len);
+}
+
+static int xc_open(const fr_backend_env *env, void **state, char *err, size_t err_len)
+{
+    return fr_xc_open_at(env, NULL, state, err, err_len);
+}
+
+static void xc_fill_view(void *state, fr_dev_fetch *view)
+{
+    const xc *x = state;
+    _Static_assert(sizeof(fr_xc_fetch) <= sizeof(view->words), "fr_xc_fetch outgrew fr_dev_fetch");
+    memset(view, 0, sizeof(*view));
+    memcpy(view->words, &x->f, sizeof(x->f));
+}
+
+static int xc_begin(void *state, char *err, size_t err_len)
+{
+    xc *x = state;
+    if (atomic_load(&x->cancelled)) {
+        xc_err(err, err_len, "xnvme-cuda: %s: the store is closing", x->what);
+        return -ECANCELED;
     }
-    if (n == 0)
+    return 0;
+}
+
+/* The kernel is done. After a failure a loader may have left commands in
+ * flight on a retired queue: delete and recreate every queue (the
+ * controller ends their commands), so that the next gather starts clean. */
+static int xc_end(void *state, int failed, char *err, size_t err_len)
+{
+    xc *x = state;
+    if (!failed)
         return 0;
     int rc = push_ctx(x, err, err_len);
     if (rc)
         return rc;
-    fr_xc_fill_status st;
-    uint64_t total = (uint64_t)n * x->geom.cmds_per_page;
-    unsigned block = x->qdepth < FR_XC_MAX_BLOCK ? x->qdepth : FR_XC_MAX_BLOCK;
-    uint64_t grid = (total + block - 1) / block;
-    if (grid > x->nq)
-        grid = x->nq;
-    void *args[] = {&x->d_view, &d_pages, &d_slots, &n, &x->d_status};
-    CUres r = x->cu.cuMemsetD8(x->d_status, 0, sizeof(st));
-    const char *step = "cuMemsetD8 (fill status)";
-    if (r == 0) {
-        step = "cuLaunchKernel (fill)";
-        r = x->cu.cuLaunchKernel(x->fill, (unsigned)grid, 1, 1, block, 1, 1, 0, NULL, args, NULL);
-    }
-    if (r == 0) {
-        step = "the fill kernel";
-        r = x->cu.cuCtxSynchronize();
-    }
-    if (r == 0) {
-        step = "cuMemcpyDtoH (fill status)";
-        r = x->cu.cuMemcpyDtoH(&st, x->d_status, sizeof(st));
-    }
+    destroy_queues(x);
+    rc = create_queues(x, err, err_len);
     pop_ctx(x);
-    if (r) {
-        /* A fault in the kernel leaves the context unusable, and commands
-         * may be in flight: retire the queues. */
-        x->lost = 1;
-        xc_err(err, err_len, "xnvme-cuda: %s: %s failed: %s", x->what, step, cu_str(x, r));
-        return -EIO;
-    }
-    x->stats.fills++;
-    x->stats.pages += n;
-    x->stats.commands += st.commands;
-    x->stats.bytes_read += st.bytes;
-    x->stats.failed_commands += st.failed;
-    switch (st.code) {
-    case FR_XC_OK:
-        return 0;
-    case FR_XC_ETIMEDOUT:
-        x->lost = 1;
-        xc_err(err, err_len, "xnvme-cuda: %s: no completion within %u ms for a read of page "
-               "list entry %u (%u commands failed); the GPU queues are retired", x->what,
-               x->timeout_ms, st.index, st.failed);
-        return -ETIMEDOUT;
-    case FR_XC_ENVME:
-        xc_err(err, err_len, "xnvme-cuda: %s: NVMe read of page list entry %u failed with "
-               "status type %u code 0x%02x (%u commands failed)", x->what, st.index,
-               st.nvme_status >> 8, st.nvme_status & 0xff, st.failed);
-        return -EIO;
-    case FR_XC_EBADREQ:
-        xc_err(err, err_len, "xnvme-cuda: %s: page list entry %u names a page beyond the store "
-               "(%llu pages) or a slot beyond the cache (%u slots)", x->what, st.index,
-               (unsigned long long)x->geom.pages, x->nslots);
-        return -EINVAL;
-    default:
-        xc_err(err, err_len, "xnvme-cuda: %s: fill reported unknown status %d", x->what,
-               st.code);
-        return -EIO;
-    }
+    return rc;
 }
 
-void fr_xc_stats_get(const fr_xc *x, fr_xc_stats *out) { *out = x->stats; }
+static void xc_cancel(void *state)
+{
+    xc *x = state;
+    atomic_store(&x->cancelled, 1); /* the device sees the store's abort flag itself */
+}
+
+static void xc_counters(void *state, fr_store_stats *add)
+{
+    xc *x = state;
+    uint64_t c[FR_XC_NCNT];
+    if (push_ctx(x, NULL, 0) != 0)
+        return;
+    CUres r = x->cu.cuMemcpyDtoH(c, x->d_counters, sizeof(c));
+    pop_ctx(x);
+    if (r)
+        return; /* counters are best effort: a failed gather reports its own error */
+    add->storage_reads += c[FR_XC_CNT_COMMANDS] - x->seen[FR_XC_CNT_COMMANDS];
+    add->bytes_read += c[FR_XC_CNT_BYTES] - x->seen[FR_XC_CNT_BYTES];
+    memcpy(x->seen, c, sizeof(c));
+}
+
+static void xc_memory(void *state, fr_store_memory *add)
+{
+    xc *x = state;
+    /* SQ + CQ per queue (64 + 16 bytes an entry, in 64 KiB heap units). */
+    add->rings += (uint64_t)x->nq * 2 * (64u << 10);
+    add->staging += (uint64_t)x->nq * x->f.geom.page_bytes;
+    add->device_meta += (uint64_t)x->nq * (x->f.geom.mem_pages_per_page * 8 + 8 + 8 + 4) +
+                         FR_XC_NCNT * 8;
+}
+
+void *fr_xc_context(void *state) { return state ? ((xc *)state)->ctx : NULL; }
+
+const fr_gather_backend fr_gather_backend_xnvme_cuda = {
+    .name = "xnvme-cuda",
+    .fetch_define = "FR_FETCH_EXTERN",
+    .device_source = fr_xc_device_source,
+    .probe = xc_probe,
+    .open = xc_open,
+    .map_cache = NULL, /* xNVMe gives bus addresses for its own heap only: pages bounce */
+    .fill_view = xc_fill_view,
+    .begin = xc_begin,
+    .end = xc_end,
+    .cancel = xc_cancel,
+    .counters = xc_counters,
+    .memory = xc_memory,
+    .close = xc_close,
+};
 
 #endif /* FASTREAD_HAVE_XNVME_CUDA */

@@ -59,41 +59,31 @@ typedef struct fr_xc_cmd {
     uint32_t slot_off;
 } fr_xc_cmd;
 
-/* What device code needs, in device memory (fr_xc_fill_pages' first
- * argument). Addresses are uint64_t so host C and device C++ agree on the
- * layout. */
-typedef struct fr_xc_view {
+/* The backend's words of the device view (fr_dev_store.fetch, 16 x 64
+ * bits: gather_backend.h), filled by fill_view. Addresses are uint64_t so
+ * host C and device C++ agree on the layout. */
+typedef struct fr_xc_fetch {
     fr_xc_geom geom;
-    uint64_t queues;     /* struct xnvme_cuda_queue *[nqueues]: one per thread block */
-    uint64_t slot_base;  /* slot s is bytes [s * page_bytes, +page_bytes) from here */
-    uint64_t slot_iova;  /* uint64_t[nslots * mem_pages_per_page]: bus address of each
-                            4 KiB of the slots, what the controller DMAs to (PRP entries) */
-    uint64_t prp_iova;   /* uint64_t[nslots]: bus address of slot s's PRP list (entries for
-                            its memory pages 1..n-1); 0 when pages are <= 8 KiB */
-    uint32_t nslots;
+    uint64_t queues;      /* struct xnvme_cuda_queue *[nqueues] (device memory) */
+    uint64_t locks;       /* uint32_t[nqueues]: 0 free, 1 held by a loader, 2 retired */
+    uint64_t bounce;      /* nqueues pages in xNVMe's GPU heap: queue q reads into page q */
+    uint64_t bounce_iova; /* uint64_t[nqueues * mem_pages_per_page]: bus address of each
+                             4 KiB of the bounce pages (PRP entries) */
+    uint64_t prp_iova;    /* uint64_t[nqueues]: bus address of queue q's PRP list (its
+                             memory pages 1..n-1); 0 when pages are <= 8 KiB */
+    uint64_t counters;    /* uint64_t[FR_XC_NCNT] (device memory) */
     uint32_t nqueues;
-    uint32_t qdepth;     /* commands in flight per queue (<= the fill kernel's block size) */
     uint32_t nsid;
-    uint32_t timeout_ms; /* a completion not seen by then fails the fill with a timeout */
-    uint32_t prp_stride; /* bytes between two slots' PRP lists (a power of two <= 4096) */
-} fr_xc_view;
+} fr_xc_fetch;
 
-/* What a fill reports (device memory, zeroed before each launch). code: 0
- * ok, else the first failure seen (FR_XC_E*); the rest say where. */
-enum { FR_XC_OK = 0, FR_XC_ENVME = 1, FR_XC_ETIMEDOUT = 2, FR_XC_EBADREQ = 3 };
-typedef struct fr_xc_fill_status {
-    int32_t code;
-    uint32_t index;       /* position in the fill's page list */
-    uint32_t nvme_status; /* (sct << 8) | sc of the failed command */
-    uint32_t failed;      /* commands that failed or timed out */
-    uint64_t commands;    /* commands completed successfully */
-    uint64_t bytes;       /* bytes they read */
-} fr_xc_fill_status;
-
-static inline FR_XC_HD int fr_xc_is_pow2_u64(uint64_t v)
-{
-    return v != 0 && (v & (v - 1)) == 0;
-}
+enum {
+    FR_XC_CNT_COMMANDS,    /* NVMe reads completed */
+    FR_XC_CNT_BYTES,       /* bytes they read, for pages that arrived */
+    FR_XC_CNT_NVME_ERRORS, /* completions with an error status */
+    FR_XC_CNT_TIMEOUTS,    /* loaders that gave up with commands in flight */
+    FR_XC_CNT_LAST_STATUS, /* 0x10000 | sct << 8 | sc of the last error status */
+    FR_XC_NCNT
+};
 
 /* Command k (0 <= k < cmds_per_page) of page `page`. Returns 1 and fills
  * *c, or 0 when that part of the page lies past the data (nothing to read:
@@ -115,6 +105,11 @@ static inline FR_XC_HD int fr_xc_page_cmd(const fr_xc_geom *g, uint64_t page, ui
 
 #if !defined(__CUDA_ARCH__)
 #include <stdio.h>
+
+static inline int fr_xc_is_pow2_u64(uint64_t v)
+{
+    return v != 0 && (v & (v - 1)) == 0;
+}
 
 /* Checks a store's layout against a namespace and fills *g. 0, or -EINVAL
  * (22) / -ERANGE (34) with a message naming `what` (the device) when the

@@ -1,40 +1,69 @@
 /*
- * xnvme-cuda, device side: cache pages read from NVMe by GPU threads through
- * xNVMe's GPU-resident queues (libxnvme_cuda.h, upcie-cuda backend).
+ * xnvme-cuda, device half (gather_backend.h, FR_FETCH_EXTERN): a cache miss
+ * becomes NVMe reads that the GPU thread builds, submits and reaps itself on
+ * one of xNVMe's GPU-resident queues (libxnvme_cuda.h, upcie-cuda backend).
  *
- * Needs nvcc: libxnvme_cuda.h only defines struct xnvme_cuda_queue and its
- * device functions under __CUDACC__, and it comes through libxnvme.h, which
- * includes glibc headers (<stdio.h>, <sys/stat.h>, ...) that NVRTC cannot
- * compile. So this is precompiled at build time (cmake/xnvme_cuda.cmake ->
- * xnvme_cuda_kernels.cu -> an embedded fatbin), never given to NVRTC.
+ * Compiled after fastread_device.cuh and after xNVMe's libxnvme_util.h,
+ * libxnvme_spec.h and libxnvme_cuda.h. NVRTC cannot include libxnvme.h
+ * (glibc headers), but those three need nothing but stdint types and
+ * EAGAIN: the build concatenates them, as installed on the build machine,
+ * with xnvme_cuda_map.h and this file, #include lines removed, into the
+ * text gather_xnvme_cuda.c's device_source() returns (never committed: it
+ * is made from the system's xNVMe every build). nvcc users include the
+ * headers instead (see tests/test_gather_xnvme_cuda.c).
  *
- * One thread block drives one queue: the block's threads each write one
- * command into the submission queue at their position (enqueue_at_i),
- * thread 0 rings the doorbell once for the batch (sq_update), every thread
- * reaps one completion (reap_at_i, with the store's timeout), thread 0
- * moves the completion head (cq_update). This is the sequence of
- * xnvme_cuda_cmd_io, done with its building blocks for two reasons: the
- * timeout is the store's (cmd_io always uses the controller's CAP.TO), and
- * completions may arrive out of order, so a status is matched to its command
- * by the completion's CID rather than by its position in the queue.
+ * Why a lock per queue. xNVMe's device functions keep the queue's tail and
+ * head in the queue itself with plain (non-atomic) updates, made for one
+ * thread block per queue moving in lock-step (xnvme_cuda_cmd_io). Here a
+ * loader is one thread of any lane, divergent, with many loaders at once;
+ * so a loader takes a queue for itself (a CAS on the queue's lock word),
+ * writes its page's commands (enqueue_at_i at offsets 0..n-1, CID = offset),
+ * rings the doorbell once (sq_update), reaps its n completions (reap_at_i,
+ * in 1 ms slices so that the store's deadline and abort flag are honoured),
+ * moves the head (cq_update) and lets the queue go. Parallelism is the
+ * number of queues (each NVMe I/O queue pair the controller grants is
+ * one), depth per queue is the commands of one page.
+ *
+ * Why a bounce page per queue. The controller DMAs to bus addresses, and
+ * xNVMe's public API gives those (xnvme_buf_vtophys) only for its own GPU
+ * heap, not for the store's cache. So queue q reads into its page in
+ * xNVMe's heap (bus addresses and PRP list written once at open) and the
+ * loader copies it to the cache slot (HBM to HBM, with loads that bypass
+ * L1: the bytes were written by DMA after this thread last read the page).
+ *
+ * A loader that gives up (deadline, abort) with commands in flight marks
+ * the queue retired (lock word 2) so nothing else uses it: a late
+ * completion may still land in that queue's bounce page, never in a cache
+ * slot. The host's end() recreates the queues after a failed gather.
  */
 #ifndef FASTREAD_XNVME_CUDA_CUH
 #define FASTREAD_XNVME_CUDA_CUH
 
-#include <libxnvme.h>
-
 #include "../xnvme_cuda_map.h"
 
-/* Builds the NVMe Read for command *c of a page going to cache slot `slot`:
- * PRP1 is the slot's first 4 KiB memory page the command covers; PRP2 the
- * second, or (more than two pages) a pointer into the slot's PRP list at
- * the entry of that second page. The lists were written at open, once: a
- * slot's bus addresses never change. */
-static __device__ inline void fr_xc_build_read(const fr_xc_view *v, const fr_xc_cmd *c,
-                                               uint32_t slot, struct xnvme_spec_cmd *cmd)
+/* The layouts the controller sees, whatever the source of the headers. */
+static_assert(sizeof(struct xnvme_spec_cmd) == 64, "NVMe command is 64 bytes");
+static_assert(sizeof(struct xnvme_spec_cpl) == 16, "NVMe completion is 16 bytes");
+static_assert(sizeof(fr_xc_fetch) <= 16 * sizeof(uint64_t), "fr_xc_fetch outgrew fr_dev_fetch");
+
+#define FR_XC_LOCK_FREE 0u
+#define FR_XC_LOCK_HELD 1u
+#define FR_XC_LOCK_RETIRED 2u
+
+/* s->fetch, as this backend fills it. */
+FR_DEV const fr_xc_fetch *fr_xc_fetch_of(const fr_dev_store *s)
 {
-    const fr_xc_geom *g = &v->geom;
-    const uint64_t *iova = (const uint64_t *)v->slot_iova + (uint64_t)slot * g->mem_pages_per_page;
+    return (const fr_xc_fetch *)&s->fetch;
+}
+
+/* The NVMe Read for command *c of a page, into queue q's bounce page. PRP1:
+ * the first 4 KiB memory page the command covers; PRP2: the second, or,
+ * beyond two, a pointer into the queue's PRP list at that second page. */
+FR_DEV void fr_xc_build_read(const fr_xc_fetch *f, uint32_t q, const fr_xc_cmd *c, uint16_t cid,
+                             struct xnvme_spec_cmd *cmd)
+{
+    const fr_xc_geom *g = &f->geom;
+    const uint64_t *iova = (const uint64_t *)f->bounce_iova + (uint64_t)q * g->mem_pages_per_page;
     uint32_t bytes = c->nlb << g->lba_shift;
     uint32_t j0 = c->slot_off / FR_XC_MEM_PAGE;
     uint32_t m = (bytes + FR_XC_MEM_PAGE - 1) / FR_XC_MEM_PAGE;
@@ -42,129 +71,130 @@ static __device__ inline void fr_xc_build_read(const fr_xc_view *v, const fr_xc_
     for (unsigned i = 0; i < sizeof(*cmd) / sizeof(uint32_t); i++)
         w[i] = 0;
     cmd->common.opcode = XNVME_SPEC_NVM_OPC_READ;
-    cmd->common.nsid = v->nsid;
+    cmd->common.cid = cid;
+    cmd->common.nsid = f->nsid;
     cmd->common.dptr.prp.prp1 = iova[j0];
     if (m == 2)
         cmd->common.dptr.prp.prp2 = iova[j0 + 1];
     else if (m > 2)
-        cmd->common.dptr.prp.prp2 = ((const uint64_t *)v->prp_iova)[slot] + (uint64_t)j0 * 8u;
+        cmd->common.dptr.prp.prp2 = ((const uint64_t *)f->prp_iova)[q] + (uint64_t)j0 * 8u;
     cmd->nvm.slba = c->slba;
     cmd->nvm.nlb = (uint16_t)(c->nlb - 1); /* zero-based */
 }
 
-/* Shared state of one round. */
-typedef struct fr_xc_round {
-    unsigned n;                      /* commands in this round */
-    int timed_out;
-    int status[FR_XC_MAX_BLOCK];     /* by CID: 0, (sct << 8 | sc) + 1, or -1 (no completion) */
-} fr_xc_round;
-
-/* One round on queue q, called by every thread of the block (it has
- * __syncthreads inside). A thread with have != 0 submits *cmd; the result
- * for it comes back: 0, an NVMe status ((sct << 8) | sc) + 1, or -1 when
- * no completion came within timeout_ms. After a timeout the queue's state
- * is unknown (a late completion could still DMA into its slot): the caller
- * must stop using the queue: *lost is then set, in every thread. */
-static __device__ inline int fr_xc_round_io(struct xnvme_cuda_queue *q, struct xnvme_spec_cmd *cmd,
-                                            int have, uint32_t timeout_ms, fr_xc_round *r,
-                                            int *lost)
+/* Takes a free queue, starting from one picked by the page so that loaders
+ * spread over the queues. Its index, or a negative FR_DEV_E* code. */
+FR_DEV int64_t fr_xc_take_queue(const fr_dev_store *s, const fr_xc_fetch *f, uint64_t page,
+                                uint64_t deadline_ns)
 {
-    unsigned tid = threadIdx.x;
-    if (tid == 0) {
-        r->n = 0;
-        r->timed_out = 0;
-    }
-    __syncthreads();
-    /* Positions in the submission queue are handed out densely: any order
-     * will do, the CID says which command a completion belongs to. */
-    unsigned pos = 0;
-    if (have) {
-        pos = atomicAdd(&r->n, 1u);
-        r->status[pos] = -1;
-        cmd->common.cid = (uint16_t)pos;
-        xnvme_cuda_enqueue_at_i(q, cmd, (uint16_t)pos);
-    }
-    __syncthreads();
-    unsigned n = r->n;
-    if (tid == 0 && n)
-        xnvme_cuda_sq_update(q, (uint16_t)n);
-    if (tid < n) {
-        struct xnvme_spec_cpl cpl;
-        int e = xnvme_cuda_reap_at_i(q, (int)timeout_ms, &cpl, (uint16_t)tid);
-        if (e)
-            r->timed_out = 1;
-        else if (cpl.cid < n)
-            r->status[cpl.cid] = cpl.status.sc || cpl.status.sct
-                                     ? (int)((cpl.status.sct << 8) | cpl.status.sc) + 1
-                                     : 0;
-        else
-            r->timed_out = 1; /* a CID we never issued: treat the queue as lost */
-    }
-    __syncthreads();
-    /* Only a fully reaped round frees its completion entries. */
-    if (tid == 0 && n && !r->timed_out)
-        xnvme_cuda_cq_update(q, (uint16_t)n);
-    int res = have ? r->status[pos] : 0;
-    *lost = r->timed_out;
-    __syncthreads(); /* r is reused by the next round: read it all before */
-    return res;
-}
-
-static __device__ inline void fr_xc_report(fr_xc_fill_status *st, int32_t code, uint32_t index,
-                                           uint32_t nvme_status)
-{
-    atomicAdd(&st->failed, 1u);
-    if (atomicCAS(&st->code, 0, code) == 0) {
-        st->index = index;
-        st->nvme_status = nvme_status;
-    }
-}
-
-/* Reads pages[0..n) into cache slots slots[0..n), every command of every
- * page; block b uses queue b. Launch with gridDim.x <= nqueues and
- * blockDim.x == min(qdepth, FR_XC_MAX_BLOCK). The caller zeroes *st. */
-static __device__ inline void fr_xc_fill_pages_dev(const fr_xc_view *v, const uint64_t *pages,
-                                                   const uint32_t *slots, uint32_t n,
-                                                   fr_xc_fill_status *st)
-{
-    __shared__ fr_xc_round r;
-    const fr_xc_geom *g = &v->geom;
-    struct xnvme_cuda_queue *q = ((struct xnvme_cuda_queue *const *)v->queues)[blockIdx.x];
-    uint64_t total = (uint64_t)n * g->cmds_per_page;
-    uint64_t per = (total + gridDim.x - 1) / gridDim.x;
-    uint64_t begin = per * blockIdx.x, end = begin + per < total ? begin + per : total;
-    for (uint64_t base = begin; base < end; base += blockDim.x) {
-        uint64_t idx = base + threadIdx.x;
-        int have = 0;
-        uint32_t i = 0, bytes = 0;
-        struct xnvme_spec_cmd cmd;
-        if (idx < end) {
-            i = (uint32_t)(idx / g->cmds_per_page);
-            uint32_t k = (uint32_t)(idx % g->cmds_per_page);
-            uint64_t page = pages[i];
-            uint32_t slot = slots[i];
-            fr_xc_cmd c;
-            /* A bad index would make the controller DMA outside the cache. */
-            if (page >= g->pages || slot >= v->nslots) {
-                if (k == 0)
-                    fr_xc_report(st, FR_XC_EBADREQ, i, 0);
-            } else if (fr_xc_page_cmd(g, page, k, &c)) {
-                fr_xc_build_read(v, &c, slot, &cmd);
-                bytes = c.nlb << g->lba_shift;
-                have = 1;
+    uint32_t *locks = (uint32_t *)f->locks;
+    uint32_t start = (uint32_t)((page * 0x9E3779B97F4A7C15ull) >> 32) % f->nqueues;
+    for (;;) {
+        for (uint32_t i = 0; i < f->nqueues; i++) {
+            uint32_t q = (start + i) % f->nqueues;
+            if (fr_load32(&locks[q]) == FR_XC_LOCK_FREE &&
+                fr_atom_cas32(&locks[q], FR_XC_LOCK_FREE, FR_XC_LOCK_HELD) == FR_XC_LOCK_FREE) {
+                fr_fence(); /* the previous holder's queue updates are visible */
+                return q;
             }
         }
-        int lost = 0;
-        int res = fr_xc_round_io(q, &cmd, have, v->timeout_ms, &r, &lost);
-        if (have && res == 0) {
-            atomicAdd((unsigned long long *)&st->commands, 1ull);
-            atomicAdd((unsigned long long *)&st->bytes, (unsigned long long)bytes);
-        } else if (have)
-            fr_xc_report(st, res < 0 ? FR_XC_ETIMEDOUT : FR_XC_ENVME, i,
-                         res < 0 ? 0u : (uint32_t)(res - 1));
-        if (lost)
-            return; /* every thread of the block saw the same flag: the queue is lost */
+        int rc = fr_dev_wait_check(s, deadline_ns);
+        if (rc)
+            return rc;
     }
+}
+
+FR_DEV void fr_xc_give_queue(const fr_xc_fetch *f, uint32_t q, uint32_t state)
+{
+    fr_fence(); /* our head/tail updates before the next holder reads them */
+    fr_store32(&((uint32_t *)f->locks)[q], state);
+}
+
+/* Copies the bounce page to the slot, reading around L1 (ld.global.cv):
+ * the controller wrote those bytes behind the caches' back. */
+FR_DEV void fr_xc_copy_in(uint8_t *dst, const uint8_t *src, uint32_t len)
+{
+    if ((((uint64_t)dst | (uint64_t)src | len) & 15) == 0) {
+        for (uint32_t i = 0; i < len / 16; i++)
+            ((uint4 *)dst)[i] = __ldcv((const uint4 *)src + i);
+        return;
+    }
+    for (uint32_t i = 0; i < len; i++)
+        dst[i] = *(const volatile uint8_t *)&src[i];
+}
+
+FR_DEV int fr_backend_fetch_page(const fr_dev_store *s, uint64_t page, uint8_t *dst, uint32_t len,
+                                 uint64_t deadline_ns)
+{
+    const fr_xc_fetch *f = fr_xc_fetch_of(s);
+    const fr_xc_geom *g = &f->geom;
+    uint64_t *counters = (uint64_t *)f->counters;
+    if (page >= g->pages || len > g->page_bytes)
+        return FR_DEV_ERANGE;
+    int64_t q = fr_xc_take_queue(s, f, page, deadline_ns);
+    if (q < 0)
+        return (int)q;
+    /* Work on a private copy of the queue's state, read around L1 (another
+     * SM may have moved head and tail since this one last looked), and
+     * write head, tail and phase back before letting the queue go. */
+    struct xnvme_cuda_queue *gq = ((struct xnvme_cuda_queue *const *)f->queues)[q];
+    struct xnvme_cuda_queue local;
+    for (unsigned i = 0; i < sizeof(local) / sizeof(uint32_t); i++)
+        ((uint32_t *)&local)[i] = ((const volatile uint32_t *)gq)[i];
+    struct xnvme_cuda_queue *qp = &local;
+    uint16_t n = 0;
+    uint64_t bytes = 0;
+    for (uint32_t k = 0; k < g->cmds_per_page; k++) {
+        fr_xc_cmd c;
+        struct xnvme_spec_cmd cmd;
+        if (!fr_xc_page_cmd(g, page, k, &c))
+            break; /* the rest of the last page lies past the data */
+        fr_xc_build_read(f, (uint32_t)q, &c, n, &cmd);
+        xnvme_cuda_enqueue_at_i(qp, &cmd, n);
+        bytes += (uint64_t)c.nlb << g->lba_shift;
+        n++;
+    }
+    if (n == 0) {
+        fr_xc_give_queue(f, (uint32_t)q, FR_XC_LOCK_FREE);
+        return FR_DEV_ERANGE;
+    }
+    xnvme_cuda_sq_update(qp, n);
+    int err = 0;
+    for (uint16_t i = 0; i < n; i++) {
+        struct xnvme_spec_cpl cpl;
+        while (xnvme_cuda_reap_at_i(qp, 1, &cpl, i) != 0) {
+            int rc = fr_dev_wait_check(s, deadline_ns);
+            if (rc) {
+                /* Commands are in flight: nobody may use this queue again
+                 * until the host recreates it (end() after the failure). */
+                fr_atom_add64(&counters[FR_XC_CNT_TIMEOUTS], 1);
+                fr_xc_give_queue(f, (uint32_t)q, FR_XC_LOCK_RETIRED);
+                return rc;
+            }
+        }
+        if (cpl.cid >= n) {
+            fr_atom_add64(&counters[FR_XC_CNT_NVME_ERRORS], 1);
+            fr_xc_give_queue(f, (uint32_t)q, FR_XC_LOCK_RETIRED); /* not ours: queue lost */
+            return FR_DEV_EIO;
+        }
+        if (cpl.status.sc || cpl.status.sct) {
+            fr_atom_add64(&counters[FR_XC_CNT_NVME_ERRORS], 1);
+            fr_store32((uint32_t *)&counters[FR_XC_CNT_LAST_STATUS],
+                       (uint32_t)((cpl.status.sct << 8) | cpl.status.sc) | 0x10000u);
+            err = FR_DEV_EIO;
+        }
+    }
+    xnvme_cuda_cq_update(qp, n);
+    *(volatile uint16_t *)&gq->tail = local.tail;
+    *(volatile uint16_t *)&gq->head = local.head;
+    *(volatile uint8_t *)&gq->phase = local.phase;
+    if (err == 0)
+        fr_xc_copy_in(dst, (const uint8_t *)f->bounce + (uint64_t)q * g->page_bytes, len);
+    fr_xc_give_queue(f, (uint32_t)q, FR_XC_LOCK_FREE);
+    fr_atom_add64(&counters[FR_XC_CNT_COMMANDS], n);
+    if (err == 0)
+        fr_atom_add64(&counters[FR_XC_CNT_BYTES], bytes);
+    return err;
 }
 
 #endif
