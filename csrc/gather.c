@@ -20,7 +20,9 @@
 #include "base.h"
 #include "fastread.h"
 #include "gather.h"
+#include "gather_device.h"
 #include "gather_host.h"
+#include "gather_kernel.h"
 #include "gpu.h"
 
 struct fr_store {
@@ -29,7 +31,11 @@ struct fr_store {
     const char *backend;
 
     fr_host_gather *host;
-    fr_gpu *gpu; /* device_id >= 0 */
+    fr_gpu *gpu;  /* device_id >= 0 */
+    fr_gdev *dev; /* the device path (proxy, xnvme-cuda) */
+    char reason[FR_ERRLEN];
+    char *nvrtc_path;
+    const int64_t *open_hot_ids; /* cfg->hot_ids, during fr_store_open only */
 
     pthread_mutex_t state_lock;
     pthread_cond_t idle_cv;
@@ -54,7 +60,7 @@ void fr_store_config_init(fr_store_config *cfg)
     cfg->cache_bytes = (uint64_t)1 << 30;
     cfg->page_bytes = 64u << 10;
     cfg->host_bytes = 0;
-    cfg->ring_entries = 4096;
+    cfg->ring_entries = 0;
     cfg->timeout_ms = 10000;
 }
 
@@ -80,6 +86,7 @@ static void pinned_free(fr_store *s, void **p, size_t *cap)
 
 static void store_free(fr_store *s)
 {
+    fr_gdev_close(s->dev);
     fr_host_gather_close(s->host);
     if (s->gpu) {
         pinned_free(s, &s->h_ids, &s->h_ids_cap);
@@ -93,6 +100,7 @@ static void store_free(fr_store *s)
     free(s->engine);
     free(s->engine_args);
     free(s->cache_dir);
+    free(s->nvrtc_path);
     free(s);
 }
 
@@ -114,6 +122,55 @@ static int check_config(const fr_store_config *c, char *err, size_t err_len)
     return 0;
 }
 
+/* Hot rows for the host tier, read by the host backend. */
+static int fill_hot(void *arg, const int64_t *ids, size_t n, void *out, char *err, size_t err_len)
+{
+    fr_store *s = arg;
+    fr_host_gather_counts c = {0, 0, 0};
+    return fr_host_gather_run(s->host, ids, n, out, NULL, &c, err, err_len);
+}
+
+static int open_device_path(fr_store *s, const char *backend, char *err, size_t err_len)
+{
+    const fr_gather_backend *be = NULL;
+    if (strcmp(backend, "proxy") == 0)
+        be = &fr_gather_backend_proxy;
+#ifdef FASTREAD_HAVE_XNVME_CUDA
+    else if (strcmp(backend, "xnvme-cuda") == 0)
+        be = &fr_gather_backend_xnvme_cuda;
+#endif
+    if (!be) {
+        fr_set_err(err, err_len,
+                   "store %s: backend '%s' is not built in (needs xNVMe with libxnvme_cuda.h)",
+                   s->path, backend);
+        return -ENOTSUP;
+    }
+    const fr_store_config *c = &s->cfg;
+    uint64_t data = c->rows * c->row_bytes, size = 0;
+    int rc = fr_host_file_size(s->path, &size, err, err_len);
+    if (rc)
+        return rc;
+    unsigned ring = c->ring_entries;
+    if (ring == 0) {
+        ring = 4096;
+        while (ring > 64 && (uint64_t)ring * c->page_bytes > ((uint64_t)256 << 20))
+            ring /= 2;
+    }
+    fr_backend_env env = {
+        .path = s->path, .offset = c->offset, .rows = c->rows, .row_bytes = c->row_bytes,
+        .file_size = size, .page_bytes = c->page_bytes,
+        .pages = c->page_bytes ? (data + c->page_bytes - 1) / c->page_bytes : 0,
+        .ring_entries = ring, .timeout_ms = c->timeout_ms,
+        .engine = fr_host_gather_engine(s->host), .engine_args = s->engine_args,
+        .o_direct = c->o_direct, .queue_depth = c->queue_depth, .threads = c->threads,
+        .gpu = s->gpu, .cancel = &s->closing,
+    };
+    /* hot_ids are borrowed for the duration of open only. */
+    fr_store_config dc = *c;
+    dc.hot_ids = s->open_hot_ids;
+    return fr_gdev_open(&dc, &env, be, fill_hot, s, &s->dev, err, err_len);
+}
+
 int fr_store_open(const fr_store_config *cfg, fr_store **out, char *err, size_t err_len)
 {
     *out = NULL;
@@ -130,7 +187,9 @@ int fr_store_open(const fr_store_config *cfg, fr_store **out, char *err, size_t 
     s->cfg.engine_args = s->engine_args = dup_or_null(cfg->engine_args ? cfg->engine_args : "",
                                                       &failed);
     s->cfg.cache_dir = s->cache_dir = dup_or_null(cfg->cache_dir, &failed);
+    s->cfg.nvrtc_path = s->nvrtc_path = dup_or_null(cfg->nvrtc_path, &failed);
     s->cfg.hot_ids = NULL; /* borrowed only for the duration of open */
+    s->open_hot_ids = cfg->hot_ids;
     pthread_mutex_init(&s->state_lock, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
     pthread_mutex_init(&s->gather_lock, NULL);
@@ -159,13 +218,28 @@ int fr_store_open(const fr_store_config *cfg, fr_store **out, char *err, size_t 
             return rc;
         }
     }
-    if (strcmp(b, "proxy") == 0 || strcmp(b, "xnvme-cuda") == 0) {
-        fr_set_err(err, err_len, "store %s: backend '%s' is not available in this build", s->path,
-                   b);
+    int device_path = strcmp(b, "proxy") == 0 || strcmp(b, "xnvme-cuda") == 0;
+    if (device_path && cfg->device_id < 0) {
+        fr_set_err(err, err_len, "store %s: backend '%s' needs a device_id (a CUDA device number)",
+                   s->path, b);
         store_free(s);
-        return -ENOTSUP;
+        return -EINVAL;
     }
     s->backend = "host";
+    if (device_path || (strcmp(b, "auto") == 0 && cfg->device_id >= 0)) {
+        const char *want = device_path ? b : "proxy";
+        char why[FR_ERRLEN] = "";
+        rc = open_device_path(s, want, why, sizeof(why));
+        if (rc && device_path) {
+            fr_set_err(err, err_len, "%s", why);
+            store_free(s);
+            return rc;
+        }
+        if (rc)
+            snprintf(s->reason, sizeof(s->reason), "%s", why);
+        else
+            s->backend = want;
+    }
     *out = s;
     return 0;
 }
@@ -198,6 +272,8 @@ void fr_store_close(fr_store *s)
         return;
     pthread_mutex_lock(&s->state_lock);
     atomic_store(&s->closing, 1);
+    if (s->dev)
+        fr_gdev_cancel(s->dev); /* a kernel in flight sees the abort flag */
     while (s->users > 0)
         pthread_cond_wait(&s->idle_cv, &s->state_lock);
     pthread_mutex_unlock(&s->state_lock);
@@ -205,6 +281,12 @@ void fr_store_close(fr_store *s)
 }
 
 const char *fr_store_backend(const fr_store *s) { return s->backend; }
+const char *fr_store_backend_reason(const fr_store *s) { return s->reason; }
+const char *fr_store_kernel_source(const fr_store *s)
+{
+    return s->dev ? fr_gdev_kernel_source(s->dev) : "";
+}
+const char *fr_store_device_header(void) { return fr_kernel_device_header(); }
 
 static void add_host_counts(fr_store *s, size_t n, const fr_host_gather_counts *c, int rc)
 {
@@ -305,10 +387,27 @@ int fr_store_gather_device(fr_store *s, uint64_t ids, int id_bytes, size_t n, ui
     if (rc)
         return rc;
     pthread_mutex_lock(&s->gather_lock);
-    if (n == 0)
+    if (n == 0) {
         rc = 0;
-    else
+    } else if (s->dev) {
+        fr_store_stats d;
+        memset(&d, 0, sizeof(d));
+        rc = fr_gdev_gather(s->dev, ids, id_bytes, n, out, stream, bad_index, &d, err, err_len);
+        pthread_mutex_lock(&s->state_lock);
+        s->stats.gathers++;
+        if (rc == 0)
+            s->stats.rows += n;
+        s->stats.cache_hits += d.cache_hits;
+        s->stats.cache_misses += d.cache_misses;
+        s->stats.coalesced += d.coalesced;
+        s->stats.host_tier_rows += d.host_tier_rows;
+        s->stats.storage_reads += d.storage_reads;
+        s->stats.bytes_read += d.bytes_read;
+        s->stats.evictions += d.evictions;
+        pthread_mutex_unlock(&s->state_lock);
+    } else {
         rc = host_gather_device(s, ids, id_bytes, n, out, stream, bad_index, err, err_len);
+    }
     pthread_mutex_unlock(&s->gather_lock);
     leave(s);
     return rc;
@@ -327,7 +426,9 @@ void fr_store_memory_get(fr_store *s, fr_store_memory *out)
     /* Under gather_lock: the buffers it reports grow during a gather. */
     pthread_mutex_lock(&s->gather_lock);
     out->host_buffers = fr_host_gather_bytes(s->host) + s->h_ids_cap + s->h_out_cap;
+    if (s->dev)
+        fr_gdev_memory(s->dev, out);
     pthread_mutex_unlock(&s->gather_lock);
 }
 
-uint64_t fr_store_device_view(fr_store *s) { (void)s; return 0; }
+uint64_t fr_store_device_view(fr_store *s) { return s->dev ? fr_gdev_view(s->dev) : 0; }

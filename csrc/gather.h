@@ -72,11 +72,15 @@ typedef struct fr_store_config {
     unsigned ring_entries;   /* submission ring size, a power of two (0: default) */
     uint32_t timeout_ms;     /* device-side waits give up after this (0: default) */
     const char *cache_dir;   /* compiled kernels; NULL: $FASTREAD_CACHE_DIR or ~/.cache/fastread */
+    /* Added after the first version (additive): */
+    const char *nvrtc_path;  /* libnvrtc file or directory (e.g. the nvidia-cuda-nvrtc wheel's
+                                lib dir); NULL: $FASTREAD_NVRTC, then libnvrtc.so.13/.12/.so */
 } fr_store_config;
 
 /* Defaults: backend "auto", engine "auto", o_direct -1, host only
  * (device_id -1), 1 GiB cache of 64 KiB pages, no host tier, 4096 ring
- * entries, 10 s timeout. */
+ * entries (ring_entries 0: 4096, fewer where staging would pass 256 MiB:
+ * entries * page_bytes), 10 s timeout. */
 void fr_store_config_init(fr_store_config *cfg);
 
 /* Opens a store. Fails with -errno and a message naming the thing for: a
@@ -91,6 +95,11 @@ void fr_store_close(fr_store *store);
 
 /* The backend that runs ("host", "proxy", "xnvme-cuda"). */
 const char *fr_store_backend(const fr_store *store);
+/* Why backend "auto" fell back to "host" with a device_id given ("" when it
+ * did not), and where the gather kernel came from ("" without a device
+ * path): e.g. "NVRTC 13.0, sm_90, cached in ~/.cache/fastread". */
+const char *fr_store_backend_reason(const fr_store *store);
+const char *fr_store_kernel_source(const fr_store *store);
 
 /* Rows ids[0..n) to host memory out (n * row_bytes bytes), in input order,
  * through the host backend (always available). 0, or -errno with a message:

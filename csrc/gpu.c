@@ -25,9 +25,14 @@
 typedef int CUdevice;
 typedef struct CUctx_st *CUcontext;
 typedef unsigned long long CUdeviceptr;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
 
 #define CU_MEMHOSTREGISTER_PORTABLE 0x01
 #define CU_STREAM_NON_BLOCKING 0x1
+#define CU_MEMHOSTALLOC_PORTABLE 0x01
+#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
+#define CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NO_DEVICE 100
 #define CUDA_ERROR_INVALID_DEVICE 101
@@ -55,6 +60,25 @@ typedef struct cuda_api {
     fr_CUresult (*cuGetErrorString)(fr_CUresult, const char **);
 } cuda_api;
 
+/* What row gathers' device path adds (gather_device.c). Loaded at open like
+ * the rest, but optional: a driver without one of them still runs the
+ * readers, and the device path says which entry point is missing. */
+typedef struct cuda_gather_api {
+    fr_CUresult (*cuMemHostAlloc)(void **, size_t, unsigned int);
+    fr_CUresult (*cuMemFreeHost)(void *);
+    fr_CUresult (*cuMemHostGetDevicePointer_v2)(CUdeviceptr *, void *, unsigned int);
+    fr_CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+    fr_CUresult (*cuModuleUnload)(CUmodule);
+    fr_CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    fr_CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  unsigned, unsigned, fr_CUstream, void **, void **);
+    fr_CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+    fr_CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+    fr_CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
+    fr_CUresult (*cuMemsetD8_v2)(CUdeviceptr, unsigned char, size_t);
+    fr_CUresult (*cuMemcpyDtoH_v2)(void *, CUdeviceptr, size_t);
+} cuda_gather_api;
+
 typedef struct cufile_api {
     fr_CUfileError (*cuFileDriverOpen)(void);
     fr_CUfileError (*cuFileHandleRegister)(fr_CUfileHandle *, fr_CUfileDescr *);
@@ -78,6 +102,9 @@ struct fr_gpu {
     CUcontext ctx;
     void *libcuda;
     cuda_api cu;
+    cuda_gather_api cg;
+    int cg_rc; /* 0: cg loaded; else -ENOSYS, why in cg_why */
+    char cg_why[FR_ERRLEN];
     char last_error[FR_ERRLEN];
 
     int cufile_rc; /* 1: not tried yet; 0: usable; < 0: -errno, why in cufile_why */
@@ -193,6 +220,16 @@ static int gpu_load(int device, fr_gpu **out, char *err, size_t err_len)
         gpu_free(g);
         return rc;
     }
+    const sym gsyms[] = {
+        SYM(g->cg, cuMemHostAlloc), SYM(g->cg, cuMemFreeHost),
+        SYM(g->cg, cuMemHostGetDevicePointer_v2), SYM(g->cg, cuModuleLoadData),
+        SYM(g->cg, cuModuleUnload), SYM(g->cg, cuModuleGetFunction), SYM(g->cg, cuLaunchKernel),
+        SYM(g->cg, cuDeviceGetAttribute), SYM(g->cg, cuMemGetInfo_v2),
+        SYM(g->cg, cuPointerGetAttribute), SYM(g->cg, cuMemsetD8_v2),
+        SYM(g->cg, cuMemcpyDtoH_v2),
+    };
+    g->cg_rc = load_syms(g->libcuda, gsyms, sizeof(gsyms) / sizeof(gsyms[0]), "libcuda",
+                         g->cg_why, sizeof(g->cg_why));
     fr_CUresult r = g->cu.cuInit(0);
     int count = 0;
     if (r == 0)
@@ -450,6 +487,186 @@ int fr_gpu_copy_htod_wait(fr_gpu *g, uint64_t dst, const void *src, size_t len,
         r = g->cu.cuStreamSynchronize(stream);
     pop(g);
     return r ? cu_fail(g, r, "copying to the GPU") : 0;
+}
+
+/* ------------------------------------------------------- row gathers' API */
+
+int fr_gpu_gather_api(fr_gpu *g, char *why, size_t why_len)
+{
+    if (g->cg_rc)
+        fr_set_err(why, why_len, "%s", g->cg_why);
+    return g->cg_rc;
+}
+
+int fr_gpu_mapped_alloc(fr_gpu *g, size_t len, void **host, uint64_t *dev)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    void *p = NULL;
+    CUdeviceptr d = 0;
+    fr_CUresult r = g->cg.cuMemHostAlloc(&p, len, CU_MEMHOSTALLOC_PORTABLE |
+                                                     CU_MEMHOSTALLOC_DEVICEMAP);
+    if (r) {
+        pop(g);
+        return cu_fail(g, r, "cuMemHostAlloc (page-locked, mapped host memory)");
+    }
+    r = g->cg.cuMemHostGetDevicePointer_v2(&d, p, 0);
+    if (r) {
+        (void)g->cg.cuMemFreeHost(p);
+        pop(g);
+        return cu_fail(g, r, "cuMemHostGetDevicePointer");
+    }
+    pop(g);
+    *host = p;
+    *dev = (uint64_t)d;
+    return 0;
+}
+
+void fr_gpu_mapped_free(fr_gpu *g, void *host)
+{
+    if (!host || push(g))
+        return;
+    fr_CUresult r = g->cg.cuMemFreeHost(host);
+    pop(g);
+    if (r)
+        (void)cu_fail(g, r, "cuMemFreeHost");
+}
+
+int fr_gpu_alloc(fr_gpu *g, size_t len, uint64_t *dptr)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    CUdeviceptr p = 0;
+    fr_CUresult r = g->cu.cuMemAlloc_v2(&p, len ? len : 1);
+    pop(g);
+    if (r)
+        return cu_fail(g, r, "cuMemAlloc");
+    *dptr = (uint64_t)p;
+    return 0;
+}
+
+void fr_gpu_free(fr_gpu *g, uint64_t dptr)
+{
+    if (!dptr || push(g))
+        return;
+    fr_CUresult r = g->cu.cuMemFree_v2((CUdeviceptr)dptr);
+    pop(g);
+    if (r)
+        (void)cu_fail(g, r, "cuMemFree");
+}
+
+int fr_gpu_memset8(fr_gpu *g, uint64_t dptr, unsigned char v, size_t len)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cg.cuMemsetD8_v2((CUdeviceptr)dptr, v, len);
+    pop(g);
+    return r ? cu_fail(g, r, "cuMemsetD8") : 0;
+}
+
+int fr_gpu_copy_from_device(fr_gpu *g, void *dst, uint64_t src, size_t len)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cg.cuMemcpyDtoH_v2(dst, (CUdeviceptr)src, len);
+    pop(g);
+    return r ? cu_fail(g, r, "copying from the GPU") : 0;
+}
+
+int fr_gpu_mem_info(fr_gpu *g, size_t *free_bytes, size_t *total)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cg.cuMemGetInfo_v2(free_bytes, total);
+    pop(g);
+    return r ? cu_fail(g, r, "cuMemGetInfo") : 0;
+}
+
+int fr_gpu_attribute(fr_gpu *g, int attr, int *out)
+{
+    fr_CUresult r = g->cg.cuDeviceGetAttribute(out, attr, g->dev);
+    return r ? cu_fail(g, r, "cuDeviceGetAttribute") : 0;
+}
+
+int fr_gpu_pointer_device(fr_gpu *g, uint64_t ptr, int *ordinal)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    int dev = -1;
+    fr_CUresult r = g->cg.cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                                (CUdeviceptr)ptr);
+    pop(g);
+    if (r) {
+        record_error(g, "address 0x%llx is not memory CUDA knows (CUDA error %d)",
+                     (unsigned long long)ptr, r);
+        return -EINVAL;
+    }
+    *ordinal = dev;
+    return 0;
+}
+
+int fr_gpu_module_load(fr_gpu *g, const void *image, void **module)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    CUmodule m = NULL;
+    fr_CUresult r = g->cg.cuModuleLoadData(&m, image);
+    pop(g);
+    if (r)
+        return cu_fail(g, r, "cuModuleLoadData (loading the gather kernel)");
+    *module = m;
+    return 0;
+}
+
+void fr_gpu_module_unload(fr_gpu *g, void *module)
+{
+    if (!module || push(g))
+        return;
+    (void)g->cg.cuModuleUnload((CUmodule)module);
+    pop(g);
+}
+
+int fr_gpu_module_function(fr_gpu *g, void *module, const char *name, void **fn)
+{
+    CUfunction f = NULL;
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cg.cuModuleGetFunction(&f, (CUmodule)module, name);
+    pop(g);
+    if (r)
+        return cu_fail(g, r, "cuModuleGetFunction");
+    *fn = f;
+    return 0;
+}
+
+int fr_gpu_launch(fr_gpu *g, void *fn, unsigned grid, unsigned block, fr_CUstream stream,
+                  void **params)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cg.cuLaunchKernel((CUfunction)fn, grid, 1, 1, block, 1, 1, 0, stream,
+                                         params, NULL);
+    pop(g);
+    return r ? cu_fail(g, r, "cuLaunchKernel (the gather kernel)") : 0;
+}
+
+int fr_gpu_stream_wait(fr_gpu *g, fr_CUstream stream)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->cu.cuStreamSynchronize(stream);
+    pop(g);
+    return r ? cu_fail(g, r, "waiting for the gather kernel") : 0;
 }
 
 /* ------------------------------------------------------------------ cuFile */

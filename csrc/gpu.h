@@ -67,6 +67,35 @@ int fr_gpu_copy_dtoh_wait(fr_gpu *gpu, void *dst, uint64_t src, size_t len, fr_C
 int fr_gpu_copy_htod_wait(fr_gpu *gpu, uint64_t dst, const void *src, size_t len,
                           fr_CUstream stream);
 
+/* ---- Row gathers' device path (gather_device.c, gather_proxy.c) ---- */
+/* 0 when the driver has every entry point below, else -ENOSYS and which. */
+int fr_gpu_gather_api(fr_gpu *gpu, char *why, size_t why_len);
+/* Page-locked host memory mapped into the device: host and device address. */
+int fr_gpu_mapped_alloc(fr_gpu *gpu, size_t len, void **host, uint64_t *dev);
+void fr_gpu_mapped_free(fr_gpu *gpu, void *host);
+int fr_gpu_alloc(fr_gpu *gpu, size_t len, uint64_t *dptr);
+void fr_gpu_free(fr_gpu *gpu, uint64_t dptr);
+int fr_gpu_memset8(fr_gpu *gpu, uint64_t dptr, unsigned char v, size_t len); /* synchronous */
+int fr_gpu_copy_from_device(fr_gpu *gpu, void *dst, uint64_t src, size_t len); /* synchronous */
+int fr_gpu_mem_info(fr_gpu *gpu, size_t *free_bytes, size_t *total);
+/* cuDeviceGetAttribute numbers (cuda.h's CUdevice_attribute). */
+enum {
+    FR_CU_ATTR_SM_COUNT = 16,
+    FR_CU_ATTR_CAN_MAP_HOST_MEMORY = 19,
+    FR_CU_ATTR_CC_MAJOR = 75,
+    FR_CU_ATTR_CC_MINOR = 76,
+};
+int fr_gpu_attribute(fr_gpu *gpu, int attr, int *out);
+/* The device a device pointer belongs to; -EINVAL when CUDA does not know it. */
+int fr_gpu_pointer_device(fr_gpu *gpu, uint64_t ptr, int *ordinal);
+int fr_gpu_module_load(fr_gpu *gpu, const void *image, void **module); /* PTX or cubin */
+void fr_gpu_module_unload(fr_gpu *gpu, void *module);
+int fr_gpu_module_function(fr_gpu *gpu, void *module, const char *name, void **fn);
+/* 1-D launch of fn on stream; params as cuLaunchKernel's kernelParams. */
+int fr_gpu_launch(fr_gpu *gpu, void *fn, unsigned grid, unsigned block, fr_CUstream stream,
+                  void **params);
+int fr_gpu_stream_wait(fr_gpu *gpu, fr_CUstream stream);
+
 /* cuFile, after fr_gpu_cufile succeeded. */
 int fr_gpu_cufile_register(fr_gpu *gpu, int fd, fr_CUfileHandle *out);
 void fr_gpu_cufile_deregister(fr_gpu *gpu, fr_CUfileHandle handle);

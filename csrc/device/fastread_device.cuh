@@ -37,9 +37,10 @@
  *   - Within a warp, lanes wanting the same page are grouped with
  *     __match_any_sync; only the group's leader touches the cache, and the
  *     rows are copied by the whole warp with 16-byte loads.
- *   - Deadlock freedom needs a free victim for every loader: a warp holds at
- *     most 32 slots at once (one page per lane, released before its next
- *     rows), so the host launches at most nslots / 64 warps.
+ *   - Deadlock freedom: a loader that finds no victim (every slot held or
+ *     loading) gives its LOADING claim back and retries; and no warp waits
+ *     while holding slot references (fr_dev_gather_warp copies what it has,
+ *     releases, then retries the rest), so held slots are always released.
  *
  * The submission ring (backend "proxy"): cells in page-locked host memory
  * mapped into the device, each with a 64-bit sequence word
@@ -68,21 +69,28 @@
 
 /* ------------------------------------------------------------------ shim */
 #if defined(__CUDACC_RTC__)
-/* NVRTC has no C library headers. */
-typedef unsigned char uint8_t;
-typedef unsigned int uint32_t;
-typedef int int32_t;
-typedef unsigned long long uint64_t;
-typedef long long int64_t;
-#define FR_GPU 1
-#elif defined(__CUDACC__)
-#include <stdint.h>
+/* NVRTC has no C library headers; fastread's own names avoid clashing with
+ * a <cuda/std/cstdint> the including kernel may have. */
+typedef unsigned char fr_u8;
+typedef unsigned int fr_u32;
+typedef int fr_i32;
+typedef unsigned long long fr_u64;
+typedef long long fr_i64;
 #define FR_GPU 1
 #else
 #include <stdint.h>
+typedef uint8_t fr_u8;
+typedef uint32_t fr_u32;
+typedef int32_t fr_i32;
+typedef uint64_t fr_u64;
+typedef int64_t fr_i64;
+#if defined(__CUDACC__)
+#define FR_GPU 1
+#else
 #include <string.h>
 #include <threads.h>
 #include <time.h>
+#endif
 #endif
 
 #ifdef FR_GPU
@@ -103,83 +111,83 @@ typedef long long int64_t;
 #define FR_TAG_NONE 0xFFFFFFFFFFFFFFFFull
 
 #ifdef FR_GPU
-FR_DEV uint32_t fr_atom_add32(uint32_t *p, uint32_t v) { return atomicAdd((unsigned int *)p, v); }
-FR_DEV uint32_t fr_atom_cas32(uint32_t *p, uint32_t e, uint32_t d)
+FR_DEV fr_u32 fr_atom_add32(fr_u32 *p, fr_u32 v) { return atomicAdd((unsigned int *)p, v); }
+FR_DEV fr_u32 fr_atom_cas32(fr_u32 *p, fr_u32 e, fr_u32 d)
 {
     return atomicCAS((unsigned int *)p, e, d);
 }
-FR_DEV uint64_t fr_atom_add64(uint64_t *p, uint64_t v)
+FR_DEV fr_u64 fr_atom_add64(fr_u64 *p, fr_u64 v)
 {
     return atomicAdd((unsigned long long *)p, (unsigned long long)v);
 }
-FR_DEV uint32_t fr_load32(const uint32_t *p) { return *(const volatile uint32_t *)p; }
-FR_DEV void fr_store32(uint32_t *p, uint32_t v) { *(volatile uint32_t *)p = v; }
-FR_DEV uint64_t fr_load64(const uint64_t *p) { return *(const volatile uint64_t *)p; }
-FR_DEV void fr_store64(uint64_t *p, uint64_t v) { *(volatile uint64_t *)p = v; }
+FR_DEV fr_u32 fr_load32(const fr_u32 *p) { return *(const volatile fr_u32 *)p; }
+FR_DEV void fr_store32(fr_u32 *p, fr_u32 v) { *(volatile fr_u32 *)p = v; }
+FR_DEV fr_u64 fr_load64(const fr_u64 *p) { return *(const volatile fr_u64 *)p; }
+FR_DEV void fr_store64(fr_u64 *p, fr_u64 v) { *(volatile fr_u64 *)p = v; }
 /* Orders this thread's accesses to device memory before/after (the cache). */
 FR_DEV void fr_fence(void) { __threadfence(); }
 /* System scope: words the host reads or writes (ring cells, staging). */
-FR_DEV uint64_t fr_sys_load_acq64(const uint64_t *p)
+FR_DEV fr_u64 fr_sys_load_acq64(const fr_u64 *p)
 {
-    uint64_t v;
+    fr_u64 v;
     asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
-FR_DEV void fr_sys_store_rel64(uint64_t *p, uint64_t v)
+FR_DEV void fr_sys_store_rel64(fr_u64 *p, fr_u64 v)
 {
     asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-FR_DEV uint64_t fr_dev_now_ns(void)
+FR_DEV fr_u64 fr_dev_now_ns(void)
 {
-    uint64_t t;
+    fr_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
 FR_DEV void fr_pause(void) { __nanosleep(128); }
 #else
-FR_DEV uint32_t fr_atom_add32(uint32_t *p, uint32_t v)
+FR_DEV fr_u32 fr_atom_add32(fr_u32 *p, fr_u32 v)
 {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
-FR_DEV uint32_t fr_atom_cas32(uint32_t *p, uint32_t e, uint32_t d)
+FR_DEV fr_u32 fr_atom_cas32(fr_u32 *p, fr_u32 e, fr_u32 d)
 {
     __atomic_compare_exchange_n(p, &e, d, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     return e; /* the old value, as CUDA's atomicCAS returns it */
 }
-FR_DEV uint64_t fr_atom_add64(uint64_t *p, uint64_t v)
+FR_DEV fr_u64 fr_atom_add64(fr_u64 *p, fr_u64 v)
 {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
-FR_DEV uint32_t fr_load32(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-FR_DEV void fr_store32(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-FR_DEV uint64_t fr_load64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-FR_DEV void fr_store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+FR_DEV fr_u32 fr_load32(const fr_u32 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+FR_DEV void fr_store32(fr_u32 *p, fr_u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+FR_DEV fr_u64 fr_load64(const fr_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+FR_DEV void fr_store64(fr_u64 *p, fr_u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 FR_DEV void fr_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-FR_DEV uint64_t fr_sys_load_acq64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-FR_DEV void fr_sys_store_rel64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-FR_DEV uint64_t fr_dev_now_ns(void)
+FR_DEV fr_u64 fr_sys_load_acq64(const fr_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+FR_DEV void fr_sys_store_rel64(fr_u64 *p, fr_u64 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+FR_DEV fr_u64 fr_dev_now_ns(void)
 {
     struct timespec ts;
     timespec_get(&ts, TIME_UTC);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return (fr_u64)ts.tv_sec * 1000000000ull + (fr_u64)ts.tv_nsec;
 }
 FR_DEV void fr_pause(void) { thrd_yield(); }
 #endif
 
 /* Byte copy with 16-byte accesses where both ends and the length allow. */
-FR_DEV void fr_copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t len)
+FR_DEV void fr_copy_bytes(fr_u8 *dst, const fr_u8 *src, fr_u64 len)
 {
 #ifdef FR_GPU
-    if ((((uint64_t)dst | (uint64_t)src | len) & 15) == 0) {
+    if ((((fr_u64)dst | (fr_u64)src | len) & 15) == 0) {
         uint4 *d = (uint4 *)dst;
         const uint4 *s = (const uint4 *)src;
-        uint64_t n = len / 16;
+        fr_u64 n = len / 16;
 #pragma unroll 4
-        for (uint64_t i = 0; i < n; i++)
+        for (fr_u64 i = 0; i < n; i++)
             d[i] = s[i];
         return;
     }
-    for (uint64_t i = 0; i < len; i++)
+    for (fr_u64 i = 0; i < len; i++)
         dst[i] = src[i];
 #else
     memcpy(dst, src, (size_t)len);
@@ -191,37 +199,37 @@ FR_DEV void fr_copy_bytes(uint8_t *dst, const uint8_t *src, uint64_t len)
  * plain C structs of fixed-size fields, the same on both sides. */
 
 typedef struct fr_dev_ring_cell {
-    uint64_t seq;    /* 4 * lap + state: 0 free, 1 submitted, 3 done */
-    uint64_t page;   /* request: page of the array */
-    uint32_t len;    /* request: bytes of the page (the last may be short) */
-    int32_t status;  /* completion: 0 or -errno */
-    uint64_t pad;
+    fr_u64 seq;    /* 4 * lap + state: 0 free, 1 submitted, 3 done */
+    fr_u64 page;   /* request: page of the array */
+    fr_u32 len;    /* request: bytes of the page (the last may be short) */
+    fr_i32 status;  /* completion: 0 or -errno */
+    fr_u64 pad;
 } fr_dev_ring_cell;
 
 typedef struct fr_dev_ring {
     fr_dev_ring_cell *cells; /* page-locked host memory, mapped */
-    uint8_t *staging;        /* entries * page_bytes, page-locked, mapped */
-    uint64_t *tail;          /* tickets taken (device memory) */
-    uint32_t log2_entries;
-    uint32_t page_bytes;
+    fr_u8 *staging;        /* entries * page_bytes, page-locked, mapped */
+    fr_u64 *tail;          /* tickets taken (device memory) */
+    fr_u32 log2_entries;
+    fr_u32 page_bytes;
 } fr_dev_ring;
 
 /* The backend's words of the view (gather_backend.h). */
 typedef union fr_dev_fetch {
     fr_dev_ring ring;
-    uint64_t words[16];
+    fr_u64 words[16];
 } fr_dev_fetch;
 
 typedef struct fr_dev_cache {
-    uint32_t *page_table; /* per page: 0, FR_PT_LOADING or slot + 1 */
-    uint64_t *tags;       /* per slot: the page it holds, FR_TAG_NONE */
-    uint32_t *refs;       /* per slot: holders | FR_REF_EXCL */
-    uint32_t *clock_bits; /* per slot: used since the hand last passed */
-    uint32_t *hand;       /* the clock hand (a counter; mod nslots) */
-    uint8_t *data;        /* nslots * page_bytes */
-    uint64_t npages;
-    uint32_t nslots;
-    uint32_t page_bytes;
+    fr_u32 *page_table; /* per page: 0, FR_PT_LOADING or slot + 1 */
+    fr_u64 *tags;       /* per slot: the page it holds, FR_TAG_NONE */
+    fr_u32 *refs;       /* per slot: holders | FR_REF_EXCL */
+    fr_u32 *clock_bits; /* per slot: used since the hand last passed */
+    fr_u32 *hand;       /* the clock hand (a counter; mod nslots) */
+    fr_u8 *data;        /* nslots * page_bytes */
+    fr_u64 npages;
+    fr_u32 nslots;
+    fr_u32 page_bytes;
 } fr_dev_cache;
 
 enum {
@@ -236,27 +244,27 @@ enum {
 
 /* Written by the kernel (device memory), read back by the host. */
 typedef struct fr_dev_result {
-    uint64_t first_bad;  /* position of the first id out of range; ~0: none */
-    int32_t error;       /* first error (negative errno); 0: none */
-    uint32_t pad;
-    uint64_t counters[FR_NCOUNTERS];
+    fr_u64 first_bad;  /* position of the first id out of range; ~0: none */
+    fr_i32 error;       /* first error (negative errno); 0: none */
+    fr_u32 pad;
+    fr_u64 counters[FR_NCOUNTERS];
 } fr_dev_result;
 
 typedef struct fr_dev_counts {
-    uint64_t c[FR_NCOUNTERS];
+    fr_u64 c[FR_NCOUNTERS];
 } fr_dev_counts;
 
 typedef struct fr_dev_store {
-    uint64_t rows, row_bytes;
-    uint64_t offset;          /* byte offset of row 0 in the file */
-    uint64_t data_bytes;      /* rows * row_bytes */
-    uint32_t rows_per_page;   /* page_bytes / row_bytes */
-    uint32_t pad0;
-    uint64_t timeout_ns;      /* every device-side wait gives up after this */
+    fr_u64 rows, row_bytes;
+    fr_u64 offset;          /* byte offset of row 0 in the file */
+    fr_u64 data_bytes;      /* rows * row_bytes */
+    fr_u32 rows_per_page;   /* page_bytes / row_bytes */
+    fr_u32 pad0;
+    fr_u64 timeout_ns;      /* every device-side wait gives up after this */
     fr_dev_cache cache;
-    const uint8_t *host_rows; /* host tier (mapped): all rows, or hot rows by slot */
-    const int32_t *host_slot; /* per row: its slot in host_rows, -1 absent; NULL: all rows */
-    uint32_t *abort;          /* mapped host memory: nonzero, the host cancels */
+    const fr_u8 *host_rows; /* host tier (mapped): all rows, or hot rows by slot */
+    const fr_i32 *host_slot; /* per row: its slot in host_rows, -1 absent; NULL: all rows */
+    fr_u32 *abort;          /* mapped host memory: nonzero, the host cancels */
     fr_dev_result *result;
     fr_dev_fetch fetch;
 } fr_dev_store;
@@ -265,20 +273,20 @@ typedef struct fr_dev_store {
 
 FR_DEV int fr_dev_aborted(const fr_dev_store *s) { return fr_load32(s->abort) != 0; }
 
-FR_DEV uint32_t fr_dev_page_len(const fr_dev_store *s, uint64_t page)
+FR_DEV fr_u32 fr_dev_page_len(const fr_dev_store *s, fr_u64 page)
 {
-    uint64_t start = page * s->cache.page_bytes;
-    uint64_t left = s->data_bytes - start;
-    return left < s->cache.page_bytes ? (uint32_t)left : s->cache.page_bytes;
+    fr_u64 start = page * s->cache.page_bytes;
+    fr_u64 left = s->data_bytes - start;
+    return left < s->cache.page_bytes ? (fr_u32)left : s->cache.page_bytes;
 }
 
-FR_DEV uint8_t *fr_dev_slot_data(const fr_dev_cache *c, uint32_t slot)
+FR_DEV fr_u8 *fr_dev_slot_data(const fr_dev_cache *c, fr_u32 slot)
 {
-    return c->data + (uint64_t)slot * c->page_bytes;
+    return c->data + (fr_u64)slot * c->page_bytes;
 }
 
 /* 0 while waiting may go on; else why to stop. */
-FR_DEV int fr_dev_wait_check(const fr_dev_store *s, uint64_t deadline)
+FR_DEV int fr_dev_wait_check(const fr_dev_store *s, fr_u64 deadline)
 {
     if (fr_dev_aborted(s))
         return FR_DEV_ECANCELED;
@@ -293,16 +301,16 @@ FR_DEV int fr_dev_wait_check(const fr_dev_store *s, uint64_t deadline)
 /* Takes a ticket and submits a read of `page` (len bytes). Waits (up to the
  * timeout) while the ring is full; *full_waits counts that. 0 or -errno;
  * *ticket names the request for fr_ring_wait / fr_ring_release. */
-FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, uint64_t page,
-                          uint32_t len, uint64_t *ticket, uint64_t *full_waits)
+FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
+                          fr_u32 len, fr_u64 *ticket, fr_u64 *full_waits)
 {
-    uint64_t t = fr_atom_add64(r->tail, 1);
+    fr_u64 t = fr_atom_add64(r->tail, 1);
     fr_dev_ring_cell *c = &r->cells[t & ((1ull << r->log2_entries) - 1)];
-    uint64_t lap = t >> r->log2_entries;
+    fr_u64 lap = t >> r->log2_entries;
     *ticket = t;
     if (fr_sys_load_acq64(&c->seq) != 4 * lap) {
         (*full_waits)++;
-        uint64_t deadline = fr_dev_now_ns() + s->timeout_ns;
+        fr_u64 deadline = fr_dev_now_ns() + s->timeout_ns;
         while (fr_sys_load_acq64(&c->seq) != 4 * lap) {
             int rc = fr_dev_wait_check(s, deadline);
             if (rc)
@@ -317,28 +325,28 @@ FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, uint64_t 
 
 /* Waits for request `ticket`: its status (0 or -errno from the host), or a
  * timeout / cancel. The cell stays ours until fr_ring_release. */
-FR_DEV int fr_ring_wait(const fr_dev_store *s, const fr_dev_ring *r, uint64_t ticket)
+FR_DEV int fr_ring_wait(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 ticket)
 {
     fr_dev_ring_cell *c = &r->cells[ticket & ((1ull << r->log2_entries) - 1)];
-    uint64_t done = 4 * (ticket >> r->log2_entries) + 3;
+    fr_u64 done = 4 * (ticket >> r->log2_entries) + 3;
     if (fr_sys_load_acq64(&c->seq) != done) {
-        uint64_t deadline = fr_dev_now_ns() + s->timeout_ns;
+        fr_u64 deadline = fr_dev_now_ns() + s->timeout_ns;
         while (fr_sys_load_acq64(&c->seq) != done) {
             int rc = fr_dev_wait_check(s, deadline);
             if (rc)
                 return rc;
         }
     }
-    return *(volatile int32_t *)&c->status;
+    return *(volatile fr_i32 *)&c->status;
 }
 
-FR_DEV const uint8_t *fr_ring_staging(const fr_dev_ring *r, uint64_t ticket)
+FR_DEV const fr_u8 *fr_ring_staging(const fr_dev_ring *r, fr_u64 ticket)
 {
-    return r->staging + (ticket & ((1ull << r->log2_entries) - 1)) * (uint64_t)r->page_bytes;
+    return r->staging + (ticket & ((1ull << r->log2_entries) - 1)) * (fr_u64)r->page_bytes;
 }
 
 /* Frees the request's cell for the next lap. */
-FR_DEV void fr_ring_release(const fr_dev_ring *r, uint64_t ticket)
+FR_DEV void fr_ring_release(const fr_dev_ring *r, fr_u64 ticket)
 {
     fr_dev_ring_cell *c = &r->cells[ticket & ((1ull << r->log2_entries) - 1)];
     fr_sys_store_rel64(&c->seq, 4 * ((ticket >> r->log2_entries) + 1));
@@ -349,12 +357,12 @@ FR_DEV void fr_ring_release(const fr_dev_ring *r, uint64_t ticket)
 #if defined(FR_FETCH_EXTERN)
 /* The backend's device half (gather_backend.h), compiled in after this
  * header. */
-FR_DEV int fr_backend_fetch_page(const fr_dev_store *s, uint64_t page, uint8_t *dst, uint32_t len,
-                                 uint64_t deadline_ns);
+FR_DEV int fr_backend_fetch_page(const fr_dev_store *s, fr_u64 page, fr_u8 *dst, fr_u32 len,
+                                 fr_u64 deadline_ns);
 #endif
 
 /* Brings `len` bytes of page `page` into dst (one thread). */
-FR_DEV int fr_dev_fetch_page(const fr_dev_store *s, uint64_t page, uint8_t *dst, uint32_t len,
+FR_DEV int fr_dev_fetch_page(const fr_dev_store *s, fr_u64 page, fr_u8 *dst, fr_u32 len,
                              fr_dev_counts *cnt)
 {
 #if defined(FR_FETCH_EXTERN)
@@ -362,7 +370,7 @@ FR_DEV int fr_dev_fetch_page(const fr_dev_store *s, uint64_t page, uint8_t *dst,
     return fr_backend_fetch_page(s, page, dst, len, fr_dev_now_ns() + s->timeout_ns);
 #else
     const fr_dev_ring *r = &s->fetch.ring;
-    uint64_t t;
+    fr_u64 t;
     int rc = fr_ring_submit(s, r, page, len, &t, &cnt->c[FR_CNT_RING_FULL]);
     if (rc)
         return rc;
@@ -382,11 +390,11 @@ enum { FR_HIT = 0, FR_OWN = 1, FR_BUSY = 2 };
 
 /* Clock sweep for a slot no one holds: EXCL taken on it, or -1 after two
  * full turns found none (every slot held or loading: the caller retries). */
-FR_DEV int64_t fr_cache_victim(const fr_dev_cache *c)
+FR_DEV fr_i64 fr_cache_victim(const fr_dev_cache *c)
 {
-    uint64_t steps = 2ull * c->nslots + 32;
-    for (uint64_t k = 0; k < steps; k++) {
-        uint32_t h = fr_atom_add32(c->hand, 1) % c->nslots;
+    fr_u64 steps = 2ull * c->nslots + 32;
+    for (fr_u64 k = 0; k < steps; k++) {
+        fr_u32 h = fr_atom_add32(c->hand, 1) % c->nslots;
         if (fr_load32(&c->clock_bits[h])) {
             fr_store32(&c->clock_bits[h], 0); /* second chance */
             continue;
@@ -402,15 +410,15 @@ FR_DEV int64_t fr_cache_victim(const fr_dev_cache *c)
 /* One look at page `page`: FR_HIT (a reference taken on *slot), FR_OWN
  * (this thread loads it into *slot: EXCL held, page table LOADING), or
  * FR_BUSY (another thread is loading it or the slot moved: retry). */
-FR_DEV int fr_cache_lookup(const fr_dev_cache *c, uint64_t page, uint32_t *slot,
-                           uint64_t *evictions)
+FR_DEV int fr_cache_lookup(const fr_dev_cache *c, fr_u64 page, fr_u32 *slot,
+                           fr_u64 *evictions)
 {
-    uint32_t e = fr_load32(&c->page_table[page]);
+    fr_u32 e = fr_load32(&c->page_table[page]);
     if (e == FR_PT_LOADING)
         return FR_BUSY;
     if (e != 0) {
-        uint32_t sl = e - 1;
-        uint32_t r = fr_atom_add32(&c->refs[sl], 1);
+        fr_u32 sl = e - 1;
+        fr_u32 r = fr_atom_add32(&c->refs[sl], 1);
         if (!(r & FR_REF_EXCL)) {
             fr_fence();
             if (fr_load64(&c->tags[sl]) == page) {
@@ -420,18 +428,18 @@ FR_DEV int fr_cache_lookup(const fr_dev_cache *c, uint64_t page, uint32_t *slot,
                 return FR_HIT;
             }
         }
-        fr_atom_add32(&c->refs[sl], (uint32_t)-1);
+        fr_atom_add32(&c->refs[sl], (fr_u32)-1);
         return FR_BUSY;
     }
     if (fr_atom_cas32(&c->page_table[page], 0, FR_PT_LOADING) != 0)
         return FR_BUSY;
-    int64_t v = fr_cache_victim(c);
+    fr_i64 v = fr_cache_victim(c);
     if (v < 0) {
         fr_store32(&c->page_table[page], 0);
         return FR_BUSY;
     }
-    uint32_t sl = (uint32_t)v;
-    uint64_t old = fr_load64(&c->tags[sl]);
+    fr_u32 sl = (fr_u32)v;
+    fr_u64 old = fr_load64(&c->tags[sl]);
     if (old != FR_TAG_NONE) {
         fr_store32(&c->page_table[old], 0); /* only the EXCL holder changes it */
         (*evictions)++;
@@ -444,7 +452,7 @@ FR_DEV int fr_cache_lookup(const fr_dev_cache *c, uint64_t page, uint32_t *slot,
 
 /* The loader's page is in its slot: readers may have it (the loader keeps
  * one reference). */
-FR_DEV void fr_cache_publish(const fr_dev_cache *c, uint64_t page, uint32_t slot)
+FR_DEV void fr_cache_publish(const fr_dev_cache *c, fr_u64 page, fr_u32 slot)
 {
     fr_fence();
     fr_store32(&c->clock_bits[slot], 1);
@@ -454,18 +462,18 @@ FR_DEV void fr_cache_publish(const fr_dev_cache *c, uint64_t page, uint32_t slot
 }
 
 /* The load failed: the slot goes back empty and the page absent. */
-FR_DEV void fr_cache_abandon(const fr_dev_cache *c, uint64_t page, uint32_t slot)
+FR_DEV void fr_cache_abandon(const fr_dev_cache *c, fr_u64 page, fr_u32 slot)
 {
     fr_store64(&c->tags[slot], FR_TAG_NONE);
     fr_fence();
     fr_store32(&c->page_table[page], 0);
-    fr_atom_add32(&c->refs[slot], (uint32_t)0 - FR_REF_EXCL);
+    fr_atom_add32(&c->refs[slot], (fr_u32)0 - FR_REF_EXCL);
 }
 
-FR_DEV void fr_cache_release(const fr_dev_cache *c, uint32_t slot)
+FR_DEV void fr_cache_release(const fr_dev_cache *c, fr_u32 slot)
 {
     fr_fence();
-    fr_atom_add32(&c->refs[slot], (uint32_t)-1);
+    fr_atom_add32(&c->refs[slot], (fr_u32)-1);
 }
 
 enum { FR_GOT_HIT = 0, FR_GOT_MISS = 1, FR_GOT_WAITED = 2 };
@@ -473,10 +481,10 @@ enum { FR_GOT_HIT = 0, FR_GOT_MISS = 1, FR_GOT_WAITED = 2 };
 /* Page `page` in the cache, loading it if needed (one thread). >= 0
  * (FR_GOT_*: a reference held on *slot; release it with fr_cache_release)
  * or a negative errno. */
-FR_DEV int fr_cache_acquire(const fr_dev_store *s, uint64_t page, uint32_t *slot,
+FR_DEV int fr_cache_acquire(const fr_dev_store *s, fr_u64 page, fr_u32 *slot,
                             fr_dev_counts *cnt)
 {
-    uint64_t deadline = 0;
+    fr_u64 deadline = 0;
     int waited = 0;
     for (;;) {
         int r = fr_cache_lookup(&s->cache, page, slot, &cnt->c[FR_CNT_EVICTIONS]);
@@ -506,20 +514,20 @@ FR_DEV int fr_cache_acquire(const fr_dev_store *s, uint64_t page, uint32_t *slot
 /* Where row `id` is readable: host tier or (acquired) cache page. Returns
  * 0 with *src set, or -errno; *held is set to the slot+1 to release (0:
  * nothing held). One thread. */
-FR_DEV int fr_dev_row_src(const fr_dev_store *s, uint64_t id, const uint8_t **src, uint32_t *held,
+FR_DEV int fr_dev_row_src(const fr_dev_store *s, fr_u64 id, const fr_u8 **src, fr_u32 *held,
                           fr_dev_counts *cnt)
 {
     *held = 0;
     if (s->host_rows) {
-        int64_t hs = s->host_slot ? (int64_t)s->host_slot[id] : (int64_t)id;
+        fr_i64 hs = s->host_slot ? (fr_i64)s->host_slot[id] : (fr_i64)id;
         if (hs >= 0) {
-            *src = s->host_rows + (uint64_t)hs * s->row_bytes;
+            *src = s->host_rows + (fr_u64)hs * s->row_bytes;
             cnt->c[FR_CNT_HOST_TIER]++;
             return 0;
         }
     }
-    uint64_t page = id / s->rows_per_page;
-    uint32_t slot;
+    fr_u64 page = id / s->rows_per_page;
+    fr_u32 slot;
     int rc = fr_cache_acquire(s, page, &slot, cnt);
     if (rc < 0)
         return rc;
@@ -533,16 +541,16 @@ FR_DEV int fr_dev_row_src(const fr_dev_store *s, uint64_t id, const uint8_t **sr
 }
 
 /* Row `id` to dst (one thread): 0, or -errno (FR_DEV_ERANGE for a bad id). */
-FR_DEV int fr_dev_read_row(const fr_dev_store *s, int64_t id, void *dst, fr_dev_counts *cnt)
+FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_counts *cnt)
 {
-    if (id < 0 || (uint64_t)id >= s->rows)
+    if (id < 0 || (fr_u64)id >= s->rows)
         return FR_DEV_ERANGE;
-    const uint8_t *src;
-    uint32_t held;
-    int rc = fr_dev_row_src(s, (uint64_t)id, &src, &held, cnt);
+    const fr_u8 *src;
+    fr_u32 held;
+    int rc = fr_dev_row_src(s, (fr_u64)id, &src, &held, cnt);
     if (rc)
         return rc;
-    fr_copy_bytes((uint8_t *)dst, src, s->row_bytes);
+    fr_copy_bytes((fr_u8 *)dst, src, s->row_bytes);
     if (held)
         fr_cache_release(&s->cache, held - 1);
     return 0;
@@ -557,16 +565,16 @@ FR_DEV void fr_dev_record_error(const fr_dev_store *s, int rc)
 }
 
 /* All 32 lanes copy one row, 16 bytes a lane per step where aligned. */
-FR_DEV void fr_warp_copy(uint8_t *dst, const uint8_t *src, uint64_t len, unsigned lane)
+FR_DEV void fr_warp_copy(fr_u8 *dst, const fr_u8 *src, fr_u64 len, unsigned lane)
 {
-    if ((((uint64_t)dst | (uint64_t)src | len) & 15) == 0) {
-        for (uint64_t o = (uint64_t)lane * 16; o < len; o += 32 * 16)
+    if ((((fr_u64)dst | (fr_u64)src | len) & 15) == 0) {
+        for (fr_u64 o = (fr_u64)lane * 16; o < len; o += 32 * 16)
             *(uint4 *)(dst + o) = *(const uint4 *)(src + o);
-    } else if ((((uint64_t)dst | (uint64_t)src | len) & 3) == 0) {
-        for (uint64_t o = (uint64_t)lane * 4; o < len; o += 32 * 4)
-            *(uint32_t *)(dst + o) = *(const uint32_t *)(src + o);
+    } else if ((((fr_u64)dst | (fr_u64)src | len) & 3) == 0) {
+        for (fr_u64 o = (fr_u64)lane * 4; o < len; o += 32 * 4)
+            *(fr_u32 *)(dst + o) = *(const fr_u32 *)(src + o);
     } else {
-        for (uint64_t o = lane; o < len; o += 32)
+        for (fr_u64 o = lane; o < len; o += 32)
             dst[o] = src[o];
     }
 }
@@ -575,56 +583,94 @@ FR_DEV void fr_warp_copy(uint8_t *dst, const uint8_t *src, uint64_t len, unsigne
  * (when `active`) to out + pos * row_bytes. Lanes wanting the same page
  * share one cache lookup (__match_any_sync); every row is copied by the
  * whole warp. Ids out of range are recorded in result->first_bad (their
- * rows are not written); errors in result->error. */
-FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, int64_t id, int active, uint64_t pos,
-                               uint8_t *out, fr_dev_counts *cnt)
+ * rows are not written); errors in result->error.
+ *
+ * No lane waits while a lane of its warp holds a slot reference: a lookup
+ * that finds its page LOADING (or no free victim) does not spin in place;
+ * the warp copies the rows it has, releases their slots, and retries the
+ * rest. So references are only ever held for one copy, slots cannot all
+ * be pinned by waiting warps, and the grid needs no bound from the cache
+ * size. Loaders wait for their read holding only the EXCL bit of their
+ * own slot. */
+FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_u64 pos,
+                               fr_u8 *out, fr_dev_counts *cnt)
 {
     const unsigned full = 0xffffffffu;
     unsigned lane = threadIdx.x & 31;
-    int valid = active && id >= 0 && (uint64_t)id < s->rows;
+    int valid = active && id >= 0 && (fr_u64)id < s->rows;
     if (active && !valid)
         atomicMin((unsigned long long *)&s->result->first_bad, (unsigned long long)pos);
-    const uint8_t *src = 0;
+    const fr_u8 *src = 0;
     if (valid && s->host_rows) {
-        int64_t hs = s->host_slot ? (int64_t)s->host_slot[id] : id;
+        fr_i64 hs = s->host_slot ? (fr_i64)s->host_slot[id] : id;
         if (hs >= 0) {
-            src = s->host_rows + (uint64_t)hs * s->row_bytes;
+            src = s->host_rows + (fr_u64)hs * s->row_bytes;
             cnt->c[FR_CNT_HOST_TIER]++;
         }
     }
-    int need = valid && !src;
-    uint64_t page = need ? (uint64_t)id / s->rows_per_page : ~0ull - lane;
-    unsigned group = __match_any_sync(full, (unsigned long long)page);
-    unsigned leader = __ffs(group) - 1;
-    uint32_t slot = 0;
-    int rc = 0;
-    if (need && lane == leader) {
-        rc = fr_cache_acquire(s, page, &slot, cnt);
-        if (rc == FR_GOT_HIT)
-            cnt->c[FR_CNT_HITS] += __popc(group);
-        else if (rc == FR_GOT_WAITED)
-            cnt->c[FR_CNT_COALESCED]++;
-        if (rc >= 0)
-            cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
-        else
-            fr_dev_record_error(s, rc);
+    int pending = valid && !src;
+    fr_u64 page = pending ? (fr_u64)id / s->rows_per_page : 0;
+    fr_u64 deadline = 0;
+    for (;;) {
+        unsigned group =
+            __match_any_sync(full, pending ? (unsigned long long)page : ~0ull - lane);
+        unsigned leader = __ffs(group) - 1;
+        fr_u32 slot = 0;
+        int res = 0; /* 1: slot held; < 0: error; 0: try again */
+        if (pending && lane == leader) {
+            int r = fr_cache_lookup(&s->cache, page, &slot, &cnt->c[FR_CNT_EVICTIONS]);
+            if (r == FR_OWN) {
+                int rc = fr_dev_fetch_page(s, page, fr_dev_slot_data(&s->cache, slot),
+                                           fr_dev_page_len(s, page), cnt);
+                if (rc) {
+                    fr_cache_abandon(&s->cache, page, slot);
+                    res = rc;
+                } else {
+                    fr_cache_publish(&s->cache, page, slot);
+                    cnt->c[FR_CNT_MISSES]++;
+                    res = 1;
+                }
+            } else if (r == FR_HIT) {
+                if (deadline)
+                    cnt->c[FR_CNT_COALESCED]++; /* waited on another's load */
+                else
+                    cnt->c[FR_CNT_HITS] += __popc(group);
+                res = 1;
+            } else if (!deadline) {
+                deadline = fr_dev_now_ns() + s->timeout_ns;
+            } else {
+                res = fr_dev_wait_check(s, deadline);
+            }
+            if (res == 1)
+                cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
+            if (res < 0)
+                fr_dev_record_error(s, res);
+        }
+        res = __shfl_sync(full, res, leader);
+        slot = __shfl_sync(full, slot, leader);
+        int held = pending && lane == leader && res == 1;
+        if (pending && res != 0) {
+            pending = 0;
+            if (res == 1)
+                src = fr_dev_slot_data(&s->cache, slot) +
+                      ((fr_u64)id % s->rows_per_page) * s->row_bytes;
+        }
+        for (int j = 0; j < 32; j++) {
+            const fr_u8 *sj = (const fr_u8 *)__shfl_sync(full, (unsigned long long)src, j);
+            unsigned long long pj = __shfl_sync(full, (unsigned long long)pos, j);
+            if (sj)
+                fr_warp_copy(out + pj * s->row_bytes, sj, s->row_bytes, lane);
+        }
+        __syncwarp();
+        if (held)
+            fr_cache_release(&s->cache, slot);
+        src = 0;
+        if (!__any_sync(full, pending))
+            break;
     }
-    rc = __shfl_sync(full, rc, leader);
-    slot = __shfl_sync(full, slot, leader);
-    if (need && rc >= 0)
-        src = fr_dev_slot_data(&s->cache, slot) + ((uint64_t)id % s->rows_per_page) * s->row_bytes;
-    for (int j = 0; j < 32; j++) {
-        const uint8_t *sj = (const uint8_t *)__shfl_sync(full, (unsigned long long)src, j);
-        unsigned long long pj = __shfl_sync(full, (unsigned long long)pos, j);
-        if (sj)
-            fr_warp_copy(out + pj * s->row_bytes, sj, s->row_bytes, lane);
-    }
-    __syncwarp();
-    if (need && lane == leader && rc >= 0)
-        fr_cache_release(&s->cache, slot);
 }
 
-FR_DEV uint64_t fr_warp_sum(uint64_t v)
+FR_DEV fr_u64 fr_warp_sum(fr_u64 v)
 {
     for (int o = 16; o > 0; o /= 2)
         v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -635,7 +681,7 @@ FR_DEV uint64_t fr_warp_sum(uint64_t v)
 FR_DEV void fr_dev_flush_counts(const fr_dev_store *s, const fr_dev_counts *cnt)
 {
     for (int k = 0; k < FR_NCOUNTERS; k++) {
-        uint64_t v = fr_warp_sum(cnt->c[k]);
+        fr_u64 v = fr_warp_sum(cnt->c[k]);
         if ((threadIdx.x & 31) == 0 && v)
             atomicAdd((unsigned long long *)&s->result->counters[k], (unsigned long long)v);
     }
@@ -646,7 +692,7 @@ FR_DEV void fr_dev_flush_counts(const fr_dev_store *s, const fr_dev_counts *cnt)
  * (blockDim.x a multiple of 32). Stops early once the host aborts or any
  * lane failed (the host reports result->error). */
 extern "C" __global__ void fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
-                                          unsigned long long n, uint8_t *out)
+                                          unsigned long long n, fr_u8 *out)
 {
     unsigned lane = threadIdx.x & 31;
     unsigned long long warp = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -657,14 +703,14 @@ extern "C" __global__ void fr_gather_rows(const fr_dev_store *s, const void *ids
     for (unsigned long long base = warp * 32; base < n; base += nwarps * 32) {
         int stop = 0;
         if (lane == 0)
-            stop = fr_dev_aborted(s) || *(volatile int32_t *)&s->result->error != 0;
+            stop = fr_dev_aborted(s) || *(volatile fr_i32 *)&s->result->error != 0;
         if (__shfl_sync(0xffffffffu, stop, 0))
             break;
         unsigned long long pos = base + lane;
         int active = pos < n;
-        int64_t id = 0;
+        fr_i64 id = 0;
         if (active)
-            id = id_bytes == 4 ? (int64_t)((const int32_t *)ids)[pos] : ((const int64_t *)ids)[pos];
+            id = id_bytes == 4 ? (fr_i64)((const fr_i32 *)ids)[pos] : ((const fr_i64 *)ids)[pos];
         fr_dev_gather_warp(s, id, active, pos, out, &cnt);
     }
     fr_dev_flush_counts(s, &cnt);
@@ -677,25 +723,25 @@ extern "C" __global__ void fr_gather_rows(const fr_dev_store *s, const void *ids
 #ifndef FR_GPU
 /* For the proxy's service threads (and tests): `r` holds host addresses. */
 
-static inline fr_dev_ring_cell *fr_ring_host_cell(const fr_dev_ring *r, uint64_t pos)
+static inline fr_dev_ring_cell *fr_ring_host_cell(const fr_dev_ring *r, fr_u64 pos)
 {
     return &r->cells[pos & ((1ull << r->log2_entries) - 1)];
 }
 
 /* 1 if request `pos` (a ticket) has been submitted and not yet served. */
-static inline int fr_ring_host_submitted(const fr_dev_ring *r, uint64_t pos)
+static inline int fr_ring_host_submitted(const fr_dev_ring *r, fr_u64 pos)
 {
     return __atomic_load_n(&fr_ring_host_cell(r, pos)->seq, __ATOMIC_ACQUIRE) ==
            4 * (pos >> r->log2_entries) + 1;
 }
 
-static inline uint8_t *fr_ring_host_staging(const fr_dev_ring *r, uint64_t pos)
+static inline fr_u8 *fr_ring_host_staging(const fr_dev_ring *r, fr_u64 pos)
 {
-    return r->staging + (pos & ((1ull << r->log2_entries) - 1)) * (uint64_t)r->page_bytes;
+    return r->staging + (pos & ((1ull << r->log2_entries) - 1)) * (fr_u64)r->page_bytes;
 }
 
 /* Posts the completion of request `pos` (its staging page already written). */
-static inline void fr_ring_host_complete(const fr_dev_ring *r, uint64_t pos, int32_t status)
+static inline void fr_ring_host_complete(const fr_dev_ring *r, fr_u64 pos, fr_i32 status)
 {
     fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
     c->status = status;
@@ -706,8 +752,8 @@ static inline void fr_ring_host_complete(const fr_dev_ring *r, uint64_t pos, int
  * the ring; the device's ticket counter is reset by the caller). */
 static inline void fr_ring_host_reset(const fr_dev_ring *r)
 {
-    uint64_t n = 1ull << r->log2_entries;
-    for (uint64_t i = 0; i < n; i++) {
+    fr_u64 n = 1ull << r->log2_entries;
+    for (fr_u64 i = 0; i < n; i++) {
         r->cells[i].status = 0;
         __atomic_store_n(&r->cells[i].seq, 0, __ATOMIC_RELEASE);
     }

@@ -21,6 +21,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "device/fastread_device.cuh"
+
 #define EXPORT __attribute__((visibility("default")))
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_OUT_OF_MEMORY 2
@@ -36,7 +38,9 @@ typedef struct pin {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pin *pins;
+static pin *allocs; /* device allocations, for cuPointerGetAttribute */
 static long live_allocs, live_pins, live_streams, live_handles, live_bufregs, ctx_refs;
+static long live_hostallocs, live_modules, launches;
 static long register_attempts;
 static long pageable_copies, pinned_copies;
 static _Thread_local int ctx_depth;
@@ -53,6 +57,9 @@ EXPORT long mock_cuda_live(const char *what)
              : !strcmp(what, "contexts")      ? ctx_refs
              : !strcmp(what, "pageable_copies") ? pageable_copies
              : !strcmp(what, "pinned_copies") ? pinned_copies
+             : !strcmp(what, "hostallocs")    ? live_hostallocs
+             : !strcmp(what, "modules")       ? live_modules
+             : !strcmp(what, "launches")      ? launches
                                               : -1;
     pthread_mutex_unlock(&lock);
     return v;
@@ -157,10 +164,18 @@ EXPORT int cuMemAlloc_v2(unsigned long long *p, size_t n)
     if (limit && n > strtoull(limit, NULL, 10))
         return CUDA_ERROR_OUT_OF_MEMORY;
     void *m = malloc(n);
-    if (!m)
+    pin *x = malloc(sizeof(*x));
+    if (!m || !x) {
+        free(m);
+        free(x);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *p = (uintptr_t)m;
+    x->p = m;
+    x->len = n;
     pthread_mutex_lock(&lock);
+    x->next = allocs;
+    allocs = x;
     live_allocs++;
     pthread_mutex_unlock(&lock);
     return 0;
@@ -170,10 +185,18 @@ EXPORT int cuMemFree_v2(unsigned long long p)
 {
     if (!ctx_depth)
         return CUDA_ERROR_INVALID_CONTEXT;
-    free((void *)(uintptr_t)p);
     pthread_mutex_lock(&lock);
+    for (pin **at = &allocs; *at; at = &(*at)->next) {
+        if ((*at)->p == (void *)(uintptr_t)p) {
+            pin *x = *at;
+            *at = x->next;
+            free(x);
+            break;
+        }
+    }
     live_allocs--;
     pthread_mutex_unlock(&lock);
+    free((void *)(uintptr_t)p);
     return 0;
 }
 
@@ -243,6 +266,238 @@ EXPORT int cuGetErrorString(int r, const char **s)
 {
     *s = r == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory (mock)" : "mock CUDA error";
     return 0;
+}
+
+/* ---- the device path of row gathers (gather_device.c) ---- */
+
+static int fr_gather_rows_host(void **params, unsigned threads);
+
+EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
+{
+    (void)flags;
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    void *m = NULL;
+    if (posix_memalign(&m, 4096, n ? n : 1) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pin *x = malloc(sizeof(*x));
+    if (!x) {
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    x->p = m;
+    x->len = n;
+    pthread_mutex_lock(&lock);
+    x->next = pins;
+    pins = x;
+    live_hostallocs++;
+    pthread_mutex_unlock(&lock);
+    *pp = m;
+    return 0;
+}
+
+EXPORT int cuMemFreeHost(void *p)
+{
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&lock);
+    for (pin **at = &pins; *at; at = &(*at)->next) {
+        if ((*at)->p == p) {
+            pin *x = *at;
+            *at = x->next;
+            free(x);
+            live_hostallocs--;
+            pthread_mutex_unlock(&lock);
+            free(p);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Mapped host memory has the same address on the "device". */
+EXPORT int cuMemHostGetDevicePointer_v2(unsigned long long *d, void *p, unsigned flags)
+{
+    (void)flags;
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!is_pinned(p, 1))
+        return CUDA_ERROR_INVALID_VALUE;
+    *d = (uintptr_t)p;
+    return 0;
+}
+
+/* A module is accepted if it looks like PTX or an ELF cubin;
+ * MOCK_CUDA_MODULE_REFUSE makes it fail as a driver too old for the PTX. */
+EXPORT int cuModuleLoadData(void **m, const void *image)
+{
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (getenv("MOCK_CUDA_MODULE_REFUSE"))
+        return 222; /* CUDA_ERROR_UNSUPPORTED_PTX_VERSION */
+    const char *s = image;
+    if (!(memcmp(s, "\x7f" "ELF", 4) == 0 || strstr(s, ".version") != NULL))
+        return 200; /* CUDA_ERROR_INVALID_IMAGE */
+    *m = malloc(1);
+    pthread_mutex_lock(&lock);
+    live_modules++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+EXPORT int cuModuleUnload(void *m)
+{
+    free(m);
+    pthread_mutex_lock(&lock);
+    live_modules--;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+EXPORT int cuModuleGetFunction(void **f, void *m, const char *name)
+{
+    (void)m;
+    if (strcmp(name, "fr_gather_rows") != 0)
+        return 500; /* CUDA_ERROR_NOT_FOUND */
+    *f = (void *)fr_gather_rows_host;
+    return 0;
+}
+
+EXPORT int cuDeviceGetAttribute(int *v, int attr, int dev)
+{
+    (void)dev;
+    const char *cc = getenv("MOCK_CUDA_CC"); /* e.g. "90" */
+    int c = cc ? atoi(cc) : 90;
+    switch (attr) {
+    case 16: *v = 4; return 0;      /* multiprocessors */
+    case 19: *v = 1; return 0;      /* can map host memory */
+    case 75: *v = c / 10; return 0; /* compute capability */
+    case 76: *v = c % 10; return 0;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+EXPORT int cuMemGetInfo_v2(size_t *free_b, size_t *total)
+{
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    const char *f = getenv("MOCK_CUDA_FREE_MEM");
+    *free_b = f ? (size_t)strtoull(f, NULL, 10) : (size_t)16 << 30;
+    *total = *free_b;
+    return 0;
+}
+
+/* Device ordinal of a cuMemAlloc'ed address (MOCK_CUDA_POINTER_DEVICE
+ * pretends it is on another GPU); unknown addresses are refused. */
+EXPORT int cuPointerGetAttribute(void *data, int attr, unsigned long long ptr)
+{
+    if (attr != 9)
+        return CUDA_ERROR_INVALID_VALUE;
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (pin *x = allocs; x; x = x->next)
+        if ((char *)(uintptr_t)ptr >= (char *)x->p && (char *)(uintptr_t)ptr < (char *)x->p + x->len)
+            found = 1;
+    pthread_mutex_unlock(&lock);
+    if (!found)
+        return CUDA_ERROR_INVALID_VALUE;
+    const char *d = getenv("MOCK_CUDA_POINTER_DEVICE");
+    *(int *)data = d ? atoi(d) : 0;
+    return 0;
+}
+
+EXPORT int cuMemsetD8_v2(unsigned long long p, unsigned char v, size_t n)
+{
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    memset((void *)(uintptr_t)p, v, n);
+    return 0;
+}
+
+EXPORT int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n)
+{
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    memcpy(dst, (void *)(uintptr_t)src, n);
+    return 0;
+}
+
+/* cuLaunchKernel runs fr_gather_rows on host threads, one row at a time per
+ * thread through the header's own cache and ring code (fr_dev_read_row):
+ * the warp-level grouping is the only part of the kernel it leaves out. */
+typedef struct emu {
+    const fr_dev_store *s;
+    const void *ids;
+    int id_bytes;
+    unsigned long long n;
+    uint8_t *out;
+    unsigned k, nthreads;
+} emu;
+
+static void *emu_thread(void *p)
+{
+    emu *e = p;
+    const fr_dev_store *s = e->s;
+    fr_dev_counts cnt;
+    memset(&cnt, 0, sizeof(cnt));
+    for (unsigned long long i = e->k; i < e->n; i += e->nthreads) {
+        if (fr_dev_aborted(s) || __atomic_load_n(&s->result->error, __ATOMIC_ACQUIRE))
+            break;
+        int64_t id = e->id_bytes == 4 ? ((const int32_t *)e->ids)[i] : ((const int64_t *)e->ids)[i];
+        int rc = fr_dev_read_row(s, id, e->out + i * s->row_bytes, &cnt);
+        if (rc == FR_DEV_ERANGE) {
+            uint64_t cur = __atomic_load_n(&s->result->first_bad, __ATOMIC_SEQ_CST);
+            while (i < cur && !__atomic_compare_exchange_n(&s->result->first_bad, &cur, i, 0,
+                                                           __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                ;
+        } else if (rc) {
+            int32_t zero = 0;
+            __atomic_compare_exchange_n(&s->result->error, &zero, rc, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST);
+        }
+    }
+    for (int c = 0; c < FR_NCOUNTERS; c++)
+        __atomic_fetch_add(&s->result->counters[c], cnt.c[c], __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+static int fr_gather_rows_host(void **params, unsigned threads)
+{
+    emu e[8];
+    pthread_t th[8];
+    unsigned t = threads < 8 ? threads : 8;
+    if (t == 0)
+        t = 1;
+    for (unsigned k = 0; k < t; k++) {
+        e[k].s = (const fr_dev_store *)(uintptr_t)*(uint64_t *)params[0];
+        e[k].ids = (const void *)(uintptr_t)*(uint64_t *)params[1];
+        e[k].id_bytes = *(int *)params[2];
+        e[k].n = *(unsigned long long *)params[3];
+        e[k].out = (uint8_t *)(uintptr_t)*(uint64_t *)params[4];
+        e[k].k = k;
+        e[k].nthreads = t;
+        if (pthread_create(&th[k], NULL, emu_thread, &e[k]) != 0)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (unsigned k = 0; k < t; k++)
+        pthread_join(th[k], NULL);
+    return 0;
+}
+
+EXPORT int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                          unsigned bz, unsigned shmem, void *stream, void **params, void **extra)
+{
+    (void)gy; (void)gz; (void)by; (void)bz; (void)shmem; (void)stream; (void)extra;
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (f != (void *)fr_gather_rows_host || bx == 0 || bx % 32 != 0 || gx == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    launches++;
+    pthread_mutex_unlock(&lock);
+    /* Up to 8 host threads stand for the grid's warps. */
+    return fr_gather_rows_host(params, (gx * bx) / 32);
 }
 
 /* ---- cuFile ---- */

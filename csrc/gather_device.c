@@ -1,0 +1,510 @@
+/*
+ * The device path of fr_store (gather_device.h).
+ *
+ * Memory, all allocated at open and bounded by the config (reported by
+ * fr_store_memory_get): the cache pages (nslots * page_bytes, nslots =
+ * cache_bytes / page_bytes, at most the array's page count) and their
+ * metadata (page table: 4 bytes per page of the array; per slot: tag 8,
+ * refs 4, clock bit 4), the result block and the device view; the host tier
+ * (page-locked, mapped: the whole array, or hot rows plus a 4-byte row->slot
+ * map in device memory); the backend's rings and staging; one page-locked
+ * page for the abort flag.
+ *
+ * A gather: ids and out checked to be memory of this device, the result
+ * block reset, the backend woken, the kernel launched on the caller's stream
+ * and waited for, the backend quiesced, the result read back. A failed
+ * gather (timeout, abort, read error) may leave pages LOADING and ring
+ * cells taken; the whole cache is then reset (page table, tags, refs, clock
+ * bits), as is the backend, before the next gather.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base.h"
+#include "gather_device.h"
+#include "gather_kernel.h"
+#include "gpu.h"
+
+/* Device memory kept free beyond the cache, for the caller's own work and
+ * the CUDA context's needs. */
+#define DEVICE_HEADROOM ((uint64_t)256 << 20)
+
+struct fr_gdev {
+    fr_gpu *gpu;
+    const fr_gather_backend *be;
+    void *bstate;
+    char path[1024];
+    uint64_t rows, row_bytes;
+    uint32_t page_bytes, timeout_ms;
+    uint64_t npages;
+    uint32_t nslots;
+    unsigned sm_count;
+
+    uint64_t data_d, pt_d, tags_d, refs_d, clock_d, hand_d, result_d, view_d, host_slot_d;
+    uint64_t meta_bytes, cache_bytes;
+    void *abort_h;
+    uint64_t abort_d;
+    void *tier_h;
+    uint64_t tier_d, tier_bytes;
+
+    void *module, *fn;
+    char kernel_source[512];
+    atomic_int cancelled;
+};
+
+static int gpu_err(fr_gdev *d, int rc, const char *what, char *err, size_t err_len)
+{
+    char why[FR_ERRLEN];
+    fr_gpu_last_error(d->gpu, why, sizeof(why));
+    fr_set_err(err, err_len, "store %s: %s: %s", d->path, what, why);
+    return rc;
+}
+
+void fr_gdev_close(fr_gdev *d)
+{
+    if (!d)
+        return;
+    if (d->bstate)
+        d->be->close(d->bstate);
+    fr_gpu_module_unload(d->gpu, d->module);
+    uint64_t *dev[] = {&d->data_d, &d->pt_d, &d->tags_d, &d->refs_d, &d->clock_d,
+                       &d->hand_d, &d->result_d, &d->view_d, &d->host_slot_d};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        fr_gpu_free(d->gpu, *dev[i]);
+    fr_gpu_mapped_free(d->gpu, d->abort_h);
+    fr_gpu_mapped_free(d->gpu, d->tier_h);
+    fr_gpu_close(d->gpu);
+    free(d);
+}
+
+/* Page table empty, every slot free: the state at open and after a failure. */
+static int reset_cache(fr_gdev *d)
+{
+    int rc = fr_gpu_memset8(d->gpu, d->pt_d, 0, d->npages * 4);
+    if (rc == 0)
+        rc = fr_gpu_memset8(d->gpu, d->tags_d, 0xFF, (size_t)d->nslots * 8);
+    if (rc == 0)
+        rc = fr_gpu_memset8(d->gpu, d->refs_d, 0, (size_t)d->nslots * 4);
+    if (rc == 0)
+        rc = fr_gpu_memset8(d->gpu, d->clock_d, 0, (size_t)d->nslots * 4);
+    if (rc == 0)
+        rc = fr_gpu_memset8(d->gpu, d->hand_d, 0, 4);
+    return rc;
+}
+
+/* The whole array into the host tier: large sequential reads. */
+static int read_whole(fr_gdev *d, const fr_store_config *cfg, char *err, size_t err_len)
+{
+    int fd = open(cfg->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        fr_set_err(err, err_len, "store %s: host tier: %s", cfg->path, strerror(e));
+        return -e;
+    }
+    uint8_t *dst = d->tier_h;
+    uint64_t done = 0, want = d->rows * d->row_bytes;
+    while (done < want) {
+        size_t chunk = want - done > ((uint64_t)64 << 20) ? (size_t)64 << 20 : (size_t)(want - done);
+        ssize_t r = pread(fd, dst + done, chunk, (off_t)(cfg->offset + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            close(fd);
+            fr_set_err(err, err_len, "store %s: filling the host tier at byte %llu: %s",
+                       cfg->path, (unsigned long long)(cfg->offset + done),
+                       r < 0 ? strerror(e) : "the file ended early");
+            return -e;
+        }
+        done += (uint64_t)r;
+    }
+    close(fd);
+    return 0;
+}
+
+static uint64_t avail_ram(void)
+{
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+/* The host tier: the whole array when it fits the budget, else hot rows. */
+static int open_tier(fr_gdev *d, const fr_store_config *cfg, fr_gdev_fill_fn fill, void *fill_arg,
+                     char *err, size_t err_len)
+{
+    uint64_t data = d->rows * d->row_bytes;
+    uint64_t budget = cfg->host_bytes;
+    if (budget == UINT64_MAX) /* auto: at most half the memory free now */
+        budget = avail_ram() / 2;
+    if (budget == 0)
+        return 0;
+    if (data <= budget) {
+        d->tier_bytes = data;
+        int rc = fr_gpu_mapped_alloc(d->gpu, data, &d->tier_h, &d->tier_d);
+        if (rc)
+            return gpu_err(d, rc, "page-locking the host tier", err, err_len);
+        return read_whole(d, cfg, err, err_len);
+    }
+    if (!cfg->hot_ids || cfg->n_hot == 0)
+        return 0;
+    /* Hot rows, first come first served, up to the budget; duplicates once. */
+    uint64_t cap = budget / d->row_bytes;
+    if (cap > cfg->n_hot)
+        cap = cfg->n_hot;
+    if (cap > INT32_MAX)
+        cap = INT32_MAX;
+    int32_t *slot_of = malloc(d->rows * sizeof(int32_t));
+    int64_t *ids = malloc(cap * sizeof(int64_t));
+    if (!slot_of || !ids) {
+        free(slot_of);
+        free(ids);
+        return -ENOMEM;
+    }
+    memset(slot_of, 0xFF, d->rows * sizeof(int32_t));
+    uint64_t n = 0;
+    for (size_t i = 0; i < cfg->n_hot && n < cap; i++) {
+        int64_t id = cfg->hot_ids[i];
+        if (id < 0 || (uint64_t)id >= d->rows) {
+            fr_set_err(err, err_len, "store %s: hot_ids[%zu] = %lld is out of range [0, %llu)",
+                       d->path, i, (long long)id, (unsigned long long)d->rows);
+            free(slot_of);
+            free(ids);
+            return -ERANGE;
+        }
+        if (slot_of[id] >= 0)
+            continue;
+        slot_of[id] = (int32_t)n;
+        ids[n++] = id;
+    }
+    d->tier_bytes = n * d->row_bytes;
+    int rc = fr_gpu_mapped_alloc(d->gpu, d->tier_bytes, &d->tier_h, &d->tier_d);
+    if (rc == 0)
+        rc = fr_gpu_alloc(d->gpu, d->rows * sizeof(int32_t), &d->host_slot_d);
+    if (rc == 0)
+        rc = fr_gpu_copy_to_device(d->gpu, d->host_slot_d, slot_of, d->rows * sizeof(int32_t));
+    if (rc)
+        rc = gpu_err(d, rc, "setting up the hot-row host tier", err, err_len);
+    else
+        rc = fill(fill_arg, ids, n, d->tier_h, err, err_len);
+    free(slot_of);
+    free(ids);
+    return rc;
+}
+
+int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
+                 const fr_gather_backend *be, fr_gdev_fill_fn fill, void *fill_arg, fr_gdev **out,
+                 char *err, size_t err_len)
+{
+    *out = NULL;
+    uint32_t pb = cfg->page_bytes;
+    if (pb < 4096 || pb > (1u << 20) || (pb & (pb - 1)) != 0) {
+        fr_set_err(err, err_len, "page_bytes must be a power of two from 4096 to 1048576, got %u",
+                   pb);
+        return -EINVAL;
+    }
+    if (pb % cfg->row_bytes != 0) {
+        fr_set_err(err, err_len,
+                   "row_bytes %llu does not divide page_bytes %u: a row would straddle two "
+                   "cache pages (choose a page size that is a multiple of the row size)",
+                   (unsigned long long)cfg->row_bytes, pb);
+        return -EINVAL;
+    }
+    if (cfg->timeout_ms == 0) {
+        fr_set_err(err, err_len, "timeout_ms must be > 0");
+        return -EINVAL;
+    }
+    fr_gdev *d = calloc(1, sizeof(*d));
+    if (!d)
+        return -ENOMEM;
+    d->gpu = env->gpu;
+    fr_gpu_retain(d->gpu);
+    d->be = be;
+    snprintf(d->path, sizeof(d->path), "%s", cfg->path);
+    d->rows = cfg->rows;
+    d->row_bytes = cfg->row_bytes;
+    d->page_bytes = pb;
+    d->timeout_ms = cfg->timeout_ms;
+    d->npages = env->pages;
+    char why[FR_ERRLEN];
+    int rc = fr_gpu_gather_api(d->gpu, why, sizeof(why));
+    if (rc) {
+        fr_set_err(err, err_len, "store %s: the CUDA driver lacks the device path: %s", d->path,
+                   why);
+        fr_gdev_close(d);
+        return rc;
+    }
+    int can_map = 0, sms = 0;
+    if ((rc = fr_gpu_attribute(d->gpu, FR_CU_ATTR_CAN_MAP_HOST_MEMORY, &can_map)) ||
+        (rc = fr_gpu_attribute(d->gpu, FR_CU_ATTR_SM_COUNT, &sms))) {
+        rc = gpu_err(d, rc, "device attributes", err, err_len);
+        fr_gdev_close(d);
+        return rc;
+    }
+    if (!can_map) {
+        fr_set_err(err, err_len, "GPU %d cannot map host memory: the device path needs it",
+                   fr_gpu_device_id(d->gpu));
+        fr_gdev_close(d);
+        return -ENOTSUP;
+    }
+    d->sm_count = sms > 0 ? (unsigned)sms : 1;
+
+    /* The cache: no more slots than pages, at least 64 (two per lane of a
+     * warp) unless the array has fewer pages. */
+    uint64_t slots = cfg->cache_bytes / pb;
+    if (slots > d->npages)
+        slots = d->npages;
+    if (slots < 64 && slots < d->npages) {
+        fr_set_err(err, err_len,
+                   "cache_bytes %llu holds %llu pages of %u bytes; the device cache needs at "
+                   "least 64 (%llu bytes)",
+                   (unsigned long long)cfg->cache_bytes, (unsigned long long)slots, pb,
+                   (unsigned long long)64 * pb);
+        fr_gdev_close(d);
+        return -EINVAL;
+    }
+    if (slots > 0x7FFFFFFFull)
+        slots = 0x7FFFFFFFull;
+    d->nslots = (uint32_t)slots;
+    d->cache_bytes = slots * pb;
+    d->meta_bytes = d->npages * 4 + slots * 16 + 4 + sizeof(fr_dev_result) + sizeof(fr_dev_store);
+    size_t free_b = 0, total_b = 0;
+    if ((rc = fr_gpu_mem_info(d->gpu, &free_b, &total_b))) {
+        rc = gpu_err(d, rc, "cuMemGetInfo", err, err_len);
+        fr_gdev_close(d);
+        return rc;
+    }
+    if (d->cache_bytes + d->meta_bytes + DEVICE_HEADROOM > free_b) {
+        fr_set_err(err, err_len,
+                   "store %s: a cache of %llu bytes (+%llu of metadata) does not fit in GPU %d's "
+                   "%llu free bytes (keeping %llu free): lower cache_bytes",
+                   d->path, (unsigned long long)d->cache_bytes, (unsigned long long)d->meta_bytes,
+                   fr_gpu_device_id(d->gpu), (unsigned long long)free_b,
+                   (unsigned long long)DEVICE_HEADROOM);
+        fr_gdev_close(d);
+        return -ENOMEM;
+    }
+    if ((rc = fr_gpu_alloc(d->gpu, d->cache_bytes, &d->data_d)) ||
+        (rc = fr_gpu_alloc(d->gpu, d->npages * 4, &d->pt_d)) ||
+        (rc = fr_gpu_alloc(d->gpu, slots * 8, &d->tags_d)) ||
+        (rc = fr_gpu_alloc(d->gpu, slots * 4, &d->refs_d)) ||
+        (rc = fr_gpu_alloc(d->gpu, slots * 4, &d->clock_d)) ||
+        (rc = fr_gpu_alloc(d->gpu, 4, &d->hand_d)) ||
+        (rc = fr_gpu_alloc(d->gpu, sizeof(fr_dev_result), &d->result_d)) ||
+        (rc = fr_gpu_alloc(d->gpu, sizeof(fr_dev_store), &d->view_d)) ||
+        (rc = reset_cache(d))) {
+        rc = gpu_err(d, rc, "allocating the device cache", err, err_len);
+        fr_gdev_close(d);
+        return rc;
+    }
+    if ((rc = fr_gpu_mapped_alloc(d->gpu, 4096, &d->abort_h, &d->abort_d))) {
+        rc = gpu_err(d, rc, "the abort flag (mapped host memory)", err, err_len);
+        fr_gdev_close(d);
+        return rc;
+    }
+    memset(d->abort_h, 0, 4096);
+    if ((rc = open_tier(d, cfg, fill, fill_arg, err, err_len))) {
+        fr_gdev_close(d);
+        return rc;
+    }
+    if ((rc = be->probe(env, why, sizeof(why)))) {
+        fr_set_err(err, err_len, "store %s: backend %s cannot run here: %s", d->path, be->name,
+                   why);
+        fr_gdev_close(d);
+        return rc;
+    }
+    if ((rc = be->open(env, &d->bstate, err, err_len))) {
+        d->bstate = NULL;
+        fr_gdev_close(d);
+        return rc;
+    }
+    if (be->map_cache && (rc = be->map_cache(d->bstate, d->data_d, d->cache_bytes, err, err_len))) {
+        fr_gdev_close(d);
+        return rc;
+    }
+    fr_kernel_request kr = {be->fetch_define, be->device_source ? be->device_source() : NULL,
+                            cfg->cache_dir, cfg->nvrtc_path};
+    if ((rc = fr_kernel_load(d->gpu, &kr, &d->module, &d->fn, d->kernel_source,
+                             sizeof(d->kernel_source), why, sizeof(why)))) {
+        fr_set_err(err, err_len, "store %s: backend %s: %s", d->path, be->name, why);
+        fr_gdev_close(d);
+        return rc;
+    }
+    /* The view the kernel reads: device addresses throughout. */
+    fr_dev_store v;
+    memset(&v, 0, sizeof(v));
+    v.rows = d->rows;
+    v.row_bytes = d->row_bytes;
+    v.offset = cfg->offset;
+    v.data_bytes = d->rows * d->row_bytes;
+    v.rows_per_page = (uint32_t)(pb / d->row_bytes);
+    v.timeout_ns = (uint64_t)cfg->timeout_ms * 1000000ull;
+    v.cache.page_table = (uint32_t *)(uintptr_t)d->pt_d;
+    v.cache.tags = (uint64_t *)(uintptr_t)d->tags_d;
+    v.cache.refs = (uint32_t *)(uintptr_t)d->refs_d;
+    v.cache.clock_bits = (uint32_t *)(uintptr_t)d->clock_d;
+    v.cache.hand = (uint32_t *)(uintptr_t)d->hand_d;
+    v.cache.data = (uint8_t *)(uintptr_t)d->data_d;
+    v.cache.npages = d->npages;
+    v.cache.nslots = d->nslots;
+    v.cache.page_bytes = pb;
+    v.host_rows = (const uint8_t *)(uintptr_t)d->tier_d;
+    v.host_slot = (const int32_t *)(uintptr_t)d->host_slot_d;
+    v.abort = (uint32_t *)(uintptr_t)d->abort_d;
+    v.result = (fr_dev_result *)(uintptr_t)d->result_d;
+    be->fill_view(d->bstate, &v.fetch);
+    if ((rc = fr_gpu_copy_to_device(d->gpu, d->view_d, &v, sizeof(v)))) {
+        rc = gpu_err(d, rc, "copying the device view", err, err_len);
+        fr_gdev_close(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+void fr_gdev_cancel(fr_gdev *d)
+{
+    atomic_store(&d->cancelled, 1);
+    __atomic_store_n((uint32_t *)d->abort_h, 1, __ATOMIC_SEQ_CST);
+    d->be->cancel(d->bstate);
+}
+
+/* ids and out must be memory of this device (or mapped for it). */
+static int check_pointer(fr_gdev *d, uint64_t p, const char *what, char *err, size_t err_len)
+{
+    int dev = -1;
+    int rc = fr_gpu_pointer_device(d->gpu, p, &dev);
+    if (rc) {
+        fr_set_err(err, err_len, "%s at 0x%llx is not CUDA memory (pass a device pointer)", what,
+                   (unsigned long long)p);
+        return -EINVAL;
+    }
+    if (dev != fr_gpu_device_id(d->gpu)) {
+        fr_set_err(err, err_len, "%s are on GPU %d but store %s serves GPU %d", what, dev,
+                   d->path, fr_gpu_device_id(d->gpu));
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t out, void *stream,
+                   size_t *bad_index, fr_store_stats *delta, char *err, size_t err_len)
+{
+    if (n == 0)
+        return 0;
+    int rc = check_pointer(d, ids, "ids", err, err_len);
+    if (rc == 0)
+        rc = check_pointer(d, out, "the output rows", err, err_len);
+    if (rc)
+        return rc;
+    if (atomic_load(&d->cancelled)) {
+        fr_set_err(err, err_len, "gather from %s cancelled: the store is closing", d->path);
+        return -ECANCELED;
+    }
+    fr_dev_result res;
+    memset(&res, 0, sizeof(res));
+    res.first_bad = ~0ull;
+    if ((rc = fr_gpu_copy_to_device(d->gpu, d->result_d, &res, sizeof(res))))
+        return gpu_err(d, rc, "resetting the result block", err, err_len);
+    char berr[FR_ERRLEN] = "";
+    if ((rc = d->be->begin(d->bstate, berr, sizeof(berr)))) {
+        fr_set_err(err, err_len, "store %s: backend %s: %s", d->path, d->be->name, berr);
+        return rc;
+    }
+    /* Warps: one per 32 ids, at most 64 per SM (full occupancy), and no
+     * more than the cache has slots (more would only contend for victims;
+     * correctness does not depend on it: see fr_dev_gather_warp). */
+    uint64_t warps = (n + 31) / 32;
+    uint64_t cap = (uint64_t)d->sm_count * 64;
+    if (warps > cap)
+        warps = cap;
+    if (warps > d->nslots)
+        warps = d->nslots ? d->nslots : 1;
+    unsigned block = warps * 32 < 256 ? (unsigned)(warps * 32) : 256;
+    unsigned grid = (unsigned)((warps * 32 + block - 1) / block);
+    uint64_t view = d->view_d;
+    unsigned long long nn = n;
+    void *params[] = {&view, &ids, &id_bytes, &nn, &out};
+    int launch_rc = fr_gpu_launch(d->gpu, d->fn, grid, block, (fr_CUstream)stream, params);
+    if (launch_rc == 0)
+        launch_rc = fr_gpu_stream_wait(d->gpu, (fr_CUstream)stream);
+    char launch_err[FR_ERRLEN] = "";
+    if (launch_rc)
+        fr_gpu_last_error(d->gpu, launch_err, sizeof(launch_err));
+    int read_rc = launch_rc ? -EIO : fr_gpu_copy_from_device(d->gpu, &res, d->result_d, sizeof(res));
+    int failed = launch_rc || read_rc || res.error != 0;
+    berr[0] = 0;
+    int end_rc = d->be->end(d->bstate, failed, berr, sizeof(berr));
+    if (failed) {
+        int rrc = reset_cache(d);
+        if (rrc && !launch_rc) {
+            fr_gpu_last_error(d->gpu, launch_err, sizeof(launch_err));
+            launch_rc = rrc;
+        }
+    }
+    d->be->counters(d->bstate, delta);
+    if (!launch_rc && !read_rc) {
+        delta->cache_hits += res.counters[FR_CNT_HITS];
+        delta->cache_misses += res.counters[FR_CNT_MISSES];
+        delta->coalesced += res.counters[FR_CNT_COALESCED];
+        delta->host_tier_rows += res.counters[FR_CNT_HOST_TIER];
+        delta->evictions += res.counters[FR_CNT_EVICTIONS];
+    }
+    if (launch_rc) {
+        fr_set_err(err, err_len, "store %s: the gather kernel failed: %s", d->path, launch_err);
+        return launch_rc;
+    }
+    if (read_rc)
+        return gpu_err(d, read_rc, "reading the gather's result", err, err_len);
+    if (res.error) {
+        if (res.error == FR_DEV_ECANCELED)
+            fr_set_err(err, err_len, "gather from %s cancelled: the store is closing", d->path);
+        else if (res.error == FR_DEV_ETIMEDOUT)
+            fr_set_err(err, err_len,
+                       "gather from %s: a device-side wait ran out after %u ms (timeout_ms)%s%s",
+                       d->path, d->timeout_ms, berr[0] ? "; backend: " : "", berr);
+        else if (berr[0])
+            fr_set_err(err, err_len, "%s", berr);
+        else
+            fr_set_err(err, err_len, "gather from %s: %s", d->path, strerror(-res.error));
+        return res.error;
+    }
+    if (end_rc) {
+        fr_set_err(err, err_len, "%s", berr);
+        return end_rc;
+    }
+    if (res.first_bad != ~0ull) {
+        if (bad_index)
+            *bad_index = (size_t)res.first_bad;
+        int64_t id = 0;
+        if (id_bytes == 4) {
+            int32_t v = 0;
+            fr_gpu_copy_from_device(d->gpu, &v, ids + res.first_bad * 4, 4);
+            id = v;
+        } else {
+            fr_gpu_copy_from_device(d->gpu, &id, ids + res.first_bad * 8, 8);
+        }
+        fr_set_err(err, err_len, "row id %lld at position %llu is out of range [0, %llu) of %s",
+                   (long long)id, (unsigned long long)res.first_bad, (unsigned long long)d->rows,
+                   d->path);
+        return -ERANGE;
+    }
+    return 0;
+}
+
+void fr_gdev_memory(fr_gdev *d, fr_store_memory *add)
+{
+    add->device_cache += d->cache_bytes;
+    add->device_meta += d->meta_bytes + (d->host_slot_d ? d->rows * 4 : 0);
+    add->host_tier += d->tier_bytes;
+    add->rings += 4096; /* the abort flag's page */
+    d->be->memory(d->bstate, add);
+}
+
+uint64_t fr_gdev_view(const fr_gdev *d) { return d->view_d; }
+const char *fr_gdev_kernel_source(const fr_gdev *d) { return d->kernel_source; }

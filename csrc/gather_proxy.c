@@ -1,0 +1,430 @@
+/*
+ * The "proxy" backend of the device path (gather_backend.h): GPU threads
+ * submit page reads into a ring of cells in page-locked host memory mapped
+ * into the device (fastread_device.cuh); host service threads drain it and
+ * serve the reads with an engine, into each cell's staging page, and post
+ * completions; the GPU thread copies staging -> cache slot.
+ *
+ * Service threads: `nsvc` (a power of two) threads, thread k owning the
+ * tickets k, k + nsvc, k + 2 nsvc, ... in order (one consumer per cell, so
+ * no locks or CAS on the host side). A thread drains its shard in batches:
+ * every consecutive submitted ticket, up to `batch_max`, becomes one
+ * fr_read_ranges call on its own engine context (io_uring: one submit for
+ * the whole batch; psync: its thread pool), so the queue depth seen by the
+ * storage is nsvc * batch_max. They poll only between begin() and end()
+ * (a gather in flight), spinning briefly, then sleeping 20 us between
+ * looks; idle stores cost no CPU.
+ *
+ * O_DIRECT: with o_direct -1 where every page read is aligned as it stands
+ * (offset a multiple of 4 KiB; pages are >= 4 KiB powers of two), else as
+ * asked (1: reads are widened to aligned blocks and the page cut out).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base.h"
+#include "gather_backend.h"
+#include "gpu.h"
+
+#define DIO_ALIGN ((uint64_t)4096)
+
+typedef struct proxy proxy;
+
+typedef struct svc {
+    proxy *p;
+    unsigned shard;
+    pthread_t thread;
+    int started;
+    fr_ctx *ctx;
+    fr_pool *pool;
+    fr_batch *batch;
+    uint64_t head; /* the next ticket of this shard */
+    fr_range *ranges;
+    uint64_t *starts;
+} svc;
+
+struct proxy {
+    char *path;
+    char engine[32];
+    uint64_t offset;
+    uint32_t page_bytes;
+    int direct;
+    unsigned nsvc, batch_max;
+    long delay_us; /* $FASTREAD_PROXY_DELAY_US: fault injection (tests) */
+    fr_gpu *gpu;
+    const atomic_int *store_cancel;
+
+    fr_dev_ring hring; /* host addresses, for the service threads */
+    fr_dev_ring dring; /* device addresses, for the kernel */
+    void *cells_h, *staging_h;
+    uint64_t cells_d, staging_d, tail_d;
+    size_t cells_bytes, staging_bytes;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cv, idle_cv;
+    int exiting;
+    unsigned busy;      /* service threads inside an active period */
+    atomic_int active;  /* a gather is in flight: poll */
+    atomic_int cancelled;
+    atomic_ullong reads, bytes;
+    int err_rc;         /* first read error of the gather in flight */
+    char err[FR_ERRLEN];
+    svc *svcs;
+};
+
+static void record(proxy *p, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void record(proxy *p, int rc, const char *fmt, ...)
+{
+    pthread_mutex_lock(&p->lock);
+    if (!p->err_rc) {
+        p->err_rc = rc;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(p->err, sizeof(p->err), fmt, ap);
+        va_end(ap);
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Serves tickets head, head + nsvc, ... (n of them, all submitted). */
+static void serve(svc *v, unsigned n)
+{
+    proxy *p = v->p;
+    const fr_dev_ring *r = &p->hring;
+    uint64_t total = 0;
+    for (unsigned i = 0; i < n; i++) {
+        fr_dev_ring_cell *c = fr_ring_host_cell(r, v->head + (uint64_t)i * p->nsvc);
+        uint64_t start = p->offset + c->page * p->page_bytes;
+        uint64_t lo = p->direct ? start & ~(DIO_ALIGN - 1) : start;
+        v->starts[i] = start;
+        v->ranges[i].offset = lo;
+        v->ranges[i].length = start + c->len - lo;
+        total += v->ranges[i].length;
+    }
+    if (p->delay_us > 0) { /* a slow device, on purpose: tests of timeouts and cancels */
+        struct timespec ts = {p->delay_us / 1000000, (p->delay_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+    }
+    int rc = 0;
+    if (atomic_load(&p->cancelled) || (p->store_cancel && atomic_load(p->store_cancel)))
+        rc = -ECANCELED;
+    if (rc == 0)
+        rc = fr_batch_prepare(v->batch, n);
+    if (rc == 0)
+        rc = fr_read_ranges(v->ctx, p->path, v->ranges, n, v->batch);
+    if (rc && rc != -ECANCELED)
+        record(p, rc, "reading pages of %s with %s: %s", p->path, p->engine, strerror(-rc));
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t pos = v->head + (uint64_t)i * p->nsvc;
+        fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
+        int32_t status = rc;
+        if (rc == 0) {
+            const fr_sample *s = &v->batch->samples[i];
+            if (s->length == (int64_t)v->ranges[i].length) {
+                memcpy(fr_ring_host_staging(r, pos),
+                       v->batch->arena.base + s->offset + (v->starts[i] - v->ranges[i].offset),
+                       c->len);
+            } else {
+                status = s->length < 0 ? (int32_t)s->length : -EIO;
+                record(p, status, "reading page %llu of %s (bytes %llu..%llu) with %s: %s",
+                       (unsigned long long)c->page, p->path,
+                       (unsigned long long)v->starts[i],
+                       (unsigned long long)(v->starts[i] + c->len), p->engine,
+                       s->length < 0 ? strerror((int)-s->length) : "the file ended early");
+            }
+        }
+        fr_ring_host_complete(r, pos, status);
+    }
+    atomic_fetch_add(&p->reads, n);
+    atomic_fetch_add(&p->bytes, total);
+    v->head += (uint64_t)n * p->nsvc;
+}
+
+static void *service(void *arg)
+{
+    svc *v = arg;
+    proxy *p = v->p;
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        while (!atomic_load(&p->active) && !p->exiting)
+            pthread_cond_wait(&p->cv, &p->lock);
+        if (p->exiting)
+            break;
+        p->busy++;
+        pthread_mutex_unlock(&p->lock);
+        unsigned idle = 0;
+        while (atomic_load(&p->active)) {
+            unsigned n = 0;
+            while (n < p->batch_max &&
+                   fr_ring_host_submitted(&p->hring, v->head + (uint64_t)n * p->nsvc))
+                n++;
+            if (n) {
+                serve(v, n);
+                idle = 0;
+            } else if (++idle < 2000) {
+                sched_yield();
+            } else {
+                struct timespec ts = {0, 20000};
+                nanosleep(&ts, NULL);
+            }
+        }
+        pthread_mutex_lock(&p->lock);
+        if (--p->busy == 0)
+            pthread_cond_broadcast(&p->idle_cv);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return NULL;
+}
+
+static void proxy_close(void *state)
+{
+    proxy *p = state;
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->lock);
+    p->exiting = 1;
+    atomic_store(&p->active, 0);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->lock);
+    for (unsigned i = 0; p->svcs && i < p->nsvc; i++) {
+        svc *v = &p->svcs[i];
+        if (v->started)
+            pthread_join(v->thread, NULL);
+        if (v->batch)
+            fr_batch_recycle(v->batch);
+        if (v->pool)
+            fr_pool_close(v->pool);
+        fr_ctx_close(v->ctx);
+        free(v->ranges);
+        free(v->starts);
+    }
+    free(p->svcs);
+    fr_gpu_mapped_free(p->gpu, p->cells_h);
+    fr_gpu_mapped_free(p->gpu, p->staging_h);
+    fr_gpu_free(p->gpu, p->tail_d);
+    pthread_cond_destroy(&p->cv);
+    pthread_cond_destroy(&p->idle_cv);
+    pthread_mutex_destroy(&p->lock);
+    free(p->path);
+    free(p);
+}
+
+static int proxy_probe(const fr_backend_env *env, char *why, size_t why_len)
+{
+    return fr_gpu_gather_api(env->gpu, why, why_len);
+}
+
+static unsigned pow2_floor(unsigned v)
+{
+    unsigned r = 1;
+    while (r * 2 <= v)
+        r *= 2;
+    return r;
+}
+
+static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t err_len)
+{
+    *state = NULL;
+    unsigned n = env->ring_entries;
+    if (n < 2 || (n & (n - 1)) != 0 || n > (1u << 20)) {
+        fr_set_err(err, err_len, "ring_entries must be a power of two in 2..1048576, got %u", n);
+        return -EINVAL;
+    }
+    proxy *p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    pthread_mutex_init(&p->lock, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    pthread_cond_init(&p->idle_cv, NULL);
+    p->path = strdup(env->path);
+    p->offset = env->offset;
+    p->page_bytes = env->page_bytes;
+    p->gpu = env->gpu;
+    p->store_cancel = env->cancel;
+    snprintf(p->engine, sizeof(p->engine), "%s", env->engine);
+    p->direct = env->o_direct > 0 || (env->o_direct < 0 && env->offset % DIO_ALIGN == 0);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned t = env->threads ? env->threads : (cpus > 3 ? (unsigned)(cpus / 2) : 1);
+    if (t > 8 && !env->threads)
+        t = 8;
+    p->nsvc = pow2_floor(t);
+    if (p->nsvc > n)
+        p->nsvc = n;
+    p->batch_max = env->queue_depth ? env->queue_depth : 32;
+    const char *delay = getenv("FASTREAD_PROXY_DELAY_US");
+    p->delay_us = delay ? atol(delay) : 0;
+    if (!p->path) {
+        proxy_close(p);
+        return -ENOMEM;
+    }
+    unsigned log2 = 0;
+    while ((1u << log2) < n)
+        log2++;
+    p->cells_bytes = fr_round_up((size_t)n * sizeof(fr_dev_ring_cell), 4096);
+    p->staging_bytes = (size_t)n * p->page_bytes;
+    int rc = fr_gpu_mapped_alloc(p->gpu, p->cells_bytes, &p->cells_h, &p->cells_d);
+    if (rc == 0)
+        rc = fr_gpu_mapped_alloc(p->gpu, p->staging_bytes, &p->staging_h, &p->staging_d);
+    if (rc == 0)
+        rc = fr_gpu_alloc(p->gpu, sizeof(uint64_t), &p->tail_d);
+    if (rc == 0)
+        rc = fr_gpu_memset8(p->gpu, p->tail_d, 0, sizeof(uint64_t));
+    if (rc) {
+        char why[FR_ERRLEN];
+        fr_gpu_last_error(p->gpu, why, sizeof(why));
+        fr_set_err(err, err_len, "proxy backend: %u ring entries with %zu bytes of staging: %s", n,
+                   p->staging_bytes, why);
+        proxy_close(p);
+        return rc;
+    }
+    memset(p->cells_h, 0, p->cells_bytes);
+    p->hring.cells = p->cells_h;
+    p->hring.staging = p->staging_h;
+    p->hring.tail = NULL; /* the host never takes tickets */
+    p->hring.log2_entries = log2;
+    p->hring.page_bytes = p->page_bytes;
+    p->dring = p->hring;
+    p->dring.cells = (fr_dev_ring_cell *)(uintptr_t)p->cells_d;
+    p->dring.staging = (uint8_t *)(uintptr_t)p->staging_d;
+    p->dring.tail = (uint64_t *)(uintptr_t)p->tail_d;
+
+    p->svcs = calloc(p->nsvc, sizeof(svc));
+    if (!p->svcs) {
+        proxy_close(p);
+        return -ENOMEM;
+    }
+    fr_config c;
+    fr_config_init(&c);
+    c.engine = p->engine;
+    c.engine_args = env->engine_args ? env->engine_args : "";
+    c.o_direct = p->direct;
+    c.direct_alignment = (unsigned)DIO_ALIGN;
+    c.queue_depth = p->batch_max;
+    c.threads = p->batch_max; /* psync: one pread per request of a batch at once */
+    for (unsigned i = 0; i < p->nsvc; i++) {
+        svc *v = &p->svcs[i];
+        v->p = p;
+        v->shard = i;
+        v->head = i;
+        char why[FR_ERRLEN];
+        rc = fr_ctx_open(&c, &v->ctx, why, sizeof(why));
+        if (rc) {
+            fr_set_err(err, err_len, "proxy backend for %s: engine %s: %s", p->path, p->engine,
+                       why);
+            proxy_close(p);
+            return rc;
+        }
+        v->pool = fr_pool_new();
+        v->batch = v->pool ? fr_pool_get(v->pool) : NULL;
+        v->ranges = calloc(p->batch_max, sizeof(fr_range));
+        v->starts = calloc(p->batch_max, sizeof(uint64_t));
+        if (!v->batch || !v->ranges || !v->starts) {
+            proxy_close(p);
+            return -ENOMEM;
+        }
+        rc = pthread_create(&v->thread, NULL, service, v);
+        if (rc) {
+            fr_set_err(err, err_len, "proxy backend: cannot start service thread %u: %s", i,
+                       strerror(rc));
+            proxy_close(p);
+            return -rc;
+        }
+        v->started = 1;
+    }
+    *state = p;
+    return 0;
+}
+
+static void proxy_fill_view(void *state, fr_dev_fetch *view)
+{
+    proxy *p = state;
+    memset(view, 0, sizeof(*view));
+    view->ring = p->dring;
+}
+
+static int proxy_begin(void *state, char *err, size_t err_len)
+{
+    proxy *p = state;
+    pthread_mutex_lock(&p->lock);
+    p->err_rc = 0;
+    p->err[0] = 0;
+    atomic_store(&p->cancelled, 0);
+    atomic_store(&p->active, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->lock);
+    return 0;
+}
+
+static int proxy_end(void *state, int failed, char *err, size_t err_len)
+{
+    proxy *p = state;
+    pthread_mutex_lock(&p->lock);
+    atomic_store(&p->active, 0);
+    while (p->busy > 0)
+        pthread_cond_wait(&p->idle_cv, &p->lock);
+    int rc = p->err_rc;
+    if (rc)
+        fr_set_err(err, err_len, "%s", p->err);
+    pthread_mutex_unlock(&p->lock);
+    if (failed) {
+        /* Waiters that gave up left cells submitted or done and tickets
+         * unserved: start the next gather from a clean ring. */
+        fr_ring_host_reset(&p->hring);
+        for (unsigned i = 0; i < p->nsvc; i++)
+            p->svcs[i].head = i;
+        int mrc = fr_gpu_memset8(p->gpu, p->tail_d, 0, sizeof(uint64_t));
+        if (mrc && !rc) {
+            fr_gpu_last_error(p->gpu, err, err_len);
+            rc = mrc;
+        }
+    }
+    return rc;
+}
+
+static void proxy_cancel(void *state)
+{
+    proxy *p = state;
+    atomic_store(&p->cancelled, 1);
+}
+
+static void proxy_counters(void *state, fr_store_stats *add)
+{
+    proxy *p = state;
+    add->storage_reads += atomic_exchange(&p->reads, 0);
+    add->bytes_read += atomic_exchange(&p->bytes, 0);
+}
+
+static void proxy_memory(void *state, fr_store_memory *add)
+{
+    proxy *p = state;
+    add->rings += p->cells_bytes + sizeof(uint64_t);
+    add->staging += p->staging_bytes;
+    for (unsigned i = 0; i < p->nsvc; i++)
+        add->host_buffers += p->svcs[i].batch->arena.capacity +
+                             p->batch_max * (sizeof(fr_range) + sizeof(uint64_t));
+}
+
+const fr_gather_backend fr_gather_backend_proxy = {
+    .name = "proxy",
+    .fetch_define = "FR_FETCH_PROXY",
+    .device_source = NULL,
+    .probe = proxy_probe,
+    .open = proxy_open,
+    .map_cache = NULL,
+    .fill_view = proxy_fill_view,
+    .begin = proxy_begin,
+    .end = proxy_end,
+    .cancel = proxy_cancel,
+    .counters = proxy_counters,
+    .memory = proxy_memory,
+    .close = proxy_close,
+};

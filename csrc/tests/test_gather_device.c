@@ -1,0 +1,459 @@
+/* fr_store's device path ("proxy") against the mock CUDA driver, whose
+ * cuLaunchKernel runs the gather on host threads through the device
+ * header's own cache and ring code: rows byte for byte (int64 and int32 ids,
+ * duplicates), misses, hits and evictions with a cache smaller than the
+ * working set, the host tier (whole file and hot rows), out-of-range ids,
+ * ids on another GPU or not on a GPU, a read error and the reset after it, a
+ * timeout, close during a gather, concurrent gathers from several threads,
+ * memory reported by part, and the open-time errors (no GPU, cache larger
+ * than free memory, a row size the page size does not divide, no NVRTC and
+ * no PTX, a kernel the driver refuses), with no driver object leaked. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gather.h"
+#include "gpu.h"
+#include "harness.h"
+
+#define ROW 256u
+#define ROWS 20000u
+#define PAGE 4096u
+
+static unsigned char *file_bytes;
+static long (*live)(const char *);
+static fr_gpu *gpu;
+
+static void load_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    free(file_bytes);
+    file_bytes = malloc((size_t)n);
+    CHECK(fread(file_bytes, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+}
+
+static void base_config(fr_store_config *c, const char *path)
+{
+    fr_store_config_init(c);
+    c->path = path;
+    c->offset = 512;
+    c->rows = ROWS;
+    c->row_bytes = ROW;
+    c->backend = "proxy";
+    c->device_id = 0;
+    c->page_bytes = PAGE;
+    c->cache_bytes = 64 * PAGE; /* 64 pages of 1250: evictions */
+    c->ring_entries = 16;
+    c->threads = 2;
+    c->timeout_ms = 5000;
+    c->cache_dir = fr_test_dir();
+}
+
+static uint64_t dev_alloc(size_t n)
+{
+    uint64_t p = 0;
+    CHECK(fr_gpu_alloc(gpu, n, &p) == 0);
+    return p;
+}
+
+/* Gathers ids (int64) through the device path and checks every row. */
+static int gather_check(fr_store *s, const int64_t *ids, size_t n, int id_bytes, char *err,
+                        size_t *bad)
+{
+    uint64_t d_ids = dev_alloc(n * 8), d_out = dev_alloc(n * ROW);
+    if (id_bytes == 4) {
+        int32_t *small = malloc(n * 4);
+        for (size_t i = 0; i < n; i++)
+            small[i] = (int32_t)ids[i];
+        fr_gpu_copy_to_device(gpu, d_ids, small, n * 4);
+        free(small);
+    } else {
+        fr_gpu_copy_to_device(gpu, d_ids, ids, n * 8);
+    }
+    int rc = fr_store_gather_device(s, d_ids, id_bytes, n, d_out, NULL, bad, err, FR_ERRLEN);
+    if (rc == 0) {
+        unsigned char *out = malloc(n * ROW);
+        fr_gpu_copy_from_device(gpu, out, d_out, n * ROW);
+        for (size_t i = 0; i < n; i++) {
+            if (memcmp(out + i * ROW, file_bytes + 512 + (size_t)ids[i] * ROW, ROW) != 0) {
+                fprintf(stderr, "row %zu (id %lld) differs\n", i, (long long)ids[i]);
+                fr_test_failures++;
+                break;
+            }
+        }
+        free(out);
+    }
+    fr_gpu_free(gpu, d_ids);
+    fr_gpu_free(gpu, d_out);
+    return rc;
+}
+
+static int64_t *random_ids(size_t n, unsigned seed)
+{
+    int64_t *ids = malloc(n * sizeof(int64_t));
+    uint32_t x = seed * 2654435761u + 7;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        ids[i] = x % ROWS;
+    }
+    return ids;
+}
+
+static void test_gathers(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    fr_store *s;
+    char err[FR_ERRLEN] = "";
+    int rc = fr_store_open(&c, &s, err, sizeof(err));
+    if (rc) {
+        fprintf(stderr, "open: %s\n", err);
+        fr_test_failures++;
+        return;
+    }
+    CHECK(strcmp(fr_store_backend(s), "proxy") == 0);
+    CHECK(strstr(fr_store_kernel_source(s), "PTX") != NULL);
+    CHECK(fr_store_device_view(s) != 0);
+    size_t bad = 0;
+    int64_t *ids = random_ids(3000, 1);
+    ids[1] = ids[0]; /* duplicates */
+    ids[2] = 0;
+    ids[3] = ROWS - 1;
+    CHECK(gather_check(s, ids, 3000, 8, err, &bad) == 0);
+    fr_store_stats st;
+    fr_store_stats_get(s, &st);
+    CHECK(st.gathers == 1 && st.rows == 3000);
+    CHECK(st.cache_misses > 64);          /* the working set is larger than the cache */
+    CHECK(st.evictions >= st.cache_misses - 64);
+    CHECK(st.storage_reads == st.cache_misses); /* one read per page brought in */
+    CHECK(st.bytes_read == st.storage_reads * PAGE);
+    CHECK(st.host_tier_rows == 0);
+
+    /* A small working set read twice: the second time from the cache. */
+    int64_t hot[200];
+    for (int i = 0; i < 200; i++)
+        hot[i] = (i * 37) % (16 * 20); /* 20 pages */
+    CHECK(gather_check(s, hot, 200, 4, err, &bad) == 0);
+    fr_store_stats before;
+    fr_store_stats_get(s, &before);
+    CHECK(gather_check(s, hot, 200, 8, err, &bad) == 0);
+    fr_store_stats_get(s, &st);
+    CHECK(st.cache_misses == before.cache_misses);
+    CHECK(st.cache_hits - before.cache_hits + st.coalesced - before.coalesced == 200);
+
+    /* Out of range: the first bad position, the id named. */
+    ids[10] = ROWS;
+    ids[20] = -3;
+    bad = 0;
+    CHECK(gather_check(s, ids, 100, 8, err, &bad) == -ERANGE);
+    CHECK(bad == 10);
+    CHECK(strstr(err, "20000") != NULL && strstr(err, "position 10") != NULL);
+
+    /* ids on another GPU; ids not in CUDA memory. */
+    setenv("MOCK_CUDA_POINTER_DEVICE", "1", 1);
+    CHECK(gather_check(s, hot, 10, 8, err, &bad) == -EINVAL);
+    CHECK(strstr(err, "GPU 1") != NULL);
+    unsetenv("MOCK_CUDA_POINTER_DEVICE");
+    uint64_t d_out = dev_alloc(10 * ROW);
+    CHECK(fr_store_gather_device(s, (uint64_t)(uintptr_t)hot, 8, 10, d_out, NULL, &bad, err,
+                                 sizeof(err)) == -EINVAL);
+    CHECK(strstr(err, "not CUDA memory") != NULL);
+    fr_gpu_free(gpu, d_out);
+
+    fr_store_memory m;
+    fr_store_memory_get(s, &m);
+    CHECK(m.device_cache == 64 * PAGE);
+    CHECK(m.device_meta >= (ROWS * ROW / PAGE) * 4);
+    CHECK(m.staging == 16 * PAGE);
+    CHECK(m.rings >= 16 * 32);
+    CHECK(m.host_tier == 0);
+    free(ids);
+    fr_store_close(s);
+}
+
+typedef struct par_arg {
+    fr_store *s;
+    unsigned seed;
+    int rc;
+} par_arg;
+
+static void *par_gather(void *p)
+{
+    par_arg *a = p;
+    int64_t *ids = random_ids(500, a->seed);
+    char err[FR_ERRLEN];
+    size_t bad;
+    a->rc = 0;
+    for (int k = 0; k < 3 && a->rc == 0; k++)
+        a->rc = gather_check(a->s, ids, 500, 8, err, &bad);
+    free(ids);
+    return NULL;
+}
+
+static void test_concurrent(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    fr_store *s;
+    char err[FR_ERRLEN];
+    if (fr_store_open(&c, &s, err, sizeof(err)) != 0) {
+        fprintf(stderr, "open: %s\n", err);
+        fr_test_failures++;
+        return;
+    }
+    pthread_t th[4];
+    par_arg a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i].s = s;
+        a[i].seed = (unsigned)i + 10;
+        CHECK(pthread_create(&th[i], NULL, par_gather, &a[i]) == 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(a[i].rc == 0);
+    }
+    fr_store_stats st;
+    fr_store_stats_get(s, &st);
+    CHECK(st.gathers == 12 && st.rows == 6000);
+    fr_store_close(s);
+}
+
+static void test_host_tier(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    c.host_bytes = UINT64_MAX; /* auto: the file fits */
+    fr_store *s;
+    char err[FR_ERRLEN];
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    int64_t *ids = random_ids(1000, 3);
+    size_t bad;
+    CHECK(gather_check(s, ids, 1000, 8, err, &bad) == 0);
+    fr_store_stats st;
+    fr_store_stats_get(s, &st);
+    CHECK(st.host_tier_rows == 1000 && st.storage_reads == 0 && st.cache_misses == 0);
+    fr_store_memory m;
+    fr_store_memory_get(s, &m);
+    CHECK(m.host_tier == (uint64_t)ROWS * ROW);
+    fr_store_close(s);
+
+    /* Hot rows: a budget below the file, rows 0..99 hot. */
+    int64_t hot_ids[100];
+    for (int i = 0; i < 100; i++)
+        hot_ids[i] = i;
+    c.host_bytes = 100 * ROW;
+    c.hot_ids = hot_ids;
+    c.n_hot = 100;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    int64_t mixed[64];
+    for (int i = 0; i < 64; i++)
+        mixed[i] = i % 2 ? i : 10000 + i; /* 32 hot, 32 not */
+    CHECK(gather_check(s, mixed, 64, 8, err, &bad) == 0);
+    fr_store_stats_get(s, &st);
+    CHECK(st.host_tier_rows == 32);
+    CHECK(st.cache_misses > 0);
+    fr_store_memory_get(s, &m);
+    CHECK(m.host_tier == 100 * ROW);
+    fr_store_close(s);
+    free(ids);
+}
+
+typedef struct close_arg {
+    fr_store *s;
+    int rc;
+    char err[FR_ERRLEN];
+} close_arg;
+
+static void *slow_gather(void *p)
+{
+    close_arg *a = p;
+    int64_t *ids = random_ids(400, 5);
+    size_t bad;
+    a->rc = gather_check(a->s, ids, 400, 8, a->err, &bad);
+    free(ids);
+    return NULL;
+}
+
+static void test_faults(const char *dir)
+{
+    /* A file of its own: it is cut short and restored here. */
+    char *path = fr_test_write("faults.bin", 512 + ROWS * ROW, 3);
+    load_file(path);
+    fr_store_config c;
+    base_config(&c, path);
+    fr_store *s;
+    char err[FR_ERRLEN];
+    size_t bad;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    /* A read that fails on the host: the file shrank under the store. */
+    CHECK(truncate(path, 512 + 1000 * ROW) == 0);
+    int64_t tail[4] = {ROWS - 1, ROWS - 100, 5, 6};
+    int rc = gather_check(s, tail, 4, 8, err, &bad);
+    CHECK(rc == -EIO || rc == -ENODATA);
+    CHECK(strstr(err, path) != NULL);
+    /* Restored: the cache and ring were reset, the next gather works. */
+    FILE *f = fopen(path, "r+b");
+    CHECK(f && fseek(f, 0, SEEK_SET) == 0 && fwrite(file_bytes, 1, 512 + ROWS * ROW, f) ==
+                                                 512 + ROWS * ROW);
+    if (f)
+        fclose(f);
+    CHECK(gather_check(s, tail, 4, 8, err, &bad) == 0);
+    fr_store_close(s);
+
+    /* A service that answers late: the device-side wait times out. */
+    setenv("FASTREAD_PROXY_DELAY_US", "400000", 1);
+    c.timeout_ms = 50;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    CHECK(gather_check(s, tail, 4, 8, err, &bad) == -ETIMEDOUT);
+    CHECK(strstr(err, "50 ms") != NULL);
+    CHECK(gather_check(s, tail, 4, 8, err, &bad) == -ETIMEDOUT); /* and again, cleanly */
+    fr_store_close(s);
+
+    /* Close while a gather waits on the slow service: cancelled. */
+    c.timeout_ms = 20000;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    close_arg a = {s, 1, ""};
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, slow_gather, &a) == 0);
+    usleep(100000);
+    fr_store_close(s);
+    pthread_join(t, NULL);
+    CHECK(a.rc == -ECANCELED);
+    unsetenv("FASTREAD_PROXY_DELAY_US");
+    (void)dir;
+    free(path);
+}
+
+static void test_open_errors(const char *path)
+{
+    fr_store_config c;
+    fr_store *s = NULL;
+    char err[FR_ERRLEN];
+
+    base_config(&c, path);
+    c.row_bytes = 384; /* does not divide 4096 */
+    c.rows = 1000;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == -EINVAL);
+    CHECK(strstr(err, "does not divide") != NULL);
+
+    base_config(&c, path);
+    c.page_bytes = 3000;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == -EINVAL);
+    CHECK(strstr(err, "page_bytes") != NULL);
+
+    base_config(&c, path);
+    setenv("MOCK_CUDA_FREE_MEM", "1000000", 1);
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == -ENOMEM);
+    CHECK(strstr(err, "does not fit") != NULL);
+    unsetenv("MOCK_CUDA_FREE_MEM");
+
+    base_config(&c, path);
+    c.cache_bytes = 8 * PAGE;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == -EINVAL);
+    CHECK(strstr(err, "at least 64") != NULL);
+
+    /* No NVRTC here; FASTREAD_KERNEL_SOURCE=nvrtc refuses the PTX fallback. */
+    base_config(&c, path);
+    c.nvrtc_path = "/nonexistent/nvrtc-dir";
+    setenv("FASTREAD_KERNEL_SOURCE", "nvrtc", 1);
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == -ENOENT);
+    CHECK(strstr(err, "NVRTC not found") != NULL && strstr(err, "/nonexistent/nvrtc-dir") != NULL);
+    setenv("FASTREAD_KERNEL_SOURCE", "ptx", 1);
+    int rc = fr_store_open(&c, &s, err, sizeof(err));
+#ifdef FASTREAD_TEST_HAVE_PTX
+    CHECK(rc == 0);
+    if (rc == 0)
+        fr_store_close(s);
+    setenv("MOCK_CUDA_MODULE_REFUSE", "1", 1);
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) < 0);
+    CHECK(strstr(err, "PTX does not load") != NULL);
+    unsetenv("MOCK_CUDA_MODULE_REFUSE");
+#else
+    CHECK(rc == -ENOENT);
+    CHECK(strstr(err, "no PTX built in") != NULL);
+#endif
+    unsetenv("FASTREAD_KERNEL_SOURCE");
+
+    base_config(&c, path);
+    setenv("MOCK_CUDA_CC", "61", 1);
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == -ENOTSUP);
+    CHECK(strstr(err, "6.1") != NULL);
+    unsetenv("MOCK_CUDA_CC");
+
+    /* No GPU: proxy refuses; auto falls back to the host and says why. */
+    base_config(&c, path);
+    setenv("MOCK_CUDA_DEVICES", "0", 1);
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) < 0);
+    CHECK(strstr(err, "device_id 0") != NULL);
+    c.backend = "auto";
+    c.device_id = 0;
+    rc = fr_store_open(&c, &s, err, sizeof(err));
+    CHECK(rc < 0); /* device_id given and no GPU: the store cannot serve device gathers */
+    unsetenv("MOCK_CUDA_DEVICES");
+
+    /* auto with a GPU but no way to build the kernel: the host backend. */
+    base_config(&c, path);
+    c.backend = "auto";
+    c.nvrtc_path = "/nonexistent";
+    setenv("FASTREAD_KERNEL_SOURCE", "nvrtc", 1);
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        CHECK(strcmp(fr_store_backend(s), "host") == 0);
+        CHECK(strstr(fr_store_backend_reason(s), "NVRTC") != NULL);
+        /* The host backend still serves device pointers. */
+        int64_t ids[3] = {1, 2, 3};
+        size_t bad;
+        CHECK(gather_check(s, ids, 3, 8, err, &bad) == 0);
+        fr_store_close(s);
+    }
+    unsetenv("FASTREAD_KERNEL_SOURCE");
+}
+
+int main(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    live = lib ? (long (*)(const char *))dlsym(lib, "mock_cuda_live") : NULL;
+    if (!live) {
+        fprintf(stderr, "test_gather_device: needs the mock CUDA driver (LD_LIBRARY_PATH)\n");
+        return 77;
+    }
+    char err[FR_ERRLEN];
+    if (fr_gpu_open(0, &gpu, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    long allocs0 = live("allocs"), pins0 = live("pins");
+    char *path = fr_test_write("rows.bin", 512 + ROWS * ROW, 11);
+    load_file(path);
+    const char *h = fr_store_device_header();
+    CHECK(h && strstr(h, "fr_dev_gather_warp") && strstr(h, "FASTREAD_DEVICE_CUH"));
+
+    test_gathers(path);
+    test_concurrent(path);
+    test_host_tier(path);
+    test_open_errors(path);
+    test_faults(fr_test_dir());
+    load_file(path);
+
+    CHECK(live("allocs") == allocs0);
+    CHECK(live("pins") == pins0);
+    CHECK(live("hostallocs") == 0);
+    CHECK(live("modules") == 0);
+    CHECK(live("launches") > 0);
+    fr_gpu_close(gpu);
+    free(path);
+    free(file_bytes);
+    fr_test_cleanup();
+    return fr_test_finish("test_gather_device");
+}
