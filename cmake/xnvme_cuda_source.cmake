@@ -9,9 +9,10 @@
 # |-separated list of files.
 string(REPLACE "|" ";" inputs "${INPUTS}")
 # xNVMe's headers are third-party code seen as the main file here: its
-# unused static helpers (#177) and flexible-array structs (#1717) are not
+# unused static helpers (#177), flexible-array structs (#1717) and packed
+# attributes NVRTC ignores (#1866) are not
 # ours to fix, so those diagnostics are off for them and back on for ours.
-set(text "/* xnvme-cuda device source, generated at build time from the system's xNVMe headers. */\n#ifndef EAGAIN\n#define EAGAIN 11\n#endif\n#if defined(__CUDACC_RTC__)\n/* NVRTC has no <stdint.h>: fastread_device.cuh declares the types it uses, xNVMe's headers need these too (redeclaring the same typedef is fine in C++). */\ntypedef signed char int8_t;\ntypedef short int16_t;\ntypedef unsigned short uint16_t;\ntypedef unsigned char uint8_t;\ntypedef unsigned int uint32_t;\ntypedef int int32_t;\ntypedef unsigned long long uint64_t;\ntypedef long long int64_t;\n/* libxnvme_spec.h declares host printers taking FILE *; never called here. */\ntypedef struct fr_xc_no_file FILE;\n#endif\n/* libxnvme_util.h (host timers: not for NVRTC) is left out; of it, libxnvme_spec.h uses only this. */\n#ifndef XNVME_STATIC_ASSERT\n#define XNVME_STATIC_ASSERT(cond, msg)\n#endif\n#pragma nv_diag_suppress 177\n#pragma nv_diag_suppress 1717\n")
+set(text "/* xnvme-cuda device source, generated at build time from the system's xNVMe headers. */\n#ifndef EAGAIN\n#define EAGAIN 11\n#endif\n#if defined(__CUDACC_RTC__)\n/* NVRTC has no <stdint.h>: fastread_device.cuh declares the types it uses, xNVMe's headers need these too (redeclaring the same typedef is fine in C++). */\ntypedef signed char int8_t;\ntypedef short int16_t;\ntypedef unsigned short uint16_t;\ntypedef unsigned char uint8_t;\ntypedef unsigned int uint32_t;\ntypedef int int32_t;\ntypedef unsigned long long uint64_t;\ntypedef long long int64_t;\n/* libxnvme_spec.h declares host printers taking FILE *; never called here. */\ntypedef struct fr_xc_no_file FILE;\n#endif\n/* libxnvme_util.h (host timers: not for NVRTC) is left out; of it, libxnvme_spec.h uses only this. */\n#ifndef XNVME_STATIC_ASSERT\n#define XNVME_STATIC_ASSERT(cond, msg)\n#endif\n#pragma nv_diag_suppress 177\n#pragma nv_diag_suppress 1717\n#pragma nv_diag_suppress 1866\n")
 foreach(f ${inputs})
   file(READ "${f}" body)
   string(REGEX REPLACE "\n[ \t]*#[ \t]*include[^\n]*" "\n" body "\n${body}")
@@ -24,7 +25,7 @@ foreach(f ${inputs})
     string(REGEX REPLACE "([A-Za-z0-9_]+)\\[\\];" "\\1[1]; /* flexible in xNVMe */" body "${body}")
   endif()
   if(f MATCHES "xnvme_cuda_map.h$")
-    string(APPEND text "#pragma nv_diag_default 177\n#pragma nv_diag_default 1717\n")
+    string(APPEND text "#pragma nv_diag_default 177\n#pragma nv_diag_default 1717\n#pragma nv_diag_default 1866\n")
   endif()
   string(APPEND text "/* ---- ${f} ---- */${body}\n")
 endforeach()

@@ -433,7 +433,7 @@ static int nvrtc_compile_child(const char *src)
         size_t n = 0;
         if (logsize(prog, &n) == 0 && n > 1) {
             char *log = malloc(n);
-            if (log && getlog(prog, log) == 0)
+            if (log && getlog(prog, log) == 0 && strspn(log, " \n") < strlen(log))
                 fprintf(stderr, "NVRTC log:\n%s\n", log);
             free(log);
         }
