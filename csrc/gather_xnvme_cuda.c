@@ -86,9 +86,7 @@ int fr_xc_parse_args(const char *s, fr_xc_args *a, char *err, size_t err_len)
             bad = parse_u32(v, vlen, 1024, &x) || x == 0;
             a->queues = (unsigned)x;
         } else {
-            xc_err(err, err_len, "xnvme-cuda: unknown engine_args key '%.*s' (valid: nsid, "
-                   "queues)", (int)klen, s);
-            return -EINVAL;
+            bad = 0; /* the host engine's key (the store shares one engine_args) */
         }
         if (bad) {
             xc_err(err, err_len, "xnvme-cuda: bad value for '%.*s': '%.*s' (nsid >= 1, queues "

@@ -34,7 +34,8 @@ struct fr_backend_env;
 
 /* engine_args of backend xnvme-cuda ("key=value,..."): nsid (namespace,
  * default 1, or N of /dev/nvmeXnN), queues (GPU queue pairs, default 32:
- * loaders reading at once). */
+ * loaders reading at once). Other keys belong to the store's host engine
+ * (one engine_args string serves both) and are left alone. */
 typedef struct fr_xc_args {
     uint32_t nsid;
     unsigned queues;

@@ -27,6 +27,7 @@
 #include "harness.h"
 
 #ifdef FASTREAD_HAVE_XNVME_CUDA
+#include "gather.h"
 #include "gather_backend.h"
 #include "xnvme_cuda_build.h"
 #endif
@@ -276,8 +277,9 @@ static void test_args(void)
     CHECK(fr_xc_parse_args("queues=2000", &a, err, ERRLEN) == -EINVAL);
     CHECK(contains(err, "queues"));
     CHECK(fr_xc_parse_args("nsid=0", &a, err, ERRLEN) == -EINVAL);
-    CHECK(fr_xc_parse_args("be=upcie", &a, err, ERRLEN) == -EINVAL);
-    CHECK(contains(err, "unknown engine_args key 'be'"));
+    /* The host engine's keys pass through untouched. */
+    CHECK(fr_xc_parse_args("be=linux,nsid=5,async=io_uring", &a, err, ERRLEN) == 0);
+    CHECK(a.nsid == 5 && a.queues == 0);
     CHECK(fr_xc_parse_args("queues", &a, err, ERRLEN) == -EINVAL);
     CHECK(fr_xc_parse_args("", &a, err, ERRLEN) == 0 && a.nsid == 0 && a.queues == 0);
     CHECK(fr_xc_parse_args(NULL, &a, err, ERRLEN) == 0);
@@ -506,10 +508,67 @@ static void test_device_compile(void)
     }
     free(fdev);
 }
+
+/* fr_store_open with backend "xnvme-cuda" on a GPU (the tests' mock CUDA
+ * driver) and a plain file: the store reaches the backend, which refuses
+ * the path with its reason. Runs in a child started with the mock first on
+ * LD_LIBRARY_PATH (the real driver, or xNVMe's libcuda, would be found
+ * otherwise). */
+static int store_child(void)
+{
+    char *p = fr_test_write("rows.bin", 16 * 64, 7);
+    fr_store_config c;
+    fr_store_config_init(&c);
+    c.path = p;
+    c.rows = 16;
+    c.row_bytes = 64;
+    c.page_bytes = 4096;
+    c.backend = "xnvme-cuda";
+    c.device_id = 0;
+    fr_store *s = NULL;
+    char err[ERRLEN] = "";
+    int rc = fr_store_open(&c, &s, err, ERRLEN);
+    printf("store refusal: %d: %s\n", rc, err);
+    CHECK(rc < 0 && s == NULL);
+    CHECK(contains(err, "xnvme-cuda") && contains(err, p));
+    if (s)
+        fr_store_close(s);
+    free(p);
+    return fr_test_finish("test_gather_xnvme_cuda (store)");
+}
+
+static void test_store_refusal(void)
+{
+    char lib[1024];
+    snprintf(lib, sizeof(lib), "%s/libcuda.so.1", FR_XC_MOCK_CUDA_DIR);
+    struct stat sb;
+    if (stat(lib, &sb) != 0) {
+        printf("store-level refusal not run: no mock CUDA driver at %s\n", lib);
+        return;
+    }
+    const char *old = getenv("LD_LIBRARY_PATH");
+    char env[4096];
+    snprintf(env, sizeof(env), "%s%s%s", FR_XC_MOCK_CUDA_DIR, old ? ":" : "", old ? old : "");
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("LD_LIBRARY_PATH", env, 1);
+        execl("/proc/self/exe", "test_gather_xnvme_cuda", "store", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
 #endif
 
-int main(void)
+int main(int argc, char **argv)
 {
+#ifdef FASTREAD_HAVE_XNVME_CUDA
+    if (argc > 1 && strcmp(argv[1], "store") == 0)
+        return store_child();
+#endif
+    (void)argc, (void)argv;
     test_geometry_cases();
     test_geometry_cover();
     test_resolve();
@@ -541,6 +600,7 @@ int main(void)
     }
     printf("probe: %s\n", why);
     test_refusal();
+    test_store_refusal();
     return fr_test_finish("test_gather_xnvme_cuda");
 #endif
 }
