@@ -18,7 +18,8 @@ import pytest
 import fastread
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MOCK_SRC = os.path.join(HERE, "..", "csrc", "tests", "mock", "mock_cuda.c")
+CSRC = os.path.join(HERE, "..", "csrc")
+MOCK_SRC = os.path.join(CSRC, "tests", "mock", "mock_cuda.c")
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,9 @@ def mock_dir(tmp_path_factory):
         pytest.skip("needs a C compiler and the checkout's csrc/tests/mock")
     d = tmp_path_factory.mktemp("mockcuda")
     for soname in ("libcuda.so.1", "libcufile.so.0"):
-        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(d / soname), MOCK_SRC,
-                        "-lpthread"], check=True)
+        # -I csrc: the mock runs the gather kernel's code from device/fastread_device.cuh.
+        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-I", CSRC, "-o", str(d / soname),
+                        MOCK_SRC, "-lpthread"], check=True)
     return str(d)
 
 
