@@ -13,7 +13,8 @@
 #   bash bench/gpu.sh feed     DALI fed through DLPack vs the CUDA array
 #                              interface (bench/dali_feed.py), with a profile
 #   bash bench/gpu.sh tune     cold batch-256 reads over queue depths and workers
-#   bash bench/gpu.sh gather   (to come: the GPU feature-gather benchmark)
+#   bash bench/gpu.sh gather   row gathers: FeatureStore host/proxy/host tier/small cache
+#                              vs memmap+pin, UVA zero-copy, HBM, kvikio; warm, hot, cold
 #
 # Mode names are those of `fastread bench --list-modes`: reader-<engine> is
 # fastread.Reader, read_files-<engine> the read_files() function. Warm runs
@@ -60,7 +61,7 @@ case "$section" in
 tests)
     python3 -m fastread.cli info
     cd tests && python3 -m pytest -q -ra -p no:cacheprovider test_gpu.py test_numpy_reader.py \
-        test_dali.py 2>&1 | tail -25
+        test_dali.py test_features.py test_features_gpu.py test_gpu_mock.py 2>&1 | tail -25
     ;;
 files)
     make_jpegs
@@ -120,10 +121,20 @@ tune)
             --modes reader-io_uring,fastread-gpu-io_uring "${args[@]}"
     done
     ;;
-# ---- gather) goes here: the GPU feature-gather benchmark (xnvme-bam), added
-# ---- by the coordinator with its fastread.bench family. Keep it above *).
+gather)
+    # 16M x 128 float32 (8 GiB) written once to /var/tmp; values encode row and
+    # column, so every mode's rows are checked. warm, hot, then cold (page cache
+    # dropped before every repeat, readers reopened), cut first by --time-budget;
+    # the JSON is rewritten after every measurement.
+    python3 bench/gather.py --device cuda --rows 16M --dim 128 --workdir /var/tmp \
+        --batches "${GATHER_BATCHES:-10k,100k,1M}" --dists "${GATHER_DISTS:-uniform,zipf}" \
+        --states "${GATHER_STATES:-warm,hot,cold}" --repeat 3 --cold-repeat 2 --small-cache 1G \
+        --time-budget "${GATHER_BUDGET:-420}" --json "$json/gather.json" --plot "$json/gather.png" ||
+        echo "(bench/gather.py stopped early; the JSON has what ran)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 *)
-    echo "unknown section '$section' (tests, files, numpy, image, feed, tune)" >&2
+    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, gather)" >&2
     exit 2
     ;;
 esac
