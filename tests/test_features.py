@@ -4,6 +4,7 @@ test_features_gpu.py)."""
 import errno
 import os
 import pickle
+import sys
 import threading
 import time
 
@@ -704,3 +705,17 @@ def test_bench_gather_smoke(disk_tmp):
     assert host["backend"] == "host" and host["stats"]["rows"] > 0 and host["memory"]["total"] > 0
     assert doc["disk"].get("rand4k_iops", 0) > 0 or "error" in doc["disk"]
     assert os.path.getsize(out + ".png") > 0
+
+
+def test_nvrtc_wheel_dir_finds_a_wheel_layout(tmp_path, monkeypatch):
+    from fastread import _gather_defaults as G
+    lib = tmp_path / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    importlib.invalidate_caches()
+    for name in [m for m in sys.modules if m == "nvidia" or m.startswith("nvidia.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert G.nvrtc_wheel_dir() is None or not G.nvrtc_wheel_dir().startswith(str(tmp_path))
+    (lib / "libnvrtc.so.13").write_bytes(b"")
+    assert G.nvrtc_wheel_dir() == str(lib)

@@ -102,3 +102,26 @@ def all_settings():
 
 def names():
     return list(_SETTINGS)
+
+
+def nvrtc_wheel_dir():
+    """The lib directory of an installed ``nvidia-cuda-nvrtc`` wheel (CUDA 13
+    lays it out as ``nvidia/cu13/lib``, CUDA 12 as ``nvidia/cuda_nvrtc/lib``),
+    or None. The core's own search (FASTREAD_NVRTC, then the loader's path)
+    cannot see a wheel: its lib directory is on no loader path."""
+    import importlib.util
+
+    for pkg in ("nvidia.cu13", "nvidia.cuda_nvrtc", "nvidia.cu12"):
+        try:
+            spec = importlib.util.find_spec(pkg)
+        except (ImportError, ValueError):
+            continue
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            lib = os.path.join(root, "lib")
+            try:
+                names = os.listdir(lib)
+            except OSError:
+                continue
+            if any(n.startswith("libnvrtc.so") for n in names):
+                return lib
+    return None

@@ -174,6 +174,8 @@ class FeatureStore:
         cfg = self._config(engine, backend, cache_bytes, page, host_bytes, hot_ids, o_direct,
                            queue_depth, threads, engine_args, ring_entries, timeout_ms,
                            kernel_cache_dir, engine_options)
+        if nvrtc_path is None and not os.environ.get("FASTREAD_NVRTC") and backend != "host":
+            nvrtc_path = G.nvrtc_wheel_dir()  # pip's nvidia-cuda-nvrtc, if that is all there is
         if nvrtc_path is not None:
             cfg["nvrtc_path"] = os.fspath(nvrtc_path)
         try:
