@@ -36,13 +36,22 @@ deps="$PWD/.deps/liburing/usr"
 if [ -d "$deps" ]; then
     export LIBURING_ROOT="$deps" LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export PKG_CONFIG_PATH="$deps/lib/x86_64-linux-gnu/pkgconfig"
+    # The .pc file says prefix /usr: the compiler finds the carried headers and
+    # library through these instead.
+    export CPATH="$deps/include${CPATH:+:$CPATH}" LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
 fi
 # Rebuilt whenever the sources changed (the copy here may have no .git).
 stamp=/tmp/fastread-installed-$(find csrc src CMakeLists.txt pyproject.toml -type f -print0 | sort -z |
                                 xargs -0 cat | sha1sum | cut -c1-16)
 if [ ! -e "$stamp" ]; then
-    python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | grep -v -i warning || true
-    touch "$stamp"
+    # Stamped only when the install worked: a failed build is retried next call.
+    if python3 -m pip install -q --no-build-isolation --no-deps . >/tmp/fastread-install.log 2>&1; then
+        touch "$stamp"
+    else
+        grep -v -i warning /tmp/fastread-install.log | tail -40
+        echo "fastread did not build (full log: /tmp/fastread-install.log)" >&2
+        exit 1
+    fi
 fi
 bench() { # tag, then fastread bench arguments
     local tag="$1"; shift

@@ -37,7 +37,10 @@ def mock_dir(tmp_path_factory):
 
 def run_child(mock_dir, body, **env):
     code = textwrap.dedent(body)
-    e = dict(os.environ, LD_LIBRARY_PATH=mock_dir, **env)
+    # The mock first; what the environment had stays behind it (a carried
+    # liburing, for one).
+    path = os.pathsep.join(p for p in (mock_dir, os.environ.get("LD_LIBRARY_PATH")) if p)
+    e = dict(os.environ, LD_LIBRARY_PATH=path, **env)
     r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
