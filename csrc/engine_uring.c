@@ -1,6 +1,6 @@
 /*
- * io_uring: a batch spread over `rings` rings, each driven by its own thread,
- * with up to queue_depth files in flight over all of them.
+ * io_uring: a batch spread over `threads` rings, each driven by its own
+ * thread, with up to queue_depth files in flight on each.
  *
  * Why several rings: on cached files nearly all the work is the kernel's
  * (path walk, page-cache copy), and io_uring does it inline in the thread
@@ -113,7 +113,7 @@ typedef struct uring_ring {
 typedef struct uring {
     fr_config cfg;
     unsigned nrings;
-    unsigned depth; /* queue_depth: files in flight over all rings */
+    unsigned depth; /* queue_depth: files in flight per ring */
     unsigned first_choice; /* index into setup_choices */
     unsigned extra_flags;  /* engine_args setup_extra=: tried first, dropped if refused */
     uring_ring *rings;           /* rings[w - 1] belongs to pool thread w */
@@ -714,8 +714,7 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
         free(u);
         return rc;
     }
-    /* threads: rings, each with its own thread (0: one per CPU, as psync).
-     * Never more rings than files in flight. */
+    /* threads: rings, each with its own thread (0: one per CPU, as psync). */
     unsigned n = cfg->threads;
     if (n == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -725,18 +724,18 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
     }
     if (n > MAX_RINGS)
         n = MAX_RINGS;
-    if (n > u->depth)
-        n = u->depth;
     u->nrings = n;
     u->rings = calloc(n, sizeof(*u->rings));
     if (!u->rings) {
         free(u);
         return -ENOMEM;
     }
-    /* queue_depth is shared out: ring k gets its part, the first ones one
-     * more when it does not divide. */
+    /* queue_depth per ring, not shared out: cold files want many reads in
+     * flight (2-core VM, 6,000 cold 92 KB files, 4 rings: 6.6k files/s with
+     * 64 in flight in all, 8.9k with 256), and warm ones are bounded by the
+     * batch anyway. */
     for (unsigned k = 0; k < n; k++)
-        u->rings[k].depth = u->depth / n + (k < u->depth % n ? 1 : 0);
+        u->rings[k].depth = u->depth;
     rc = fr_threadpool_start_ex(&u->pool, n, run_phase, u, "uring", err, err_len);
     if (rc) {
         free(u->rings);
