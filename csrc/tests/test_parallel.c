@@ -1,14 +1,16 @@
 /* One fr_read_files call spread over a context's rings or threads keeps the
  * contract of a sequential one: every sample's bytes in input order, errors
  * per sample, the repair path for wrong size hints, lists longer than an
- * engine's window; io_uring setup flags the kernel refuses fall back; and a
- * context may be used by a different thread at each call (one at a time). */
+ * engine's window; io_uring setup flags the kernel refuses fall back; a
+ * context may be used by a different thread at each call (one at a time);
+ * and a fork()ed child is refused the parent's context rather than hung. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -92,8 +94,9 @@ static int check_batch(const fixture *f, const fr_batch *b, size_t n, const char
 static void check_config(const fixture *f, const fr_config *cfg, size_t n)
 {
     char what[160];
-    snprintf(what, sizeof(what), "%s threads=%u depth=%u o_direct=%d fixed_files=%d n=%zu",
-             cfg->engine, cfg->threads, cfg->queue_depth, cfg->o_direct, cfg->register_files, n);
+    snprintf(what, sizeof(what), "%s '%s' threads=%u depth=%u o_direct=%d fixed_files=%d n=%zu",
+             cfg->engine, cfg->engine_args, cfg->threads, cfg->queue_depth, cfg->o_direct,
+             cfg->register_files, n);
     fr_ctx *ctx = NULL;
     char err[FR_ERRLEN];
     int rc = fr_ctx_open(cfg, &ctx, err, sizeof(err));
@@ -149,8 +152,12 @@ static void check_engines(const fixture *f)
                     cfg.register_files = (mode >> 1) & 1;
                     if (e == 1 && (d > 0 || mode > 1))
                         continue; /* psync ignores depth and direct descriptors */
-                    for (int l = 0; l < 3; l++)
-                        check_config(f, &cfg, lengths[l]);
+                    /* io_uring's two ways to read files of known size. */
+                    for (int v = 0; v < (e == 0 ? 2 : 1); v++) {
+                        cfg.engine_args = v ? "open=linked" : "";
+                        for (int l = 0; l < 3; l++)
+                            check_config(f, &cfg, lengths[l]);
+                    }
                 }
     }
 }
@@ -198,7 +205,7 @@ static void check_setup_fallback(const fixture *f)
         fr_ctx_close(ctx);
         fr_pool_close(pool);
     }
-    const char *wrong[] = {"taskrun=sometimes", "nosuch=1", "setup_extra=x"};
+    const char *wrong[] = {"taskrun=sometimes", "nosuch=1", "setup_extra=x", "open=later"};
     for (size_t a = 0; a < sizeof(wrong) / sizeof(wrong[0]); a++) {
         cfg.engine_args = wrong[a];
         fr_ctx *ctx = NULL;
@@ -258,6 +265,48 @@ static void check_thread_hops(const fixture *f)
     }
 }
 
+/* A fork()ed child gets ECHILD from its parent's context instead of waiting
+ * forever for helper threads that only exist in the parent, and may close
+ * it; the parent's context is unharmed. */
+static void check_fork(const fixture *f)
+{
+    static const char *const engines[] = {"io_uring", "psync"};
+    char why[FR_ERRLEN];
+    for (int e = 0; e < 2; e++) {
+        if (fr_engine_probe(engines[e], why, sizeof(why)) != 0)
+            continue;
+        fr_config cfg;
+        fr_config_init(&cfg);
+        cfg.engine = engines[e];
+        cfg.threads = 2;
+        fr_ctx *ctx = NULL;
+        char err[FR_ERRLEN];
+        CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+        fr_pool *pool = fr_pool_new();
+        fr_batch *b = fr_pool_get(pool);
+        CHECK(fr_batch_prepare(b, 64) == 0);
+        CHECK(fr_read_files(ctx, f->paths, NULL, 64, b) == 0);
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            alarm(30); /* a hang fails the test instead of stalling it */
+            int ok = fr_read_files(ctx, f->paths, NULL, 64, b) == -ECHILD;
+            fr_range r = {0, 1};
+            ok = ok && fr_read_ranges(ctx, f->paths[0], &r, 1, b) == -ECHILD;
+            fr_ctx_close(ctx);
+            _exit(ok ? 0 : 1);
+        }
+        int status = 0;
+        CHECK(waitpid(pid, &status, 0) == pid);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        CHECK(fr_read_files(ctx, f->paths, NULL, 64, b) == 0);
+        CHECK(check_batch(f, b, 64, "after fork") == 0);
+        fr_batch_recycle(b);
+        fr_ctx_close(ctx);
+        fr_pool_close(pool);
+    }
+}
+
 int main(void)
 {
     fixture f;
@@ -265,6 +314,7 @@ int main(void)
     check_engines(&f);
     check_setup_fallback(&f);
     check_thread_hops(&f);
+    check_fork(&f);
     fixture_free(&f);
     return fr_test_finish("test_parallel");
 }
