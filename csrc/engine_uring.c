@@ -134,6 +134,7 @@ typedef struct uring {
     const fr_range *ranges;
     int range_direct;
     atomic_int phase_err; /* the first batch-level -errno of a phase */
+    size_t per_turn;      /* files (ranges) a ring claims per submit: see run_rings */
 
     /* Range reads: the image, opened by the caller; each ring puts it in its
      * fixed slot `depth` when direct descriptors are on. */
@@ -390,7 +391,8 @@ static void ring_linked(uring *u, uring_ring *r)
     size_t inflight = 0;
     int more = 1;
     while (more || inflight > 0) {
-        while (more && r->nfree > 0) {
+        size_t took = 0;
+        while (more && r->nfree > 0 && took++ < u->per_turn) {
             size_t i;
             if (!fr_threadpool_claim(u->pool, &i)) {
                 more = 0;
@@ -470,7 +472,8 @@ static void ring_chained(uring *u, uring_ring *r)
             io_uring_sqe_set_data64(sqe, pack(i, slot, OP_CLOSE));
             inflight += 2;
         }
-        while (more && r->nfree > 0) {
+        size_t took = 0;
+        while (more && r->nfree > 0 && took++ < u->per_turn) {
             size_t i;
             if (!fr_threadpool_claim(u->pool, &i)) {
                 more = 0;
@@ -535,7 +538,9 @@ static void ring_open(uring *u, uring_ring *r)
     size_t inflight = 0;
     int more = 1;
     while (more || inflight > 0) {
-        while (more && inflight < r->depth && io_uring_sq_space_left(&r->ring) >= 1) {
+        size_t took = 0;
+        while (more && inflight < r->depth && io_uring_sq_space_left(&r->ring) >= 1 &&
+               took++ < u->per_turn) {
             size_t k;
             if (!fr_threadpool_claim(u->pool, &k)) {
                 more = 0;
@@ -572,7 +577,9 @@ static void ring_read(uring *u, uring_ring *r)
     size_t ops = 0;
     int more = 1;
     while (more || ops > 0) {
-        while (more && ops + 2 <= 2 * (size_t)r->depth && io_uring_sq_space_left(&r->ring) >= 2) {
+        size_t took = 0;
+        while (more && ops + 2 <= 2 * (size_t)r->depth &&
+               io_uring_sq_space_left(&r->ring) >= 2 && took++ < u->per_turn) {
             size_t k;
             if (!fr_threadpool_claim(u->pool, &k)) {
                 more = 0;
@@ -652,9 +659,13 @@ static void ring_ranges(uring *u, uring_ring *r)
     size_t inflight = 0, cur = 0, next_chunk = 0;
     int have = 0, more = 1;
     while (more || have || inflight > 0) {
+        size_t took = 0;
         while (inflight < r->depth && io_uring_sq_space_left(&r->ring) >= 1) {
             if (!have) {
-                if (!more || !fr_threadpool_claim(u->pool, &cur)) {
+                if (!more || took >= u->per_turn)
+                    break;
+                took++;
+                if (!fr_threadpool_claim(u->pool, &cur)) {
                     more = 0;
                     break;
                 }
@@ -885,9 +896,19 @@ static int grow_scratch(uring *u, size_t n)
     return 0;
 }
 
-/* Runs one phase on every ring; 0 or the first batch-level -errno. */
+/* Runs one phase on every ring; 0 or the first batch-level -errno.
+ *
+ * A ring takes at most per_turn new files per submit. Taking as many as its
+ * depth allows, the first ring thread to wake took the whole batch (64 files,
+ * depth 64) before the others woke, and cached files, which complete inside
+ * the submit, were read by one thread. Small turns keep every ring busy
+ * until the list ends; 16 files per io_uring_enter keeps the syscall a small
+ * share of the work, and cold rings still fill up to their depth over a few
+ * turns (a turn returns at the first completion). */
 static int run_rings(uring *u, enum phase phase, size_t count)
 {
+    size_t per_turn = count / (4 * (size_t)u->nrings);
+    u->per_turn = per_turn < 1 ? 1 : per_turn > 16 ? 16 : per_turn;
     atomic_store(&u->phase_err, 0);
     fr_threadpool_run_helpers(u->pool, (int)phase, count);
     return atomic_load(&u->phase_err);
