@@ -12,10 +12,12 @@
  * batch one at a time while its ring has room, so one call on one list uses
  * every ring (fr_read_files runs near a reader's speed).
  *
- * Each ring is created, submitted to, waited on and torn down by its own
- * pool thread, never by the caller (who may be a different thread at every
- * call: the context is only used by one thread at a time). That is what
- * allows IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN (task work,
+ * By default the calling thread drives ring 0 and pool threads the others.
+ * Asked for SINGLE_ISSUER ("taskrun=defer|single"), every ring is created,
+ * submitted to, waited on and torn down by its own pool thread, never by the
+ * caller (who may be a different thread at every call: the context is only
+ * used by one thread at a time). That is what allows
+ * IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN (task work,
  * e.g. the next op of a linked chain, runs only when the ring's thread
  * waits). They are not the default: on the 2-core VM (6.18 kernel), 21 paired
  * rounds of 4,096 cached 92 KB files, 2 rings, batch 64, DEFER_TASKRUN used
@@ -122,6 +124,7 @@ typedef struct uring {
     unsigned first_choice; /* index into setup_choices */
     unsigned extra_flags;  /* engine_args setup_extra=: tried first, dropped if refused */
     int linked;            /* engine_args open=linked: openat linked to its read */
+    int caller_ring;       /* ring 0 is driven by the calling thread (see uring_open) */
     uring_ring *rings;           /* rings[w - 1] belongs to pool thread w */
     fr_threadpool *pool;
     long direct_fallbacks;
@@ -703,13 +706,16 @@ static void ring_ranges(uring *u, uring_ring *r)
     }
 }
 
-/* The pool's entry point: worker w (1..nrings) works on ring w - 1. */
+/* The pool's entry point. With caller_ring, worker w (0: the caller) works
+ * on ring w; otherwise worker w (1..nrings) on ring w - 1 and the caller on
+ * none. */
 static void run_phase(void *arg, int phase, unsigned worker)
 {
     uring *u = arg;
-    if (worker == 0 || worker > u->nrings)
-        return; /* the caller never touches a ring */
-    uring_ring *r = &u->rings[worker - 1];
+    unsigned k = u->caller_ring ? worker : worker - 1;
+    if ((!u->caller_ring && worker == 0) || k >= u->nrings)
+        return;
+    uring_ring *r = &u->rings[k];
     switch ((enum phase)phase) {
     case PH_SETUP:
         ring_setup(u, r);
@@ -746,6 +752,8 @@ static void uring_close(void *state)
         fr_threadpool_run_helpers(u->pool, PH_TEARDOWN, 0);
         fr_threadpool_stop(u->pool);
     }
+    if (u->caller_ring && u->rings)
+        ring_teardown(&u->rings[0]);
     fr_image_cache_close(&u->image);
     free(u->rings);
     free(u->range_res);
@@ -851,7 +859,14 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
      * batch anyway. */
     for (unsigned k = 0; k < n; k++)
         u->rings[k].depth = u->depth;
-    rc = fr_threadpool_start_ex(&u->pool, n, run_phase, u, "uring", err, err_len);
+    /* Without SINGLE_ISSUER any thread may submit to a ring, so the caller
+     * drives ring 0 itself: it starts at once instead of sleeping while
+     * every ring thread wakes, twice per call without size hints (size,
+     * then read). With SINGLE_ISSUER asked for, every ring has its own
+     * thread, because the caller may be a different thread at each call. */
+    u->caller_ring = setup_choices[u->first_choice] & IORING_SETUP_SINGLE_ISSUER ? 0 : 1;
+    unsigned helpers = n - (unsigned)u->caller_ring;
+    rc = fr_threadpool_start_ex(&u->pool, helpers, run_phase, u, "uring", err, err_len);
     if (rc) {
         free(u->rings);
         free(u);
@@ -859,6 +874,8 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
     }
     /* Each thread sets up its own ring, so a SINGLE_ISSUER ring belongs to
      * the one thread that will ever submit to it. */
+    if (u->caller_ring)
+        ring_setup(u, &u->rings[0]);
     fr_threadpool_run_helpers(u->pool, PH_SETUP, 0);
     for (unsigned k = 0; k < n; k++) {
         if (u->rings[k].setup_rc) {
@@ -910,7 +927,10 @@ static int run_rings(uring *u, enum phase phase, size_t count)
     size_t per_turn = count / (4 * (size_t)u->nrings);
     u->per_turn = per_turn < 1 ? 1 : per_turn > 16 ? 16 : per_turn;
     atomic_store(&u->phase_err, 0);
-    fr_threadpool_run_helpers(u->pool, (int)phase, count);
+    if (u->caller_ring)
+        fr_threadpool_run(u->pool, (int)phase, count);
+    else
+        fr_threadpool_run_helpers(u->pool, (int)phase, count);
     return atomic_load(&u->phase_err);
 }
 
