@@ -1,6 +1,7 @@
 /*
- * io_uring: a batch spread over `threads` rings, each driven by its own
- * thread, with up to queue_depth files in flight on each.
+ * io_uring: a batch spread over `threads` rings, each driven by one thread
+ * (the caller's for ring 0, a pool thread's for the others), with up to
+ * queue_depth files in flight on each.
  *
  * Why several rings: on cached files nearly all the work is the kernel's
  * (path walk, page-cache copy), and io_uring does it inline in the thread
@@ -8,9 +9,9 @@
  * spends 14-17 us of CPU per 92 KB file against psync's 16-19 us per file
  * per thread (no io-wq workers appear), yet psync with 4 threads read 1.4x
  * as many files a second because it used both cores. So every context owns
- * `rings` rings and as many threads; each thread claims files from the
- * batch one at a time while its ring has room, so one call on one list uses
- * every ring (fr_read_files runs near a reader's speed).
+ * `threads` rings; each ring's thread claims files from the batch a few at a
+ * time (see run_rings), so one call on one list uses every ring
+ * (fr_read_files runs near a reader's speed).
  *
  * By default the calling thread drives ring 0 and pool threads the others.
  * Asked for SINGLE_ISSUER ("taskrun=defer|single"), every ring is created,
