@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -28,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +52,7 @@ typedef struct svc {
     uint64_t head; /* the next ticket of this shard */
     fr_range *ranges;
     uint64_t *starts;
+    uint64_t *pos;   /* the ticket of each range (requests left to the engine) */
 } svc;
 
 struct proxy {
@@ -58,6 +61,7 @@ struct proxy {
     uint64_t offset;
     uint32_t page_bytes;
     int direct;
+    int fd;        /* buffered reads straight into staging (-1: none) */
     unsigned nsvc, batch_max;
     long delay_us; /* $FASTREAD_PROXY_DELAY_US: fault injection (tests) */
     fr_gpu *gpu;
@@ -97,28 +101,66 @@ static void record(proxy *p, int rc, const char *fmt, ...)
     pthread_mutex_unlock(&p->lock);
 }
 
-/* Serves tickets head, head + nsvc, ... (n of them, all submitted). */
-static void serve(svc *v, unsigned n)
+/* Reads what the page cache holds straight into the cell's staging page
+ * and completes it: 1 when done, 0 when the engine must read it (not
+ * cached, O_DIRECT, or a short read). RWF_NOWAIT makes the kernel refuse
+ * rather than go to the device, so a cold page costs one cheap syscall and
+ * goes to the engine's deep queue instead of blocking this thread. One copy
+ * (page cache -> staging) instead of two (-> engine buffer -> staging). */
+static int serve_cached(proxy *p, uint64_t pos)
+{
+#ifdef RWF_NOWAIT
+    if (p->fd < 0)
+        return 0;
+    const fr_dev_ring *r = &p->hring;
+    fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
+    struct iovec iov = {fr_ring_host_staging(r, pos), c->len};
+    ssize_t got = preadv2(p->fd, &iov, 1, (off_t)(p->offset + c->page * p->page_bytes),
+                          RWF_NOWAIT);
+    if (got != (ssize_t)c->len)
+        return 0; /* EAGAIN (not cached), EOPNOTSUPP, short: the engine decides */
+    atomic_fetch_add(&p->bytes, c->len);
+    fr_ring_host_complete(r, pos, 0);
+    return 1;
+#else
+    (void)p;
+    (void)pos;
+    return 0;
+#endif
+}
+
+/* Serves tickets head, head + nsvc, ... (n of them, all submitted): cached
+ * pages at once, the rest as one batch through the engine. */
+static void serve(svc *v, unsigned n_all)
 {
     proxy *p = v->p;
     const fr_dev_ring *r = &p->hring;
     uint64_t total = 0;
-    for (unsigned i = 0; i < n; i++) {
-        fr_dev_ring_cell *c = fr_ring_host_cell(r, v->head + (uint64_t)i * p->nsvc);
-        uint64_t start = p->offset + c->page * p->page_bytes;
-        uint64_t lo = p->direct ? start & ~(DIO_ALIGN - 1) : start;
-        v->starts[i] = start;
-        v->ranges[i].offset = lo;
-        v->ranges[i].length = start + c->len - lo;
-        total += v->ranges[i].length;
-    }
+    int cancelled = atomic_load(&p->cancelled) || (p->store_cancel && atomic_load(p->store_cancel));
     if (p->delay_us > 0) { /* a slow device, on purpose: tests of timeouts and cancels */
         struct timespec ts = {p->delay_us / 1000000, (p->delay_us % 1000000) * 1000};
         nanosleep(&ts, NULL);
     }
-    int rc = 0;
-    if (atomic_load(&p->cancelled) || (p->store_cancel && atomic_load(p->store_cancel)))
-        rc = -ECANCELED;
+    unsigned n = 0;
+    for (unsigned i = 0; i < n_all; i++) {
+        uint64_t pos = v->head + (uint64_t)i * p->nsvc;
+        if (!cancelled && p->delay_us <= 0 && serve_cached(p, pos))
+            continue;
+        fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
+        uint64_t start = p->offset + c->page * p->page_bytes;
+        uint64_t lo = p->direct ? start & ~(DIO_ALIGN - 1) : start;
+        v->pos[n] = pos;
+        v->starts[n] = start;
+        v->ranges[n].offset = lo;
+        v->ranges[n].length = start + c->len - lo;
+        total += v->ranges[n].length;
+        n++;
+    }
+    atomic_fetch_add(&p->reads, n_all);
+    v->head += (uint64_t)n_all * p->nsvc;
+    if (n == 0)
+        return;
+    int rc = cancelled ? -ECANCELED : 0;
     if (rc == 0)
         rc = fr_batch_prepare(v->batch, n);
     if (rc == 0)
@@ -126,7 +168,7 @@ static void serve(svc *v, unsigned n)
     if (rc && rc != -ECANCELED)
         record(p, rc, "reading pages of %s with %s: %s", p->path, p->engine, strerror(-rc));
     for (unsigned i = 0; i < n; i++) {
-        uint64_t pos = v->head + (uint64_t)i * p->nsvc;
+        uint64_t pos = v->pos[i];
         fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
         int32_t status = rc;
         if (rc == 0) {
@@ -146,9 +188,7 @@ static void serve(svc *v, unsigned n)
         }
         fr_ring_host_complete(r, pos, status);
     }
-    atomic_fetch_add(&p->reads, n);
     atomic_fetch_add(&p->bytes, total);
-    v->head += (uint64_t)n * p->nsvc;
 }
 
 static void *service(void *arg)
@@ -208,7 +248,10 @@ static void proxy_close(void *state)
         fr_ctx_close(v->ctx);
         free(v->ranges);
         free(v->starts);
+        free(v->pos);
     }
+    if (p->fd >= 0)
+        close(p->fd);
     free(p->svcs);
     fr_gpu_mapped_free(p->gpu, p->cells_h);
     fr_gpu_mapped_free(p->gpu, p->staging_h);
@@ -244,6 +287,7 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
     proxy *p = calloc(1, sizeof(*p));
     if (!p)
         return -ENOMEM;
+    p->fd = -1;
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->cv, NULL);
     pthread_cond_init(&p->idle_cv, NULL);
@@ -254,6 +298,12 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
     p->store_cancel = env->cancel;
     snprintf(p->engine, sizeof(p->engine), "%s", env->engine);
     p->direct = env->o_direct > 0 || (env->o_direct < 0 && env->offset % DIO_ALIGN == 0);
+    /* Buffered reads of cached pages straight into staging, unless the
+     * user asked for O_DIRECT (o_direct 1: the page cache is to be left
+     * alone) or $FASTREAD_PROXY_CACHED=0. Failing to open only costs that. */
+    const char *cached = getenv("FASTREAD_PROXY_CACHED");
+    if (env->o_direct <= 0 && !(cached && strcmp(cached, "0") == 0))
+        p->fd = open(env->path, O_RDONLY | O_CLOEXEC);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned t = env->threads ? env->threads : (cpus > 3 ? (unsigned)(cpus / 2) : 1);
     if (t > 8 && !env->threads)
@@ -329,7 +379,8 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
         v->batch = v->pool ? fr_pool_get(v->pool) : NULL;
         v->ranges = calloc(p->batch_max, sizeof(fr_range));
         v->starts = calloc(p->batch_max, sizeof(uint64_t));
-        if (!v->batch || !v->ranges || !v->starts) {
+        v->pos = calloc(p->batch_max, sizeof(uint64_t));
+        if (!v->batch || !v->ranges || !v->starts || !v->pos) {
             proxy_close(p);
             return -ENOMEM;
         }
