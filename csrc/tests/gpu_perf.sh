@@ -28,7 +28,8 @@ wait
 for spec in "$@"; do
     label=${spec%%=*} dir=${spec#*=}
     echo "=== bench $label"
-    FASTREAD_GATHER_TIMELINE=1 timeout 200 "$dir/build/perf/bench_gather_gpu" $FILE ${SCENARIOS:-} \
+    scen_var="SCEN_$label"   # SCEN_<label>: scenarios for that tree only
+    FASTREAD_GATHER_TIMELINE=1 timeout 200 "$dir/build/perf/bench_gather_gpu" $FILE ${!scen_var:-${SCENARIOS:-}} \
         2>"$OUT/timeline-$label.log" | tee "$OUT/bench-$label.txt"
     grep -m3 -E "^fastread gather timeline: n 1000000" "$OUT/timeline-$label.log" | tail -1
     echo "=== ncu $label: hot 1M gather (3rd launch)"
