@@ -269,6 +269,10 @@ typedef struct fr_dev_result {
     fr_i32 error;       /* first error (negative errno); 0: none */
     fr_u32 epoch;       /* the running gather's pin epoch (set by the host; 0: no pins) */
     fr_u64 counters[FR_NCOUNTERS];
+    /* The abort flag's mirror in device memory (fr_dev_abort_poll). */
+    fr_u64 abort_checked_ns; /* when a thread last read the host's flag */
+    fr_u32 aborted;          /* the host's flag was seen set */
+    fr_u32 pad1;
 } fr_dev_result;
 
 typedef struct fr_dev_counts {
@@ -306,23 +310,53 @@ FR_DEV fr_u8 *fr_dev_slot_data(const fr_dev_cache *c, fr_u32 slot)
     return c->data + (fr_u64)slot * c->page_bytes;
 }
 
-/* 0 while waiting may go on; else why to stop. */
+#define FR_ABORT_CHECK_NS 20000ull
+
+/* 1 once the host has asked the gather to stop (seen within ~20 us). */
+FR_DEV int fr_dev_abort_poll(const fr_dev_store *s, fr_u64 now)
+{
+#ifdef FR_GPU
+    fr_dev_result *r = s->result;
+    if (fr_load32(&r->aborted))
+        return 1;
+    fr_u64 last = fr_load64(&r->abort_checked_ns);
+    if (now - last < FR_ABORT_CHECK_NS)
+        return 0;
+    if (atomicCAS((unsigned long long *)&r->abort_checked_ns, (unsigned long long)last,
+                  (unsigned long long)now) != (unsigned long long)last)
+        return 0; /* another thread reads the host's flag now */
+    if (!fr_dev_aborted(s))
+        return 0;
+    fr_store32(&r->aborted, 1);
+    return 1;
+#else
+    (void)now;
+    return fr_dev_aborted(s); /* host threads: an ordinary cached word */
+#endif
+}
+/* 0 while waiting may go on; else why to stop. (Backends' waits; the
+ * cache's own use fr_dev_waiter below.) */
 FR_DEV int fr_dev_wait_check(const fr_dev_store *s, fr_u64 deadline)
 {
-    if (fr_dev_aborted(s))
+    fr_u64 now = fr_dev_now_ns();
+    if (fr_dev_abort_poll(s, now))
         return FR_DEV_ECANCELED;
-    if (fr_dev_now_ns() >= deadline)
+    if (now >= deadline)
         return FR_DEV_ETIMEDOUT;
     fr_pause();
     return 0;
 }
 
-/* Waits that poll. Mapped host memory is read over PCIe, and many GPU
- * threads reading one host word (the abort flag) queue behind each other:
- * a waiter looks at the abort flag only every FR_ABORT_CHECK_NS, and backs
- * off exponentially between polls (from 32 ns to cap_ns) so thousands of
- * waiters leave the memory system to the threads doing work. */
-#define FR_ABORT_CHECK_NS 20000ull
+/* Waits that poll. Mapped host memory is read over PCIe, and GPU reads of
+ * one host word queue behind each other (measured on an H100: ~1 us each;
+ * a gather whose warps each read the abort flag once per 32 rows took
+ * 34 ms per 1M rows whatever the rows' source). So the abort flag is read
+ * by one thread of the whole grid at most every FR_ABORT_CHECK_NS (a CAS on
+ * a timestamp in device memory elects it) and mirrored into device memory;
+ * every other waiter reads the mirror. Waiters back off exponentially
+ * between polls (from 32 ns to cap_ns), leaving the memory system to the
+ * threads doing work. */
+
 typedef struct fr_dev_waiter {
     fr_u64 deadline, next_abort;
     fr_u32 sleep_ns, cap_ns;
@@ -344,7 +378,7 @@ FR_DEV int fr_dev_wait_step(const fr_dev_store *s, fr_dev_waiter *w)
     if (now >= w->deadline)
         return FR_DEV_ETIMEDOUT;
     if (now >= w->next_abort) {
-        if (fr_dev_aborted(s))
+        if (fr_dev_abort_poll(s, now))
             return FR_DEV_ECANCELED;
         w->next_abort = now + FR_ABORT_CHECK_NS;
     }
@@ -359,13 +393,11 @@ FR_DEV int fr_dev_wait_step(const fr_dev_store *s, fr_dev_waiter *w)
 /* Takes a ticket and submits a read of `page` (len bytes). Waits (up to the
  * timeout) while the ring is full; *full_waits counts that. 0 or -errno;
  * *ticket names the request for fr_ring_wait / fr_ring_release. */
-FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
-                          fr_u32 len, fr_u64 *ticket, fr_u64 *full_waits)
+FR_DEV int fr_ring_submit_at(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
+                             fr_u32 len, fr_u64 t, fr_u64 *full_waits)
 {
-    fr_u64 t = fr_atom_add64(r->tail, 1);
     fr_dev_ring_cell *c = &r->cells[t & ((1ull << r->log2_entries) - 1)];
     fr_u64 lap = t >> r->log2_entries;
-    *ticket = t;
     if (fr_sys_load_acq64(&c->seq) != 4 * lap) {
         (*full_waits)++;
         fr_dev_waiter w;
@@ -382,6 +414,13 @@ FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 pa
     return 0;
 }
 
+FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
+                          fr_u32 len, fr_u64 *ticket, fr_u64 *full_waits)
+{
+    *ticket = fr_atom_add64(r->tail, 1);
+    return fr_ring_submit_at(s, r, page, len, *ticket, full_waits);
+}
+
 /* Waits for request `ticket`: its status (0 or -errno from the host), or a
  * timeout / cancel. The cell stays ours until fr_ring_release. */
 FR_DEV int fr_ring_wait(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 ticket)
@@ -392,7 +431,7 @@ FR_DEV int fr_ring_wait(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 tick
         /* A page read by the host takes tens of microseconds: polls every
          * few microseconds at most. */
         fr_dev_waiter w;
-        fr_dev_wait_start(s, &w, 4096);
+        fr_dev_wait_start(s, &w, 8192);
         while (fr_sys_load_acq64(&c->seq) != done) {
             int rc = fr_dev_wait_step(s, &w);
             if (rc)
@@ -868,40 +907,17 @@ __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i
             __match_any_sync(full, pending ? (unsigned long long)page : ~0ull - lane);
         unsigned leader = __ffs(group) - 1;
         fr_u32 slot = 0;
+#if !defined(FR_FETCH_EXTERN)
         fr_u64 ticket = 0;
+#endif
         /* 1: slot held; 2 (proxy): page in staging, the warp copies it in;
          * < 0: error; 0: try again */
         int res = 0;
+        int own = 0;
         if (pending && lane == leader) {
             int r = fr_cache_lookup_e(&s->cache, page, &slot, &cnt->c[FR_CNT_EVICTIONS], epoch);
             if (r == FR_OWN) {
-#if defined(FR_FETCH_EXTERN)
-                int rc = fr_dev_fetch_page(s, page, fr_dev_slot_data(&s->cache, slot),
-                                           fr_dev_page_len(s, page), cnt);
-                if (rc) {
-                    fr_cache_abandon(&s->cache, page, slot);
-                    res = rc;
-                } else {
-                    fr_cache_publish_e(&s->cache, page, slot, epoch);
-                    cnt->c[FR_CNT_MISSES]++;
-                    res = 1;
-                }
-#else
-                const fr_dev_ring *ring = &s->fetch.ring;
-                int rc = fr_ring_submit(s, ring, page, fr_dev_page_len(s, page), &ticket,
-                                        &cnt->c[FR_CNT_RING_FULL]);
-                if (rc == 0) {
-                    rc = fr_ring_wait(s, ring, ticket);
-                    if (rc != 0 && rc != FR_DEV_ETIMEDOUT && rc != FR_DEV_ECANCELED)
-                        fr_ring_release(ring, ticket); /* the host said no: cell done */
-                }
-                if (rc) {
-                    fr_cache_abandon(&s->cache, page, slot);
-                    res = rc;
-                } else {
-                    res = 2;
-                }
-#endif
+                own = 1;
             } else if (r == FR_HIT) {
                 if (waiting)
                     cnt->c[FR_CNT_COALESCED]++; /* waited on another's load */
@@ -914,6 +930,55 @@ __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i
             } else {
                 res = fr_dev_wait_step(s, &w);
             }
+        }
+#if defined(FR_FETCH_EXTERN)
+        if (own) {
+            int rc = fr_dev_fetch_page(s, page, fr_dev_slot_data(&s->cache, slot),
+                                       fr_dev_page_len(s, page), cnt);
+            if (rc) {
+                fr_cache_abandon(&s->cache, page, slot);
+                res = rc;
+            } else {
+                fr_cache_publish_e(&s->cache, page, slot, epoch);
+                cnt->c[FR_CNT_MISSES]++;
+                res = 1;
+            }
+        }
+#else
+        /* The warp's loaders take consecutive tickets with one atomic. Why
+         * it matters: a loader whose cell is still held by the previous lap
+         * waits, and its warp keeps its other cells until the round ends;
+         * with each round's tickets within 32 of each other, every such
+         * wait points ~ring_entries tickets back, so waits cannot form a
+         * cycle (scattered tickets could, and did: a 4 KiB-page gather hung
+         * until the timeout). */
+        unsigned owners = __ballot_sync(full, own);
+        if (owners) {
+            const fr_dev_ring *ring = &s->fetch.ring;
+            int first = __ffs(owners) - 1;
+            unsigned long long base = 0;
+            if (lane == (unsigned)first)
+                base = fr_atom_add64(ring->tail, (fr_u64)__popc(owners));
+            base = __shfl_sync(full, base, first);
+            if (own) {
+                ticket = base + (fr_u64)__popc(owners & ((1u << lane) - 1));
+                int rc = fr_ring_submit_at(s, ring, page, fr_dev_page_len(s, page), ticket,
+                                           &cnt->c[FR_CNT_RING_FULL]);
+                if (rc == 0) {
+                    rc = fr_ring_wait(s, ring, ticket);
+                    if (rc != 0 && rc != FR_DEV_ETIMEDOUT && rc != FR_DEV_ECANCELED)
+                        fr_ring_release(ring, ticket); /* the host said no: cell done */
+                }
+                if (rc) {
+                    fr_cache_abandon(&s->cache, page, slot);
+                    res = rc;
+                } else {
+                    res = 2;
+                }
+            }
+        }
+#endif
+        if (pending && lane == leader) {
             if (res >= 1)
                 cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
             if (res < 0)

@@ -4,6 +4,8 @@
 # (the table; FASTREAD_GATHER_TIMELINE=1 prints each gather's
 # timeline), an Nsight Compute profile of one hot 1M-id gather kernel, the
 # memmap / CuPy baselines, and test_gather_gpu (byte-for-byte checks).
+# NO_NCU=1, NO_BASELINES=1, SKIP_TEST=1 leave parts out; SCENARIOS (or
+# SCEN_<label>) picks bench scenarios.
 # Usage: csrc/tests/gpu_perf.sh [label=dir ...]; logs under $OUT.
 set -u
 RES=${OUT:-$PWD/gpu-out}
@@ -32,14 +34,17 @@ for spec in "$@"; do
     FASTREAD_GATHER_TIMELINE=1 timeout 200 "$dir/build/perf/bench_gather_gpu" $FILE ${!scen_var:-${SCENARIOS:-}} \
         2>"$OUT/timeline-$label.log" | tee "$OUT/bench-$label.txt"
     grep -m3 -E "^fastread gather timeline: n 1000000" "$OUT/timeline-$label.log" | tail -1
+    [ -n "${NO_NCU:-}" ] && continue
     echo "=== ncu $label: hot 1M gather (3rd launch)"
     timeout 150 $NCU --clock-control none --set full -k fr_gather_rows --launch-skip 2 --launch-count 1 \
         -o "$OUT/ncu-hot-$label" "$dir/build/perf/bench_gather_gpu" $FILE hot >"$OUT/ncu-run-$label.log" 2>&1
     $NCU --import "$OUT/ncu-hot-$label.ncu-rep" --page details >"$OUT/ncu-hot-$label.txt" 2>&1
     grep -E "^    (Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Memory Throughput|DRAM Throughput|L2 Hit Rate|Compute \(SM\) Throughput|Block Limit Registers|Warp Cycles Per Issued)" "$OUT/ncu-hot-$label.txt"
 done
-echo "=== baselines"
-timeout 120 python3 csrc/tests/gather_baselines.py $FILE 2>&1 | tee "$OUT/baselines.txt"
+if [ -z "${NO_BASELINES:-}" ]; then
+    echo "=== baselines"
+    timeout 120 python3 csrc/tests/gather_baselines.py $FILE 2>&1 | tee "$OUT/baselines.txt"
+fi
 if [ -z "${SKIP_TEST:-}" ]; then
     echo "=== test_gather_gpu (${1%%=*})"
     dir=${1#*=}
