@@ -62,6 +62,12 @@ struct proxy {
     uint32_t page_bytes;
     int direct;
     int fd;        /* buffered reads straight into staging (-1: none) */
+    /* Dense cold batches: once a session's uncached requests pass
+     * dense_after pages, the whole array is read ahead in large sequential
+     * reads (0: never; see serve). */
+    uint64_t data_bytes, dense_after;
+    atomic_ullong cold_reqs;
+    atomic_int prefetched;
     unsigned nsvc, batch_max;
     long delay_us; /* $FASTREAD_PROXY_DELAY_US: fault injection (tests) */
     fr_gpu *gpu;
@@ -129,6 +135,25 @@ static int serve_cached(proxy *p, uint64_t pos)
 #endif
 }
 
+/* A batch that misses the page cache on many pages of the array will
+ * likely touch most of it (random ids over a table read whole-page), and
+ * one page-sized read per request costs a seek-sized request each on the
+ * device (measured on the H100 machine, cold: 0.9 GB/s with 64 KiB reads).
+ * Past dense_after uncached pages in a session (1/16 of the array's pages)
+ * the whole array is handed to the kernel's readahead once (large
+ * sequential reads, asynchronous); the page reads still in flight then
+ * wait on those pages instead of issuing their own. Only for arrays that
+ * fit a quarter of the memory free at open, so it never evicts the world. */
+static void maybe_prefetch(proxy *p, unsigned cold)
+{
+    if (!p->dense_after || p->fd < 0 || cold == 0)
+        return;
+    uint64_t before = atomic_fetch_add(&p->cold_reqs, cold);
+    if (before + cold < p->dense_after || atomic_exchange(&p->prefetched, 1))
+        return;
+    (void)posix_fadvise(p->fd, (off_t)p->offset, (off_t)p->data_bytes, POSIX_FADV_WILLNEED);
+}
+
 /* Serves tickets head, head + nsvc, ... (n of them, all submitted): cached
  * pages at once, the rest as one batch through the engine. */
 static void serve(svc *v, unsigned n_all)
@@ -163,6 +188,8 @@ static void serve(svc *v, unsigned n_all)
     v->head += (uint64_t)n_all * p->nsvc;
     if (n == 0)
         return;
+    if (!cancelled)
+        maybe_prefetch(p, n);
     int rc = cancelled ? -ECANCELED : 0;
     if (rc == 0)
         rc = fr_batch_prepare(v->batch, n);
@@ -306,6 +333,12 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
     const char *cached = getenv("FASTREAD_PROXY_CACHED");
     if (env->o_direct <= 0 && !(cached && strcmp(cached, "0") == 0))
         p->fd = open(env->path, O_RDONLY | O_CLOEXEC);
+    p->data_bytes = env->rows * env->row_bytes;
+    long avp = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t avail = avp > 0 && psz > 0 ? (uint64_t)avp * (uint64_t)psz : 0;
+    const char *dense = getenv("FASTREAD_PROXY_DENSE");
+    if (p->data_bytes <= avail / 4 && !(dense && strcmp(dense, "0") == 0))
+        p->dense_after = env->pages / 16 > 16 ? env->pages / 16 : 16;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned t = env->threads ? env->threads : (cpus > 3 ? (unsigned)(cpus / 2) : 1);
     if (t > 8 && !env->threads)
@@ -413,6 +446,8 @@ static int proxy_begin(void *state, char *err, size_t err_len)
     p->err_rc = 0;
     p->err[0] = 0;
     if (p->sessions++ == 0) {
+        atomic_store(&p->cold_reqs, 0);
+        atomic_store(&p->prefetched, 0);
         atomic_store(&p->cancelled, 0);
         atomic_store(&p->active, 1);
         pthread_cond_broadcast(&p->cv);
