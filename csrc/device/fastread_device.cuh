@@ -21,7 +21,8 @@
  * (re)load or evict the slot, and a clock bit.
  *   - Hit: read the page table, take a reference, re-check the tag (the
  *     slot may have been reassigned between the two reads: then drop the
- *     reference and retry).
+ *     reference and retry). fastread's own gather pins the slots it hits
+ *     for its epoch, and reads pinned slots with plain loads (see "Pins").
  *   - Miss: CAS the page table entry 0 -> LOADING (exactly one loader per
  *     page; every other thread wanting the page waits on LOADING: one read,
  *     many waiters), pick a victim slot (CAS refs 0 -> EXCL: no reader holds
@@ -55,8 +56,10 @@
  * (seq = 4*(lap+1)). 64-bit tickets and sequences never wrap in practice.
  *
  * Every wait has a timeout (timeout_ns, measured with %globaltimer) and
- * checks an abort flag the host sets (in mapped host memory): a failed read
- * or a closing store ends the kernel with an error, never a hang.
+ * checks an abort flag the host sets (in mapped host memory; one thread of
+ * the grid reads it every 20 us and mirrors it in device memory, see
+ * fr_dev_abort_poll): a failed read or a closing store ends the kernel with
+ * an error, never a hang.
  *
  * Portability: the cache and ring algorithms are written once against a
  * small shim (atomics, fences, clock, pause) and compile both as CUDA
