@@ -835,7 +835,7 @@ FR_DEV void fr_warp_copy_rows(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64 r
         }
 }
 
-__device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i64 id, fr_u64 pos,
+static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i64 id, fr_u64 pos,
                                                      fr_u8 *out, fr_dev_counts *cnt,
                                                      fr_u32 epoch, const fr_u8 *src,
                                                      int pending, fr_u64 page);
@@ -895,7 +895,7 @@ FR_DEV void fr_dev_gather_warp_e(const fr_dev_store *s, fr_i64 id, int active, f
 /* The rest of fr_dev_gather_warp_e: rows whose pages need the counted cache
  * (hits not pinned, waits, loads). Kept out of line so that its registers
  * (ring, staging copies) do not weigh on the hot path's occupancy. */
-__device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i64 id, fr_u64 pos,
+static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i64 id, fr_u64 pos,
                                                      fr_u8 *out, fr_dev_counts *cnt,
                                                      fr_u32 epoch, const fr_u8 *src,
                                                      int pending, fr_u64 page)
