@@ -1,0 +1,55 @@
+"""DALI readers for record formats (:mod:`fastread.formats`), built on the
+same batch ``fn.external_source`` as :mod:`fastread.dali.readers`: the same
+epochs, shards, shuffles, last-batch policies and engine options.
+
+``cifar10(file_root=..., train=True)`` returns ``(images, labels)``: uint8
+HWC ``(32, 32, 3)`` images (as ``torchvision.datasets.CIFAR10`` gives them)
+and int32 labels of shape ``[1]``.
+"""
+from fastread.dali._common import BatchSource, reader_outputs
+from fastread.formats.cifar import Cifar10, to_hwc
+
+__all__ = ["cifar10"]
+
+
+class _HwcSource(BatchSource):
+    """A batch of CIFAR records as one ``(N, 32, 32, 3)`` HWC array (one
+    transposing copy per batch, in NumPy) and its labels."""
+
+    def __next__(self):
+        arrays, labels = super().__next__()
+        return to_hwc(arrays), labels
+
+
+def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=False,
+            shuffle_after_epoch=False, seed=-1, pad_last_batch=False, stick_to_shard=False,
+            prefetch_queue_depth=1, name=None, last_batch_policy=None, engine="auto",
+            device="cpu", device_id=None, **kwargs):
+    """The CIFAR-10 train (``train=True``, 50,000) or test images under
+    ``file_root`` (the binary ``cifar-10-batches-bin`` or the Python
+    ``cifar-10-batches-py`` layout, or a directory holding either); returns
+    ``(images, labels)``: uint8 HWC ``32x32x3`` images and int32 labels.
+
+    Images are read as byte ranges of the batch files by the native engine
+    (one range reader per file) and transposed to HWC in one NumPy copy per
+    batch. Shuffling draws one permutation of all images of all files per
+    epoch (the same on every rank for a given ``seed``). ``device="gpu"``
+    returns both outputs in GPU memory (DALI uploads them). Extra keyword
+    arguments are engine and Reader options, as for ``readers.file``.
+    Malformed files raise :class:`fastread.formats.FormatError` naming the
+    file and offset when the pipeline is defined.
+    """
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    source = Cifar10(file_root, train=train)
+    images, labels = reader_outputs(
+        "cifar10", lambda: source, shard_id=shard_id, num_shards=num_shards,
+        random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
+        pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
+        prefetch_queue_depth=prefetch_queue_depth, name=name,
+        last_batch_policy=last_batch_policy, engine=engine, device="cpu", no_copy=False,
+        device_id=device_id, kwargs=kwargs,
+        make_batch_source=lambda reader, gpu: _HwcSource(reader))
+    if device == "gpu":
+        return images.gpu(), labels.gpu()
+    return images, labels

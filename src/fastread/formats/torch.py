@@ -1,0 +1,167 @@
+"""PyTorch iterators over the record formats: batches as torch tensors, read
+by fastread's native readers (no DALI needed).
+
+::
+
+    from fastread.formats.torch import Cifar10Loader
+
+    loader = Cifar10Loader("/data/cifar10", batch_size=256, random_shuffle=True,
+                           augment=True, device="cuda")
+    for epoch in range(30):
+        loader.set_epoch(epoch)
+        for images, labels in loader:     # float32 NCHW normalized; int64 labels
+            ...
+
+Shards come from torchrun's environment (RANK, WORLD_SIZE; LOCAL_RANK picks
+the GPU) unless given; ``state_dict()`` taken mid-epoch and loaded into a
+new loader resumes with exactly the batches that epoch had not delivered.
+"""
+import os
+
+import numpy as np
+
+from fastread.formats.cifar import Cifar10, to_hwc
+from fastread.reader import Reader
+
+__all__ = ["Cifar10Loader", "CIFAR10_MEAN", "CIFAR10_STD", "augment_batch"]
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+
+def _env_int(name):
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def augment_batch(images, generator=None, pad=4, mean=CIFAR10_MEAN, std=CIFAR10_STD):
+    """The usual CIFAR training transform on a whole batch at once, on the
+    batch's device: ``images`` uint8 NHWC -> random ``pad``-pixel crop
+    (zero padding), random horizontal flip, float32 NCHW normalized by
+    ``mean`` / ``std`` (fractions of 255)."""
+    import torch
+
+    n, h, w, c = images.shape
+    dev = images.device
+    x = images.permute(0, 3, 1, 2)
+    if pad:
+        x = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+        oy = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(dev)
+        ox = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(dev)
+        rows = (oy[:, None] + torch.arange(h, device=dev))[:, None, :, None]
+        cols = (ox[:, None] + torch.arange(w, device=dev))[:, None, None, :]
+        x = x[torch.arange(n, device=dev)[:, None, None, None],
+              torch.arange(c, device=dev)[None, :, None, None], rows, cols]
+    flip = (torch.rand(n, generator=generator) < 0.5).to(dev)
+    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+    m = torch.tensor(mean, device=dev).view(1, c, 1, 1) * 255
+    s = torch.tensor(std, device=dev).view(1, c, 1, 1) * 255
+    return (x.float() - m) / s
+
+
+class Cifar10Loader:
+    """CIFAR-10 batches ``(images, labels)`` as torch tensors: ``images``
+    uint8 NHWC ``(N, 32, 32, 3)`` (``augment=False``), or float32 NCHW after
+    a random crop (4-pixel padding), a random flip and normalization
+    (``augment=True``; ``normalize=True`` normalizes without the random
+    parts); ``labels`` int64. ``device="cuda"`` copies each batch to the GPU
+    (pinned host arenas, non-blocking) before the transform.
+
+    Reads ``root`` as :class:`fastread.formats.Cifar10` does (binary or
+    pickle layout); shuffles, shards and epochs are those of
+    :class:`fastread.Reader`.
+    """
+
+    def __init__(self, root, batch_size=256, *, train=True, device="cpu", augment=False,
+                 normalize=False, shard_id=None, num_shards=None, random_shuffle=False, seed=0,
+                 drop_last=False, device_id=None, engine="auto", **engine_options):
+        import torch
+
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if num_shards is None:
+            num_shards = _env_int("WORLD_SIZE") or 1
+        if shard_id is None:
+            shard_id = _env_int("RANK") or 0
+        if device == "cuda":
+            if device_id is None:
+                device_id = _env_int("LOCAL_RANK") or 0
+            if not torch.cuda.is_available():
+                raise RuntimeError("Cifar10Loader(device='cuda'): no usable CUDA device; use "
+                                   "device='cpu'")
+            engine_options.setdefault("pin_memory", True)
+            engine_options.setdefault("device_id", device_id)
+        self.device = "cpu" if device == "cpu" else f"cuda:{device_id}"
+        self.augment, self.normalize = bool(augment), bool(normalize)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.source = Cifar10(root, train=train)
+        self.reader = Reader(source=self.source, batch_size=batch_size, shard_id=shard_id,
+                             num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
+                             drop_last=drop_last, stick_to_shard=True, engine=engine,
+                             ring_depth=2, **engine_options)
+        self.epoch = 0
+        self._start_batch = 0
+        self._delivered = 0
+
+    def __len__(self):
+        return len(self.reader)
+
+    def set_epoch(self, epoch):
+        """The epoch (shuffle, and augmentation draws) the next iteration
+        delivers, from its start."""
+        self.epoch = int(epoch)
+        self._start_batch = 0
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "batches_delivered": self._delivered,
+                "num_samples": len(self.source), "batch_size": self.batch_size,
+                "seed": self.seed, "shard_id": self.reader.shard_id,
+                "num_shards": self.reader.num_shards}
+
+    def load_state_dict(self, state):
+        mine = self.state_dict()
+        for key in ("num_samples", "batch_size", "seed", "shard_id", "num_shards"):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"state_dict was taken with {key}={state.get(key)!r}, "
+                                 f"this loader has {key}={mine[key]!r}")
+        self.epoch = int(state["epoch"])
+        self._start_batch = int(state["batches_delivered"])
+
+    def __iter__(self):
+        import torch
+
+        self.reader.set_epoch(self.epoch, start_batch=self._start_batch)
+        self._delivered, self._start_batch = self._start_batch, 0
+        gen = torch.Generator().manual_seed(hash((self.seed, self.epoch)) & 0x7FFFFFFF)
+        for arrays, labels in self.reader:
+            images = torch.from_numpy(to_hwc(arrays))
+            labels = torch.from_numpy(labels.astype(np.int64))
+            if self.device != "cpu":
+                images = images.pin_memory().to(self.device, non_blocking=True)
+                labels = labels.pin_memory().to(self.device, non_blocking=True)
+            if self.augment:
+                images = augment_batch(images, gen)
+            elif self.normalize:
+                images = _normalize(images)
+            self._delivered += 1
+            yield images, labels
+        self.epoch += 1
+        self._delivered = 0
+
+    def close(self):
+        self.reader.close()
+
+
+def _normalize(images, mean=CIFAR10_MEAN, std=CIFAR10_STD):
+    import torch
+
+    x = images.permute(0, 3, 1, 2).float()
+    m = torch.tensor(mean, device=x.device).view(1, 3, 1, 1) * 255
+    s = torch.tensor(std, device=x.device).view(1, 3, 1, 1) * 255
+    return (x - m) / s
