@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from fastread.formats.cifar import Cifar10, to_hwc
+from fastread.formats.cifar import Cifar10, to_chw, to_hwc
 from fastread.reader import Reader
 
 __all__ = ["Cifar10Loader", "CIFAR10_MEAN", "CIFAR10_STD", "augment_batch"]
@@ -43,7 +43,8 @@ def augment_batch(images, generator=None, pad=4, mean=CIFAR10_MEAN, std=CIFAR10_
     """The usual CIFAR training transform on a whole batch at once, on the
     batch's device: ``images`` uint8 NHWC -> random ``pad``-pixel crop
     (zero padding), random horizontal flip, float32 NCHW normalized by
-    ``mean`` / ``std`` (fractions of 255)."""
+    ``mean`` / ``std`` (fractions of 255). Crop and flip are one
+    ``torch.gather`` of precomputed pixel indices (no per-image loop)."""
     import torch
 
     n, h, w, c = images.shape
@@ -51,17 +52,18 @@ def augment_batch(images, generator=None, pad=4, mean=CIFAR10_MEAN, std=CIFAR10_
     x = images.permute(0, 3, 1, 2)
     if pad:
         x = torch.nn.functional.pad(x, (pad, pad, pad, pad))
-        oy = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(dev)
-        ox = torch.randint(0, 2 * pad + 1, (n,), generator=generator).to(dev)
-        rows = (oy[:, None] + torch.arange(h, device=dev))[:, None, :, None]
-        cols = (ox[:, None] + torch.arange(w, device=dev))[:, None, None, :]
-        x = x[torch.arange(n, device=dev)[:, None, None, None],
-              torch.arange(c, device=dev)[None, :, None, None], rows, cols]
-    flip = (torch.rand(n, generator=generator) < 0.5).to(dev)
-    x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-    m = torch.tensor(mean, device=dev).view(1, c, 1, 1) * 255
-    s = torch.tensor(std, device=dev).view(1, c, 1, 1) * 255
-    return (x.float() - m) / s
+    ph, pw = h + 2 * pad, w + 2 * pad
+    oy = torch.randint(0, 2 * pad + 1, (n, 1, 1), generator=generator)
+    ox = torch.randint(0, 2 * pad + 1, (n, 1, 1), generator=generator)
+    flip = torch.rand(n, generator=generator) < 0.5
+    cols = torch.arange(w).expand(n, w).clone()
+    cols[flip] = cols[flip].flip(-1)
+    index = ((oy + torch.arange(h)[None, :, None]) * pw + ox + cols[:, None, :]).reshape(n, 1, h * w)
+    x = torch.gather(x.reshape(n, c, ph * pw), 2, index.to(dev).expand(n, c, h * w))
+    scale = 1.0 / (torch.tensor(std, device=dev) * 255)
+    shift = torch.tensor(mean, device=dev) * 255 * scale
+    out = x.reshape(n, c, h, w).float()
+    return out.mul_(scale.view(1, c, 1, 1)).sub_(shift.view(1, c, 1, 1))
 
 
 class Cifar10Loader:
@@ -140,7 +142,12 @@ class Cifar10Loader:
         self._delivered, self._start_batch = self._start_batch, 0
         gen = torch.Generator().manual_seed(hash((self.seed, self.epoch)) & 0x7FFFFFFF)
         for arrays, labels in self.reader:
-            images = torch.from_numpy(to_hwc(arrays))
+            if self.augment or self.normalize:
+                # NCHW is what the transform makes: the records' own CHW planes
+                # skip a transpose each way.
+                images = torch.from_numpy(to_chw(arrays)).permute(0, 2, 3, 1)
+            else:
+                images = torch.from_numpy(to_hwc(arrays))
             labels = torch.from_numpy(labels.astype(np.int64))
             if self.device != "cpu":
                 images = images.pin_memory().to(self.device, non_blocking=True)
