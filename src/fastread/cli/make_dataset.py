@@ -17,7 +17,9 @@ from fastread.cli._args import positive_int, positive_float, nonnegative_int
 _JPEG_ONLY = {"mean_kb": 92.0, "width": 500, "height": 375}
 _NPY_ONLY = {"shape": (3, 224, 224), "dtype": "uint8", "array_bytes": None}
 # Formats whose files are not one sample each (fastread.formats reads them).
-_RECORD_FORMATS = ("cifar10",)
+_RECORD_FORMATS = ("cifar10", "webdataset")
+# Options of the JPEG tree that the record formats of JPEGs take too.
+_SHARED_WITH = {"webdataset": ("width", "height")}
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -90,6 +92,13 @@ def add_parser(sub):
                    help="target mean file size in KB of 1000 bytes (default: 92)")
     g.add_argument("--width", type=positive_int, default=None, help="nominal width (default: 500)")
     g.add_argument("--height", type=positive_int, default=None, help="nominal height (default: 375)")
+    g = p.add_argument_group("--format webdataset")
+    g.add_argument("--shards", type=positive_int, default=None, metavar="S",
+                   help="tar shards (default: 10); --width/--height size the JPEGs "
+                        "(default 160x120)")
+    g.add_argument("--per-shard", type=positive_int, default=None, metavar="N",
+                   help="samples (jpg, cls, json) per shard (default: 1000)")
+    g.add_argument("--compress", action="store_true", help="write .tar.gz shards")
     g = p.add_argument_group("--format npy")
     g.add_argument("--shape", type=shape_arg, default=None, metavar="D0,D1,...",
                    help="array shape (default: 3,224,224)")
@@ -108,7 +117,10 @@ def _check_format_options(args):
     """Fills in per-format defaults; a usage error for the other format's options."""
     if args.format in _RECORD_FORMATS:
         given = [f"--{d.replace('_', '-')}" for d in list(_JPEG_ONLY) + list(_NPY_ONLY)
-                 if getattr(args, d) is not None]
+                 if getattr(args, d) is not None and d not in _SHARED_WITH.get(args.format, ())]
+        if args.format != "webdataset":
+            given += [f"--{d.replace('_', '-')}" for d in ("shards", "per_shard")
+                      if getattr(args, d) is not None] + (["--compress"] if args.compress else [])
         if args.format == "cifar10" and args.classes not in (None, 10):
             given.append("--classes (CIFAR-10 has 10)")
         if given:
@@ -172,6 +184,20 @@ def run(args):
 
 def _run_record_format(args, marker, before):
     from fastread.datasets.cifar10 import make_cifar10
+    from fastread.datasets.webdataset import make_webdataset
+
+    if args.format == "webdataset":
+        shards = 10 if args.shards is None else args.shards
+        per_shard = 1000 if args.per_shard is None else args.per_shard
+        info = make_webdataset(args.dir, shards=shards, per_shard=per_shard,
+                               classes=10 if args.classes is None else args.classes,
+                               width=args.width or 160, height=args.height or 120,
+                               compress=args.compress, seed=args.seed, progress=not args.quiet)
+        reused = before is not None and _mtime(marker) == before
+        print(f"{info.root}: WebDataset, {info.files} samples in {shards} shards "
+              f"({'.tar.gz' if args.compress else '.tar'}), {info.total_bytes / 1e9:.3f} GB"
+              f"{' (reused)' if reused else ''}")
+        return 0
 
     per_class = 5000 if args.per_class is None else args.per_class
     info = make_cifar10(args.dir, train_per_class=per_class,

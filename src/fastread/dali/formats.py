@@ -10,8 +10,9 @@ import collections
 
 from fastread.dali._common import BatchSource, reader_outputs
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
+from fastread.formats.webdataset import WebDataset
 
-__all__ = ["cifar10"]
+__all__ = ["cifar10", "webdataset"]
 
 
 class _ImageSource(BatchSource):
@@ -74,3 +75,54 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
     if device == "gpu":
         images, labels = images.gpu(), labels.gpu()
     return images, labels
+
+
+class _ComponentSource(BatchSource):
+    """A batch of WebDataset samples as one list of views per component
+    (the reader's labels are the samples' numbers)."""
+
+    def __init__(self, reader, source):
+        super().__init__(reader)
+        self.source = source
+
+    def __next__(self):
+        arrays, ids = super().__next__()
+        return tuple(self.source.components(arrays, ids.ravel()))
+
+
+def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empty",
+               case_sensitive_extensions=True, dtypes=None, shard_id=0, num_shards=1,
+               random_shuffle=False, seed=-1, pad_last_batch=False, stick_to_shard=False,
+               prefetch_queue_depth=1, name=None, last_batch_policy=None, engine="auto",
+               cache_dir=None, **kwargs):
+    """``fn.readers.webdataset`` read by fastread: one uint8 output per
+    ``ext`` entry (``"jpg;jpeg"``: alternatives), samples grouped by key as
+    DALI's reader groups them (see :mod:`fastread.formats.webdataset`,
+    ``grouping="dali"``), in shard order without shuffling. Unlike DALI's
+    reader, pax and GNU long member names are read.
+
+    ``missing_component_behavior`` is DALI's: ``"empty"`` (default), ``"skip"``
+    or ``"error"``. Shards are indexed when the pipeline is defined (their
+    headers parsed once; ``index_paths`` are not needed and ignored);
+    ``.tar.gz`` shards are decompressed once into ``cache_dir``. Each sample
+    is one byte range of its shard read by the native engine; components are
+    views of it, handed to DALI without a copy. Shuffling draws one
+    permutation of all samples of all shards per epoch. ``dtypes`` other
+    than uint8 are not supported.
+    """
+    if dtypes is not None:
+        from nvidia.dali import types
+        given = dtypes if isinstance(dtypes, (list, tuple)) else [dtypes]
+        if any(d not in (types.UINT8, "uint8") for d in given):
+            raise ValueError("fastread.dali.formats.webdataset delivers uint8 components only")
+    source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
+                        case_sensitive_extensions=case_sensitive_extensions, cache_dir=cache_dir,
+                        grouping="dali")
+    return reader_outputs(
+        "webdataset", lambda: source, shard_id=shard_id, num_shards=num_shards,
+        random_shuffle=random_shuffle, seed=seed, pad_last_batch=pad_last_batch,
+        stick_to_shard=stick_to_shard, prefetch_queue_depth=prefetch_queue_depth, name=name,
+        last_batch_policy=last_batch_policy, engine=engine, device="cpu", no_copy=True,
+        device_id=None, kwargs=kwargs,
+        make_batch_source=lambda reader, gpu: _ComponentSource(reader, source),
+        num_outputs=len(source.ext))
