@@ -27,6 +27,20 @@ output.
                              (augment=True)``: range reads, then the
                              augmentation on whole batches in torch
 ===========================  ================================================
+
+DATA may also be a directory of WebDataset shards (``*.tar``, ``*.tar.gz``;
+``fastread make-dataset DIR --format webdataset``). Each step is a batch
+of (jpg, cls) samples; with ``--decode`` the JPEGs are decoded (DALI's
+decoder, ``mixed`` on the GPU; PIL in the webdataset library's loader).
+
+===========================  ================================================
+``wds-library``              the webdataset library's ``WebDataset`` (+
+                             ``.decode("rgb8")`` with ``--decode``) in a
+                             ``DataLoader(num_workers=cores)``: the baseline
+``wds-dali``                 DALI's ``fn.readers.webdataset``: the DALI
+                             baseline
+``wds-fastread-<e>``         ``fastread.dali.formats.webdataset(engine=<e>)``
+===========================  ================================================
 """
 import os
 
@@ -41,12 +55,32 @@ MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 
 add_dataset_kind("cifar10", "a CIFAR-10 directory (binary or Python batches)")
+add_dataset_kind("webdataset", "a directory of WebDataset tar shards")
+WDS_EXT = ["jpg;jpeg;png", "cls"]
+
+
+def shard_paths(path):
+    """The WebDataset shards directly in directory ``path``, sorted."""
+    return sorted(os.path.join(path, n) for n in os.listdir(path)
+                  if n.endswith((".tar", ".tar.gz", ".tgz")))
 
 
 def detect(path):
-    """A directory holding the CIFAR-10 train batches (either layout)."""
+    """A directory holding the CIFAR-10 train batches (either layout), or
+    WebDataset shards."""
     if not os.path.isdir(path):
         return None
+    shards = shard_paths(path)
+    if shards:
+        from fastread.bench.registry import BenchError
+        from fastread.formats import FormatError
+        from fastread.formats.webdataset import WebDataset
+        try:
+            src = WebDataset(shards, WDS_EXT)
+        except FormatError as e:
+            raise BenchError(str(e)) from None
+        return Dataset(root=path, primary="webdataset", kinds=("webdataset",), paths=shards,
+                       samples=len(src), nbytes=int(src.sizes.sum()))
     from fastread.formats.cifar import cifar10_files
     try:
         _layout, paths = cifar10_files(path, train=True)
@@ -86,6 +120,19 @@ def modes(env):
     yield Mode("cifar-fastread-torch", NAME, "cifar10", "Cifar10Loader(augment=True)",
                "fastread's CIFAR-10 torch loader: range reads, batched torch augmentation",
                engine=auto, check=_check_torch, build=_build_fastread_torch, default=BOTH)
+    yield Mode("wds-library", NAME, "webdataset",
+               "webdataset.WebDataset (+ .decode('rgb8')) + DataLoader(num_workers=cores)",
+               "the webdataset library's loader: the baseline", check=_check_wds_library,
+               build=_build_wds_library, role="baseline", default=BOTH)
+    yield Mode("wds-dali", NAME, "webdataset", "fn.readers.webdataset",
+               "DALI's own WebDataset reader: the DALI baseline", check=_check_wds_dali,
+               build=_build_wds_dali, role="baseline", dali=True, default=BOTH)
+    for e in env.engines:
+        yield Mode(f"wds-fastread-{e}", NAME, "webdataset",
+                   f"fastread.dali.formats.webdataset(engine={e!r})",
+                   "fastread's WebDataset reader (one range read per sample) in DALI",
+                   engine=e, check=_check_wds_dali, build=_build_wds_dali, dali=True,
+                   default=BOTH if e == auto else ())
 
 
 # -- checks ------------------------------------------------------------------------
@@ -288,3 +335,87 @@ def _build_fastread_torch(mode, cfg):
                            random_shuffle=True, device="cuda" if gpu else "cpu",
                            engine=mode.engine, **cfg.engine_options)
     return _TorchRunner(loader, gpu)
+
+
+# -- WebDataset ----------------------------------------------------------------------
+
+def _check_wds_library(mode, cfg):
+    from fastread.bench.environment import try_import
+    for module in ("torch", "webdataset"):
+        _m, why = try_import(module)
+        if why:
+            return f"{module} {why}"
+    if cfg.device == "gpu" and cfg.env.cuda_error:
+        return f"--device gpu needs a CUDA device; {cfg.env.cuda_error}"
+    return None
+
+
+def _check_wds_dali(mode, cfg):
+    if mode.engine is not None:
+        why = cfg.env.engine_error(mode.engine)
+        if why:
+            return why
+    why = cfg.env.dali_error_for(fastread_reader=mode.engine is not None)
+    if why:
+        return why
+    if cfg.device == "gpu" and cfg.env.cuda_error:
+        return f"--device gpu needs a CUDA device; {cfg.env.cuda_error}"
+    return None
+
+
+def _build_wds_dali(mode, cfg):
+    from fastread.bench.runners import DaliRunner
+
+    def reader():
+        if mode.engine is None:
+            from nvidia.dali import fn
+            jpg, cls = fn.readers.webdataset(paths=cfg.paths, ext=WDS_EXT,
+                                             missing_component_behavior="empty", name="Reader")
+        else:
+            from fastread.dali.formats import webdataset
+            jpg, cls = webdataset(paths=cfg.paths, ext=WDS_EXT, engine=mode.engine,
+                                  **cfg.engine_options)
+        return jpg, cls
+    return DaliRunner(cfg, reader)
+
+
+class _WdsRunner:
+    """The webdataset library's loader, epoch after epoch; counts samples and
+    the bytes delivered (encoded, or decoded with --decode)."""
+
+    def __init__(self, cfg):
+        import torch
+        import webdataset as wds
+        from torch.utils.data import DataLoader
+
+        ds = wds.WebDataset(cfg.paths, shardshuffle=False)
+        ds = (ds.decode("rgb8") if cfg.decode else ds).to_tuple("jpg;jpeg;png", "cls")
+        workers = min(os.cpu_count() or 1, len(cfg.paths))
+        # Decoded images differ in size: a batch is a list, as DALI's is.
+        self.loader = DataLoader(ds.batched(cfg.batch_size, partial=True), batch_size=None,
+                                 num_workers=workers, persistent_workers=workers > 0,
+                                 pin_memory=False)
+        self.gpu = cfg.device == "gpu"
+        self._torch = torch
+        self._it, self._keep = iter(self.loader), None
+
+    def next(self):
+        try:
+            images, labels = next(self._it)
+        except StopIteration:
+            self._it = iter(self.loader)
+            images, labels = next(self._it)
+        if self.gpu:
+            torch = self._torch
+            images = [torch.as_tensor(np.asarray(i)).cuda(non_blocking=True) for i in images]
+            torch.cuda.current_stream().synchronize()
+        self._keep = images
+        return len(images), sum(np.asarray(i).nbytes if not hasattr(i, "nbytes") else i.nbytes
+                                for i in images)
+
+    def close(self):
+        self._keep = self._it = self.loader = None
+
+
+def _build_wds_library(mode, cfg):
+    return _WdsRunner(cfg)
