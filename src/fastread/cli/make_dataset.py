@@ -17,9 +17,9 @@ from fastread.cli._args import positive_int, positive_float, nonnegative_int
 _JPEG_ONLY = {"mean_kb": 92.0, "width": 500, "height": 375}
 _NPY_ONLY = {"shape": (3, 224, 224), "dtype": "uint8", "array_bytes": None}
 # Formats whose files are not one sample each (fastread.formats reads them).
-_RECORD_FORMATS = ("cifar10", "webdataset")
+_RECORD_FORMATS = ("cifar10", "webdataset", "squirrel")
 # Options of the JPEG tree that the record formats of JPEGs take too.
-_SHARED_WITH = {"webdataset": ("width", "height")}
+_SHARED_WITH = {"webdataset": ("width", "height"), "squirrel": ("shape",)}
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -99,6 +99,10 @@ def add_parser(sub):
     g.add_argument("--per-shard", type=positive_int, default=None, metavar="N",
                    help="samples (jpg, cls, json) per shard (default: 1000)")
     g.add_argument("--compress", action="store_true", help="write .tar.gz shards")
+    g = p.add_argument_group("--format squirrel",
+                             "a squirrel-core MessagePack store: --shards S x --per-shard N "
+                             "samples {image: uint8 --shape (default 3,300,300), label} "
+                             "(default 10 x 1000, the Squirrel + DALI tutorial's Imagenette)")
     g = p.add_argument_group("--format npy")
     g.add_argument("--shape", type=shape_arg, default=None, metavar="D0,D1,...",
                    help="array shape (default: 3,224,224)")
@@ -118,9 +122,11 @@ def _check_format_options(args):
     if args.format in _RECORD_FORMATS:
         given = [f"--{d.replace('_', '-')}" for d in list(_JPEG_ONLY) + list(_NPY_ONLY)
                  if getattr(args, d) is not None and d not in _SHARED_WITH.get(args.format, ())]
-        if args.format != "webdataset":
+        if args.format == "cifar10":
             given += [f"--{d.replace('_', '-')}" for d in ("shards", "per_shard")
-                      if getattr(args, d) is not None] + (["--compress"] if args.compress else [])
+                      if getattr(args, d) is not None]
+        if args.format != "webdataset" and args.compress:
+            given.append("--compress")
         if args.format == "cifar10" and args.classes not in (None, 10):
             given.append("--classes (CIFAR-10 has 10)")
         if given:
@@ -186,6 +192,18 @@ def _run_record_format(args, marker, before):
     from fastread.datasets.cifar10 import make_cifar10
     from fastread.datasets.webdataset import make_webdataset
 
+    if args.format == "squirrel":
+        from fastread.datasets.squirrel import make_squirrel
+        shards = 10 if args.shards is None else args.shards
+        per_shard = 1000 if args.per_shard is None else args.per_shard
+        info = make_squirrel(args.dir, samples=shards * per_shard, per_shard=per_shard,
+                             shape=args.shape or (3, 300, 300),
+                             classes=10 if args.classes is None else args.classes,
+                             seed=args.seed, progress=not args.quiet)
+        reused = before is not None and _mtime(marker) == before
+        print(f"{info.root}: Squirrel store, {info.files} samples in {shards} shards, "
+              f"{info.total_bytes / 1e9:.3f} GB{' (reused)' if reused else ''}")
+        return 0
     if args.format == "webdataset":
         shards = 10 if args.shards is None else args.shards
         per_shard = 1000 if args.per_shard is None else args.per_shard

@@ -10,9 +10,10 @@ import collections
 
 from fastread.dali._common import BatchSource, reader_outputs
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
+from fastread.formats.squirrel import SquirrelStore
 from fastread.formats.webdataset import WebDataset
 
-__all__ = ["cifar10", "webdataset"]
+__all__ = ["cifar10", "squirrel", "webdataset"]
 
 
 class _ImageSource(BatchSource):
@@ -134,3 +135,38 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
         device_id=None, kwargs=kwargs,
         make_batch_source=lambda reader, gpu: _ComponentSource(reader, source),
         num_outputs=len(source.ext))
+
+
+class _FieldSource(BatchSource):
+    """A batch of squirrel samples as one output per key."""
+
+    def __init__(self, reader, store):
+        super().__init__(reader)
+        self.store = store
+
+    def __next__(self):
+        arrays, ids = super().__next__()
+        return tuple(self.store.fields(arrays, ids.ravel()))
+
+
+def squirrel(*, url, keys=("image", "label"), shard_id=0, num_shards=1, random_shuffle=False,
+             seed=-1, pad_last_batch=False, stick_to_shard=False, prefetch_queue_depth=1,
+             name=None, last_batch_policy=None, engine="auto", cache_dir=None, **kwargs):
+    """A squirrel MessagePack store (squirrel-core's ``SquirrelStore`` with
+    ``MessagepackSerializer``: a directory of ``*.gz`` shards) as DALI
+    outputs, one per ``keys`` entry: arrays as the store holds them (dtype
+    and shape), plain values (labels) as arrays. Samples in the store's key
+    order, then shard order (what squirrel-core's ``get_iter()`` yields);
+    ``random_shuffle`` draws one permutation of all samples per epoch.
+    Shards are decompressed once into ``cache_dir`` and indexed; each
+    sample is then one byte range read by the native engine and each array
+    a view of it."""
+    store = SquirrelStore(url, keys=keys, cache_dir=cache_dir)
+    return reader_outputs(
+        "squirrel", lambda: store, shard_id=shard_id, num_shards=num_shards,
+        random_shuffle=random_shuffle, seed=seed, pad_last_batch=pad_last_batch,
+        stick_to_shard=stick_to_shard, prefetch_queue_depth=prefetch_queue_depth, name=name,
+        last_batch_policy=last_batch_policy, engine=engine, device="cpu", no_copy=True,
+        device_id=None, kwargs=kwargs,
+        make_batch_source=lambda reader, gpu: _FieldSource(reader, store),
+        num_outputs=len(store.keys))

@@ -41,6 +41,18 @@ decoder, ``mixed`` on the GPU; PIL in the webdataset library's loader).
                              baseline
 ``wds-fastread-<e>``         ``fastread.dali.formats.webdataset(engine=<e>)``
 ===========================  ================================================
+
+DATA may also be a squirrel MessagePack store (a directory of ``*.gz``
+shards; ``fastread make-dataset DIR --format squirrel``); each step is a
+batch of (image, label), on the GPU with ``--device gpu``.
+
+===========================  ================================================
+``squirrel-iter``            squirrel-core's ``MessagepackDriver(url)
+                             .get_iter()`` feeding DALI through
+                             ``fn.external_source`` (the Squirrel + DALI
+                             tutorial's pipeline): the baseline
+``squirrel-fastread-<e>``    ``fastread.dali.formats.squirrel(engine=<e>)``
+===========================  ================================================
 """
 import os
 
@@ -56,6 +68,7 @@ STD = (0.2470, 0.2435, 0.2616)
 
 add_dataset_kind("cifar10", "a CIFAR-10 directory (binary or Python batches)")
 add_dataset_kind("webdataset", "a directory of WebDataset tar shards")
+add_dataset_kind("squirrel", "a squirrel MessagePack store (a directory of *.gz shards)")
 WDS_EXT = ["jpg;jpeg;png", "cls"]
 
 
@@ -70,6 +83,17 @@ def detect(path):
     WebDataset shards."""
     if not os.path.isdir(path):
         return None
+    sq = _squirrel_shards(path)
+    if sq:
+        from fastread.bench.registry import BenchError
+        from fastread.formats import FormatError
+        from fastread.formats.squirrel import SquirrelStore
+        try:
+            src = SquirrelStore(path, keys=("image", "label"))
+        except FormatError as e:
+            raise BenchError(str(e)) from None
+        return Dataset(root=path, primary="squirrel", kinds=("squirrel",), paths=sq,
+                       samples=len(src), nbytes=int(src.sizes.sum()))
     shards = shard_paths(path)
     if shards:
         from fastread.bench.registry import BenchError
@@ -120,6 +144,17 @@ def modes(env):
     yield Mode("cifar-fastread-torch", NAME, "cifar10", "Cifar10Loader(augment=True)",
                "fastread's CIFAR-10 torch loader: range reads, batched torch augmentation",
                engine=auto, check=_check_torch, build=_build_fastread_torch, default=BOTH)
+    yield Mode("squirrel-iter", NAME, "squirrel",
+               "MessagepackDriver(url).get_iter() -> fn.external_source",
+               "squirrel-core's iterator feeding DALI (the tutorial's pipeline): the baseline",
+               check=_check_squirrel, build=_build_squirrel, role="baseline", dali=True,
+               default=BOTH)
+    for e in env.engines:
+        yield Mode(f"squirrel-fastread-{e}", NAME, "squirrel",
+                   f"fastread.dali.formats.squirrel(engine={e!r})",
+                   "fastread's squirrel reader (one range read per sample, arrays as views)",
+                   engine=e, check=_check_squirrel, build=_build_squirrel, dali=True,
+                   default=BOTH if e == auto else ())
     yield Mode("wds-library", NAME, "webdataset",
                "webdataset.WebDataset (+ .decode('rgb8')) + DataLoader(num_workers=cores)",
                "the webdataset library's loader: the baseline", check=_check_wds_library,
@@ -419,3 +454,80 @@ class _WdsRunner:
 
 def _build_wds_library(mode, cfg):
     return _WdsRunner(cfg)
+
+
+# -- Squirrel ------------------------------------------------------------------------
+
+def _squirrel_shards(path):
+    """The *.gz shards of a directory whose first shard holds MessagePack
+    maps (gzip'd or not), else []."""
+    import gzip
+    shards = sorted(n for n in os.listdir(path) if n.endswith(".gz") and not n.endswith(".tar.gz"))
+    if not shards:
+        return []
+    first = os.path.join(path, shards[0])
+    try:
+        with open(first, "rb") as f:
+            head = f.read(2)
+        if head == b"\x1f\x8b":
+            with gzip.open(first, "rb") as f:
+                head = f.read(1)
+    except (OSError, EOFError):
+        return []
+    if head and not (0x80 <= head[0] <= 0x8f or head[0] in (0xde, 0xdf)):
+        return []
+    return [os.path.join(path, n) for n in shards]
+
+
+def _check_squirrel(mode, cfg):
+    from fastread.bench.environment import try_import
+    for module in ("msgpack", "msgpack_numpy") + (("squirrel",) if mode.engine is None else ()):
+        _m, why = try_import(module)
+        if why:
+            return f"{module} {why}"
+    return _check_wds_dali(mode, cfg)
+
+
+class _SquirrelBatches:
+    """The tutorial's source: squirrel-core's iterator, batched in Python,
+    an epoch at a time (StopIteration at its end)."""
+
+    def __init__(self, url, batch_size):
+        from squirrel.driver.msgpack import MessagepackDriver
+        self.driver, self.batch_size = MessagepackDriver(url), batch_size
+        self._it = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._it is None:
+            self._it = iter(self.driver.get_iter())
+        images, labels = [], []
+        for item in self._it:
+            images.append(item["image"])
+            labels.append(np.array([item["label"]], np.int64))
+            if len(images) == self.batch_size:
+                break
+        if not images:
+            self._it = None
+            raise StopIteration
+        return images, labels
+
+
+def _build_squirrel(mode, cfg):
+    from fastread.bench.runners import DaliRunner
+    gpu = cfg.device == "gpu"
+
+    def outputs():
+        if mode.engine is None:
+            from nvidia.dali import fn
+            images, labels = fn.external_source(source=_SquirrelBatches(cfg.data_dir,
+                                                                        cfg.batch_size),
+                                                num_outputs=2, batch=True, cycle=False)
+        else:
+            from fastread.dali.formats import squirrel
+            images, labels = squirrel(url=cfg.data_dir, keys=("image", "label"),
+                                      engine=mode.engine, **cfg.engine_options)
+        return (images.gpu(), labels.gpu()) if gpu else (images, labels)
+    return DaliRunner(cfg, None, outputs=outputs)
