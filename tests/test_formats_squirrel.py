@@ -174,3 +174,14 @@ def test_cli_make_dataset(tmp_path, capsys):
     assert "Squirrel store, 6 samples in 2 shards" in capsys.readouterr().out
     src = SquirrelStore(str(tmp_path / "s"), cache_dir=str(tmp_path / "c"))
     assert len(src) == 6 and read_all(src)[0][0].shape == (3, 4, 5)
+
+
+def test_torch_loader(store, tmp_path):
+    torch = pytest.importorskip("torch")
+    from fastread.formats.torch import SquirrelLoader
+    images, labels = read_all(SquirrelStore(store, cache_dir=str(tmp_path / "c")))
+    loader = SquirrelLoader(store, batch_size=16, cache_dir=str(tmp_path / "c"))
+    got = list(loader)
+    assert len(got) == len(loader) == 3
+    assert torch.equal(torch.cat([g[0] for g in got]), torch.from_numpy(np.stack(images)))
+    assert torch.cat([g[1] for g in got]).tolist() == [int(x) for x in labels]

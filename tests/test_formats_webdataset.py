@@ -254,3 +254,17 @@ def test_generator_and_cli(tmp_path, capsys):
     assert main(["make-dataset", str(tmp_path / "w"), "--format", "webdataset", "--shards", "2",
                  "--per-shard", "3", "--width", "16", "--height", "16", "--quiet"]) == 0
     assert "WebDataset, 6 samples in 2 shards" in capsys.readouterr().out
+
+
+def test_torch_loader_resume(shards):
+    pytest.importorskip("torch")
+    from fastread.formats.torch import WebDatasetLoader
+    loader = WebDatasetLoader(shards, ["jpg", "cls"], batch_size=16, random_shuffle=True, seed=5)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    rest = [[t.numpy().tobytes() for t in jpg] for jpg, _ in it]
+    again = WebDatasetLoader(shards, ["jpg", "cls"], batch_size=16, random_shuffle=True, seed=5)
+    again.load_state_dict(state)
+    assert [[t.numpy().tobytes() for t in jpg] for jpg, _ in again] == rest
+    assert len(rest) == len(loader) - 1

@@ -23,7 +23,8 @@ import numpy as np
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
 from fastread.reader import Reader
 
-__all__ = ["Cifar10Loader", "CIFAR10_MEAN", "CIFAR10_STD", "augment_batch"]
+__all__ = ["Cifar10Loader", "WebDatasetLoader", "SquirrelLoader", "CIFAR10_MEAN", "CIFAR10_STD",
+           "augment_batch"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -172,3 +173,87 @@ def _normalize(images, mean=CIFAR10_MEAN, std=CIFAR10_STD):
     m = torch.tensor(mean, device=x.device).view(1, 3, 1, 1) * 255
     s = torch.tensor(std, device=x.device).view(1, 3, 1, 1) * 255
     return (x - m) / s
+
+
+class _RecordLoader:
+    """Batches of a record source's samples cut into fields, as torch
+    tensors (zero-copy views of fastread's buffers, valid until two more
+    batches were delivered); epochs, shards and resume as Cifar10Loader."""
+
+    def __init__(self, source, batch_size, *, shard_id=None, num_shards=None,
+                 random_shuffle=False, seed=0, drop_last=False, engine="auto", **engine_options):
+        import torch  # noqa: F401  (fail early, with the real import error)
+
+        if num_shards is None:
+            num_shards = _env_int("WORLD_SIZE") or 1
+        if shard_id is None:
+            shard_id = _env_int("RANK") or 0
+        self.source, self.batch_size, self.seed = source, batch_size, seed
+        self.reader = Reader(source=source, batch_size=batch_size, shard_id=shard_id,
+                             num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
+                             drop_last=drop_last, stick_to_shard=True, engine=engine,
+                             ring_depth=2, **engine_options)
+        self.epoch = 0
+        self._start_batch = 0
+        self._delivered = 0
+
+    __len__ = Cifar10Loader.__len__
+    set_epoch = Cifar10Loader.set_epoch
+    state_dict = Cifar10Loader.state_dict
+    load_state_dict = Cifar10Loader.load_state_dict
+    close = Cifar10Loader.close
+
+    def _cut(self, arrays, ids):
+        raise NotImplementedError
+
+    def __iter__(self):
+        self.reader.set_epoch(self.epoch, start_batch=self._start_batch)
+        self._delivered, self._start_batch = self._start_batch, 0
+        for arrays, ids in self.reader:
+            self._delivered += 1
+            yield self._cut(arrays, ids)
+        self.epoch += 1
+        self._delivered = 0
+
+
+class WebDatasetLoader(_RecordLoader):
+    """WebDataset shards (:class:`fastread.formats.WebDataset`: ``paths``,
+    ``ext``, ``missing_component_behavior``, ``case_sensitive_extensions``
+    (default False here, as the webdataset library), ``cache_dir``) as
+    batches: a tuple with one list of uint8 tensors per ``ext`` entry."""
+
+    def __init__(self, paths, ext, batch_size=64, *, missing_component_behavior="empty",
+                 case_sensitive_extensions=False, cache_dir=None, **kwargs):
+        from fastread.formats.webdataset import WebDataset
+        source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
+                            case_sensitive_extensions=case_sensitive_extensions,
+                            cache_dir=cache_dir)
+        super().__init__(source, batch_size, **kwargs)
+
+    def _cut(self, arrays, ids):
+        import torch
+        return tuple([torch.from_numpy(a) for a in comp]
+                     for comp in self.source.components(arrays, ids))
+
+
+class SquirrelLoader(_RecordLoader):
+    """A squirrel MessagePack store (:class:`fastread.formats.SquirrelStore`)
+    as batches: a tuple with one entry per key, a tensor stacking the
+    batch's arrays when they share a shape (``stack=True``; one copy), else
+    a list of tensors (views)."""
+
+    def __init__(self, url, keys=("image", "label"), batch_size=64, *, stack=True,
+                 cache_dir=None, **kwargs):
+        from fastread.formats.squirrel import SquirrelStore
+        self.stack = bool(stack)
+        super().__init__(SquirrelStore(url, keys=keys, cache_dir=cache_dir), batch_size, **kwargs)
+
+    def _cut(self, arrays, ids):
+        import torch
+        out = []
+        for field in self.source.fields(arrays, ids):
+            if self.stack and len({(a.shape, a.dtype) for a in field}) == 1:
+                out.append(torch.from_numpy(np.stack(field)))
+            else:
+                out.append([torch.from_numpy(np.ascontiguousarray(a)) for a in field])
+        return tuple(out)
