@@ -79,14 +79,27 @@ def shard_paths(path):
 
 
 def detect(path):
-    """A directory holding the CIFAR-10 train batches (either layout), or
-    WebDataset shards."""
+    """A directory holding the CIFAR-10 train batches (either layout; checked
+    first: the downloaded ``cifar-10-python.tar.gz`` may lie beside them), a
+    squirrel store, or WebDataset shards."""
     if not os.path.isdir(path):
         return None
+    from fastread.bench.registry import BenchError
+    from fastread.formats import FormatError
+    from fastread.formats.cifar import Cifar10, cifar10_files
+    try:
+        _layout, paths = cifar10_files(path, train=True)
+    except FileNotFoundError:
+        paths = None
+    if paths:
+        try:
+            n = len(Cifar10(path, train=True))
+        except FormatError as e:
+            raise BenchError(str(e)) from None
+        return Dataset(root=path, primary="cifar10", kinds=("cifar10",), paths=paths, samples=n,
+                       nbytes=n * 3072)
     sq = _squirrel_shards(path)
     if sq:
-        from fastread.bench.registry import BenchError
-        from fastread.formats import FormatError
         from fastread.formats.squirrel import SquirrelStore
         try:
             src = SquirrelStore(path, keys=("image", "label"))
@@ -96,8 +109,6 @@ def detect(path):
                        samples=len(src), nbytes=int(src.sizes.sum()))
     shards = shard_paths(path)
     if shards:
-        from fastread.bench.registry import BenchError
-        from fastread.formats import FormatError
         from fastread.formats.webdataset import WebDataset
         try:
             src = WebDataset(shards, WDS_EXT)
@@ -105,19 +116,7 @@ def detect(path):
             raise BenchError(str(e)) from None
         return Dataset(root=path, primary="webdataset", kinds=("webdataset",), paths=shards,
                        samples=len(src), nbytes=int(src.sizes.sum()))
-    from fastread.formats.cifar import cifar10_files
-    try:
-        _layout, paths = cifar10_files(path, train=True)
-    except FileNotFoundError:
-        return None
-    from fastread.formats.cifar import Cifar10, FormatError
-    try:
-        n = len(Cifar10(path, train=True))
-    except FormatError as e:
-        from fastread.bench.registry import BenchError
-        raise BenchError(str(e)) from None
-    return Dataset(root=path, primary="cifar10", kinds=("cifar10",), paths=paths, samples=n,
-                   nbytes=n * 3072)
+    return None
 
 
 def modes(env):
