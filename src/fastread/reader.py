@@ -1,5 +1,8 @@
 """Batches of samples, sharded and shuffled, read ahead on a native thread."""
 import collections
+import os
+import threading
+import weakref
 
 from fastread.engine import EngineOptions
 from fastread.files import raise_failures
@@ -86,7 +89,18 @@ class Reader:
         self._ring = collections.deque()
         self.epoch = 0
         self._start_batch = 0
+        # The epoch being iterated: its iterator's token and the thread that
+        # started it; _pending: the native reader holds batches of an epoch
+        # not read to its end (the next iter() must reset it).
         self._active = None
+        self._owner = None
+        self._pending = False
+        # Held around every call into the native reader; never waited for by
+        # an iteration (a second thread gets RuntimeError), only by close().
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._forked = False
+        _LIVE.add(self)
 
     # -- sizes ---------------------------------------------------------------
     def _epoch_order(self, epoch):
@@ -115,30 +129,80 @@ class Reader:
         self._start_batch = int(start_batch)
 
     # -- iteration -----------------------------------------------------------
-    def __iter__(self):
+    # Contract: a Reader serves one iteration at a time. A new iter() from the
+    # thread that started the current epoch ends that epoch (its iterator
+    # stops); iter() from another thread while an epoch is unfinished, and any
+    # two calls that overlap in time from different threads, raise
+    # RuntimeError: give each thread its own Reader (e.g. its own shard).
+    # Handing an iterator to another thread and using it there is fine.
+    def _check_open(self):
+        if self._forked:
+            raise RuntimeError(f"this Reader was opened in process {self._pid} and cannot be used "
+                               f"after fork() (pid {os.getpid()}): its native threads stay in the "
+                               "parent; build a new Reader in the child")
         if self._native is None:
             raise ValueError("reader is closed")
-        if self._active is not None:
-            self._native.reset()  # abandon the unfinished epoch's read-ahead
-        order = self._epoch_order(self.epoch)
-        self.epoch += 1
-        start, self._start_batch = self._start_batch * self.batch_size, 0
-        batches = [order[i:i + self.batch_size] for i in range(start, len(order), self.batch_size)]
-        for idx in batches:
-            self._native.submit(idx)
-        self._active = object()
-        return self._iterate(self._active, len(batches))
+
+    def _enter(self, what):
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"Reader.{what} called while another thread is using this Reader: "
+                               "a Reader is iterated by one thread at a time (give each thread "
+                               "its own Reader, e.g. its own shard_id)")
+        try:
+            self._check_open()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def __iter__(self):
+        self._enter("__iter__()")
+        try:
+            if self._active is not None and self._owner != threading.get_ident():
+                raise RuntimeError("Reader.__iter__() called while another thread is iterating "
+                                   "this Reader (its epoch is unfinished): a Reader is iterated "
+                                   "by one thread at a time (give each thread its own Reader, "
+                                   "e.g. its own shard_id)")
+            if self._pending:
+                self._native.reset()  # abandon the unfinished epoch's read-ahead
+                self._pending = False
+            order = self._epoch_order(self.epoch)
+            self.epoch += 1
+            start, self._start_batch = self._start_batch * self.batch_size, 0
+            batches = [order[i:i + self.batch_size]
+                       for i in range(start, len(order), self.batch_size)]
+            try:
+                for idx in batches:
+                    self._native.submit(idx)
+            finally:
+                self._pending = True
+            token = object()
+            self._active, self._owner = token, threading.get_ident()
+        finally:
+            self._lock.release()
+        return self._iterate(token, len(batches))
 
     def _iterate(self, token, count):
-        for _ in range(count):
-            if self._active is not token:
-                return
-            yield self._next_batch()
-        if self._active is token:
-            self._active = None
+        try:
+            for _ in range(count):
+                self._enter("__next__()")
+                try:
+                    if self._active is not token:
+                        return
+                    out = self._next_batch()
+                finally:
+                    self._lock.release()
+                yield out
+            if self._active is token:
+                self._pending = False
+        finally:
+            # Also when the iterator is dropped before the epoch's end.
+            if self._active is token:
+                self._active, self._owner = None, None
 
     def _next_batch(self):
         batch = self._native.next()
+        if batch is None:  # cannot happen while the contract above holds
+            raise RuntimeError("Reader: no batch queued (the epoch was reset by another caller)")
         idx = batch.indices()
         raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])))
         arrays = batch.device_arrays(self.device_id) if self.device == "gpu" else batch.arrays()
@@ -150,12 +214,14 @@ class Reader:
 
     # -- lifetime ------------------------------------------------------------
     def close(self):
-        """Stops the native thread. Arrays already returned stay valid."""
-        if self._native is not None:
-            self._native.close()
-            self._native = None
-        self._ring.clear()
-        self._active = None
+        """Stops the native threads (waiting for a batch another thread is
+        reading). Arrays already returned stay valid; closing twice is fine."""
+        with self._lock:
+            if self._native is not None:
+                self._native.close()
+                self._native = None
+            self._ring.clear()
+            self._active, self._owner, self._pending = None, None, False
 
     def __enter__(self):
         return self
@@ -165,8 +231,35 @@ class Reader:
 
     def memory(self):
         """Batches allocated by this reader's pool so far, and idle arena bytes."""
+        self._check_open()
         return {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes(),
                 "idle_device_bytes": self._native.pool_idle_device_bytes()}
+
+
+# Readers alive in this process. A fork()ed child gets a copy of each whose
+# native threads do not exist there: the child marks them unusable and keeps
+# their native halves forever (closing one would join threads that are not
+# there). The child builds its own Readers.
+_LIVE = weakref.WeakSet()
+_FORKED_NATIVE = []
+
+
+def _after_fork_in_child():
+    for r in list(_LIVE):
+        if r._native is not None:
+            _FORKED_NATIVE.append(r._native)
+            r._native = None
+            r._forked = True
+        r._lock = threading.Lock()  # it may have been held by a parent thread
+        # Batches held for ring_depth go back to a pool whose lock a parent
+        # thread may have held at fork(): keep them too.
+        _FORKED_NATIVE.append(r._ring)
+        r._ring = collections.deque()
+        r._active, r._owner, r._pending = None, None, False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _source(file_root, *, file_list, files, labels, file_filters, image, index, source):
