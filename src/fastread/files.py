@@ -3,13 +3,14 @@ from fastread.engine import cached_context
 from fastread.errors import ReadError
 
 
-def raise_failures(batch, path_of):
+def raise_failures(batch, path_of, paths=True):
     """Raises ReadError for a batch with failed samples; path_of(i) names
-    sample i."""
+    sample i. ``paths``: the names are file paths (the error then says what
+    a path that is no regular file is); False for names inside an image."""
     failures = batch.failures()
     if failures:
         named = [(path_of(i), err) for i, err in failures]
-        raise ReadError(named[0][1], named[0][0], named)
+        raise ReadError(named[0][1], named[0][0], named, detail=None if paths else "")
 
 
 def read_files(paths, engine="auto", options=None, **engine_options):

@@ -182,29 +182,15 @@ class Reader:
         return self._iterate(token, len(batches))
 
     def _iterate(self, token, count):
-        try:
-            for _ in range(count):
-                self._enter("__next__()")
-                try:
-                    if self._active is not token:
-                        return
-                    out = self._next_batch()
-                finally:
-                    self._lock.release()
-                yield out
-            if self._active is token:
-                self._pending = False
-        finally:
-            # Also when the iterator is dropped before the epoch's end.
-            if self._active is token:
-                self._active, self._owner = None, None
+        return _Epoch(self, token, count)
 
     def _next_batch(self):
         batch = self._native.next()
         if batch is None:  # cannot happen while the contract above holds
             raise RuntimeError("Reader: no batch queued (the epoch was reset by another caller)")
         idx = batch.indices()
-        raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])))
+        raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])),
+                       paths=isinstance(self.source, FileList))
         arrays = batch.device_arrays(self.device_id) if self.device == "gpu" else batch.arrays()
         if self.ring_depth is not None:
             self._ring.append(batch)
@@ -234,6 +220,49 @@ class Reader:
         self._check_open()
         return {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes(),
                 "idle_device_bytes": self._native.pool_idle_device_bytes()}
+
+
+class _Epoch:
+    """One epoch's iterator. A batch that fails raises ReadError and the
+    epoch goes on: the next ``next()`` returns the following batch. Dropping
+    the iterator (or reading it to its end) ends the epoch."""
+
+    def __init__(self, reader, token, count):
+        self._reader, self._token, self._left = reader, token, count
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        r = self._reader
+        if r is None:
+            raise StopIteration
+        r._enter("__next__()")
+        try:
+            if r._active is not self._token:  # a newer iter() in this thread
+                self._finish(False)
+                raise StopIteration
+            if self._left == 0:
+                self._finish(True)
+                raise StopIteration
+            self._left -= 1
+            return r._next_batch()
+        finally:
+            r._lock.release()
+
+    def _finish(self, complete):
+        r, self._reader = self._reader, None
+        if r is not None and r._active is self._token:
+            if complete:
+                r._pending = False
+            r._active, r._owner = None, None
+
+    def __del__(self):
+        # Also when dropped before the epoch's end: another thread may then
+        # start one (the next iter() resets what is still read ahead).
+        r = self._reader
+        if r is not None and r._active is self._token:
+            r._active, r._owner = None, None
 
 
 # Readers alive in this process. A fork()ed child gets a copy of each whose

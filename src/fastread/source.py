@@ -103,7 +103,8 @@ class SampleSource(abc.ABC):
         opts = EngineOptions.coerce(options, **engine_options)
         self.check_options(opts.resolve(name))
         batch = self.read_batch(cached_context(name, opts), idx)
-        raise_failures(batch, lambda i: self.sample_name(int(idx[i])))
+        raise_failures(batch, lambda i: self.sample_name(int(idx[i])),
+                       paths=isinstance(self, FileList))
         return batch.arrays()
 
 
@@ -304,7 +305,8 @@ def read_in_order(source, batch_size, engine="auto", *, prefetch=None, workers=N
             if batch is None:
                 return
             idx = batch.indices()
-            raise_failures(batch, lambda i: source.sample_name(int(idx[i])))
+            raise_failures(batch, lambda i: source.sample_name(int(idx[i])),
+                           paths=isinstance(source, FileList))
             yield batch.arrays(), labels[idx]
     finally:
         native.close()
