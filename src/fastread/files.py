@@ -1,4 +1,6 @@
 """Reading lists of files in one native call."""
+import os
+
 from fastread.engine import cached_context
 from fastread.errors import ReadError
 
@@ -23,6 +25,9 @@ def read_files(paths, engine="auto", options=None, **engine_options):
     ``options`` (a :class:`fastread.EngineOptions` or a mapping) and/or
     keyword arguments.
     """
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        raise TypeError(f"read_files() takes a list of paths, got one path {paths!r}: "
+                        "pass [path]")
     paths = list(paths)
     batch = cached_context(engine, options, **engine_options).read(paths)
     raise_failures(batch, lambda i: paths[i])

@@ -174,6 +174,10 @@ class PackedImage(FileRanges):
     """
 
     def __init__(self, path, index=None):
+        for name, value in (("path", path), ("index", index)):
+            if value is not None and not isinstance(value, (str, bytes, os.PathLike)):
+                raise TypeError(f"PackedImage {name} must be a path (str or os.PathLike), "
+                                f"got {type(value).__name__}")
         self.path = os.fspath(path)
         self.index_path = os.fspath(index) if index is not None else index_path(self.path)
         doc = _load_index(self.index_path)

@@ -4,10 +4,12 @@ import os
 import threading
 import weakref
 
+import numpy as np
+
 from fastread.engine import EngineOptions
 from fastread.files import raise_failures
 from fastread.image import PackedImage
-from fastread.index import epoch_indices
+from fastread.index import check_flag, epoch_indices
 from fastread.source import FileList, check_source, open_native_reader
 
 
@@ -61,7 +63,11 @@ class Reader:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if pad_last_batch and drop_last:
             raise ValueError("pad_last_batch and drop_last exclude each other")
-        if ring_depth is not None and (not isinstance(ring_depth, int) or ring_depth < 1):
+        for name, flag in (("random_shuffle", random_shuffle), ("pad_last_batch", pad_last_batch),
+                           ("drop_last", drop_last), ("stick_to_shard", stick_to_shard)):
+            check_flag(name, flag)
+        if ring_depth is not None and (not isinstance(ring_depth, int) or
+                                       isinstance(ring_depth, bool) or ring_depth < 1):
             raise ValueError(f"ring_depth must be None or an integer >= 1, got {ring_depth!r}")
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
@@ -123,8 +129,12 @@ class Reader:
     def set_epoch(self, epoch, start_batch=0):
         """Chooses the epoch the next iter() reads (its shuffle and shard),
         starting at batch ``start_batch`` of it (to resume mid-epoch)."""
-        if int(epoch) < 0 or int(start_batch) < 0:
-            raise ValueError(f"epoch and start_batch must be >= 0, got {epoch}, {start_batch}")
+        for name, v in (("epoch", epoch), ("start_batch", start_batch)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        if start_batch > len(self):
+            raise ValueError(f"start_batch={start_batch} is past the end of the epoch "
+                             f"({len(self)} batches)")
         self.epoch = int(epoch)
         self._start_batch = int(start_batch)
 

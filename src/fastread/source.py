@@ -95,7 +95,10 @@ class SampleSource(abc.ABC):
         list of uint8 arrays, in one native call with the GIL released.
         Raises :class:`fastread.ReadError` naming the first failed sample."""
         n = len(self)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        given = np.asarray(indices)
+        if given.size and given.dtype.kind not in "iu":
+            raise TypeError(f"indices must be integers, got {given.dtype} ({indices!r:.80})")
+        idx = given.astype(np.int64).reshape(-1)
         if len(idx) and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"sample index out of range for {n} samples")
         idx = idx % max(n, 1)
@@ -272,8 +275,9 @@ def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
     Returns an :class:`OpenedReader`."""
     name = check_engine_for(source, engine)
     prefetch = _defaults.get("prefetch") if prefetch is None else prefetch
-    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
-        raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 1 <= prefetch <= 4096:
+        raise ValueError(f"prefetch must be an integer in 1..4096 (batches read ahead), "
+                         f"got {prefetch!r}")
     workers = _defaults.reader_workers(workers)
     resolved = options.resolve(name)
     source.check_options(resolved)
