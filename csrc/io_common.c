@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "io_common.h"
@@ -48,13 +49,21 @@ int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
 ssize_t fr_pread_full(int fd, void *buf, size_t len, off_t offset)
 {
     size_t done = 0;
+    unsigned tries = 0; /* EINTR/EAGAIN in a row, without a byte read */
     while (done < len) {
         ssize_t r = pread(fd, (char *)buf + done, len - done, offset + (off_t)done);
         if (r < 0) {
-            if (errno == EINTR || errno == EAGAIN)
+            int e = errno;
+            if ((e == EINTR || e == EAGAIN) && ++tries < FR_RETRY_LIMIT) {
+                if (e == EAGAIN) { /* give whatever holds the file a moment */
+                    struct timespec ts = {0, 1000000};
+                    nanosleep(&ts, NULL);
+                }
                 continue;
-            return -errno;
+            }
+            return -e; /* a file that never stops refusing is an error, not a hang */
         }
+        tries = 0;
         if (r == 0)
             break;
         done += (size_t)r;
