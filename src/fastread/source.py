@@ -49,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fastread import _core, _defaults
-from fastread.engine import RANGE_ONLY, EngineOptions, cached_context, resolve
+from fastread.engine import RANGE_ONLY, EngineOptions, cached_context, open_engine, resolve
 from fastread.files import raise_failures
 from fastread.index import scan
 
@@ -279,9 +279,12 @@ def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
         raise ValueError(f"prefetch must be an integer in 1..4096 (batches read ahead), "
                          f"got {prefetch!r}")
     workers = _defaults.reader_workers(workers)
-    resolved = options.resolve(name)
-    source.check_options(resolved)
-    native = source.open_native(name, resolved, prefetch=prefetch, workers=workers)
+
+    def open_one(n):
+        resolved = options.resolve(n)
+        source.check_options(resolved)
+        return resolved, source.open_native(n, resolved, prefetch=prefetch, workers=workers)
+    name, (resolved, native) = open_engine(engine, open_one)
     if native.size != len(source):
         native.close()
         raise ValueError(f"source {source!r} opened a native reader over {native.size} samples "
