@@ -35,7 +35,13 @@
 #define NBUF_SLOTS 16
 #define MAX_FIXED_BUF ((size_t)1 << 30) /* the kernel's limit per buffer */
 
-enum op { OP_OPEN = 1, OP_READ, OP_CLOSE };
+enum op { OP_OPEN = 1, OP_READ, OP_CLOSE, OP_CANCEL };
+
+/* A wait for completions that lasts this long checks the paths still being
+ * opened or read: one that is no regular file (a FIFO with no writer, which
+ * io_uring's open or poll-armed read would wait on forever) is cancelled and
+ * fails with EINVAL. Regular files are never cancelled, however slow. */
+#define STUCK_CHECK_MS 1000
 
 #define WINDOW 256
 
@@ -70,6 +76,7 @@ typedef struct uring {
     int64_t *sizes;
     int64_t *open_res;
     int64_t *read_res;
+    int64_t *stuck; /* per file: 0, or the error of a cancelled open/read */
     int *fds;
 } uring;
 
@@ -122,6 +129,7 @@ static void uring_close(void *state)
     free(u->sizes);
     free(u->open_res);
     free(u->read_res);
+    free(u->stuck);
     free(u->fds);
     free(u);
 }
@@ -185,6 +193,7 @@ static int grow_scratch(uring *u, size_t n)
     GROW(sizes);
     GROW(open_res);
     GROW(read_res);
+    GROW(stuck);
     GROW(fds);
 #undef GROW
     u->cap = cap;
@@ -241,6 +250,49 @@ static int submit_wait(uring *u)
     }
 }
 
+/* submit_wait, but returns -ETIME after STUCK_CHECK_MS without a completion
+ * (where the kernel can time a wait: IORING_FEAT_EXT_ARG, Linux 5.11). */
+static int submit_wait_timed(uring *u)
+{
+    if (!(u->ring.features & IORING_FEAT_EXT_ARG))
+        return submit_wait(u);
+    struct __kernel_timespec ts = {.tv_sec = STUCK_CHECK_MS / 1000,
+                                   .tv_nsec = (STUCK_CHECK_MS % 1000) * 1000000L};
+    for (;;) {
+        struct io_uring_cqe *cqe;
+        int rc = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1, &ts, NULL);
+        if (rc >= 0 || rc == -EAGAIN || rc == -EBUSY)
+            return 0;
+        if (rc == -ETIME)
+            return rc;
+        if (rc != -EINTR)
+            return rc;
+    }
+}
+
+/* The error for a path that must not be opened or read through io_uring
+ * (it may never complete), or 0 for a regular file or block device (or one
+ * that cannot be looked at now: its own request will say why). */
+static int64_t not_a_file(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))
+        return 0;
+    return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+}
+
+/* Asks the kernel to cancel the request with user data `ud`; its cancel's
+ * own completion is one more in flight. */
+static void cancel(uring *u, uint64_t ud, size_t *inflight)
+{
+    struct io_uring_sqe *sqe = get_sqe(u);
+    if (!sqe)
+        return;
+    io_uring_prep_cancel64(sqe, ud, 0);
+    io_uring_sqe_set_data64(sqe, pack(0, 0, OP_CANCEL));
+    (*inflight)++;
+}
+
 /* After a broken ring, waits for everything in flight so no completion can
  * land in memory the caller is about to reuse. */
 static void drain(uring *u, size_t inflight_ops)
@@ -278,12 +330,15 @@ static int read_chained(uring *u, const char *const *paths, size_t n, fr_batch *
                         int buf_index)
 {
     size_t next = 0, inflight = 0;
+    for (size_t i = 0; i < n; i++)
+        u->fds[i] = -1;
     while (next < n || inflight > 0) {
         while (next < n && u->nfree > 0 && io_uring_sq_space_left(&u->ring) >= 3) {
             size_t i = next++;
             if (u->sizes[i] < 0)
                 continue;
             unsigned slot = u->free_slots[--u->nfree];
+            u->fds[i] = (int)slot; /* the chain is live until its close completes */
             struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
             io_uring_prep_openat_direct(sqe, AT_FDCWD, paths[i], open_flags(u), 0, slot);
             io_uring_sqe_set_data64(sqe, pack(i, slot, OP_OPEN));
@@ -301,7 +356,19 @@ static int read_chained(uring *u, const char *const *paths, size_t n, fr_batch *
         }
         if (inflight == 0)
             continue; /* every remaining sample failed at statx */
-        int rc = submit_wait(u);
+        int rc = submit_wait_timed(u);
+        if (rc == -ETIME) {
+            /* Something waits: cancel the chains of paths that are no longer
+             * regular files (a FIFO put in a file's place since its size was
+             * recorded). */
+            for (size_t i = 0; i < next; i++) {
+                if (u->fds[i] < 0 || u->stuck[i] || !(u->stuck[i] = not_a_file(paths[i])))
+                    continue;
+                cancel(u, pack(i, (unsigned)u->fds[i], OP_OPEN), &inflight);
+                cancel(u, pack(i, (unsigned)u->fds[i], OP_READ), &inflight);
+            }
+            continue;
+        }
         if (rc < 0) {
             drain(u, inflight);
             return rc;
@@ -321,6 +388,7 @@ static int read_chained(uring *u, const char *const *paths, size_t n, fr_batch *
             case OP_CLOSE:
                 /* The chain is over whatever happened: the slot is free again. */
                 u->free_slots[u->nfree++] = ud_slot(cqe->user_data);
+                u->fds[i] = -1;
                 break;
             default:
                 break;
@@ -346,10 +414,21 @@ static int open_window(uring *u, const char *const *paths, size_t first, size_t 
             io_uring_prep_openat(sqe, AT_FDCWD, paths[next], open_flags(u) | O_CLOEXEC, 0);
             io_uring_sqe_set_data64(sqe, pack(next, 0, OP_OPEN));
             u->fds[next] = -1;
+            u->open_res[next] = 1; /* in flight */
             next++;
             inflight++;
         }
-        int rc = submit_wait(u);
+        int rc = submit_wait_timed(u);
+        if (rc == -ETIME) {
+            /* A FIFO opened from a path the kernel had to look up waits for
+             * a writer in an io-wq worker: cancel opens of such paths. */
+            for (size_t i = first; i < next; i++) {
+                if (u->open_res[i] != 1 || u->stuck[i] || !(u->stuck[i] = not_a_file(paths[i])))
+                    continue;
+                cancel(u, pack(i, 0, OP_OPEN), &inflight);
+            }
+            continue;
+        }
         if (rc < 0) {
             drain(u, inflight);
             for (size_t i = first; i < next; i++)
@@ -362,9 +441,11 @@ static int open_window(uring *u, const char *const *paths, size_t first, size_t 
         io_uring_for_each_cqe(&u->ring, head, cqe)
         {
             size_t i = ud_index(cqe->user_data);
-            u->open_res[i] = cqe->res < 0 ? cqe->res : 0;
-            if (cqe->res >= 0)
-                u->fds[i] = cqe->res;
+            if (ud_op(cqe->user_data) == OP_OPEN) {
+                u->open_res[i] = cqe->res < 0 ? cqe->res : 0;
+                if (cqe->res >= 0)
+                    u->fds[i] = cqe->res;
+            }
             inflight--;
             seen++;
         }
@@ -372,6 +453,10 @@ static int open_window(uring *u, const char *const *paths, size_t first, size_t 
     }
     for (size_t i = first; i < end; i++) {
         int fd = u->fds[i];
+        if (fd < 0 && u->stuck[i]) {
+            u->sizes[i] = u->stuck[i]; /* its open was cancelled */
+            continue;
+        }
         if (fd < 0) {
             /* O_DIRECT refused by this file system: the repair step reads it. */
             u->sizes[i] = (u->open_res[i] == -EINVAL && u->cfg.o_direct) ? 0 : u->open_res[i];
@@ -457,6 +542,7 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
     for (size_t i = 0; i < n; i++) {
         u->open_res[i] = 0;
         u->read_res[i] = -ECANCELED;
+        u->stuck[i] = 0;
     }
     int known = u->fixed_files && size_hints != NULL;
     for (size_t i = 0; known && i < n; i++)
@@ -491,6 +577,10 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
         if (u->sizes[i] < 0)
             continue; /* fr_layout already recorded the error */
         fr_sample *s = &batch->samples[i];
+        if (u->stuck[i]) {
+            s->length = u->stuck[i]; /* no regular file any more: cancelled */
+            continue;
+        }
         int64_t size = u->sizes[i];
         int64_t open_res = u->open_res[i], read_res = u->read_res[i];
         size_t slot = fr_request_len((size_t)size, u->cfg.o_direct, u->cfg.direct_alignment);
