@@ -62,6 +62,10 @@ typedef struct uring {
     unsigned *free_slots;
     unsigned nfree;
     long direct_fallbacks;
+    /* Files sized at once: WINDOW, less once the process ran out of
+     * descriptors (RLIMIT_NOFILE; see engine_psync.c). */
+    size_t window;
+    long window_shrinks;
 
     /* Range reads: the cached image, registered at fixed slot `depth` when
      * direct descriptors are on. */
@@ -141,6 +145,7 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
         return -ENOMEM;
     u->cfg = *cfg;
     u->depth = cfg->queue_depth;
+    u->window = WINDOW;
     fr_image_cache_init(&u->image);
     /* Three SQEs per file in flight, rounded up by the kernel to a power of 2. */
     unsigned entries = u->depth * 4;
@@ -557,9 +562,30 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
         if (rc)
             return rc;
     } else {
-        for (size_t first = 0; first < n; first += WINDOW) {
-            size_t count = n - first < WINDOW ? n - first : WINDOW;
+        size_t count;
+        for (size_t first = 0; first < n; first += count) {
+            count = n - first < u->window ? n - first : u->window;
             rc = open_window(u, paths, first, count);
+            if (rc == 0 && count > 1) {
+                size_t opened = 0, out_of_fds = 0;
+                for (size_t i = first; i < first + count; i++) {
+                    opened += u->fds[i] >= 0;
+                    out_of_fds += u->sizes[i] == -EMFILE || u->sizes[i] == -ENFILE;
+                }
+                if (out_of_fds) {
+                    /* Out of descriptors: close the window and size fewer
+                     * files at a time (one at worst, where EMFILE stays). */
+                    for (size_t i = first; i < first + count; i++)
+                        if (u->fds[i] >= 0) {
+                            close(u->fds[i]);
+                            u->fds[i] = -1;
+                        }
+                    u->window = opened / 2 > 1 ? opened / 2 : 1;
+                    u->window_shrinks++;
+                    count = 0; /* the same files again */
+                    continue;
+                }
+            }
             if (rc == 0)
                 rc = layout_window(u, batch, first, count);
             if (rc == 0)
@@ -778,6 +804,10 @@ static long uring_stat(const void *state, const char *key)
         return u->image_fixed;
     if (strcmp(key, "image_direct") == 0)
         return u->image.fd >= 0 ? u->image.direct : -1;
+    if (strcmp(key, "window") == 0)
+        return (long)u->window;
+    if (strcmp(key, "window_shrinks") == 0)
+        return u->window_shrinks;
     return -1;
 }
 

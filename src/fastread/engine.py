@@ -393,6 +393,27 @@ def _limits_hint():
             "(ulimit -l / -n), lower queue_depth, or use engine='psync'")
 
 
+# Files an engine context opens at once at most (the engines' WINDOW).
+FILES_AT_ONCE = 256
+
+
+def warn_if_few_fds(contexts, batch_size):
+    """Warns (once) when ``contexts`` engine contexts opening up to
+    ``batch_size`` files each (at most FILES_AT_ONCE) would run past
+    RLIMIT_NOFILE: the engines then open fewer files at a time (correct
+    bytes, fewer I/Os in flight)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return
+    need = contexts * min(int(batch_size), FILES_AT_ONCE) + 64
+    if soft < need:
+        _warn_once("nofile", f"fastread: RLIMIT_NOFILE is {soft}, below the ~{need} descriptors "
+                             f"{contexts} reader thread(s) opening up to "
+                             f"{min(int(batch_size), FILES_AT_ONCE)} files each may want: "
+                             "the engines will open fewer files at a time (slower, same bytes); "
+                             "raise it with ulimit -n")
+
+
 def open_engine(engine, open_one):
     """``open_one(name)`` for the engine ``engine`` resolves to. When 'auto'
     chose io_uring and the ring cannot be set up for a resource limit, warns

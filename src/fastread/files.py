@@ -1,7 +1,7 @@
 """Reading lists of files in one native call."""
 import os
 
-from fastread.engine import cached_context
+from fastread.engine import cached_context, warn_if_few_fds
 from fastread.errors import ReadError
 
 
@@ -29,6 +29,7 @@ def read_files(paths, engine="auto", options=None, **engine_options):
         raise TypeError(f"read_files() takes a list of paths, got one path {paths!r}: "
                         "pass [path]")
     paths = list(paths)
+    warn_if_few_fds(1, len(paths))
     batch = cached_context(engine, options, **engine_options).read(paths)
     raise_failures(batch, lambda i: paths[i])
     return batch.arrays()

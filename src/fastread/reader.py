@@ -6,7 +6,7 @@ import weakref
 
 import numpy as np
 
-from fastread.engine import EngineOptions
+from fastread.engine import EngineOptions, warn_if_few_fds
 from fastread.files import raise_failures
 from fastread.image import PackedImage
 from fastread.index import check_flag, epoch_indices
@@ -90,6 +90,8 @@ class Reader:
         self._epoch_order(0)
         self.options = opts
         opened = open_native_reader(self.source, engine, opts, prefetch=prefetch, workers=workers)
+        if not self.source.reads_ranges:
+            warn_if_few_fds(opened.workers, batch_size)
         self.engine, self.workers, self._native = opened.engine, opened.workers, opened.native
         self.device_id = opened.options["device_id"]
         self._ring = collections.deque()
