@@ -136,3 +136,40 @@ def test_reader_epoch_goes_on_after_a_failed_batch(shim, files):
 def test_stalled_reads_finish(shim, files):
     first, second = run(shim, files, "read", "stall", -1, stall_ms=50)
     assert first == exact(files) and second == exact(files)
+
+
+def test_sigint_during_a_stalled_read_interrupts_promptly(shim, files):
+    """A read stalled for 60 s: SIGINT reaches Python at once (the reader
+    polls for signals while it waits), not when the read ends. Closing
+    afterwards would wait for the read in flight, so the child leaves with
+    os._exit after reporting."""
+    import signal
+    import time
+    root = os.path.dirname(os.path.dirname(files[0]))
+    script = f"""
+    import os, sys, fastread
+    r = fastread.Reader({root!r}, batch_size=1, engine="psync", prefetch=1, workers=1)
+    print("ready", flush=True)
+    n = 0
+    try:
+        for arrays, _ in r:
+            n += 1
+    except KeyboardInterrupt:
+        print("interrupted after", n, "batches", flush=True)
+        os._exit(0)
+    print("finished without interruption", flush=True)
+    os._exit(1)
+    """
+    env = dict(os.environ, LD_PRELOAD=shim, FR_FAULT_PATH="victim", FR_FAULT_OP="read",
+               FR_FAULT_MODE="stall", FR_FAULT_COUNT="1", FR_FAULT_STALL_MS="60000")
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # let it reach the stalled sample
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=20)  # far less than the 60 s stall
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("SIGINT did not interrupt the stalled read")
+    assert p.returncode == 0 and out.startswith("interrupted"), (out, err)

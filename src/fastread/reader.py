@@ -257,8 +257,17 @@ class _Epoch:
             if self._left == 0:
                 self._finish(True)
                 raise StopIteration
+            taken = r._native.taken
+            try:
+                out = r._next_batch()
+            except BaseException:
+                # A batch that failed is used up; a signal (KeyboardInterrupt)
+                # while waiting for one leaves it queued for the next call.
+                if r._native is not None and r._native.taken != taken:
+                    self._left -= 1
+                raise
             self._left -= 1
-            return r._next_batch()
+            return out
         finally:
             r._lock.release()
 
