@@ -316,7 +316,14 @@ def open_mode(mode, args, path, gpu):
         buf = mmap.mmap(-1, nbytes)
         host = np.frombuffer(buf, np.uint8)
         with open(path, "rb", buffering=0) as f:
-            f.readinto(memoryview(buf))
+            # One read() returns at most ~2 GiB on Linux: loop, or the rest
+            # of a larger table stays zero (seen: 'wrong rows' at 8 GiB).
+            view, done = memoryview(buf), 0
+            while done < nbytes:
+                n = f.readinto(view[done:])
+                if not n:
+                    raise OSError(f"{path}: ended after {done} of {nbytes} bytes")
+                done += n
         ptr = host.ctypes.data
         cp.cuda.runtime.hostRegister(ptr, nbytes, 3)  # portable | mapped
         get_dptr = getattr(cp.cuda.runtime, "hostGetDevicePointer", None)
@@ -498,6 +505,9 @@ def plot(doc, path):
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    # One colour per mode in every panel (a panel shows only the modes it has).
+    palette = plt.get_cmap("tab10")
+    colour = {m: palette(i % 10) for i, m in enumerate(MODES)}
     for ax, (state, dist) in zip(axes[0], panels):
         cell = [r for r in res if (r["state"], r["dist"]) == (state, dist)]
         batches = sorted({r["batch"] for r in cell})
@@ -506,14 +516,14 @@ def plot(doc, path):
         for j, m in enumerate(modes):
             ys = [next((r["rows_per_s"] for r in cell if r["mode"] == m and r["batch"] == b), 0)
                   for b in batches]
-            ax.bar([i + j * w for i in range(len(batches))], ys, w, label=m)
+            ax.bar([i + j * w for i in range(len(batches))], ys, w, label=m, color=colour[m])
         ax.set_xticks([i + 0.4 - w / 2 for i in range(len(batches))])
         ax.set_xticklabels([f"{b:,}" for b in batches])
         ax.set_yscale("log")
         ax.set_title(f"{state}, {dist} ids")
         ax.set_xlabel("ids per batch")
         ax.set_ylabel("rows/s")
-    axes[0][0].legend(fontsize=7)
+        ax.legend(fontsize=7)
     fig.suptitle(f"{doc['config']['rows']:,} x {doc['config']['dim']} float32 rows to "
                  f"{doc['config']['device']} ({doc['machine'].get('gpu', doc['machine'].get('cpu', ''))})")
     fig.tight_layout()

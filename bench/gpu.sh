@@ -13,6 +13,9 @@
 #   bash bench/gpu.sh feed     DALI fed through DLPack vs the CUDA array
 #                              interface (bench/dali_feed.py), with a profile
 #   bash bench/gpu.sh tune     cold batch-256 reads over queue depths and workers
+#   bash bench/gpu.sh engines  engine matrix (bench/engines.py): 4 KiB / 92 KiB / 1 MiB files,
+#                              read_files() and Reader, io_uring / psync / auto, batch 64/256
+#                              (ENGINES_CACHES=warm,cold; cold needs its own call)
 #   bash bench/gpu.sh gather   row gathers: FeatureStore host/proxy/host tier/small cache
 #                              vs memmap+pin, UVA zero-copy, HBM, kvikio; warm, hot, cold
 #
@@ -130,6 +133,14 @@ tune)
             --modes reader-io_uring,fastread-gpu-io_uring "${args[@]}"
     done
     ;;
+engines)
+    make_jpegs
+    for cache in ${ENGINES_CACHES:-warm}; do
+        python3 bench/engines.py --data-92k "$jpegs" --data-root /tmp --caches "$cache" --rounds 3 \
+            --out "$json/engines-$cache.json" 2>&1 | grep -v '^round '
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    done
+    ;;
 gather)
     # 16M x 128 float32 (8 GiB) written once to /var/tmp; values encode row and
     # column, so every mode's rows are checked. warm, hot, then cold (page cache
@@ -143,7 +154,7 @@ gather)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, gather)" >&2
+    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, engines, gather)" >&2
     exit 2
     ;;
 esac

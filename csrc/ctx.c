@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "gpu.h"
@@ -38,6 +39,14 @@ struct fr_ctx {
     fr_gpu *gpu;        /* NULL for host-only contexts */
     fr_CUstream stream; /* this context's copies to and from the GPU */
     int device_output;
+    /* The process that opened the context. A fork()ed child inherits the
+     * context's memory but none of its helper threads (psync's pool, one
+     * thread per io_uring ring), and io_uring's registered buffers still
+     * point at the parent's pages: in a child every read would wait forever
+     * for threads that do not exist, or land in the parent's memory. So a
+     * child's calls fail with ECHILD, and its close frees what it safely
+     * can. */
+    pid_t pid;
 };
 
 void fr_config_init(fr_config *cfg)
@@ -122,6 +131,7 @@ int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
         return -ENOMEM;
     ctx->engine = e;
     ctx->device_output = cfg->device_output;
+    ctx->pid = getpid();
     fr_config local = *cfg;
     /* CUDA is loaded only for a context that has GPU work to do. */
     if (cfg->device_id >= 0 &&
@@ -156,6 +166,13 @@ void fr_ctx_close(fr_ctx *ctx)
 {
     if (!ctx)
         return;
+    if (ctx->pid != getpid()) {
+        /* A forked child: the engine's close would join threads that only
+         * exist in the parent, and the GPU's driver state is the parent's.
+         * The engine's state is left to the child's exit. */
+        free(ctx);
+        return;
+    }
     ctx->engine->close(ctx->state);
     if (ctx->gpu) {
         fr_gpu_stream_destroy(ctx->gpu, ctx->stream);
@@ -201,6 +218,8 @@ static int end_batch(fr_ctx *ctx, fr_batch *batch, int rc)
 int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
                   fr_batch *batch)
 {
+    if (ctx->pid != getpid())
+        return -ECHILD; /* opened by the parent process: see struct fr_ctx */
     int rc = begin_batch(batch, n);
     if (rc <= 0)
         return rc;
@@ -213,6 +232,8 @@ int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t
 {
     if (!ctx->engine->read_ranges)
         return -ENOTSUP;
+    if (ctx->pid != getpid())
+        return -ECHILD;
     int rc = begin_batch(batch, n);
     if (rc <= 0)
         return rc;

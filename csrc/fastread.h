@@ -7,7 +7,11 @@
  * how many there are, or a negative errno for that sample alone.
  *
  * Thread safety:
- *   - fr_ctx: not thread-safe. Use a context from one thread at a time.
+ *   - fr_ctx: not thread-safe. Use a context from one thread at a time (any
+ *     thread, a different one at each call if need be). A context may own
+ *     helper threads (psync's pool, io_uring's one thread per ring) that
+ *     work only inside its calls; one fr_read_files call spreads its list
+ *     over all of them.
  *   - fr_pool: every call is thread-safe (batches are returned from whatever
  *     thread drops the last reference to them).
  *   - fr_reader: submit/next/reset/close from one consumer thread; each of
@@ -32,8 +36,9 @@ extern "C" {
 
 typedef struct fr_config {
     const char *engine;        /* "io_uring", "psync" (see fr_engine_names) */
-    unsigned queue_depth;      /* io_uring: samples in flight */
-    unsigned threads;          /* psync: worker threads (0: one per CPU, at most 16) */
+    unsigned queue_depth;      /* io_uring: samples in flight per ring */
+    unsigned threads;          /* psync: worker threads; io_uring: rings, each with its own
+                                * thread (0: one per CPU, at most 16) */
     int o_direct;              /* open with O_DIRECT, bypassing the page cache */
     unsigned direct_alignment; /* O_DIRECT buffer/length alignment in bytes (power of two) */
     int register_buffers;      /* io_uring: register arenas as fixed buffers */

@@ -89,7 +89,12 @@ void fr_store_config_init(fr_store_config *cfg);
 /* Environment: FASTREAD_NVRTC (libnvrtc file or directory), FASTREAD_CACHE_DIR
  * (compiled kernels), FASTREAD_KERNEL_SOURCE=auto|nvrtc|ptx (where the
  * gather kernel comes from: NVRTC else the PTX built in, or only one),
- * FASTREAD_PROXY_DELAY_US (fault injection: the proxy answers late; tests).
+ * FASTREAD_PROXY_DELAY_US (fault injection: the proxy answers late; tests),
+ * FASTREAD_PROXY_CACHED=0 (the proxy reads every page through its engine
+ * instead of cached pages straight into staging), FASTREAD_PROXY_DENSE=1
+ * (a cold batch that misses on 1/16 of the pages reads the whole array
+ * ahead), FASTREAD_GATHER_TIMELINE=1 (each device gather prints its
+ * timeline to stderr: host steps and the kernel's time).
  *
  * Opens a store. Fails with -errno and a message naming the thing for: a
  * file shorter than offset + rows * row_bytes, a page size that is not a

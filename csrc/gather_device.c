@@ -21,9 +21,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base.h"
@@ -46,7 +48,8 @@ struct fr_gdev {
     uint32_t nslots;
     unsigned sm_count;
 
-    uint64_t data_d, pt_d, tags_d, refs_d, clock_d, hand_d, result_d, view_d, host_slot_d;
+    uint64_t data_d, pt_d, tags_d, refs_d, clock_d, hand_d, result_d, view_d, host_slot_d, pins_d;
+    uint32_t epoch; /* the last pin epoch handed out (fastread_device.cuh, "Pins") */
     uint64_t meta_bytes, cache_bytes;
     void *abort_h;
     uint64_t abort_d;
@@ -56,6 +59,10 @@ struct fr_gdev {
     void *module, *fn;
     char kernel_source[512];
     atomic_int cancelled;
+    /* $FASTREAD_GATHER_TIMELINE=1: each gather prints where its time went
+     * (host clock around each step, the kernel's own time from events). */
+    int timeline;
+    void *ev_start, *ev_end;
     unsigned serving;        /* open fr_gdev_serve sessions (gather lock held) */
     int cache_reset_pending; /* a gather failed while users' kernels may run */
 };
@@ -75,8 +82,10 @@ void fr_gdev_close(fr_gdev *d)
     if (d->bstate)
         d->be->close(d->bstate);
     fr_gpu_module_unload(d->gpu, d->module);
+    fr_gpu_event_destroy(d->gpu, d->ev_start);
+    fr_gpu_event_destroy(d->gpu, d->ev_end);
     uint64_t *dev[] = {&d->data_d, &d->pt_d, &d->tags_d, &d->refs_d, &d->clock_d,
-                       &d->hand_d, &d->result_d, &d->view_d, &d->host_slot_d};
+                       &d->hand_d, &d->result_d, &d->view_d, &d->host_slot_d, &d->pins_d};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         fr_gpu_free(d->gpu, *dev[i]);
     fr_gpu_mapped_free(d->gpu, d->abort_h);
@@ -97,6 +106,35 @@ static int reset_cache(fr_gdev *d)
         rc = fr_gpu_memset8(d->gpu, d->clock_d, 0, (size_t)d->nslots * 4);
     if (rc == 0)
         rc = fr_gpu_memset8(d->gpu, d->hand_d, 0, 4);
+    if (rc == 0)
+        rc = fr_gpu_memset8(d->gpu, d->pins_d, 0, (size_t)d->nslots * 8);
+    return rc;
+}
+
+/* The pin epoch for the next gather. Epochs only grow; before the 32-bit
+ * word would wrap, every pin is cleared (no gather of ours runs now, and
+ * users' kernels never rely on pins) and counting starts again. */
+static int next_epoch(fr_gdev *d, uint32_t *epoch)
+{
+    if (d->epoch >= 0xFFFFFF00u) {
+        int rc = fr_gpu_memset8(d->gpu, d->pins_d, 0, (size_t)d->nslots * 8);
+        if (rc)
+            return rc;
+        d->epoch = 0;
+    }
+    *epoch = ++d->epoch;
+    return 0;
+}
+
+/* Moves epoch_now past every pin, so users' kernels (a serving session)
+ * may evict what the last gather pinned. */
+static int unpin_all(fr_gdev *d)
+{
+    uint32_t e;
+    int rc = next_epoch(d, &e);
+    if (rc == 0)
+        rc = fr_gpu_copy_to_device(d->gpu, d->result_d + offsetof(fr_dev_result, epoch), &e,
+                                   sizeof(e));
     return rc;
 }
 
@@ -274,7 +312,7 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         slots = 0x7FFFFFFFull;
     d->nslots = (uint32_t)slots;
     d->cache_bytes = slots * pb;
-    d->meta_bytes = d->npages * 4 + slots * 16 + 4 + sizeof(fr_dev_result) + sizeof(fr_dev_store);
+    d->meta_bytes = d->npages * 4 + slots * 24 + 4 + sizeof(fr_dev_result) + sizeof(fr_dev_store);
     size_t free_b = 0, total_b = 0;
     if ((rc = fr_gpu_mem_info(d->gpu, &free_b, &total_b))) {
         rc = gpu_err(d, rc, "cuMemGetInfo", err, err_len);
@@ -297,6 +335,7 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         (rc = fr_gpu_alloc(d->gpu, slots * 4, &d->refs_d)) ||
         (rc = fr_gpu_alloc(d->gpu, slots * 4, &d->clock_d)) ||
         (rc = fr_gpu_alloc(d->gpu, 4, &d->hand_d)) ||
+        (rc = fr_gpu_alloc(d->gpu, slots * 8, &d->pins_d)) ||
         (rc = fr_gpu_alloc(d->gpu, sizeof(fr_dev_result), &d->result_d)) ||
         (rc = fr_gpu_alloc(d->gpu, sizeof(fr_dev_store), &d->view_d)) ||
         (rc = reset_cache(d))) {
@@ -355,6 +394,13 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
     v.cache.npages = d->npages;
     v.cache.nslots = d->nslots;
     v.cache.page_bytes = pb;
+    /* Pins keep page numbers in 32 bits (fastread_device.cuh, "Pins"). */
+    if (d->npages <= 0xFFFFFFFFull)
+        v.cache.pins = (uint64_t *)(uintptr_t)d->pins_d;
+    v.cache.epoch_now = (const uint32_t *)(uintptr_t)(d->result_d + offsetof(fr_dev_result, epoch));
+    v.cache.pinned =
+        (uint64_t *)(uintptr_t)(d->result_d + offsetof(fr_dev_result, counters[FR_CNT_PINNED]));
+    v.cache.pin_limit = d->nslots / 2;
     v.host_rows = (const uint8_t *)(uintptr_t)d->tier_d;
     v.host_slot = (const int32_t *)(uintptr_t)d->host_slot_d;
     v.abort = (uint32_t *)(uintptr_t)d->abort_d;
@@ -365,8 +411,25 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         fr_gdev_close(d);
         return rc;
     }
+    const char *tl = getenv("FASTREAD_GATHER_TIMELINE");
+    if (tl && tl[0] && strcmp(tl, "0") != 0) {
+        d->timeline = 1;
+        /* Without events (old driver) the timeline still has the host steps. */
+        if (fr_gpu_event_create(d->gpu, &d->ev_start) || fr_gpu_event_create(d->gpu, &d->ev_end)) {
+            fr_gpu_event_destroy(d->gpu, d->ev_start);
+            fr_gpu_event_destroy(d->gpu, d->ev_end);
+            d->ev_start = d->ev_end = NULL;
+        }
+    }
     *out = d;
     return 0;
+}
+
+static double mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
 void fr_gdev_cancel(fr_gdev *d)
@@ -399,6 +462,9 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
 {
     if (n == 0)
         return 0;
+    double t[8] = {0};
+    if (d->timeline)
+        t[0] = mono_us();
     int rc = check_pointer(d, ids, "ids", err, err_len);
     if (rc == 0)
         rc = check_pointer(d, out, "the output rows", err, err_len);
@@ -411,13 +477,21 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
     fr_dev_result res;
     memset(&res, 0, sizeof(res));
     res.first_bad = ~0ull;
+    if ((rc = next_epoch(d, &res.epoch)))
+        return gpu_err(d, rc, "clearing the cache's pins", err, err_len);
+    if (d->timeline)
+        t[1] = mono_us();
     if ((rc = fr_gpu_copy_to_device(d->gpu, d->result_d, &res, sizeof(res))))
         return gpu_err(d, rc, "resetting the result block", err, err_len);
+    if (d->timeline)
+        t[2] = mono_us();
     char berr[FR_ERRLEN] = "";
     if ((rc = d->be->begin(d->bstate, berr, sizeof(berr)))) {
         fr_set_err(err, err_len, "store %s: backend %s: %s", d->path, d->be->name, berr);
         return rc;
     }
+    if (d->timeline)
+        t[3] = mono_us();
     /* Warps: one per 32 ids, at most 64 per SM (full occupancy). The cache
      * size sets no bound: no warp waits while holding slots, and a loader
      * that finds no victim gives its claim back (fr_dev_gather_warp). */
@@ -430,16 +504,45 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
     uint64_t view = d->view_d;
     unsigned long long nn = n;
     void *params[] = {&view, &ids, &id_bytes, &nn, &out};
+    int timed = d->timeline && d->ev_start &&
+                fr_gpu_event_record(d->gpu, d->ev_start, (fr_CUstream)stream) == 0;
     int launch_rc = fr_gpu_launch(d->gpu, d->fn, grid, block, (fr_CUstream)stream, params);
+    if (timed && launch_rc == 0)
+        timed = fr_gpu_event_record(d->gpu, d->ev_end, (fr_CUstream)stream) == 0;
+    if (d->timeline)
+        t[4] = mono_us();
     if (launch_rc == 0)
         launch_rc = fr_gpu_stream_wait(d->gpu, (fr_CUstream)stream);
+    if (d->timeline)
+        t[5] = mono_us();
     char launch_err[FR_ERRLEN] = "";
     if (launch_rc)
         fr_gpu_last_error(d->gpu, launch_err, sizeof(launch_err));
     int read_rc = launch_rc ? -EIO : fr_gpu_copy_from_device(d->gpu, &res, d->result_d, sizeof(res));
     int failed = launch_rc || read_rc || res.error != 0;
     berr[0] = 0;
+    if (d->timeline)
+        t[6] = mono_us();
     int end_rc = d->be->end(d->bstate, failed, berr, sizeof(berr));
+    if (d->timeline) {
+        t[7] = mono_us();
+        float kms = -1.0f;
+        if (timed && launch_rc == 0 && fr_gpu_event_elapsed_ms(d->gpu, d->ev_start, d->ev_end, &kms))
+            kms = -1.0f;
+        fprintf(stderr,
+                "fastread gather timeline: n %zu grid %ux%u | checks %.1f us, result reset %.1f, "
+                "begin %.1f, launch %.1f, wait %.1f (kernel %.1f by events), read-back %.1f, "
+                "end %.1f | total %.1f us\n",
+                n, grid, block, t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4],
+                (double)kms * 1e3, t[6] - t[5], t[7] - t[6], t[7] - t[0]);
+    }
+    if (d->serving) {
+        int urc = unpin_all(d); /* users' kernels may evict what this gather pinned */
+        if (urc && !launch_rc) {
+            fr_gpu_last_error(d->gpu, launch_err, sizeof(launch_err));
+            launch_rc = urc;
+        }
+    }
     if (failed && d->serving) {
         d->cache_reset_pending = 1; /* users' kernels may be using the cache */
     } else if (failed) {
@@ -517,7 +620,10 @@ int fr_gdev_serve(fr_gdev *d, int on, char *err, size_t err_len)
             return -ECANCELED;
         }
         __atomic_store_n((uint32_t *)d->abort_h, 0, __ATOMIC_SEQ_CST);
-        int rc = d->be->begin(d->bstate, berr, sizeof(berr));
+        int rc = unpin_all(d);
+        if (rc)
+            return gpu_err(d, rc, "moving the cache's pin epoch", err, err_len);
+        rc = d->be->begin(d->bstate, berr, sizeof(berr));
         if (rc) {
             fr_set_err(err, err_len, "store %s: backend %s: %s", d->path, d->be->name, berr);
             return rc;

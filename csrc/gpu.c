@@ -79,6 +79,17 @@ typedef struct cuda_gather_api {
     fr_CUresult (*cuMemcpyDtoH_v2)(void *, CUdeviceptr, size_t);
 } cuda_gather_api;
 
+/* Events, for the gather's timeline (FASTREAD_GATHER_TIMELINE): optional, a
+ * driver without them only loses the kernel's own time. */
+typedef struct CUevent_st *CUevent;
+typedef struct cuda_event_api {
+    fr_CUresult (*cuEventCreate)(CUevent *, unsigned int);
+    fr_CUresult (*cuEventRecord)(CUevent, fr_CUstream);
+    fr_CUresult (*cuEventSynchronize)(CUevent);
+    fr_CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);
+    fr_CUresult (*cuEventDestroy_v2)(CUevent);
+} cuda_event_api;
+
 typedef struct cufile_api {
     fr_CUfileError (*cuFileDriverOpen)(void);
     fr_CUfileError (*cuFileHandleRegister)(fr_CUfileHandle *, fr_CUfileDescr *);
@@ -103,6 +114,8 @@ struct fr_gpu {
     void *libcuda;
     cuda_api cu;
     cuda_gather_api cg;
+    cuda_event_api ev;
+    int ev_rc; /* 0: ev loaded */
     int cg_rc; /* 0: cg loaded; else -ENOSYS, why in cg_why */
     char cg_why[FR_ERRLEN];
     char last_error[FR_ERRLEN];
@@ -230,6 +243,13 @@ static int gpu_load(int device, fr_gpu **out, char *err, size_t err_len)
     };
     g->cg_rc = load_syms(g->libcuda, gsyms, sizeof(gsyms) / sizeof(gsyms[0]), "libcuda",
                          g->cg_why, sizeof(g->cg_why));
+    const sym esyms[] = {
+        SYM(g->ev, cuEventCreate), SYM(g->ev, cuEventRecord), SYM(g->ev, cuEventSynchronize),
+        SYM(g->ev, cuEventElapsedTime), SYM(g->ev, cuEventDestroy_v2),
+    };
+    char ewhy[FR_ERRLEN];
+    g->ev_rc = load_syms(g->libcuda, esyms, sizeof(esyms) / sizeof(esyms[0]), "libcuda", ewhy,
+                         sizeof(ewhy));
     fr_CUresult r = g->cu.cuInit(0);
     int count = 0;
     if (r == 0)
@@ -667,6 +687,51 @@ int fr_gpu_stream_wait(fr_gpu *g, fr_CUstream stream)
     fr_CUresult r = g->cu.cuStreamSynchronize(stream);
     pop(g);
     return r ? cu_fail(g, r, "waiting for the gather kernel") : 0;
+}
+
+int fr_gpu_event_create(fr_gpu *g, void **ev)
+{
+    *ev = NULL;
+    if (g->ev_rc)
+        return -ENOSYS;
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->ev.cuEventCreate((CUevent *)ev, 0); /* timing on: CU_EVENT_DEFAULT */
+    pop(g);
+    return r ? cu_fail(g, r, "cuEventCreate") : 0;
+}
+
+void fr_gpu_event_destroy(fr_gpu *g, void *ev)
+{
+    if (!ev || push(g))
+        return;
+    fr_CUresult r = g->ev.cuEventDestroy_v2((CUevent)ev);
+    pop(g);
+    if (r)
+        (void)cu_fail(g, r, "cuEventDestroy");
+}
+
+int fr_gpu_event_record(fr_gpu *g, void *ev, fr_CUstream stream)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->ev.cuEventRecord((CUevent)ev, stream);
+    pop(g);
+    return r ? cu_fail(g, r, "cuEventRecord") : 0;
+}
+
+int fr_gpu_event_elapsed_ms(fr_gpu *g, void *start, void *end, float *ms)
+{
+    int rc = push(g);
+    if (rc)
+        return rc;
+    fr_CUresult r = g->ev.cuEventSynchronize((CUevent)end);
+    if (r == 0)
+        r = g->ev.cuEventElapsedTime(ms, (CUevent)start, (CUevent)end);
+    pop(g);
+    return r ? cu_fail(g, r, "cuEventElapsedTime") : 0;
 }
 
 /* ------------------------------------------------------------------ cuFile */

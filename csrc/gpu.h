@@ -95,6 +95,12 @@ int fr_gpu_module_function(fr_gpu *gpu, void *module, const char *name, void **f
 int fr_gpu_launch(fr_gpu *gpu, void *fn, unsigned grid, unsigned block, fr_CUstream stream,
                   void **params);
 int fr_gpu_stream_wait(fr_gpu *gpu, fr_CUstream stream);
+/* Timing events (the gather's timeline); -ENOSYS where the driver has none. */
+int fr_gpu_event_create(fr_gpu *gpu, void **ev);
+void fr_gpu_event_destroy(fr_gpu *gpu, void *ev);
+int fr_gpu_event_record(fr_gpu *gpu, void *ev, fr_CUstream stream);
+/* Waits for `end`, then the milliseconds between the two. */
+int fr_gpu_event_elapsed_ms(fr_gpu *gpu, void *start, void *end, float *ms);
 
 /* cuFile, after fr_gpu_cufile succeeded. */
 int fr_gpu_cufile_register(fr_gpu *gpu, int fd, fr_CUfileHandle *out);

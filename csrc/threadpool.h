@@ -1,9 +1,17 @@
 /*
  * A fork-join pool of native threads for the engines that work on threads
- * (psync, xnvme-file, cufile): run(phase, count) has every pool thread and
- * the caller call fn(arg, phase) once and returns when all have returned.
- * Inside fn each thread takes items 0..count-1 with claim() until none is
- * left. One pool per engine context; run() is called by one thread at a time.
+ * (psync, xnvme-file, cufile, and io_uring's rings): run(phase, count) has
+ * every pool thread and the caller call fn(arg, phase) once and returns when
+ * all have returned. Inside fn each thread takes items 0..count-1 with
+ * claim() until none is left. One pool per engine context; run() is called
+ * by one thread at a time.
+ *
+ * The _ex variants tell fn which thread it runs on (0: the caller, 1..extra:
+ * the pool's own threads, each always the same OS thread), for engines that
+ * keep per-thread kernel state that must stay on one thread (an io_uring
+ * ring set up with IORING_SETUP_SINGLE_ISSUER); run_helpers() runs a phase
+ * on the pool's threads only, so the caller, which may be a different thread
+ * each call, never touches that state.
  */
 #ifndef FASTREAD_THREADPOOL_H
 #define FASTREAD_THREADPOOL_H
@@ -12,11 +20,17 @@
 
 typedef struct fr_threadpool fr_threadpool;
 typedef void (*fr_phase_fn)(void *arg, int phase);
+typedef void (*fr_phase_fn_ex)(void *arg, int phase, unsigned worker);
 
 /* Starts `extra` threads besides the caller. 0, or -errno with a message. */
 int fr_threadpool_start(fr_threadpool **out, unsigned extra, fr_phase_fn fn, void *arg,
                         const char *owner, char *err, size_t err_len);
+int fr_threadpool_start_ex(fr_threadpool **out, unsigned extra, fr_phase_fn_ex fn, void *arg,
+                           const char *owner, char *err, size_t err_len);
 void fr_threadpool_run(fr_threadpool *pool, int phase, size_t count);
+/* Runs the phase on the pool's `extra` threads only (workers 1..extra) and
+ * waits for them; the caller does not call fn. Needs extra >= 1. */
+void fr_threadpool_run_helpers(fr_threadpool *pool, int phase, size_t count);
 /* The next unclaimed item of the running phase in *k: 1, or 0 when all are taken. */
 int fr_threadpool_claim(fr_threadpool *pool, size_t *k);
 /* Threads working on run(): the extra ones plus the caller. */

@@ -21,7 +21,8 @@
  * (re)load or evict the slot, and a clock bit.
  *   - Hit: read the page table, take a reference, re-check the tag (the
  *     slot may have been reassigned between the two reads: then drop the
- *     reference and retry).
+ *     reference and retry). fastread's own gather pins the slots it hits
+ *     for its epoch, and reads pinned slots with plain loads (see "Pins").
  *   - Miss: CAS the page table entry 0 -> LOADING (exactly one loader per
  *     page; every other thread wanting the page waits on LOADING: one read,
  *     many waiters), pick a victim slot (CAS refs 0 -> EXCL: no reader holds
@@ -55,8 +56,10 @@
  * (seq = 4*(lap+1)). 64-bit tickets and sequences never wrap in practice.
  *
  * Every wait has a timeout (timeout_ns, measured with %globaltimer) and
- * checks an abort flag the host sets (in mapped host memory): a failed read
- * or a closing store ends the kernel with an error, never a hang.
+ * checks an abort flag the host sets (in mapped host memory; one thread of
+ * the grid reads it every 20 us and mirrors it in device memory, see
+ * fr_dev_abort_poll): a failed read or a closing store ends the kernel with
+ * an error, never a hang.
  *
  * Portability: the cache and ring algorithms are written once against a
  * small shim (atomics, fences, clock, pause) and compile both as CUDA
@@ -144,6 +147,15 @@ FR_DEV fr_u64 fr_dev_now_ns(void)
     return t;
 }
 FR_DEV void fr_pause(void) { __nanosleep(128); }
+FR_DEV void fr_pause_ns(fr_u32 ns) { __nanosleep(ns); }
+/* Device scope acquire: the loads after it (a pinned slot's row) see what
+ * was written before the matching release (the page's publish). */
+FR_DEV fr_u64 fr_load_acq64(const fr_u64 *p)
+{
+    fr_u64 v;
+    asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
 #else
 FR_DEV fr_u32 fr_atom_add32(fr_u32 *p, fr_u32 v)
 {
@@ -172,6 +184,8 @@ FR_DEV fr_u64 fr_dev_now_ns(void)
     return (fr_u64)ts.tv_sec * 1000000000ull + (fr_u64)ts.tv_nsec;
 }
 FR_DEV void fr_pause(void) { thrd_yield(); }
+FR_DEV void fr_pause_ns(fr_u32 ns) { (void)ns; thrd_yield(); }
+FR_DEV fr_u64 fr_load_acq64(const fr_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 #endif
 
 /* Byte copy with 16-byte accesses where both ends and the length allow, by
@@ -232,6 +246,13 @@ typedef struct fr_dev_cache {
     fr_u64 npages;
     fr_u32 nslots;
     fr_u32 page_bytes;
+    /* Gather pins (NULL: none). Per slot, epoch << 32 | page: fastread's
+     * gather of that epoch may read the slot with no reference count (see
+     * "Pins" above), so no eviction may take it while that gather runs. */
+    fr_u64 *pins;
+    const fr_u32 *epoch_now; /* the epoch of the gather running (result->epoch) */
+    fr_u64 *pinned;          /* slots pinned by this gather (result->counters[FR_CNT_PINNED]) */
+    fr_u64 pin_limit;        /* at most this many (nslots / 2: evictions stay possible) */
 } fr_dev_cache;
 
 enum {
@@ -241,6 +262,7 @@ enum {
     FR_CNT_HOST_TIER,   /* rows read from the page-locked host tier */
     FR_CNT_EVICTIONS,   /* pages replaced */
     FR_CNT_RING_FULL,   /* submissions that waited for a free ring cell */
+    FR_CNT_PINNED,      /* slots pinned by this gather (kept in the result only) */
     FR_NCOUNTERS = 8
 };
 
@@ -248,8 +270,12 @@ enum {
 typedef struct fr_dev_result {
     fr_u64 first_bad;  /* position of the first id out of range; ~0: none */
     fr_i32 error;       /* first error (negative errno); 0: none */
-    fr_u32 pad;
+    fr_u32 epoch;       /* the running gather's pin epoch (set by the host; 0: no pins) */
     fr_u64 counters[FR_NCOUNTERS];
+    /* The abort flag's mirror in device memory (fr_dev_abort_poll). */
+    fr_u64 abort_checked_ns; /* when a thread last read the host's flag */
+    fr_u32 aborted;          /* the host's flag was seen set */
+    fr_u32 pad1;
 } fr_dev_result;
 
 typedef struct fr_dev_counts {
@@ -287,14 +313,81 @@ FR_DEV fr_u8 *fr_dev_slot_data(const fr_dev_cache *c, fr_u32 slot)
     return c->data + (fr_u64)slot * c->page_bytes;
 }
 
-/* 0 while waiting may go on; else why to stop. */
+#define FR_ABORT_CHECK_NS 20000ull
+
+/* 1 once the host has asked the gather to stop (seen within ~20 us). */
+FR_DEV int fr_dev_abort_poll(const fr_dev_store *s, fr_u64 now)
+{
+#ifdef FR_GPU
+    fr_dev_result *r = s->result;
+    if (fr_load32(&r->aborted))
+        return 1;
+    fr_u64 last = fr_load64(&r->abort_checked_ns);
+    if (now - last < FR_ABORT_CHECK_NS)
+        return 0;
+    if (atomicCAS((unsigned long long *)&r->abort_checked_ns, (unsigned long long)last,
+                  (unsigned long long)now) != (unsigned long long)last)
+        return 0; /* another thread reads the host's flag now */
+    if (!fr_dev_aborted(s))
+        return 0;
+    fr_store32(&r->aborted, 1);
+    return 1;
+#else
+    (void)now;
+    return fr_dev_aborted(s); /* host threads: an ordinary cached word */
+#endif
+}
+/* 0 while waiting may go on; else why to stop. (Backends' waits; the
+ * cache's own use fr_dev_waiter below.) */
 FR_DEV int fr_dev_wait_check(const fr_dev_store *s, fr_u64 deadline)
 {
-    if (fr_dev_aborted(s))
+    fr_u64 now = fr_dev_now_ns();
+    if (fr_dev_abort_poll(s, now))
         return FR_DEV_ECANCELED;
-    if (fr_dev_now_ns() >= deadline)
+    if (now >= deadline)
         return FR_DEV_ETIMEDOUT;
     fr_pause();
+    return 0;
+}
+
+/* Waits that poll. Mapped host memory is read over PCIe, and GPU reads of
+ * one host word queue behind each other (measured on an H100: ~1 us each;
+ * a gather whose warps each read the abort flag once per 32 rows took
+ * 34 ms per 1M rows whatever the rows' source). So the abort flag is read
+ * by one thread of the whole grid at most every FR_ABORT_CHECK_NS (a CAS on
+ * a timestamp in device memory elects it) and mirrored into device memory;
+ * every other waiter reads the mirror. Waiters back off exponentially
+ * between polls (from 32 ns to cap_ns), leaving the memory system to the
+ * threads doing work. */
+
+typedef struct fr_dev_waiter {
+    fr_u64 deadline, next_abort;
+    fr_u32 sleep_ns, cap_ns;
+} fr_dev_waiter;
+
+FR_DEV void fr_dev_wait_start(const fr_dev_store *s, fr_dev_waiter *w, fr_u32 cap_ns)
+{
+    fr_u64 now = fr_dev_now_ns();
+    w->deadline = now + s->timeout_ns;
+    w->next_abort = now + FR_ABORT_CHECK_NS;
+    w->sleep_ns = 32;
+    w->cap_ns = cap_ns;
+}
+
+/* 0 while waiting may go on (after a pause); else why to stop. */
+FR_DEV int fr_dev_wait_step(const fr_dev_store *s, fr_dev_waiter *w)
+{
+    fr_u64 now = fr_dev_now_ns();
+    if (now >= w->deadline)
+        return FR_DEV_ETIMEDOUT;
+    if (now >= w->next_abort) {
+        if (fr_dev_abort_poll(s, now))
+            return FR_DEV_ECANCELED;
+        w->next_abort = now + FR_ABORT_CHECK_NS;
+    }
+    fr_pause_ns(w->sleep_ns);
+    if (w->sleep_ns < w->cap_ns)
+        w->sleep_ns *= 2;
     return 0;
 }
 
@@ -303,18 +396,17 @@ FR_DEV int fr_dev_wait_check(const fr_dev_store *s, fr_u64 deadline)
 /* Takes a ticket and submits a read of `page` (len bytes). Waits (up to the
  * timeout) while the ring is full; *full_waits counts that. 0 or -errno;
  * *ticket names the request for fr_ring_wait / fr_ring_release. */
-FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
-                          fr_u32 len, fr_u64 *ticket, fr_u64 *full_waits)
+FR_DEV int fr_ring_submit_at(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
+                             fr_u32 len, fr_u64 t, fr_u64 *full_waits)
 {
-    fr_u64 t = fr_atom_add64(r->tail, 1);
     fr_dev_ring_cell *c = &r->cells[t & ((1ull << r->log2_entries) - 1)];
     fr_u64 lap = t >> r->log2_entries;
-    *ticket = t;
     if (fr_sys_load_acq64(&c->seq) != 4 * lap) {
         (*full_waits)++;
-        fr_u64 deadline = fr_dev_now_ns() + s->timeout_ns;
+        fr_dev_waiter w;
+        fr_dev_wait_start(s, &w, 8192);
         while (fr_sys_load_acq64(&c->seq) != 4 * lap) {
-            int rc = fr_dev_wait_check(s, deadline);
+            int rc = fr_dev_wait_step(s, &w);
             if (rc)
                 return rc;
         }
@@ -325,6 +417,13 @@ FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 pa
     return 0;
 }
 
+FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
+                          fr_u32 len, fr_u64 *ticket, fr_u64 *full_waits)
+{
+    *ticket = fr_atom_add64(r->tail, 1);
+    return fr_ring_submit_at(s, r, page, len, *ticket, full_waits);
+}
+
 /* Waits for request `ticket`: its status (0 or -errno from the host), or a
  * timeout / cancel. The cell stays ours until fr_ring_release. */
 FR_DEV int fr_ring_wait(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 ticket)
@@ -332,9 +431,12 @@ FR_DEV int fr_ring_wait(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 tick
     fr_dev_ring_cell *c = &r->cells[ticket & ((1ull << r->log2_entries) - 1)];
     fr_u64 done = 4 * (ticket >> r->log2_entries) + 3;
     if (fr_sys_load_acq64(&c->seq) != done) {
-        fr_u64 deadline = fr_dev_now_ns() + s->timeout_ns;
+        /* A page read by the host takes tens of microseconds: polls every
+         * few microseconds at most. */
+        fr_dev_waiter w;
+        fr_dev_wait_start(s, &w, 8192);
         while (fr_sys_load_acq64(&c->seq) != done) {
-            int rc = fr_dev_wait_check(s, deadline);
+            int rc = fr_dev_wait_step(s, &w);
             if (rc)
                 return rc;
         }
@@ -390,6 +492,72 @@ FR_DEV int fr_dev_fetch_page(const fr_dev_store *s, fr_u64 page, fr_u8 *dst, fr_
 
 enum { FR_HIT = 0, FR_OWN = 1, FR_BUSY = 2 };
 
+/* ------------------------------------------------------------------ pins
+ * A hit through the reference count costs two atomics and two fences on
+ * the slot; in a hot gather every row is a hit, thousands of warps hit the
+ * same few hundred slots, and those costs set the speed. Pins let
+ * fastread's own gather read most hits with plain loads instead:
+ *   - The host gives each gather an epoch E (result->epoch, and the word
+ *     epoch_now that every evictor reads). A thread that has a slot safely
+ *     (a reference on a hit, or EXCL as its loader) may pin it for E:
+ *     pins[slot] = E << 32 | page, stored before the fence that precedes
+ *     dropping the reference (or publishing the page).
+ *   - An evictor, once it holds EXCL (refs was 0) and after its fence,
+ *     skips a slot whose pin epoch is >= epoch_now. The pin store happened
+ *     before the reference was dropped, and the evictor's CAS saw that drop,
+ *     so the evictor sees the pin. A stale epoch_now is only ever older
+ *     (smaller), which skips more, never less.
+ *   - So a slot pinned for E holds the same page until gather E ends: a
+ *     reader of gather E that finds pins[pt[page] - 1] == E << 32 | page
+ *     (an acquire load: the row's loads come after it) may copy the row with
+ *     no atomics and no fences. Any other answer takes the counted path.
+ *   - At most pin_limit slots (half the cache) are pinned per gather, so a
+ *     gather whose pages do not fit still finds victims. Between gathers
+ *     the host moves epoch_now past E while users' kernels may run
+ *     (fr_store_device_serve), so their misses can evict what E pinned.
+ *   - Page numbers are kept in 32 bits: the host turns pins off for arrays
+ *     of 2^32 pages or more. */
+
+FR_DEV fr_u64 fr_pin_word(fr_u32 epoch, fr_u64 page)
+{
+    return ((fr_u64)epoch << 32) | (page & 0xFFFFFFFFull);
+}
+
+/* Pins `slot` (holding `page`, held by the caller) for gather `epoch`. */
+FR_DEV void fr_cache_pin(const fr_dev_cache *c, fr_u32 slot, fr_u64 page, fr_u32 epoch)
+{
+    if (!epoch || !c->pins)
+        return;
+    fr_u64 want = fr_pin_word(epoch, page);
+    if (fr_load64(&c->pins[slot]) == want)
+        return;
+    if (fr_load64(c->pinned) >= c->pin_limit || fr_atom_add64(c->pinned, 1) >= c->pin_limit)
+        return;
+    fr_store64(&c->pins[slot], want);
+}
+
+/* 1 and *slot when `page` sits in a slot pinned for gather `epoch`: read it
+ * with no reference (see above). */
+FR_DEV int fr_cache_pinned(const fr_dev_cache *c, fr_u64 page, fr_u32 epoch, fr_u32 *slot)
+{
+    fr_u32 e = fr_load32(&c->page_table[page]);
+    if (e == 0 || e == FR_PT_LOADING)
+        return 0;
+    if (fr_load_acq64(&c->pins[e - 1]) != fr_pin_word(epoch, page))
+        return 0;
+    *slot = e - 1;
+    return 1;
+}
+
+/* For an evictor holding EXCL on `slot`, after its fence. */
+FR_DEV int fr_cache_pinned_now(const fr_dev_cache *c, fr_u32 slot)
+{
+    if (!c->pins)
+        return 0;
+    fr_u32 pe = (fr_u32)(fr_load64(&c->pins[slot]) >> 32);
+    return pe != 0 && pe >= fr_load32(c->epoch_now);
+}
+
 /* Clock sweep for a slot no one holds: EXCL taken on it, or -1 after a
  * bounded number of steps found none (every slot looked at was held,
  * loading or recently used: the caller gives its claim back and retries).
@@ -408,6 +576,10 @@ FR_DEV fr_i64 fr_cache_victim(const fr_dev_cache *c)
         }
         if (fr_load32(&c->refs[h]) == 0 && fr_atom_cas32(&c->refs[h], 0, FR_REF_EXCL) == 0) {
             fr_fence();
+            if (fr_cache_pinned_now(c, h)) { /* the running gather reads it unreferenced */
+                fr_atom_add32(&c->refs[h], (fr_u32)0 - FR_REF_EXCL);
+                continue;
+            }
             return h;
         }
     }
@@ -417,8 +589,8 @@ FR_DEV fr_i64 fr_cache_victim(const fr_dev_cache *c)
 /* One look at page `page`: FR_HIT (a reference taken on *slot), FR_OWN
  * (this thread loads it into *slot: EXCL held, page table LOADING), or
  * FR_BUSY (another thread is loading it or the slot moved: retry). */
-FR_DEV int fr_cache_lookup(const fr_dev_cache *c, fr_u64 page, fr_u32 *slot,
-                           fr_u64 *evictions)
+FR_DEV int fr_cache_lookup_e(const fr_dev_cache *c, fr_u64 page, fr_u32 *slot,
+                             fr_u64 *evictions, fr_u32 epoch)
 {
     fr_u32 e = fr_load32(&c->page_table[page]);
     if (e == FR_PT_LOADING)
@@ -431,6 +603,7 @@ FR_DEV int fr_cache_lookup(const fr_dev_cache *c, fr_u64 page, fr_u32 *slot,
             if (fr_load64(&c->tags[sl]) == page) {
                 if (!fr_load32(&c->clock_bits[sl]))
                     fr_store32(&c->clock_bits[sl], 1);
+                fr_cache_pin(c, sl, page, epoch); /* before the release's fence */
                 *slot = sl;
                 return FR_HIT;
             }
@@ -457,15 +630,26 @@ FR_DEV int fr_cache_lookup(const fr_dev_cache *c, fr_u64 page, fr_u32 *slot,
     return FR_OWN;
 }
 
+FR_DEV int fr_cache_lookup(const fr_dev_cache *c, fr_u64 page, fr_u32 *slot, fr_u64 *evictions)
+{
+    return fr_cache_lookup_e(c, page, slot, evictions, 0);
+}
+
 /* The loader's page is in its slot: readers may have it (the loader keeps
  * one reference). */
-FR_DEV void fr_cache_publish(const fr_dev_cache *c, fr_u64 page, fr_u32 slot)
+FR_DEV void fr_cache_publish_e(const fr_dev_cache *c, fr_u64 page, fr_u32 slot, fr_u32 epoch)
 {
-    fr_fence();
+    fr_fence(); /* the page's bytes before the pin and the page table entry */
+    fr_cache_pin(c, slot, page, epoch);
     fr_store32(&c->clock_bits[slot], 1);
     fr_atom_add32(&c->refs[slot], 1u - FR_REF_EXCL);
     fr_fence();
     fr_store32(&c->page_table[page], slot + 1);
+}
+
+FR_DEV void fr_cache_publish(const fr_dev_cache *c, fr_u64 page, fr_u32 slot)
+{
+    fr_cache_publish_e(c, page, slot, 0);
 }
 
 /* The load failed: the slot goes back empty and the page absent. */
@@ -483,18 +667,21 @@ FR_DEV void fr_cache_release(const fr_dev_cache *c, fr_u32 slot)
     fr_atom_add32(&c->refs[slot], (fr_u32)-1);
 }
 
-enum { FR_GOT_HIT = 0, FR_GOT_MISS = 1, FR_GOT_WAITED = 2 };
+enum { FR_GOT_HIT = 0, FR_GOT_MISS = 1, FR_GOT_WAITED = 2, FR_GOT_PINNED = 3 };
 
-/* Page `page` in the cache, loading it if needed (one thread). >= 0
- * (FR_GOT_*: a reference held on *slot; release it with fr_cache_release)
- * or a negative errno. */
-FR_DEV int fr_cache_acquire(const fr_dev_store *s, fr_u64 page, fr_u32 *slot,
-                            fr_dev_counts *cnt)
+/* Page `page` in the cache, loading it if needed (one thread), for gather
+ * `epoch` (0: none). >= 0 (FR_GOT_PINNED: the slot is pinned for epoch, no
+ * reference held; other FR_GOT_*: a reference held on *slot, release it with
+ * fr_cache_release) or a negative errno. */
+FR_DEV int fr_cache_acquire_e(const fr_dev_store *s, fr_u64 page, fr_u32 *slot,
+                              fr_dev_counts *cnt, fr_u32 epoch)
 {
-    fr_u64 deadline = 0;
+    if (epoch && s->cache.pins && fr_cache_pinned(&s->cache, page, epoch, slot))
+        return FR_GOT_PINNED;
+    fr_dev_waiter w;
     int waited = 0;
     for (;;) {
-        int r = fr_cache_lookup(&s->cache, page, slot, &cnt->c[FR_CNT_EVICTIONS]);
+        int r = fr_cache_lookup_e(&s->cache, page, slot, &cnt->c[FR_CNT_EVICTIONS], epoch);
         if (r == FR_HIT)
             return waited ? FR_GOT_WAITED : FR_GOT_HIT;
         if (r == FR_OWN) {
@@ -504,25 +691,31 @@ FR_DEV int fr_cache_acquire(const fr_dev_store *s, fr_u64 page, fr_u32 *slot,
                 fr_cache_abandon(&s->cache, page, *slot);
                 return rc;
             }
-            fr_cache_publish(&s->cache, page, *slot);
+            fr_cache_publish_e(&s->cache, page, *slot, epoch);
             cnt->c[FR_CNT_MISSES]++;
             return FR_GOT_MISS;
         }
         if (!waited) {
             waited = 1;
-            deadline = fr_dev_now_ns() + s->timeout_ns;
+            fr_dev_wait_start(s, &w, 2048);
         }
-        int rc = fr_dev_wait_check(s, deadline);
+        int rc = fr_dev_wait_step(s, &w);
         if (rc)
             return rc;
     }
+}
+
+FR_DEV int fr_cache_acquire(const fr_dev_store *s, fr_u64 page, fr_u32 *slot,
+                            fr_dev_counts *cnt)
+{
+    return fr_cache_acquire_e(s, page, slot, cnt, 0);
 }
 
 /* Where row `id` is readable: host tier or (acquired) cache page. Returns
  * 0 with *src set, or -errno; *held is set to the slot+1 to release (0:
  * nothing held). One thread. */
 FR_DEV int fr_dev_row_src(const fr_dev_store *s, fr_u64 id, const fr_u8 **src, fr_u32 *held,
-                          fr_dev_counts *cnt)
+                          fr_dev_counts *cnt, fr_u32 epoch)
 {
     *held = 0;
     if (s->host_rows) {
@@ -535,32 +728,40 @@ FR_DEV int fr_dev_row_src(const fr_dev_store *s, fr_u64 id, const fr_u8 **src, f
     }
     fr_u64 page = id / s->rows_per_page;
     fr_u32 slot;
-    int rc = fr_cache_acquire(s, page, &slot, cnt);
+    int rc = fr_cache_acquire_e(s, page, &slot, cnt, epoch);
     if (rc < 0)
         return rc;
-    if (rc == FR_GOT_HIT)
+    if (rc == FR_GOT_HIT || rc == FR_GOT_PINNED)
         cnt->c[FR_CNT_HITS]++;
     else if (rc == FR_GOT_WAITED)
         cnt->c[FR_CNT_COALESCED]++;
-    *held = slot + 1;
+    *held = rc == FR_GOT_PINNED ? 0 : slot + 1;
     *src = fr_dev_slot_data(&s->cache, slot) + (id % s->rows_per_page) * s->row_bytes;
     return 0;
 }
 
-/* Row `id` to dst (one thread): 0, or -errno (FR_DEV_ERANGE for a bad id). */
-FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_counts *cnt)
+/* Row `id` to dst (one thread) for gather `epoch` (0: users' kernels, which
+ * never pin): 0, or -errno (FR_DEV_ERANGE for a bad id). */
+FR_DEV int fr_dev_read_row_e(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_counts *cnt,
+                             fr_u32 epoch)
 {
     if (id < 0 || (fr_u64)id >= s->rows)
         return FR_DEV_ERANGE;
     const fr_u8 *src;
     fr_u32 held;
-    int rc = fr_dev_row_src(s, (fr_u64)id, &src, &held, cnt);
+    int rc = fr_dev_row_src(s, (fr_u64)id, &src, &held, cnt, epoch);
     if (rc)
         return rc;
     fr_copy_bytes((fr_u8 *)dst, src, s->row_bytes);
     if (held)
         fr_cache_release(&s->cache, held - 1);
     return 0;
+}
+
+/* Row `id` to dst (one thread): 0, or -errno (FR_DEV_ERANGE for a bad id). */
+FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_counts *cnt)
+{
+    return fr_dev_read_row_e(s, id, dst, cnt, 0);
 }
 
 /* ------------------------------------------------------------ warp level */
@@ -571,29 +772,84 @@ FR_DEV void fr_dev_record_error(const fr_dev_store *s, int rc)
     atomicCAS((int *)&s->result->error, 0, rc);
 }
 
-/* All 32 lanes copy one row, 16 bytes a lane per step where aligned. The
- * source (a cache slot another SM may have just filled, or the host tier)
- * is loaded with ld.cg: from L2, never from a line this SM's L1 may still
- * hold from the slot's previous page. */
-FR_DEV void fr_warp_copy(fr_u8 *dst, const fr_u8 *src, fr_u64 len, unsigned lane)
+/* The warp copies the rows its lanes have ready: lane j's row (src_j, when
+ * not NULL) to out + pos_j * row_bytes. The 32 rows are one run of W-byte
+ * chunks (W = 16 where every address and the row size allow), and each
+ * lane takes every 32nd chunk, U at a time: loads from U rows in flight per
+ * lane before the first store, coalesced across the warp. Sources are
+ * loaded with ld.cg: from L2, never from a line this SM's L1 may still hold
+ * from a slot's previous page (or from the host tier, over PCIe). */
+template <typename T, int U>
+FR_DEV void fr_warp_copy_chunks(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64 rb,
+                                unsigned lane)
 {
-    if ((((fr_u64)dst | (fr_u64)src | len) & 15) == 0) {
-        for (fr_u64 o = (fr_u64)lane * 16; o < len; o += 32 * 16)
-            *(uint4 *)(dst + o) = __ldcg((const uint4 *)(src + o));
-    } else if ((((fr_u64)dst | (fr_u64)src | len) & 3) == 0) {
-        for (fr_u64 o = (fr_u64)lane * 4; o < len; o += 32 * 4)
-            *(unsigned int *)(dst + o) = __ldcg((const unsigned int *)(src + o));
-    } else {
-        for (fr_u64 o = lane; o < len; o += 32)
-            dst[o] = (fr_u8)__ldcg((const unsigned char *)(src + o));
+    const unsigned full = 0xffffffffu;
+    const fr_u32 cpr = (fr_u32)(rb / sizeof(T)); /* chunks per row */
+    const fr_u32 total = 32u * cpr;
+    const int pow2 = (cpr & (cpr - 1)) == 0;
+    const fr_u32 shift = pow2 ? (fr_u32)__ffs(cpr) - 1 : 0;
+    for (fr_u32 c0 = 0; c0 < total; c0 += 32u * U) {
+        T v[U];
+        T *d[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            fr_u32 c = c0 + (fr_u32)u * 32u + lane;
+            fr_u32 j = c < total ? (pow2 ? c >> shift : c / cpr) : 31u;
+            fr_u32 k = c < total ? c - j * cpr : 0u;
+            const fr_u8 *sj = (const fr_u8 *)__shfl_sync(full, (unsigned long long)src, (int)j);
+            fr_u64 pj = __shfl_sync(full, (unsigned long long)pos, (int)j);
+            d[u] = 0;
+            if (c < total && sj) {
+                v[u] = __ldcg((const T *)sj + k);
+                d[u] = (T *)(out + pj * rb) + k;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (d[u])
+                *d[u] = v[u];
     }
 }
 
+FR_DEV void fr_warp_copy_rows(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64 rb, unsigned lane)
+{
+    const unsigned full = 0xffffffffu;
+    /* Cache slots and host-tier rows start at multiples of the row size from
+     * page-aligned bases, so the row size and `out` decide the width. */
+    fr_u64 a = (fr_u64)out | rb;
+    if (!__any_sync(full, src != 0))
+        return;
+    if ((a & 15) == 0 && rb / 16 <= 0xFFFFFFFFull / 32)
+        fr_warp_copy_chunks<uint4, 4>(out, src, pos, rb, lane);
+    else if ((a & 3) == 0 && rb / 4 <= 0xFFFFFFFFull / 32)
+        fr_warp_copy_chunks<unsigned int, 4>(out, src, pos, rb, lane);
+    else if (rb <= 0xFFFFFFFFull / 32)
+        fr_warp_copy_chunks<unsigned char, 4>(out, src, pos, rb, lane);
+    else
+        for (int j = 0; j < 32; j++) { /* rows over 128 MiB: one at a time */
+            const fr_u8 *sj = (const fr_u8 *)__shfl_sync(full, (unsigned long long)src, j);
+            fr_u64 pj = __shfl_sync(full, (unsigned long long)pos, j);
+            if (sj)
+                for (fr_u64 o = lane; o < rb; o += 32)
+                    out[pj * rb + o] = (fr_u8)__ldcg((const unsigned char *)(sj + o));
+        }
+}
+
+static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i64 id, fr_u64 pos,
+                                                     fr_u8 *out, fr_dev_counts *cnt,
+                                                     fr_u32 epoch, const fr_u8 *src,
+                                                     int pending, fr_u64 page);
+
 /* Called by all 32 lanes of a warp, converged: lane L gathers row id
- * (when `active`) to out + pos * row_bytes. Lanes wanting the same page
- * share one cache lookup (__match_any_sync); every row is copied by the
- * whole warp. Ids out of range are recorded in result->first_bad (their
- * rows are not written); errors in result->error.
+ * (when `active`) to out + pos * row_bytes, for fastread's gather of pin
+ * epoch `epoch` (0: no pins; users' kernels, fr_dev_gather_warp). Ids out
+ * of range are recorded in result->first_bad (their rows are not written);
+ * errors in result->error.
+ *
+ * First, with no atomics: rows of the host tier, and pages pinned for this
+ * gather (fr_cache_pinned). The rest go through the counted cache: lanes
+ * wanting the same page are grouped (__match_any_sync) and only the group's
+ * leader touches the cache; every row is copied by the whole warp.
  *
  * No lane waits while a lane of its warp holds a slot reference: a lookup
  * that finds its page LOADING (or no free victim) does not spin in place;
@@ -602,11 +858,12 @@ FR_DEV void fr_warp_copy(fr_u8 *dst, const fr_u8 *src, fr_u64 len, unsigned lane
  * be pinned by waiting warps, and the grid needs no bound from the cache
  * size. Loaders wait for their read holding only the EXCL bit of their
  * own slot. */
-FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_u64 pos,
-                               fr_u8 *out, fr_dev_counts *cnt)
+FR_DEV void fr_dev_gather_warp_e(const fr_dev_store *s, fr_i64 id, int active, fr_u64 pos,
+                                 fr_u8 *out, fr_dev_counts *cnt, fr_u32 epoch)
 {
     const unsigned full = 0xffffffffu;
     unsigned lane = threadIdx.x & 31;
+    const fr_u64 rb = s->row_bytes;
     int valid = active && id >= 0 && (fr_u64)id < s->rows;
     if (active && !valid)
         atomicMin((unsigned long long *)&s->result->first_bad, (unsigned long long)pos);
@@ -614,40 +871,102 @@ FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_
     if (valid && s->host_rows) {
         fr_i64 hs = s->host_slot ? (fr_i64)s->host_slot[id] : id;
         if (hs >= 0) {
-            src = s->host_rows + (fr_u64)hs * s->row_bytes;
+            src = s->host_rows + (fr_u64)hs * rb;
             cnt->c[FR_CNT_HOST_TIER]++;
         }
     }
     int pending = valid && !src;
     fr_u64 page = pending ? (fr_u64)id / s->rows_per_page : 0;
-    fr_u64 deadline = 0;
+    if (pending && epoch) {
+        fr_u32 sl;
+        if (fr_cache_pinned(&s->cache, page, epoch, &sl)) {
+            src = fr_dev_slot_data(&s->cache, sl) + ((fr_u64)id % s->rows_per_page) * rb;
+            cnt->c[FR_CNT_HITS]++;
+            pending = 0;
+        }
+    }
+    if (!__any_sync(full, pending)) { /* the hot path: every row ready */
+        fr_warp_copy_rows(out, src, pos, rb, lane);
+        return;
+    }
+    fr_dev_gather_warp_slow(s, id, pos, out, cnt, epoch, src, pending, page);
+}
+
+/* The rest of fr_dev_gather_warp_e: rows whose pages need the counted cache
+ * (hits not pinned, waits, loads). Kept out of line so that its registers
+ * (ring, staging copies) do not weigh on the hot path's occupancy. */
+static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i64 id, fr_u64 pos,
+                                                     fr_u8 *out, fr_dev_counts *cnt,
+                                                     fr_u32 epoch, const fr_u8 *src,
+                                                     int pending, fr_u64 page)
+{
+    const unsigned full = 0xffffffffu;
+    unsigned lane = threadIdx.x & 31;
+    const fr_u64 rb = s->row_bytes;
+    fr_dev_waiter w;
+    int waiting = 0;
     for (;;) {
         unsigned group =
             __match_any_sync(full, pending ? (unsigned long long)page : ~0ull - lane);
         unsigned leader = __ffs(group) - 1;
         fr_u32 slot = 0;
+#if !defined(FR_FETCH_EXTERN)
         fr_u64 ticket = 0;
+#endif
         /* 1: slot held; 2 (proxy): page in staging, the warp copies it in;
          * < 0: error; 0: try again */
         int res = 0;
+        int own = 0;
         if (pending && lane == leader) {
-            int r = fr_cache_lookup(&s->cache, page, &slot, &cnt->c[FR_CNT_EVICTIONS]);
+            int r = fr_cache_lookup_e(&s->cache, page, &slot, &cnt->c[FR_CNT_EVICTIONS], epoch);
             if (r == FR_OWN) {
+                own = 1;
+            } else if (r == FR_HIT) {
+                if (waiting)
+                    cnt->c[FR_CNT_COALESCED]++; /* waited on another's load */
+                else
+                    cnt->c[FR_CNT_HITS] += __popc(group);
+                res = 1;
+            } else if (!waiting) {
+                waiting = 1;
+                fr_dev_wait_start(s, &w, 2048);
+            } else {
+                res = fr_dev_wait_step(s, &w);
+            }
+        }
 #if defined(FR_FETCH_EXTERN)
-                int rc = fr_dev_fetch_page(s, page, fr_dev_slot_data(&s->cache, slot),
-                                           fr_dev_page_len(s, page), cnt);
-                if (rc) {
-                    fr_cache_abandon(&s->cache, page, slot);
-                    res = rc;
-                } else {
-                    fr_cache_publish(&s->cache, page, slot);
-                    cnt->c[FR_CNT_MISSES]++;
-                    res = 1;
-                }
+        if (own) {
+            int rc = fr_dev_fetch_page(s, page, fr_dev_slot_data(&s->cache, slot),
+                                       fr_dev_page_len(s, page), cnt);
+            if (rc) {
+                fr_cache_abandon(&s->cache, page, slot);
+                res = rc;
+            } else {
+                fr_cache_publish_e(&s->cache, page, slot, epoch);
+                cnt->c[FR_CNT_MISSES]++;
+                res = 1;
+            }
+        }
 #else
-                const fr_dev_ring *ring = &s->fetch.ring;
-                int rc = fr_ring_submit(s, ring, page, fr_dev_page_len(s, page), &ticket,
-                                        &cnt->c[FR_CNT_RING_FULL]);
+        /* The warp's loaders take consecutive tickets with one atomic. Why
+         * it matters: a loader whose cell is still held by the previous lap
+         * waits, and its warp keeps its other cells until the round ends;
+         * with each round's tickets within 32 of each other, every such
+         * wait points ~ring_entries tickets back, so waits cannot form a
+         * cycle (scattered tickets could, and did: a 4 KiB-page gather hung
+         * until the timeout). */
+        unsigned owners = __ballot_sync(full, own);
+        if (owners) {
+            const fr_dev_ring *ring = &s->fetch.ring;
+            int first = __ffs(owners) - 1;
+            unsigned long long base = 0;
+            if (lane == (unsigned)first)
+                base = fr_atom_add64(ring->tail, (fr_u64)__popc(owners));
+            base = __shfl_sync(full, base, first);
+            if (own) {
+                ticket = base + (fr_u64)__popc(owners & ((1u << lane) - 1));
+                int rc = fr_ring_submit_at(s, ring, page, fr_dev_page_len(s, page), ticket,
+                                           &cnt->c[FR_CNT_RING_FULL]);
                 if (rc == 0) {
                     rc = fr_ring_wait(s, ring, ticket);
                     if (rc != 0 && rc != FR_DEV_ETIMEDOUT && rc != FR_DEV_ECANCELED)
@@ -659,18 +978,10 @@ FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_
                 } else {
                     res = 2;
                 }
-#endif
-            } else if (r == FR_HIT) {
-                if (deadline)
-                    cnt->c[FR_CNT_COALESCED]++; /* waited on another's load */
-                else
-                    cnt->c[FR_CNT_HITS] += __popc(group);
-                res = 1;
-            } else if (!deadline) {
-                deadline = fr_dev_now_ns() + s->timeout_ns;
-            } else {
-                res = fr_dev_wait_check(s, deadline);
             }
+        }
+#endif
+        if (pending && lane == leader) {
             if (res >= 1)
                 cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
             if (res < 0)
@@ -709,7 +1020,7 @@ FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_
             __syncwarp();
             if (lane == j) {
                 fr_ring_release(&s->fetch.ring, tj);
-                fr_cache_publish(&s->cache, pj, sj);
+                fr_cache_publish_e(&s->cache, pj, sj, epoch);
                 cnt->c[FR_CNT_MISSES]++;
                 res = 1;
             }
@@ -721,42 +1032,10 @@ FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_
         if (pending && res != 0) {
             pending = 0;
             if (res == 1)
-                src = fr_dev_slot_data(&s->cache, slot) +
-                      ((fr_u64)id % s->rows_per_page) * s->row_bytes;
+                src = fr_dev_slot_data(&s->cache, slot) + ((fr_u64)id % s->rows_per_page) * rb;
         }
-        /* Every row ready in this round, copied by the whole warp, four
-         * rows at a time so each lane has four loads in flight. */
-        const fr_u64 rb = s->row_bytes;
-        for (int j0 = 0; j0 < 32; j0 += 4) {
-            const fr_u8 *sk[4];
-            fr_u8 *dk[4];
-            int fast = 1;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                sk[k] = (const fr_u8 *)__shfl_sync(full, (unsigned long long)src, j0 + k);
-                unsigned long long pk = __shfl_sync(full, (unsigned long long)pos, j0 + k);
-                dk[k] = out + pk * rb;
-                if (sk[k] && (((fr_u64)sk[k] | (fr_u64)dk[k] | rb) & 15))
-                    fast = 0;
-            }
-            if (fast) {
-                for (fr_u64 o = (fr_u64)lane * 16; o < rb; o += 512) {
-                    uint4 v[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-                        if (sk[k])
-                            v[k] = __ldcg((const uint4 *)(sk[k] + o));
-#pragma unroll
-                    for (int k = 0; k < 4; k++)
-                        if (sk[k])
-                            *(uint4 *)(dk[k] + o) = v[k];
-                }
-            } else {
-                for (int k = 0; k < 4; k++)
-                    if (sk[k])
-                        fr_warp_copy(dk[k], sk[k], rb, lane);
-            }
-        }
+        /* Every row ready in this round, copied by the whole warp. */
+        fr_warp_copy_rows(out, src, pos, rb, lane);
         __syncwarp();
         if (held)
             fr_cache_release(&s->cache, slot);
@@ -764,6 +1043,13 @@ FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_
         if (!__any_sync(full, pending))
             break;
     }
+}
+
+/* The same for users' kernels (no pins: see "Pins"). */
+FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_u64 pos,
+                               fr_u8 *out, fr_dev_counts *cnt)
+{
+    fr_dev_gather_warp_e(s, id, active, pos, out, cnt, 0);
 }
 
 FR_DEV fr_u64 fr_warp_sum(fr_u64 v)
@@ -787,7 +1073,7 @@ FR_DEV void fr_dev_flush_counts(const fr_dev_store *s, const fr_dev_counts *cnt)
 /* fastread's own gather: rows ids[0..n) to out, grid-stride over warps
  * (blockDim.x a multiple of 32). Stops early once the host aborts or any
  * lane failed (the host reports result->error). */
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 2)
 fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
                                           unsigned long long n, fr_u8 *out)
 {
@@ -797,10 +1083,16 @@ fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
     fr_dev_counts cnt;
     for (int k = 0; k < FR_NCOUNTERS; k++)
         cnt.c[k] = 0;
+    fr_u32 epoch = s->cache.pins ? fr_load32(&s->result->epoch) : 0;
     for (unsigned long long base = warp * 32; base < n; base += nwarps * 32) {
+        /* Only the error word in device memory, not the abort flag in host
+         * memory: thousands of warps reading one host word each round queue
+         * over PCIe (about a microsecond each). Waits look at the abort flag
+         * (fr_dev_wait_step) and turn it into an error that stops everyone;
+         * a gather that never waits finishes soon anyway. */
         int stop = 0;
         if (lane == 0)
-            stop = fr_dev_aborted(s) || *(volatile fr_i32 *)&s->result->error != 0;
+            stop = *(volatile fr_i32 *)&s->result->error != 0;
         if (__shfl_sync(0xffffffffu, stop, 0))
             break;
         unsigned long long pos = base + lane;
@@ -808,7 +1100,7 @@ fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
         fr_i64 id = 0;
         if (active)
             id = id_bytes == 4 ? (fr_i64)((const fr_i32 *)ids)[pos] : ((const fr_i64 *)ids)[pos];
-        fr_dev_gather_warp(s, id, active, pos, out, &cnt);
+        fr_dev_gather_warp_e(s, id, active, pos, out, &cnt, epoch);
     }
     fr_dev_flush_counts(s, &cnt);
 }

@@ -158,6 +158,7 @@ static void env_free(env *e)
     free(c->clock_bits);
     free(c->hand);
     free(c->data);
+    free(c->pins);
     free(e->s.fetch.ring.cells);
     free(e->s.fetch.ring.staging);
     free(e);
@@ -483,6 +484,105 @@ static void test_stress(void)
     env_free(e);
 }
 
+/* Pins (fastread_device.cuh, "Pins"): readers of one gather epoch read
+ * pinned slots with no reference while others miss and evict around them.
+ * Every row must be right, a slot pinned for the epoch must never change
+ * page during it, no more than pin_limit slots are pinned, and the next
+ * epoch may evict what the last one pinned. */
+typedef struct pin_arg {
+    env *e;
+    unsigned seed;
+    uint32_t epoch;
+    int bad;
+    fr_dev_counts cnt;
+} pin_arg;
+
+static void *pin_reader(void *p)
+{
+    pin_arg *a = p;
+    uint32_t x = a->seed * 2654435761u + 7;
+    uint8_t row[ROW];
+    uint64_t rows = a->e->s.rows;
+    const fr_dev_cache *c = &a->e->s.cache;
+    for (int i = 0; i < 3000; i++) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        /* Half the reads on 4 hot pages (they get pinned), half anywhere. */
+        uint64_t id = (i & 1) ? x % rows : x % (4 * RPP);
+        if (fr_dev_read_row_e(&a->e->s, (int64_t)id, row, &a->cnt, a->epoch) != 0 ||
+            !row_ok(row, id))
+            a->bad++;
+        /* A slot pinned for this epoch holds its page: tag and pin agree. */
+        uint32_t sl = x % c->nslots;
+        uint64_t pin = __atomic_load_n(&c->pins[sl], __ATOMIC_ACQUIRE);
+        if ((uint32_t)(pin >> 32) == a->epoch &&
+            __atomic_load_n(&c->tags[sl], __ATOMIC_ACQUIRE) != (pin & 0xFFFFFFFFull))
+            a->bad++;
+    }
+    return NULL;
+}
+
+static void test_pins(void)
+{
+    enum { T = 8 };
+    env *e = env_new(40 * RPP, 12, 3, 2, 10000);
+    fr_dev_cache *c = &e->s.cache;
+    c->pins = calloc(c->nslots, sizeof(uint64_t));
+    c->epoch_now = &e->result.epoch;
+    c->pinned = &e->result.counters[FR_CNT_PINNED];
+    c->pin_limit = c->nslots / 2;
+    env_start(e);
+    uint64_t pinned_hits = 0;
+    for (uint32_t epoch = 1; epoch <= 3; epoch++) {
+        /* What the host does before each gather. */
+        e->result.epoch = epoch;
+        e->result.counters[FR_CNT_PINNED] = 0;
+        pthread_t th[T];
+        pin_arg a[T];
+        for (int i = 0; i < T; i++) {
+            memset(&a[i], 0, sizeof(a[i]));
+            a[i].e = e;
+            a[i].seed = (unsigned)i + 10 * epoch;
+            a[i].epoch = epoch;
+            CHECK(pthread_create(&th[i], NULL, pin_reader, &a[i]) == 0);
+        }
+        for (int i = 0; i < T; i++) {
+            pthread_join(th[i], NULL);
+            CHECK(a[i].bad == 0);
+            pinned_hits += a[i].cnt.c[FR_CNT_HITS];
+        }
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < c->nslots; i++)
+            if ((uint32_t)(c->pins[i] >> 32) == epoch)
+                n++;
+        CHECK(n > 0 && n <= c->pin_limit);
+        CHECK(cache_consistent(e));
+    }
+    CHECK(pinned_hits > 0);
+    /* Between gathers epoch_now moves on: what epoch 3 pinned may be evicted. */
+    uint32_t held3 = 0;
+    for (uint32_t i = 0; i < c->nslots; i++)
+        if ((uint32_t)(c->pins[i] >> 32) == 3) {
+            CHECK(fr_cache_pinned_now(c, i));
+            held3++;
+        }
+    e->result.epoch = 4;
+    for (uint32_t i = 0; i < c->nslots; i++)
+        CHECK(!fr_cache_pinned_now(c, i));
+    CHECK(held3 > 0);
+    uint32_t slot;
+    fr_dev_counts cnt;
+    memset(&cnt, 0, sizeof(cnt));
+    for (uint64_t p = 20; p < 40; p++) {
+        CHECK(fr_cache_acquire(&e->s, p, &slot, &cnt) >= 0);
+        fr_cache_release(c, slot);
+    }
+    CHECK(cache_consistent(e));
+    env_stop(e);
+    env_free(e);
+}
+
 int main(void)
 {
     test_hits_and_evictions();
@@ -491,5 +591,6 @@ int main(void)
     test_backpressure();
     test_timeout_abort_and_errors();
     test_stress();
+    test_pins();
     return fr_test_finish("test_gather_cache");
 }

@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,6 +188,46 @@ static void test_gathers(const char *path)
     CHECK(m.host_tier == 0);
     free(ids);
     fr_store_close(s);
+}
+
+/* The proxy's read paths, each checked row by row: pages the page cache
+ * holds read straight into staging (the default), every page through the
+ * engine (FASTREAD_PROXY_CACHED=0), and a cold dense batch that reads the
+ * array ahead (FASTREAD_PROXY_DENSE=1, the file dropped from the cache). */
+static void test_read_paths(const char *path)
+{
+    static const char *const name[3] = {NULL, "FASTREAD_PROXY_CACHED", "FASTREAD_PROXY_DENSE"};
+    static const char *const value[3] = {NULL, "0", "1"};
+    for (int k = 0; k < 3; k++) {
+        if (name[k])
+            setenv(name[k], value[k], 1);
+        fr_store_config c;
+        base_config(&c, path);
+        fr_store *s;
+        char err[FR_ERRLEN] = "";
+        int rc = fr_store_open(&c, &s, err, sizeof(err));
+        if (name[k])
+            unsetenv(name[k]);
+        if (rc) {
+            fprintf(stderr, "open: %s\n", err);
+            fr_test_failures++;
+            return;
+        }
+        int fd = open(path, O_RDONLY);
+        if (fd >= 0) { /* cold, where the kernel lets us */
+            (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+        }
+        size_t bad = 0;
+        int64_t *ids = random_ids(2000, 40 + (unsigned)k);
+        CHECK(gather_check(s, ids, 2000, 8, err, &bad) == 0);
+        fr_store_stats st;
+        fr_store_stats_get(s, &st);
+        CHECK(st.storage_reads == st.cache_misses && st.cache_misses > 64);
+        CHECK(st.bytes_read == st.storage_reads * PAGE);
+        free(ids);
+        fr_store_close(s);
+    }
 }
 
 typedef struct par_arg {
@@ -626,6 +667,7 @@ int main(void)
     fr_store_close(probe);
 
     test_gathers(path);
+    test_read_paths(path);
     test_concurrent(path);
     test_host_tier(path);
     test_user_kernels(path);

@@ -2,6 +2,7 @@
 (:class:`EngineOptions`)."""
 import dataclasses
 import errno as _errno
+import os
 import resource
 import threading
 import warnings
@@ -114,6 +115,31 @@ def _usable_by_name(name):
     if name not in RANGE_ONLY or name not in _core.engine_names():
         return False
     return _core.probe(name)[0]
+
+
+#: engine="auto": the rule, measured with bench/engines.py (read_files() and
+#: Reader; 4 KiB, 92 KiB and 1 MiB files; warm and cold; batch 64 and 256).
+#: Since io_uring spreads a batch over one ring per thread (issue 16), it
+#: reads as fast as psync or faster in the cells measured, warm and cold, so
+#: auto takes io_uring wherever it runs and psync elsewhere; GPU engines and
+#: range-only engines are only used by name.
+AUTO_RULE = ("io_uring wherever it runs (as fast as psync or faster, warm and cold, "
+             "in bench/engines.py), else psync")
+
+
+def auto_choice():
+    """(engine, why) for engine="auto" here; engine is None if none runs."""
+    built = set(_core.engine_names())
+    skipped = []
+    for name in KNOWN_ENGINES:
+        if name in GPU_ENGINES:
+            continue
+        status = _status(name, built)
+        if status is True:
+            why = AUTO_RULE + ("; " + "; ".join(skipped) if skipped else "")
+            return name, why
+        skipped.append(f"{name}: {status}")
+    return None, "no engine can read files here: " + "; ".join(skipped)
 
 
 def resolve(engine):
@@ -443,17 +469,41 @@ def open_context(engine="auto", options=None, **opts):
 _local = threading.local()
 
 
+# The FASTREAD_* variables whose values select a cached context.
+_ENV_VARS = tuple(_defaults.env_var(n) for n in _defaults.names())
+
+
 def cached_context(engine="auto", options=None, **opts):
-    """This thread's context for these settings, opened on first use."""
+    """This thread's context for these settings, opened on first use.
+
+    The arguments and the FASTREAD_* environment are looked up first as
+    given: resolving 'auto' probes io_uring by setting up a ring, and with
+    the options' checks that cost ~90 us a call on the 2-core VM, a third of
+    a Reader's time for a batch of 64 small files. An open context keeps
+    working even if the engine's probe would now say otherwise."""
+    if getattr(_local, "pid", None) != os.getpid():
+        # A fork()ed child (a DataLoader worker) cannot use its parent's
+        # contexts (their helper threads stayed in the parent: the C core
+        # refuses them with ECHILD), so it opens its own.
+        _local.contexts, _local.fast, _local.pid = {}, {}, os.getpid()
+    try:
+        given = options if options is None or isinstance(options, EngineOptions) else \
+            tuple(sorted(dict(options).items()))
+        fast_key = (engine, given, tuple(sorted(opts.items())),
+                    tuple(map(os.environ.get, _ENV_VARS)))
+        ctx = _local.fast.get(fast_key)
+    except TypeError:  # an unhashable option value: take the full path
+        fast_key, ctx = None, None
+    if ctx is not None:
+        return ctx
     name = resolve(engine)
     coerced = EngineOptions.coerce(options, **opts)
     resolved = coerced.resolve(name)
     key = (name,) + tuple(sorted(resolved.items()))
-    cache = getattr(_local, "contexts", None)
-    if cache is None:
-        cache = _local.contexts = {}
-    ctx = cache.get(key)
+    ctx = _local.contexts.get(key)
     if ctx is None:
         _, ctx = open_engine(engine, lambda n: _core.Context(n, **coerced.resolve(n)))
-        cache[key] = ctx
+        _local.contexts[key] = ctx
+    if fast_key is not None:
+        _local.fast[fast_key] = ctx
     return ctx

@@ -433,6 +433,40 @@ EXPORT int cuMemcpyDtoH_v2(void *dst, unsigned long long src, size_t n)
     return 0;
 }
 
+/* Events: a host clock reading at record time (work is synchronous here). */
+EXPORT int cuEventCreate(void **ev, unsigned flags)
+{
+    (void)flags;
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *ev = calloc(1, sizeof(struct timespec));
+    return *ev ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
+}
+EXPORT int cuEventRecord(void *ev, void *s)
+{
+    (void)s;
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    clock_gettime(CLOCK_MONOTONIC, (struct timespec *)ev);
+    return 0;
+}
+EXPORT int cuEventSynchronize(void *ev) { (void)ev; return ctx_depth ? 0 : CUDA_ERROR_INVALID_CONTEXT; }
+EXPORT int cuEventElapsedTime(float *ms, void *a, void *b)
+{
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    const struct timespec *x = a, *y = b;
+    *ms = (float)((double)(y->tv_sec - x->tv_sec) * 1e3 + (double)(y->tv_nsec - x->tv_nsec) * 1e-6);
+    return 0;
+}
+EXPORT int cuEventDestroy_v2(void *ev)
+{
+    if (!ctx_depth)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    free(ev);
+    return 0;
+}
+
 /* cuLaunchKernel runs fr_gather_rows on host threads, one row at a time per
  * thread through the header's own cache and ring code (fr_dev_read_row):
  * the warp-level grouping is the only part of the kernel it leaves out. */
@@ -451,11 +485,13 @@ static void *emu_thread(void *p)
     const fr_dev_store *s = e->s;
     fr_dev_counts cnt;
     memset(&cnt, 0, sizeof(cnt));
+    /* The kernel's pin epoch: pinned pages are read with no reference. */
+    uint32_t epoch = s->cache.pins ? __atomic_load_n(&s->result->epoch, __ATOMIC_ACQUIRE) : 0;
     for (unsigned long long i = e->k; i < e->n; i += e->nthreads) {
         if (fr_dev_aborted(s) || __atomic_load_n(&s->result->error, __ATOMIC_ACQUIRE))
             break;
         int64_t id = e->id_bytes == 4 ? ((const int32_t *)e->ids)[i] : ((const int64_t *)e->ids)[i];
-        int rc = fr_dev_read_row(s, id, e->out + i * s->row_bytes, &cnt);
+        int rc = fr_dev_read_row_e(s, id, e->out + i * s->row_bytes, &cnt, epoch);
         if (rc == FR_DEV_ERANGE) {
             uint64_t cur = __atomic_load_n(&s->result->first_bad, __ATOMIC_SEQ_CST);
             while (i < cur && !__atomic_compare_exchange_n(&s->result->first_bad, &cur, i, 0,

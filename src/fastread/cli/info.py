@@ -26,14 +26,9 @@ def collect():
     from fastread import _defaults
 
     engines = {name: (True if ok is True else str(ok)) for name, ok in fastread.engines().items()}
-    try:
-        from fastread.engine import resolve
-        auto = resolve("auto")
-    except ValueError as e:
-        auto = None
-        auto_reason = str(e)
-    else:
-        auto_reason = None
+    from fastread.engine import auto_choice
+    # What engine="auto" picks here, and the measured rule behind it (or why none).
+    auto, auto_reason = auto_choice()
     from fastread.engine import xnvme_version
     xver, xwhy = xnvme_version()
     devices, why = _env.cuda_devices()
@@ -105,6 +100,8 @@ def format_engines(data, width=None):
     else:
         head = f"engines (engine='auto' fails: {data.get('engine_auto_reason')}):"
     out = [head]
+    if data.get("engine_auto") and data.get("engine_auto_reason"):
+        out += _wrapped("  auto's rule: ", data["engine_auto_reason"], width)
     name_w = max(map(len, engines), default=0)
     ok = [n for n, s in engines.items() if s is True]
     partial = [n for n, s in engines.items()

@@ -1,0 +1,413 @@
+"""The engine matrix of issue 16: every engine through read_files() and Reader,
+for small, ImageNet-sized and large files, warm and cold, two batch sizes.
+
+    python bench/engines.py --out bench-results/engines.json --plot bench-results/engines.png
+
+Cells: size (4k, 92k, 1m) x cache (warm, cold) x batch (64, 256) x engine
+(io_uring, psync, xnvme-file where built, auto) x api (read_files, reader).
+Rounds are interleaved: round r runs every cell once (in the same order)
+before round r + 1 starts, so a slow spell of a shared machine hits every
+cell alike; each cell reports the median of its rounds and every round's
+value. Cold cells drop the page cache (dentries and inodes too) before each
+timed run (`sync; echo 3 > /proc/sys/vm/drop_caches`: root), or with
+--evict drop only the data's pages (posix_fadvise: no root, but paths stay
+cached). Cold runs also time the disk's ceiling: one file read front to back
+in 1 MiB O_DIRECT ranges with many in flight (io_uring), in GB/s.
+
+Data: the 92k set is a `fastread make-dataset` tree (--data-92k); the 4k and
+1m sets are made under --data-root on first use (random bytes, fixed seed).
+
+What a cell measures: `files` files (default: all of the set) read in batches
+of `batch`. read_files: one read_files() call per batch, in order, no size
+hints, no read-ahead (the arrays are dropped before the next call). reader:
+one epoch of fastread.Reader (no shuffle) after an untimed epoch that
+learns the files' sizes (a Reader's steady state); the cold run drops the
+cache after that epoch. Reported: files/s, MB/s, and CPU seconds per file
+of the whole process (getrusage: every thread, io-wq workers included).
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = {"4k": 4096, "92k": None, "1m": 1 << 20}
+DEFAULT_COUNTS = {"4k": 20000, "92k": 20000, "1m": 2000}
+
+
+def make_set(root, name, size, count, seed=0):
+    """A tree of `count` files of `size` bytes (10 directories), made once."""
+    top = os.path.join(root, f"engines-{name}")
+    marker = os.path.join(top, ".complete")
+    try:
+        with open(marker) as f:
+            if int(f.read().split()[0]) >= count:
+                return top
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random(seed)
+    for i in range(count):
+        d = os.path.join(top, f"d{i % 10:02d}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i:06d}.bin"), "wb") as f:
+            f.write(rng.randbytes(size))
+    with open(marker, "w") as f:
+        f.write(f"{count} files of {size} bytes\n")
+    return top
+
+
+def list_files(top):
+    """Every regular file under top (dot files excepted), in sorted order."""
+    out = []
+    for d, dirs, files in os.walk(top):
+        dirs.sort()
+        out += [os.path.join(d, f) for f in sorted(files) if not f.startswith(".")]
+    return out
+
+
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def drop_caches(paths, evict):
+    if evict:
+        for p in paths:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def warm(paths):
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 20):
+                pass
+
+
+def engine_spec(spec):
+    """'name' or 'name:key=value;key=value' (a variant with its own engine
+    options, e.g. io_uring:engine_args=taskrun=coop or psync:threads=2)."""
+    name, _, rest = spec.partition(":")
+    opts = {}
+    for item in filter(None, rest.split(";")):
+        k, _, v = item.partition("=")
+        try:
+            opts[k] = int(v, 0)
+        except ValueError:
+            opts[k] = v
+    return name, opts
+
+
+def run_read_files(paths, batch, spec, opts):
+    import fastread
+    engine, extra = engine_spec(spec)
+    opts = {**opts, **extra}
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    nbytes = 0
+    for i in range(0, len(paths), batch):
+        arrays = fastread.read_files(paths[i:i + batch], engine=engine, **opts)
+        nbytes += sum(a.nbytes for a in arrays)
+        del arrays
+    return time.perf_counter() - t0, cpu_seconds() - c0, nbytes
+
+
+def run_reader(paths, batch, spec, opts, cold, evict):
+    """One timed epoch of a fresh Reader, after an untimed epoch that learns
+    the files' sizes (a Reader's steady state from its second epoch on)."""
+    import fastread
+    engine, extra = engine_spec(spec)
+    opts = {**opts, **extra}
+    with fastread.Reader(files=paths, labels=[0] * len(paths), batch_size=batch, engine=engine,
+                         **opts) as reader:
+        for arrays, _ in reader:
+            del arrays
+        if cold:
+            drop_caches(paths, evict)
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        nbytes = 0
+        for arrays, _ in reader:
+            nbytes += sum(a.nbytes for a in arrays)
+            del arrays
+        return time.perf_counter() - t0, cpu_seconds() - c0, nbytes
+
+
+def ceiling(path, evict, piece=1 << 20, sequential=True, count=None):
+    """GB/s of cold O_DIRECT reads of `piece` bytes from `path` with io_uring
+    (4 rings x 64 in flight): front to back, or at random 4 KiB-aligned
+    offsets (seed 0), the disk's ceiling for requests of a file's size."""
+    import random
+    from fastread import _core
+    size = os.path.getsize(path)
+    piece = (piece + 4095) // 4096 * 4096
+    if sequential:
+        offs = list(range(0, size - piece + 1, piece))
+    else:
+        rng = random.Random(0)
+        n = count or max(1000, min(20000, (1 << 30) // piece))
+        offs = [rng.randrange(0, (size - piece) // 4096) * 4096 for _ in range(n)]
+    drop_caches([path], evict)
+    ctx = _core.Context("io_uring", threads=4, queue_depth=64, o_direct=True)
+    t0 = time.perf_counter()
+    for i in range(0, len(offs), 256):
+        part = offs[i:i + 256]
+        b = ctx.read_ranges(path, part, [piece] * len(part))
+        if b.failures():
+            raise OSError(f"ceiling read of {path} failed: {b.failures()[:3]}")
+        b.release()
+    dt = time.perf_counter() - t0
+    ctx.close()
+    return len(offs) * piece / dt / 1e9
+
+
+def make_ceiling_file(root, gib=2):
+    path = os.path.join(root, "engines-ceiling.bin")
+    want = gib << 30
+    if not os.path.exists(path) or os.path.getsize(path) != want:
+        chunk = os.urandom(1 << 24)
+        with open(path + ".tmp", "wb") as f:
+            for _ in range(want // len(chunk)):
+                f.write(chunk)
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def machine():
+    import fastread
+    info = {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
+            "python": platform.python_version(), "fastread": getattr(fastread, "__version__", "?"),
+            "engines": {k: (v if v is True else str(v)) for k, v in fastread.engines().items()}}
+    try:
+        from fastread.engine import resolve
+        info["auto"] = resolve("auto")
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        info["auto"] = f"error: {e}"
+    try:
+        with open("/proc/meminfo") as f:
+            info["mem_total"] = f.readline().split(":")[1].strip()
+    except OSError:
+        pass
+    return info
+
+
+def plot(result, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cells = result["cells"]
+    sizes = [s for s in result["config"]["sizes"]]
+    caches = result["config"]["caches"]
+    batches = result["config"]["batches"]
+    engines = result["config"]["engines"]
+    apis = result["config"]["apis"]
+    rows = [(s, c) for s in sizes for c in caches]
+    fig, axes = plt.subplots(len(rows), len(batches), figsize=(5.5 * len(batches), 3.2 * len(rows)),
+                             squeeze=False)
+    for r, (s, c) in enumerate(rows):
+        for b_i, b in enumerate(batches):
+            ax = axes[r][b_i]
+            width = 0.8 / max(1, len(engines))
+            for e_i, e in enumerate(engines):
+                vals = []
+                for a in apis:
+                    cell = next((x for x in cells if x["size"] == s and x["cache"] == c and
+                                 x["batch"] == b and x["engine"] == e and x["api"] == a), None)
+                    vals.append(cell["files_per_s"] if cell and "files_per_s" in cell else 0)
+                xs = [i + e_i * width for i in range(len(apis))]
+                ax.bar(xs, vals, width, label=e)
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(apis))])
+            ax.set_xticklabels(apis)
+            ax.set_title(f"{s} files, {c}, batch {b}")
+            ax.set_ylabel("files/s")
+            if r == 0 and b_i == 0:
+                ax.legend(fontsize="small")
+    fig.suptitle(f"fastread engines on {result['machine']['host']} "
+                 f"({result['machine']['cpus']} CPUs), median of {result['config']['rounds']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def summarize(result):
+    """Lines comparing engines within each (size, cache, batch, api)."""
+    out = []
+    cells = [c for c in result["cells"] if "files_per_s" in c]
+    keys = sorted({(c["size"], c["cache"], c["batch"], c["api"]) for c in cells},
+                  key=lambda k: (list(SIZES).index(k[0]), k[1], k[2], k[3]))
+    ceil = result.get("ceiling_gb_per_s")
+    rceil = result.get("random_ceiling_gb_per_s", {})
+    for k in keys:
+        group = {c["engine"]: c for c in cells if (c["size"], c["cache"], c["batch"], c["api"]) == k}
+        best = max(c["files_per_s"] for c in group.values())
+        parts = []
+        for e, c in group.items():
+            s = f"{e} {c['files_per_s']:,.0f} ({c['files_per_s'] / best:.2f}x best"
+            if ceil and k[1] == "cold":
+                s += f", {100 * c['mb_per_s'] / 1000 / ceil:.0f}% of sequential"
+                if rceil.get(k[0]):
+                    s += f", {100 * c['mb_per_s'] / 1000 / rceil[k[0]]:.0f}% of random ceiling"
+            parts.append(s + ")")
+        out.append(f"{k[0]:>4} {k[1]:4} batch {k[2]:3} {k[3]:10}: " + "; ".join(parts))
+    # read_files against Reader, same engine
+    for c in cells:
+        if c["api"] != "read_files":
+            continue
+        r = next((x for x in cells if x["api"] == "reader" and x["engine"] == c["engine"] and
+                  x["size"] == c["size"] and x["cache"] == c["cache"] and x["batch"] == c["batch"]),
+                 None)
+        if r:
+            c["of_reader"] = c["files_per_s"] / r["files_per_s"]
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-92k", default="/var/tmp/fastread-bench/imagenet-20k",
+                   help="a `fastread make-dataset` tree (the 92k set)")
+    p.add_argument("--data-root", default="/var/tmp/fastread-bench",
+                   help="where the 4k and 1m sets (and the ceiling file) are made")
+    p.add_argument("--sizes", default="4k,92k,1m")
+    p.add_argument("--caches", default="warm,cold")
+    p.add_argument("--batches", default="64,256")
+    p.add_argument("--engines", default="io_uring,psync,xnvme-file,auto",
+                   help="engines, or variants name:key=value;key=value (see engine_spec)")
+    p.add_argument("--apis", default="read_files,reader")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--files", type=int, default=0,
+                   help="files per cell (default: 20000 for 4k and 92k, 2000 for 1m)")
+    p.add_argument("--evict", action="store_true",
+                   help="cold: evict the data's pages only (no root; dentries stay cached)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine option for every cell (e.g. threads=0, queue_depth=128)")
+    p.add_argument("--read-files-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine option for read_files cells only (e.g. threads=0)")
+    p.add_argument("--reader-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="Reader option for reader cells only (e.g. workers=2)")
+    p.add_argument("--out", default="bench-results/engines.json")
+    p.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
+    p.add_argument("--no-ceiling", action="store_true")
+    args = p.parse_args(argv)
+
+    def kv(items):
+        out = {}
+        for it in items:
+            k, _, v = it.partition("=")
+            try:
+                out[k] = int(v, 0)
+            except ValueError:
+                out[k] = v
+        return out
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import fastread
+    sizes = args.sizes.split(",")
+    caches = args.caches.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+    avail = fastread.engines()
+    engines = [e for e in args.engines.split(",")
+               if engine_spec(e)[0] == "auto" or avail.get(engine_spec(e)[0]) is True]
+    skipped = {e: str(avail.get(engine_spec(e)[0])) for e in args.engines.split(",")
+               if e not in engines}
+    apis = args.apis.split(",")
+    common = kv(args.option)
+    rf_opts = {**common, **kv(args.read_files_option)}
+    rd_opts = {**common, **kv(args.reader_option)}
+
+    sets = {}
+    for s in sizes:
+        if s == "92k":
+            top = args.data_92k
+        else:
+            top = make_set(args.data_root, s, SIZES[s], max(args.files, DEFAULT_COUNTS[s]))
+        paths = list_files(top)
+        n = args.files or DEFAULT_COUNTS[s]
+        sets[s] = paths[:n]
+        print(f"set {s}: {len(sets[s])} files from {top}", flush=True)
+
+    result = {"machine": machine(), "skipped_engines": skipped,
+              "config": {"sizes": sizes, "caches": caches, "batches": batches, "engines": engines,
+                         "apis": apis, "rounds": args.rounds, "evict": args.evict,
+                         "options": common, "read_files_options": rf_opts,
+                         "reader_options": rd_opts, "argv": sys.argv[1:]},
+              "cells": []}
+    print(json.dumps(result["machine"]), flush=True)
+    if "cold" in caches and not args.no_ceiling:
+        cf = make_ceiling_file(args.data_root)
+        vals = [ceiling(cf, args.evict) for _ in range(args.rounds)]
+        result["ceiling_gb_per_s"] = statistics.median(vals)
+        result["ceiling_rounds"] = vals
+        print(f"disk ceiling, sequential 1 MiB: {result['ceiling_gb_per_s']:.2f} GB/s ({vals})",
+              flush=True)
+        # Per set: random reads of the set's mean file size (what a cold
+        # file read can hope for at best: it also needs its metadata).
+        result["random_ceiling_gb_per_s"] = {}
+        for s_name, paths in sets.items():
+            mean = sum(os.path.getsize(p) for p in paths[:2000]) / min(2000, len(paths))
+            vals = [ceiling(cf, args.evict, piece=int(mean), sequential=False)
+                    for _ in range(args.rounds)]
+            result["random_ceiling_gb_per_s"][s_name] = statistics.median(vals)
+            print(f"disk ceiling, random {mean / 1024:.0f} KiB: "
+                  f"{statistics.median(vals):.2f} GB/s ({vals})", flush=True)
+
+    cells = [(s, c, b, e, a) for s in sizes for c in caches for b in batches for e in engines
+             for a in apis]
+    runs = {k: [] for k in cells}
+    for rnd in range(args.rounds):
+        for k in cells:
+            s, c, b, e, a = k
+            paths = sets[s]
+            if a == "reader":
+                dt, cpu, nbytes = run_reader(paths, b, e, rd_opts, c == "cold", args.evict)
+            else:
+                if c == "cold":
+                    drop_caches(paths, args.evict)
+                else:
+                    warm(paths)
+                dt, cpu, nbytes = run_read_files(paths, b, e, rf_opts)
+            runs[k].append({"s": dt, "cpu_s": cpu, "bytes": nbytes})
+            print(f"round {rnd} {s:>4} {c:4} b{b:<3} {e:10} {a:10} "
+                  f"{len(paths) / dt:10,.0f} files/s  {nbytes / dt / 1e6:8.0f} MB/s  "
+                  f"{cpu / len(paths) * 1e6:6.1f} us cpu/file", flush=True)
+
+    for k, rs in runs.items():
+        s, c, b, e, a = k
+        n = len(sets[s])
+        rates = [n / r["s"] for r in rs]
+        med = statistics.median(rates)
+        mid = sorted(rs, key=lambda r: r["s"])[len(rs) // 2]
+        result["cells"].append({"size": s, "cache": c, "batch": b, "engine": e, "api": a,
+                                "files": n, "files_per_s": med, "rounds_files_per_s": rates,
+                                "mb_per_s": mid["bytes"] / mid["s"] / 1e6,
+                                "cpu_us_per_file": statistics.median(
+                                    r["cpu_s"] / n * 1e6 for r in rs)})
+    lines = summarize(result)
+    result["summary"] = lines
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print("\n".join(lines))
+    for c in result["cells"]:
+        if "of_reader" in c:
+            print(f"read_files/Reader {c['size']:>4} {c['cache']:4} b{c['batch']:<3} "
+                  f"{c['engine']:10}: {c['of_reader']:.2f}")
+    png = args.plot or os.path.splitext(args.out)[0] + ".png"
+    try:
+        plot(result, png)
+        print(f"wrote {args.out} and {png}")
+    except ImportError as e:
+        print(f"wrote {args.out} (no plot: {e})")
+
+
+if __name__ == "__main__":
+    main()
