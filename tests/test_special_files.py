@@ -254,3 +254,37 @@ def test_failure_does_not_disturb_the_next_batch(tmp_path, engine):
         results.append(["rest", rest])
     """, epochs=0)
     assert res[1] == ["rest", expected_epoch(paths)[6:]]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_tree_with_special_entries(tmp_path, engine):
+    """A class directory holding, besides files, a directory named like a
+    sample, a FIFO, a socket, a dangling symlink and a symlink to a FIFO:
+    scan lists what fn.readers.file would (files and symlinks), the
+    directory, FIFO and socket are skipped, and each listed entry that is no
+    readable file fails its own sample, naming it, without blocking."""
+    c0 = tmp_path / "tree" / "c0"
+    c0.mkdir(parents=True)
+    (c0 / "a.jpg").write_bytes(b"aaa")
+    (c0 / "dir.jpg").mkdir()
+    os.mkfifo(c0 / "fifo.jpg")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(c0 / "sock.jpg"))
+    (c0 / "dangling.jpg").symlink_to(tmp_path / "missing")
+    os.mkfifo(tmp_path / "elsewhere")
+    (c0 / "to_fifo.jpg").symlink_to(tmp_path / "elsewhere")
+    (c0 / "z.jpg").write_bytes(b"zz")
+    root = str(tmp_path / "tree")
+    try:
+        res = run_case(f"""
+            paths, _ = fastread.scan({root!r})
+            print(json.dumps([paths, outcome(paths, {engine!r})]))
+        """)
+    finally:
+        sock.close()
+    paths, got = res
+    names = [os.path.basename(p) for p in paths]
+    assert names == ["a.jpg", "dangling.jpg", "to_fifo.jpg", "z.jpg"]
+    assert got[0] == ["ok", "aaa"] and got[3] == ["ok", "zz"]
+    assert got[1][:2] == ["err", 2] and "dangling symlink" in got[1][2]
+    assert got[2][:2] == ["err", 22] and "a FIFO" in got[2][2] and got[2][3] == paths[2]
