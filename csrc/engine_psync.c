@@ -60,14 +60,10 @@ static void open_one(psync *p, size_t k)
      * once so fstat can refuse it instead of blocking for a writer. */
     int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (p->cfg.o_direct ? O_DIRECT : 0);
     int fd;
-    do {
-        fd = open(path, flags);
-    } while (fd < 0 && errno == EINTR);
+    fd = fr_open_retry(path, flags);
     if (fd < 0 && errno == EINVAL && p->cfg.o_direct) {
         /* This file system refuses O_DIRECT: read the file through the cache. */
-        do {
-            fd = open(path, flags & ~O_DIRECT);
-        } while (fd < 0 && errno == EINTR);
+        fd = fr_open_retry(path, flags & ~O_DIRECT);
     }
     p->fds[k] = -1;
     if (fd < 0) {

@@ -35,6 +35,10 @@ void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len)
  * pause) before its errno is the sample's error. */
 #define FR_RETRY_LIMIT 100
 
+/* open(path, flags), retrying EINTR and EAGAIN (at most FR_RETRY_LIMIT
+ * times, EAGAIN after 1 ms); the descriptor, or -1 with errno set. */
+int fr_open_retry(const char *path, int flags);
+
 /* pread until `len` bytes or end of file, retrying EINTR/EAGAIN (at most
  * FR_RETRY_LIMIT in a row) and short reads; returns bytes read or -errno. */
 ssize_t fr_pread_full(int fd, void *buf, size_t len, off_t offset);

@@ -83,8 +83,8 @@ def test_eio_fails_that_sample_only_and_the_next_batch_is_exact(shim, files, op)
     assert second == exact(files)
 
 
-@pytest.mark.parametrize("op,mode", [("open", "eintr"), ("read", "eintr"), ("read", "eagain"),
-                                     ("read", "short"), ("read", "stall")])
+@pytest.mark.parametrize("op,mode", [("open", "eintr"), ("open", "eagain"), ("read", "eintr"),
+                                     ("read", "eagain"), ("read", "short"), ("read", "stall")])
 def test_retryable_faults_give_exact_bytes(shim, files, op, mode):
     first, second = run(shim, files, op, mode, 3)
     assert first == exact(files) and second == exact(files)
@@ -95,9 +95,10 @@ def test_every_read_short_still_exact(shim, files):
     assert first == exact(files) and second == exact(files)
 
 
+@pytest.mark.parametrize("op", ["open", "read"])
 @pytest.mark.parametrize("mode", ["eintr", "eagain"])
-def test_endless_eintr_or_eagain_on_read_is_an_error_not_a_hang(shim, files, mode):
-    first, second = run(shim, files, "read", mode, -1)
+def test_endless_eintr_or_eagain_is_an_error_not_a_hang(shim, files, op, mode):
+    first, second = run(shim, files, op, mode, -1)
     for r in (first, second):
         assert r[0] == "err" and r[2] == files[1] and r[4] == [files[1]], r
 
