@@ -186,6 +186,7 @@ static int psync_read_files(void *state, const char *const *paths, const int64_t
     psync *p = state;
     p->paths = paths;
     p->batch = batch;
+    unsigned fd_waits = 0;
     for (size_t first = 0; first < n; first += p->count) {
         p->first = first;
         p->count = n - first < p->window ? n - first : p->window;
@@ -196,17 +197,24 @@ static int psync_read_files(void *state, const char *const *paths, const int64_t
             opened += p->fds[k] >= 0;
             out_of_fds += p->sizes[k] == -EMFILE || p->sizes[k] == -ENFILE;
         }
-        if (out_of_fds && p->count > 1) {
+        if (out_of_fds && (p->count > 1 || fd_waits < FR_RETRY_LIMIT)) {
             /* Out of descriptors: close the window, open fewer files at a
-             * time (one at a time at worst, where EMFILE is the answer). */
+             * time. At one file, other threads (a reader's other workers)
+             * may hold them all for a moment: wait a little, FR_RETRY_LIMIT
+             * times at most, before EMFILE is the answer. */
             for (size_t k = 0; k < p->count; k++)
                 if (p->fds[k] >= 0)
                     close(p->fds[k]);
+            if (p->count == 1) {
+                fd_waits++;
+                fr_pause_1ms();
+            }
             p->window = opened / 2 > 1 ? opened / 2 : 1;
             p->window_shrinks++;
             p->count = 0; /* the same files again */
             continue;
         }
+        fd_waits = 0;
         /* fr_layout indexes samples from 0: shift the window's view. */
         fr_sample *saved = batch->samples;
         batch->samples = saved + first;

@@ -1099,6 +1099,7 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
             return end_call(u, n, rc);
     } else {
         size_t count;
+        unsigned fd_waits = 0;
         for (size_t first = 0; first < n; first += count) {
             count = n - first < u->window ? n - first : u->window;
             u->first = first;
@@ -1110,15 +1111,22 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
                 opened += u->fds[i] >= 0;
                 out_of_fds += u->sizes[i] == -EMFILE || u->sizes[i] == -ENFILE;
             }
-            if (rc == 0 && out_of_fds && count > 1) {
+            if (rc == 0 && out_of_fds && (count > 1 || fd_waits < FR_RETRY_LIMIT)) {
                 /* Out of descriptors: close the window and size fewer files
-                 * at a time (one at worst, where EMFILE stays the error). */
+                 * at a time. At one file, other threads (a reader's other
+                 * workers) may hold them all for a moment: wait a little,
+                 * FR_RETRY_LIMIT times at most, before EMFILE is the error. */
                 close_window(u, first, count);
+                if (count == 1) {
+                    fd_waits++;
+                    fr_pause_1ms();
+                }
                 u->window = opened / 2 > 1 ? opened / 2 : 1;
                 u->window_shrinks++;
                 count = 0; /* the same files again */
                 continue;
             }
+            fd_waits = 0;
             if (rc == 0)
                 rc = layout_window(u, batch, first, count);
             if (rc == 0)

@@ -46,7 +46,7 @@ int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
     return rc;
 }
 
-static void pause_1ms(void)
+void fr_pause_1ms(void)
 {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
@@ -64,7 +64,7 @@ int fr_open_retry(const char *path, int flags)
             return -1;
         }
         if (e == EAGAIN)
-            pause_1ms(); /* e.g. a lease being broken */
+            fr_pause_1ms(); /* e.g. a lease being broken */
     }
 }
 
@@ -78,7 +78,7 @@ ssize_t fr_pread_full(int fd, void *buf, size_t len, off_t offset)
             int e = errno;
             if ((e == EINTR || e == EAGAIN) && ++tries < FR_RETRY_LIMIT) {
                 if (e == EAGAIN)
-                    pause_1ms(); /* give whatever holds the file a moment */
+                    fr_pause_1ms(); /* give whatever holds the file a moment */
                 continue;
             }
             return -e; /* a file that never stops refusing is an error, not a hang */

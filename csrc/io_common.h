@@ -35,6 +35,9 @@ void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len)
  * pause) before its errno is the sample's error. */
 #define FR_RETRY_LIMIT 100
 
+/* Sleeps about a millisecond (between retries of a refused call). */
+void fr_pause_1ms(void);
+
 /* open(path, flags), retrying EINTR and EAGAIN (at most FR_RETRY_LIMIT
  * times, EAGAIN after 1 ms); the descriptor, or -1 with errno set. */
 int fr_open_retry(const char *path, int flags);
