@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base.h"
 #include "gather_xnvme_cuda.h"
 
 #ifdef FASTREAD_HAVE_XNVME_CUDA
@@ -29,18 +30,6 @@
 #include "gather_backend.h"
 #include "gpu.h"
 #endif
-
-/* Like base.h's fr_set_err, but NULL-safe for the best-effort callers. */
-__attribute__((format(printf, 3, 4))) static void xc_err(char *err, size_t err_len,
-                                                         const char *fmt, ...)
-{
-    if (!err || err_len == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 static int parse_u32(const char *v, size_t n, unsigned long max, unsigned long *out)
 {
@@ -71,7 +60,7 @@ int fr_xc_parse_args(const char *s, fr_xc_args *a, char *err, size_t err_len)
             continue;
         }
         if (!eq) {
-            xc_err(err, err_len, "xnvme-cuda: engine_args entry '%.*s' is not key=value",
+            fr_set_err(err, err_len, "xnvme-cuda: engine_args entry '%.*s' is not key=value",
                    (int)len, s);
             return -EINVAL;
         }
@@ -89,7 +78,7 @@ int fr_xc_parse_args(const char *s, fr_xc_args *a, char *err, size_t err_len)
             bad = 0; /* the host engine's key (the store shares one engine_args) */
         }
         if (bad) {
-            xc_err(err, err_len, "xnvme-cuda: bad value for '%.*s': '%.*s' (nsid >= 1, queues "
+            fr_set_err(err, err_len, "xnvme-cuda: bad value for '%.*s': '%.*s' (nsid >= 1, queues "
                    "1..1024)", (int)klen, s, (int)vlen, v);
             return -EINVAL;
         }
@@ -156,7 +145,7 @@ int fr_xc_resolve(const char *sysfs, const char *uri, char *pci, size_t pci_len,
     if (!sysfs)
         sysfs = "/sys";
     if (!uri || !*uri) {
-        xc_err(err, err_len, "xnvme-cuda: no device given (a PCI address such as 0000:01:00.0 "
+        fr_set_err(err, err_len, "xnvme-cuda: no device given (a PCI address such as 0000:01:00.0 "
                "of an NVMe controller bound to uio_pci_generic)");
         return -EINVAL;
     }
@@ -169,7 +158,7 @@ int fr_xc_resolve(const char *sysfs, const char *uri, char *pci, size_t pci_len,
         const char *b = uri + 5;
         if (!((sscanf(b, "nvme%un%u%n", &ctrl, &ns, &used) == 2 ||
                sscanf(b, "ng%un%u%n", &ctrl, &ns, &used) == 2) && b[used] == 0)) {
-            xc_err(err, err_len, "xnvme-cuda: '%s' is not an NVMe namespace (/dev/nvmeXnY) nor "
+            fr_set_err(err, err_len, "xnvme-cuda: '%s' is not an NVMe namespace (/dev/nvmeXnY) nor "
                    "a PCI address: the upcie-cuda backend drives an NVMe controller by its "
                    "PCI address", uri);
             return -EINVAL;
@@ -177,7 +166,7 @@ int fr_xc_resolve(const char *sysfs, const char *uri, char *pci, size_t pci_len,
         *nsid = ns;
         struct stat st;
         if (stat(uri, &st) != 0) {
-            xc_err(err, err_len, "xnvme-cuda: %s: no such NVMe namespace on this machine "
+            fr_set_err(err, err_len, "xnvme-cuda: %s: no such NVMe namespace on this machine "
                    "(upcie-cuda needs an NVMe controller with P2P to the GPU, bound to "
                    "uio_pci_generic, given by its PCI address)", uri);
             return -ENODEV;
@@ -186,26 +175,26 @@ int fr_xc_resolve(const char *sysfs, const char *uri, char *pci, size_t pci_len,
         snprintf(path, sizeof(path), "%s/class/nvme/nvme%u/device", sysfs, ctrl);
         link_name(path, addr, sizeof(addr));
         if (parse_pci(addr, pci, pci_len) != 0) {
-            xc_err(err, err_len, "xnvme-cuda: %s belongs to controller nvme%u, which is not a "
+            fr_set_err(err, err_len, "xnvme-cuda: %s belongs to controller nvme%u, which is not a "
                    "PCIe function (NVMe over fabrics?): upcie-cuda drives local PCIe "
                    "controllers only", uri, ctrl);
             return -ENODEV;
         }
-        xc_err(err, err_len, "xnvme-cuda: %s is served by the kernel's nvme driver (controller "
+        fr_set_err(err, err_len, "xnvme-cuda: %s is served by the kernel's nvme driver (controller "
                "nvme%u, PCI %s); the upcie-cuda backend drives the controller from user space: "
                "unbind it, bind %s to uio_pci_generic (xNVMe's xnvme-driver does this) and open "
                "\"%s\" with nsid=%u", uri, ctrl, pci, pci, pci, ns);
         return -ENODEV;
     }
     if (parse_pci(uri, pci, pci_len) != 0) {
-        xc_err(err, err_len, "xnvme-cuda: '%s' is neither a PCI address (0000:01:00.0) nor an "
+        fr_set_err(err, err_len, "xnvme-cuda: '%s' is neither a PCI address (0000:01:00.0) nor an "
                "NVMe namespace path (/dev/nvme0n1)", uri);
         return -EINVAL;
     }
     snprintf(path, sizeof(path), "%s/bus/pci/devices/%s", sysfs, pci);
     struct stat st;
     if (stat(path, &st) != 0) {
-        xc_err(err, err_len, "xnvme-cuda: no PCI device %s on this machine: the upcie-cuda "
+        fr_set_err(err, err_len, "xnvme-cuda: no PCI device %s on this machine: the upcie-cuda "
                "backend needs an NVMe controller there, bound to uio_pci_generic, with P2P DMA "
                "to the GPU", pci);
         return -ENODEV;
@@ -213,12 +202,12 @@ int fr_xc_resolve(const char *sysfs, const char *uri, char *pci, size_t pci_len,
     snprintf(path, sizeof(path), "%s/bus/pci/devices/%s/class", sysfs, pci);
     unsigned long cls = 0;
     if (read_attr(path, buf, sizeof(buf)) != 0 || sscanf(buf, "%lx", &cls) != 1) {
-        xc_err(err, err_len, "xnvme-cuda: cannot read the class of PCI device %s (%s)", pci,
+        fr_set_err(err, err_len, "xnvme-cuda: cannot read the class of PCI device %s (%s)", pci,
                path);
         return -ENODEV;
     }
     if ((cls >> 8) != 0x0108) {
-        xc_err(err, err_len, "xnvme-cuda: PCI device %s is not an NVMe controller (class "
+        fr_set_err(err, err_len, "xnvme-cuda: PCI device %s is not an NVMe controller (class "
                "0x%06lx, NVMe is 0x0108xx): nothing for the upcie-cuda backend to drive", pci,
                cls);
         return -ENODEV;
@@ -227,7 +216,7 @@ int fr_xc_resolve(const char *sysfs, const char *uri, char *pci, size_t pci_len,
     snprintf(path, sizeof(path), "%s/bus/pci/devices/%s/driver", sysfs, pci);
     link_name(path, drv, sizeof(drv));
     if (strcmp(drv, "uio_pci_generic") != 0) {
-        xc_err(err, err_len, "xnvme-cuda: NVMe controller %s is %s%s; the upcie-cuda backend "
+        fr_set_err(err, err_len, "xnvme-cuda: NVMe controller %s is %s%s; the upcie-cuda backend "
                "needs it bound to uio_pci_generic (vfio-pci is not supported for its P2P DMA)",
                pci, drv[0] ? "bound to " : "bound to no driver", drv);
         return -ENODEV;
@@ -241,7 +230,7 @@ int fr_xc_resolve(const char *sysfs, const char *uri, char *pci, size_t pci_len,
 
 int fr_xc_probe(char *why, size_t why_len)
 {
-    xc_err(why, why_len,
+    fr_set_err(why, why_len,
            "xnvme-cuda: fastread was built without xNVMe's GPU queues (libxnvme_cuda.h was not "
            "found through pkg-config's xnvme include directories at build time, or "
            "FASTREAD_XNVME_CUDA=OFF); build xNVMe main with -Dwith-cuda=enabled and reinstall "
@@ -322,7 +311,7 @@ static int load_cuda(xc_cuda *cu, const char *what, char *err, size_t err_len)
 {
     cu->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!cu->lib) {
-        xc_err(err, err_len, "xnvme-cuda: no GPU for %s: the CUDA driver (libcuda.so.1) cannot "
+        fr_set_err(err, err_len, "xnvme-cuda: no GPU for %s: the CUDA driver (libcuda.so.1) cannot "
                "be loaded: %s", what, dlerror());
         return -ENODEV;
     }
@@ -342,7 +331,7 @@ static int load_cuda(xc_cuda *cu, const char *what, char *err, size_t err_len)
     for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++) {
         *syms[i].slot = dlsym(cu->lib, syms[i].name);
         if (!*syms[i].slot) {
-            xc_err(err, err_len, "xnvme-cuda: no usable GPU for %s: the CUDA driver has no %s "
+            fr_set_err(err, err_len, "xnvme-cuda: no usable GPU for %s: the CUDA driver has no %s "
                    "(too old, or a stub?)", what, syms[i].name);
             return -ENOSYS;
         }
@@ -370,18 +359,18 @@ int fr_xc_probe(char *why, size_t why_len)
     char built[16];
     snprintf(built, sizeof(built), "%d.%d.", major, minor);
     if (strncmp(FASTREAD_XNVME_BUILD_VERSION, built, strlen(built)) != 0) {
-        xc_err(why, why_len, "xnvme-cuda: built against xNVMe %s but libxnvme %d.%d.%d is "
+        fr_set_err(why, why_len, "xnvme-cuda: built against xNVMe %s but libxnvme %d.%d.%d is "
                "loaded (reinstall fastread against this xNVMe)", FASTREAD_XNVME_BUILD_VERSION,
                major, minor, patch);
         return -ENOTSUP;
     }
     if (!have_upcie_cuda()) {
-        xc_err(why, why_len, "xnvme-cuda: the loaded libxnvme %d.%d.%d has no upcie-cuda "
+        fr_set_err(why, why_len, "xnvme-cuda: the loaded libxnvme %d.%d.%d has no upcie-cuda "
                "backend (built without CUDA: rebuild xNVMe with -Dwith-cuda=enabled)", major,
                minor, patch);
         return -ENOTSUP;
     }
-    xc_err(why, why_len, "xNVMe %d.%d.%d with upcie-cuda (built against %s)", major, minor,
+    fr_set_err(why, why_len, "xNVMe %d.%d.%d with upcie-cuda (built against %s)", major, minor,
            patch, FASTREAD_XNVME_BUILD_VERSION);
     return 0;
 }
@@ -400,7 +389,7 @@ static int push_ctx(xc *x, char *err, size_t err_len)
 {
     CUres r = x->cu.cuCtxPushCurrent(x->ctx);
     if (r) {
-        xc_err(err, err_len, "xnvme-cuda: %s: cuCtxPushCurrent (xNVMe's CUDA context): %s",
+        fr_set_err(err, err_len, "xnvme-cuda: %s: cuCtxPushCurrent (xNVMe's CUDA context): %s",
                x->what, cu_str(x, r));
         return -EIO;
     }
@@ -429,7 +418,7 @@ static int create_queues(xc *x, char *err, size_t err_len)
             x->queues[i] = NULL;
             /* Its sign is not reliable (a negated CUresult and a positive
              * errno both occur): report the raw value. */
-            xc_err(err, err_len, "xnvme-cuda: %s: xnvme_cuda_queue_create (queue %u of %u, depth "
+            fr_set_err(err, err_len, "xnvme-cuda: %s: xnvme_cuda_queue_create (queue %u of %u, depth "
                    "%u) failed with %d%s", x->what, i + 1, x->nq, x->qdepth, rc,
                    rc == -ENOSYS ? " (libxnvme built without CUDA)"
                                  : i ? " (the controller grants fewer I/O queues? set "
@@ -441,7 +430,7 @@ static int create_queues(xc *x, char *err, size_t err_len)
     if (r == 0)
         r = x->cu.cuMemsetD8(x->d_locks, 0, x->nq * sizeof(uint32_t));
     if (r) {
-        xc_err(err, err_len, "xnvme-cuda: %s: publishing the queue table: %s", x->what,
+        fr_set_err(err, err_len, "xnvme-cuda: %s: publishing the queue table: %s", x->what,
                cu_str(x, r));
         return -EIO;
     }
@@ -502,7 +491,7 @@ static void explain_open(const xc *x, int e, size_t heap, int gpu, char *err, si
         why = strerror(e);
         break;
     }
-    xc_err(err, err_len, "xnvme-cuda: xNVMe's upcie-cuda backend could not open %s (GPU %d, "
+    fr_set_err(err, err_len, "xnvme-cuda: xNVMe's upcie-cuda backend could not open %s (GPU %d, "
            "%zu MiB GPU heap): %s (errno %d)", x->what, gpu, heap >> 20, why, e);
 }
 
@@ -512,7 +501,7 @@ static int iova_of(xc *x, void *p, uint64_t *out, char *err, size_t err_len)
 {
     int rc = xnvme_buf_vtophys(x->dev, p, out);
     if (rc) {
-        xc_err(err, err_len, "xnvme-cuda: %s: xnvme_buf_vtophys failed (%d)", x->what, rc);
+        fr_set_err(err, err_len, "xnvme-cuda: %s: xnvme_buf_vtophys failed (%d)", x->what, rc);
         return rc < 0 ? rc : -EIO;
     }
     return 0;
@@ -524,13 +513,13 @@ static int dev_alloc(xc *x, uint64_t *d, const void *src, size_t len, const char
     CUres r = x->cu.cuMemAlloc(d, len);
     if (r) {
         *d = 0;
-        xc_err(err, err_len, "xnvme-cuda: %s: cuMemAlloc (%s, %zu bytes): %s", x->what, what, len,
+        fr_set_err(err, err_len, "xnvme-cuda: %s: cuMemAlloc (%s, %zu bytes): %s", x->what, what, len,
                cu_str(x, r));
         return -ENOMEM;
     }
     r = src ? x->cu.cuMemcpyHtoD(*d, src, len) : x->cu.cuMemsetD8(*d, 0, len);
     if (r) {
-        xc_err(err, err_len, "xnvme-cuda: %s: initialising %s: %s", x->what, what, cu_str(x, r));
+        fr_set_err(err, err_len, "xnvme-cuda: %s: initialising %s: %s", x->what, what, cu_str(x, r));
         return -EIO;
     }
     return 0;
@@ -543,13 +532,13 @@ static int setup_bounce(xc *x, char *err, size_t err_len)
     size_t mpp = g->mem_pages_per_page, n = (size_t)x->nq * mpp;
     x->bounce = xnvme_buf_alloc(x->dev, (size_t)x->nq * g->page_bytes);
     if (!x->bounce) {
-        xc_err(err, err_len, "xnvme-cuda: %s: xnvme_buf_alloc of %u bounce pages of %u bytes in "
+        fr_set_err(err, err_len, "xnvme-cuda: %s: xnvme_buf_alloc of %u bounce pages of %u bytes in "
                "xNVMe's GPU heap failed", x->what, x->nq, g->page_bytes);
         return -ENOMEM;
     }
     /* PRP entries after the first must be 4 KiB aligned: so must the pages. */
     if ((uintptr_t)x->bounce % FR_XC_MEM_PAGE) {
-        xc_err(err, err_len, "xnvme-cuda: %s: xNVMe's GPU heap returned %p, not 4 KiB aligned",
+        fr_set_err(err, err_len, "xnvme-cuda: %s: xNVMe's GPU heap returned %p, not 4 KiB aligned",
                x->what, x->bounce);
         return -EINVAL;
     }
@@ -560,7 +549,7 @@ static int setup_bounce(xc *x, char *err, size_t err_len)
     for (size_t i = 0; rc == 0 && i < n; i++) {
         rc = iova_of(x, (char *)x->bounce + i * FR_XC_MEM_PAGE, &iova[i], err, err_len);
         if (rc == 0 && iova[i] % FR_XC_MEM_PAGE) {
-            xc_err(err, err_len, "xnvme-cuda: %s: bounce memory page %zu has bus address 0x%llx, "
+            fr_set_err(err, err_len, "xnvme-cuda: %s: bounce memory page %zu has bus address 0x%llx, "
                    "not 4 KiB aligned", x->what, i, (unsigned long long)iova[i]);
             rc = -EINVAL;
         }
@@ -577,7 +566,7 @@ static int setup_bounce(xc *x, char *err, size_t err_len)
         x->prp_raw = xnvme_buf_alloc(x->dev, bytes);
         lists = calloc(1, bytes);
         if (!x->prp_raw || !lists) {
-            xc_err(err, err_len, "xnvme-cuda: %s: no memory for PRP lists (%zu bytes)", x->what,
+            fr_set_err(err, err_len, "xnvme-cuda: %s: no memory for PRP lists (%zu bytes)", x->what,
                    bytes);
             rc = -ENOMEM;
         } else {
@@ -596,7 +585,7 @@ static int setup_bounce(xc *x, char *err, size_t err_len)
             }
             CUres r = rc ? 0 : x->cu.cuMemcpyHtoD((uint64_t)(uintptr_t)x->prp_raw, lists, bytes);
             if (r) {
-                xc_err(err, err_len, "xnvme-cuda: %s: writing the PRP lists: %s", x->what,
+                fr_set_err(err, err_len, "xnvme-cuda: %s: writing the PRP lists: %s", x->what,
                        cu_str(x, r));
                 rc = -EIO;
             }
@@ -609,7 +598,7 @@ static int setup_bounce(xc *x, char *err, size_t err_len)
         rc = dev_alloc(x, &x->d_prp, prp, x->nq * sizeof(*prp), "PRP list addresses", err,
                        err_len);
     if (rc == -ENOMEM && err && !err[0])
-        xc_err(err, err_len, "xnvme-cuda: %s: out of host memory", x->what);
+        fr_set_err(err, err_len, "xnvme-cuda: %s: out of host memory", x->what);
     free(iova);
     free(prp);
     free(lists);
@@ -647,7 +636,7 @@ int fr_xc_open_at(const fr_backend_env *env, const char *sysfs, void **state, ch
     rc = load_cuda(&x->cu, x->what, err, err_len);
     CUres r = rc ? 0 : x->cu.cuInit(0);
     if (rc == 0 && r) {
-        xc_err(err, err_len, "xnvme-cuda: no usable GPU for %s: cuInit failed: %s (CUDA error "
+        fr_set_err(err, err_len, "xnvme-cuda: no usable GPU for %s: cuInit failed: %s (CUDA error "
                "%d)", x->what, cu_str(x, r), r);
         rc = -ENODEV;
     }
@@ -699,7 +688,7 @@ int fr_xc_open_at(const fr_backend_env *env, const char *sysfs, void **state, ch
     if (probe_buf)
         xnvme_buf_free(x->dev, probe_buf);
     if (r || !owner) {
-        xc_err(err, err_len, "xnvme-cuda: %s: cannot tell which CUDA context owns xNVMe's GPU "
+        fr_set_err(err, err_len, "xnvme-cuda: %s: cannot tell which CUDA context owns xNVMe's GPU "
                "heap (%s)", x->what, r ? cu_str(x, r) : "no context");
         xc_close(x);
         return -EIO;
@@ -771,7 +760,7 @@ static int xc_begin(void *state, char *err, size_t err_len)
 {
     xc *x = state;
     if (atomic_load(&x->cancelled)) {
-        xc_err(err, err_len, "xnvme-cuda: %s: the store is closing", x->what);
+        fr_set_err(err, err_len, "xnvme-cuda: %s: the store is closing", x->what);
         return -ECANCELED;
     }
     return 0;

@@ -19,6 +19,7 @@ from fastread.engine import EngineOptions, engines, open_context
 from fastread.errors import ReadError
 from fastread.features import FeatureStore
 from fastread.files import read_files
+from fastread.formats import Cifar10, FormatError, MultiFileRanges, SquirrelStore, WebDataset
 from fastread.bmap import build_bmap, load_bmap
 from fastread.image import ImageError, PackedImage, pack, verify
 from fastread.index import scan
@@ -28,7 +29,8 @@ from fastread.source import FileList, FileRanges, SampleSource
 __version__ = "0.1.0"
 
 __all__ = [
-    "Batch", "Context", "DeviceArray", "FeatureStore", "EngineOptions", "FileList", "FileRanges", "ImageError",
+    "Batch", "Cifar10", "Context", "DeviceArray", "FeatureStore", "FormatError", "MultiFileRanges",
+    "SquirrelStore", "WebDataset", "EngineOptions", "FileList", "FileRanges", "ImageError",
     "NativeReader", "PackedImage", "ReadError", "Reader", "SampleSource", "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
     "__version__",
 ]

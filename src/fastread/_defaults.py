@@ -31,8 +31,9 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def _parse(name, raw, kind):
-    var = _SETTINGS[name][0]
+def parse_value(var, raw, kind):
+    """``raw`` (an environment variable's text) as ``kind`` (bool, int or
+    str); ValueError naming ``var``. Every settings module parses with it."""
     if kind is bool:
         v = raw.strip().lower()
         if v in _TRUE:
@@ -46,6 +47,10 @@ def _parse(name, raw, kind):
         except ValueError:
             raise ValueError(f"{var}={raw!r}: expected an integer") from None
     return raw
+
+
+def _parse(name, raw, kind):
+    return parse_value(_SETTINGS[name][0], raw, kind)
 
 
 def get(name):

@@ -7,7 +7,7 @@ Byte sizes take a plain number or one with a binary suffix: ``64K``,
 """
 import os
 
-from fastread._defaults import _FALSE, _TRUE
+from fastread._defaults import parse_value
 
 AUTO = "auto"
 
@@ -68,20 +68,8 @@ def _parse(name, raw):
     if kind == "bytes_or_auto":
         return AUTO if str(raw).strip().lower() == AUTO else parse_bytes(raw, var)
     if kind == "tristate":
-        v = str(raw).strip().lower()
-        if v == AUTO:
-            return AUTO
-        if v in _TRUE:
-            return True
-        if v in _FALSE:
-            return False
-        raise ValueError(f"{var}={raw!r}: expected auto, or one of 1/0/true/false/on/off")
-    if kind is int:
-        try:
-            return int(raw, 0)
-        except ValueError:
-            raise ValueError(f"{var}={raw!r}: expected an integer") from None
-    return raw
+        return AUTO if str(raw).strip().lower() == AUTO else parse_value(var, raw, bool)
+    return parse_value(var, raw, kind)
 
 
 def get(name):

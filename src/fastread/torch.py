@@ -203,3 +203,8 @@ class ImageLoader:
     def close(self):
         self._teardown()
         self.reader.close()
+
+
+# Loaders over the record formats (fastread.formats.torch).
+from fastread.formats.torch import (  # noqa: E402,F401
+    Cifar10Loader, SquirrelLoader, WebDatasetLoader, augment_batch)

@@ -16,6 +16,10 @@ from fastread.cli._args import positive_int, positive_float, nonnegative_int
 # (None on the parser, so that giving one with the other format is an error).
 _JPEG_ONLY = {"mean_kb": 92.0, "width": 500, "height": 375}
 _NPY_ONLY = {"shape": (3, 224, 224), "dtype": "uint8", "array_bytes": None}
+# Formats whose files are not one sample each (fastread.formats reads them).
+_RECORD_FORMATS = ("cifar10", "webdataset", "squirrel")
+# Options of the JPEG tree that the record formats of JPEGs take too.
+_SHARED_WITH = {"webdataset": ("width", "height"), "squirrel": ("shape",)}
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -70,12 +74,14 @@ def add_parser(sub):
                     "npy, for fn.readers.numpy). Deterministic for a given --seed; a complete "
                     "tree made with the same parameters is reused.")
     p.add_argument("dir", metavar="DIR", help="dataset root (absent, empty, or made by fastread)")
-    p.add_argument("--format", choices=("jpeg", "npy"), default="jpeg",
-                   help="file format (default: jpeg)")
-    p.add_argument("--classes", type=positive_int, required=True, metavar="N",
-                   help="number of class directories")
-    p.add_argument("--per-class", type=positive_int, required=True, metavar="M",
-                   help="files per class")
+    p.add_argument("--format", choices=("jpeg", "npy") + _RECORD_FORMATS, default="jpeg",
+                   help="file format (default: jpeg); cifar10: the CIFAR-10 batch files "
+                        "(binary and pickle layouts)")
+    p.add_argument("--classes", type=positive_int, default=None, metavar="N",
+                   help="number of class directories (required for jpeg and npy)")
+    p.add_argument("--per-class", type=positive_int, default=None, metavar="M",
+                   help="files per class (required for jpeg and npy); cifar10: train images "
+                        "per class (default 5000, the real set's; test gets a fifth)")
     p.add_argument("--seed", type=nonnegative_int, default=0, metavar="S",
                    help="random seed (default: 0)")
     p.add_argument("--workers", type=positive_int, default=None, metavar="W",
@@ -86,6 +92,17 @@ def add_parser(sub):
                    help="target mean file size in KB of 1000 bytes (default: 92)")
     g.add_argument("--width", type=positive_int, default=None, help="nominal width (default: 500)")
     g.add_argument("--height", type=positive_int, default=None, help="nominal height (default: 375)")
+    g = p.add_argument_group("--format webdataset")
+    g.add_argument("--shards", type=positive_int, default=None, metavar="S",
+                   help="tar shards (default: 10); --width/--height size the JPEGs "
+                        "(default 160x120)")
+    g.add_argument("--per-shard", type=positive_int, default=None, metavar="N",
+                   help="samples (jpg, cls, json) per shard (default: 1000)")
+    g.add_argument("--compress", action="store_true", help="write .tar.gz shards")
+    g = p.add_argument_group("--format squirrel",
+                             "a squirrel-core MessagePack store: --shards S x --per-shard N "
+                             "samples {image: uint8 --shape (default 3,300,300), label} "
+                             "(default 10 x 1000, the Squirrel + DALI tutorial's Imagenette)")
     g = p.add_argument_group("--format npy")
     g.add_argument("--shape", type=shape_arg, default=None, metavar="D0,D1,...",
                    help="array shape (default: 3,224,224)")
@@ -102,6 +119,22 @@ def add_parser(sub):
 
 def _check_format_options(args):
     """Fills in per-format defaults; a usage error for the other format's options."""
+    if args.format in _RECORD_FORMATS:
+        given = [f"--{d.replace('_', '-')}" for d in list(_JPEG_ONLY) + list(_NPY_ONLY)
+                 if getattr(args, d) is not None and d not in _SHARED_WITH.get(args.format, ())]
+        if args.format == "cifar10":
+            given += [f"--{d.replace('_', '-')}" for d in ("shards", "per_shard")
+                      if getattr(args, d) is not None]
+        if args.format != "webdataset" and args.compress:
+            given.append("--compress")
+        if args.format == "cifar10" and args.classes not in (None, 10):
+            given.append("--classes (CIFAR-10 has 10)")
+        if given:
+            args._parser.error(f"{', '.join(given)} do not apply to --format {args.format}")
+        return
+    for dest in ("classes", "per_class"):
+        if getattr(args, dest) is None:
+            args._parser.error(f"--{dest.replace('_', '-')} is required for --format {args.format}")
     mine, other = (_JPEG_ONLY, _NPY_ONLY) if args.format == "jpeg" else (_NPY_ONLY, _JPEG_ONLY)
     other_format = "npy" if args.format == "jpeg" else "jpeg"
     for dest in other:
@@ -131,6 +164,8 @@ def run(args):
     before = _mtime(marker)
     what = ""
     try:
+        if args.format in _RECORD_FORMATS:
+            return _run_record_format(args, marker, before)
         if args.format == "jpeg":
             info = make_imagenet_like(args.dir, classes=args.classes, per_class=args.per_class,
                                       seed=args.seed, mean_kb=args.mean_kb, width=args.width,
@@ -150,6 +185,46 @@ def run(args):
     print(f"{info.root}: {info.files} files in {info.classes} classes, "
           f"{info.total_bytes / 1e9:.3f} GB total, mean {info.mean_bytes / 1e3:.1f} KB"
           f"{what}{' (reused)' if reused else ''}")
+    return 0
+
+
+def _run_record_format(args, marker, before):
+    from fastread.datasets.cifar10 import make_cifar10
+    from fastread.datasets.webdataset import make_webdataset
+
+    if args.format == "squirrel":
+        from fastread.datasets.squirrel import make_squirrel
+        shards = 10 if args.shards is None else args.shards
+        per_shard = 1000 if args.per_shard is None else args.per_shard
+        info = make_squirrel(args.dir, samples=shards * per_shard, per_shard=per_shard,
+                             shape=args.shape or (3, 300, 300),
+                             classes=10 if args.classes is None else args.classes,
+                             seed=args.seed, progress=not args.quiet)
+        reused = before is not None and _mtime(marker) == before
+        print(f"{info.root}: Squirrel store, {info.files} samples in {shards} shards, "
+              f"{info.total_bytes / 1e9:.3f} GB{' (reused)' if reused else ''}")
+        return 0
+    if args.format == "webdataset":
+        shards = 10 if args.shards is None else args.shards
+        per_shard = 1000 if args.per_shard is None else args.per_shard
+        info = make_webdataset(args.dir, shards=shards, per_shard=per_shard,
+                               classes=10 if args.classes is None else args.classes,
+                               width=args.width or 160, height=args.height or 120,
+                               compress=args.compress, seed=args.seed, progress=not args.quiet)
+        reused = before is not None and _mtime(marker) == before
+        print(f"{info.root}: WebDataset, {info.files} samples in {shards} shards "
+              f"({'.tar.gz' if args.compress else '.tar'}), {info.total_bytes / 1e9:.3f} GB"
+              f"{' (reused)' if reused else ''}")
+        return 0
+
+    per_class = 5000 if args.per_class is None else args.per_class
+    info = make_cifar10(args.dir, train_per_class=per_class,
+                        test_per_class=max(1, per_class // 5), seed=args.seed,
+                        progress=not args.quiet)
+    reused = before is not None and _mtime(marker) == before
+    print(f"{info.root}: CIFAR-10, {info.files} images (train {per_class * 10}, test "
+          f"{max(1, per_class // 5) * 10}) in cifar-10-batches-bin and cifar-10-batches-py, "
+          f"{info.total_bytes / 1e9:.3f} GB{' (reused)' if reused else ''}")
     return 0
 
 

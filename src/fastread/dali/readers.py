@@ -78,3 +78,5 @@ def epoch_size(pipe, index=0):
 
 # Row gathers from a FeatureStore (fastread.dali.gather), beside the file readers.
 from fastread.dali.gather import gather  # noqa: E402,F401
+# Record formats (fastread.dali.formats): CIFAR-10, WebDataset and Squirrel shards.
+from fastread.dali.formats import cifar10, squirrel, webdataset  # noqa: E402,F401

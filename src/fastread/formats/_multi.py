@@ -1,0 +1,241 @@
+"""Byte ranges of several files as one sample source.
+
+Record formats keep their samples in a few large files (CIFAR-10's six batch
+files, tar shards): every sample is a byte range of one of them. The native
+range reader (``fr_reader_open_ranges``) reads ranges of one file, so
+:class:`MultiFileRanges` opens one native reader per file and splits each
+submitted batch by file: a batch costs one native submission per file it
+touches (not per sample), every file's ranges are read with many I/Os in
+flight and the GIL released, and the parts are put back together in the
+order the batch asked for. No Python runs per sample except the final list
+of views.
+"""
+import collections
+import collections.abc
+
+import numpy as np
+
+from fastread._defaults import reader_workers
+from fastread.source import FileRanges, SampleSource
+
+__all__ = ["MultiFileRanges", "MultiBatch"]
+
+
+class MultiBatch:
+    """A batch read from several files, in the order the batch was submitted;
+    the part of each file is a :class:`fastread.Batch` kept alive by the
+    arrays made from it. Offers what :class:`fastread.Reader` uses of a
+    Batch (``indices``, ``failures``, ``arrays``, ``lengths``, ``release``)."""
+
+    def __init__(self, parts, positions, indices):
+        self._parts = parts            # [Batch]
+        self._positions = positions    # [int64 array]: where part j's samples go
+        self._indices = indices        # the submitted global indices
+        self.released = False
+
+    def __len__(self):
+        return len(self._indices)
+
+    def indices(self):
+        return self._indices.copy()
+
+    def failures(self):
+        out = []
+        for part, pos in zip(self._parts, self._positions):
+            out.extend((int(pos[i]), err) for i, err in part.failures())
+        return sorted(out)
+
+    def lengths(self):
+        out = np.empty(len(self._indices), np.int64)
+        for part, pos in zip(self._parts, self._positions):
+            out[pos] = part.lengths()
+        return out
+
+    def arrays(self):
+        out = [None] * len(self._indices)
+        for part, pos in zip(self._parts, self._positions):
+            for p, a in zip(pos.tolist(), part.arrays()):
+                out[p] = a
+        return out
+
+    def device_arrays(self, device_id=0):
+        raise ValueError("samples of several files are delivered in host memory only")
+
+    @property
+    def nbytes(self):
+        return sum(p.nbytes for p in self._parts)
+
+    def release(self):
+        for p in self._parts:
+            p.release()
+        self.released = True
+
+
+class _MultiNative:
+    """One NativeReader per file behind the NativeReader calls Reader makes
+    (submit, next, reset, close, size, pool_*)."""
+
+    def __init__(self, source, natives):
+        self._file_of = source.file_index
+        self._local = source.local_index
+        self._natives = natives
+        self._queue = collections.deque()
+        self.size = len(source)
+        self.engine = natives[0].engine if natives else None
+
+    def submit(self, indices):
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < 0 or idx.max() >= self.size):
+            raise IndexError(f"sample index out of range 0..{self.size - 1}")
+        files = self._file_of[idx]
+        # Stable sort: within a file the batch's own order is kept.
+        order = np.argsort(files, kind="stable")
+        sorted_files = files[order]
+        starts = np.flatnonzero(np.r_[True, sorted_files[1:] != sorted_files[:-1]]) \
+            if len(idx) else np.empty(0, np.int64)
+        bounds = np.r_[starts, len(idx)]
+        plan = []
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            f = int(sorted_files[a])
+            pos = order[a:b]
+            self._natives[f].submit(self._local[idx[pos]])
+            plan.append((f, pos))
+        self._queue.append((idx, plan))
+
+    def next(self):
+        if not self._queue:
+            return None
+        idx, plan = self._queue.popleft()
+        parts, positions = [], []
+        try:
+            for f, pos in plan:
+                parts.append(self._natives[f].next())
+                positions.append(pos)
+        except BaseException:
+            # The other files' parts of this batch are still queued: drop them
+            # all so that the next batch does not take them for its own.
+            self.reset()
+            raise
+        return MultiBatch(parts, positions, idx)
+
+    def reset(self):
+        for n in self._natives:
+            n.reset()
+        self._queue.clear()
+
+    def close(self):
+        for n in self._natives:
+            n.close()
+        self._queue.clear()
+
+    @property
+    def pending(self):
+        return len(self._queue)
+
+    def pool_batches(self):
+        return sum(n.pool_batches() for n in self._natives)
+
+    def pool_idle_bytes(self):
+        return sum(n.pool_idle_bytes() for n in self._natives)
+
+    def pool_idle_device_bytes(self):
+        return sum(n.pool_idle_device_bytes() for n in self._natives)
+
+
+class MultiFileRanges(SampleSource):
+    """Samples that are byte ranges of several files: ``files`` (each a
+    :class:`fastread.FileRanges`), numbered file after file. ``names`` are
+    ``<path>[<name in the file>]``; labels are the files' labels.
+
+    Read with one native range reader per file (see the module's
+    documentation); ``workers`` are shared out among the files (at least
+    one each). Host delivery only: ``device="gpu"`` readers need the
+    single-file :class:`fastread.FileRanges`.
+    """
+
+    reads_ranges = True
+
+    def __init__(self, files):
+        self.files = list(files)
+        for f in self.files:
+            if not isinstance(f, FileRanges):
+                raise TypeError(f"MultiFileRanges takes FileRanges, got {type(f).__name__}")
+        counts = np.array([len(f) for f in self.files], np.int64)
+        self.starts = np.r_[0, np.cumsum(counts)].astype(np.int64)
+        n = int(self.starts[-1])
+        self.file_index = np.repeat(np.arange(len(self.files), dtype=np.int64), counts)
+        self.local_index = np.arange(n, dtype=np.int64) - self.starts[self.file_index]
+        self.names = _Names(self.files, self.starts)
+        self.labels = (np.concatenate([f.labels for f in self.files]) if self.files
+                       else np.zeros(0, np.int32))
+        self._sizes = (np.concatenate([f.lengths for f in self.files]) if self.files
+                       else np.zeros(0, np.int64))
+
+    @property
+    def sizes(self):
+        return self._sizes
+
+    def __repr__(self):
+        return f"{type(self).__name__}({len(self.files)} files, {len(self)} ranges)"
+
+    def locate(self, i):
+        """(file number, sample number inside that file) of sample ``i``."""
+        return int(self.file_index[i]), int(self.local_index[i])
+
+    def sample_name(self, i):
+        f, j = self.locate(i)
+        return self.files[f].sample_name(j)
+
+    def check_options(self, options):
+        if options.get("device_output"):
+            raise ValueError(f"{self!r}: samples of several files are delivered in host memory "
+                             "only (device='cpu'); copy batches to the GPU after the reader")
+        for f in self.files:
+            f.check_options(options)
+
+    def open_native(self, engine, options, *, prefetch, workers):
+        if not self.files:
+            raise ValueError(f"{self!r} has no files to read")
+        per_file = max(1, reader_workers(workers) // len(self.files))
+        natives = []
+        try:
+            for f in self.files:
+                natives.append(f.open_native(engine, options, prefetch=prefetch,
+                                             workers=per_file))
+        except BaseException:
+            for n in natives:
+                n.close()
+            raise
+        return _MultiNative(self, natives)
+
+    def read_batch(self, context, indices):
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        files = self.file_index[idx]
+        parts, positions = [], []
+        for f in np.unique(files).tolist():
+            pos = np.flatnonzero(files == f)
+            parts.append(self.files[f].read_batch(context, self.local_index[idx[pos]]))
+            positions.append(pos)
+        return MultiBatch(parts, positions, idx)
+
+
+class _Names(collections.abc.Sequence):
+    """``names`` of a MultiFileRanges without one string per sample up front."""
+
+    def __init__(self, files, starts):
+        self._files, self._starts = files, starts
+
+    def __len__(self):
+        return int(self._starts[-1])
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        f = int(np.searchsorted(self._starts, i, side="right") - 1)
+        return self._files[f].sample_name(i - int(self._starts[f]))
+

@@ -1,0 +1,271 @@
+"""Squirrel MessagePack stores as a sample source.
+
+A store written by squirrel-core (``SquirrelStore(url,
+serializer=MessagepackSerializer())``) is a directory of shards
+``<key>.gz``: each a gzip stream of MessagePack objects written one after
+another, one per sample, NumPy arrays encoded by ``msgpack_numpy`` as maps
+``{nd: True, type: <dtype str>, kind: b'', shape: [...], data: <bin>}``.
+A shard that is not gzip'd (no gzip magic) is read as it is.
+
+Index (once, when the source is built): each shard is decompressed with
+zlib into ``cache_dir`` (a plain copy, reused while the shard is
+unchanged) and walked by a small MessagePack parser (:func:`walk_sample`,
+fuzzed): every sample's byte range, and for each key either the offset,
+dtype and shape of its array's raw bytes inside the sample, or its value
+when it is not an array (labels). Reading is then one byte range per sample
+by the native engine, and each array a zero-copy view of it.
+
+Samples are numbered shard after shard in the order of the store's keys
+(sorted) and of their position in the shard; :class:`fastread.Reader`
+shuffles over all of them (one permutation per epoch), not shard keys
+plus an item buffer as squirrel's streaming iterator does.
+"""
+import hashlib
+import mmap
+import os
+import struct
+
+import numpy as np
+
+from fastread.formats._multi import MultiFileRanges
+from fastread.formats.cifar import FormatError
+from fastread.formats.webdataset import _gunzip_to
+from fastread.source import FileRanges
+
+__all__ = ["SquirrelStore", "walk_sample", "value_end", "store_shards"]
+
+_FIXED = {0xc0: 0, 0xc2: 0, 0xc3: 0, 0xca: 4, 0xcb: 8, 0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8,
+          0xd0: 1, 0xd1: 2, 0xd2: 4, 0xd3: 8, 0xd4: 2, 0xd5: 3, 0xd6: 5, 0xd7: 9, 0xd8: 17}
+_LEN = {0xc4: 1, 0xc5: 2, 0xc6: 4, 0xd9: 1, 0xda: 2, 0xdb: 4}        # bin, str
+_EXT = {0xc7: 1, 0xc8: 2, 0xc9: 4}
+_CONTAINER = {0xdc: (2, 1), 0xdd: (4, 1), 0xde: (2, 2), 0xdf: (4, 2)}  # array, map
+_UINT = {1: ">B", 2: ">H", 4: ">I"}
+
+
+def _uint(buf, pos, size, end, shard):
+    if pos + size > end:
+        raise FormatError(shard, pos, "truncated MessagePack object")
+    return struct.unpack_from(_UINT[size], buf, pos)[0]
+
+
+def value_end(buf, pos, end, shard):
+    """Where the MessagePack value starting at ``pos`` ends (its nested
+    values included), in ``buf[:end]``. FormatError naming the offset for a
+    truncated value or the never-used byte 0xc1."""
+    remaining = 1
+    while remaining:
+        if pos >= end:
+            raise FormatError(shard, pos, "truncated MessagePack object")
+        b = buf[pos]
+        remaining -= 1
+        pos += 1
+        if b <= 0x7f or b >= 0xe0:
+            continue
+        if 0x80 <= b <= 0x8f:
+            remaining += 2 * (b & 0x0f)
+        elif 0x90 <= b <= 0x9f:
+            remaining += b & 0x0f
+        elif 0xa0 <= b <= 0xbf:
+            pos += b & 0x1f
+        elif b in _FIXED:
+            pos += _FIXED[b]
+        elif b in _LEN:
+            n = _uint(buf, pos, _LEN[b], end, shard)
+            pos += _LEN[b] + n
+        elif b in _EXT:
+            n = _uint(buf, pos, _EXT[b], end, shard)
+            pos += _EXT[b] + 1 + n
+        elif b in _CONTAINER:
+            size, per = _CONTAINER[b]
+            remaining += per * _uint(buf, pos, size, end, shard)
+            pos += size
+        else:
+            raise FormatError(shard, pos - 1, f"byte 0x{b:02x} is not a MessagePack type")
+        if remaining > end:  # cannot fit: a corrupt count
+            raise FormatError(shard, pos, "truncated MessagePack object")
+    if pos > end:
+        raise FormatError(shard, end, "truncated MessagePack object")
+    return pos
+
+
+def _map_header(buf, pos, end, shard):
+    """(pairs, position after the header) of a map at ``pos``, or None."""
+    b = buf[pos]
+    if 0x80 <= b <= 0x8f:
+        return b & 0x0f, pos + 1
+    if b in (0xde, 0xdf):
+        size = 2 if b == 0xde else 4
+        return _uint(buf, pos + 1, size, end, shard), pos + 1 + size
+    return None
+
+
+def _bin_payload(buf, pos, end, shard):
+    """(offset, length) of a bin value's bytes at ``pos``, or None."""
+    b = buf[pos]
+    if b in (0xc4, 0xc5, 0xc6):
+        size = _LEN[b]
+        n = _uint(buf, pos + 1, size, end, shard)
+        return pos + 1 + size, n
+    return None
+
+
+def _small(buf, a, b, shard, what):
+    import msgpack
+    import msgpack_numpy
+
+    try:
+        return msgpack.unpackb(bytes(buf[a:b]), object_hook=msgpack_numpy.decode, raw=False,
+                               use_list=False)
+    except Exception as e:  # msgpack raises several kinds for corrupt input
+        raise FormatError(shard, a, f"{what} cannot be decoded: {type(e).__name__}: {e}") from None
+
+
+def walk_sample(buf, pos, end, shard):
+    """One sample (a MessagePack map) at ``pos``: ``(end, fields)`` where
+    fields maps each key to ``("array", data offset, nbytes, dtype, shape)``
+    for a msgpack_numpy array, or ``("value", python value)``."""
+    header = _map_header(buf, pos, end, shard) if pos < end else None
+    if header is None:
+        raise FormatError(shard, pos, "a sample is not a MessagePack map")
+    pairs, p = header
+    fields = {}
+    for _ in range(pairs):
+        k_end = value_end(buf, p, end, shard)
+        key = _small(buf, p, k_end, shard, "a key")
+        if isinstance(key, bytes):
+            key = key.decode("utf-8", "surrogateescape")
+        v_end = value_end(buf, k_end, end, shard)
+        fields[str(key)] = _field(buf, k_end, v_end, shard, key)
+        p = v_end
+    return p, fields
+
+
+def _field(buf, pos, end, shard, key):
+    header = _map_header(buf, pos, end, shard)
+    if header is not None:
+        pairs, p = header
+        meta, data = {}, None
+        for _ in range(pairs):
+            k_end = value_end(buf, p, end, shard)
+            k = _small(buf, p, k_end, shard, f"a key of {key!r}")
+            k = k.decode("latin1") if isinstance(k, bytes) else k
+            v_end = value_end(buf, k_end, end, shard)
+            if k == "data" and _bin_payload(buf, k_end, end, shard) is not None:
+                data = _bin_payload(buf, k_end, end, shard)
+            else:
+                meta[k] = _small(buf, k_end, v_end, shard, f"{key!r}.{k}")
+            p = v_end
+        if meta.get("nd") is True and data is not None and meta.get("kind", b"") in (b"", ""):
+            try:
+                dtype = np.dtype(meta["type"])
+                shape = tuple(int(d) for d in meta["shape"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise FormatError(shard, pos, f"array {key!r}: bad type or shape: {e}") from None
+            if dtype.hasobject or int(np.prod(shape)) * dtype.itemsize != data[1]:
+                raise FormatError(shard, pos, f"array {key!r}: {data[1]} bytes of data for "
+                                              f"shape {shape} {dtype}")
+            return ("array", data[0], data[1], dtype, shape)
+    return ("value", _small(buf, pos, end, shard, f"value of {key!r}"))
+
+
+def store_shards(url):
+    """The shard files of a squirrel store directory, in sorted key order."""
+    url = os.fspath(url)
+    if not os.path.isdir(url):
+        raise FileNotFoundError(f"squirrel store {url!r} is not a directory")
+    shards = sorted(os.path.join(url, n) for n in os.listdir(url) if n.endswith(".gz"))
+    if not shards:
+        raise FileNotFoundError(f"squirrel store {url!r} has no *.gz shards")
+    return shards
+
+
+def _plain(path, cache_dir):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic != b"\x1f\x8b":
+        return path
+    st = os.stat(path)
+    tag = hashlib.sha1(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    dest = os.path.join(cache_dir, f"{tag.hexdigest()[:16]}-{os.path.basename(path)}.msgpack")
+    if not os.path.exists(dest):
+        os.makedirs(cache_dir, exist_ok=True)
+        _gunzip_to(path, dest)
+    return dest
+
+
+class _Shard(FileRanges):
+    def __init__(self, shard, plain, offsets, lengths):
+        super().__init__(plain, offsets, lengths)
+        self.shard = shard
+
+    def sample_name(self, i):
+        return f"{self.shard}[{self.names[i]}]"
+
+
+class SquirrelStore(MultiFileRanges):
+    """The samples of a squirrel MessagePack store ``url`` (a directory of
+    ``*.gz`` shards; or ``shards=`` paths), with the fields ``keys``. Each
+    key is an array in every sample (given as a view of the sample's bytes,
+    dtype and shape as stored) or a plain value (given from the index).
+    A sample lacking a key is a FormatError naming the shard and offset;
+    an empty shard has no samples. ``labels`` are the samples' numbers.
+    """
+
+    def __init__(self, url=None, keys=("image", "label"), shards=None, cache_dir=None):
+        self.url = url
+        self.shard_paths = [os.fspath(s) for s in shards] if shards is not None \
+            else store_shards(url)
+        if isinstance(keys, str):
+            keys = (keys,)
+        self.keys = tuple(keys)
+        if not self.keys:
+            raise ValueError("keys must name at least one field")
+        if cache_dir is None:
+            cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "fastread", "squirrel")
+        self.cache_dir = cache_dir
+        parts = []
+        self._fields = []   # per sample: tuple per key
+        for path in self.shard_paths:
+            plain = _plain(path, cache_dir)
+            starts, ends = [], []
+            with open(plain, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size:
+                    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                        pos = 0
+                        while pos < size:
+                            end, fields = walk_sample(m, pos, size, path)
+                            row = []
+                            for k in self.keys:
+                                if k not in fields:
+                                    raise FormatError(path, pos, f"sample {len(starts)} has no "
+                                                      f"key {k!r} (it has {sorted(fields)})")
+                                fld = fields[k]
+                                row.append(("array", fld[1] - pos, fld[2], fld[3], fld[4])
+                                           if fld[0] == "array" else fld)
+                            self._fields.append(tuple(row))
+                            starts.append(pos)
+                            ends.append(end)
+                            pos = end
+            starts = np.array(starts, np.int64)
+            parts.append(_Shard(path, plain, starts, np.array(ends, np.int64) - starts))
+        super().__init__(parts)
+        self.labels = np.arange(len(self), dtype=np.int32)
+
+    def __repr__(self):
+        return f"SquirrelStore({self.url!r}, {len(self.shard_paths)} shards, {len(self)} samples)"
+
+    def fields(self, arrays, indices):
+        """The batch's samples cut into fields: one list per key, arrays as
+        zero-copy views (dtype and shape as stored), values as NumPy
+        arrays."""
+        outs = [[] for _ in self.keys]
+        table = self._fields
+        for a, i in zip(arrays, indices.tolist() if hasattr(indices, "tolist") else indices):
+            for out, fld in zip(outs, table[i]):
+                if fld[0] == "array":
+                    _, rel, n, dtype, shape = fld
+                    out.append(a[rel:rel + n].view(dtype).reshape(shape))
+                else:
+                    out.append(np.asarray(fld[1]))
+        return outs

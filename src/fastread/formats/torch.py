@@ -1,0 +1,259 @@
+"""PyTorch iterators over the record formats: batches as torch tensors, read
+by fastread's native readers (no DALI needed).
+
+::
+
+    from fastread.formats.torch import Cifar10Loader
+
+    loader = Cifar10Loader("/data/cifar10", batch_size=256, random_shuffle=True,
+                           augment=True, device="cuda")
+    for epoch in range(30):
+        loader.set_epoch(epoch)
+        for images, labels in loader:     # float32 NCHW normalized; int64 labels
+            ...
+
+Shards come from torchrun's environment (RANK, WORLD_SIZE; LOCAL_RANK picks
+the GPU) unless given; ``state_dict()`` taken mid-epoch and loaded into a
+new loader resumes with exactly the batches that epoch had not delivered.
+"""
+import os
+
+import numpy as np
+
+from fastread.formats.cifar import Cifar10, to_chw, to_hwc
+from fastread.reader import Reader
+
+__all__ = ["Cifar10Loader", "WebDatasetLoader", "SquirrelLoader", "CIFAR10_MEAN", "CIFAR10_STD",
+           "augment_batch"]
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+
+def _env_int(name):
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def augment_batch(images, generator=None, pad=4, mean=CIFAR10_MEAN, std=CIFAR10_STD):
+    """The usual CIFAR training transform on a whole batch at once, on the
+    batch's device: ``images`` uint8 NHWC -> random ``pad``-pixel crop
+    (zero padding), random horizontal flip, float32 NCHW normalized by
+    ``mean`` / ``std`` (fractions of 255). Crop and flip are one
+    ``torch.gather`` of precomputed pixel indices (no per-image loop)."""
+    import torch
+
+    n, h, w, c = images.shape
+    dev = images.device
+    x = images.permute(0, 3, 1, 2)
+    if pad:
+        x = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    ph, pw = h + 2 * pad, w + 2 * pad
+    oy = torch.randint(0, 2 * pad + 1, (n, 1, 1), generator=generator)
+    ox = torch.randint(0, 2 * pad + 1, (n, 1, 1), generator=generator)
+    flip = torch.rand(n, generator=generator) < 0.5
+    cols = torch.arange(w).expand(n, w).clone()
+    cols[flip] = cols[flip].flip(-1)
+    index = ((oy + torch.arange(h)[None, :, None]) * pw + ox + cols[:, None, :]).reshape(n, 1, h * w)
+    x = torch.gather(x.reshape(n, c, ph * pw), 2, index.to(dev).expand(n, c, h * w))
+    scale = 1.0 / (torch.tensor(std, device=dev) * 255)
+    shift = torch.tensor(mean, device=dev) * 255 * scale
+    out = x.reshape(n, c, h, w).float()
+    return out.mul_(scale.view(1, c, 1, 1)).sub_(shift.view(1, c, 1, 1))
+
+
+class Cifar10Loader:
+    """CIFAR-10 batches ``(images, labels)`` as torch tensors: ``images``
+    uint8 NHWC ``(N, 32, 32, 3)`` (``augment=False``), or float32 NCHW after
+    a random crop (4-pixel padding), a random flip and normalization
+    (``augment=True``; ``normalize=True`` normalizes without the random
+    parts); ``labels`` int64. ``device="cuda"`` copies each batch to the GPU
+    (pinned host arenas, non-blocking) before the transform.
+
+    Reads ``root`` as :class:`fastread.formats.Cifar10` does (binary or
+    pickle layout); shuffles, shards and epochs are those of
+    :class:`fastread.Reader`.
+    """
+
+    def __init__(self, root, batch_size=256, *, train=True, device="cpu", augment=False,
+                 normalize=False, shard_id=None, num_shards=None, random_shuffle=False, seed=0,
+                 drop_last=False, device_id=None, engine="auto", **engine_options):
+        import torch
+
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if num_shards is None:
+            num_shards = _env_int("WORLD_SIZE") or 1
+        if shard_id is None:
+            shard_id = _env_int("RANK") or 0
+        if device == "cuda":
+            if device_id is None:
+                device_id = _env_int("LOCAL_RANK") or 0
+            if not torch.cuda.is_available():
+                raise RuntimeError("Cifar10Loader(device='cuda'): no usable CUDA device; use "
+                                   "device='cpu'")
+            engine_options.setdefault("pin_memory", True)
+            engine_options.setdefault("device_id", device_id)
+        self.device = "cpu" if device == "cpu" else f"cuda:{device_id}"
+        self.augment, self.normalize = bool(augment), bool(normalize)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.source = Cifar10(root, train=train)
+        self.reader = Reader(source=self.source, batch_size=batch_size, shard_id=shard_id,
+                             num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
+                             drop_last=drop_last, stick_to_shard=True, engine=engine,
+                             ring_depth=2, **engine_options)
+        self.epoch = 0
+        self._start_batch = 0
+        self._delivered = 0
+
+    def __len__(self):
+        return len(self.reader)
+
+    def set_epoch(self, epoch):
+        """The epoch (shuffle, and augmentation draws) the next iteration
+        delivers, from its start."""
+        self.epoch = int(epoch)
+        self._start_batch = 0
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "batches_delivered": self._delivered,
+                "num_samples": len(self.source), "batch_size": self.batch_size,
+                "seed": self.seed, "shard_id": self.reader.shard_id,
+                "num_shards": self.reader.num_shards}
+
+    def load_state_dict(self, state):
+        mine = self.state_dict()
+        for key in ("num_samples", "batch_size", "seed", "shard_id", "num_shards"):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"state_dict was taken with {key}={state.get(key)!r}, "
+                                 f"this loader has {key}={mine[key]!r}")
+        self.epoch = int(state["epoch"])
+        self._start_batch = int(state["batches_delivered"])
+
+    def __iter__(self):
+        import torch
+
+        self.reader.set_epoch(self.epoch, start_batch=self._start_batch)
+        self._delivered, self._start_batch = self._start_batch, 0
+        gen = torch.Generator().manual_seed(hash((self.seed, self.epoch)) & 0x7FFFFFFF)
+        for arrays, labels in self.reader:
+            if self.augment or self.normalize:
+                # NCHW is what the transform makes: the records' own CHW planes
+                # skip a transpose each way.
+                images = torch.from_numpy(to_chw(arrays)).permute(0, 2, 3, 1)
+            else:
+                images = torch.from_numpy(to_hwc(arrays))
+            labels = torch.from_numpy(labels.astype(np.int64))
+            if self.device != "cpu":
+                images = images.pin_memory().to(self.device, non_blocking=True)
+                labels = labels.pin_memory().to(self.device, non_blocking=True)
+            if self.augment:
+                images = augment_batch(images, gen)
+            elif self.normalize:
+                images = _normalize(images)
+            self._delivered += 1
+            yield images, labels
+        self.epoch += 1
+        self._delivered = 0
+
+    def close(self):
+        self.reader.close()
+
+
+def _normalize(images, mean=CIFAR10_MEAN, std=CIFAR10_STD):
+    import torch
+
+    x = images.permute(0, 3, 1, 2).float()
+    m = torch.tensor(mean, device=x.device).view(1, 3, 1, 1) * 255
+    s = torch.tensor(std, device=x.device).view(1, 3, 1, 1) * 255
+    return (x - m) / s
+
+
+class _RecordLoader:
+    """Batches of a record source's samples cut into fields, as torch
+    tensors (zero-copy views of fastread's buffers, valid until two more
+    batches were delivered); epochs, shards and resume as Cifar10Loader."""
+
+    def __init__(self, source, batch_size, *, shard_id=None, num_shards=None,
+                 random_shuffle=False, seed=0, drop_last=False, engine="auto", **engine_options):
+        import torch  # noqa: F401  (fail early, with the real import error)
+
+        if num_shards is None:
+            num_shards = _env_int("WORLD_SIZE") or 1
+        if shard_id is None:
+            shard_id = _env_int("RANK") or 0
+        self.source, self.batch_size, self.seed = source, batch_size, seed
+        self.reader = Reader(source=source, batch_size=batch_size, shard_id=shard_id,
+                             num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
+                             drop_last=drop_last, stick_to_shard=True, engine=engine,
+                             ring_depth=2, **engine_options)
+        self.epoch = 0
+        self._start_batch = 0
+        self._delivered = 0
+
+    __len__ = Cifar10Loader.__len__
+    set_epoch = Cifar10Loader.set_epoch
+    state_dict = Cifar10Loader.state_dict
+    load_state_dict = Cifar10Loader.load_state_dict
+    close = Cifar10Loader.close
+
+    def _cut(self, arrays, ids):
+        raise NotImplementedError
+
+    def __iter__(self):
+        self.reader.set_epoch(self.epoch, start_batch=self._start_batch)
+        self._delivered, self._start_batch = self._start_batch, 0
+        for arrays, ids in self.reader:
+            self._delivered += 1
+            yield self._cut(arrays, ids)
+        self.epoch += 1
+        self._delivered = 0
+
+
+class WebDatasetLoader(_RecordLoader):
+    """WebDataset shards (:class:`fastread.formats.WebDataset`: ``paths``,
+    ``ext``, ``missing_component_behavior``, ``case_sensitive_extensions``
+    (default False here, as the webdataset library), ``cache_dir``) as
+    batches: a tuple with one list of uint8 tensors per ``ext`` entry."""
+
+    def __init__(self, paths, ext, batch_size=64, *, missing_component_behavior="empty",
+                 case_sensitive_extensions=False, cache_dir=None, **kwargs):
+        from fastread.formats.webdataset import WebDataset
+        source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
+                            case_sensitive_extensions=case_sensitive_extensions,
+                            cache_dir=cache_dir)
+        super().__init__(source, batch_size, **kwargs)
+
+    def _cut(self, arrays, ids):
+        import torch
+        return tuple([torch.from_numpy(a) for a in comp]
+                     for comp in self.source.components(arrays, ids))
+
+
+class SquirrelLoader(_RecordLoader):
+    """A squirrel MessagePack store (:class:`fastread.formats.SquirrelStore`)
+    as batches: a tuple with one entry per key, a tensor stacking the
+    batch's arrays when they share a shape (``stack=True``; one copy), else
+    a list of tensors (views)."""
+
+    def __init__(self, url, keys=("image", "label"), batch_size=64, *, stack=True,
+                 cache_dir=None, **kwargs):
+        from fastread.formats.squirrel import SquirrelStore
+        self.stack = bool(stack)
+        super().__init__(SquirrelStore(url, keys=keys, cache_dir=cache_dir), batch_size, **kwargs)
+
+    def _cut(self, arrays, ids):
+        import torch
+        out = []
+        for field in self.source.fields(arrays, ids):
+            if self.stack and len({(a.shape, a.dtype) for a in field}) == 1:
+                out.append(torch.from_numpy(np.stack(field)))
+            else:
+                out.append([torch.from_numpy(np.ascontiguousarray(a)) for a in field])
+        return tuple(out)

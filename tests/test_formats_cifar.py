@@ -1,0 +1,331 @@
+"""CIFAR-10 (fastread.formats.cifar): both layouts against the format's
+documented layout and torchvision's way of loading the pickles, readers
+(Reader, DALI, torch), bad input, the generator and the CLI."""
+import os
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fastread
+from fastread.datasets.cifar10 import make_cifar10
+from fastread.formats import Cifar10, FormatError, MultiFileRanges, to_hwc
+from fastread.formats.cifar import RECORD_BYTES
+
+
+@pytest.fixture(scope="module")
+def cifar(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cifar")
+    make_cifar10(root, train_per_class=30, test_per_class=10, seed=7)
+    return str(root)
+
+
+def reference_py(root, train=True):
+    """What torchvision.datasets.CIFAR10 does with the pickles (its
+    documented loading code, re-stated): pickle.load(encoding='latin1'),
+    vstack 'data', reshape to N x 3 x 32 x 32, transpose to HWC."""
+    names = [f"data_batch_{i}" for i in range(1, 6)] if train else ["test_batch"]
+    data, targets = [], []
+    for n in names:
+        with open(os.path.join(root, "cifar-10-batches-py", n), "rb") as f:
+            entry = pickle.load(f, encoding="latin1")
+        data.append(entry["data"])
+        targets.extend(entry["labels"] if "labels" in entry else entry["fine_labels"])
+    data = np.vstack(data).reshape(-1, 3, 32, 32).transpose((0, 2, 3, 1))
+    return data, np.array(targets)
+
+
+def reference_bin(root, train=True):
+    """The binary layout as documented: 1 label byte + 3072 bytes (R, G, B planes)."""
+    names = [f"data_batch_{i}.bin" for i in range(1, 6)] if train else ["test_batch.bin"]
+    recs = np.concatenate([np.fromfile(os.path.join(root, "cifar-10-batches-bin", n), np.uint8)
+                           .reshape(-1, RECORD_BYTES) for n in names])
+    return recs[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), recs[:, 0].astype(np.int64)
+
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("layout", ["cifar-10-batches-bin", "cifar-10-batches-py", ""])
+def test_source_matches_references(cifar, layout, train):
+    src = Cifar10(os.path.join(cifar, layout), train=train)
+    images = to_hwc(src.read(np.arange(len(src))))
+    for ref_images, ref_labels in (reference_py(cifar, train), reference_bin(cifar, train)):
+        assert images.shape == ref_images.shape == (300 if train else 100, 32, 32, 3)
+        np.testing.assert_array_equal(images, ref_images)
+        np.testing.assert_array_equal(src.labels, ref_labels)
+    assert src.layout == ("py" if layout.endswith("py") else "bin")
+    assert np.bincount(src.labels).tolist() == [30 if train else 10] * 10
+
+
+def test_reader_epochs_shards_shuffle(cifar):
+    src = Cifar10(cifar)
+    ref, ref_labels = reference_bin(cifar)
+    seen = []
+    for shard in range(3):
+        with fastread.Reader(source=src, batch_size=32, shard_id=shard, num_shards=3,
+                             random_shuffle=True, seed=3) as r:
+            order = []
+            for arrays, labels in r:
+                imgs = to_hwc(arrays)
+                order.append((imgs, labels))
+            seen.append(order)
+    all_imgs = np.concatenate([i for shard in seen for i, _ in shard])
+    all_labels = np.concatenate([lab for shard in seen for _, lab in shard])
+    assert len(all_imgs) == 300
+    # Every image exactly once over the shards, with its own label.
+    keys = {im.tobytes(): int(lab) for im, lab in zip(ref, ref_labels)}
+    got = [im.tobytes() for im in all_imgs]
+    assert sorted(got) == sorted(keys)
+    assert [keys[g] for g in got] == all_labels.tolist()
+    # Shuffled: not the file order.
+    assert got[:32] != [im.tobytes() for im in ref[:32]]
+
+
+def test_reader_in_order_batches_cross_files(cifar):
+    src = Cifar10(cifar)
+    ref, ref_labels = reference_bin(cifar)
+    with fastread.Reader(source=src, batch_size=70) as r:  # batches straddle the files
+        got = [(to_hwc(a), lab) for a, lab in r]
+    np.testing.assert_array_equal(np.concatenate([g for g, _ in got]), ref)
+    np.testing.assert_array_equal(np.concatenate([lab for _, lab in got]), ref_labels)
+    assert src.sample_name(65).endswith("data_batch_2.bin[5]")
+    assert src.names[65] == src.sample_name(65)
+
+
+def test_multi_file_ranges_read_any_order(tmp_path):
+    paths = []
+    for k in range(3):
+        p = tmp_path / f"f{k}"
+        p.write_bytes(bytes(range(k * 10, k * 10 + 10)))
+        paths.append(str(p))
+    src = MultiFileRanges([fastread.FileRanges(p, np.arange(5) * 2, [2] * 5) for p in paths])
+    assert len(src) == 15
+    idx = [14, 0, 7, 7, 3]
+    got = [a.tolist() for a in src.read(idx)]
+    want = [[k * 10 + 2 * (i % 5), k * 10 + 2 * (i % 5) + 1] for i in idx for k in [i // 5]]
+    assert got == want
+    with fastread.Reader(source=src, batch_size=4, random_shuffle=True, seed=1) as r:
+        flat = [tuple(a.tolist()) for arrays, _ in r for a in arrays]
+    assert sorted(flat) == sorted(tuple(a.tolist()) for a in src.read(np.arange(15)))
+
+
+def test_multi_file_ranges_refuses_gpu_output(cifar):
+    with pytest.raises(ValueError, match="host memory only"):
+        Cifar10(cifar).check_options({"device_output": True})
+
+
+# -- bad input -------------------------------------------------------------------
+
+def _bin_dir(tmp_path, sizes):
+    d = tmp_path / "cifar-10-batches-bin"
+    d.mkdir()
+    for i, size in enumerate(sizes):
+        (d / f"data_batch_{i + 1}.bin").write_bytes(bytes(size))
+    return d
+
+
+def test_record_size_not_a_multiple(tmp_path):
+    d = _bin_dir(tmp_path, [RECORD_BYTES * 2, RECORD_BYTES * 3 + 100, RECORD_BYTES, RECORD_BYTES,
+                            RECORD_BYTES])
+    with pytest.raises(FormatError) as e:
+        Cifar10(tmp_path)
+    assert "data_batch_2.bin" in str(e.value) and f"at byte {RECORD_BYTES * 3}" in str(e.value)
+    assert "100 bytes of a truncated record" in str(e.value)
+    assert e.value.offset == RECORD_BYTES * 3
+
+
+def test_empty_file_and_bad_label(tmp_path):
+    d = _bin_dir(tmp_path, [0] + [RECORD_BYTES] * 4)
+    with pytest.raises(FormatError, match=r"data_batch_1.bin at byte 0: empty"):
+        Cifar10(d)
+    rec = bytearray(RECORD_BYTES * 3)
+    rec[2 * RECORD_BYTES] = 12
+    (d / "data_batch_1.bin").write_bytes(bytes(rec))
+    with pytest.raises(FormatError, match=rf"data_batch_1.bin at byte {2 * RECORD_BYTES}: "
+                                          r"record 2 has label 12"):
+        Cifar10(d)
+
+
+def test_missing_files(tmp_path):
+    _bin_dir(tmp_path, [RECORD_BYTES] * 4)
+    with pytest.raises(FileNotFoundError, match="no CIFAR-10 train batches"):
+        Cifar10(tmp_path)
+
+
+def test_file_truncated_after_indexing_is_a_read_error(tmp_path):
+    d = _bin_dir(tmp_path, [RECORD_BYTES * 4] * 5)
+    src = Cifar10(d)
+    os.truncate(d / "data_batch_3.bin", RECORD_BYTES * 2 + 10)
+    with pytest.raises(fastread.ReadError, match=r"data_batch_3.bin\[2\]"):
+        with fastread.Reader(source=src, batch_size=20) as r:
+            for arrays, _ in r:
+                to_hwc(arrays)
+
+
+def _py_dir(tmp_path, entry, protocol=4, name="data_batch_1"):
+    d = tmp_path / "cifar-10-batches-py"
+    d.mkdir(exist_ok=True)
+    good = {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1]}
+    for i in range(1, 6):
+        (d / f"data_batch_{i}").write_bytes(pickle.dumps(good, protocol=4))
+    (d / name).write_bytes(entry if isinstance(entry, bytes) else
+                           pickle.dumps(entry, protocol=protocol))
+    return d
+
+
+@pytest.mark.parametrize("protocol", [3, 4, 5])
+def test_pickle_protocols_with_raw_blocks(tmp_path, protocol):
+    data = np.random.default_rng(0).integers(0, 256, (4, 3072), np.uint8)
+    d = _py_dir(tmp_path, {b"data": data, b"labels": [3, 1, 4, 1]}, protocol)
+    src = Cifar10(d)
+    np.testing.assert_array_equal(np.stack(src.read([0, 1, 2, 3])), data)
+    assert src.labels[:4].tolist() == [3, 1, 4, 1]
+
+
+@pytest.mark.parametrize("entry, match", [
+    (b"", "empty file"),
+    (pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1]})[:-40],
+     "not a readable pickle"),
+    (pickle.dumps([1, 2]), "holds a list"),
+    (pickle.dumps({"data": os.getcwd, "labels": [0, 1]}), "posix.getcwd is not allowed"),
+    (pickle.dumps({"data": np.zeros((2, 3072), np.uint8)}), "'labels'"),
+    (pickle.dumps({"data": np.zeros((2, 100), np.uint8), "labels": [0, 1]}), "N x 3072"),
+    (pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 10]}), "0..9"),
+    (pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1]}, protocol=2),
+     "one raw block"),
+])
+def test_bad_pickles(tmp_path, entry, match):
+    d = _py_dir(tmp_path, entry)
+    with pytest.raises(FormatError, match=match) as e:
+        Cifar10(d)
+    assert "data_batch_1" in str(e.value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(blob=st.binary(max_size=4 * RECORD_BYTES + 10), which=st.sampled_from(["bin", "py"]))
+def test_fuzz_never_crashes(tmp_path_factory, blob, which):
+    tmp = tmp_path_factory.mktemp("fuzz")
+    if which == "bin":
+        d = _bin_dir(tmp, [RECORD_BYTES] * 5)
+        (d / "data_batch_4.bin").write_bytes(blob)
+    else:
+        d = _py_dir(tmp, blob, name="data_batch_4")
+    try:
+        src = Cifar10(d)
+    except FormatError as e:
+        assert "data_batch_4" in str(e)
+        return
+    imgs = to_hwc(src.read(np.arange(len(src))))
+    assert imgs.shape == (len(src), 32, 32, 3)
+
+
+# -- generator and CLI -------------------------------------------------------------
+
+def test_generator_reuse_and_determinism(tmp_path):
+    a = make_cifar10(tmp_path / "a", train_per_class=5, test_per_class=1, seed=1)
+    mtime = os.stat(tmp_path / "a" / ".fastread-dataset.json").st_mtime_ns
+    assert make_cifar10(tmp_path / "a", train_per_class=5, test_per_class=1, seed=1) == a
+    assert os.stat(tmp_path / "a" / ".fastread-dataset.json").st_mtime_ns == mtime
+    make_cifar10(tmp_path / "b", train_per_class=5, test_per_class=1, seed=1)
+    for sub in ("cifar-10-batches-bin/data_batch_3.bin", "cifar-10-batches-py/test_batch"):
+        assert (tmp_path / "a" / sub).read_bytes() == (tmp_path / "b" / sub).read_bytes()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "mine").write_text("x")
+    with pytest.raises(FileExistsError):
+        make_cifar10(tmp_path / "c", train_per_class=5)
+
+
+def test_cli_make_dataset(tmp_path, capsys):
+    from fastread.cli import main
+
+    assert main(["make-dataset", str(tmp_path / "c"), "--format", "cifar10", "--per-class", "5",
+                 "--quiet"]) == 0
+    assert "CIFAR-10, 60 images" in capsys.readouterr().out
+    assert len(Cifar10(tmp_path / "c")) == 50 and len(Cifar10(tmp_path / "c", train=False)) == 10
+    with pytest.raises(SystemExit):
+        main(["make-dataset", str(tmp_path / "d"), "--format", "cifar10", "--width", "3"])
+    assert "do not apply to --format cifar10" in capsys.readouterr().err
+
+
+# -- DALI and torch ----------------------------------------------------------------
+
+def test_dali_reader(cifar):
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from fastread.dali.formats import cifar10
+
+    @pipeline_def(batch_size=64, num_threads=2, device_id=None)
+    def pipe():
+        return cifar10(file_root=cifar, train=True, random_shuffle=True, seed=5)
+
+    p = pipe()
+    p.build()
+    ref, ref_labels = reference_py(cifar)
+    keys = {im.tobytes(): int(lab) for im, lab in zip(ref, ref_labels)}
+    for _epoch in range(2):
+        got = []
+        while True:
+            try:
+                images, labels = p.run()
+            except StopIteration:
+                p.reset()
+                break
+            arr = images.as_array()
+            assert arr.dtype == np.uint8 and arr.shape[1:] == (32, 32, 3)
+            assert images.layout() in ("", "HWC")
+            for im, lab in zip(arr, labels.as_array().ravel()):
+                assert keys[im.tobytes()] == int(lab)
+                got.append(im.tobytes())
+        assert sorted(got) == sorted(keys)
+
+
+def test_torch_loader_and_resume(cifar):
+    torch = pytest.importorskip("torch")
+    from fastread.formats.torch import Cifar10Loader
+
+    ref, ref_labels = reference_bin(cifar)
+    loader = Cifar10Loader(cifar, batch_size=64)
+    got = list(loader)
+    assert all(i.dtype == torch.uint8 and lab.dtype == torch.int64 for i, lab in got)
+    np.testing.assert_array_equal(torch.cat([i for i, _ in got]).numpy(), ref)
+    np.testing.assert_array_equal(torch.cat([lab for _, lab in got]).numpy(), ref_labels)
+
+    shuffled = Cifar10Loader(cifar, batch_size=64, random_shuffle=True, seed=2)
+    it = iter(shuffled)
+    first = [next(it) for _ in range(2)]
+    state = shuffled.state_dict()
+    rest = list(it)
+    resumed = Cifar10Loader(cifar, batch_size=64, random_shuffle=True, seed=2)
+    resumed.load_state_dict(state)
+    again = list(resumed)
+    assert len(first) + len(again) == len(loader)
+    for (a, la), (b, lb) in zip(rest, again):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+    aug = Cifar10Loader(cifar, batch_size=64, augment=True, random_shuffle=True)
+    images, labels = next(iter(aug))
+    assert images.shape == (64, 3, 32, 32) and images.dtype == torch.float32
+    assert abs(float(images.mean())) < 3
+
+
+def test_augment_batch_crop_and_flip():
+    torch = pytest.importorskip("torch")
+    from fastread.formats.torch import augment_batch
+
+    x = torch.arange(2 * 32 * 32 * 3, dtype=torch.int64).remainder(251).to(torch.uint8)
+    x = x.reshape(2, 32, 32, 3)
+    out = augment_batch(x, torch.Generator().manual_seed(0), pad=0, mean=(0, 0, 0),
+                        std=(1 / 255, 1 / 255, 1 / 255))
+    chw = x.permute(0, 3, 1, 2).float()
+    for i in range(2):  # no padding: each image is itself or its mirror
+        assert torch.equal(out[i], chw[i]) or torch.equal(out[i], chw[i].flip(-1))
+    out = augment_batch(x, torch.Generator().manual_seed(1), mean=(0, 0, 0),
+                        std=(1 / 255, 1 / 255, 1 / 255))
+    assert out.shape == (2, 3, 32, 32)
+    # Every output row is a (possibly shifted, mirrored) window of the padded input.
+    padded = torch.nn.functional.pad(chw, (4, 4, 4, 4))
+    found = any(torch.equal(out[0], padded[0, :, y:y + 32, x0:x0 + 32]) or
+                torch.equal(out[0], padded[0, :, y:y + 32, x0:x0 + 32].flip(-1))
+                for y in range(9) for x0 in range(9))
+    assert found

@@ -1,0 +1,187 @@
+"""Squirrel MessagePack stores (fastread.formats.squirrel): parity with
+squirrel-core's get_iter(), the DALI reader, bad input and a fuzzed parser."""
+import gzip
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import fastread
+from fastread.formats import FormatError
+from fastread.formats.squirrel import SquirrelStore, value_end, walk_sample
+
+msgpack = pytest.importorskip("msgpack")
+msgpack_numpy = pytest.importorskip("msgpack_numpy")
+
+
+def pack(obj):
+    return msgpack.packb(obj, use_bin_type=True, default=msgpack_numpy.encode)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    pytest.importorskip("squirrel")
+    from fastread.datasets.squirrel import make_squirrel
+    root = tmp_path_factory.mktemp("sq")
+    make_squirrel(root, samples=45, per_shard=20, shape=(3, 12, 10), seed=3)
+    return str(root)
+
+
+def read_all(src):
+    return src.fields(src.read(np.arange(len(src))), np.arange(len(src)))
+
+
+def test_matches_squirrel_get_iter(store, tmp_path):
+    from squirrel.driver.msgpack import MessagepackDriver
+    driver = MessagepackDriver(store)
+    keys = sorted(driver.store.keys())
+    ref = list(driver.get_iter(keys_iterable=keys))
+    src = SquirrelStore(store, cache_dir=str(tmp_path / "c"))
+    images, labels = read_all(src)
+    assert len(ref) == len(src) == 45
+    for i, r in enumerate(ref):
+        assert images[i].dtype == r["image"].dtype and images[i].shape == r["image"].shape
+        np.testing.assert_array_equal(images[i], r["image"])
+        assert int(labels[i]) == r["label"]
+    assert not images[0].flags.owndata   # a view of the sample's bytes
+
+
+def test_reader_shuffle_and_shards(store, tmp_path):
+    src = SquirrelStore(store, keys=("label", "image"), cache_dir=str(tmp_path / "c"))
+    want = sorted(a.tobytes() for a in read_all(src)[1])
+    got = []
+    for shard in range(2):
+        with fastread.Reader(source=src, batch_size=8, shard_id=shard, num_shards=2,
+                             random_shuffle=True, seed=1) as r:
+            for arrays, ids in r:
+                got.extend(a.tobytes() for a in src.fields(arrays, ids)[1])
+    assert sorted(got) == want
+
+
+def test_dali_reader(store, tmp_path):
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from fastread.dali.formats import squirrel
+
+    @pipeline_def(batch_size=16, num_threads=2, device_id=None)
+    def pipe():
+        return squirrel(url=store, keys=("image", "label"), cache_dir=str(tmp_path / "c"))
+
+    p = pipe()
+    p.build()
+    images, labels = read_all(SquirrelStore(store, cache_dir=str(tmp_path / "c")))
+    i = 0
+    while True:
+        try:
+            out = p.run()
+        except StopIteration:
+            break
+        for a, b in zip(out[0], out[1]):
+            np.testing.assert_array_equal(np.array(a), images[i])
+            assert int(np.array(b)) == int(labels[i])
+            i += 1
+    assert i == 45
+
+
+def write_shard(d, name, samples, compress=True, raw=None):
+    os.makedirs(d, exist_ok=True)
+    blob = raw if raw is not None else b"".join(pack(s) for s in samples)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(gzip.compress(blob) if compress else blob)
+    return str(d)
+
+
+def sample(i):
+    return {"image": np.full((2, 3), i, np.uint8), "label": i}
+
+
+def test_uncompressed_and_empty_shards(tmp_path):
+    d = write_shard(tmp_path / "s", "a.gz", [sample(1), sample(2)], compress=False)
+    write_shard(d, "b.gz", [])
+    write_shard(d, "c.gz", [sample(3)])
+    src = SquirrelStore(d, cache_dir=str(tmp_path / "c"))
+    images, labels = read_all(src)
+    assert [int(x) for x in labels] == [1, 2, 3] and images[2].tolist() == [[3] * 3] * 2
+
+
+@pytest.mark.parametrize("raw, match", [
+    (pack(sample(1)) + pack(sample(2))[:-3], r"at byte \d+: truncated MessagePack object"),
+    (pack(sample(1)) + b"\xc1", r"at byte \d+: (byte 0xc1 is not a MessagePack type|a sample is "
+                                r"not a MessagePack map)"),
+    (pack(sample(1)) + pack([1, 2]), r"a sample is not a MessagePack map"),
+    (pack(sample(1)) + pack({"image": np.zeros(3, np.uint8)}), r"sample 1 has no key 'label'"),
+])
+def test_bad_shards(tmp_path, raw, match):
+    d = write_shard(tmp_path / "s", "a.gz", None, raw=raw)
+    with pytest.raises(FormatError, match=match) as e:
+        SquirrelStore(d, cache_dir=str(tmp_path / "c"))
+    assert "a.gz" in str(e.value)
+
+
+def test_bad_gzip_and_missing_store(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "a.gz").write_bytes(gzip.compress(pack(sample(1)) * 50)[:-30])
+    with pytest.raises(FormatError, match=r"a.gz at byte \d+: truncated gzip stream"):
+        SquirrelStore(str(d), cache_dir=str(tmp_path / "c"))
+    with pytest.raises(FileNotFoundError, match="no \\*.gz shards"):
+        SquirrelStore(str(tmp_path / "c"))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fuzz_parser(data):
+    base = pack({"image": np.arange(data.draw(st.integers(0, 40)), dtype=np.uint8).reshape(-1, 1),
+                 "label": data.draw(st.integers(-2**40, 2**40)), "x": [1.5, None, True, "s"],
+                 "e": msgpack.ExtType(3, b"abc")})
+    blob = bytearray(base)
+    for _ in range(data.draw(st.integers(0, 3))):
+        blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
+    blob = bytes(blob[:data.draw(st.integers(0, len(blob)))])
+    try:
+        end, fields = walk_sample(blob, 0, len(blob), "fuzz.gz")
+    except FormatError as e:
+        assert str(e).startswith("fuzz.gz")
+        return
+    assert end <= len(blob)
+    for f in fields.values():
+        if f[0] == "array":
+            assert f[1] + f[2] <= len(blob)
+
+
+@settings(max_examples=200, deadline=None)
+@given(blob=st.binary(max_size=64))
+def test_fuzz_value_end(blob):
+    try:
+        end = value_end(blob, 0, len(blob), "f")
+    except FormatError:
+        return
+    assert 0 < end <= len(blob)
+    # msgpack's own parser agrees where the value ends.
+    u = msgpack.Unpacker(raw=True)
+    u.feed(blob)
+    u.skip()
+    assert u.tell() == end
+
+
+def test_cli_make_dataset(tmp_path, capsys):
+    pytest.importorskip("squirrel")
+    from fastread.cli import main
+    assert main(["make-dataset", str(tmp_path / "s"), "--format", "squirrel", "--shards", "2",
+                 "--per-shard", "3", "--shape", "3,4,5", "--quiet"]) == 0
+    assert "Squirrel store, 6 samples in 2 shards" in capsys.readouterr().out
+    src = SquirrelStore(str(tmp_path / "s"), cache_dir=str(tmp_path / "c"))
+    assert len(src) == 6 and read_all(src)[0][0].shape == (3, 4, 5)
+
+
+def test_torch_loader(store, tmp_path):
+    torch = pytest.importorskip("torch")
+    from fastread.formats.torch import SquirrelLoader
+    images, labels = read_all(SquirrelStore(store, cache_dir=str(tmp_path / "c")))
+    loader = SquirrelLoader(store, batch_size=16, cache_dir=str(tmp_path / "c"))
+    got = list(loader)
+    assert len(got) == len(loader) == 3
+    assert torch.equal(torch.cat([g[0] for g in got]), torch.from_numpy(np.stack(images)))
+    assert torch.cat([g[1] for g in got]).tolist() == [int(x) for x in labels]
