@@ -257,13 +257,15 @@ class _Epoch:
             if self._left == 0:
                 self._finish(True)
                 raise StopIteration
-            taken = r._native.taken
+            # Native readers count the batches they hand out (``taken``);
+            # sources with their own (e.g. several files') may not.
+            taken = getattr(r._native, "taken", None)
             try:
                 out = r._next_batch()
             except BaseException:
                 # A batch that failed is used up; a signal (KeyboardInterrupt)
                 # while waiting for one leaves it queued for the next call.
-                if r._native is not None and r._native.taken != taken:
+                if taken is None or (r._native is not None and r._native.taken != taken):
                     self._left -= 1
                 raise
             self._left -= 1
