@@ -169,7 +169,9 @@ typedef struct uring {
     int64_t *open_res;
     int64_t *read_res;
     int *fds;
-    uring_ring **live;   /* the ring with requests of file i in flight, or NULL */
+    /* The ring with requests of file i in flight, or NULL: written by the
+     * thread that claimed file i, read by every ring's stuck check. */
+    _Atomic(uring_ring *) *live;
     unsigned *live_slot; /* its direct-descriptor slot (chained, linked) */
     int64_t *stuck;      /* 0, or the error of file i's cancelled requests */
 } uring;
