@@ -26,6 +26,11 @@ enum phase { PHASE_OPEN, PHASE_READ, PHASE_RANGES };
 typedef struct psync {
     fr_config cfg;
     fr_threadpool *pool;
+    /* Files opened at once: WINDOW, less once the process ran out of
+     * descriptors (RLIMIT_NOFILE): a window that hits EMFILE is closed and
+     * opened again at half the files it got. */
+    size_t window;
+    long window_shrinks;
 
     /* The phase being run. */
     const char *const *paths;
@@ -55,14 +60,10 @@ static void open_one(psync *p, size_t k)
      * once so fstat can refuse it instead of blocking for a writer. */
     int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (p->cfg.o_direct ? O_DIRECT : 0);
     int fd;
-    do {
-        fd = open(path, flags);
-    } while (fd < 0 && errno == EINTR);
+    fd = fr_open_retry(path, flags);
     if (fd < 0 && errno == EINVAL && p->cfg.o_direct) {
         /* This file system refuses O_DIRECT: read the file through the cache. */
-        do {
-            fd = open(path, flags & ~O_DIRECT);
-        } while (fd < 0 && errno == EINTR);
+        fd = fr_open_retry(path, flags & ~O_DIRECT);
     }
     p->fds[k] = -1;
     if (fd < 0) {
@@ -159,6 +160,7 @@ static int psync_open(const fr_config *cfg, void **state, char *err, size_t err_
     if (!p)
         return -ENOMEM;
     p->cfg = *cfg;
+    p->window = WINDOW;
     fr_image_cache_init(&p->image);
     unsigned n = cfg->threads;
     if (n == 0) {
@@ -184,11 +186,35 @@ static int psync_read_files(void *state, const char *const *paths, const int64_t
     psync *p = state;
     p->paths = paths;
     p->batch = batch;
-    for (size_t first = 0; first < n; first += WINDOW) {
+    unsigned fd_waits = 0;
+    for (size_t first = 0; first < n; first += p->count) {
         p->first = first;
-        p->count = n - first < WINDOW ? n - first : WINDOW;
+        p->count = n - first < p->window ? n - first : p->window;
         memset(p->needs_repair, 0, sizeof(p->needs_repair));
         fr_threadpool_run(p->pool, PHASE_OPEN, p->count);
+        size_t opened = 0, out_of_fds = 0;
+        for (size_t k = 0; k < p->count; k++) {
+            opened += p->fds[k] >= 0;
+            out_of_fds += p->sizes[k] == -EMFILE || p->sizes[k] == -ENFILE;
+        }
+        if (out_of_fds && (p->count > 1 || fd_waits < FR_RETRY_LIMIT)) {
+            /* Out of descriptors: close the window, open fewer files at a
+             * time. At one file, other threads (a reader's other workers)
+             * may hold them all for a moment: wait a little, FR_RETRY_LIMIT
+             * times at most, before EMFILE is the answer. */
+            for (size_t k = 0; k < p->count; k++)
+                if (p->fds[k] >= 0)
+                    close(p->fds[k]);
+            if (p->count == 1) {
+                fd_waits++;
+                fr_pause_1ms();
+            }
+            p->window = opened / 2 > 1 ? opened / 2 : 1;
+            p->window_shrinks++;
+            p->count = 0; /* the same files again */
+            continue;
+        }
+        fd_waits = 0;
         /* fr_layout indexes samples from 0: shift the window's view. */
         fr_sample *saved = batch->samples;
         batch->samples = saved + first;
@@ -246,6 +272,10 @@ static long psync_stat(const void *state, const char *key)
         return p->cfg.o_direct;
     if (strcmp(key, "image_direct") == 0)
         return p->image.fd >= 0 ? p->image.direct : -1;
+    if (strcmp(key, "window") == 0)
+        return (long)p->window;
+    if (strcmp(key, "window_shrinks") == 0)
+        return p->window_shrinks;
     return -1;
 }
 

@@ -71,7 +71,16 @@
 #define MAX_FIXED_BUF ((size_t)1 << 30) /* the kernel's limit per buffer */
 #define MAX_RINGS 64
 
-enum op { OP_OPEN = 1, OP_READ, OP_CLOSE };
+enum op { OP_OPEN = 1, OP_READ, OP_CLOSE, OP_CANCEL };
+
+/* A ring that waits this long for a completion checks the paths it is still
+ * opening or reading: one that is no regular file or block device (a FIFO
+ * put in a file's place since its size hint, whose poll-armed read never
+ * completes; a FIFO whose open went to an io-wq worker and waits for a
+ * writer) has its requests cancelled and fails with EINVAL (EISDIR for a
+ * directory). Regular files are never cancelled, however slow; the fast path
+ * pays nothing. */
+#define STUCK_CHECK_MS 1000
 
 /* What the pool's threads are asked to do. */
 enum phase { PH_SETUP, PH_TEARDOWN, PH_CHAINED, PH_OPEN, PH_READ, PH_RANGES };
@@ -129,6 +138,11 @@ typedef struct uring {
     uring_ring *rings;           /* rings[w - 1] belongs to pool thread w */
     fr_threadpool *pool;
     long direct_fallbacks;
+    /* Files sized at once: WINDOW, less once the process ran out of
+     * descriptors (RLIMIT_NOFILE): a window that hits EMFILE is closed and
+     * sized again at half the files it got (one at a time at worst). */
+    size_t window;
+    long window_shrinks;
 
     /* The phase being run: set by the caller before it hands the phase to
      * the pool, read-only while the threads run. */
@@ -155,6 +169,11 @@ typedef struct uring {
     int64_t *open_res;
     int64_t *read_res;
     int *fds;
+    /* The ring with requests of file i in flight, or NULL: written by the
+     * thread that claimed file i, read by every ring's stuck check. */
+    _Atomic(uring_ring *) *live;
+    unsigned *live_slot; /* its direct-descriptor slot (chained, linked) */
+    int64_t *stuck;      /* 0, or the error of file i's cancelled requests */
 } uring;
 
 static inline uint64_t pack(size_t i, unsigned slot, enum op op)
@@ -290,6 +309,70 @@ static int submit_wait(uring_ring *r)
     }
 }
 
+/* submit_wait, but -ETIME after STUCK_CHECK_MS without a completion where
+ * the kernel can time a wait (IORING_FEAT_EXT_ARG, Linux 5.11). */
+static int submit_wait_timed(uring_ring *r)
+{
+    if (!(r->ring.features & IORING_FEAT_EXT_ARG))
+        return submit_wait(r);
+    struct __kernel_timespec ts = {.tv_sec = STUCK_CHECK_MS / 1000,
+                                   .tv_nsec = (STUCK_CHECK_MS % 1000) * 1000000L};
+    for (;;) {
+        struct io_uring_cqe *cqe;
+        int rc = io_uring_submit_and_wait_timeout(&r->ring, &cqe, 1, &ts, NULL);
+        if (rc >= 0 || rc == -EAGAIN || rc == -EBUSY)
+            return 0;
+        if (rc != -EINTR)
+            return rc; /* -ETIME, or broken */
+    }
+}
+
+/* The error for a path whose open or read may never complete (no regular
+ * file or block device), or 0 (also when it cannot be looked at: its own
+ * request says why). */
+static int64_t not_a_file(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode) || S_ISBLK(st.st_mode))
+        return 0;
+    return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+}
+
+/* Marks file i's requests as in flight on ring r (r NULL: no longer). Entry i
+ * is touched only by the thread that claimed file i. */
+static inline void set_live(uring *u, size_t i, uring_ring *r, unsigned slot)
+{
+    u->live[i] = r;
+    u->live_slot[i] = slot;
+}
+
+/* Cancels the requests of every file in flight on ring r that is no longer a
+ * file (see STUCK_CHECK_MS). Returns the cancel requests submitted: each
+ * completes too. */
+static size_t cancel_stuck(uring *u, uring_ring *r)
+{
+    size_t issued = 0, n = u->cap;
+    if (!u->paths)
+        return 0; /* ranges of an image: opened and checked by the caller */
+    for (size_t i = 0; i < n; i++) {
+        if (u->live[i] != r || u->stuck[i] || !(u->stuck[i] = not_a_file(u->paths[i])))
+            continue;
+        for (enum op op = OP_OPEN; op <= OP_READ; op++) {
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+            if (!sqe) {
+                io_uring_submit(&r->ring);
+                sqe = io_uring_get_sqe(&r->ring);
+            }
+            if (!sqe)
+                break;
+            io_uring_prep_cancel64(sqe, pack(i, u->live_slot[i], op), 0);
+            io_uring_sqe_set_data64(sqe, pack(0, 0, OP_CANCEL));
+            issued++;
+        }
+    }
+    return issued;
+}
+
 typedef void (*cqe_fn)(uring *u, uring_ring *r, const struct io_uring_cqe *cqe);
 
 /* Hands every completion that is ready to fn, in one pass over the CQ ring
@@ -329,17 +412,24 @@ static void fail_phase(uring *u, int rc)
     atomic_compare_exchange_strong(&u->phase_err, &zero, rc);
 }
 
-/* Submits, waits and reaps once; on a broken ring drains it and records the
- * error. Returns the completions seen, or (size_t)-1 when broken. */
-static size_t turn(uring *u, uring_ring *r, size_t inflight, cqe_fn fn)
+/* Submits, waits and reaps once, taking what completed off *inflight; a wait
+ * that lasts STUCK_CHECK_MS cancels requests of paths that are no files. On
+ * a broken ring drains it and records the error. Returns 0, or (size_t)-1
+ * when broken. */
+static size_t turn(uring *u, uring_ring *r, size_t *inflight, cqe_fn fn)
 {
-    int rc = submit_wait(r);
+    int rc = submit_wait_timed(r);
+    if (rc == -ETIME) {
+        *inflight += cancel_stuck(u, r);
+        return 0;
+    }
     if (rc < 0) {
-        drain(u, r, inflight, fn);
+        drain(u, r, *inflight, fn);
         fail_phase(u, rc);
         return (size_t)-1;
     }
-    return reap(u, r, fn);
+    *inflight -= reap(u, r, fn);
+    return 0;
 }
 
 static void prep_read(uring *u, struct io_uring_sqe *sqe, int fd, size_t i, int buf_index)
@@ -383,6 +473,7 @@ static void linked_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
         break;
     case OP_CLOSE:
         r->free_slots[r->nfree++] = ud_slot(cqe->user_data);
+        set_live(u, i, NULL, 0);
         break;
     default:
         break;
@@ -405,6 +496,7 @@ static void ring_linked(uring *u, uring_ring *r)
             if (u->sizes[i] < 0)
                 continue;
             unsigned slot = r->free_slots[--r->nfree];
+            set_live(u, i, r, slot);
             struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
             io_uring_prep_openat_direct(sqe, AT_FDCWD, u->paths[i], open_flags(u), 0, slot);
             io_uring_sqe_set_data64(sqe, pack(i, slot, OP_OPEN));
@@ -420,10 +512,8 @@ static void ring_linked(uring *u, uring_ring *r)
         }
         if (inflight == 0)
             continue;
-        size_t seen = turn(u, r, inflight, linked_cqe);
-        if (seen == (size_t)-1)
+        if (turn(u, r, &inflight, linked_cqe) == (size_t)-1)
             return;
-        inflight -= seen;
     }
 }
 
@@ -436,6 +526,7 @@ static void staged_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
         u->open_res[i] = cqe->res;
         if (cqe->res < 0) {
             r->free_slots[r->nfree++] = slot; /* nothing was installed */
+            set_live(u, i, NULL, 0);
         } else {
             r->opened[r->nopened].index = i;
             r->opened[r->nopened].slot = slot;
@@ -448,6 +539,7 @@ static void staged_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
     case OP_CLOSE:
         /* The read is over whatever happened: the slot is free again. */
         r->free_slots[r->nfree++] = slot;
+        set_live(u, i, NULL, 0);
         break;
     default:
         break;
@@ -486,6 +578,7 @@ static void ring_chained(uring *u, uring_ring *r)
             if (u->sizes[i] < 0)
                 continue;
             unsigned slot = r->free_slots[--r->nfree];
+            set_live(u, i, r, slot);
             struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
             io_uring_prep_openat_direct(sqe, AT_FDCWD, u->paths[i], open_flags(u), 0, slot);
             io_uring_sqe_set_data64(sqe, pack(i, slot, OP_OPEN));
@@ -493,8 +586,7 @@ static void ring_chained(uring *u, uring_ring *r)
         }
         if (inflight == 0)
             continue; /* every sample claimed so far had failed before */
-        size_t seen = turn(u, r, inflight, staged_cqe);
-        if (seen == (size_t)-1) {
+        if (turn(u, r, &inflight, staged_cqe) == (size_t)-1) {
             /* Broken ring: opened slots keep their files until reused (a
              * direct open replaces what a slot holds) or the ring closes. */
             for (size_t k = 0; k < r->nopened; k++)
@@ -502,7 +594,6 @@ static void ring_chained(uring *u, uring_ring *r)
             r->nopened = 0;
             return;
         }
-        inflight -= seen;
     }
 }
 
@@ -511,7 +602,10 @@ static void ring_chained(uring *u, uring_ring *r)
 static void open_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
 {
     (void)r;
+    if (ud_op(cqe->user_data) != OP_OPEN)
+        return; /* a cancel's own completion */
     size_t i = ud_index(cqe->user_data);
+    set_live(u, i, NULL, 0);
     if (cqe->res < 0) {
         u->open_res[i] = cqe->res;
         /* O_DIRECT refused by this file system: the repair step reads it. */
@@ -551,6 +645,7 @@ static void ring_open(uring *u, uring_ring *r)
                 break;
             }
             size_t i = u->first + k;
+            set_live(u, i, r, 0);
             struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
             io_uring_prep_openat(sqe, AT_FDCWD, u->paths[i], open_flags(u) | O_CLOEXEC, 0);
             io_uring_sqe_set_data64(sqe, pack(i, 0, OP_OPEN));
@@ -558,10 +653,8 @@ static void ring_open(uring *u, uring_ring *r)
         }
         if (inflight == 0)
             continue;
-        size_t seen = turn(u, r, inflight, open_cqe);
-        if (seen == (size_t)-1)
+        if (turn(u, r, &inflight, open_cqe) == (size_t)-1)
             return;
-        inflight -= seen;
     }
 }
 
@@ -571,7 +664,7 @@ static void read_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
     size_t i = ud_index(cqe->user_data);
     if (ud_op(cqe->user_data) == OP_READ)
         u->read_res[i] = cqe->res;
-    else
+    else if (ud_op(cqe->user_data) == OP_CLOSE)
         u->fds[i] = -1; /* closed (or the close failed: the fd is gone either way) */
 }
 
@@ -604,10 +697,8 @@ static void ring_read(uring *u, uring_ring *r)
         }
         if (ops == 0)
             continue;
-        size_t seen = turn(u, r, ops, read_cqe);
-        if (seen == (size_t)-1)
+        if (turn(u, r, &ops, read_cqe) == (size_t)-1)
             return;
-        ops -= seen;
     }
 }
 
@@ -700,10 +791,8 @@ static void ring_ranges(uring *u, uring_ring *r)
         }
         if (inflight == 0)
             continue;
-        size_t seen = turn(u, r, inflight, range_cqe);
-        if (seen == (size_t)-1)
+        if (turn(u, r, &inflight, range_cqe) == (size_t)-1)
             return;
-        inflight -= seen;
     }
 }
 
@@ -762,6 +851,9 @@ static void uring_close(void *state)
     free(u->open_res);
     free(u->read_res);
     free(u->fds);
+    free(u->live);
+    free(u->live_slot);
+    free(u->stuck);
     free(u);
 }
 
@@ -829,6 +921,7 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
     if (!u)
         return -ENOMEM;
     u->cfg = *cfg;
+    u->window = WINDOW;
     u->cfg.engine_args = NULL; /* borrowed: not kept */
     u->depth = cfg->queue_depth;
     fr_image_cache_init(&u->image);
@@ -909,7 +1002,12 @@ static int grow_scratch(uring *u, size_t n)
     GROW(open_res);
     GROW(read_res);
     GROW(fds);
+    GROW(live);
+    GROW(live_slot);
+    GROW(stuck);
 #undef GROW
+    for (size_t i = u->cap; i < cap; i++)
+        u->live[i] = NULL;
     u->cap = cap;
     return 0;
 }
@@ -964,6 +1062,16 @@ static int all_fixed_files(const uring *u)
     return 1;
 }
 
+/* Forgets the call's paths (a later range phase has none) and every file
+ * still marked in flight (a broken ring leaves some). Returns rc. */
+static int end_call(uring *u, size_t n, int rc)
+{
+    for (size_t i = 0; i < n; i++)
+        u->live[i] = NULL;
+    u->paths = NULL;
+    return rc;
+}
+
 static int uring_read_files(void *state, const char *const *paths, const int64_t *size_hints,
                             size_t n, fr_batch *batch)
 {
@@ -975,6 +1083,7 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
         u->open_res[i] = 0;
         u->read_res[i] = -ECANCELED;
         u->fds[i] = -1;
+        u->stuck[i] = 0;
     }
     u->paths = paths;
     u->batch = batch;
@@ -989,19 +1098,44 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
         if (rc == 0)
             rc = run_rings(u, PH_CHAINED, n);
         if (rc)
-            return rc;
+            return end_call(u, n, rc);
     } else {
-        for (size_t first = 0; first < n; first += WINDOW) {
-            size_t count = n - first < WINDOW ? n - first : WINDOW;
+        size_t count;
+        unsigned fd_waits = 0;
+        for (size_t first = 0; first < n; first += count) {
+            count = n - first < u->window ? n - first : u->window;
             u->first = first;
             rc = run_rings(u, PH_OPEN, count);
+            size_t opened = 0, out_of_fds = 0;
+            for (size_t i = first; rc == 0 && i < first + count; i++) {
+                if (u->stuck[i])
+                    u->sizes[i] = u->stuck[i]; /* its open was cancelled */
+                opened += u->fds[i] >= 0;
+                out_of_fds += u->sizes[i] == -EMFILE || u->sizes[i] == -ENFILE;
+            }
+            if (rc == 0 && out_of_fds && (count > 1 || fd_waits < FR_RETRY_LIMIT)) {
+                /* Out of descriptors: close the window and size fewer files
+                 * at a time. At one file, other threads (a reader's other
+                 * workers) may hold them all for a moment: wait a little,
+                 * FR_RETRY_LIMIT times at most, before EMFILE is the error. */
+                close_window(u, first, count);
+                if (count == 1) {
+                    fd_waits++;
+                    fr_pause_1ms();
+                }
+                u->window = opened / 2 > 1 ? opened / 2 : 1;
+                u->window_shrinks++;
+                count = 0; /* the same files again */
+                continue;
+            }
+            fd_waits = 0;
             if (rc == 0)
                 rc = layout_window(u, batch, first, count);
             if (rc == 0)
                 rc = run_rings(u, PH_READ, count);
             if (rc) {
                 close_window(u, first, count);
-                return rc;
+                return end_call(u, n, rc);
             }
         }
     }
@@ -1010,6 +1144,10 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
         if (u->sizes[i] < 0)
             continue; /* fr_layout already recorded the error */
         fr_sample *s = &batch->samples[i];
+        if (u->stuck[i]) {
+            s->length = u->stuck[i]; /* no regular file any more: cancelled */
+            continue;
+        }
         int64_t size = u->sizes[i];
         int64_t open_res = u->open_res[i], read_res = u->read_res[i];
         size_t slot = fr_request_len((size_t)size, u->cfg.o_direct, u->cfg.direct_alignment);
@@ -1030,7 +1168,7 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
             fr_read_whole(batch, i, paths[i], slot);
         }
     }
-    return 0;
+    return end_call(u, n, 0);
 }
 
 static int grow_range_scratch(uring *u, size_t n)
@@ -1119,6 +1257,10 @@ static long uring_stat(const void *state, const char *key)
         return r0->fixed_files && r0->image_gen != 0 && r0->image_gen == u->image_gen;
     if (strcmp(key, "image_direct") == 0)
         return u->image.fd >= 0 ? u->image.direct : -1;
+    if (strcmp(key, "window") == 0)
+        return (long)u->window;
+    if (strcmp(key, "window_shrinks") == 0)
+        return u->window_shrinks;
     return -1;
 }
 

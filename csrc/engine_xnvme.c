@@ -21,9 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "io_common.h"
+#include "xnvme_path.h"
 
 #ifndef FASTREAD_XNVME_BUILD_VERSION
 #define FASTREAD_XNVME_BUILD_VERSION "unknown"
@@ -221,6 +223,9 @@ typedef struct xr {
     int is_file;
     struct stat st;
     struct xnvme_dev *dev;
+    /* A path xNVMe cannot take is opened through an alias (xnvme_path.h):
+     * the descriptor behind "/proc/self/fd/N", held while the device is. */
+    int alias_fd, has_alias;
     struct xnvme_queue *q;
     uint32_t nsid;
     uint64_t tbytes;
@@ -256,6 +261,9 @@ static void close_dev(xr *x)
     if (x->dev)
         xnvme_dev_close(x->dev);
     x->dev = NULL;
+    if (x->has_alias)
+        close(x->alias_fd);
+    x->has_alias = 0;
     free(x->path);
     x->path = NULL;
 }
@@ -309,11 +317,26 @@ static int ensure_dev(xr *x, const char *path)
         return -EINVAL; /* a FIFO would block open() */
     if (!have_st && errno != ENOENT)
         return -errno; /* EACCES on a parent, ENAMETOOLONG, ... */
+    /* xNVMe refuses paths of 384+ bytes (and reads '?' as URI options)
+     * with a bare EINVAL: open those through an alias. */
+    char alias[FR_XNVME_PATH_MAX + 1];
+    const char *name = path;
+    int alias_fd = -1;
+    if (have_st && !fr_xnvme_path_ok(path, FR_XNVME_PATH_MAX)) {
+        int rc = fr_xnvme_path_alias(path, FR_XNVME_PATH_MAX, alias, sizeof(alias), &alias_fd);
+        if (rc)
+            return rc; /* -ENAMETOOLONG: no alias reaches it (no /proc) */
+        name = alias;
+    }
     struct xnvme_opts o;
     fr_xnvme_apply_opts(&x->a, x->direct, &o);
     errno = 0;
-    struct xnvme_dev *dev = xnvme_dev_open(path, &o);
+    struct xnvme_dev *dev = xnvme_dev_open(name, &o);
     if (!dev) {
+        int saved = errno;
+        if (alias_fd >= 0)
+            close(alias_fd);
+        errno = saved;
         /* Without be=linux, later backends overwrite errno (ENOENT reads as
          * EINVAL), and a bad option name can leave it negative. */
         int e = errno < 0 ? -errno : errno;
@@ -323,6 +346,8 @@ static int ensure_dev(xr *x, const char *path)
     }
     const struct xnvme_geo *geo = xnvme_dev_get_geo(dev);
     x->dev = dev;
+    x->alias_fd = alias_fd;
+    x->has_alias = alias_fd >= 0;
     x->path = strdup(path);
     if (!x->path) {
         close_dev(x);

@@ -58,6 +58,7 @@
 #include "engine.h"
 #include "io_common.h"
 #include "threadpool.h"
+#include "xnvme_path.h"
 
 /* Shared with engine_xnvme.c (see there). */
 typedef struct fr_xnvme_args {
@@ -115,6 +116,7 @@ typedef struct xfile {
     int hinted;               /* laid out from size hints: stat as part of the read */
     unsigned char repair[WINDOW];
     atomic_long direct_fallbacks, repairs;
+    atomic_long path_fallbacks; /* files read with pread: xNVMe cannot take their path */
     void *ranges; /* the xnvme engine's state, for read_ranges (opened on first use) */
 } xfile;
 
@@ -187,7 +189,16 @@ static int to_read(xfile *x, size_t k)
             return 0;
         }
     }
-    return x->sizes[k] >= 0;
+    if (x->sizes[k] < 0)
+        return 0;
+    if (!fr_xnvme_path_ok(x->paths[x->first + k], FR_XNVME_PATH_MAX)) {
+        /* xnvme_file_open would refuse it with a bare EINVAL (a path of 384+
+         * bytes, or one with '?'): read it with pread (fr_read_whole). */
+        atomic_fetch_add(&x->path_fallbacks, 1);
+        x->repair[k] = 1;
+        return 0;
+    }
+    return 1;
 }
 
 /* The read xnvme_file_pread() passes (opcode, nsid, byte offset as slba),
@@ -530,6 +541,8 @@ static long xf_stat(const void *state, const char *key)
         return atomic_load(&((xfile *)state)->direct_fallbacks);
     if (strcmp(key, "repairs") == 0)
         return atomic_load(&((xfile *)state)->repairs);
+    if (strcmp(key, "path_fallbacks") == 0)
+        return atomic_load(&((xfile *)state)->path_fallbacks);
     if (strcmp(key, "xnvme_version") == 0)
         return xnvme_ver_major() * 10000L + xnvme_ver_minor() * 100L + xnvme_ver_patch();
     return -1;

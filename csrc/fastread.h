@@ -228,6 +228,9 @@ int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_rang
 int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n);
 /* Blocks until the oldest submitted batch is read. -ENODATA if none is queued. */
 int fr_reader_next(fr_reader *reader, fr_batch **out);
+/* fr_reader_next waiting at most timeout_ms: -ETIMEDOUT if the batch is not
+ * read by then (it stays queued; call again). Lets a caller notice signals. */
+int fr_reader_next_timed(fr_reader *reader, fr_batch **out, unsigned timeout_ms);
 /* Drops every queued and finished batch not yet taken by fr_reader_next. */
 void fr_reader_reset(fr_reader *reader);
 size_t fr_reader_pending(fr_reader *reader); /* submitted and not yet taken */

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "io_common.h"
@@ -45,16 +46,44 @@ int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
     return rc;
 }
 
+void fr_pause_1ms(void)
+{
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+}
+
+int fr_open_retry(const char *path, int flags)
+{
+    for (unsigned tries = 1;; tries++) {
+        int fd = open(path, flags);
+        if (fd >= 0)
+            return fd;
+        int e = errno;
+        if ((e != EINTR && e != EAGAIN) || tries >= FR_RETRY_LIMIT) {
+            errno = e;
+            return -1;
+        }
+        if (e == EAGAIN)
+            fr_pause_1ms(); /* e.g. a lease being broken */
+    }
+}
+
 ssize_t fr_pread_full(int fd, void *buf, size_t len, off_t offset)
 {
     size_t done = 0;
+    unsigned tries = 0; /* EINTR/EAGAIN in a row, without a byte read */
     while (done < len) {
         ssize_t r = pread(fd, (char *)buf + done, len - done, offset + (off_t)done);
         if (r < 0) {
-            if (errno == EINTR || errno == EAGAIN)
+            int e = errno;
+            if ((e == EINTR || e == EAGAIN) && ++tries < FR_RETRY_LIMIT) {
+                if (e == EAGAIN)
+                    fr_pause_1ms(); /* give whatever holds the file a moment */
                 continue;
-            return -errno;
+            }
+            return -e; /* a file that never stops refusing is an error, not a hang */
         }
+        tries = 0;
         if (r == 0)
             break;
         done += (size_t)r;
@@ -66,9 +95,7 @@ void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len)
 {
     fr_sample *s = &batch->samples[i];
     int fd;
-    do {
-        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    } while (fd < 0 && errno == EINTR);
+    fd = fr_open_retry(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         s->length = -errno;
         return;
@@ -155,9 +182,7 @@ int fr_open_image(const char *path, int o_direct, int *direct_out)
     int fd;
     *direct_out = 0;
     if (o_direct) {
-        do {
-            fd = open(path, flags | O_DIRECT);
-        } while (fd < 0 && errno == EINTR);
+        fd = fr_open_retry(path, flags | O_DIRECT);
         if (fd >= 0) {
             *direct_out = 1;
             goto opened;
@@ -166,9 +191,7 @@ int fr_open_image(const char *path, int o_direct, int *direct_out)
             return -errno;
         /* This file system refuses O_DIRECT: read through the page cache. */
     }
-    do {
-        fd = open(path, flags);
-    } while (fd < 0 && errno == EINTR);
+    fd = fr_open_retry(path, flags);
     if (fd < 0)
         return -errno;
 opened:;
@@ -197,9 +220,7 @@ void fr_read_range_plain(fr_batch *batch, size_t i, const char *path, const fr_r
 {
     fr_sample *s = &batch->samples[i];
     int fd;
-    do {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
+    fd = fr_open_retry(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO in its place: no wait */
     if (fd < 0) {
         s->length = -errno;
         return;

@@ -31,7 +31,19 @@ int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
  * end of the arena. No I/O may be in flight on the arena. */
 void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len);
 
-/* pread until `len` bytes or end of file; returns bytes read or -errno. */
+/* Times in a row a read may fail with EINTR or EAGAIN (EAGAIN after a 1 ms
+ * pause) before its errno is the sample's error. */
+#define FR_RETRY_LIMIT 100
+
+/* Sleeps about a millisecond (between retries of a refused call). */
+void fr_pause_1ms(void);
+
+/* open(path, flags), retrying EINTR and EAGAIN (at most FR_RETRY_LIMIT
+ * times, EAGAIN after 1 ms); the descriptor, or -1 with errno set. */
+int fr_open_retry(const char *path, int flags);
+
+/* pread until `len` bytes or end of file, retrying EINTR/EAGAIN (at most
+ * FR_RETRY_LIMIT in a row) and short reads; returns bytes read or -errno. */
 ssize_t fr_pread_full(int fd, void *buf, size_t len, off_t offset);
 
 #endif

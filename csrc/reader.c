@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine.h"
 #include "gpu.h"
@@ -410,16 +411,35 @@ int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
     return 0;
 }
 
-int fr_reader_next(fr_reader *rd, fr_batch **out)
+/* timeout_ms < 0: wait as long as it takes. */
+static int next_batch(fr_reader *rd, fr_batch **out, long timeout_ms)
 {
     *out = NULL;
+    struct timespec deadline;
+    if (timeout_ms >= 0) {
+        if (clock_gettime(CLOCK_REALTIME, &deadline) != 0)
+            return -errno;
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
     pthread_mutex_lock(&rd->lock);
     if (rd->outstanding == 0) {
         pthread_mutex_unlock(&rd->lock);
         return -ENODATA;
     }
-    while (!(rd->ready && rd->ready->seq == rd->deliver_seq) && !rd->stop)
-        pthread_cond_wait(&rd->ready_cv, &rd->lock);
+    while (!(rd->ready && rd->ready->seq == rd->deliver_seq) && !rd->stop) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&rd->ready_cv, &rd->lock);
+        } else if (pthread_cond_timedwait(&rd->ready_cv, &rd->lock, &deadline) == ETIMEDOUT &&
+                   !(rd->ready && rd->ready->seq == rd->deliver_seq) && !rd->stop) {
+            pthread_mutex_unlock(&rd->lock);
+            return -ETIMEDOUT;
+        }
+    }
     if (!(rd->ready && rd->ready->seq == rd->deliver_seq)) {
         int rc = rd->open_rc ? rd->open_rc : -EPIPE;
         pthread_mutex_unlock(&rd->lock);
@@ -435,6 +455,13 @@ int fr_reader_next(fr_reader *rd, fr_batch **out)
     pthread_mutex_unlock(&rd->lock);
     *out = b;
     return 0;
+}
+
+int fr_reader_next(fr_reader *rd, fr_batch **out) { return next_batch(rd, out, -1); }
+
+int fr_reader_next_timed(fr_reader *rd, fr_batch **out, unsigned timeout_ms)
+{
+    return next_batch(rd, out, (long)timeout_ms);
 }
 
 void fr_reader_reset(fr_reader *rd)

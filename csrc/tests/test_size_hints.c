@@ -19,11 +19,15 @@ static void check_engine(const char *engine)
     char *same = fr_test_write("same.bin", 4096, 3);
     char *gone = fr_test_write("gone.bin", 10, 4);
     char *dir = fr_test_write("dir.bin", 10, 5);
-    const char *paths[] = {grew, shrank, same, gone, dir};
-    int64_t hints[] = {100, 900000, 4096, 10, 10};
+    char *fifo = fr_test_write("fifo.bin", 10, 6);
+    const char *paths[] = {grew, shrank, same, gone, dir, fifo};
+    int64_t hints[] = {100, 900000, 4096, 10, 10, 10};
     unlink(gone);
     unlink(dir);
     mkdir(dir, 0755);
+    /* A FIFO (no writer) where a 10-byte file was: never read forever. */
+    unlink(fifo);
+    CHECK(mkfifo(fifo, 0644) == 0);
 
     fr_config cfg;
     fr_config_init(&cfg);
@@ -35,18 +39,21 @@ static void check_engine(const char *engine)
         CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
         fr_pool *pool = fr_pool_new();
         fr_batch *b = fr_pool_get(pool);
-        CHECK(fr_batch_prepare(b, 5) == 0);
-        CHECK(fr_read_files(ctx, paths, hints, 5, b) == 0);
+        CHECK(fr_batch_prepare(b, 6) == 0);
+        CHECK(fr_read_files(ctx, paths, hints, 6, b) == 0);
         CHECK(fr_test_same(b, 0, grew));
         CHECK(fr_test_same(b, 1, shrank));
         CHECK(fr_test_same(b, 2, same));
         CHECK(b->samples[3].length == -ENOENT);
         CHECK(b->samples[4].length == -EISDIR);
+        CHECK(b->samples[5].length == -EINVAL);
         fr_batch_recycle(b);
         fr_ctx_close(ctx);
         fr_pool_close(pool);
     }
     rmdir(dir);
+    unlink(fifo);
+    free(fifo);
     free(grew);
     free(shrank);
     free(same);

@@ -11,6 +11,7 @@ cimport numpy as cnp
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.pycapsule cimport (PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_IsValid,
                                PyCapsule_New)
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -552,6 +553,7 @@ cdef class NativeReader:
     cdef _PoolOwner owner
     cdef readonly str engine
     cdef readonly size_t size
+    cdef readonly unsigned long long taken  # next() calls that took a batch (or an error)
 
     cdef readonly int device_id
     cdef readonly bint device_output
@@ -638,12 +640,20 @@ cdef class NativeReader:
 
     def next(self):
         """The oldest submitted batch, waiting for it with the GIL released;
-        None when nothing is queued."""
+        None when nothing is queued. Signals are handled while it waits (a
+        KeyboardInterrupt leaves the batch queued: ``taken`` counts the
+        batches this call and earlier ones took)."""
         cdef fr_reader *rd = self._get()
         cdef fr_batch *b = NULL
         cdef int rc
-        with nogil:
-            rc = fr_reader_next(rd, &b)
+        while True:
+            with nogil:
+                rc = fr_reader_next_timed(rd, &b, 100)
+            if rc != -110:  # ETIMEDOUT
+                break
+            PyErr_CheckSignals()  # raises what a signal handler raised
+            rd = self._get()  # a handler may have closed the reader
+        self.taken += 1
         if rc == -61:  # ENODATA
             return None
         if rc != 0:

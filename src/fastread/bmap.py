@@ -222,7 +222,11 @@ def load_bmap(path):
                 y = dict(x)
                 for k in ("logical", "physical", "length"):
                     y[k] = _as_int(x[k], key, f"extent {k}", path)
-                y["flags"] = list(x.get("flags", []))
+                flags = x.get("flags", [])
+                if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+                    raise ValueError(f"bmap {path!r}: {key!r} has extent flags that are not a "
+                                     "list of strings")
+                y["flags"] = list(flags)
                 checked.append(y)
             ext = checked
         e["extents"] = ext

@@ -1,8 +1,11 @@
 """Engine selection: which engines exist, which run here, and their options
 (:class:`EngineOptions`)."""
 import dataclasses
+import errno as _errno
 import os
+import resource
 import threading
+import warnings
 from collections.abc import Mapping
 from typing import Optional, Union
 
@@ -148,8 +151,13 @@ def resolve(engine):
     built = set(_core.engine_names())
     if engine == "auto":
         for name in KNOWN_ENGINES:
-            if name not in GPU_ENGINES and _status(name, built) is True:
+            status = _status(name, built)
+            if name not in GPU_ENGINES and status is True:
                 return name
+            if name == "io_uring" and "Cannot allocate memory" in str(status):
+                _warn_once("io_uring-memlock",
+                           f"fastread: io_uring cannot start here ({status}; {_limits_hint()}); "
+                           "'auto' reads with the next engine instead")
         raise ValueError(f"no engine can read files here: {engines()}")
     elif engine in KNOWN_ENGINES:
         status = _status(engine, built)
@@ -387,12 +395,75 @@ def _gpu_options(engine, given):
     return {"device_id": device_id, "device_output": bool(output), "pin_memory": bool(pin)}
 
 
+# Why an engine that probed fine may still not open: the kernel charges
+# io_uring rings (and registered buffers) to RLIMIT_MEMLOCK, and each ring
+# and registered file table to RLIMIT_NOFILE.
+_LIMIT_ERRNOS = (_errno.ENOMEM, _errno.EPERM, _errno.EMFILE, _errno.ENFILE, _errno.EAGAIN)
+
+
+_warned = set()
+
+
+def _warn_once(key, message):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _limits_hint():
+    def fmt(v):
+        return "unlimited" if v == resource.RLIM_INFINITY else str(v)
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (f"RLIMIT_MEMLOCK is {fmt(memlock)} bytes and RLIMIT_NOFILE {fmt(nofile)}: raise them "
+            "(ulimit -l / -n), lower queue_depth, or use engine='psync'")
+
+
+# Files an engine context opens at once at most (the engines' WINDOW).
+FILES_AT_ONCE = 256
+
+
+def warn_if_few_fds(contexts, batch_size):
+    """Warns (once) when ``contexts`` engine contexts opening up to
+    ``batch_size`` files each (at most FILES_AT_ONCE) would run past
+    RLIMIT_NOFILE: the engines then open fewer files at a time (correct
+    bytes, fewer I/Os in flight)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return
+    need = contexts * min(int(batch_size), FILES_AT_ONCE) + 64
+    if soft < need:
+        _warn_once("nofile", f"fastread: RLIMIT_NOFILE is {soft}, below the ~{need} descriptors "
+                             f"{contexts} reader thread(s) opening up to "
+                             f"{min(int(batch_size), FILES_AT_ONCE)} files each may want: "
+                             "the engines will open fewer files at a time (slower, same bytes); "
+                             "raise it with ulimit -n")
+
+
+def open_engine(engine, open_one):
+    """``open_one(name)`` for the engine ``engine`` resolves to. When 'auto'
+    chose io_uring and the ring cannot be set up for a resource limit, warns
+    and opens psync instead; an io_uring named explicitly raises OSError
+    saying which limits to raise. Returns ``(name, opened)``."""
+    name = resolve(engine)
+    try:
+        return name, open_one(name)
+    except OSError as e:
+        if name != "io_uring" or e.errno not in _LIMIT_ERRNOS:
+            raise
+        if engine in (None, "auto") and (engine is not None or _defaults.get("engine") == "auto"):
+            warnings.warn(f"fastread: io_uring could not start ({e.strerror}; {_limits_hint()}); "
+                          "reading with psync instead", RuntimeWarning, stacklevel=3)
+            return "psync", open_one("psync")
+        raise OSError(e.errno, f"{e.strerror} ({_limits_hint()})") from None
+
+
 def open_context(engine="auto", options=None, **opts):
     """A fresh engine context (one per reader; not shared between threads).
     ``options``: an :class:`EngineOptions` or a mapping; keyword arguments
     are engine options too."""
-    name = resolve(engine)
-    return _core.Context(name, **EngineOptions.coerce(options, **opts).resolve(name))
+    coerced = EngineOptions.coerce(options, **opts)
+    return open_engine(engine, lambda name: _core.Context(name, **coerced.resolve(name)))[1]
 
 
 _local = threading.local()
@@ -426,11 +497,13 @@ def cached_context(engine="auto", options=None, **opts):
     if ctx is not None:
         return ctx
     name = resolve(engine)
-    resolved = EngineOptions.coerce(options, **opts).resolve(name)
+    coerced = EngineOptions.coerce(options, **opts)
+    resolved = coerced.resolve(name)
     key = (name,) + tuple(sorted(resolved.items()))
     ctx = _local.contexts.get(key)
     if ctx is None:
-        ctx = _local.contexts[key] = _core.Context(name, **resolved)
+        _, ctx = open_engine(engine, lambda n: _core.Context(n, **coerced.resolve(n)))
+        _local.contexts[key] = ctx
     if fast_key is not None:
         _local.fast[fast_key] = ctx
     return ctx

@@ -251,7 +251,10 @@ class FeatureStore:
         elif dtype is None:
             raise TypeError(f"feature store {what}: raw data needs dtype= (and shape=; only "
                             ".npy data carries its own)")
-        self.dtype = np.dtype(dtype)
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError as e:
+            raise TypeError(f"feature store {what}: dtype={dtype!r}: {e}") from None
         if self.dtype.hasobject or self.dtype.itemsize == 0:
             raise TypeError(f"feature store {what}: dtype {self.dtype} cannot be stored raw")
         if offset > size:
@@ -270,6 +273,8 @@ class FeatureStore:
         rows = shape[0]
         if rows in (-1, None):
             rows = avail // row_bytes
+        else:
+            rows = _int(rows, "shape[0]", 1)
         rows = _int(rows, "shape[0]")
         need = rows * row_bytes
         if need > avail:

@@ -2,17 +2,18 @@
 import dataclasses
 import os
 
-from fastread.engine import EngineOptions, cached_context
+from fastread.engine import EngineOptions, cached_context, warn_if_few_fds
 from fastread.errors import ReadError
 
 
-def raise_failures(batch, path_of):
+def raise_failures(batch, path_of, paths=True):
     """Raises ReadError for a batch with failed samples; path_of(i) names
-    sample i."""
+    sample i. ``paths``: the names are file paths (the error then says what
+    a path that is no regular file is); False for names inside an image."""
     failures = batch.failures()
     if failures:
         named = [(path_of(i), err) for i, err in failures]
-        raise ReadError(named[0][1], named[0][0], named)
+        raise ReadError(named[0][1], named[0][0], named, detail=None if paths else "")
 
 
 def read_files(paths, engine="auto", options=None, **engine_options):
@@ -31,10 +32,14 @@ def read_files(paths, engine="auto", options=None, **engine_options):
     worker. (With 4, one call on a 16-core machine used a quarter of it and
     ran at 13-24% of a Reader's speed.)
     """
+    if isinstance(paths, (str, bytes, os.PathLike)):
+        raise TypeError(f"read_files() takes a list of paths, got one path {paths!r}: "
+                        "pass [path]")
     paths = list(paths)
     opts = EngineOptions.coerce(options, **engine_options)
     if opts.threads is None and "FASTREAD_THREADS" not in os.environ:
         opts = dataclasses.replace(opts, threads=0)
+    warn_if_few_fds(1, len(paths))
     batch = cached_context(engine, opts).read(paths)
     raise_failures(batch, lambda i: paths[i])
     return batch.arrays()

@@ -158,6 +158,24 @@ def _load_index(path):
 
 # -- reading ---------------------------------------------------------------------
 
+def _field_int(doc, key, where, minimum):
+    v = doc[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum or v >= 2**63:
+        raise ImageError(f"{where}: {key} must be an integer >= {minimum}, got {v!r:.60}")
+    return v
+
+
+def _field_array(doc, key, dtype, where):
+    """doc[key] as a 1-D array of integers that fit ``dtype``."""
+    v = doc[key]
+    info = np.iinfo(dtype)
+    if not isinstance(v, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and info.min <= x <= info.max
+            for x in v):
+        raise ImageError(f"{where}: {key} must be a list of integers in {info.min}..{info.max}")
+    return np.asarray(v, dtype=dtype).reshape(-1)
+
+
 class PackedImage(FileRanges):
     """A packed image and its index.
 
@@ -174,32 +192,43 @@ class PackedImage(FileRanges):
     """
 
     def __init__(self, path, index=None):
+        for name, value in (("path", path), ("index", index)):
+            if value is not None and not isinstance(value, (str, bytes, os.PathLike)):
+                raise TypeError(f"PackedImage {name} must be a path (str or os.PathLike), "
+                                f"got {type(value).__name__}")
         self.path = os.fspath(path)
         self.index_path = os.fspath(index) if index is not None else index_path(self.path)
         doc = _load_index(self.index_path)
+        where = f"index {self.index_path!r} is malformed"
         try:
-            self.alignment = int(doc["alignment"])
-            self.image_size = int(doc["image_size"])
-            self.image_id = str(doc["image_id"])
+            self.alignment = _field_int(doc, "alignment", where, 512)
+            self.image_size = _field_int(doc, "image_size", where, 0)
+            self.image_id = doc["image_id"]
+            if not isinstance(self.image_id, str):
+                raise ImageError(f"{where}: image_id is not a string")
             self.checksum = doc["checksum"]
-            self.names = list(doc["names"])
-            self.labels = np.asarray(doc["labels"], dtype=np.int32)
-            self.offsets = np.asarray(doc["offsets"], dtype=np.int64)
-            self.lengths = np.asarray(doc["lengths"], dtype=np.int64)
-            self.checksums = np.asarray(doc["checksums"], dtype=np.uint32)
-        except (KeyError, TypeError, ValueError, OverflowError) as e:
-            raise ImageError(f"index {self.index_path!r} is malformed: {e!r}") from None
+            self.names = doc["names"]
+            if not isinstance(self.names, list) or not all(isinstance(x, str) for x in self.names):
+                raise ImageError(f"{where}: names is not a list of strings")
+            self.labels = _field_array(doc, "labels", np.int32, where)
+            self.offsets = _field_array(doc, "offsets", np.int64, where)
+            self.lengths = _field_array(doc, "lengths", np.int64, where)
+            self.checksums = _field_array(doc, "checksums", np.uint32, where)
+            count = _field_int(doc, "count", where, 0) if "count" in doc else len(self.names)
+        except KeyError as e:
+            raise ImageError(f"{where}: no {e.args[0]!r} field") from None
         self.file_root = doc.get("file_root")
         n = len(self.names)
         if not (len(self.labels) == len(self.offsets) == len(self.lengths)
-                == len(self.checksums) == n == int(doc.get("count", n))):
+                == len(self.checksums) == n == count):
             raise ImageError(f"index {self.index_path!r} is malformed: per-sample lists differ "
                              "in length")
         if self.checksum != CHECKSUM:
             raise ImageError(f"index {self.index_path!r} uses checksum {self.checksum!r}; "
                              f"this fastread knows {CHECKSUM!r}")
         if n and (self.offsets.min() < self.alignment or (self.offsets % self.alignment).any()
-                  or self.lengths.min() < 0
+                  or self.lengths.min() < 0 or self.lengths.max() > self.image_size
+                  or self.offsets.max() > self.image_size
                   or (self.offsets + self.lengths).max() > self.image_size):
             raise ImageError(f"index {self.index_path!r} is malformed: a sample lies outside "
                              "the image or off its alignment")

@@ -209,6 +209,11 @@ def _byte_sorted(names: List[str]) -> List[str]:
 def _check_filters(filters, option: str) -> List[str]:
     if isinstance(filters, (str, bytes)):
         filters = [filters]
+    try:
+        filters = list(filters)
+    except TypeError:
+        raise TypeError(f"``{option}`` must be a glob pattern or a list of them, got "
+                        f"{type(filters).__name__}") from None
     filters = [_to_str(f, option) if not isinstance(f, str) else f for f in filters]
     if not filters:
         raise ValueError(f"``{option}`` list cannot be empty")
@@ -382,6 +387,8 @@ def scan(file_root: Optional[PathArg],
     root = _to_str(file_root, "file_root") if file_root is not None else None
 
     if files is not None:
+        if isinstance(files, (str, bytes, os.PathLike)):
+            raise TypeError(f"``files`` must be a list of paths, got one path {files!r}")
         files = [_to_str(f, "files") for f in files]
         if not files:
             raise ValueError("``files`` specified an empty list")
@@ -423,6 +430,28 @@ def _as_int(value, option: str) -> int:
         return operator.index(value)
     except TypeError:
         raise ValueError(f"``{option}`` must be an integer, got {value!r}") from None
+
+
+def check_shard_args(shard_id, num_shards) -> Tuple[int, int]:
+    """``(shard_id, num_shards)`` as ints, or ValueError naming the one that
+    is not an integer, not >= 1 (num_shards) or not in [0, num_shards)."""
+    num_shards = _as_int(num_shards, "num_shards")
+    shard_id = _as_int(shard_id, "shard_id")
+    if num_shards < 1:
+        raise ValueError(f"``num_shards`` must be >= 1, got {num_shards}")
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"``shard_id`` must be in [0, num_shards={num_shards}), got {shard_id}")
+    return shard_id, num_shards
+
+
+def check_flag(name: str, value) -> bool:
+    """``value`` as a bool; TypeError naming ``name`` unless it is a bool
+    (Python or NumPy) or the integer 0 or 1."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def shard_range(num_samples: int, shard_id: int, num_shards: int) -> Tuple[int, int]:

@@ -1,10 +1,15 @@
 """Batches of samples, sharded and shuffled, read ahead on a native thread."""
 import collections
+import os
+import threading
+import weakref
 
-from fastread.engine import EngineOptions
+import numpy as np
+
+from fastread.engine import EngineOptions, warn_if_few_fds
 from fastread.files import raise_failures
 from fastread.image import PackedImage
-from fastread.index import epoch_indices
+from fastread.index import check_flag, epoch_indices
 from fastread.source import FileList, check_source, open_native_reader
 
 
@@ -58,7 +63,11 @@ class Reader:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if pad_last_batch and drop_last:
             raise ValueError("pad_last_batch and drop_last exclude each other")
-        if ring_depth is not None and (not isinstance(ring_depth, int) or ring_depth < 1):
+        for name, flag in (("random_shuffle", random_shuffle), ("pad_last_batch", pad_last_batch),
+                           ("drop_last", drop_last), ("stick_to_shard", stick_to_shard)):
+            check_flag(name, flag)
+        if ring_depth is not None and (not isinstance(ring_depth, int) or
+                                       isinstance(ring_depth, bool) or ring_depth < 1):
             raise ValueError(f"ring_depth must be None or an integer >= 1, got {ring_depth!r}")
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
@@ -81,12 +90,25 @@ class Reader:
         self._epoch_order(0)
         self.options = opts
         opened = open_native_reader(self.source, engine, opts, prefetch=prefetch, workers=workers)
+        if not self.source.reads_ranges:
+            warn_if_few_fds(opened.workers, batch_size)
         self.engine, self.workers, self._native = opened.engine, opened.workers, opened.native
         self.device_id = opened.options["device_id"]
         self._ring = collections.deque()
         self.epoch = 0
         self._start_batch = 0
+        # The epoch being iterated: its iterator's token and the thread that
+        # started it; _pending: the native reader holds batches of an epoch
+        # not read to its end (the next iter() must reset it).
         self._active = None
+        self._owner = None
+        self._pending = False
+        # Held around every call into the native reader; never waited for by
+        # an iteration (a second thread gets RuntimeError), only by close().
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._forked = False
+        _LIVE.add(self)
 
     # -- sizes ---------------------------------------------------------------
     def _epoch_order(self, epoch):
@@ -109,38 +131,78 @@ class Reader:
     def set_epoch(self, epoch, start_batch=0):
         """Chooses the epoch the next iter() reads (its shuffle and shard),
         starting at batch ``start_batch`` of it (to resume mid-epoch)."""
-        if int(epoch) < 0 or int(start_batch) < 0:
-            raise ValueError(f"epoch and start_batch must be >= 0, got {epoch}, {start_batch}")
+        for name, v in (("epoch", epoch), ("start_batch", start_batch)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        if start_batch > len(self):
+            raise ValueError(f"start_batch={start_batch} is past the end of the epoch "
+                             f"({len(self)} batches)")
         self.epoch = int(epoch)
         self._start_batch = int(start_batch)
 
     # -- iteration -----------------------------------------------------------
-    def __iter__(self):
+    # Contract: a Reader serves one iteration at a time. A new iter() from the
+    # thread that started the current epoch ends that epoch (its iterator
+    # stops); iter() from another thread while an epoch is unfinished, and any
+    # two calls that overlap in time from different threads, raise
+    # RuntimeError: give each thread its own Reader (e.g. its own shard).
+    # Handing an iterator to another thread and using it there is fine.
+    def _check_open(self):
+        if self._forked:
+            raise RuntimeError(f"this Reader was opened in process {self._pid} and cannot be used "
+                               f"after fork() (pid {os.getpid()}): its native threads stay in the "
+                               "parent; build a new Reader in the child")
         if self._native is None:
             raise ValueError("reader is closed")
-        if self._active is not None:
-            self._native.reset()  # abandon the unfinished epoch's read-ahead
-        order = self._epoch_order(self.epoch)
-        self.epoch += 1
-        start, self._start_batch = self._start_batch * self.batch_size, 0
-        batches = [order[i:i + self.batch_size] for i in range(start, len(order), self.batch_size)]
-        for idx in batches:
-            self._native.submit(idx)
-        self._active = object()
-        return self._iterate(self._active, len(batches))
+
+    def _enter(self, what):
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"Reader.{what} called while another thread is using this Reader: "
+                               "a Reader is iterated by one thread at a time (give each thread "
+                               "its own Reader, e.g. its own shard_id)")
+        try:
+            self._check_open()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def __iter__(self):
+        self._enter("__iter__()")
+        try:
+            if self._active is not None and self._owner != threading.get_ident():
+                raise RuntimeError("Reader.__iter__() called while another thread is iterating "
+                                   "this Reader (its epoch is unfinished): a Reader is iterated "
+                                   "by one thread at a time (give each thread its own Reader, "
+                                   "e.g. its own shard_id)")
+            if self._pending:
+                self._native.reset()  # abandon the unfinished epoch's read-ahead
+                self._pending = False
+            order = self._epoch_order(self.epoch)
+            self.epoch += 1
+            start, self._start_batch = self._start_batch * self.batch_size, 0
+            batches = [order[i:i + self.batch_size]
+                       for i in range(start, len(order), self.batch_size)]
+            try:
+                for idx in batches:
+                    self._native.submit(idx)
+            finally:
+                self._pending = True
+            token = object()
+            self._active, self._owner = token, threading.get_ident()
+        finally:
+            self._lock.release()
+        return self._iterate(token, len(batches))
 
     def _iterate(self, token, count):
-        for _ in range(count):
-            if self._active is not token:
-                return
-            yield self._next_batch()
-        if self._active is token:
-            self._active = None
+        return _Epoch(self, token, count)
 
     def _next_batch(self):
         batch = self._native.next()
+        if batch is None:  # cannot happen while the contract above holds
+            raise RuntimeError("Reader: no batch queued (the epoch was reset by another caller)")
         idx = batch.indices()
-        raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])))
+        raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])),
+                       paths=isinstance(self.source, FileList))
         arrays = batch.device_arrays(self.device_id) if self.device == "gpu" else batch.arrays()
         if self.ring_depth is not None:
             self._ring.append(batch)
@@ -150,12 +212,14 @@ class Reader:
 
     # -- lifetime ------------------------------------------------------------
     def close(self):
-        """Stops the native thread. Arrays already returned stay valid."""
-        if self._native is not None:
-            self._native.close()
-            self._native = None
-        self._ring.clear()
-        self._active = None
+        """Stops the native threads (waiting for a batch another thread is
+        reading). Arrays already returned stay valid; closing twice is fine."""
+        with self._lock:
+            if self._native is not None:
+                self._native.close()
+                self._native = None
+            self._ring.clear()
+            self._active, self._owner, self._pending = None, None, False
 
     def __enter__(self):
         return self
@@ -165,8 +229,89 @@ class Reader:
 
     def memory(self):
         """Batches allocated by this reader's pool so far, and idle arena bytes."""
+        self._check_open()
         return {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes(),
                 "idle_device_bytes": self._native.pool_idle_device_bytes()}
+
+
+class _Epoch:
+    """One epoch's iterator. A batch that fails raises ReadError and the
+    epoch goes on: the next ``next()`` returns the following batch. Dropping
+    the iterator (or reading it to its end) ends the epoch."""
+
+    def __init__(self, reader, token, count):
+        self._reader, self._token, self._left = reader, token, count
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        r = self._reader
+        if r is None:
+            raise StopIteration
+        r._enter("__next__()")
+        try:
+            if r._active is not self._token:  # a newer iter() in this thread
+                self._finish(False)
+                raise StopIteration
+            if self._left == 0:
+                self._finish(True)
+                raise StopIteration
+            # Native readers count the batches they hand out (``taken``);
+            # sources with their own (e.g. several files') may not.
+            taken = getattr(r._native, "taken", None)
+            try:
+                out = r._next_batch()
+            except BaseException:
+                # A batch that failed is used up; a signal (KeyboardInterrupt)
+                # while waiting for one leaves it queued for the next call.
+                if taken is None or (r._native is not None and r._native.taken != taken):
+                    self._left -= 1
+                raise
+            self._left -= 1
+            return out
+        finally:
+            r._lock.release()
+
+    def _finish(self, complete):
+        r, self._reader = self._reader, None
+        if r is not None and r._active is self._token:
+            if complete:
+                r._pending = False
+            r._active, r._owner = None, None
+
+    def __del__(self):
+        # Also when dropped before the epoch's end: another thread may then
+        # start one (the next iter() resets what is still read ahead).
+        r = self._reader
+        if r is not None and r._active is self._token:
+            r._active, r._owner = None, None
+
+
+# Readers alive in this process. A fork()ed child gets a copy of each whose
+# native threads do not exist there: the child marks them unusable and keeps
+# their native halves forever (closing one would join threads that are not
+# there). The child builds its own Readers.
+_LIVE = weakref.WeakSet()
+_FORKED_NATIVE = []
+
+
+def _after_fork_in_child():
+    for r in list(_LIVE):
+        if r._native is not None:
+            _FORKED_NATIVE.append(r._native)
+            r._native = None
+            r._forked = True
+        r._lock = threading.Lock()  # it may have been held by a parent thread
+        # Batches held for ring_depth go back to a pool whose lock a parent
+        # thread may have held at fork(): keep them too.
+        _FORKED_NATIVE.append(r._ring)
+        r._ring = collections.deque()
+        r._active, r._owner, r._pending = None, None, False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _source(file_root, *, file_list, files, labels, file_filters, image, index, source):

@@ -49,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fastread import _core, _defaults
-from fastread.engine import RANGE_ONLY, EngineOptions, cached_context, resolve
+from fastread.engine import RANGE_ONLY, EngineOptions, cached_context, open_engine, resolve
 from fastread.files import raise_failures
 from fastread.index import scan
 
@@ -95,7 +95,10 @@ class SampleSource(abc.ABC):
         list of uint8 arrays, in one native call with the GIL released.
         Raises :class:`fastread.ReadError` naming the first failed sample."""
         n = len(self)
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        given = np.asarray(indices)
+        if given.size and given.dtype.kind not in "iu":
+            raise TypeError(f"indices must be integers, got {given.dtype} ({indices!r:.80})")
+        idx = given.astype(np.int64).reshape(-1)
         if len(idx) and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"sample index out of range for {n} samples")
         idx = idx % max(n, 1)
@@ -103,7 +106,8 @@ class SampleSource(abc.ABC):
         opts = EngineOptions.coerce(options, **engine_options)
         self.check_options(opts.resolve(name))
         batch = self.read_batch(cached_context(name, opts), idx)
-        raise_failures(batch, lambda i: self.sample_name(int(idx[i])))
+        raise_failures(batch, lambda i: self.sample_name(int(idx[i])),
+                       paths=isinstance(self, FileList))
         return batch.arrays()
 
 
@@ -271,12 +275,16 @@ def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
     Returns an :class:`OpenedReader`."""
     name = check_engine_for(source, engine)
     prefetch = _defaults.get("prefetch") if prefetch is None else prefetch
-    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1:
-        raise ValueError(f"prefetch must be an integer >= 1, got {prefetch!r}")
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 1 <= prefetch <= 4096:
+        raise ValueError(f"prefetch must be an integer in 1..4096 (batches read ahead), "
+                         f"got {prefetch!r}")
     workers = _defaults.reader_workers(workers)
-    resolved = options.resolve(name)
-    source.check_options(resolved)
-    native = source.open_native(name, resolved, prefetch=prefetch, workers=workers)
+
+    def open_one(n):
+        resolved = options.resolve(n)
+        source.check_options(resolved)
+        return resolved, source.open_native(n, resolved, prefetch=prefetch, workers=workers)
+    name, (resolved, native) = open_engine(engine, open_one)
     if native.size != len(source):
         native.close()
         raise ValueError(f"source {source!r} opened a native reader over {native.size} samples "
@@ -304,7 +312,8 @@ def read_in_order(source, batch_size, engine="auto", *, prefetch=None, workers=N
             if batch is None:
                 return
             idx = batch.indices()
-            raise_failures(batch, lambda i: source.sample_name(int(idx[i])))
+            raise_failures(batch, lambda i: source.sample_name(int(idx[i])),
+                           paths=isinstance(source, FileList))
             yield batch.arrays(), labels[idx]
     finally:
         native.close()

@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from fastread import _core
+from fastread.index import check_flag
 from fastread.reader import Reader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -66,6 +67,20 @@ class ImageLoader:
 
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        for opt, value, low in (("size", size, 1), ("num_threads", num_threads, 1),
+                                ("prefetch_queue_depth", prefetch_queue_depth, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{opt} must be an integer >= {low}, got {value!r}")
+        for opt, value in (("mean", mean), ("std", std)):
+            try:
+                ok = len(value) == 3 and all(float(v) == float(v) for v in value)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(f"{opt} must be 3 numbers (one per channel), got {value!r}")
+        if any(float(v) == 0 for v in std):
+            raise ValueError(f"std must not contain 0, got {std!r}")
+        check_flag("decode", decode)
         if num_shards is None:
             num_shards = _env_int("WORLD_SIZE") or 1
         if shard_id is None:

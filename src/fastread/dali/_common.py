@@ -6,6 +6,7 @@ Private: ``readers.py``, ``_image.py``, ``_numpy.py`` and ``fastread.torch``
 import it; it imports none of them.
 """
 from fastread import _defaults
+from fastread.index import check_flag, check_shard_args
 from fastread.reader import Reader
 
 # fn.readers.file arguments that tune DALI's own reader and mean nothing here.
@@ -110,6 +111,10 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
         kwargs.pop(arg)
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    shard_id, num_shards = check_shard_args(shard_id, num_shards)
+    for flag, value in (("random_shuffle", random_shuffle), ("pad_last_batch", pad_last_batch),
+                        ("stick_to_shard", stick_to_shard)):
+        check_flag(flag, value)
     pipe = Pipeline.current()
     if pipe is None:
         raise RuntimeError(f"fastread.dali.readers.{reader_name} must be called inside a DALI "

@@ -1,0 +1,176 @@
+"""Fault injection: an LD_PRELOAD shim (tests/faultshim.c, compiled here with
+cc) makes libc's open/read/pread fail with EIO/EINTR/EAGAIN, return short
+or stall for chosen paths. The psync engine does all its I/O through libc;
+io_uring's openat and reads are kernel requests the shim cannot reach (only
+its libc repair path sees it), so these tests use psync.
+
+Each run is a fresh interpreter with a timeout: a retry loop that never
+ends fails the test instead of hanging. Every error must surface per sample
+naming the path; EINTR, EAGAIN and short reads are retried and give exact
+bytes; the batch after a failure is exact.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the fault-injection shim")
+    out = str(tmp_path_factory.mktemp("shim") / "faultshim.so")
+    subprocess.run([cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                    "-o", out, os.path.join(HERE, "faultshim.c"), "-ldl"], check=True)
+    return out
+
+
+@pytest.fixture()
+def files(tmp_path):
+    paths = []
+    for i, size in enumerate([100, 70000, 5000, 1]):
+        name = "victim.jpg" if i == 1 else f"good{i}.jpg"
+        p = tmp_path / "c0" / name
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(bytes([(i * 37 + k) % 251 for k in range(size)]))
+        paths.append(str(p))
+    return paths
+
+
+SCRIPT = """
+import json, os, sys, fastread
+paths = json.loads(sys.argv[1])
+want = [open(p, "rb").read() if "victim" not in p else None for p in paths]
+def attempt():
+    try:
+        got = fastread.read_files(paths, engine="psync", threads=2)
+        return ["ok", [a.tobytes().hex() for a in got]]
+    except fastread.ReadError as e:
+        return ["err", e.errno, os.fsdecode(e.filename), str(e),
+                sorted(os.fsdecode(p) for p, _ in e.failures)]
+print(json.dumps([attempt(), attempt()]))
+"""
+
+
+def run(shim, paths, op, mode, count, script=SCRIPT, timeout=60, stall_ms=200):
+    env = dict(os.environ, LD_PRELOAD=shim, FR_FAULT_PATH="victim", FR_FAULT_OP=op,
+               FR_FAULT_MODE=mode, FR_FAULT_COUNT=str(count), FR_FAULT_STALL_MS=str(stall_ms))
+    try:
+        p = subprocess.run([sys.executable, "-c", textwrap.dedent(script), json.dumps(paths)],
+                           env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"hung for {timeout}s with {op}/{mode} x{count}: {e.stderr!r}")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def exact(paths):
+    return ["ok", [open(p, "rb").read().hex() for p in paths]]
+
+
+@pytest.mark.parametrize("op", ["open", "read"])
+def test_eio_fails_that_sample_only_and_the_next_batch_is_exact(shim, files, op):
+    first, second = run(shim, files, op, "eio", 1)
+    assert first[:3] == ["err", 5, files[1]], first
+    assert files[1] in first[3] and first[4] == [files[1]]
+    assert second == exact(files)
+
+
+@pytest.mark.parametrize("op,mode", [("open", "eintr"), ("open", "eagain"), ("read", "eintr"),
+                                     ("read", "eagain"), ("read", "short"), ("read", "stall")])
+def test_retryable_faults_give_exact_bytes(shim, files, op, mode):
+    first, second = run(shim, files, op, mode, 3)
+    assert first == exact(files) and second == exact(files)
+
+
+def test_every_read_short_still_exact(shim, files):
+    first, second = run(shim, files, "read", "short", -1)
+    assert first == exact(files) and second == exact(files)
+
+
+@pytest.mark.parametrize("op", ["open", "read"])
+@pytest.mark.parametrize("mode", ["eintr", "eagain"])
+def test_endless_eintr_or_eagain_is_an_error_not_a_hang(shim, files, op, mode):
+    first, second = run(shim, files, op, mode, -1)
+    for r in (first, second):
+        assert r[0] == "err" and r[2] == files[1] and r[4] == [files[1]], r
+
+
+def test_reader_epoch_goes_on_after_a_failed_batch(shim, files):
+    script = """
+    import json, os, sys, fastread
+    paths = json.loads(sys.argv[1])
+    root = os.path.dirname(os.path.dirname(paths[0]))
+    out = []
+    with fastread.Reader(root, batch_size=1, engine="psync") as r:
+        for epoch in range(2):
+            got = []
+            it = iter(r)
+            while True:
+                try:
+                    arrays, _ = next(it)
+                    got.append(arrays[0].tobytes().hex())
+                except StopIteration:
+                    break
+                except fastread.ReadError as e:
+                    got.append(["err", e.errno, os.fsdecode(e.filename)])
+            out.append([r.paths, got])
+    print(json.dumps(out))
+    """
+    res = run(shim, files, "read", "eio", 1, script=script)
+    order = res[0][0]
+    want = [open(p, "rb").read().hex() for p in order]
+    victim = order.index(files[1])
+    first = list(want)
+    first[victim] = ["err", 5, files[1]]
+    assert res[0][1] == first  # only the faulted sample fails; the rest of the epoch is exact
+    assert res[1][1] == want  # and the next epoch is whole
+
+
+def test_stalled_reads_finish(shim, files):
+    first, second = run(shim, files, "read", "stall", -1, stall_ms=50)
+    assert first == exact(files) and second == exact(files)
+
+
+def test_sigint_during_a_stalled_read_interrupts_promptly(shim, files):
+    """A read stalled for 60 s: SIGINT reaches Python at once (the reader
+    polls for signals while it waits), not when the read ends. Closing
+    afterwards would wait for the read in flight, so the child leaves with
+    os._exit after reporting."""
+    import signal
+    import time
+    root = os.path.dirname(os.path.dirname(files[0]))
+    script = f"""
+    import os, sys, fastread
+    r = fastread.Reader({root!r}, batch_size=1, engine="psync", prefetch=1, workers=1)
+    print("ready", flush=True)
+    n = 0
+    try:
+        for arrays, _ in r:
+            n += 1
+    except KeyboardInterrupt:
+        print("interrupted after", n, "batches", flush=True)
+        os._exit(0)
+    print("finished without interruption", flush=True)
+    os._exit(1)
+    """
+    env = dict(os.environ, LD_PRELOAD=shim, FR_FAULT_PATH="victim", FR_FAULT_OP="read",
+               FR_FAULT_MODE="stall", FR_FAULT_COUNT="1", FR_FAULT_STALL_MS="60000")
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # let it reach the stalled sample
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=20)  # far less than the 60 s stall
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("SIGINT did not interrupt the stalled read")
+    assert p.returncode == 0 and out.startswith("interrupted"), (out, err)

@@ -1,0 +1,242 @@
+"""Reader lifecycle: threads, use after close, fork, and no fd/RSS growth.
+
+Anything that could hang runs in a subprocess with a timeout, so a hang fails
+the test instead of stalling CI.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import fastread
+from conftest import available_engines
+
+
+@pytest.fixture(scope="module")
+def tree(disk_tmp):
+    root = os.path.join(disk_tmp, "lifecycle-tree")
+    content = {}
+    rng = np.random.default_rng(13)
+    for c in range(4):
+        os.makedirs(os.path.join(root, f"c{c}"))
+        for j in range(30):
+            p = os.path.join(root, f"c{c}", f"{j:03d}.jpg")
+            data = rng.integers(0, 256, int(rng.integers(0, 5000)), dtype=np.uint8).tobytes()
+            open(p, "wb").write(data)
+            content[p] = data
+    return root, content
+
+
+def run_py(code, timeout=60, env=None):
+    """Runs code in a fresh interpreter; a hang becomes a failed test."""
+    full_env = dict(os.environ, **(env or {}))
+    try:
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                              text=True, timeout=timeout, env=full_env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"hung for {timeout}s: stdout={e.stdout!r} stderr={e.stderr!r}")
+
+
+def epoch_bytes(reader):
+    return [x.tobytes() for a, _ in reader for x in a]
+
+
+@pytest.mark.parametrize("engine", available_engines())
+def test_four_threads_on_one_reader_get_data_or_a_clear_error(tree, engine):
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    expected = [content[p] for p in paths]
+    outcomes = []
+    with fastread.Reader(root, batch_size=8, engine=engine, workers=2) as r:
+        start = threading.Barrier(4)
+
+        def work():
+            start.wait()
+            for _ in range(5):
+                try:
+                    got = epoch_bytes(r)
+                except RuntimeError as e:
+                    assert "one thread at a time" in str(e)
+                    outcomes.append("refused")
+                    continue
+                # An epoch a thread completes is whole and exact.
+                outcomes.append("ok" if got == expected else "WRONG")
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "a thread hung"
+        assert outcomes.count("ok") + outcomes.count("refused") == 20, outcomes
+        assert "ok" in outcomes
+        # The reader is still sound after the contention.
+        assert epoch_bytes(r) == expected
+
+
+def test_iterator_started_in_one_thread_may_be_consumed_in_another(tree):
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    got = []
+    with fastread.Reader(root, batch_size=16) as r:
+        it = iter(r)
+        t = threading.Thread(target=lambda: got.extend(x.tobytes() for a, _ in it for x in a))
+        t.start()
+        t.join(timeout=60)
+        assert not t.is_alive()
+        assert got == [content[p] for p in paths]
+        # The epoch is over, so another thread may start the next one.
+        t = threading.Thread(target=lambda: got.extend(epoch_bytes(r)))
+        t.start()
+        t.join(timeout=60)
+        assert len(got) == 2 * len(paths)
+
+
+def test_other_thread_cannot_steal_an_unfinished_epoch(tree):
+    root, _ = tree
+    with fastread.Reader(root, batch_size=16) as r:
+        it = iter(r)
+        next(it)
+        err = []
+
+        def other():
+            try:
+                iter(r)
+            except RuntimeError as e:
+                err.append(str(e))
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(timeout=30)
+        assert err and "another thread is iterating" in err[0]
+        next(it)  # the owner's epoch goes on
+        del it  # dropping the iterator ends its epoch: anyone may start one
+        t = threading.Thread(target=lambda: err.append(len(epoch_bytes(r))))
+        t.start()
+        t.join(timeout=30)
+        assert err[-1] == 120
+
+
+def test_two_iterators_in_one_thread_the_newer_wins(tree):
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    with fastread.Reader(root, batch_size=16) as r:
+        first = iter(r)
+        next(first)
+        second = iter(r)
+        assert [x.tobytes() for a, _ in second for x in a] == [content[p] for p in paths]
+        with pytest.raises(StopIteration):
+            next(first)
+
+
+def test_use_after_close_and_double_close(tree):
+    root, _ = tree
+    r = fastread.Reader(root, batch_size=16)
+    it = iter(r)
+    a, _ = next(it)
+    r.close()
+    r.close()  # twice is fine
+    with pytest.raises(ValueError, match="closed"):
+        next(it)
+    with pytest.raises(ValueError, match="closed"):
+        iter(r)
+    with pytest.raises(ValueError, match="closed"):
+        r.memory()
+    assert len(a) == 16 and all(x.dtype == np.uint8 for x in a)  # still valid
+    with r:  # entering a closed reader and leaving it again is harmless
+        pass
+
+
+def test_close_from_another_thread_waits_for_the_batch_being_read(tree):
+    root, _ = tree
+    r = fastread.Reader(root, batch_size=4, prefetch=1)
+    it = iter(r)
+    closer = threading.Thread(target=r.close)
+    next(it)
+    closer.start()
+    closer.join(timeout=30)
+    assert not closer.is_alive()
+    with pytest.raises(ValueError, match="closed"):
+        next(it)
+
+
+def test_fork_child_gets_a_clear_error_and_can_build_its_own(tree):
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    code = f"""
+        import os, sys, fastread
+        r = fastread.Reader({root!r}, batch_size=16, workers=2, prefetch=2)
+        it = iter(r)
+        next(it)  # native threads are busy reading ahead
+        pid = os.fork()
+        if pid == 0:
+            try:
+                try:
+                    iter(r)
+                    os._exit(3)
+                except RuntimeError as e:
+                    assert "fork" in str(e), e
+                try:
+                    next(it)
+                    os._exit(4)
+                except RuntimeError as e:
+                    assert "fork" in str(e), e
+                r.close()  # harmless in the child
+                with fastread.Reader({root!r}, batch_size=16) as mine:
+                    n = sum(len(a) for a, _ in mine)
+                os._exit(0 if n == {len(paths)} else 5)
+            except BaseException as e:
+                print("child:", repr(e), file=sys.stderr)
+                os._exit(6)
+        _, status = os.waitpid(pid, 0)
+        rest = sum(len(a) for a, _ in it)  # the parent's epoch is untouched
+        r.close()
+        print(os.waitstatus_to_exitcode(status), rest)
+    """
+    p = run_py(code)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", str(len(paths) - 16)], p.stderr
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _rss_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("engine", available_engines())
+def test_no_fd_or_rss_growth_over_open_close_cycles_and_epochs(tree, engine):
+    root, _ = tree
+    paths, _ = fastread.scan(root)
+
+    def cycle():
+        with fastread.Reader(root, batch_size=32, engine=engine, workers=2) as r:
+            assert sum(len(a) for a, _ in r) == len(paths)
+
+    for _ in range(20):  # warm up allocator arenas and caches
+        cycle()
+    fds, rss = _fds(), _rss_kib()
+    for _ in range(200):
+        cycle()
+    assert _fds() == fds
+    grown = _rss_kib() - rss
+    assert grown < 16 * 1024, f"RSS grew by {grown} KiB over 200 open/close cycles"
+
+    with fastread.Reader(root, batch_size=32, engine=engine) as r:
+        for _ in range(3):
+            epoch_bytes(r)
+        fds, rss = _fds(), _rss_kib()
+        for _ in range(20):
+            epoch_bytes(r)
+        assert _fds() == fds
+        grown = _rss_kib() - rss
+        assert grown < 8 * 1024, f"RSS grew by {grown} KiB over 20 epochs"
