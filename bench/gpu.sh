@@ -16,6 +16,8 @@
 #   bash bench/gpu.sh engines  engine matrix (bench/engines.py): 4 KiB / 92 KiB / 1 MiB files,
 #                              read_files() and Reader, io_uring / psync / auto, batch 64/256
 #                              (ENGINES_CACHES=warm,cold; cold needs its own call)
+#   bash bench/gpu.sh ddp      two ranks under torchrun (a 2-GPU machine): shards disjoint and
+#                              complete, equal batch counts, per-rank throughput
 #   bash bench/gpu.sh gather   row gathers: FeatureStore host/proxy/host tier/small cache
 #                              vs memmap+pin, UVA zero-copy, HBM, kvikio; warm, hot, cold
 #
@@ -133,6 +135,18 @@ tune)
             --modes reader-io_uring,fastread-gpu-io_uring "${args[@]}"
     done
     ;;
+ddp)
+    # Two ranks under torchrun: shards disjoint and complete, equal batch
+    # counts where the policy promises them (pad_last_batch / DROP), per-rank
+    # throughput, for Reader (host, GPU), ImageLoader (bytes, decoded) and the
+    # DALI readers (file, image; host and GPU). Exit 1 on a failed check.
+    make_jpegs
+    img=/tmp/fastread-imagenet-20k.img
+    [ -e "$img" ] || python3 -m fastread.cli pack "$jpegs" "$img" --quiet
+    python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/ddp_check.py "$jpegs" \
+        --image "$img" --limit 9999 --batch-size 256 --epochs 2 --json "$json/ddp.json"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 engines)
     make_jpegs
     for cache in ${ENGINES_CACHES:-warm}; do
@@ -154,7 +168,7 @@ gather)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, engines, gather)" >&2
+    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, ddp, engines, gather)" >&2
     exit 2
     ;;
 esac
