@@ -204,6 +204,8 @@ FileReader::FileReader(const dali::OpSpec &spec) : dali::Operator<dali::CPUBacke
   if (queue_depth > 0) cfg.queue_depth = static_cast<unsigned>(queue_depth);
   if (threads >= 0) cfg.threads = static_cast<unsigned>(threads);
   cfg.o_direct = spec.GetArgument<bool>("o_direct") ? 1 : 0;
+  if (!spec.GetArgument<bool>("register_buffers")) cfg.register_buffers = 0;
+  if (!spec.GetArgument<bool>("register_files")) cfg.register_files = 0;
   int alignment = spec.GetArgument<int>("direct_alignment");
   DALI_ENFORCE(alignment > 0 && (alignment & (alignment - 1)) == 0,
                dali::make_string(kOpName, ": direct_alignment must be a power of two, got ",
@@ -411,4 +413,8 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
     .AddOptionalArg("threads", "psync threads / io_uring rings per context (-1: default).", -1)
     .AddOptionalArg("o_direct", "Open files with O_DIRECT.", false)
     .AddOptionalArg("direct_alignment", "O_DIRECT alignment in bytes.", 4096)
+    .AddOptionalArg("register_buffers", "io_uring: register arenas (where the kernel allows).",
+                    true)
+    .AddOptionalArg("register_files", "io_uring: direct descriptors (where the kernel allows).",
+                    true)
     .AddOptionalArg("engine_args", "Engine-specific key=value,... options.", std::string());
