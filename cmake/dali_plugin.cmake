@@ -1,0 +1,119 @@
+# The native DALI reader plugin (dali_plugin/): libfastread_dali.so, a C++17
+# DALI operator library over fastread_core, loaded by fastread.dali with
+# nvidia.dali.plugin_manager.load_library.
+#
+# FASTREAD_DALI_PLUGIN: AUTO (build it when nvidia.dali is importable at build
+# time), ON (fail without DALI) or OFF. DALI's headers and flags come from
+# nvidia.dali.sysconfig, asked of FASTREAD_DALI_PYTHON (default: the build's
+# Python). Under pip's build isolation the build's Python cannot import the
+# environment's DALI, so the probe is retried with the isolation's
+# PYTHONPATH / PYTHONNOUSERSITE unset: the environment the wheel installs
+# into. The C core and the wheel take no DALI dependency when it is absent.
+# Not built with FASTREAD_SANITIZE (an ASan-linked plugin cannot be loaded
+# into a Python that was not started under ASan).
+set(FASTREAD_DALI_PLUGIN "AUTO" CACHE STRING "native DALI reader plugin: AUTO, ON or OFF")
+set_property(CACHE FASTREAD_DALI_PLUGIN PROPERTY STRINGS AUTO ON OFF)
+set(FASTREAD_DALI_PYTHON "" CACHE FILEPATH "Python whose nvidia.dali the plugin is built against")
+if(NOT FASTREAD_DALI_PLUGIN MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "fastread: FASTREAD_DALI_PLUGIN must be AUTO, ON or OFF, got '${FASTREAD_DALI_PLUGIN}'")
+endif()
+
+set(FASTREAD_HAVE_DALI_PLUGIN OFF)
+if(FASTREAD_DALI_PLUGIN STREQUAL "OFF")
+  message(STATUS "fastread: DALI plugin OFF (FASTREAD_DALI_PLUGIN=OFF)")
+elseif(FASTREAD_SANITIZE AND FASTREAD_DALI_PLUGIN STREQUAL "AUTO")
+  message(STATUS "fastread: DALI plugin OFF (not built under FASTREAD_SANITIZE)")
+else()
+  set(_fr_dali_py "${FASTREAD_DALI_PYTHON}")
+  if(NOT _fr_dali_py)
+    if(Python_EXECUTABLE)
+      set(_fr_dali_py "${Python_EXECUTABLE}")
+    else()
+      find_package(Python COMPONENTS Interpreter QUIET)
+      set(_fr_dali_py "${Python_EXECUTABLE}")
+    endif()
+  endif()
+  set(_fr_dali_query
+      "import nvidia.dali as d, nvidia.dali.sysconfig as s; print(d.__version__); print(s.get_include_dir()); print(s.get_lib_dir()); print(' '.join(s.get_compile_flags())); print(' '.join(s.get_link_flags()))")
+  set(_fr_dali_rc 1)
+  if(_fr_dali_py)
+    execute_process(COMMAND "${_fr_dali_py}" -c "${_fr_dali_query}"
+                    RESULT_VARIABLE _fr_dali_rc OUTPUT_VARIABLE _fr_dali_out
+                    ERROR_VARIABLE _fr_dali_err OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(NOT _fr_dali_rc EQUAL 0)
+      execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
+                              "${_fr_dali_py}" -c "${_fr_dali_query}"
+                      RESULT_VARIABLE _fr_dali_rc OUTPUT_VARIABLE _fr_dali_out
+                      ERROR_VARIABLE _fr_dali_err2 OUTPUT_STRIP_TRAILING_WHITESPACE)
+    endif()
+  endif()
+  if(_fr_dali_rc EQUAL 0)
+    string(REPLACE "\n" ";" _fr_dali_lines "${_fr_dali_out}")
+    list(LENGTH _fr_dali_lines _fr_n)
+    if(_fr_n LESS 5)
+      set(_fr_dali_rc 1)
+      set(_fr_dali_err "unexpected nvidia.dali.sysconfig output: ${_fr_dali_out}")
+    endif()
+  endif()
+  if(_fr_dali_rc EQUAL 0)
+    # DALI's headers include cuda_runtime.h (declarations only: nothing of
+    # CUDA is linked): the toolkit's, or the nvidia-cuda-runtime-cu12 wheel's.
+    list(GET _fr_dali_lines 1 _fr_dali_inc)
+    get_filename_component(_fr_nvidia_dir "${_fr_dali_inc}/../.." ABSOLUTE)
+    find_path(FASTREAD_CUDA_RUNTIME_INCLUDE cuda_runtime.h
+              HINTS ENV CUDA_HOME ENV CUDA_PATH /usr/local/cuda "${_fr_nvidia_dir}/cuda_runtime"
+              PATH_SUFFIXES include)
+    if(NOT FASTREAD_CUDA_RUNTIME_INCLUDE)
+      set(_fr_dali_rc 1)
+      set(_fr_dali_err "DALI's headers need cuda_runtime.h: install the CUDA toolkit's headers "
+                       "(set CUDA_HOME) or the nvidia-cuda-runtime-cu12 wheel")
+    endif()
+  endif()
+  if(_fr_dali_rc EQUAL 0)
+    list(GET _fr_dali_lines 0 FASTREAD_DALI_VERSION)
+    list(GET _fr_dali_lines 1 _fr_dali_inc)
+    list(GET _fr_dali_lines 2 _fr_dali_libdir)
+    list(GET _fr_dali_lines 3 _fr_dali_cflags)
+    separate_arguments(_fr_dali_cflags UNIX_COMMAND "${_fr_dali_cflags}")
+    enable_language(CXX)
+    set(FASTREAD_HAVE_DALI_PLUGIN ON)
+    add_library(fastread_dali SHARED dali_plugin/fastread_reader.cc)
+    set_target_properties(fastread_dali PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON
+                          CXX_EXTENSIONS OFF CXX_VISIBILITY_PRESET hidden
+                          VISIBILITY_INLINES_HIDDEN ON)
+    # DALI's headers are third-party: included as system headers so
+    # -Wall -Wextra speak about our code only.
+    target_include_directories(fastread_dali SYSTEM PRIVATE "${_fr_dali_inc}"
+                               "${FASTREAD_CUDA_RUNTIME_INCLUDE}")
+    list(FILTER _fr_dali_cflags EXCLUDE REGEX "^-I")
+    # -Wno-free-nonheap-object: GCC 12 misfires inside DALI's inline
+    # SmallVector/TensorShape code instantiated here (op_spec.h, tensor_shape_print.h).
+    target_compile_options(fastread_dali PRIVATE ${_fr_dali_cflags} -Wall -Wextra
+                           -Wno-unused-parameter -Wno-free-nonheap-object)
+    target_compile_definitions(fastread_dali PRIVATE
+                               FASTREAD_DALI_BUILD_VERSION="${FASTREAD_DALI_VERSION}")
+    find_library(FASTREAD_LIBDALI dali PATHS "${_fr_dali_libdir}" NO_DEFAULT_PATH)
+    if(NOT FASTREAD_LIBDALI)
+      message(FATAL_ERROR "fastread: no libdali.so in ${_fr_dali_libdir} (nvidia.dali.sysconfig.get_lib_dir())")
+    endif()
+    target_link_libraries(fastread_dali PRIVATE fastread_core "${FASTREAD_LIBDALI}")
+    # libdali.so is found next to the nvidia.dali package that loads the
+    # plugin (already in the process when load_library runs); no rpath into
+    # the build machine's site-packages.
+    target_link_options(fastread_dali PRIVATE -Wl,--no-undefined -Wl,--as-needed)
+    # The DALI version the plugin was built against, for the loader's checks.
+    file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/fastread_dali.version "${FASTREAD_DALI_VERSION}\n")
+    if(SKBUILD)
+      install(TARGETS fastread_dali LIBRARY DESTINATION fastread)
+      install(FILES ${CMAKE_CURRENT_BINARY_DIR}/fastread_dali.version DESTINATION fastread)
+    endif()
+    message(STATUS "fastread: DALI plugin ON (DALI ${FASTREAD_DALI_VERSION} at ${_fr_dali_inc})")
+  elseif(FASTREAD_DALI_PLUGIN STREQUAL "ON")
+    message(FATAL_ERROR "fastread: FASTREAD_DALI_PLUGIN=ON but nvidia.dali is not importable by "
+                        "'${_fr_dali_py}' (set FASTREAD_DALI_PYTHON, or install nvidia-dali): "
+                        "${_fr_dali_err}")
+  else()
+    message(STATUS "fastread: DALI plugin OFF (nvidia.dali not importable by '${_fr_dali_py}', "
+                   "or no CUDA headers: ${_fr_dali_err})")
+  endif()
+endif()

@@ -1,0 +1,420 @@
+// fastread's native DALI reader: fn.fastread.readers.file.
+//
+// A CPU operator over the C core's read-ahead reader (fr_reader): native
+// worker threads read whole batches of files ahead of the pipeline, and each
+// iteration copies one finished batch into DALI's contiguous output (spread
+// over DALI's thread pool). No Python runs on this path.
+//
+// Samples: `files` (+ `labels`), joined to `file_root` like DALI's `files=`.
+// fastread.dali.readers.file lists file_root / file_list trees with
+// fastread.index.scan (fn.readers.file's rules, one source of truth) and
+// passes the result here as `files` and `labels`.
+//
+// Epochs follow fn.readers.file: the reader never ends. Without
+// pad_last_batch the shard is one endless stream of samples (a batch that
+// crosses an epoch's end is filled from the next epoch); with pad_last_batch
+// every shard is padded with its last sample to ceil(N / num_shards) samples
+// and then to whole batches, so every epoch starts a batch. Without
+// stick_to_shard, epoch e reads shard (shard_id + e) % num_shards. Epoch
+// boundaries are reported through GetReaderMeta (pipe.reader_meta(name)),
+// as DALI's readers do. Shuffling (random_shuffle / shuffle_after_epoch)
+// draws one permutation of the whole data set per (seed, epoch), the same on
+// every rank, and each rank reads its shard of it, so every epoch holds
+// every sample exactly once.
+//
+// State lives in the operator instance only; there is no global state
+// beyond DALI's registration.
+#include <errno.h>
+#include <string.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dali/pipeline/operator/operator.h"
+#include "fastread.h"
+
+namespace fastread_dali {
+
+namespace {
+
+constexpr const char *kOpName = "fastread.readers.file";
+
+struct BatchRecycler {
+  void operator()(fr_batch *b) const {
+    if (b) fr_batch_recycle(b);
+  }
+};
+using BatchPtr = std::unique_ptr<fr_batch, BatchRecycler>;
+
+struct ReaderCloser {
+  void operator()(fr_reader *r) const {
+    if (r) fr_reader_close(r);
+  }
+};
+using ReaderPtr = std::unique_ptr<fr_reader, ReaderCloser>;
+
+// DALI's filesystem::join_path: `dir` prepended to relative paths.
+std::string JoinPath(const std::string &dir, const std::string &path) {
+  if (dir.empty()) return path;
+  if (path.empty()) return dir;
+  if (path[0] == '/') return path;
+  if (dir.back() == '/') return dir + path;
+  return dir + "/" + path;
+}
+
+std::string ErrnoText(int64_t neg_errno) {
+  char buf[128];
+  int e = static_cast<int>(-neg_errno);
+  // GNU strerror_r returns the message (maybe not in buf).
+  const char *msg = strerror_r(e, buf, sizeof(buf));
+  return std::string(msg ? msg : "unknown error") + " (errno " + std::to_string(e) + ")";
+}
+
+// An unbiased draw in [0, bound) (Lemire's multiply-and-reject).
+uint64_t Below(std::mt19937_64 &rng, uint64_t bound) {
+  unsigned __int128 m = static_cast<unsigned __int128>(rng()) * bound;
+  uint64_t low = static_cast<uint64_t>(m);
+  if (low < bound) {
+    uint64_t threshold = (0 - bound) % bound;
+    while (low < threshold) {
+      m = static_cast<unsigned __int128>(rng()) * bound;
+      low = static_cast<uint64_t>(m);
+    }
+  }
+  return static_cast<uint64_t>(m >> 64);
+}
+
+}  // namespace
+
+class FileReader : public dali::Operator<dali::CPUBackend> {
+ public:
+  explicit FileReader(const dali::OpSpec &spec);
+  ~FileReader() override = default;
+
+  bool HasContiguousOutputs() const override { return true; }
+  bool SetupImpl(std::vector<dali::OutputDesc> &output_desc, const dali::Workspace &ws) override;
+  void RunImpl(dali::Workspace &ws) override;
+  dali::ReaderMeta GetReaderMeta() const override;
+
+ private:
+  std::vector<int64_t> EpochOrder(int64_t epoch) const;
+  std::vector<int64_t> NextIndices();
+  void TopUp();
+  BatchPtr TakeBatch();
+
+  // The data set.
+  std::vector<std::string> paths_;
+  std::vector<int32_t> labels_;
+  int64_t n_ = 0;
+  // DALI's reader arguments.
+  int shard_id_ = 0;
+  int num_shards_ = 1;
+  bool shuffle_ = false;
+  bool pad_ = false;
+  bool stick_ = false;
+  int64_t seed_ = 0;
+  int batch_size_ = 1;
+  // The sample stream: epoch `gen_epoch_`'s order, read up to `pos_`.
+  int64_t gen_epoch_ = -1;
+  std::vector<int64_t> order_;
+  size_t pos_ = 0;
+  // The native reader and the batches submitted to it, not yet taken.
+  ReaderPtr reader_;
+  size_t ahead_ = 2;
+  size_t pending_ = 0;
+  std::string engine_;
+  BatchPtr current_;
+};
+
+FileReader::FileReader(const dali::OpSpec &spec) : dali::Operator<dali::CPUBackend>(spec) {
+  const std::string root = spec.GetArgument<std::string>("file_root");
+  auto files = spec.GetRepeatedArgument<std::string>("files");
+  auto labels = spec.GetRepeatedArgument<int>("labels");
+  std::string file_list = spec.GetArgument<std::string>("file_list");
+  DALI_ENFORCE(file_list.empty(),
+               dali::make_string(kOpName, ": file_list='", file_list,
+                                 "' is listed by fastread.dali.readers.file (fastread.index.scan); "
+                                 "the native operator takes the result as files= and labels="));
+  DALI_ENFORCE(!files.empty(),
+               dali::make_string(kOpName, ": no samples: give files= (and labels=); "
+                                 "fastread.dali.readers.file lists file_root='", root,
+                                 "' with fastread.index.scan and passes them"));
+  DALI_ENFORCE(labels.empty() || labels.size() == files.size(),
+               dali::make_string(kOpName, ": ", labels.size(), " labels for ", files.size(),
+                                 " files (one label per file, or none)"));
+  paths_.reserve(files.size());
+  labels_.reserve(files.size());
+  for (size_t i = 0; i < files.size(); i++) {
+    paths_.push_back(JoinPath(root, files[i]));
+    labels_.push_back(labels.empty() ? static_cast<int32_t>(i) : labels[i]);
+  }
+  n_ = static_cast<int64_t>(paths_.size());
+
+  shard_id_ = spec.GetArgument<int>("shard_id");
+  num_shards_ = spec.GetArgument<int>("num_shards");
+  DALI_ENFORCE(num_shards_ >= 1,
+               dali::make_string(kOpName, ": num_shards must be >= 1, got ", num_shards_));
+  DALI_ENFORCE(shard_id_ >= 0 && shard_id_ < num_shards_,
+               dali::make_string(kOpName, ": shard_id must be in [0, ", num_shards_, "), got ",
+                                 shard_id_));
+  DALI_ENFORCE(num_shards_ <= n_,
+               dali::make_string(kOpName, ": the number of samples (", n_,
+                                 ") must be at least num_shards (", num_shards_, ")"));
+  shuffle_ = spec.GetArgument<bool>("random_shuffle") ||
+             spec.GetArgument<bool>("shuffle_after_epoch");
+  pad_ = spec.GetArgument<bool>("pad_last_batch");
+  stick_ = spec.GetArgument<bool>("stick_to_shard");
+  seed_ = spec.GetArgument<int64_t>("seed");
+  DALI_ENFORCE(seed_ >= -1, dali::make_string(kOpName, ": seed must be >= -1, got ", seed_));
+  if (seed_ < 0) seed_ = 0;  // -1: 0, so every rank draws the same permutation
+  batch_size_ = max_batch_size_;
+
+  int depth = spec.GetArgument<int>("prefetch_queue_depth");
+  DALI_ENFORCE(depth >= 1,
+               dali::make_string(kOpName, ": prefetch_queue_depth must be >= 1, got ", depth));
+  int workers = spec.GetArgument<int>("workers");
+  DALI_ENFORCE(workers >= 0 && workers <= 64,
+               dali::make_string(kOpName, ": workers must be in 0..64 (0: automatic), got ",
+                                 workers));
+  if (workers == 0) {
+    unsigned cpus = std::thread::hardware_concurrency();
+    workers = static_cast<int>(std::min(8u, std::max(1u, cpus / 2)));
+  }
+  int queue_depth = spec.GetArgument<int>("queue_depth");
+  int threads = spec.GetArgument<int>("threads");
+  DALI_ENFORCE(queue_depth >= 0,
+               dali::make_string(kOpName, ": queue_depth must be >= 0, got ", queue_depth));
+  DALI_ENFORCE(threads >= -1,
+               dali::make_string(kOpName, ": threads must be >= -1, got ", threads));
+
+  engine_ = spec.GetArgument<std::string>("engine");
+  char why[FR_ERRLEN] = "";
+  if (engine_ == "auto") {
+    engine_ = fr_engine_probe("io_uring", why, sizeof(why)) == 0 ? "io_uring" : "psync";
+  }
+  fr_config cfg;
+  fr_config_init(&cfg);
+  cfg.engine = engine_.c_str();
+  if (queue_depth > 0) cfg.queue_depth = static_cast<unsigned>(queue_depth);
+  if (threads >= 0) cfg.threads = static_cast<unsigned>(threads);
+  cfg.o_direct = spec.GetArgument<bool>("o_direct") ? 1 : 0;
+  if (!spec.GetArgument<bool>("register_buffers")) cfg.register_buffers = 0;
+  if (!spec.GetArgument<bool>("register_files")) cfg.register_files = 0;
+  int alignment = spec.GetArgument<int>("direct_alignment");
+  DALI_ENFORCE(alignment > 0 && (alignment & (alignment - 1)) == 0,
+               dali::make_string(kOpName, ": direct_alignment must be a power of two, got ",
+                                 alignment));
+  cfg.direct_alignment = static_cast<unsigned>(alignment);
+  std::string engine_args = spec.GetArgument<std::string>("engine_args");
+  cfg.engine_args = engine_args.c_str();
+  cfg.device_id = -1;  // host output; no CUDA is loaded
+
+  std::vector<const char *> cpaths(paths_.size());
+  for (size_t i = 0; i < paths_.size(); i++) cpaths[i] = paths_[i].c_str();
+  unsigned prefetch = static_cast<unsigned>(std::max(depth, 2));
+  fr_reader *rd = nullptr;
+  char err[FR_ERRLEN] = "";
+  int rc = fr_reader_open(&cfg, cpaths.data(), cpaths.size(), prefetch,
+                          static_cast<unsigned>(workers), &rd, err, sizeof(err));
+  DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": cannot open a reader with engine '",
+                                          engine_, "': ", err[0] ? err : ErrnoText(rc)));
+  reader_.reset(rd);
+  // Keep every worker busy and `prefetch` finished batches waiting.
+  ahead_ = prefetch + static_cast<size_t>(workers);
+}
+
+std::vector<int64_t> FileReader::EpochOrder(int64_t epoch) const {
+  const int64_t shard = stick_ ? shard_id_ : (shard_id_ + epoch) % num_shards_;
+  const int64_t start = n_ * shard / num_shards_;
+  const int64_t end = n_ * (shard + 1) / num_shards_;
+  std::vector<int64_t> order;
+  if (shuffle_) {
+    std::vector<int64_t> perm(static_cast<size_t>(n_));
+    for (int64_t i = 0; i < n_; i++) perm[static_cast<size_t>(i)] = i;
+    std::seed_seq seq{static_cast<uint64_t>(seed_) & 0xffffffffu,
+                      static_cast<uint64_t>(seed_) >> 32,
+                      static_cast<uint64_t>(epoch) & 0xffffffffu,
+                      static_cast<uint64_t>(epoch) >> 32};
+    std::mt19937_64 rng(seq);
+    for (int64_t i = n_ - 1; i > 0; i--)
+      std::swap(perm[static_cast<size_t>(i)],
+                perm[static_cast<size_t>(Below(rng, static_cast<uint64_t>(i) + 1))]);
+    order.assign(perm.begin() + start, perm.begin() + end);
+  } else {
+    order.reserve(static_cast<size_t>(end - start));
+    for (int64_t i = start; i < end; i++) order.push_back(i);
+  }
+  if (pad_) {
+    // fn.readers.file's padding: equal shards, then whole batches, both
+    // filled with the shard's last sample.
+    size_t target = static_cast<size_t>((n_ + num_shards_ - 1) / num_shards_);
+    size_t b = static_cast<size_t>(batch_size_);
+    target = (target + b - 1) / b * b;
+    const int64_t last = order.back();
+    order.resize(target, last);
+  }
+  return order;
+}
+
+std::vector<int64_t> FileReader::NextIndices() {
+  std::vector<int64_t> idx;
+  idx.reserve(static_cast<size_t>(batch_size_));
+  while (idx.size() < static_cast<size_t>(batch_size_)) {
+    if (pos_ == order_.size()) {
+      order_ = EpochOrder(++gen_epoch_);
+      pos_ = 0;
+    }
+    idx.push_back(order_[pos_++]);
+  }
+  return idx;
+}
+
+void FileReader::TopUp() {
+  while (pending_ < ahead_) {
+    std::vector<int64_t> idx = NextIndices();
+    int rc = fr_reader_submit(reader_.get(), idx.data(), idx.size());
+    DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": cannot queue a batch: ", ErrnoText(rc)));
+    pending_++;
+  }
+}
+
+BatchPtr FileReader::TakeBatch() {
+  TopUp();
+  fr_batch *raw = nullptr;
+  int rc = fr_reader_next(reader_.get(), &raw);
+  DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": reader (engine '", engine_,
+                                          "') failed: ", ErrnoText(rc)));
+  pending_--;
+  BatchPtr batch(raw);
+  DALI_ENFORCE(batch->status == 0,
+               dali::make_string(kOpName, ": a batch failed (engine '", engine_, "'): ",
+                                 ErrnoText(batch->status)));
+  for (size_t i = 0; i < batch->count; i++) {
+    const fr_sample &s = batch->samples[i];
+    if (s.length < 0) {
+      const char *path = fr_reader_path(reader_.get(), static_cast<size_t>(batch->indices[i]));
+      DALI_FAIL(dali::make_string(kOpName, ": cannot read '", path ? path : "?", "': ",
+                                  ErrnoText(s.length)));
+    }
+  }
+  return batch;
+}
+
+bool FileReader::SetupImpl(std::vector<dali::OutputDesc> &output_desc,
+                           const dali::Workspace &ws) {
+  current_.reset();
+  BatchPtr batch = TakeBatch();  // throws, naming the path, on a failed sample
+  const int n = static_cast<int>(batch->count);
+  output_desc.resize(2);
+  output_desc[0].type = DALI_UINT8;
+  output_desc[0].shape.resize(n, 1);
+  for (int i = 0; i < n; i++)
+    output_desc[0].shape.tensor_shape_span(i)[0] = batch->samples[i].length;
+  output_desc[1].type = DALI_INT32;
+  output_desc[1].shape = dali::uniform_list_shape<1>(n, {1});
+  current_ = std::move(batch);
+  return true;
+}
+
+void FileReader::RunImpl(dali::Workspace &ws) {
+  DALI_ENFORCE(current_ != nullptr, dali::make_string(kOpName, ": Run without a batch"));
+  fr_batch *b = current_.get();
+  auto &data = ws.Output<dali::CPUBackend>(0);
+  auto &labels = ws.Output<dali::CPUBackend>(1);
+  const int n = static_cast<int>(b->count);
+  for (int i = 0; i < n; i++)
+    labels.mutable_tensor<int32_t>(i)[0] = labels_[static_cast<size_t>(b->indices[i])];
+  // Copy the batch out of its arena: the outputs are one contiguous buffer,
+  // so split it into one task per DALI thread by bytes.
+  size_t total = 0;
+  for (int i = 0; i < n; i++) total += static_cast<size_t>(b->samples[i].length);
+  auto &tp = ws.GetThreadPool();
+  const size_t tasks = std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(tp.NumThreads()),
+                                                            static_cast<size_t>(n)));
+  const size_t share = total / tasks + 1;
+  int first = 0;
+  for (size_t t = 0; t < tasks && first < n; t++) {
+    int last = first;
+    size_t bytes = 0;
+    while (last < n && (bytes < share || last == first)) {
+      bytes += static_cast<size_t>(b->samples[last].length);
+      last++;
+    }
+    if (t + 1 == tasks) last = n;
+    tp.AddWork([b, &data, first, last](int) {
+      for (int i = first; i < last; i++) {
+        const fr_sample &s = b->samples[i];
+        if (s.length > 0)
+          memcpy(data.raw_mutable_tensor(i), b->arena.base + s.offset,
+                 static_cast<size_t>(s.length));
+      }
+    }, static_cast<int64_t>(bytes));
+    first = last;
+  }
+  tp.RunAll();
+  current_.reset();  // the arena goes back to the reader's pool
+}
+
+dali::ReaderMeta FileReader::GetReaderMeta() const {
+  dali::ReaderMeta meta;
+  meta.epoch_size = n_;
+  meta.epoch_size_padded = pad_ ? (n_ + num_shards_ - 1) / num_shards_ * num_shards_ : n_;
+  meta.number_of_shards = num_shards_;
+  meta.shard_id = shard_id_;
+  meta.pad_last_batch = pad_;
+  meta.stick_to_shard = stick_;
+  return meta;
+}
+
+}  // namespace fastread_dali
+
+DALI_REGISTER_OPERATOR(fastread__readers__File, ::fastread_dali::FileReader, ::dali::CPU);
+
+DALI_SCHEMA(fastread__readers__File)
+    .DocStr(R"(Reads files with fastread's native engines (io_uring, psync); outputs the
+files' bytes (uint8) and their labels (int32, shape [1]), like ``fn.readers.file``.
+
+Samples are ``files`` (joined to ``file_root``) with ``labels``;
+``fastread.dali.readers.file`` lists ``file_root`` / ``file_list`` with
+fastread.index.scan (fn.readers.file's rules) and passes them here. Epochs roll
+over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
+    .NumInput(0)
+    .NumOutput(2)
+    .MakeStateful()
+    .AddOptionalArg("file_root", "Directory that relative ``files`` are joined to.",
+                    std::string())
+    .AddOptionalArg("files", "Paths of the samples.", std::vector<std::string>())
+    .AddOptionalArg("labels", "One label per file (default: each file's position).",
+                    std::vector<int>())
+    .AddOptionalArg("file_list",
+                    "Not listed natively: fastread.dali.readers.file turns it into files=.",
+                    std::string())
+    .AddOptionalArg("shard_id", "Index of this shard.", 0)
+    .AddOptionalArg("num_shards", "Number of shards the data set is split into.", 1)
+    .AddOptionalArg("random_shuffle",
+                    "One permutation of the whole data set per epoch (same on every rank).",
+                    false)
+    .AddOptionalArg("shuffle_after_epoch", "Same as random_shuffle here.", false)
+    .AddOptionalArg<int64_t>("seed", "Shuffle seed (-1: 0, so ranks agree).", -1)
+    .AddOptionalArg("pad_last_batch",
+                    "Pad every shard with its last sample to equal shards and whole batches.",
+                    false)
+    .AddOptionalArg("stick_to_shard", "Read the same shard every epoch.", false)
+    .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 1)
+    .AddOptionalArg("engine", "fastread engine: auto, io_uring, psync, ...", std::string("auto"))
+    .AddOptionalArg("workers", "Reader threads, each with its own engine context (0: auto).", 0)
+    .AddOptionalArg("queue_depth", "io_uring: files in flight per ring (0: default).", 0)
+    .AddOptionalArg("threads", "psync threads / io_uring rings per context (-1: default).", -1)
+    .AddOptionalArg("o_direct", "Open files with O_DIRECT.", false)
+    .AddOptionalArg("direct_alignment", "O_DIRECT alignment in bytes.", 4096)
+    .AddOptionalArg("register_buffers", "io_uring: register arenas (where the kernel allows).",
+                    true)
+    .AddOptionalArg("register_files", "io_uring: direct descriptors (where the kernel allows).",
+                    true)
+    .AddOptionalArg("engine_args", "Engine-specific key=value,... options.", std::string());

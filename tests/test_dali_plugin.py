@@ -1,0 +1,236 @@
+"""The native DALI operator (fn.fastread.readers.file) against DALI's own
+fn.readers.file, on CPU-only DALI: the same samples, labels, shards,
+padding and epoch sizes; epochs that roll over; errors from pipe.run()
+naming the path; and the loader's reasons when the plugin cannot load."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+dali = pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+from nvidia.dali import fn, pipeline_def  # noqa: E402
+
+from fastread.dali import _plugin  # noqa: E402
+from fastread.index import scan  # noqa: E402
+
+if not _plugin.load():
+    pytest.skip(f"fastread's DALI plugin is not loaded: {_plugin.reason()}",
+                allow_module_level=True)
+
+# 3 classes of 7, 8 and 10 files (25 samples: shards of unequal size);
+# sizes vary so every sample is recognisable. (No empty file here: DALI's
+# reader fails to mmap one; test_empty_file covers ours.)
+COUNTS = (7, 8, 10)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plugin_tree")
+    rng = np.random.default_rng(7)
+    for c, n in enumerate(COUNTS):
+        d = root / f"class{c}"
+        d.mkdir()
+        for i in range(n):
+            size = int(rng.integers(1, 5000))
+            (d / f"{i:03d}.jpg").write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    (root / "class2" / "notes.txt").write_bytes(b"not a sample")
+    return str(root)
+
+
+def native(tree, **kw):
+    paths, labels = scan(tree)
+    return fn.fastread.readers.file(files=paths, labels=labels.tolist(), name="R", **kw)
+
+
+def make_pipe(reader, batch_size, **pipe_kw):
+    @pipeline_def(batch_size=batch_size, num_threads=2, device_id=None, **pipe_kw)
+    def pipe():
+        return tuple(reader())
+    p = pipe()
+    p.build()
+    return p
+
+
+def batches(pipe, iterations):
+    out = []
+    for _ in range(iterations):
+        data, labels = pipe.run()
+        out.append(([np.array(data[i]).tobytes() for i in range(len(data))],
+                    [int(np.array(labels[i])[0]) for i in range(len(labels))]))
+    return out
+
+
+READER_CASES = [
+    dict(),
+    dict(pad_last_batch=True),
+    dict(num_shards=3, shard_id=0),
+    dict(num_shards=3, shard_id=2),
+    dict(num_shards=3, shard_id=1, pad_last_batch=True),
+    dict(num_shards=4, shard_id=3, stick_to_shard=True),
+    dict(num_shards=4, shard_id=1, stick_to_shard=True, pad_last_batch=True),
+    dict(num_shards=2, shard_id=1, prefetch_queue_depth=3),
+]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 7])
+@pytest.mark.parametrize("kw", READER_CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+def test_parity_with_fn_readers_file(tree, kw, batch_size):
+    ours = make_pipe(lambda: native(tree, **kw), batch_size)
+    dalis = make_pipe(lambda: fn.readers.file(file_root=tree, name="R", **kw), batch_size)
+    assert ours.reader_meta("R") == dalis.reader_meta("R")
+    # Several epochs of every shard: epochs roll over, never StopIteration.
+    iterations = 3 * (sum(COUNTS) // batch_size + 2)
+    assert batches(ours, iterations) == batches(dalis, iterations)
+
+
+def test_labels_and_bytes_are_the_files(tree):
+    paths, labels = scan(tree)
+    pipe = make_pipe(lambda: native(tree), len(paths))
+    (data, labs), = batches(pipe, 1)
+    assert labs == labels.tolist()
+    assert data == [open(p, "rb").read() for p in paths]
+
+
+def test_empty_file(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "0.jpg").write_bytes(b"")
+    (tmp_path / "a" / "1.jpg").write_bytes(b"x")
+    pipe = make_pipe(lambda: native(str(tmp_path)), 2)
+    assert batches(pipe, 2) == [([b"", b"x"], [0, 0])] * 2
+
+
+def test_exec_dynamic(tree):
+    ours = make_pipe(lambda: native(tree, num_shards=2, shard_id=1), 4, exec_dynamic=True)
+    dalis = make_pipe(lambda: fn.readers.file(file_root=tree, num_shards=2, shard_id=1, name="R"),
+                      4)
+    assert batches(ours, 20) == batches(dalis, 20)
+
+
+def test_shuffle_epochs_partition_the_data(tree):
+    n = sum(COUNTS)
+    seen = []
+    for shard in range(3):
+        pipe = make_pipe(lambda: native(tree, random_shuffle=True, seed=5, num_shards=3,
+                                        shard_id=shard, pad_last_batch=True, stick_to_shard=True),
+                         3)
+        meta = pipe.reader_meta("R")
+        per_shard = meta["epoch_size_padded"] // meta["number_of_shards"]
+        steps = -(-per_shard // 3)
+        epochs = [batches(pipe, steps) for _ in range(2)]
+        seen.append([sorted(set(b for bs, _ in e for b in bs)) for e in epochs])
+    paths, _ = scan(tree)
+    every = sorted(set(open(p, "rb").read() for p in paths))
+    for epoch in range(2):
+        union = sorted(set().union(*(set(s[epoch]) for s in seen)))
+        assert union == every
+    # Two pipelines with one seed agree; epochs differ from each other.
+    a = make_pipe(lambda: native(tree, random_shuffle=True, seed=5), 5)
+    b = make_pipe(lambda: native(tree, random_shuffle=True, seed=5), 5)
+    ea, eb = batches(a, 10), batches(b, 10)
+    assert ea == eb
+    assert ea[:5] != ea[5:]
+    assert len(ea) * 5 == 2 * n
+
+
+def test_missing_file_raises_with_its_path(tree, tmp_path):
+    root = tmp_path / "t"
+    shutil.copytree(tree, root)
+    paths, labels = scan(str(root))
+    victim = paths[9]
+    pipe = make_pipe(lambda: fn.fastread.readers.file(files=paths, labels=labels.tolist(),
+                                                      prefetch_queue_depth=1, workers=1), 4)
+    pipe.run()  # the first batches are read ahead: the missing file is further on
+    os.remove(victim)
+    with pytest.raises(RuntimeError, match=victim):
+        for _ in range(10):
+            pipe.run()
+
+
+def test_bad_arguments_name_themselves(tree):
+    paths, _ = scan(tree)
+    with pytest.raises(Exception, match="no_such_argument"):
+        make_pipe(lambda: fn.fastread.readers.file(files=paths, no_such_argument=1), 2)
+    with pytest.raises(Exception, match="no-such-engine"):
+        make_pipe(lambda: fn.fastread.readers.file(files=paths, engine="no-such-engine"), 2)
+    with pytest.raises(Exception, match="3 labels for"):
+        make_pipe(lambda: fn.fastread.readers.file(files=paths, labels=[1, 2, 3]), 2)
+    with pytest.raises(Exception, match="files="):
+        make_pipe(lambda: fn.fastread.readers.file(file_root=tree), 2)
+    with pytest.raises(Exception, match="num_shards"):
+        make_pipe(lambda: fn.fastread.readers.file(files=paths[:2], num_shards=3), 2)
+
+
+def test_dali_iterator_with_reader_name(tree):
+    pytorch = pytest.importorskip("nvidia.dali.plugin.pytorch", reason="DALI's torch plugin")
+    torch = pytest.importorskip("torch")
+    for policy in (pytorch.LastBatchPolicy.PARTIAL, pytorch.LastBatchPolicy.DROP):
+        got = {}
+        for which in ("native", "dali"):
+            reader = ((lambda: native(tree, num_shards=2, shard_id=1)) if which == "native" else
+                      (lambda: fn.readers.file(file_root=tree, num_shards=2, shard_id=1,
+                                               name="R")))
+            pipe = make_pipe(lambda: reader()[1:], 4)  # labels: a dense batch
+            it = pytorch.DALIGenericIterator(pipe, ["label"], reader_name="R",
+                                             last_batch_policy=policy, auto_reset=True)
+            epochs = []
+            for _ in range(2):
+                epochs.append([b[0]["label"].reshape(-1).tolist() for b in it])
+            got[which] = epochs
+            assert isinstance(epochs[0][0], list) and torch is not None
+        assert got["native"] == got["dali"]
+
+
+# -- loading -------------------------------------------------------------------
+
+def _load_in_subprocess(env_extra):
+    code = textwrap.dedent("""
+        from fastread.dali import _plugin
+        print("LOADED", _plugin.load())
+        print("REASON", _plugin.reason())
+    """)
+    env = dict(os.environ, **env_extra)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr  # never a crash of the interpreter
+    return r.stdout
+
+
+def test_load_failure_reasons(tmp_path):
+    missing = str(tmp_path / "nope" / "libfastread_dali.so")
+    out = _load_in_subprocess({"FASTREAD_DALI_PLUGIN_PATH": missing})
+    assert "LOADED False" in out and missing in out and "not built" in out
+
+    junk = tmp_path / "junk" / "libfastread_dali.so"
+    junk.parent.mkdir()
+    junk.write_bytes(b"not a shared object")
+    out = _load_in_subprocess({"FASTREAD_DALI_PLUGIN_PATH": str(junk)})
+    assert "LOADED False" in out and "could not load" in out and str(junk) in out
+
+    other = tmp_path / "other" / "libfastread_dali.so"
+    other.parent.mkdir()
+    shutil.copy(_plugin.library_path(), other)
+    (other.parent / "fastread_dali.version").write_text("0.0.1\n")
+    out = _load_in_subprocess({"FASTREAD_DALI_PLUGIN_PATH": str(other)})
+    assert "LOADED False" in out and "built against DALI 0.0.1" in out
+
+    out = _load_in_subprocess({"FASTREAD_DALI_PLUGIN": "0"})
+    assert "LOADED False" in out and "FASTREAD_DALI_PLUGIN=0" in out
+
+
+def test_require_raises_with_the_reason(tmp_path):
+    code = textwrap.dedent("""
+        from fastread.dali import _plugin
+        try:
+            _plugin.require()
+        except RuntimeError as e:
+            print("RAISED", e)
+    """)
+    env = dict(os.environ, FASTREAD_DALI_PLUGIN="0")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "RAISED" in r.stdout and "FASTREAD_DALI_PLUGIN=0" in r.stdout
