@@ -85,3 +85,15 @@ def all_settings():
 
 def names():
     return list(_SETTINGS)
+
+
+def env_int(name):
+    """An integer from environment variable ``name`` (torchrun's RANK,
+    WORLD_SIZE, LOCAL_RANK), None if unset; ValueError naming it otherwise."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None

@@ -14,26 +14,16 @@ Shards come from torchrun's environment (RANK, WORLD_SIZE; LOCAL_RANK picks
 the GPU) unless given. ``state_dict()`` taken mid-epoch and loaded into a new
 loader resumes with exactly the samples that epoch had not yet delivered.
 """
-import os
 
 import numpy as np
 
 from fastread import _core
+from fastread._defaults import env_int
 from fastread.index import check_flag
 from fastread.reader import Reader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def _env_int(name):
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 def _require_gpu(device_id):
@@ -82,11 +72,11 @@ class ImageLoader:
             raise ValueError(f"std must not contain 0, got {std!r}")
         check_flag("decode", decode)
         if num_shards is None:
-            num_shards = _env_int("WORLD_SIZE") or 1
+            num_shards = env_int("WORLD_SIZE") or 1
         if shard_id is None:
-            shard_id = _env_int("RANK") or 0
+            shard_id = env_int("RANK") or 0
         if device == "cuda" and device_id is None:
-            device_id = _env_int("LOCAL_RANK") or 0
+            device_id = env_int("LOCAL_RANK") or 0
         if device == "cuda":
             _require_gpu(device_id)
         self.device, self.decode, self.size = device, bool(decode), int(size)

@@ -16,10 +16,10 @@ Shards come from torchrun's environment (RANK, WORLD_SIZE; LOCAL_RANK picks
 the GPU) unless given; ``state_dict()`` taken mid-epoch and loaded into a
 new loader resumes with exactly the batches that epoch had not delivered.
 """
-import os
 
 import numpy as np
 
+from fastread._defaults import env_int
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
 from fastread.reader import Reader
 
@@ -28,16 +28,6 @@ __all__ = ["Cifar10Loader", "WebDatasetLoader", "SquirrelLoader", "CIFAR10_MEAN"
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-
-
-def _env_int(name):
-    value = os.environ.get(name)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 def augment_batch(images, generator=None, pad=4, mean=CIFAR10_MEAN, std=CIFAR10_STD):
@@ -88,12 +78,12 @@ class Cifar10Loader:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         if num_shards is None:
-            num_shards = _env_int("WORLD_SIZE") or 1
+            num_shards = env_int("WORLD_SIZE") or 1
         if shard_id is None:
-            shard_id = _env_int("RANK") or 0
+            shard_id = env_int("RANK") or 0
         if device == "cuda":
             if device_id is None:
-                device_id = _env_int("LOCAL_RANK") or 0
+                device_id = env_int("LOCAL_RANK") or 0
             if not torch.cuda.is_available():
                 raise RuntimeError("Cifar10Loader(device='cuda'): no usable CUDA device; use "
                                    "device='cpu'")
@@ -185,9 +175,9 @@ class _RecordLoader:
         import torch  # noqa: F401  (fail early, with the real import error)
 
         if num_shards is None:
-            num_shards = _env_int("WORLD_SIZE") or 1
+            num_shards = env_int("WORLD_SIZE") or 1
         if shard_id is None:
-            shard_id = _env_int("RANK") or 0
+            shard_id = env_int("RANK") or 0
         self.source, self.batch_size, self.seed = source, batch_size, seed
         self.reader = Reader(source=source, batch_size=batch_size, shard_id=shard_id,
                              num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
