@@ -126,6 +126,41 @@ static int is_pinned(const void *p, size_t len)
     return found;
 }
 
+/* Tracked memory (pinned ranges, host allocations, device allocations):
+ * one list each, a live count each, all under `lock`. */
+static int track_add(pin **list, long *live, void *p, size_t len)
+{
+    pin *x = malloc(sizeof(*x));
+    if (!x)
+        return -1;
+    x->p = p;
+    x->len = len;
+    pthread_mutex_lock(&lock);
+    x->next = *list;
+    *list = x;
+    (*live)++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+/* 1 if p was tracked on list (and is no longer), else 0. */
+static int track_remove(pin **list, long *live, const void *p)
+{
+    pthread_mutex_lock(&lock);
+    for (pin **at = list; *at; at = &(*at)->next) {
+        if ((*at)->p == p) {
+            pin *x = *at;
+            *at = x->next;
+            free(x);
+            (*live)--;
+            pthread_mutex_unlock(&lock);
+            return 1;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
 EXPORT int cuMemHostRegister_v2(void *p, size_t len, unsigned flags)
 {
     (void)flags;
@@ -133,37 +168,15 @@ EXPORT int cuMemHostRegister_v2(void *p, size_t len, unsigned flags)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (is_pinned(p, 1))
         return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    pin *x = malloc(sizeof(*x));
-    if (!x)
-        return CUDA_ERROR_OUT_OF_MEMORY;
     memset(p, 0, len); /* the real driver faults every page in */
-    x->p = p;
-    x->len = len;
-    pthread_mutex_lock(&lock);
-    x->next = pins;
-    pins = x;
-    live_pins++;
-    pthread_mutex_unlock(&lock);
-    return 0;
+    return track_add(&pins, &live_pins, p, len) ? CUDA_ERROR_OUT_OF_MEMORY : 0;
 }
 
 EXPORT int cuMemHostUnregister(void *p)
 {
     if (!ctx_depth)
         return CUDA_ERROR_INVALID_CONTEXT;
-    pthread_mutex_lock(&lock);
-    for (pin **at = &pins; *at; at = &(*at)->next) {
-        if ((*at)->p == p) {
-            pin *x = *at;
-            *at = x->next;
-            free(x);
-            live_pins--;
-            pthread_mutex_unlock(&lock);
-            return 0;
-        }
-    }
-    pthread_mutex_unlock(&lock);
-    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    return track_remove(&pins, &live_pins, p) ? 0 : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 
 EXPORT int cuMemAlloc_v2(unsigned long long *p, size_t n)
@@ -174,20 +187,11 @@ EXPORT int cuMemAlloc_v2(unsigned long long *p, size_t n)
     if (limit && n > strtoull(limit, NULL, 10))
         return CUDA_ERROR_OUT_OF_MEMORY;
     void *m = malloc(n);
-    pin *x = malloc(sizeof(*x));
-    if (!m || !x) {
+    if (!m || track_add(&allocs, &live_allocs, m, n)) {
         free(m);
-        free(x);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *p = (uintptr_t)m;
-    x->p = m;
-    x->len = n;
-    pthread_mutex_lock(&lock);
-    x->next = allocs;
-    allocs = x;
-    live_allocs++;
-    pthread_mutex_unlock(&lock);
     return 0;
 }
 
@@ -195,17 +199,8 @@ EXPORT int cuMemFree_v2(unsigned long long p)
 {
     if (!ctx_depth)
         return CUDA_ERROR_INVALID_CONTEXT;
-    pthread_mutex_lock(&lock);
-    for (pin **at = &allocs; *at; at = &(*at)->next) {
-        if ((*at)->p == (void *)(uintptr_t)p) {
-            pin *x = *at;
-            *at = x->next;
-            free(x);
-            break;
-        }
-    }
-    live_allocs--;
-    pthread_mutex_unlock(&lock);
+    if (!track_remove(&allocs, &live_allocs, (void *)(uintptr_t)p))
+        return CUDA_ERROR_INVALID_VALUE; /* as the driver: not ours to free */
     free((void *)(uintptr_t)p);
     return 0;
 }
@@ -290,18 +285,10 @@ EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
     void *m = NULL;
     if (posix_memalign(&m, 4096, n ? n : 1) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    pin *x = malloc(sizeof(*x));
-    if (!x) {
+    if (track_add(&pins, &live_hostallocs, m, n)) {
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    x->p = m;
-    x->len = n;
-    pthread_mutex_lock(&lock);
-    x->next = pins;
-    pins = x;
-    live_hostallocs++;
-    pthread_mutex_unlock(&lock);
     *pp = m;
     return 0;
 }
@@ -310,20 +297,10 @@ EXPORT int cuMemFreeHost(void *p)
 {
     if (!ctx_depth)
         return CUDA_ERROR_INVALID_CONTEXT;
-    pthread_mutex_lock(&lock);
-    for (pin **at = &pins; *at; at = &(*at)->next) {
-        if ((*at)->p == p) {
-            pin *x = *at;
-            *at = x->next;
-            free(x);
-            live_hostallocs--;
-            pthread_mutex_unlock(&lock);
-            free(p);
-            return 0;
-        }
-    }
-    pthread_mutex_unlock(&lock);
-    return CUDA_ERROR_INVALID_VALUE;
+    if (!track_remove(&pins, &live_hostallocs, p))
+        return CUDA_ERROR_INVALID_VALUE;
+    free(p);
+    return 0;
 }
 
 /* Mapped host memory has the same address on the "device". */
