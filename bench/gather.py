@@ -32,6 +32,8 @@ Modes (``--modes``; unavailable ones are reported with the reason):
 * ``host``: FeatureStore, backend "host".
 * ``proxy``, ``proxy-hosttier``: FeatureStore, backend "proxy", without and
   with the page-locked host tier (``host_bytes="auto"``).
+* ``proxy-hosttier-idorder``: the same with the locality order off
+  (``FASTREAD_GATHER_ORDER=off``): rows read in the ids' own order.
 * ``proxy-smallcache``: proxy with an HBM cache of ``--small-cache`` (the
   table larger than the cache).
 
@@ -52,9 +54,11 @@ import time
 
 import numpy as np
 
-MODES = ("memmap", "uva", "hbm", "kvikio", "host", "proxy", "proxy-hosttier", "proxy-smallcache")
-GPU_ONLY = {"uva", "hbm", "kvikio", "proxy", "proxy-hosttier", "proxy-smallcache"}
-STORE_MODES = {"host", "proxy", "proxy-hosttier", "proxy-smallcache"}
+MODES = ("memmap", "uva", "hbm", "kvikio", "host", "proxy", "proxy-hosttier",
+         "proxy-hosttier-idorder", "proxy-smallcache")
+GPU_ONLY = {"uva", "hbm", "kvikio", "proxy", "proxy-hosttier", "proxy-hosttier-idorder",
+            "proxy-smallcache"}
+STORE_MODES = {"host", "proxy", "proxy-hosttier", "proxy-hosttier-idorder", "proxy-smallcache"}
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
@@ -392,12 +396,20 @@ def open_mode(mode, args, path, gpu):
         else:
             kw["device_id"] = 0
             kw["cache_bytes"] = args.small_cache if mode == "proxy-smallcache" else args.cache_bytes
-        if mode == "proxy-hosttier":
+        if mode.startswith("proxy-hosttier"):
             kw["host_bytes"] = "auto"
+        order = os.environ.get("FASTREAD_GATHER_ORDER")
+        if mode == "proxy-hosttier-idorder":
+            os.environ["FASTREAD_GATHER_ORDER"] = "off"  # read when the store opens
         try:
             store = FeatureStore(path, **kw)
         except (RuntimeError, ValueError, MemoryError, OSError) as e:
             raise Skip(f"FeatureStore({kw}): {e}")
+        finally:
+            if order is None:
+                os.environ.pop("FASTREAD_GATHER_ORDER", None)
+            else:
+                os.environ["FASTREAD_GATHER_ORDER"] = order
         r.store = store
         if args.device == "cpu":
             r.run = lambda h, d: store.gather(h, device="cpu")
@@ -415,7 +427,7 @@ def open_mode(mode, args, path, gpu):
 
 # Modes slow to open (the whole table loaded or page-locked) that a state's
 # measurements share; their stores' stats are reported per measurement.
-SHARED = ("uva", "hbm", "proxy-hosttier")
+SHARED = ("uva", "hbm", "proxy-hosttier", "proxy-hosttier-idorder")
 
 
 def measure(args, path, gpu, mode, state, dist, n, rng, perm, shared):
@@ -488,7 +500,7 @@ def states_for(mode, states):
     for s in states:
         if s == "hot" and not mode.startswith("proxy"):
             continue  # only the GPU cache has a "hot"
-        if s == "cold" and mode in ("uva", "hbm", "proxy-hosttier"):
+        if s == "cold" and mode in ("uva", "hbm", "proxy-hosttier", "proxy-hosttier-idorder"):
             continue  # the table is in memory (loaded at open) before the clock starts
         out.append(s)
     return out

@@ -162,7 +162,7 @@ gather)
     # the JSON is rewritten after every measurement.
     python3 bench/gather.py --device cuda --rows 16M --dim 128 --workdir /var/tmp \
         --batches "${GATHER_BATCHES:-10k,100k,1M}" --dists "${GATHER_DISTS:-uniform,zipf}" \
-        --states "${GATHER_STATES:-warm,hot,cold}" --repeat 3 --cold-repeat 2 --small-cache 1G \
+        --states "${GATHER_STATES:-warm,hot,cold}" ${GATHER_MODES:+--modes "$GATHER_MODES"} --repeat 3 --cold-repeat 2 --small-cache 1G \
         --time-budget "${GATHER_BUDGET:-420}" --json "$json/gather.json" --plot "$json/gather.png" ||
         echo "(bench/gather.py stopped early; the JSON has what ran)"
     tar -cf "$out/results-$section.tar" -C "$json" .

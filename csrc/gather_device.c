@@ -57,6 +57,13 @@ struct fr_gdev {
     uint64_t tier_d, tier_bytes;
 
     void *module, *fn;
+    /* Locality order (fastread_device.cuh, "locality order"): the two
+     * counting-sort kernels, when to use them, and their scratch (2 *
+     * FR_ORDER_MAX_BUCKETS counters, then the order; grown to the largest
+     * gather, gathers being serialised by the store). */
+    void *fn_count, *fn_place;
+    int order_mode; /* 0 off, 1 auto (host tier over order_min_bytes), 2 always */
+    uint64_t order_min_bytes, order_bucket_bytes, order_d, order_cap;
     char kernel_source[512];
     atomic_int cancelled;
     /* $FASTREAD_GATHER_TIMELINE=1: each gather prints where its time went
@@ -88,10 +95,111 @@ void fr_gdev_close(fr_gdev *d)
                        &d->hand_d, &d->result_d, &d->view_d, &d->host_slot_d, &d->pins_d};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         fr_gpu_free(d->gpu, *dev[i]);
+    fr_gpu_free(d->gpu, d->order_d);
     fr_gpu_mapped_free(d->gpu, d->abort_h);
     fr_gpu_mapped_free(d->gpu, d->tier_h);
     fr_gpu_close(d->gpu);
     free(d);
+}
+
+static int env_bytes(const char *name, uint64_t *out, char *err, size_t err_len)
+{
+    const char *v = getenv(name);
+    if (!v || !v[0])
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || !end || *end || v[0] == '-' || x == 0) {
+        fr_set_err(err, err_len, "%s must be a positive byte count, got '%s'", name, v);
+        return -EINVAL;
+    }
+    *out = x;
+    return 0;
+}
+
+/* $FASTREAD_GATHER_ORDER: auto (default: order the ids of gathers from a
+ * host tier larger than the GPU's translation reach, 1 GiB by the probe;
+ * $FASTREAD_GATHER_ORDER_MIN_BYTES moves that bound), on (every gather of
+ * 4096 ids or more), off. $FASTREAD_GATHER_ORDER_BUCKET_BYTES: the bucket
+ * size (64 MiB). */
+static int open_order(fr_gdev *d, char *err, size_t err_len)
+{
+    const char *mode = getenv("FASTREAD_GATHER_ORDER");
+    if (!mode || !mode[0] || strcmp(mode, "auto") == 0) {
+        d->order_mode = 1;
+    } else if (strcmp(mode, "on") == 0) {
+        d->order_mode = 2;
+    } else if (strcmp(mode, "off") == 0) {
+        d->order_mode = 0;
+    } else {
+        fr_set_err(err, err_len, "FASTREAD_GATHER_ORDER must be auto, on or off, got '%s'", mode);
+        return -EINVAL;
+    }
+    d->order_min_bytes = 1ull << 30;
+    d->order_bucket_bytes = 64ull << 20;
+    int rc = env_bytes("FASTREAD_GATHER_ORDER_MIN_BYTES", &d->order_min_bytes, err, err_len);
+    if (rc == 0)
+        rc = env_bytes("FASTREAD_GATHER_ORDER_BUCKET_BYTES", &d->order_bucket_bytes, err, err_len);
+    if (d->order_bucket_bytes > (1ull << 40))
+        d->order_bucket_bytes = 1ull << 40;
+    if (rc || d->order_mode == 0)
+        return rc;
+    rc = fr_gpu_module_function(d->gpu, d->module, "fr_order_count", &d->fn_count);
+    if (rc == 0)
+        rc = fr_gpu_module_function(d->gpu, d->module, "fr_order_place", &d->fn_place);
+    if (rc)
+        return gpu_err(d, rc, "the locality-order kernels", err, err_len);
+    return 0;
+}
+
+/* Orders the ids by bucket of the table into d->order_d + the counters:
+ * 1 when ordered, 0 when this gather goes in id order, -errno on failure. */
+static int order_ids(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, void *stream,
+                     uint64_t *order)
+{
+    *order = 0;
+    if (d->order_mode == 0 || n < 4096 || n > 0xFFFFFFFFull ||
+        (d->order_mode == 1 && d->tier_bytes <= d->order_min_bytes))
+        return 0;
+    /* Buckets of about 64 MiB of rows (16-128 MiB measured alike), at most
+     * FR_ORDER_MAX_BUCKETS of them. */
+    unsigned shift = 0;
+    while (shift < 40 && (d->row_bytes << shift) < d->order_bucket_bytes)
+        shift++;
+    while (((d->rows - 1) >> shift) + 1 > FR_ORDER_MAX_BUCKETS)
+        shift++;
+    unsigned nbuckets = (unsigned)(((d->rows - 1) >> shift) + 1);
+    size_t counters = 2 * (size_t)FR_ORDER_MAX_BUCKETS * 4;
+    size_t need = counters + n * 4;
+    int rc;
+    if (need > d->order_cap) {
+        fr_gpu_free(d->gpu, d->order_d);
+        d->order_d = 0;
+        d->order_cap = 0;
+        if ((rc = fr_gpu_alloc(d->gpu, need, &d->order_d)))
+            return rc;
+        d->order_cap = need;
+    }
+    static const uint32_t zeros[2 * FR_ORDER_MAX_BUCKETS];
+    if ((rc = fr_gpu_copy_to_device(d->gpu, d->order_d, zeros, counters)))
+        return rc;
+    uint64_t counts = d->order_d, fill = d->order_d + counters / 2;
+    *order = d->order_d + counters;
+    unsigned long long nn = n, rows = d->rows;
+    unsigned block = 256;
+    uint64_t blocks = (n + block - 1) / block;
+    uint64_t cap = (uint64_t)d->sm_count * 8;
+    unsigned grid = (unsigned)(blocks < cap ? blocks : cap);
+    void *count_params[] = {&ids, &id_bytes, &nn, &rows, &shift, &nbuckets, &counts};
+    if ((rc = fr_gpu_launch(d->gpu, d->fn_count, grid, block, (fr_CUstream)stream, count_params)))
+        return rc;
+    uint64_t tiles = (n + 4095) / 4096;
+    grid = (unsigned)(tiles < cap ? tiles : cap);
+    void *place_params[] = {&ids, &id_bytes, &nn, &rows, &shift, &nbuckets, &counts, &fill, order};
+    if ((rc = fr_gpu_launch(d->gpu, d->fn_place, grid, block, (fr_CUstream)stream, place_params)))
+        return rc;
+    return 1;
 }
 
 /* Page table empty, every slot free: the state at open and after a failure. */
@@ -376,6 +484,10 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         fr_gdev_close(d);
         return rc;
     }
+    if ((rc = open_order(d, err, err_len))) {
+        fr_gdev_close(d);
+        return rc;
+    }
     /* The view the kernel reads: device addresses throughout. */
     fr_dev_store v;
     memset(&v, 0, sizeof(v));
@@ -503,10 +615,16 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
     unsigned grid = (unsigned)((warps * 32 + block - 1) / block);
     uint64_t view = d->view_d;
     unsigned long long nn = n;
-    void *params[] = {&view, &ids, &id_bytes, &nn, &out};
+    uint64_t order = 0;
     int timed = d->timeline && d->ev_start &&
                 fr_gpu_event_record(d->gpu, d->ev_start, (fr_CUstream)stream) == 0;
-    int launch_rc = fr_gpu_launch(d->gpu, d->fn, grid, block, (fr_CUstream)stream, params);
+    int launch_rc = order_ids(d, ids, id_bytes, n, stream, &order);
+    int ordered = launch_rc == 1;
+    if (launch_rc > 0)
+        launch_rc = 0;
+    void *params[] = {&view, &ids, &id_bytes, &nn, &out, &order};
+    if (launch_rc == 0)
+        launch_rc = fr_gpu_launch(d->gpu, d->fn, grid, block, (fr_CUstream)stream, params);
     if (timed && launch_rc == 0)
         timed = fr_gpu_event_record(d->gpu, d->ev_end, (fr_CUstream)stream) == 0;
     if (d->timeline)
@@ -530,10 +648,10 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
         if (timed && launch_rc == 0 && fr_gpu_event_elapsed_ms(d->gpu, d->ev_start, d->ev_end, &kms))
             kms = -1.0f;
         fprintf(stderr,
-                "fastread gather timeline: n %zu grid %ux%u | checks %.1f us, result reset %.1f, "
+                "fastread gather timeline: n %zu grid %ux%u%s | checks %.1f us, result reset %.1f, "
                 "begin %.1f, launch %.1f, wait %.1f (kernel %.1f by events), read-back %.1f, "
                 "end %.1f | total %.1f us\n",
-                n, grid, block, t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4],
+                n, grid, block, ordered ? " ordered" : "", t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4],
                 (double)kms * 1e3, t[6] - t[5], t[7] - t[6], t[7] - t[0]);
     }
     if (d->serving) {
@@ -605,7 +723,7 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
 void fr_gdev_memory(fr_gdev *d, fr_store_memory *add)
 {
     add->device_cache += d->cache_bytes;
-    add->device_meta += d->meta_bytes + (d->host_slot_d ? d->rows * 4 : 0);
+    add->device_meta += d->meta_bytes + (d->host_slot_d ? d->rows * 4 : 0) + d->order_cap;
     add->host_tier += d->tier_bytes;
     add->rings += 4096; /* the abort flag's page */
     d->be->memory(d->bstate, add);

@@ -764,6 +764,31 @@ FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_c
     return fr_dev_read_row_e(s, id, dst, cnt, 0);
 }
 
+/* ------------------------------------------------------- locality order
+ * GPU threads reading page-locked host memory over PCIe go through an
+ * address translation whose reach is about 1 GiB (measured on an H100 with
+ * csrc/tests/probe_hosttier.cu: random 512-byte rows run at PCIe line rate,
+ * 98M rows/s, from tables up to 1 GiB, then fall to 54M at 2 GiB and 32M at
+ * 8 GiB, however the memory was allocated, huge pages included). The same
+ * 8 GiB gather with its ids grouped into buckets of 16-128 MiB of the table
+ * runs at 92-97M rows/s. So gathers from a large host tier first order the
+ * ids by bucket (a counting sort: fr_order_count, then fr_order_place) and
+ * then read rows in that order, each written to its own position. Order
+ * within a bucket does not matter, so the sort is neither stable nor exact.
+ * Ids out of range go to bucket 0; the gather reports them. */
+#define FR_ORDER_MAX_BUCKETS 1024u
+
+FR_DEV fr_u32 fr_order_bucket(fr_i64 id, fr_u64 rows, fr_u32 shift, fr_u32 nbuckets)
+{
+    fr_u64 b = (id < 0 || (fr_u64)id >= rows) ? 0 : (fr_u64)id >> shift;
+    return b < nbuckets ? (fr_u32)b : nbuckets - 1;
+}
+
+FR_DEV fr_i64 fr_load_id(const void *ids, int id_bytes, fr_u64 i)
+{
+    return id_bytes == 4 ? (fr_i64)((const fr_i32 *)ids)[i] : ((const fr_i64 *)ids)[i];
+}
+
 /* ------------------------------------------------------------ warp level */
 #ifdef FR_GPU
 
@@ -1070,12 +1095,76 @@ FR_DEV void fr_dev_flush_counts(const fr_dev_store *s, const fr_dev_counts *cnt)
 }
 
 #ifdef FR_DEFINE_GATHER_KERNEL
+/* Locality order, pass 1: counts[b] += ids in bucket b (counts zeroed by
+ * the host; nbuckets <= FR_ORDER_MAX_BUCKETS). Per-block histograms in
+ * shared memory, one global atomic per bucket per block. */
+extern "C" __global__ void __launch_bounds__(256)
+fr_order_count(const void *ids, int id_bytes, unsigned long long n, unsigned long long rows,
+               unsigned shift, unsigned nbuckets, unsigned *counts)
+{
+    __shared__ unsigned hist[FR_ORDER_MAX_BUCKETS];
+    for (unsigned b = threadIdx.x; b < nbuckets; b += blockDim.x)
+        hist[b] = 0;
+    __syncthreads();
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x)
+        atomicAdd(&hist[fr_order_bucket(fr_load_id(ids, id_bytes, i), rows, shift, nbuckets)], 1u);
+    __syncthreads();
+    for (unsigned b = threadIdx.x; b < nbuckets; b += blockDim.x)
+        if (hist[b])
+            atomicAdd(&counts[b], hist[b]);
+}
+
+/* Pass 2: order[k] = the positions of ids, bucket by bucket. Each block
+ * takes tiles of FR_ORDER_TILE ids: counts them per bucket, reserves that
+ * many places in each bucket with one atomic on fill[b], then places them
+ * (start of bucket b = the sum of counts below b, computed per block). */
+#define FR_ORDER_TILE 4096u
+extern "C" __global__ void __launch_bounds__(256)
+fr_order_place(const void *ids, int id_bytes, unsigned long long n, unsigned long long rows,
+               unsigned shift, unsigned nbuckets, const unsigned *counts, unsigned *fill,
+               unsigned *order)
+{
+    __shared__ unsigned start[FR_ORDER_MAX_BUCKETS];
+    __shared__ unsigned local[FR_ORDER_MAX_BUCKETS];
+    __shared__ unsigned base[FR_ORDER_MAX_BUCKETS];
+    if (threadIdx.x == 0) { /* nbuckets is small: a serial scan is cheap */
+        unsigned acc = 0;
+        for (unsigned b = 0; b < nbuckets; b++) {
+            start[b] = acc;
+            acc += counts[b];
+        }
+    }
+    for (unsigned long long t0 = (unsigned long long)blockIdx.x * FR_ORDER_TILE; t0 < n;
+         t0 += (unsigned long long)gridDim.x * FR_ORDER_TILE) {
+        unsigned long long t1 = t0 + FR_ORDER_TILE < n ? t0 + FR_ORDER_TILE : n;
+        for (unsigned b = threadIdx.x; b < nbuckets; b += blockDim.x)
+            local[b] = 0;
+        __syncthreads();
+        for (unsigned long long i = t0 + threadIdx.x; i < t1; i += blockDim.x)
+            atomicAdd(&local[fr_order_bucket(fr_load_id(ids, id_bytes, i), rows, shift, nbuckets)],
+                      1u);
+        __syncthreads();
+        for (unsigned b = threadIdx.x; b < nbuckets; b += blockDim.x) {
+            base[b] = local[b] ? start[b] + atomicAdd(&fill[b], local[b]) : 0;
+            local[b] = 0;
+        }
+        __syncthreads();
+        for (unsigned long long i = t0 + threadIdx.x; i < t1; i += blockDim.x) {
+            fr_u32 b = fr_order_bucket(fr_load_id(ids, id_bytes, i), rows, shift, nbuckets);
+            order[base[b] + atomicAdd(&local[b], 1u)] = (unsigned)i;
+        }
+        __syncthreads();
+    }
+}
+
 /* fastread's own gather: rows ids[0..n) to out, grid-stride over warps
- * (blockDim.x a multiple of 32). Stops early once the host aborts or any
- * lane failed (the host reports result->error). */
+ * (blockDim.x a multiple of 32), in the order `order` gives (a permutation
+ * of 0..n-1 from fr_order_place; NULL: 0..n-1). Stops early once the host
+ * aborts or any lane failed (the host reports result->error). */
 extern "C" __global__ void __launch_bounds__(256, 2)
 fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
-                                          unsigned long long n, fr_u8 *out)
+                                          unsigned long long n, fr_u8 *out, const unsigned *order)
 {
     unsigned lane = threadIdx.x & 31;
     unsigned long long warp = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -1098,8 +1187,11 @@ fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
         unsigned long long pos = base + lane;
         int active = pos < n;
         fr_i64 id = 0;
-        if (active)
-            id = id_bytes == 4 ? (fr_i64)((const fr_i32 *)ids)[pos] : ((const fr_i64 *)ids)[pos];
+        if (active) {
+            if (order)
+                pos = order[pos];
+            id = fr_load_id(ids, id_bytes, pos);
+        }
         fr_dev_gather_warp_e(s, id, active, pos, out, &cnt, epoch);
     }
     fr_dev_flush_counts(s, &cnt);

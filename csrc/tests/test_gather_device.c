@@ -324,6 +324,73 @@ static void test_host_tier(const char *path)
     free(ids);
 }
 
+/* Gathers from a host tier in locality order (fastread_device.cuh): forced
+ * on with buckets of 2560 rows (8 over the table), the rows still land in
+ * input order, duplicates included, and bad ids are reported at their
+ * input position. Auto leaves small tiers alone. */
+static void test_locality_order(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    c.host_bytes = UINT64_MAX;
+    char err[FR_ERRLEN];
+    size_t bad = 0;
+    setenv("FASTREAD_GATHER_ORDER", "sideways", 1);
+    fr_store *s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) != 0);
+    CHECK(strstr(err, "FASTREAD_GATHER_ORDER must be auto, on or off") != NULL);
+    setenv("FASTREAD_GATHER_ORDER", "on", 1);
+    setenv("FASTREAD_GATHER_ORDER_BUCKET_BYTES", "655360", 1);
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        int64_t *ids = random_ids(5000, 9);
+        ids[17] = ids[4000];
+        long o0 = live("orders");
+        CHECK(gather_check(s, ids, 5000, 8, err, &bad) == 0);
+        CHECK(gather_check(s, ids, 5000, 4, err, &bad) == 0);
+        CHECK(live("orders") == o0 + 2);
+        CHECK(gather_check(s, ids, 100, 8, err, &bad) == 0); /* too few to order */
+        CHECK(live("orders") == o0 + 2);
+        ids[4500] = ROWS + 7;
+        ids[4321] = -1;
+        CHECK(gather_check(s, ids, 5000, 8, err, &bad) == -ERANGE);
+        CHECK(bad == 4321);
+        fr_store_memory m;
+        fr_store_memory_get(s, &m);
+        CHECK(m.device_meta >= 5000 * 4); /* the order's scratch is counted */
+        free(ids);
+        fr_store_close(s);
+    }
+    /* Auto: a 5 MB tier is within the GPU's translation reach... */
+    unsetenv("FASTREAD_GATHER_ORDER");
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        int64_t *ids = random_ids(5000, 10);
+        long o0 = live("orders");
+        CHECK(gather_check(s, ids, 5000, 8, err, &bad) == 0);
+        CHECK(live("orders") == o0);
+        fr_store_close(s);
+        /* ...unless the bound says otherwise. */
+        setenv("FASTREAD_GATHER_ORDER_MIN_BYTES", "1000", 1);
+        s = NULL;
+        CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+        if (s) {
+            CHECK(gather_check(s, ids, 5000, 8, err, &bad) == 0);
+            CHECK(live("orders") == o0 + 1);
+            fr_store_close(s);
+        }
+        free(ids);
+    }
+    setenv("FASTREAD_GATHER_ORDER_MIN_BYTES", "-3", 1);
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) != 0);
+    CHECK(strstr(err, "FASTREAD_GATHER_ORDER_MIN_BYTES") != NULL);
+    unsetenv("FASTREAD_GATHER_ORDER_MIN_BYTES");
+    unsetenv("FASTREAD_GATHER_ORDER_BUCKET_BYTES");
+}
+
 typedef struct close_arg {
     fr_store *s;
     int rc;
@@ -670,6 +737,7 @@ int main(void)
     test_read_paths(path);
     test_concurrent(path);
     test_host_tier(path);
+    test_locality_order(path);
     test_user_kernels(path);
     test_faults(fr_test_dir());
     load_file(path);

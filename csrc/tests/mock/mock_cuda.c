@@ -40,7 +40,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pin *pins;
 static pin *allocs; /* device allocations, for cuPointerGetAttribute */
 static long live_allocs, live_pins, live_streams, live_handles, live_bufregs, ctx_refs;
-static long live_hostallocs, live_modules, launches;
+static long live_hostallocs, live_modules, launches, orders;
 static long register_attempts;
 static long pageable_copies, pinned_copies;
 static _Thread_local int ctx_depth;
@@ -60,6 +60,7 @@ EXPORT long mock_cuda_live(const char *what)
              : !strcmp(what, "hostallocs")    ? live_hostallocs
              : !strcmp(what, "modules")       ? live_modules
              : !strcmp(what, "launches")      ? launches
+             : !strcmp(what, "orders")        ? orders
                                               : -1;
     pthread_mutex_unlock(&lock);
     return v;
@@ -276,6 +277,8 @@ EXPORT int cuGetErrorString(int r, const char **s)
 /* ---- the device path of row gathers (gather_device.c) ---- */
 
 static int fr_gather_rows_host(void **params, unsigned threads);
+static int fr_order_count_host(void **params, unsigned threads);
+static int fr_order_place_host(void **params, unsigned threads);
 
 EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
 {
@@ -345,9 +348,14 @@ EXPORT int cuModuleUnload(void *m)
 EXPORT int cuModuleGetFunction(void **f, void *m, const char *name)
 {
     (void)m;
-    if (strcmp(name, "fr_gather_rows") != 0)
+    if (strcmp(name, "fr_gather_rows") == 0)
+        *f = (void *)fr_gather_rows_host;
+    else if (strcmp(name, "fr_order_count") == 0)
+        *f = (void *)fr_order_count_host;
+    else if (strcmp(name, "fr_order_place") == 0)
+        *f = (void *)fr_order_place_host;
+    else
         return 500; /* CUDA_ERROR_NOT_FOUND */
-    *f = (void *)fr_gather_rows_host;
     return 0;
 }
 
@@ -453,6 +461,7 @@ typedef struct emu {
     int id_bytes;
     unsigned long long n;
     uint8_t *out;
+    const unsigned *order;
     unsigned k, nthreads;
 } emu;
 
@@ -467,11 +476,12 @@ static void *emu_thread(void *p)
     for (unsigned long long i = e->k; i < e->n; i += e->nthreads) {
         if (fr_dev_aborted(s) || __atomic_load_n(&s->result->error, __ATOMIC_ACQUIRE))
             break;
-        int64_t id = e->id_bytes == 4 ? ((const int32_t *)e->ids)[i] : ((const int64_t *)e->ids)[i];
-        int rc = fr_dev_read_row_e(s, id, e->out + i * s->row_bytes, &cnt, epoch);
+        unsigned long long pos = e->order ? e->order[i] : i;
+        int64_t id = fr_load_id(e->ids, e->id_bytes, pos);
+        int rc = fr_dev_read_row_e(s, id, e->out + pos * s->row_bytes, &cnt, epoch);
         if (rc == FR_DEV_ERANGE) {
             uint64_t cur = __atomic_load_n(&s->result->first_bad, __ATOMIC_SEQ_CST);
-            while (i < cur && !__atomic_compare_exchange_n(&s->result->first_bad, &cur, i, 0,
+            while (pos < cur && !__atomic_compare_exchange_n(&s->result->first_bad, &cur, pos, 0,
                                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
                 ;
         } else if (rc) {
@@ -498,6 +508,7 @@ static int fr_gather_rows_host(void **params, unsigned threads)
         e[k].id_bytes = *(int *)params[2];
         e[k].n = *(unsigned long long *)params[3];
         e[k].out = (uint8_t *)(uintptr_t)*(uint64_t *)params[4];
+        e[k].order = (const unsigned *)(uintptr_t)*(uint64_t *)params[5];
         e[k].k = k;
         e[k].nthreads = t;
         if (pthread_create(&th[k], NULL, emu_thread, &e[k]) != 0)
@@ -508,13 +519,64 @@ static int fr_gather_rows_host(void **params, unsigned threads)
     return 0;
 }
 
+/* The locality-order kernels, serially, through the header's bucket rule. */
+static int fr_order_count_host(void **params, unsigned threads)
+{
+    (void)threads;
+    const void *ids = (const void *)(uintptr_t)*(uint64_t *)params[0];
+    int id_bytes = *(int *)params[1];
+    unsigned long long n = *(unsigned long long *)params[2], rows = *(unsigned long long *)params[3];
+    unsigned shift = *(unsigned *)params[4], nb = *(unsigned *)params[5];
+    unsigned *counts = (unsigned *)(uintptr_t)*(uint64_t *)params[6];
+    if (nb == 0 || nb > FR_ORDER_MAX_BUCKETS)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned long long i = 0; i < n; i++)
+        counts[fr_order_bucket(fr_load_id(ids, id_bytes, i), rows, shift, nb)]++;
+    return 0;
+}
+
+static int fr_order_place_host(void **params, unsigned threads)
+{
+    (void)threads;
+    const void *ids = (const void *)(uintptr_t)*(uint64_t *)params[0];
+    int id_bytes = *(int *)params[1];
+    unsigned long long n = *(unsigned long long *)params[2], rows = *(unsigned long long *)params[3];
+    unsigned shift = *(unsigned *)params[4], nb = *(unsigned *)params[5];
+    const unsigned *counts = (const unsigned *)(uintptr_t)*(uint64_t *)params[6];
+    unsigned *fill = (unsigned *)(uintptr_t)*(uint64_t *)params[7];
+    unsigned *order = (unsigned *)(uintptr_t)*(uint64_t *)params[8];
+    unsigned start[FR_ORDER_MAX_BUCKETS];
+    unsigned acc = 0;
+    for (unsigned b = 0; b < nb; b++) {
+        start[b] = acc;
+        acc += counts[b];
+    }
+    if (acc != n)
+        return CUDA_ERROR_INVALID_VALUE; /* counts not from fr_order_count */
+    /* Last id first: a test that forgets to use the order sees rows moved. */
+    for (unsigned long long i = n; i-- > 0;) {
+        unsigned b = fr_order_bucket(fr_load_id(ids, id_bytes, i), rows, shift, nb);
+        order[start[b] + fill[b]++] = (unsigned)i;
+    }
+    pthread_mutex_lock(&lock);
+    orders++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
 EXPORT int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                           unsigned bz, unsigned shmem, void *stream, void **params, void **extra)
 {
     (void)gy; (void)gz; (void)by; (void)bz; (void)shmem; (void)stream; (void)extra;
     if (!ctx_depth)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (f != (void *)fr_gather_rows_host || bx == 0 || bx % 32 != 0 || gx == 0)
+    if (bx == 0 || gx == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (f == (void *)fr_order_count_host)
+        return fr_order_count_host(params, gx * bx);
+    if (f == (void *)fr_order_place_host)
+        return fr_order_place_host(params, gx * bx);
+    if (f != (void *)fr_gather_rows_host || bx % 32 != 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     launches++;
