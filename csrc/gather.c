@@ -401,6 +401,7 @@ int fr_store_gather_device(fr_store *s, uint64_t ids, int id_bytes, size_t n, ui
         s->stats.cache_misses += d.cache_misses;
         s->stats.coalesced += d.coalesced;
         s->stats.host_tier_rows += d.host_tier_rows;
+        s->stats.direct_rows += d.direct_rows;
         s->stats.storage_reads += d.storage_reads;
         s->stats.bytes_read += d.bytes_read;
         s->stats.evictions += d.evictions;

@@ -140,6 +140,8 @@ typedef struct fr_store_stats {
     uint64_t coalesced;      /* requests merged into another (same page in a warp, or
                                 concurrent misses to one page; adjacent rows on the host) */
     uint64_t host_tier_rows; /* rows read by the GPU from the page-locked host tier */
+    uint64_t direct_rows;    /* rows read from storage on their own, past the cache
+                                (row fetches of sparse batches; $FASTREAD_GATHER_FETCH) */
     uint64_t storage_reads;  /* read requests sent to storage */
     uint64_t bytes_read;     /* bytes read from storage */
     uint64_t evictions;      /* cache pages replaced */

@@ -64,6 +64,9 @@ struct fr_gdev {
     void *fn_count, *fn_place;
     int order_mode; /* 0 off, 1 auto (host tier over order_min_bytes), 2 always */
     uint64_t order_min_bytes, order_bucket_bytes, order_d, order_cap;
+    /* Row fetches (fastread_device.cuh, fr_dev_fetch_rows_warp): 0 auto,
+     * 1 pages always, 2 rows whenever the page is absent. Proxy only. */
+    int fetch_mode, can_fetch_rows;
     char kernel_source[512];
     atomic_int cancelled;
     /* $FASTREAD_GATHER_TIMELINE=1: each gather prints where its time went
@@ -151,6 +154,51 @@ static int open_order(fr_gdev *d, char *err, size_t err_len)
     if (rc)
         return gpu_err(d, rc, "the locality-order kernels", err, err_len);
     return 0;
+}
+
+/* $FASTREAD_GATHER_FETCH: auto (default; see choose_fetch), pages, rows. */
+static int open_fetch(fr_gdev *d, const fr_gather_backend *be, char *err, size_t err_len)
+{
+    const char *mode = getenv("FASTREAD_GATHER_FETCH");
+    d->can_fetch_rows = be->fetch_define && strcmp(be->fetch_define, "FR_FETCH_PROXY") == 0;
+    if (!mode || !mode[0] || strcmp(mode, "auto") == 0) {
+        d->fetch_mode = 0;
+    } else if (strcmp(mode, "pages") == 0) {
+        d->fetch_mode = 1;
+    } else if (strcmp(mode, "rows") == 0) {
+        d->fetch_mode = 2;
+    } else {
+        fr_set_err(err, err_len, "FASTREAD_GATHER_FETCH must be auto, pages or rows, got '%s'",
+                   mode);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* Whether this gather reads rows of absent pages on their own instead of
+ * loading their pages. Loading a page pays off when its other rows are used
+ * while it is cached: by this batch (a dense batch) or by later ones (the
+ * whole array fits the cache, so nothing loaded is ever evicted). Else a
+ * page read moves page_bytes to use a few rows: 1M random ids over a 16M x
+ * 512 B array in 64 KiB pages touch every page (8 GiB read for 512 MB of
+ * rows). Auto: rows when the array is larger than the cache, is not all in
+ * the host tier, and the batch is sparse: max(1, n / pages), about the rows
+ * it wants per touched page, is under a quarter of the rows per page. */
+static int choose_fetch(const fr_gdev *d, size_t n)
+{
+    if (!d->can_fetch_rows || d->fetch_mode == 1)
+        return 0;
+    if (d->fetch_mode == 2)
+        return 1;
+    if (d->tier_bytes && !d->host_slot_d)
+        return 0; /* every row is in the host tier */
+    if (d->rows * d->row_bytes <= d->cache_bytes)
+        return 0;
+    uint64_t rpp = d->page_bytes / d->row_bytes;
+    double per_page = (double)n / (double)d->npages;
+    if (per_page < 1.0)
+        per_page = 1.0;
+    return per_page * 4.0 < (double)rpp;
 }
 
 /* Orders the ids by bucket of the table into d->order_d + the counters:
@@ -484,7 +532,7 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         fr_gdev_close(d);
         return rc;
     }
-    if ((rc = open_order(d, err, err_len))) {
+    if ((rc = open_order(d, err, err_len)) || (rc = open_fetch(d, be, err, err_len))) {
         fr_gdev_close(d);
         return rc;
     }
@@ -589,6 +637,7 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
     fr_dev_result res;
     memset(&res, 0, sizeof(res));
     res.first_bad = ~0ull;
+    res.fetch_rows = (uint32_t)choose_fetch(d, n);
     if ((rc = next_epoch(d, &res.epoch)))
         return gpu_err(d, rc, "clearing the cache's pins", err, err_len);
     if (d->timeline)
@@ -648,10 +697,11 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
         if (timed && launch_rc == 0 && fr_gpu_event_elapsed_ms(d->gpu, d->ev_start, d->ev_end, &kms))
             kms = -1.0f;
         fprintf(stderr,
-                "fastread gather timeline: n %zu grid %ux%u%s | checks %.1f us, result reset %.1f, "
+                "fastread gather timeline: n %zu grid %ux%u%s%s | checks %.1f us, result reset %.1f, "
                 "begin %.1f, launch %.1f, wait %.1f (kernel %.1f by events), read-back %.1f, "
                 "end %.1f | total %.1f us\n",
-                n, grid, block, ordered ? " ordered" : "", t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4],
+                n, grid, block, ordered ? " ordered" : "", res.fetch_rows ? " row-fetches" : "",
+                t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4],
                 (double)kms * 1e3, t[6] - t[5], t[7] - t[6], t[7] - t[0]);
     }
     if (d->serving) {
@@ -676,6 +726,7 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
         delta->cache_misses += res.counters[FR_CNT_MISSES];
         delta->coalesced += res.counters[FR_CNT_COALESCED];
         delta->host_tier_rows += res.counters[FR_CNT_HOST_TIER];
+        delta->direct_rows += res.counters[FR_CNT_DIRECT_ROWS];
         delta->evictions += res.counters[FR_CNT_EVICTIONS];
     }
     if (launch_rc) {

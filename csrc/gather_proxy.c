@@ -93,6 +93,20 @@ struct proxy {
     svc *svcs;
 };
 
+/* Where a request's bytes are in the file: a page of the array, or (row
+ * fetches, FR_RING_BYTES) a byte range of it. */
+static void request_extent(const proxy *p, const fr_dev_ring_cell *c, uint64_t *start,
+                           uint32_t *len)
+{
+    if (c->len & FR_RING_BYTES) {
+        *start = p->offset + c->page;
+        *len = c->len & ~FR_RING_BYTES;
+    } else {
+        *start = p->offset + c->page * p->page_bytes;
+        *len = c->len;
+    }
+}
+
 static void record(proxy *p, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void record(proxy *p, int rc, const char *fmt, ...)
 {
@@ -120,12 +134,14 @@ static int serve_cached(proxy *p, uint64_t pos)
         return 0;
     const fr_dev_ring *r = &p->hring;
     fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
-    struct iovec iov = {fr_ring_host_staging(r, pos), c->len};
-    ssize_t got = preadv2(p->fd, &iov, 1, (off_t)(p->offset + c->page * p->page_bytes),
-                          RWF_NOWAIT);
-    if (got != (ssize_t)c->len)
+    uint64_t start;
+    uint32_t len;
+    request_extent(p, c, &start, &len);
+    struct iovec iov = {fr_ring_host_staging(r, pos), len};
+    ssize_t got = preadv2(p->fd, &iov, 1, (off_t)start, RWF_NOWAIT);
+    if (got != (ssize_t)len)
         return 0; /* EAGAIN (not cached), EOPNOTSUPP, short: the engine decides */
-    atomic_fetch_add(&p->bytes, c->len);
+    atomic_fetch_add(&p->bytes, len);
     fr_ring_host_complete(r, pos, 0);
     return 1;
 #else
@@ -176,12 +192,14 @@ static void serve(svc *v, unsigned n_all)
         if (!cancelled && p->delay_us <= 0 && serve_cached(p, pos))
             continue;
         fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
-        uint64_t start = p->offset + c->page * p->page_bytes;
+        uint64_t start;
+        uint32_t len;
+        request_extent(p, c, &start, &len);
         uint64_t lo = p->direct ? start & ~(DIO_ALIGN - 1) : start;
         v->pos[n] = pos;
         v->starts[n] = start;
         v->ranges[n].offset = lo;
-        v->ranges[n].length = start + c->len - lo;
+        v->ranges[n].length = start + len - lo;
         total += v->ranges[n].length;
         n++;
     }
@@ -201,19 +219,21 @@ static void serve(svc *v, unsigned n_all)
     for (unsigned i = 0; i < n; i++) {
         uint64_t pos = v->pos[i];
         fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
+        uint32_t len = (uint32_t)(v->ranges[i].offset + v->ranges[i].length - v->starts[i]);
         int32_t status = rc;
         if (rc == 0) {
             const fr_sample *s = &v->batch->samples[i];
             if (s->length == (int64_t)v->ranges[i].length) {
                 memcpy(fr_ring_host_staging(r, pos),
                        v->batch->arena.base + s->offset + (v->starts[i] - v->ranges[i].offset),
-                       c->len);
+                       len);
             } else {
                 status = s->length < 0 ? (int32_t)s->length : -EIO;
-                record(p, status, "reading page %llu of %s (bytes %llu..%llu) with %s: %s",
+                record(p, status, "reading %s %llu of %s (bytes %llu..%llu) with %s: %s",
+                       (c->len & FR_RING_BYTES) ? "the row at byte" : "page",
                        (unsigned long long)c->page, p->path,
                        (unsigned long long)v->starts[i],
-                       (unsigned long long)(v->starts[i] + c->len), p->engine,
+                       (unsigned long long)(v->starts[i] + len), p->engine,
                        s->length < 0 ? strerror((int)-s->length) : "the file ended early");
             }
         }

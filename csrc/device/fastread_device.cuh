@@ -112,6 +112,9 @@ typedef int64_t fr_i64;
 #define FR_PT_LOADING 0xFFFFFFFFu
 #define FR_REF_EXCL 0x80000000u
 #define FR_TAG_NONE 0xFFFFFFFFFFFFFFFFull
+/* In a ring cell's len: the request is a row fetch, `page` holds the byte
+ * offset of the row in the array and len & ~FR_RING_BYTES its size. */
+#define FR_RING_BYTES 0x80000000u
 
 #ifdef FR_GPU
 FR_DEV fr_u32 fr_atom_add32(fr_u32 *p, fr_u32 v) { return atomicAdd((unsigned int *)p, v); }
@@ -263,6 +266,7 @@ enum {
     FR_CNT_EVICTIONS,   /* pages replaced */
     FR_CNT_RING_FULL,   /* submissions that waited for a free ring cell */
     FR_CNT_PINNED,      /* slots pinned by this gather (kept in the result only) */
+    FR_CNT_DIRECT_ROWS, /* rows read from storage straight to the output (row fetches) */
     FR_NCOUNTERS = 8
 };
 
@@ -275,7 +279,9 @@ typedef struct fr_dev_result {
     /* The abort flag's mirror in device memory (fr_dev_abort_poll). */
     fr_u64 abort_checked_ns; /* when a thread last read the host's flag */
     fr_u32 aborted;          /* the host's flag was seen set */
-    fr_u32 pad1;
+    /* Set by the host per gather: pages absent from the cache are not
+     * loaded; their rows are read on their own (see "Row fetches"). */
+    fr_u32 fetch_rows;
 } fr_dev_result;
 
 typedef struct fr_dev_counts {
@@ -483,6 +489,35 @@ FR_DEV int fr_dev_fetch_page(const fr_dev_store *s, fr_u64 page, fr_u8 *dst, fr_
         return rc; /* the cell stays taken: the host resets the ring */
     if (rc == 0)
         fr_copy_bytes(dst, fr_ring_staging(r, t), len);
+    fr_ring_release(r, t);
+    return rc;
+#endif
+}
+
+/* Row `id` read on its own (a row fetch) into dst, by one thread: the
+ * host-emulated kernel's counterpart of fr_dev_fetch_rows_warp. */
+FR_DEV int fr_dev_fetch_row(const fr_dev_store *s, fr_u64 id, fr_u8 *dst, fr_dev_counts *cnt)
+{
+#if defined(FR_FETCH_EXTERN)
+    (void)s;
+    (void)id;
+    (void)dst;
+    (void)cnt;
+    return FR_DEV_EIO; /* row fetches go through the ring only */
+#else
+    const fr_dev_ring *r = &s->fetch.ring;
+    fr_u64 t;
+    int rc = fr_ring_submit(s, r, id * s->row_bytes, (fr_u32)s->row_bytes | FR_RING_BYTES, &t,
+                            &cnt->c[FR_CNT_RING_FULL]);
+    if (rc)
+        return rc;
+    rc = fr_ring_wait(s, r, t);
+    if (rc == FR_DEV_ETIMEDOUT || rc == FR_DEV_ECANCELED)
+        return rc; /* the cell stays taken: the host resets the ring */
+    if (rc == 0) {
+        fr_copy_bytes(dst, fr_ring_staging(r, t), s->row_bytes);
+        cnt->c[FR_CNT_DIRECT_ROWS]++;
+    }
     fr_ring_release(r, t);
     return rc;
 #endif
@@ -804,7 +839,7 @@ FR_DEV void fr_dev_record_error(const fr_dev_store *s, int rc)
  * lane before the first store, coalesced across the warp. Sources are
  * loaded with ld.cg: from L2, never from a line this SM's L1 may still hold
  * from a slot's previous page (or from the host tier, over PCIe). */
-template <typename T, int U>
+template <typename T, int U, bool CV>
 FR_DEV void fr_warp_copy_chunks(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64 rb,
                                 unsigned lane)
 {
@@ -825,7 +860,7 @@ FR_DEV void fr_warp_copy_chunks(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64
             fr_u64 pj = __shfl_sync(full, (unsigned long long)pos, (int)j);
             d[u] = 0;
             if (c < total && sj) {
-                v[u] = __ldcg((const T *)sj + k);
+                v[u] = CV ? __ldcv((const T *)sj + k) : __ldcg((const T *)sj + k);
                 d[u] = (T *)(out + pj * rb) + k;
             }
         }
@@ -836,6 +871,9 @@ FR_DEV void fr_warp_copy_chunks(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64
     }
 }
 
+/* CV: the sources are host memory the host rewrites (ring staging), loaded
+ * with ld.cv so that no line cached from an earlier request is used. */
+template <bool CV = false>
 FR_DEV void fr_warp_copy_rows(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64 rb, unsigned lane)
 {
     const unsigned full = 0xffffffffu;
@@ -845,25 +883,82 @@ FR_DEV void fr_warp_copy_rows(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64 r
     if (!__any_sync(full, src != 0))
         return;
     if ((a & 15) == 0 && rb / 16 <= 0xFFFFFFFFull / 32)
-        fr_warp_copy_chunks<uint4, 4>(out, src, pos, rb, lane);
+        fr_warp_copy_chunks<uint4, 4, CV>(out, src, pos, rb, lane);
     else if ((a & 3) == 0 && rb / 4 <= 0xFFFFFFFFull / 32)
-        fr_warp_copy_chunks<unsigned int, 4>(out, src, pos, rb, lane);
+        fr_warp_copy_chunks<unsigned int, 4, CV>(out, src, pos, rb, lane);
     else if (rb <= 0xFFFFFFFFull / 32)
-        fr_warp_copy_chunks<unsigned char, 4>(out, src, pos, rb, lane);
+        fr_warp_copy_chunks<unsigned char, 4, CV>(out, src, pos, rb, lane);
     else
         for (int j = 0; j < 32; j++) { /* rows over 128 MiB: one at a time */
             const fr_u8 *sj = (const fr_u8 *)__shfl_sync(full, (unsigned long long)src, j);
             fr_u64 pj = __shfl_sync(full, (unsigned long long)pos, j);
             if (sj)
                 for (fr_u64 o = lane; o < rb; o += 32)
-                    out[pj * rb + o] = (fr_u8)__ldcg((const unsigned char *)(sj + o));
+                    out[pj * rb + o] = CV ? (fr_u8)__ldcv((const unsigned char *)(sj + o))
+                                          : (fr_u8)__ldcg((const unsigned char *)(sj + o));
         }
 }
+
+#if !defined(FR_FETCH_EXTERN)
+/* Row fetches (all 32 lanes, converged): lane L's row (when `direct`) is
+ * read from storage on its own, through the ring, into the cell's staging
+ * and copied by the warp to out + pos * row_bytes; the cache is neither
+ * consulted nor filled. Lanes wanting the same row share one request. The
+ * host chooses this per gather for sparse batches over arrays larger than
+ * the cache, where a page read brings a few useful rows and many bytes
+ * that will be evicted unread (fr_dev_result.fetch_rows). */
+FR_DEV void fr_dev_fetch_rows_warp(const fr_dev_store *s, fr_i64 id, int direct, fr_u64 pos,
+                                   fr_u8 *out, fr_dev_counts *cnt)
+{
+    const unsigned full = 0xffffffffu;
+    unsigned lane = threadIdx.x & 31;
+    const fr_dev_ring *ring = &s->fetch.ring;
+    const fr_u64 rb = s->row_bytes;
+    unsigned group = __match_any_sync(full, direct ? (unsigned long long)id : ~0ull - lane);
+    unsigned leader = __ffs(group) - 1;
+    int own = direct && lane == leader;
+    /* Consecutive tickets for the warp's requests, one atomic (the same
+     * reason as for page loads: waits on full cells cannot form a cycle). */
+    unsigned owners = __ballot_sync(full, own);
+    int first = __ffs(owners) - 1;
+    unsigned long long base = 0;
+    if (lane == (unsigned)first)
+        base = fr_atom_add64(ring->tail, (fr_u64)__popc(owners));
+    base = __shfl_sync(full, base, first);
+    fr_u64 ticket = 0;
+    int rc = 0, submitted = 0;
+    if (own) {
+        ticket = base + (fr_u64)__popc(owners & ((1u << lane) - 1));
+        rc = fr_ring_submit_at(s, ring, (fr_u64)id * rb, (fr_u32)rb | FR_RING_BYTES, ticket,
+                               &cnt->c[FR_CNT_RING_FULL]);
+        if (rc == 0) {
+            submitted = 1;
+            rc = fr_ring_wait(s, ring, ticket);
+        }
+    }
+    fr_u64 t = __shfl_sync(full, (unsigned long long)ticket, leader);
+    int r = __shfl_sync(full, rc, leader);
+    const fr_u8 *src = direct && r == 0 ? fr_ring_staging(ring, t) : 0;
+    fr_warp_copy_rows<true>(out, src, pos, rb, lane);
+    __syncwarp();
+    if (own) {
+        if (rc == 0) {
+            cnt->c[FR_CNT_DIRECT_ROWS] += __popc(group);
+            cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
+        } else {
+            fr_dev_record_error(s, rc);
+        }
+        /* A timed-out or cancelled cell stays taken: the host resets the ring. */
+        if (submitted && rc != FR_DEV_ETIMEDOUT && rc != FR_DEV_ECANCELED)
+            fr_ring_release(ring, ticket);
+    }
+}
+#endif
 
 static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i64 id, fr_u64 pos,
                                                      fr_u8 *out, fr_dev_counts *cnt,
                                                      fr_u32 epoch, const fr_u8 *src,
-                                                     int pending, fr_u64 page);
+                                                     int pending, fr_u64 page, int fetch_rows);
 
 /* Called by all 32 lanes of a warp, converged: lane L gathers row id
  * (when `active`) to out + pos * row_bytes, for fastread's gather of pin
@@ -884,7 +979,7 @@ static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *
  * size. Loaders wait for their read holding only the EXCL bit of their
  * own slot. */
 FR_DEV void fr_dev_gather_warp_e(const fr_dev_store *s, fr_i64 id, int active, fr_u64 pos,
-                                 fr_u8 *out, fr_dev_counts *cnt, fr_u32 epoch)
+                                 fr_u8 *out, fr_dev_counts *cnt, fr_u32 epoch, int fetch_rows)
 {
     const unsigned full = 0xffffffffu;
     unsigned lane = threadIdx.x & 31;
@@ -914,7 +1009,7 @@ FR_DEV void fr_dev_gather_warp_e(const fr_dev_store *s, fr_i64 id, int active, f
         fr_warp_copy_rows(out, src, pos, rb, lane);
         return;
     }
-    fr_dev_gather_warp_slow(s, id, pos, out, cnt, epoch, src, pending, page);
+    fr_dev_gather_warp_slow(s, id, pos, out, cnt, epoch, src, pending, page, fetch_rows);
 }
 
 /* The rest of fr_dev_gather_warp_e: rows whose pages need the counted cache
@@ -923,13 +1018,26 @@ FR_DEV void fr_dev_gather_warp_e(const fr_dev_store *s, fr_i64 id, int active, f
 static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *s, fr_i64 id, fr_u64 pos,
                                                      fr_u8 *out, fr_dev_counts *cnt,
                                                      fr_u32 epoch, const fr_u8 *src,
-                                                     int pending, fr_u64 page)
+                                                     int pending, fr_u64 page, int fetch_rows)
 {
     const unsigned full = 0xffffffffu;
     unsigned lane = threadIdx.x & 31;
     const fr_u64 rb = s->row_bytes;
     fr_dev_waiter w;
     int waiting = 0;
+#if !defined(FR_FETCH_EXTERN)
+    if (fetch_rows) {
+        /* Rows whose pages are absent (not loading, not cached) come
+         * straight from storage; the others take the cache path below. */
+        int direct = pending && fr_load32(&s->cache.page_table[page]) == 0;
+        if (__any_sync(full, direct)) {
+            fr_dev_fetch_rows_warp(s, id, direct, pos, out, cnt);
+            pending = pending && !direct;
+        }
+    }
+#else
+    (void)fetch_rows;
+#endif
     for (;;) {
         unsigned group =
             __match_any_sync(full, pending ? (unsigned long long)page : ~0ull - lane);
@@ -1074,7 +1182,7 @@ static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *
 FR_DEV void fr_dev_gather_warp(const fr_dev_store *s, fr_i64 id, int active, fr_u64 pos,
                                fr_u8 *out, fr_dev_counts *cnt)
 {
-    fr_dev_gather_warp_e(s, id, active, pos, out, cnt, 0);
+    fr_dev_gather_warp_e(s, id, active, pos, out, cnt, 0, 0);
 }
 
 FR_DEV fr_u64 fr_warp_sum(fr_u64 v)
@@ -1173,6 +1281,7 @@ fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
     for (int k = 0; k < FR_NCOUNTERS; k++)
         cnt.c[k] = 0;
     fr_u32 epoch = s->cache.pins ? fr_load32(&s->result->epoch) : 0;
+    int fetch_rows = fr_load32(&s->result->fetch_rows) != 0;
     for (unsigned long long base = warp * 32; base < n; base += nwarps * 32) {
         /* Only the error word in device memory, not the abort flag in host
          * memory: thousands of warps reading one host word each round queue
@@ -1192,7 +1301,7 @@ fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
                 pos = order[pos];
             id = fr_load_id(ids, id_bytes, pos);
         }
-        fr_dev_gather_warp_e(s, id, active, pos, out, &cnt, epoch);
+        fr_dev_gather_warp_e(s, id, active, pos, out, &cnt, epoch, fetch_rows);
     }
     fr_dev_flush_counts(s, &cnt);
 }

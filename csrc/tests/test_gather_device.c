@@ -391,6 +391,74 @@ static void test_locality_order(const char *path)
     unsetenv("FASTREAD_GATHER_ORDER_BUCKET_BYTES");
 }
 
+/* Row fetches: sparse batches over an array larger than the cache read
+ * their rows on their own (auto), the cache left alone; "pages" forces page
+ * loads, "rows" row reads, and a cache that holds the whole array keeps
+ * pages (they will be hit later). */
+static void test_row_fetches(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    char err[FR_ERRLEN];
+    size_t bad = 0;
+    fr_store_stats st;
+    unsetenv("FASTREAD_GATHER_FETCH");
+    fr_store *s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    int64_t *ids = random_ids(1000, 21);
+    ids[5] = ids[6]; /* a duplicate */
+    if (s) {
+        CHECK(gather_check(s, ids, 1000, 8, err, &bad) == 0);
+        fr_store_stats_get(s, &st);
+        CHECK(st.direct_rows == 1000 && st.cache_misses == 0 && st.evictions == 0);
+        CHECK(st.storage_reads == 1000 && st.bytes_read == 1000 * ROW);
+        fr_store_close(s);
+    }
+    setenv("FASTREAD_GATHER_FETCH", "pages", 1);
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        CHECK(gather_check(s, ids, 1000, 4, err, &bad) == 0);
+        fr_store_stats_get(s, &st);
+        CHECK(st.direct_rows == 0 && st.cache_misses > 64);
+        CHECK(st.bytes_read == st.cache_misses * PAGE);
+        fr_store_close(s);
+    }
+    setenv("FASTREAD_GATHER_FETCH", "rows", 1);
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        int64_t dense[512]; /* 32 pages, 16 rows each: auto would load pages */
+        for (int i = 0; i < 512; i++)
+            dense[i] = (i * 7) % 512;
+        CHECK(gather_check(s, dense, 512, 8, err, &bad) == 0);
+        fr_store_stats_get(s, &st);
+        CHECK(st.direct_rows == 512 && st.cache_misses == 0);
+        ids[77] = ROWS + 1;
+        CHECK(gather_check(s, ids, 1000, 8, err, &bad) == -ERANGE);
+        CHECK(bad == 77);
+        ids[77] = 3;
+        fr_store_close(s);
+    }
+    unsetenv("FASTREAD_GATHER_FETCH");
+    c.cache_bytes = (uint64_t)(ROWS * ROW / PAGE + 1) * PAGE; /* the whole array fits */
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        CHECK(gather_check(s, ids, 1000, 8, err, &bad) == 0);
+        fr_store_stats_get(s, &st);
+        CHECK(st.direct_rows == 0 && st.cache_misses > 0);
+        fr_store_close(s);
+    }
+    base_config(&c, path);
+    setenv("FASTREAD_GATHER_FETCH", "bytes", 1);
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) != 0);
+    CHECK(strstr(err, "FASTREAD_GATHER_FETCH must be auto, pages or rows") != NULL);
+    unsetenv("FASTREAD_GATHER_FETCH");
+    free(ids);
+}
+
 typedef struct close_arg {
     fr_store *s;
     int rc;
@@ -715,6 +783,9 @@ int main(void)
     mode = "nvrtc";
 #endif
     set_mode();
+    /* Most tests here are about the cache: pages always, except where a test
+     * says otherwise (test_row_fetches). */
+    setenv("FASTREAD_GATHER_FETCH", "pages", 1);
     test_nvrtc_cache(path);
     test_open_errors(path);
     fr_store_config c;
@@ -738,6 +809,8 @@ int main(void)
     test_concurrent(path);
     test_host_tier(path);
     test_locality_order(path);
+    test_row_fetches(path);
+    setenv("FASTREAD_GATHER_FETCH", "pages", 1);
     test_user_kernels(path);
     test_faults(fr_test_dir());
     load_file(path);

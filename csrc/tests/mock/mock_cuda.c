@@ -473,12 +473,22 @@ static void *emu_thread(void *p)
     memset(&cnt, 0, sizeof(cnt));
     /* The kernel's pin epoch: pinned pages are read with no reference. */
     uint32_t epoch = s->cache.pins ? __atomic_load_n(&s->result->epoch, __ATOMIC_ACQUIRE) : 0;
+    int fetch_rows = __atomic_load_n(&s->result->fetch_rows, __ATOMIC_ACQUIRE) != 0;
     for (unsigned long long i = e->k; i < e->n; i += e->nthreads) {
         if (fr_dev_aborted(s) || __atomic_load_n(&s->result->error, __ATOMIC_ACQUIRE))
             break;
         unsigned long long pos = e->order ? e->order[i] : i;
         int64_t id = fr_load_id(e->ids, e->id_bytes, pos);
-        int rc = fr_dev_read_row_e(s, id, e->out + pos * s->row_bytes, &cnt, epoch);
+        int rc;
+        /* Row fetches as the kernel does them: rows of absent pages that the
+         * host tier does not hold. */
+        if (fetch_rows && id >= 0 && (uint64_t)id < s->rows &&
+            !(s->host_rows && (!s->host_slot || s->host_slot[id] >= 0)) &&
+            __atomic_load_n(&s->cache.page_table[(uint64_t)id / s->rows_per_page],
+                            __ATOMIC_ACQUIRE) == 0)
+            rc = fr_dev_fetch_row(s, (uint64_t)id, e->out + pos * s->row_bytes, &cnt);
+        else
+            rc = fr_dev_read_row_e(s, id, e->out + pos * s->row_bytes, &cnt, epoch);
         if (rc == FR_DEV_ERANGE) {
             uint64_t cur = __atomic_load_n(&s->result->first_bad, __ATOMIC_SEQ_CST);
             while (pos < cur && !__atomic_compare_exchange_n(&s->result->first_bad, &cur, pos, 0,
