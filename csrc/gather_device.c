@@ -176,7 +176,8 @@ static int open_fetch(fr_gdev *d, const fr_gather_backend *be, char *err, size_t
 }
 
 /* Whether this gather reads rows of absent pages on their own instead of
- * loading their pages. Loading a page pays off when its other rows are used
+ * loading their pages (1; the kernel still loads pages that 8 lanes of a
+ * warp want; 2: always; 0: never). Loading a page pays off when its other rows are used
  * while it is cached: by this batch (a dense batch) or by later ones (the
  * whole array fits the cache, so nothing loaded is ever evicted). Else a
  * page read moves page_bytes to use a few rows: 1M random ids over a 16M x
@@ -189,7 +190,7 @@ static int choose_fetch(const fr_gdev *d, size_t n)
     if (!d->can_fetch_rows || d->fetch_mode == 1)
         return 0;
     if (d->fetch_mode == 2)
-        return 1;
+        return 2;
     if (d->tier_bytes && !d->host_slot_d)
         return 0; /* every row is in the host tier */
     if (d->rows * d->row_bytes <= d->cache_bytes)

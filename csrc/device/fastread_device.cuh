@@ -279,8 +279,9 @@ typedef struct fr_dev_result {
     /* The abort flag's mirror in device memory (fr_dev_abort_poll). */
     fr_u64 abort_checked_ns; /* when a thread last read the host's flag */
     fr_u32 aborted;          /* the host's flag was seen set */
-    /* Set by the host per gather: pages absent from the cache are not
-     * loaded; their rows are read on their own (see "Row fetches"). */
+    /* Set by the host per gather: rows of pages absent from the cache are
+     * read on their own, unless many lanes of a warp want the page (1), or
+     * always (2). 0: pages are loaded. See fr_dev_fetch_rows_warp. */
     fr_u32 fetch_rows;
 } fr_dev_result;
 
@@ -1028,8 +1029,15 @@ static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *
 #if !defined(FR_FETCH_EXTERN)
     if (fetch_rows) {
         /* Rows whose pages are absent (not loading, not cached) come
-         * straight from storage; the others take the cache path below. */
+         * straight from storage; the others take the cache path below. So
+         * do pages that many lanes of this warp want (fetch_rows 1: the
+         * host's choice from the batch size, refined here by what the warp
+         * sees; 2: forced): a quarter of the page's rows, or 8 lanes. */
         int direct = pending && fr_load32(&s->cache.page_table[page]) == 0;
+        unsigned same = __match_any_sync(full, pending ? (unsigned long long)page : ~0ull - lane);
+        fr_u32 dense = s->rows_per_page < 32 ? s->rows_per_page : 32;
+        if (fetch_rows == 1 && (fr_u32)__popc(same) * 4 >= dense)
+            direct = 0;
         if (__any_sync(full, direct)) {
             fr_dev_fetch_rows_warp(s, id, direct, pos, out, cnt);
             pending = pending && !direct;
@@ -1281,7 +1289,7 @@ fr_gather_rows(const fr_dev_store *s, const void *ids, int id_bytes,
     for (int k = 0; k < FR_NCOUNTERS; k++)
         cnt.c[k] = 0;
     fr_u32 epoch = s->cache.pins ? fr_load32(&s->result->epoch) : 0;
-    int fetch_rows = fr_load32(&s->result->fetch_rows) != 0;
+    int fetch_rows = (int)fr_load32(&s->result->fetch_rows);
     for (unsigned long long base = warp * 32; base < n; base += nwarps * 32) {
         /* Only the error word in device memory, not the abort flag in host
          * memory: thousands of warps reading one host word each round queue
