@@ -15,6 +15,17 @@
  * (a gather in flight), spinning briefly, then sleeping 20 us between
  * looks; idle stores cost no CPU.
  *
+ * Buffered reads (the default where the file can be opened without
+ * O_DIRECT): with io_uring built in, each service thread has its own small
+ * ring and turns a batch of requests into one io_uring_enter of reads
+ * straight into the cells' staging; cached data completes inline, the
+ * rest completes later (io_uring's own workers) and is reaped as the thread
+ * polls. Measured on the H100 machine, one preadv2 per request capped the
+ * proxy at ~4.4M requests/s with 8 threads (more threads were slower), which
+ * is what sparse row fetches from the page cache need most. Without
+ * io_uring (or $FASTREAD_PROXY_URING=0): preadv2(RWF_NOWAIT) per request
+ * for what is cached, the engine for the rest.
+ *
  * O_DIRECT: with o_direct -1 where every page read is aligned as it stands
  * (offset a multiple of 4 KiB; pages are >= 4 KiB powers of two), else as
  * asked (1: reads are widened to aligned blocks and the page cut out).
@@ -32,6 +43,10 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifdef FASTREAD_HAVE_URING
+#include <liburing.h>
+#endif
 
 #include "base.h"
 #include "gather_backend.h"
@@ -53,6 +68,12 @@ typedef struct svc {
     fr_range *ranges;
     uint64_t *starts;
     uint64_t *pos;   /* the ticket of each range (requests left to the engine) */
+#ifdef FASTREAD_HAVE_URING
+    struct io_uring ring; /* buffered reads into staging (p->uring) */
+    int ring_ok;
+    unsigned inflight;    /* reads submitted and not reaped */
+    unsigned room;        /* at most this many out (the SQ's size; the CQ holds twice) */
+#endif
 } svc;
 
 struct proxy {
@@ -70,6 +91,7 @@ struct proxy {
     atomic_int prefetched;
     unsigned nsvc, batch_max;
     long delay_us; /* $FASTREAD_PROXY_DELAY_US: fault injection (tests) */
+    int uring;     /* buffered reads through each thread's io_uring (see the top) */
     fr_gpu *gpu;
     const atomic_int *store_cancel;
 
@@ -171,6 +193,82 @@ static void maybe_prefetch(proxy *p, unsigned cold)
     (void)posix_fadvise(p->fd, (off_t)p->offset, (off_t)p->data_bytes, POSIX_FADV_WILLNEED);
 }
 
+#ifdef FASTREAD_HAVE_URING
+/* Completes the requests whose reads finished: a full read is done; an
+ * error or a short read fails the request, naming it. `wait`: block for at
+ * least one. */
+static void uring_reap(svc *v, int wait)
+{
+    proxy *p = v->p;
+    const fr_dev_ring *r = &p->hring;
+    struct io_uring_cqe *cqe;
+    if (wait && v->inflight) {
+        int rc = io_uring_wait_cqe(&v->ring, &cqe);
+        if (rc < 0 && rc != -EINTR)
+            return;
+    }
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(&v->ring, head, cqe) {
+        uint64_t pos = (uint64_t)io_uring_cqe_get_data64(cqe);
+        fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
+        uint64_t start;
+        uint32_t len;
+        request_extent(p, c, &start, &len);
+        int32_t status = 0;
+        if (cqe->res == (int)len) {
+            atomic_fetch_add(&p->bytes, len);
+        } else {
+            status = cqe->res < 0 ? cqe->res : -EIO;
+            record(p, status, "reading %s %llu of %s (bytes %llu..%llu): %s",
+                   (c->len & FR_RING_BYTES) ? "the row at byte" : "page",
+                   (unsigned long long)c->page, p->path, (unsigned long long)start,
+                   (unsigned long long)(start + len),
+                   cqe->res < 0 ? strerror(-cqe->res) : "the file ended early");
+        }
+        fr_ring_host_complete(r, pos, status);
+        seen++;
+    }
+    io_uring_cq_advance(&v->ring, seen);
+    v->inflight -= seen;
+}
+
+/* Submits the n requests as reads into their staging with one enter. */
+static void uring_serve(svc *v, unsigned n)
+{
+    proxy *p = v->p;
+    const fr_dev_ring *r = &p->hring;
+    unsigned room = v->room;
+    for (unsigned i = 0; i < n; i++) {
+        /* The CQ holds twice the SQ: reap before more than that is out. */
+        while (v->inflight + 1 > room)
+            uring_reap(v, 1);
+        uint64_t pos = v->head + (uint64_t)i * p->nsvc;
+        fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
+        uint64_t start;
+        uint32_t len;
+        request_extent(p, c, &start, &len);
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&v->ring);
+        if (!sqe) {
+            io_uring_submit(&v->ring);
+            sqe = io_uring_get_sqe(&v->ring);
+        }
+        if (!sqe) { /* cannot happen with the reaping above; fail the request, never hang */
+            record(p, -EBUSY, "proxy for %s: no io_uring submission entry", p->path);
+            fr_ring_host_complete(r, pos, -EBUSY);
+            continue;
+        }
+        io_uring_prep_read(sqe, p->fd, fr_ring_host_staging(r, pos), len, start);
+        io_uring_sqe_set_data64(sqe, pos);
+        v->inflight++;
+    }
+    int rc = io_uring_submit(&v->ring);
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+        record(p, rc, "proxy for %s: io_uring_submit: %s", p->path, strerror(-rc));
+    v->head += (uint64_t)n * p->nsvc;
+    uring_reap(v, 0);
+}
+#endif
+
 /* Serves tickets head, head + nsvc, ... (n of them, all submitted): cached
  * pages at once, the rest as one batch through the engine. */
 static void serve(svc *v, unsigned n_all)
@@ -186,6 +284,12 @@ static void serve(svc *v, unsigned n_all)
     /* Counted before any completion: end() does not wait for this thread
      * after a good gather, and the gather's stats must include its reads. */
     atomic_fetch_add(&p->reads, n_all);
+#ifdef FASTREAD_HAVE_URING
+    if (v->ring_ok && !cancelled && p->delay_us <= 0) {
+        uring_serve(v, n_all);
+        return;
+    }
+#endif
     unsigned n = 0;
     for (unsigned i = 0; i < n_all; i++) {
         uint64_t pos = v->head + (uint64_t)i * p->nsvc;
@@ -262,6 +366,11 @@ static void *service(void *arg)
             if (n) {
                 serve(v, n);
                 idle = 0;
+#ifdef FASTREAD_HAVE_URING
+            } else if (v->inflight) {
+                uring_reap(v, 0); /* reads that went to the device */
+                sched_yield();
+#endif
             } else if (++idle < 2000) {
                 sched_yield();
             } else {
@@ -269,6 +378,12 @@ static void *service(void *arg)
                 nanosleep(&ts, NULL);
             }
         }
+#ifdef FASTREAD_HAVE_URING
+        /* Nothing of ours may write staging once the session is over (a
+         * reset may follow): the reads still out are waited for. */
+        while (v->inflight)
+            uring_reap(v, 1);
+#endif
         pthread_mutex_lock(&p->lock);
         if (--p->busy == 0)
             pthread_cond_broadcast(&p->idle_cv);
@@ -296,6 +411,10 @@ static void proxy_close(void *state)
         if (v->pool)
             fr_pool_close(v->pool);
         fr_ctx_close(v->ctx);
+#ifdef FASTREAD_HAVE_URING
+        if (v->ring_ok)
+            io_uring_queue_exit(&v->ring);
+#endif
         free(v->ranges);
         free(v->starts);
         free(v->pos);
@@ -375,6 +494,10 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
     p->batch_max = env->queue_depth ? env->queue_depth : 32;
     const char *delay = getenv("FASTREAD_PROXY_DELAY_US");
     p->delay_us = delay ? atol(delay) : 0;
+#ifdef FASTREAD_HAVE_URING
+    const char *uring = getenv("FASTREAD_PROXY_URING");
+    p->uring = p->fd >= 0 && !(uring && strcmp(uring, "0") == 0);
+#endif
     if (!p->path) {
         proxy_close(p);
         return -ENOMEM;
@@ -438,6 +561,19 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
         }
         v->pool = fr_pool_new();
         v->batch = v->pool ? fr_pool_get(v->pool) : NULL;
+#ifdef FASTREAD_HAVE_URING
+        if (p->uring) {
+            /* No COOP_TASKRUN: completions of reads that went to io_uring's
+             * workers must show up while this thread only peeks at the CQ
+             * between syscalls of its own (sched_yield), not only inside
+             * io_uring_enter. */
+            v->room = 2 * p->batch_max;
+            int urc = io_uring_queue_init(v->room, &v->ring, 0);
+            v->ring_ok = urc == 0;
+            if (!v->ring_ok)
+                p->uring = 0; /* (RLIMIT_MEMLOCK, seccomp...): preadv2 and the engine */
+        }
+#endif
         v->ranges = calloc(p->batch_max, sizeof(fr_range));
         v->starts = calloc(p->batch_max, sizeof(uint64_t));
         v->pos = calloc(p->batch_max, sizeof(uint64_t));
