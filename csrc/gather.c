@@ -266,7 +266,7 @@ static void leave(fr_store *s)
     pthread_mutex_unlock(&s->state_lock);
 }
 
-void fr_store_close(fr_store *s)
+void fr_store_cancel(fr_store *s)
 {
     if (!s)
         return;
@@ -274,6 +274,15 @@ void fr_store_close(fr_store *s)
     atomic_store(&s->closing, 1);
     if (s->dev)
         fr_gdev_cancel(s->dev); /* a kernel in flight sees the abort flag */
+    pthread_mutex_unlock(&s->state_lock);
+}
+
+void fr_store_close(fr_store *s)
+{
+    if (!s)
+        return;
+    fr_store_cancel(s);
+    pthread_mutex_lock(&s->state_lock);
     while (s->users > 0)
         pthread_cond_wait(&s->idle_cv, &s->state_lock);
     pthread_mutex_unlock(&s->state_lock);

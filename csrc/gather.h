@@ -105,6 +105,12 @@ int fr_store_open(const fr_store_config *cfg, fr_store **out, char *err, size_t 
 /* Cancels a gather in flight (it returns -ECANCELED), waits for it to leave,
  * and frees everything. */
 void fr_store_close(fr_store *store);
+/* Refuses new gathers and cancels the device gathers in flight (they return
+ * -ECANCELED soon, whatever their timeout), leaving the store allocated for
+ * the callers still inside it; fr_store_close does this first. For
+ * bindings that count their own callers and free the store once they have
+ * left. Thread-safe; idempotent. */
+void fr_store_cancel(fr_store *store);
 
 /* The backend that runs ("host", "proxy", "xnvme-cuda"). */
 const char *fr_store_backend(const fr_store *store);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "device/fastread_device.cuh"
@@ -541,6 +542,28 @@ static void test_faults(const char *dir)
     fr_store_close(s);
     pthread_join(t, NULL);
     CHECK(a.rc == -ECANCELED);
+
+    /* fr_store_cancel: the gather waiting on the slow service ends well
+     * before its 20 s timeout, new gathers are refused, and the store stays
+     * allocated until fr_store_close. */
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        close_arg b = {s, 1, ""};
+        CHECK(pthread_create(&t, NULL, slow_gather, &b) == 0);
+        usleep(100000);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        fr_store_cancel(s);
+        pthread_join(t, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        CHECK(b.rc == -ECANCELED);
+        CHECK(t1.tv_sec - t0.tv_sec < 10);
+        CHECK(gather_check(s, tail, 4, 8, err, &bad) == -ECANCELED);
+        CHECK(strstr(err, "closed") != NULL);
+        fr_store_cancel(s); /* again: nothing more happens */
+        fr_store_close(s);
+    }
     unsetenv("FASTREAD_PROXY_DELAY_US");
     (void)dir;
     free(path);

@@ -31,6 +31,7 @@ cdef extern from "gather.h" nogil:
     void fr_store_config_init(fr_store_config *cfg)
     int fr_store_open(const fr_store_config *cfg, fr_store **out, char *err, size_t err_len)
     void fr_store_close(fr_store *store)
+    void fr_store_cancel(fr_store *store)
     const char *fr_store_backend(const fr_store *store)
     const char *fr_store_backend_reason(const fr_store *store)
     const char *fr_store_kernel_source(const fr_store *store)

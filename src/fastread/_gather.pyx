@@ -63,12 +63,13 @@ cdef class Store:
     """An open fr_store.
 
     ``close()`` may be called while gathers run on other threads: no new
-    gather starts, and the store is freed once those running have left.
-    Python counts its own callers (``_users``): a thread that read the store
-    pointer and released the GIL may not yet be inside the C call, where
-    fr_store_close would count it, so freeing without waiting for it would
-    be a use after free. (gather.h has no cancel that leaves the store
-    allocated; fr_store_close is the only one, so running gathers finish.)"""
+    gather starts, device gathers in flight are cancelled (fr_store_cancel:
+    they raise soon, whatever their timeout), and the store is freed once
+    those running have left. Python counts its own callers (``_users``): a
+    thread that read the store pointer and released the GIL may not yet be
+    inside the C call, where fr_store_close would count it, so freeing
+    without waiting for it would be a use after free; fr_store_cancel leaves
+    the store allocated for them."""
     cdef fr_store *s
     cdef object _cv    # guards s, _users; held by the short calls, never by a gather
     cdef int _users    # gathers between their check of s and their return
@@ -178,12 +179,15 @@ cdef class Store:
                 self._cv.notify_all()
 
     def close(self):
-        """Refuses new gathers, waits for those running to leave (the GIL
-        released), frees the store."""
+        """Refuses new gathers, cancels the device gathers running, waits for
+        them to leave (the GIL released), frees the store."""
         cdef fr_store *s
         with self._cv:
             s = self.s
             self.s = NULL
+            if s != NULL and self._users > 0:
+                with nogil:
+                    fr_store_cancel(s)
             while self._users > 0:
                 self._cv.wait()
         if s != NULL:
