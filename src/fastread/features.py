@@ -19,7 +19,12 @@ everywhere and is what ``device="cpu"`` always uses. ``"proxy"`` gathers
 from a CUDA kernel: an HBM page cache in front, a page-locked host tier
 (``host_bytes``/``hot_ids``) read by GPU threads, and storage behind both,
 misses served by native host threads through rings in mapped memory.
-``"xnvme-cuda"`` does the same with xNVMe's GPU-resident NVMe queues.
+A miss loads the row's page into the cache, except in sparse batches over
+an array larger than the cache, whose rows are read on their own
+(``stats()["direct_rows"]``; ``FASTREAD_GATHER_FETCH=auto|pages|rows``).
+Gathers from a host tier over 1 GiB sort their ids by region first, which
+keeps the GPU's address translation within reach
+(``FASTREAD_GATHER_ORDER=auto|on|off``). ``"xnvme-cuda"`` does the same with xNVMe's GPU-resident NVMe queues.
 ``"auto"``: proxy where a GPU, NVRTC and a row size that divides a cache page
 allow, else host.
 
