@@ -121,6 +121,28 @@ static int env_bytes(const char *name, uint64_t *out, char *err, size_t err_len)
     return 0;
 }
 
+/* The value of environment variable `name` as an index into names[0..n)
+ * (unset or empty: 0); an error naming the variable and its choices. */
+static int env_choice(const char *name, const char *const *names, int n, int *out, char *err,
+                      size_t err_len)
+{
+    const char *v = getenv(name);
+    *out = 0;
+    if (!v || !v[0])
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    char list[128] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
+                 i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+    fr_set_err(err, err_len, "%s must be %s, got '%s'", name, list, v);
+    return -EINVAL;
+}
+
 /* $FASTREAD_GATHER_ORDER: auto (default: order the ids of gathers from a
  * host tier larger than the GPU's translation reach, 1 GiB by the probe;
  * $FASTREAD_GATHER_ORDER_MIN_BYTES moves that bound), on (every gather of
@@ -128,20 +150,15 @@ static int env_bytes(const char *name, uint64_t *out, char *err, size_t err_len)
  * size (64 MiB). */
 static int open_order(fr_gdev *d, char *err, size_t err_len)
 {
-    const char *mode = getenv("FASTREAD_GATHER_ORDER");
-    if (!mode || !mode[0] || strcmp(mode, "auto") == 0) {
-        d->order_mode = 1;
-    } else if (strcmp(mode, "on") == 0) {
-        d->order_mode = 2;
-    } else if (strcmp(mode, "off") == 0) {
-        d->order_mode = 0;
-    } else {
-        fr_set_err(err, err_len, "FASTREAD_GATHER_ORDER must be auto, on or off, got '%s'", mode);
-        return -EINVAL;
-    }
+    static const char *const modes[] = {"auto", "on", "off"};
+    int mode;
+    int rc = env_choice("FASTREAD_GATHER_ORDER", modes, 3, &mode, err, err_len);
+    if (rc)
+        return rc;
+    d->order_mode = mode == 0 ? 1 : mode == 1 ? 2 : 0;
     d->order_min_bytes = 1ull << 30;
     d->order_bucket_bytes = 64ull << 20;
-    int rc = env_bytes("FASTREAD_GATHER_ORDER_MIN_BYTES", &d->order_min_bytes, err, err_len);
+    rc = env_bytes("FASTREAD_GATHER_ORDER_MIN_BYTES", &d->order_min_bytes, err, err_len);
     if (rc == 0)
         rc = env_bytes("FASTREAD_GATHER_ORDER_BUCKET_BYTES", &d->order_bucket_bytes, err, err_len);
     if (d->order_bucket_bytes > (1ull << 40))
@@ -159,20 +176,9 @@ static int open_order(fr_gdev *d, char *err, size_t err_len)
 /* $FASTREAD_GATHER_FETCH: auto (default; see choose_fetch), pages, rows. */
 static int open_fetch(fr_gdev *d, const fr_gather_backend *be, char *err, size_t err_len)
 {
-    const char *mode = getenv("FASTREAD_GATHER_FETCH");
+    static const char *const modes[] = {"auto", "pages", "rows"};
     d->can_fetch_rows = be->fetch_define && strcmp(be->fetch_define, "FR_FETCH_PROXY") == 0;
-    if (!mode || !mode[0] || strcmp(mode, "auto") == 0) {
-        d->fetch_mode = 0;
-    } else if (strcmp(mode, "pages") == 0) {
-        d->fetch_mode = 1;
-    } else if (strcmp(mode, "rows") == 0) {
-        d->fetch_mode = 2;
-    } else {
-        fr_set_err(err, err_len, "FASTREAD_GATHER_FETCH must be auto, pages or rows, got '%s'",
-                   mode);
-        return -EINVAL;
-    }
-    return 0;
+    return env_choice("FASTREAD_GATHER_FETCH", modes, 3, &d->fetch_mode, err, err_len);
 }
 
 /* Whether this gather reads rows of absent pages on their own instead of

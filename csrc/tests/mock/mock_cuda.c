@@ -529,43 +529,63 @@ static int fr_gather_rows_host(void **params, unsigned threads)
     return 0;
 }
 
-/* The locality-order kernels, serially, through the header's bucket rule. */
+/* The locality-order kernels, serially, through the header's bucket rule.
+ * Both take (ids, id_bytes, n, rows, shift, nbuckets, counts, ...). */
+typedef struct order_args {
+    const void *ids;
+    int id_bytes;
+    unsigned long long n, rows;
+    unsigned shift, nb;
+} order_args;
+
+static int order_args_of(void **params, order_args *a)
+{
+    a->ids = (const void *)(uintptr_t)*(uint64_t *)params[0];
+    a->id_bytes = *(int *)params[1];
+    a->n = *(unsigned long long *)params[2];
+    a->rows = *(unsigned long long *)params[3];
+    a->shift = *(unsigned *)params[4];
+    a->nb = *(unsigned *)params[5];
+    return a->nb == 0 || a->nb > FR_ORDER_MAX_BUCKETS ? CUDA_ERROR_INVALID_VALUE : 0;
+}
+
+static unsigned order_bucket_of(const order_args *a, unsigned long long i)
+{
+    return fr_order_bucket(fr_load_id(a->ids, a->id_bytes, i), a->rows, a->shift, a->nb);
+}
+
 static int fr_order_count_host(void **params, unsigned threads)
 {
     (void)threads;
-    const void *ids = (const void *)(uintptr_t)*(uint64_t *)params[0];
-    int id_bytes = *(int *)params[1];
-    unsigned long long n = *(unsigned long long *)params[2], rows = *(unsigned long long *)params[3];
-    unsigned shift = *(unsigned *)params[4], nb = *(unsigned *)params[5];
-    unsigned *counts = (unsigned *)(uintptr_t)*(uint64_t *)params[6];
-    if (nb == 0 || nb > FR_ORDER_MAX_BUCKETS)
+    order_args a;
+    if (order_args_of(params, &a))
         return CUDA_ERROR_INVALID_VALUE;
-    for (unsigned long long i = 0; i < n; i++)
-        counts[fr_order_bucket(fr_load_id(ids, id_bytes, i), rows, shift, nb)]++;
+    unsigned *counts = (unsigned *)(uintptr_t)*(uint64_t *)params[6];
+    for (unsigned long long i = 0; i < a.n; i++)
+        counts[order_bucket_of(&a, i)]++;
     return 0;
 }
 
 static int fr_order_place_host(void **params, unsigned threads)
 {
     (void)threads;
-    const void *ids = (const void *)(uintptr_t)*(uint64_t *)params[0];
-    int id_bytes = *(int *)params[1];
-    unsigned long long n = *(unsigned long long *)params[2], rows = *(unsigned long long *)params[3];
-    unsigned shift = *(unsigned *)params[4], nb = *(unsigned *)params[5];
+    order_args a;
+    if (order_args_of(params, &a))
+        return CUDA_ERROR_INVALID_VALUE;
     const unsigned *counts = (const unsigned *)(uintptr_t)*(uint64_t *)params[6];
     unsigned *fill = (unsigned *)(uintptr_t)*(uint64_t *)params[7];
     unsigned *order = (unsigned *)(uintptr_t)*(uint64_t *)params[8];
     unsigned start[FR_ORDER_MAX_BUCKETS];
     unsigned acc = 0;
-    for (unsigned b = 0; b < nb; b++) {
+    for (unsigned b = 0; b < a.nb; b++) {
         start[b] = acc;
         acc += counts[b];
     }
-    if (acc != n)
+    if (acc != a.n)
         return CUDA_ERROR_INVALID_VALUE; /* counts not from fr_order_count */
     /* Last id first: a test that forgets to use the order sees rows moved. */
-    for (unsigned long long i = n; i-- > 0;) {
-        unsigned b = fr_order_bucket(fr_load_id(ids, id_bytes, i), rows, shift, nb);
+    for (unsigned long long i = a.n; i-- > 0;) {
+        unsigned b = order_bucket_of(&a, i);
         order[start[b] + fill[b]++] = (unsigned)i;
     }
     pthread_mutex_lock(&lock);
