@@ -103,7 +103,7 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
                case_sensitive_extensions=True, dtypes=None, shard_id=0, num_shards=1,
                random_shuffle=False, seed=-1, pad_last_batch=False, stick_to_shard=False,
                prefetch_queue_depth=1, name=None, last_batch_policy=None, engine="auto",
-               cache_dir=None, **kwargs):
+               cache_dir=None, cache_bytes=None, **kwargs):
     """``fn.readers.webdataset`` read by fastread: one uint8 output per
     ``ext`` entry (``"jpg;jpeg"``: alternatives), samples grouped by key as
     DALI's reader groups them (see :mod:`fastread.formats.webdataset`,
@@ -113,7 +113,8 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
     ``missing_component_behavior`` is DALI's: ``"empty"`` (default), ``"skip"``
     or ``"error"``. Shards are indexed when the pipeline is defined (their
     headers parsed once; ``index_paths`` are not needed and ignored);
-    ``.tar.gz`` shards are decompressed once into ``cache_dir``. Each sample
+    ``.tar.gz`` shards are decompressed once into ``cache_dir`` (bounded
+    by ``cache_bytes``, as :class:`fastread.formats.WebDataset`). Each sample
     is one byte range of its shard read by the native engine; components are
     views of it, handed to DALI without a copy. Shuffling draws one
     permutation of all samples of all shards per epoch. ``dtypes`` other
@@ -126,6 +127,7 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
             raise ValueError("fastread.dali.formats.webdataset delivers uint8 components only")
     source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
                         case_sensitive_extensions=case_sensitive_extensions, cache_dir=cache_dir,
+                        cache_bytes=cache_bytes,
                         grouping="dali")
     return reader_outputs(
         "webdataset", lambda: source, shard_id=shard_id, num_shards=num_shards,
@@ -151,17 +153,19 @@ class _FieldSource(BatchSource):
 
 def squirrel(*, url, keys=("image", "label"), shard_id=0, num_shards=1, random_shuffle=False,
              seed=-1, pad_last_batch=False, stick_to_shard=False, prefetch_queue_depth=1,
-             name=None, last_batch_policy=None, engine="auto", cache_dir=None, **kwargs):
+             name=None, last_batch_policy=None, engine="auto", cache_dir=None, cache_bytes=None,
+             **kwargs):
     """A squirrel MessagePack store (squirrel-core's ``SquirrelStore`` with
     ``MessagepackSerializer``: a directory of ``*.gz`` shards) as DALI
     outputs, one per ``keys`` entry: arrays as the store holds them (dtype
     and shape), plain values (labels) as arrays. Samples in the store's key
     order, then shard order (what squirrel-core's ``get_iter()`` yields);
     ``random_shuffle`` draws one permutation of all samples per epoch.
-    Shards are decompressed once into ``cache_dir`` and indexed; each
+    Shards are decompressed once into ``cache_dir`` (bounded by
+    ``cache_bytes``) and indexed; each
     sample is then one byte range read by the native engine and each array
     a view of it."""
-    store = SquirrelStore(url, keys=keys, cache_dir=cache_dir)
+    store = SquirrelStore(url, keys=keys, cache_dir=cache_dir, cache_bytes=cache_bytes)
     return reader_outputs(
         "squirrel", lambda: store, shard_id=shard_id, num_shards=num_shards,
         random_shuffle=random_shuffle, seed=seed, pad_last_batch=pad_last_batch,
