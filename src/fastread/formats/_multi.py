@@ -214,8 +214,8 @@ class MultiFileRanges(SampleSource):
     ``<path>[<name in the file>]``; labels are the files' labels.
 
     Read with one native range reader per file (see the module's
-    documentation); ``workers`` are shared out among the files (at least
-    one each). Host delivery only: ``device="gpu"`` readers need the
+    documentation); ``workers`` and the engine's ``threads`` are shared out
+    among the files (at least one each). Host delivery only: ``device="gpu"`` readers need the
     single-file :class:`fastread.FileRanges`.
     """
 
@@ -263,6 +263,12 @@ class MultiFileRanges(SampleSource):
         if not self.files:
             raise ValueError(f"{self!r} has no files to read")
         per_file = max(1, reader_workers(workers) // len(self.files))
+        # Each file's reader reads its share of a batch: the engine's threads
+        # (io_uring rings, psync threads) are shared out too, or ten shards
+        # would wake forty ring threads for a batch of 64 small samples.
+        threads = options.get("threads")
+        if threads:
+            options = dict(options, threads=max(1, threads // len(self.files)))
         natives = []
         try:
             for f in self.files:

@@ -308,8 +308,13 @@ class WebDataset(MultiFileRanges):
         self.component_lengths = (np.concatenate(comp_len) if comp_len
                                   else np.zeros((0, k), np.int64))
         self.labels = np.arange(len(self), dtype=np.int32)
-        self._rel = self.component_offsets.tolist()
-        self._len = self.component_lengths.tolist()
+        # Per component: where it starts and ends in its sample (-1: missing),
+        # columns that one batch's indices pick in one NumPy call.
+        ends = np.where(self.component_offsets < 0, -1,
+                        self.component_offsets + self.component_lengths)
+        self._starts = [np.ascontiguousarray(self.component_offsets[:, j]) for j in range(k)]
+        self._ends = [np.ascontiguousarray(ends[:, j]) for j in range(k)]
+        self._empty = np.zeros(0, np.uint8)
 
     def _group(self, shard, members, wanted, fold):
         """Samples of one shard: (start, end, key, component offsets
@@ -373,11 +378,10 @@ class WebDataset(MultiFileRanges):
         """The batch's samples (``arrays``, read for sample numbers
         ``indices``) cut into components: one list of uint8 views per
         ``ext`` entry (an empty array where a component is missing)."""
-        empty = np.zeros(0, np.uint8)
-        outs = [[] for _ in self.ext]
-        rel, ln = self._rel, self._len
-        for a, i in zip(arrays, indices.tolist() if hasattr(indices, "tolist") else indices):
-            r, n = rel[i], ln[i]
-            for j, out in enumerate(outs):
-                out.append(empty if r[j] < 0 else a[r[j]:r[j] + n[j]])
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        empty = self._empty
+        outs = []
+        for starts, ends in zip(self._starts, self._ends):
+            outs.append([a[b:e] if b >= 0 else empty
+                         for a, b, e in zip(arrays, starts[idx].tolist(), ends[idx].tolist())])
         return outs
