@@ -20,6 +20,12 @@
 #                              complete, equal batch counts, per-rank throughput
 #   bash bench/gpu.sh gather   row gathers: FeatureStore host/proxy/host tier/small cache
 #                              vs memmap+pin, UVA zero-copy, HBM, kvikio; warm, hot, cold
+#   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
+#                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
+#                              the GPU (vs fn.readers.webdataset and the webdataset library),
+#                              Squirrel (vs squirrel-core's iterator + external_source); the
+#                              library baselines skip, saying so, where their wheels are not
+#                              staged in /tmp/site (webdataset, squirrel-core, msgpack-numpy)
 #
 # Mode names are those of `fastread bench --list-modes`: reader-<engine> is
 # fastread.Reader, read_files-<engine> the read_files() function. Warm runs
@@ -167,8 +173,26 @@ gather)
         echo "(bench/gather.py stopped early; the JSON has what ran)"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
+formats)
+    # Datasets as `fastread make-dataset` writes them (what the 2-core table
+    # used), Squirrel smaller (10 x 300 samples of 3x300x300) to stay in time.
+    cifar=/tmp/fastread-cifar10; wds=/tmp/fastread-wds; sq=/tmp/fastread-squirrel
+    python3 -m fastread.cli make-dataset "$cifar" --format cifar10 --quiet
+    python3 -m fastread.cli make-dataset "$wds" --format webdataset --quiet
+    python3 -m fastread.cli make-dataset "$sq" --format squirrel --per-shard 300 --quiet ||
+        echo "(no squirrel store: squirrel-core is not importable; its runs will say so)"
+    bench cifar-bs256-warm "$cifar" --device gpu --threads 8 --batchsize 256 --cache warm --epochs 2 \
+        --repeat 3 --modes cifar-dali-numpy,cifar-fastread-io_uring,cifar-fastread-ranges,cifar-fastread-torch,cifar-torchvision,cifar-torch-python
+    bench wds-bs64-decode-warm "$wds" --device gpu --threads 8 --batchsize 64 --decode --cache warm \
+        --epochs 2 --repeat 3 --modes wds-dali,wds-fastread-io_uring,wds-fastread-psync,wds-library
+    bench wds-bs64-raw-warm "$wds" --device gpu --threads 8 --batchsize 64 --cache warm --epochs 2 \
+        --repeat 3 --modes wds-dali,wds-fastread-io_uring
+    [ -d "$sq" ] && bench squirrel-bs64-warm "$sq" --device gpu --threads 8 --batchsize 64 --cache warm \
+        --epochs 1 --repeat 3 --modes squirrel-iter,squirrel-fastread-io_uring
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 *)
-    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, ddp, engines, gather)" >&2
+    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, ddp, engines, gather, formats)" >&2
     exit 2
     ;;
 esac

@@ -28,8 +28,8 @@ def _run(mode_name, path, env, steps=3, batch_size=16, **cfg):
         runner.close()
 
 
-@pytest.mark.parametrize("mode", ["cifar-fastread-psync", "cifar-dali-numpy",
-                                  "cifar-fastread-torch"])
+@pytest.mark.parametrize("mode", ["cifar-fastread-psync", "cifar-fastread-ranges",
+                                  "cifar-dali-numpy", "cifar-fastread-torch"])
 def test_cifar_modes(tmp_path_factory, env, mode):
     root = tmp_path_factory.getbasetemp() / "bench-cifar"
     make_cifar10(root, train_per_class=5, test_per_class=1)

@@ -249,7 +249,9 @@ def test_cli_make_dataset(tmp_path, capsys):
 
 # -- DALI and torch ----------------------------------------------------------------
 
-def test_dali_reader(cifar):
+@pytest.mark.parametrize("in_memory", [True, False])
+@pytest.mark.parametrize("layout", ["HWC", "CHW"])
+def test_dali_reader(cifar, in_memory, layout):
     pytest.importorskip("nvidia.dali")
     from nvidia.dali import pipeline_def
 
@@ -257,12 +259,16 @@ def test_dali_reader(cifar):
 
     @pipeline_def(batch_size=64, num_threads=2, device_id=None)
     def pipe():
-        return cifar10(file_root=cifar, train=True, random_shuffle=True, seed=5)
+        return cifar10(file_root=cifar, train=True, random_shuffle=True, seed=5,
+                       in_memory=in_memory, output_layout=layout)
 
     p = pipe()
     p.build()
     ref, ref_labels = reference_py(cifar)
+    if layout == "CHW":
+        ref = ref.transpose(0, 3, 1, 2)
     keys = {im.tobytes(): int(lab) for im, lab in zip(ref, ref_labels)}
+    epochs = []
     for _epoch in range(2):
         got = []
         while True:
@@ -272,12 +278,64 @@ def test_dali_reader(cifar):
                 p.reset()
                 break
             arr = images.as_array()
-            assert arr.dtype == np.uint8 and arr.shape[1:] == (32, 32, 3)
-            assert images.layout() in ("", "HWC")
+            assert arr.dtype == np.uint8 and arr.shape[1:] == ref.shape[1:]
+            assert images.layout() == layout
             for im, lab in zip(arr, labels.as_array().ravel()):
                 assert keys[im.tobytes()] == int(lab)
                 got.append(im.tobytes())
         assert sorted(got) == sorted(keys)
+        epochs.append(got)
+    assert epochs[0] != epochs[1]   # a new permutation each epoch
+    # Both paths deliver the same order: the Reader's permutation.
+    order = fastread.Reader(source=Cifar10(cifar), batch_size=64, random_shuffle=True, seed=5)
+    want = [im.tobytes() for e in range(2) for arrays, _ in order
+            for im in (to_hwc(arrays) if layout == "HWC" else to_hwc(arrays).transpose(0, 3, 1, 2))]
+    order.close()
+    assert [b for e in epochs for b in e] == want
+
+
+def test_in_memory_source_matches_ranges(cifar):
+    from fastread.formats.memory import InMemory
+
+    src = Cifar10(cifar)
+    mem = InMemory(src, to_hwc, engine="psync", threads=2, load_batch=7)
+    assert len(mem) == len(src) and mem.data.shape == (300, 32, 32, 3)
+    np.testing.assert_array_equal(mem.labels, src.labels)
+    idx = np.array([299, 0, 17, 17, 150])
+    np.testing.assert_array_equal(mem.read(idx), to_hwc(src.read(idx)))
+    assert mem.sample_name(65) == src.sample_name(65)
+    kw = dict(batch_size=32, random_shuffle=True, seed=3, shard_id=1, num_shards=3)
+    with fastread.Reader(source=mem, **kw) as a, fastread.Reader(source=src, **kw) as b:
+        for epoch in range(2):
+            a.set_epoch(epoch)
+            b.set_epoch(epoch)
+            for (xa, la), (xb, lb) in zip(a, b, strict=True):
+                np.testing.assert_array_equal(xa, to_hwc(xb))
+                np.testing.assert_array_equal(la, lb)
+    with pytest.raises(ValueError, match="host memory only"):
+        fastread.Reader(source=mem, device="gpu")
+
+
+def test_in_memory_refuses_samples_of_unequal_size(tmp_path):
+    from fastread.formats.memory import InMemory
+
+    p = tmp_path / "f"
+    p.write_bytes(bytes(100))
+    with pytest.raises(ValueError, match="fixed-size records only"):
+        InMemory(fastread.FileRanges(str(p), [0, 10], [10, 20]))
+    with pytest.raises(ValueError, match="fixed-size records only"):
+        InMemory(fastread.FileList([str(p)]))
+
+
+def test_in_memory_load_failure_names_the_sample(tmp_path):
+    from fastread.formats.memory import InMemory
+
+    p = tmp_path / "f"
+    p.write_bytes(bytes(100))
+    src = fastread.FileRanges(str(p), [0, 10], [10, 10])
+    os.remove(p)
+    with pytest.raises(fastread.ReadError, match=str(p)):
+        InMemory(src)
 
 
 def test_torch_loader_and_resume(cifar):

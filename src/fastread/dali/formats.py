@@ -7,9 +7,14 @@ HWC ``(32, 32, 3)`` images (as ``torchvision.datasets.CIFAR10`` gives them)
 and int32 labels of shape ``[1]``.
 """
 import collections
+import dataclasses
+
+import numpy as np
 
 from fastread.dali._common import BatchSource, reader_outputs
+from fastread.engine import EngineOptions
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
+from fastread.formats.memory import InMemory
 from fastread.formats.squirrel import SquirrelStore
 from fastread.formats.webdataset import WebDataset
 
@@ -17,10 +22,13 @@ __all__ = ["cifar10", "squirrel", "webdataset"]
 
 
 class _ImageSource(BatchSource):
-    """A batch of CIFAR records as one array, ``(N, 32, 32, 3)`` HWC (planes
-    interleaved by :func:`fastread.formats.cifar.to_hwc`, one pass) or the
-    records' own ``(N, 3, 32, 32)`` CHW planes, and its labels. (DALI's
-    fn.transpose after the reader measured 1.5x slower on 2 cores.)"""
+    """A batch of CIFAR images as one array, ``(N, 32, 32, 3)`` HWC or
+    ``(N, 3, 32, 32)`` CHW, and its labels: gathered from memory already in
+    that layout (``in_memory``), or made from the batch's records (planes
+    interleaved by :func:`fastread.formats.cifar.to_hwc`, one pass). Handed
+    to DALI as the NumPy array (no copy); an fn.reshape sets the layout (a
+    TensorListCPU carrying it measured no cheaper). (DALI's fn.transpose
+    after the reader measured 1.5x slower on 2 cores than to_hwc.)"""
 
     def __init__(self, reader, layout):
         super().__init__(reader)
@@ -31,15 +39,28 @@ class _ImageSource(BatchSource):
 
     def __next__(self):
         arrays, labels = super().__next__()
-        out = self._convert(arrays), labels
-        self._keep.append(out)
-        return out
+        images = arrays if isinstance(arrays, np.ndarray) and arrays.ndim == 4 \
+            else self._convert(arrays)
+        self._keep.append((images, labels))
+        return images, labels
+
+
+def _cifar_source(file_root, train, in_memory, layout, engine, kwargs):
+    """The CIFAR-10 source a reader reads: the records as ranges, or held in
+    memory in the output layout (loaded with the reader's engine options)."""
+    source = Cifar10(file_root, train=train)
+    if not in_memory:
+        return source
+    option_names = {f.name for f in dataclasses.fields(EngineOptions)}
+    options = {k: v for k, v in kwargs.items() if k in option_names or k == "options"}
+    convert = to_hwc if layout == "HWC" else to_chw
+    return InMemory(source, convert, engine=engine, **options)
 
 
 def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=False,
             shuffle_after_epoch=False, seed=-1, pad_last_batch=False, stick_to_shard=False,
             prefetch_queue_depth=1, name=None, last_batch_policy=None, engine="auto",
-            device="cpu", device_id=None, output_layout="HWC", **kwargs):
+            device="cpu", device_id=None, output_layout="HWC", in_memory=True, **kwargs):
     """The CIFAR-10 train (``train=True``, 50,000) or test images under
     ``file_root`` (the binary ``cifar-10-batches-bin`` or the Python
     ``cifar-10-batches-py`` layout, or a directory holding either); returns
@@ -48,10 +69,15 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
     instead, without the transpose (``fn.crop_mirror_normalize`` takes
     either).
 
-    Images are read as byte ranges of the batch files by the native engine
-    (one range reader per file) and transposed to HWC in one NumPy copy per
-    batch. Shuffling draws one permutation of all images of all files per
-    epoch (the same on every rank for a given ``seed``). ``device="gpu"``
+    ``in_memory=True`` (default): the images are read once by the native
+    engine (about 150 MB for the train set) and held in memory in the
+    output layout; each batch is one gather from there, handed to DALI
+    without a copy (measured on 2 cores: a range read per batch costs about
+    10x the CPU of the gather, see :mod:`fastread.formats.memory`).
+    ``in_memory=False`` reads each batch's images as byte ranges of the
+    batch files (one range reader per file) and transposes them to HWC in
+    one NumPy copy per batch. Shuffling draws one permutation of all images
+    of all files per epoch (the same on every rank for a given ``seed``). ``device="gpu"``
     returns both outputs in GPU memory (DALI uploads them). Extra keyword
     arguments are engine and Reader options, as for ``readers.file``.
     Malformed files raise :class:`fastread.formats.FormatError` naming the
@@ -61,17 +87,16 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     if output_layout not in ("HWC", "CHW"):
         raise ValueError(f"output_layout must be 'HWC' or 'CHW', got {output_layout!r}")
-    from nvidia.dali import fn
-
-    source = Cifar10(file_root, train=train)
     images, labels = reader_outputs(
-        "cifar10", lambda: source, shard_id=shard_id, num_shards=num_shards,
+        "cifar10", lambda: _cifar_source(file_root, train, in_memory, output_layout, engine,
+                                         kwargs), shard_id=shard_id, num_shards=num_shards,
         random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
         prefetch_queue_depth=prefetch_queue_depth, name=name,
         last_batch_policy=last_batch_policy, engine=engine, device="cpu", no_copy=True,
         device_id=device_id, kwargs=kwargs,
         make_batch_source=lambda reader, gpu: _ImageSource(reader, output_layout))
+    from nvidia.dali import fn
     images = fn.reshape(images, layout=output_layout)
     if device == "gpu":
         images, labels = images.gpu(), labels.gpu()
@@ -103,7 +128,7 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
                case_sensitive_extensions=True, dtypes=None, shard_id=0, num_shards=1,
                random_shuffle=False, seed=-1, pad_last_batch=False, stick_to_shard=False,
                prefetch_queue_depth=1, name=None, last_batch_policy=None, engine="auto",
-               cache_dir=None, **kwargs):
+               cache_dir=None, cache_bytes=None, **kwargs):
     """``fn.readers.webdataset`` read by fastread: one uint8 output per
     ``ext`` entry (``"jpg;jpeg"``: alternatives), samples grouped by key as
     DALI's reader groups them (see :mod:`fastread.formats.webdataset`,
@@ -113,7 +138,8 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
     ``missing_component_behavior`` is DALI's: ``"empty"`` (default), ``"skip"``
     or ``"error"``. Shards are indexed when the pipeline is defined (their
     headers parsed once; ``index_paths`` are not needed and ignored);
-    ``.tar.gz`` shards are decompressed once into ``cache_dir``. Each sample
+    ``.tar.gz`` shards are decompressed once into ``cache_dir`` (bounded
+    by ``cache_bytes``, as :class:`fastread.formats.WebDataset`). Each sample
     is one byte range of its shard read by the native engine; components are
     views of it, handed to DALI without a copy. Shuffling draws one
     permutation of all samples of all shards per epoch. ``dtypes`` other
@@ -126,6 +152,7 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
             raise ValueError("fastread.dali.formats.webdataset delivers uint8 components only")
     source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
                         case_sensitive_extensions=case_sensitive_extensions, cache_dir=cache_dir,
+                        cache_bytes=cache_bytes,
                         grouping="dali")
     return reader_outputs(
         "webdataset", lambda: source, shard_id=shard_id, num_shards=num_shards,
@@ -151,17 +178,19 @@ class _FieldSource(BatchSource):
 
 def squirrel(*, url, keys=("image", "label"), shard_id=0, num_shards=1, random_shuffle=False,
              seed=-1, pad_last_batch=False, stick_to_shard=False, prefetch_queue_depth=1,
-             name=None, last_batch_policy=None, engine="auto", cache_dir=None, **kwargs):
+             name=None, last_batch_policy=None, engine="auto", cache_dir=None, cache_bytes=None,
+             **kwargs):
     """A squirrel MessagePack store (squirrel-core's ``SquirrelStore`` with
     ``MessagepackSerializer``: a directory of ``*.gz`` shards) as DALI
     outputs, one per ``keys`` entry: arrays as the store holds them (dtype
     and shape), plain values (labels) as arrays. Samples in the store's key
     order, then shard order (what squirrel-core's ``get_iter()`` yields);
     ``random_shuffle`` draws one permutation of all samples per epoch.
-    Shards are decompressed once into ``cache_dir`` and indexed; each
+    Shards are decompressed once into ``cache_dir`` (bounded by
+    ``cache_bytes``) and indexed; each
     sample is then one byte range read by the native engine and each array
     a view of it."""
-    store = SquirrelStore(url, keys=keys, cache_dir=cache_dir)
+    store = SquirrelStore(url, keys=keys, cache_dir=cache_dir, cache_bytes=cache_bytes)
     return reader_outputs(
         "squirrel", lambda: store, shard_id=shard_id, num_shards=num_shards,
         random_shuffle=random_shuffle, seed=seed, pad_last_batch=pad_last_batch,

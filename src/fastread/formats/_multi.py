@@ -73,15 +73,29 @@ class MultiBatch:
 
 class _MultiNative:
     """One NativeReader per file behind the NativeReader calls Reader makes
-    (submit, next, reset, close, size, pool_*)."""
+    (submit, next, reset, close, size, taken, pool_*).
+
+    A batch is one native batch from each file it touches, taken in turn.
+    A signal (KeyboardInterrupt) while waiting for one of them loses
+    nothing: the parts already taken are kept and the batch stays first in
+    the queue, so the next call finishes it and returns it whole. A part
+    that fails (its native reader used it up) fails the whole batch: the
+    call raises, ``taken`` counts the batch, and its parts still queued in
+    the other files' readers are dropped before the next batch is taken.
+    """
 
     def __init__(self, source, natives):
         self._file_of = source.file_index
         self._local = source.local_index
         self._natives = natives
-        self._queue = collections.deque()
+        self._queue = collections.deque()   # (indices, [(file, positions)]) not yet returned
+        self._partial = []                  # parts of the first queued batch already taken
+        self._discard = collections.deque() # files whose part of a failed batch is still queued
         self.size = len(source)
         self.engine = natives[0].engine if natives else None
+        # Batches handed out or failed (as NativeReader.taken): the Reader
+        # tells a batch that failed from a wait a signal interrupted by it.
+        self.taken = 0
 
     def submit(self, indices):
         idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
@@ -95,38 +109,90 @@ class _MultiNative:
             if len(idx) else np.empty(0, np.int64)
         bounds = np.r_[starts, len(idx)]
         plan = []
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            f = int(sorted_files[a])
-            pos = order[a:b]
-            self._natives[f].submit(self._local[idx[pos]])
-            plan.append((f, pos))
+        submitted = []
+        try:
+            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                f = int(sorted_files[a])
+                pos = order[a:b]
+                self._natives[f].submit(self._local[idx[pos]])
+                submitted.append(f)
+                plan.append((f, pos))
+        except BaseException:
+            # Parts queued in some files only: they must never be taken as
+            # parts of a later batch.
+            self._discard.extend(submitted)
+            raise
         self._queue.append((idx, plan))
 
+    def _drop_discarded(self):
+        """Takes and releases the queued parts of batches that failed. A
+        signal while waiting leaves the rest to drop on the next call."""
+        while self._discard:
+            native = self._natives[self._discard[0]]
+            before = native.taken
+            try:
+                part = native.next()
+            except BaseException:
+                if native.taken == before:  # interrupted: that part is still queued
+                    raise
+                part = None                 # it failed: used up all the same
+            self._discard.popleft()
+            if part is not None:
+                part.release()
+
     def next(self):
+        self._drop_discarded()
         if not self._queue:
             return None
-        idx, plan = self._queue.popleft()
-        parts, positions = [], []
-        try:
-            for f, pos in plan:
-                parts.append(self._natives[f].next())
-                positions.append(pos)
-        except BaseException:
-            # The other files' parts of this batch are still queued: drop them
-            # all so that the next batch does not take them for its own.
-            self.reset()
-            raise
-        return MultiBatch(parts, positions, idx)
+        idx, plan = self._queue[0]
+        while len(self._partial) < len(plan):
+            f, _pos = plan[len(self._partial)]
+            native = self._natives[f]
+            before = native.taken
+            try:
+                part = native.next()
+            except BaseException:
+                if native.taken != before:
+                    # The part was used up (a failed read of the batch): the
+                    # batch fails; its other files' parts are dropped later.
+                    self._fail_first(len(self._partial) + 1)
+                raise                       # else interrupted: kept for the next call
+            if part is None:  # the file's reader lost its queue: ours no longer matches
+                self._fail_first(len(self._partial) + 1)
+                raise RuntimeError(f"the native reader of file {f} has no batch queued "
+                                   "(reset outside this reader?)")
+            self._partial.append(part)
+        self._queue.popleft()
+        parts, self._partial = self._partial, []
+        self.taken += 1
+        return MultiBatch(parts, [pos for _f, pos in plan], idx)
+
+    def _fail_first(self, used):
+        """The first queued batch failed after ``used`` of its parts were
+        taken: releases those, queues the rest for dropping."""
+        _idx, plan = self._queue.popleft()
+        for p in self._partial:
+            p.release()
+        self._partial = []
+        self._discard.extend(f for f, _pos in plan[used:])
+        self.taken += 1
+
+    def _clear(self):
+        for p in self._partial:
+            p.release()
+        self._partial = []
+        self._queue.clear()
+        self._discard.clear()
 
     def reset(self):
         for n in self._natives:
             n.reset()
-        self._queue.clear()
+        self._clear()
 
     def close(self):
         for n in self._natives:
             n.close()
-        self._queue.clear()
+        self._clear()
 
     @property
     def pending(self):
@@ -148,8 +214,8 @@ class MultiFileRanges(SampleSource):
     ``<path>[<name in the file>]``; labels are the files' labels.
 
     Read with one native range reader per file (see the module's
-    documentation); ``workers`` are shared out among the files (at least
-    one each). Host delivery only: ``device="gpu"`` readers need the
+    documentation); ``workers`` and the engine's ``threads`` are shared out
+    among the files (at least one each). Host delivery only: ``device="gpu"`` readers need the
     single-file :class:`fastread.FileRanges`.
     """
 
@@ -197,6 +263,12 @@ class MultiFileRanges(SampleSource):
         if not self.files:
             raise ValueError(f"{self!r} has no files to read")
         per_file = max(1, reader_workers(workers) // len(self.files))
+        # Each file's reader reads its share of a batch: the engine's threads
+        # (io_uring rings, psync threads) are shared out too, or ten shards
+        # would wake forty ring threads for a batch of 64 small samples.
+        threads = options.get("threads")
+        if threads:
+            options = dict(options, threads=max(1, threads // len(self.files)))
         natives = []
         try:
             for f in self.files:

@@ -9,7 +9,8 @@ A shard that is not gzip'd (no gzip magic) is read as it is.
 
 Index (once, when the source is built): each shard is decompressed with
 zlib into ``cache_dir`` (a plain copy, reused while the shard is
-unchanged) and walked by a small MessagePack parser (:func:`walk_sample`,
+unchanged; the cache is bounded by ``cache_bytes``, see
+:mod:`fastread.formats._cache`) and walked by a small MessagePack parser (:func:`walk_sample`,
 fuzzed): every sample's byte range, and for each key either the offset,
 dtype and shape of its array's raw bytes inside the sample, or its value
 when it is not an array (labels). Reading is then one byte range per sample
@@ -20,13 +21,13 @@ Samples are numbered shard after shard in the order of the store's keys
 shuffles over all of them (one permutation per epoch), not shard keys
 plus an item buffer as squirrel's streaming iterator does.
 """
-import hashlib
 import mmap
 import os
 import struct
 
 import numpy as np
 
+from fastread.formats import _cache
 from fastread.formats._multi import MultiFileRanges
 from fastread.formats.cifar import FormatError
 from fastread.formats.webdataset import _gunzip_to
@@ -184,13 +185,7 @@ def _plain(path, cache_dir):
         magic = f.read(2)
     if magic != b"\x1f\x8b":
         return path
-    st = os.stat(path)
-    tag = hashlib.sha1(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode())
-    dest = os.path.join(cache_dir, f"{tag.hexdigest()[:16]}-{os.path.basename(path)}.msgpack")
-    if not os.path.exists(dest):
-        os.makedirs(cache_dir, exist_ok=True)
-        _gunzip_to(path, dest)
-    return dest
+    return _cache.cached_copy(path, cache_dir, ".msgpack", _gunzip_to)
 
 
 class _Shard(FileRanges):
@@ -209,9 +204,12 @@ class SquirrelStore(MultiFileRanges):
     dtype and shape as stored) or a plain value (given from the index).
     A sample lacking a key is a FormatError naming the shard and offset;
     an empty shard has no samples. ``labels`` are the samples' numbers.
+    ``cache_dir`` and ``cache_bytes`` are WebDataset's (decompressed copies
+    under ``.../squirrel``).
     """
 
-    def __init__(self, url=None, keys=("image", "label"), shards=None, cache_dir=None):
+    def __init__(self, url=None, keys=("image", "label"), shards=None, cache_dir=None,
+                 cache_bytes=None):
         self.url = url
         self.shard_paths = [os.fspath(s) for s in shards] if shards is not None \
             else store_shards(url)
@@ -220,9 +218,8 @@ class SquirrelStore(MultiFileRanges):
         self.keys = tuple(keys)
         if not self.keys:
             raise ValueError("keys must name at least one field")
-        if cache_dir is None:
-            cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "fastread", "squirrel")
-        self.cache_dir = cache_dir
+        self.cache_dir = cache_dir = _cache.cache_dir_for("squirrel", cache_dir)
+        limit = _cache.cache_bytes(cache_bytes)
         parts = []
         self._fields = []   # per sample: tuple per key
         for path in self.shard_paths:
@@ -249,6 +246,8 @@ class SquirrelStore(MultiFileRanges):
                             pos = end
             starts = np.array(starts, np.int64)
             parts.append(_Shard(path, plain, starts, np.array(ends, np.int64) - starts))
+        if any(p.path != p.shard for p in parts):
+            _cache.prune(cache_dir, limit, keep=[p.path for p in parts])
         super().__init__(parts)
         self.labels = np.arange(len(self), dtype=np.int32)
 

@@ -209,15 +209,16 @@ class _RecordLoader:
 class WebDatasetLoader(_RecordLoader):
     """WebDataset shards (:class:`fastread.formats.WebDataset`: ``paths``,
     ``ext``, ``missing_component_behavior``, ``case_sensitive_extensions``
-    (default False here, as the webdataset library), ``cache_dir``) as
+    (default False here, as the webdataset library), ``cache_dir``,
+    ``cache_bytes``) as
     batches: a tuple with one list of uint8 tensors per ``ext`` entry."""
 
     def __init__(self, paths, ext, batch_size=64, *, missing_component_behavior="empty",
-                 case_sensitive_extensions=False, cache_dir=None, **kwargs):
+                 case_sensitive_extensions=False, cache_dir=None, cache_bytes=None, **kwargs):
         from fastread.formats.webdataset import WebDataset
         source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
                             case_sensitive_extensions=case_sensitive_extensions,
-                            cache_dir=cache_dir)
+                            cache_dir=cache_dir, cache_bytes=cache_bytes)
         super().__init__(source, batch_size, **kwargs)
 
     def _cut(self, arrays, ids):
@@ -233,10 +234,11 @@ class SquirrelLoader(_RecordLoader):
     a list of tensors (views)."""
 
     def __init__(self, url, keys=("image", "label"), batch_size=64, *, stack=True,
-                 cache_dir=None, **kwargs):
+                 cache_dir=None, cache_bytes=None, **kwargs):
         from fastread.formats.squirrel import SquirrelStore
         self.stack = bool(stack)
-        super().__init__(SquirrelStore(url, keys=keys, cache_dir=cache_dir), batch_size, **kwargs)
+        super().__init__(SquirrelStore(url, keys=keys, cache_dir=cache_dir,
+                                       cache_bytes=cache_bytes), batch_size, **kwargs)
 
     def _cut(self, arrays, ids):
         import torch

@@ -22,14 +22,14 @@ padding included) and each component is a zero-copy view of it.
 
 Gzip'd shards cannot be read as ranges: each is decompressed once, with
 zlib, into ``cache_dir`` (a plain tar beside the others, reused while the
-shard is unchanged), and read as ranges from there.
+shard is unchanged), and read as ranges from there. The cache is bounded
+(``cache_bytes``; :mod:`fastread.formats._cache` says how).
 
 Shuffling: the index makes every sample addressable, so
 :class:`fastread.Reader` shuffles over all samples of all shards (one
 permutation per epoch, as for files), not shard order plus a buffer as
 streaming loaders must.
 """
-import hashlib
 import mmap
 import os
 import re
@@ -37,6 +37,7 @@ import zlib
 
 import numpy as np
 
+from fastread.formats import _cache
 from fastread.formats._multi import MultiFileRanges
 from fastread.formats.cifar import FormatError
 from fastread.source import FileRanges
@@ -221,13 +222,7 @@ def _plain_tar(path, cache_dir):
     decompressed copy in ``cache_dir`` (made once per shard version)."""
     if not path.endswith((".gz", ".tgz")):
         return path
-    st = os.stat(path)
-    tag = hashlib.sha1(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode())
-    dest = os.path.join(cache_dir, f"{tag.hexdigest()[:16]}-{os.path.basename(path)}.tar")
-    if not os.path.exists(dest):
-        os.makedirs(cache_dir, exist_ok=True)
-        _gunzip_to(path, dest)
-    return dest
+    return _cache.cached_copy(path, cache_dir, ".tar", _gunzip_to)
 
 
 class _Shard(FileRanges):
@@ -263,7 +258,8 @@ class WebDataset(MultiFileRanges):
     """
 
     def __init__(self, paths, ext, missing_component_behavior="empty",
-                 case_sensitive_extensions=True, cache_dir=None, grouping="webdataset"):
+                 case_sensitive_extensions=True, cache_dir=None, grouping="webdataset",
+                 cache_bytes=None):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths = [os.fspath(p) for p in paths]
@@ -287,9 +283,8 @@ class WebDataset(MultiFileRanges):
         for k, entry in enumerate(self.ext):
             for alt in str(entry).split(";"):
                 wanted.setdefault(fold(alt.strip()), k)
-        if cache_dir is None:
-            cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "fastread", "webdataset")
-        self.cache_dir = cache_dir
+        self.cache_dir = cache_dir = _cache.cache_dir_for("webdataset", cache_dir)
+        limit = _cache.cache_bytes(cache_bytes)
         self.skipped = 0
         shards, comp_off, comp_len = [], [], []
         for path in self.paths:
@@ -304,6 +299,8 @@ class WebDataset(MultiFileRanges):
             shards.append(_Shard(path, tar, starts, ends - starts, keys))
             comp_off.append(offs)
             comp_len.append(lens)
+        if any(s.path != s.shard for s in shards):
+            _cache.prune(cache_dir, limit, keep=[s.path for s in shards])
         super().__init__(shards)
         k = len(self.ext)
         self.component_offsets = (np.concatenate(comp_off) if comp_off
@@ -311,8 +308,13 @@ class WebDataset(MultiFileRanges):
         self.component_lengths = (np.concatenate(comp_len) if comp_len
                                   else np.zeros((0, k), np.int64))
         self.labels = np.arange(len(self), dtype=np.int32)
-        self._rel = self.component_offsets.tolist()
-        self._len = self.component_lengths.tolist()
+        # Per component: where it starts and ends in its sample (-1: missing),
+        # columns that one batch's indices pick in one NumPy call.
+        ends = np.where(self.component_offsets < 0, -1,
+                        self.component_offsets + self.component_lengths)
+        self._starts = [np.ascontiguousarray(self.component_offsets[:, j]) for j in range(k)]
+        self._ends = [np.ascontiguousarray(ends[:, j]) for j in range(k)]
+        self._empty = np.zeros(0, np.uint8)
 
     def _group(self, shard, members, wanted, fold):
         """Samples of one shard: (start, end, key, component offsets
@@ -376,11 +378,10 @@ class WebDataset(MultiFileRanges):
         """The batch's samples (``arrays``, read for sample numbers
         ``indices``) cut into components: one list of uint8 views per
         ``ext`` entry (an empty array where a component is missing)."""
-        empty = np.zeros(0, np.uint8)
-        outs = [[] for _ in self.ext]
-        rel, ln = self._rel, self._len
-        for a, i in zip(arrays, indices.tolist() if hasattr(indices, "tolist") else indices):
-            r, n = rel[i], ln[i]
-            for j, out in enumerate(outs):
-                out.append(empty if r[j] < 0 else a[r[j]:r[j] + n[j]])
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        empty = self._empty
+        outs = []
+        for starts, ends in zip(self._starts, self._ends):
+            outs.append([a[b:e] if b >= 0 else empty
+                         for a, b, e in zip(arrays, starts[idx].tolist(), ends[idx].tolist())])
         return outs

@@ -21,8 +21,11 @@ output.
                              batches), then ``fn.slice`` (crop) +
                              ``fn.crop_mirror_normalize``: the DALI baseline
 ``cifar-fastread-<e>``       ``fastread.dali.formats.cifar10(engine=<e>)``
-                             (range reads of the batch files), the same DALI
+                             (the images read once with engine <e> and held
+                             in memory, one gather per batch), the same DALI
                              augmentation
+``cifar-fastread-ranges``    ``cifar10(in_memory=False)``: every batch read
+                             as byte ranges of the batch files
 ``cifar-fastread-torch``     ``fastread.formats.torch.Cifar10Loader
                              (augment=True)``: range reads, then the
                              augmentation on whole batches in torch
@@ -137,9 +140,16 @@ def modes(env):
     for e in env.engines:
         yield Mode(f"cifar-fastread-{e}", NAME, "cifar10",
                    f"fastread.dali.formats.cifar10(engine={e!r}) + DALI crop/flip/normalize",
-                   "fastread's CIFAR-10 reader (range reads) in the same DALI pipeline",
+                   "fastread's CIFAR-10 reader (loaded once, held in memory) in the same DALI "
+                   "pipeline",
                    engine=e, check=_check_dali, build=_build_dali_fastread, dali=True,
                    default=BOTH if e == auto else ())
+    yield Mode("cifar-fastread-ranges", NAME, "cifar10",
+               f"fastread.dali.formats.cifar10(engine={auto!r}, in_memory=False) + DALI "
+               "crop/flip/normalize",
+               "fastread's CIFAR-10 reader reading every batch as byte ranges",
+               engine=auto, check=_check_dali, build=_build_dali_fastread, dali=True,
+               params=(("in_memory", False),))
     yield Mode("cifar-fastread-torch", NAME, "cifar10", "Cifar10Loader(augment=True)",
                "fastread's CIFAR-10 torch loader: range reads, batched torch augmentation",
                engine=auto, check=_check_torch, build=_build_fastread_torch, default=BOTH)
@@ -269,7 +279,8 @@ def _build_dali_fastread(mode, cfg):
     def outputs():
         from fastread.dali.formats import cifar10
         data, lab = cifar10(file_root=cfg.data_dir, train=True, random_shuffle=True,
-                            engine=mode.engine, **cfg.engine_options)
+                            engine=mode.engine, in_memory=mode.param("in_memory", True),
+                            **cfg.engine_options)
         return dali_augment(data, cfg.device == "gpu"), lab
     return DaliRunner(cfg, None, outputs=outputs)
 
