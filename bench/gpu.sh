@@ -21,6 +21,8 @@
 #   bash bench/gpu.sh delivery Reader(device="gpu") against host-only reads (plain and pinned)
 #                              and pinned H2D copies of a batch's bytes, in one interleaved run
 #                              (bench/gpu_delivery.py), warm, batch 256 and 64
+#   bash bench/gpu.sh colddiag cold buffered vs O_DIRECT Reader epochs with the block layer's view
+#                              (reads in flight, KiB and ms per read, io-wq threads): bench/cold_diagnose.py
 #   bash bench/gpu.sh ddp      two ranks under torchrun (a 2-GPU machine): shards disjoint and
 #                              complete, equal batch counts, per-rank throughput
 #   bash bench/gpu.sh gather   row gathers: FeatureStore host/proxy/host tier/small cache
@@ -161,6 +163,11 @@ engines)
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
     ;;
+colddiag)
+    make_jpegs
+    python3 bench/cold_diagnose.py "$jpegs" --rounds 3 --drop --json "$json/colddiag.json"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 delivery)
     make_jpegs
     for bs in 256 64; do
@@ -182,7 +189,7 @@ gather)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, ddp, engines, delivery, gather)" >&2
+    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, ddp, engines, delivery, colddiag, gather)" >&2
     exit 2
     ;;
 esac

@@ -74,3 +74,31 @@ def test_gpu_delivery_runs_host_modes_and_says_why_gpu_ones_did_not(tree, tmp_pa
         for mode in ("host-pinned", "gpu", "gpu-w2"):
             assert mode in res["skipped"] and res["skipped"][mode], res["skipped"]
         assert "skipped" in text
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(BENCH, "cold_diagnose.py")),
+                    reason="needs the checkout's bench/")
+def test_cold_diagnose_reports_the_block_layer(tmp_path):
+    import tempfile
+    base = tempfile.mkdtemp(dir="/var/tmp") if os.path.isdir("/var/tmp") else str(tmp_path)
+    try:
+        root = os.path.join(base, "tree")
+        os.makedirs(os.path.join(root, "c0"))
+        for i in range(20):
+            with open(os.path.join(root, "c0", f"{i}.bin"), "wb") as f:
+                f.write(os.urandom(20000))
+        st = os.stat(root)
+        if not os.path.exists(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"):
+            pytest.skip(f"{root} is on no block device (tmpfs, overlay)")
+        if fastread.engines().get("io_uring") is not True:
+            pytest.skip("io_uring is not available here")
+        out = tmp_path / "cd.json"
+        run("cold_diagnose.py", root, "--rounds", "2", "--batch", "8", "--json", str(out))
+        res = json.loads(out.read_text())
+        for mode in ("buffered", "o_direct"):
+            assert len(res["rounds"][mode]) == 2
+            m = res["median"][mode]
+            assert m["files_per_s"] > 0 and m["iou_wrk_max"] >= 0 and m["reads_in_flight"] >= 0
+    finally:
+        import shutil
+        shutil.rmtree(base, ignore_errors=True)
