@@ -297,7 +297,11 @@ def main(argv=None):
     p.add_argument("--out", default="bench-results/engines.json")
     p.add_argument("--plot", default=None, help="PNG path (default: next to --out)")
     p.add_argument("--no-ceiling", action="store_true")
+    p.add_argument("--time-budget", type=float, default=0,
+                   help="seconds: start no cell after this (0: no limit); the JSON says which "
+                        "rounds ran, so a call with a time limit still reports")
     args = p.parse_args(argv)
+    started = time.monotonic()  # the budget counts data sets and ceilings too
 
     def kv(items):
         out = {}
@@ -365,6 +369,11 @@ def main(argv=None):
     runs = {k: [] for k in cells}
     for rnd in range(args.rounds):
         for k in cells:
+            if args.time_budget and time.monotonic() - started > args.time_budget:
+                result["stopped_early"] = (f"time budget of {args.time_budget:g} s spent in "
+                                           f"round {rnd}")
+                print(result["stopped_early"] + ": reporting what ran", flush=True)
+                break
             s, c, b, e, a = k
             paths = sets[s]
             if a == "reader":
@@ -380,7 +389,11 @@ def main(argv=None):
                   f"{len(paths) / dt:10,.0f} files/s  {nbytes / dt / 1e6:8.0f} MB/s  "
                   f"{cpu / len(paths) * 1e6:6.1f} us cpu/file", flush=True)
 
+        if "stopped_early" in result:
+            break
     for k, rs in runs.items():
+        if not rs:
+            continue
         s, c, b, e, a = k
         n = len(sets[s])
         rates = [n / r["s"] for r in rs]

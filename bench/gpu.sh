@@ -15,7 +15,14 @@
 #   bash bench/gpu.sh tune     cold batch-256 reads over queue depths and workers
 #   bash bench/gpu.sh engines  engine matrix (bench/engines.py): 4 KiB / 92 KiB / 1 MiB files,
 #                              read_files() and Reader, io_uring / psync / auto, batch 64/256
-#                              (ENGINES_CACHES=warm,cold; cold needs its own call)
+#                              (ENGINES_CACHES=warm or cold, one per call; ENGINES_SIZES=4k,92k,1m;
+#                              no new cell after ENGINES_BUDGET seconds, default 300, so a call
+#                              ends well inside 8 minutes and reports what ran)
+#   bash bench/gpu.sh delivery Reader(device="gpu") against host-only reads (plain and pinned)
+#                              and pinned H2D copies of a batch's bytes, in one interleaved run
+#                              (bench/gpu_delivery.py), warm, batch 256 and 64
+#   bash bench/gpu.sh colddiag cold buffered vs O_DIRECT Reader epochs with the block layer's view
+#                              (reads in flight, KiB and ms per read, io-wq threads): bench/cold_diagnose.py
 #   bash bench/gpu.sh ddp      two ranks under torchrun (a 2-GPU machine): shards disjoint and
 #                              complete, equal batch counts, per-rank throughput
 #   bash bench/gpu.sh gather   row gathers: FeatureStore host/proxy/host tier/small cache
@@ -157,7 +164,21 @@ engines)
     make_jpegs
     for cache in ${ENGINES_CACHES:-warm}; do
         python3 bench/engines.py --data-92k "$jpegs" --data-root /tmp --caches "$cache" --rounds 3 \
+            --sizes "${ENGINES_SIZES:-4k,92k,1m}" --time-budget "${ENGINES_BUDGET:-300}" \
             --out "$json/engines-$cache.json" 2>&1 | grep -v '^round '
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    done
+    ;;
+colddiag)
+    make_jpegs
+    python3 bench/cold_diagnose.py "$jpegs" --rounds 3 --drop --json "$json/colddiag.json"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
+delivery)
+    make_jpegs
+    for bs in 256 64; do
+        python3 bench/gpu_delivery.py "$jpegs" --batch "$bs" --rounds 3 --epochs 3 --workers 12,16 \
+            --json "$json/delivery-bs$bs.json"
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
     ;;
@@ -192,7 +213,7 @@ formats)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, ddp, engines, gather, formats)" >&2
+    echo "unknown section '$section' (tests, files, numpy, image, feed, tune, ddp, engines, delivery, colddiag, gather, formats)" >&2
     exit 2
     ;;
 esac

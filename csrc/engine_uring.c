@@ -60,6 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -127,8 +128,25 @@ typedef struct uring_ring {
     uint64_t image_gen; /* the image generation in fixed slot `depth`, 0: none */
 } uring_ring;
 
+/* Test-only fault injection (engine_args fault_*=, see parse_args): makes
+ * chosen completions of this context's rings fail, come back short or late,
+ * as a disk, a network file system or a signal would, so tests can prove
+ * every such completion surfaces per sample or is retried. Off (mode
+ * FAULT_OFF) it costs one predictable branch per completion. */
+enum fault_mode { FAULT_OFF = 0, FAULT_EIO, FAULT_EINTR, FAULT_EAGAIN, FAULT_SHORT, FAULT_STALL };
+
+typedef struct fault_plan {
+    enum fault_mode mode;
+    enum op op;       /* OP_OPEN or OP_READ (range reads are reads) */
+    char path[64];    /* substring of the paths to fault; empty: every path */
+    long stall_ms;    /* how long FAULT_STALL holds a completion back */
+    atomic_long left; /* faults still to inject: -1 every one, shared by the rings */
+    atomic_long done; /* faults injected so far (fr_ctx_stat "faults_injected") */
+} fault_plan;
+
 typedef struct uring {
     fr_config cfg;
+    fault_plan fault;
     unsigned nrings;
     unsigned depth; /* queue_depth: files in flight per ring */
     unsigned first_choice; /* index into setup_choices */
@@ -146,6 +164,7 @@ typedef struct uring {
 
     /* The phase being run: set by the caller before it hands the phase to
      * the pool, read-only while the threads run. */
+    enum phase phase;
     const char *const *paths;
     fr_batch *batch;
     size_t first; /* window start: claimed item k is file first + k */
@@ -373,7 +392,62 @@ static size_t cancel_stuck(uring *u, uring_ring *r)
     return issued;
 }
 
+/* Errors the repair path retries (EINTR, EAGAIN), not the sample's error. */
+static inline int retryable(int64_t res) { return res == -EINTR || res == -EAGAIN; }
+
 typedef void (*cqe_fn)(uring *u, uring_ring *r, const struct io_uring_cqe *cqe);
+
+/* 1 if this completion is to be faulted (takes one of the plan's faults). */
+static int fault_take(fault_plan *f, const char *path)
+{
+    if (f->path[0] && (!path || !strstr(path, f->path)))
+        return 0;
+    long left = atomic_load(&f->left);
+    while (left != 0) {
+        if (left < 0)
+            return 1;
+        if (atomic_compare_exchange_weak(&f->left, &left, left - 1))
+            return 1;
+    }
+    return 0;
+}
+
+/* Applies the fault plan to a copy of one completion (see fault_plan). */
+static void fault_inject(uring *u, struct io_uring_cqe *cqe)
+{
+    fault_plan *f = &u->fault;
+    enum op op;
+    const char *path;
+    if (u->phase == PH_RANGES) {
+        op = OP_READ;
+        path = u->image.path;
+    } else {
+        op = ud_op(cqe->user_data);
+        path = u->paths ? u->paths[ud_index(cqe->user_data)] : NULL;
+    }
+    if (op != f->op || (f->mode == FAULT_SHORT && cqe->res <= 0) || !fault_take(f, path))
+        return;
+    atomic_fetch_add(&f->done, 1);
+    switch (f->mode) {
+    case FAULT_STALL: {
+        struct timespec ts = {f->stall_ms / 1000, (f->stall_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+        return;
+    }
+    case FAULT_SHORT:
+        cqe->res /= 2;
+        return;
+    default:
+        break;
+    }
+    /* An open that did succeed gave a descriptor: a plain one is closed
+     * here; a direct one stays in its slot until the next open into the
+     * slot replaces it or the ring closes. */
+    if (op == OP_OPEN && cqe->res >= 0 && u->phase == PH_OPEN)
+        close(cqe->res);
+    cqe->res = f->mode == FAULT_EIO ? -EIO : f->mode == FAULT_EINTR ? -EINTR : -EAGAIN;
+}
 
 /* Hands every completion that is ready to fn, in one pass over the CQ ring
  * (one head update for all of them). Returns how many. */
@@ -383,7 +457,13 @@ static size_t reap(uring *u, uring_ring *r, cqe_fn fn)
     struct io_uring_cqe *cqe;
     io_uring_for_each_cqe(&r->ring, head, cqe)
     {
-        fn(u, r, cqe);
+        if (u->fault.mode != FAULT_OFF) {
+            struct io_uring_cqe faulted = *cqe;
+            fault_inject(u, &faulted);
+            fn(u, r, &faulted);
+        } else {
+            fn(u, r, cqe);
+        }
         seen++;
     }
     io_uring_cq_advance(&r->ring, seen);
@@ -608,8 +688,10 @@ static void open_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
     set_live(u, i, NULL, 0);
     if (cqe->res < 0) {
         u->open_res[i] = cqe->res;
-        /* O_DIRECT refused by this file system: the repair step reads it. */
-        u->sizes[i] = (cqe->res == -EINVAL && u->cfg.o_direct) ? 0 : cqe->res;
+        /* O_DIRECT refused by this file system, or an open interrupted or
+         * refused for a moment: the repair step reads it (retrying). */
+        u->sizes[i] = (cqe->res == -EINVAL && u->cfg.o_direct) || retryable(cqe->res) ? 0
+                                                                                      : cqe->res;
         return;
     }
     int fd = cqe->res;
@@ -863,10 +945,23 @@ static void uring_close(void *state)
  * read once the open is done, or openat -> read -> close linked; see
  * ring_chained) and "setup_extra=<flags>" (more
  * IORING_SETUP_* bits, tried first and dropped if refused: for experiments
- * and for testing the fallback). */
+ * and for testing the fallback).
+ *
+ * For tests only, fault injection (fault_plan): "fault_mode=eio|eintr|eagain|
+ * short|stall" turns it on; "fault_op=open|read" (default read: file and
+ * range reads), "fault_path=<substring>" (default: every path; a range's
+ * path is its image's), "fault_count=<n>" (default 1; -1: every matching
+ * completion; counted per context, over all its rings) and
+ * "fault_stall_ms=<ms>" (default 200) choose where. eio/eintr/eagain replace
+ * the completion's result with that -errno, short halves a read's byte
+ * count, stall holds the completion back in the ring's thread. */
 static int parse_args(uring *u, const char *args, char *err, size_t err_len)
 {
     const char *p = args ? args : "";
+    int faulted = 0; /* a fault_* item was given */
+    u->fault.op = OP_READ;
+    u->fault.stall_ms = 200;
+    atomic_store(&u->fault.left, 1);
     while (*p) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
@@ -895,6 +990,40 @@ static int parse_args(uring *u, const char *args, char *err, size_t err_len)
             u->linked = 1;
         } else if (strcmp(item, "open") == 0 && strcmp(val, "staged") == 0) {
             u->linked = 0;
+        } else if (strcmp(item, "fault_mode") == 0) {
+            static const char *const modes[] = {"eio", "eintr", "eagain", "short", "stall"};
+            u->fault.mode = FAULT_OFF;
+            for (unsigned m = 0; m < sizeof(modes) / sizeof(modes[0]); m++)
+                if (strcmp(val, modes[m]) == 0)
+                    u->fault.mode = (enum fault_mode)(FAULT_EIO + m);
+            if (u->fault.mode == FAULT_OFF) {
+                fr_set_err(err, err_len,
+                           "io_uring: fault_mode=%s is not one of eio|eintr|eagain|short|stall", val);
+                return -EINVAL;
+            }
+            faulted = 1;
+        } else if (strcmp(item, "fault_op") == 0 &&
+                   (strcmp(val, "open") == 0 || strcmp(val, "read") == 0)) {
+            u->fault.op = strcmp(val, "open") == 0 ? OP_OPEN : OP_READ;
+            faulted = 1;
+        } else if (strcmp(item, "fault_path") == 0) {
+            snprintf(u->fault.path, sizeof(u->fault.path), "%s", val); /* fits: item < 64 */
+            faulted = 1;
+        } else if ((strcmp(item, "fault_count") == 0 || strcmp(item, "fault_stall_ms") == 0) &&
+                   *val) {
+            char *e;
+            long v = strtol(val, &e, 10);
+            int is_count = item[6] == 'c';
+            if (*e || v < (is_count ? -1 : 0) || v > 3600000) {
+                fr_set_err(err, err_len, "io_uring: %s=%s is not %s", item, val,
+                           is_count ? "a count (-1: every completion)" : "milliseconds");
+                return -EINVAL;
+            }
+            if (is_count)
+                atomic_store(&u->fault.left, v);
+            else
+                u->fault.stall_ms = v;
+            faulted = 1;
         } else if (strcmp(item, "setup_extra") == 0 && *val) {
             char *e;
             unsigned long v = strtoul(val, &e, 0);
@@ -906,11 +1035,17 @@ static int parse_args(uring *u, const char *args, char *err, size_t err_len)
         } else {
             fr_set_err(err, err_len,
                        "io_uring: unknown engine_args item '%s' (known: taskrun=defer|single|coop|plain, "
-                       "open=staged|linked, setup_extra=<flags>)",
+                       "open=staged|linked, setup_extra=<flags>; for tests only: "
+                       "fault_mode=eio|eintr|eagain|short|stall, fault_op=open|read, "
+                       "fault_path=<substring>, fault_count=<n|-1>, fault_stall_ms=<ms>)",
                        item);
             return -EINVAL;
         }
         p = end ? end + 1 : p + len;
+    }
+    if (faulted && u->fault.mode == FAULT_OFF) {
+        fr_set_err(err, err_len, "io_uring: fault_* items need fault_mode=eio|eintr|eagain|short|stall");
+        return -EINVAL;
     }
     return 0;
 }
@@ -1026,6 +1161,7 @@ static int run_rings(uring *u, enum phase phase, size_t count)
     size_t per_turn = count / (4 * (size_t)u->nrings);
     u->per_turn = per_turn < 1 ? 1 : per_turn > 16 ? 16 : per_turn;
     atomic_store(&u->phase_err, 0);
+    u->phase = phase;
     if (u->caller_ring)
         fr_threadpool_run(u->pool, (int)phase, count);
     else
@@ -1152,12 +1288,12 @@ static int uring_read_files(void *state, const char *const *paths, const int64_t
         int64_t open_res = u->open_res[i], read_res = u->read_res[i];
         size_t slot = fr_request_len((size_t)size, u->cfg.o_direct, u->cfg.direct_alignment);
         int direct_refused = u->cfg.o_direct && (open_res == -EINVAL || read_res == -EINVAL);
-        if (open_res < 0 && !direct_refused) {
+        if (open_res < 0 && !direct_refused && !retryable(open_res)) {
             s->length = open_res; /* e.g. the file vanished since it was sized */
         } else if (read_res == size) {
             s->length = size;
-        } else if (read_res < 0 && !direct_refused && read_res != -EAGAIN &&
-                   read_res != -EINTR && read_res != -ECANCELED) {
+        } else if (read_res < 0 && !direct_refused && !retryable(read_res) &&
+                   read_res != -ECANCELED) {
             s->length = read_res;
         } else {
             /* Short, changed size, cut at FR_MAX_REQUEST, O_DIRECT refused by
@@ -1261,6 +1397,8 @@ static long uring_stat(const void *state, const char *key)
         return (long)u->window;
     if (strcmp(key, "window_shrinks") == 0)
         return u->window_shrinks;
+    if (strcmp(key, "faults_injected") == 0)
+        return atomic_load(&u->fault.done);
     return -1;
 }
 

@@ -138,6 +138,10 @@ def _load_index(path):
         version, length, crc = int(parts[1]), int(parts[2]), int(parts[3], 16)
     except ValueError:
         raise ImageError(f"index {path!r} is corrupt (bad header line)") from None
+    # Only the form pack writes: int() also takes "A" for "a" in the CRC (a
+    # flipped case bit) or a sign, so a damaged header could still parse.
+    if parts[1:] != [str(version), str(length), f"{crc:08x}"]:
+        raise ImageError(f"index {path!r} is corrupt (bad header line)")
     if version != VERSION:
         raise ImageError(f"index {path!r} has format version {version}; this fastread reads "
                          f"version {VERSION}")
