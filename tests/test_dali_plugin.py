@@ -265,3 +265,13 @@ def test_require_raises_with_the_reason(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert "RAISED" in r.stdout and "FASTREAD_DALI_PLUGIN=0" in r.stdout
+
+
+def test_fastread_info_reports_the_plugin():
+    for env, want in (({}, "loaded: fn.fastread.readers.file"),
+                      ({"FASTREAD_DALI_PLUGIN": "0"}, "unavailable: disabled by FASTREAD_DALI_PLUGIN=0")):
+        r = subprocess.run([sys.executable, "-m", "fastread.cli", "info"], capture_output=True,
+                           text=True, env=dict(os.environ, **env), timeout=300)
+        assert r.returncode == 0, r.stderr
+        line = [x for x in r.stdout.splitlines() if "DALI plugin" in x]
+        assert len(line) == 1 and want in line[0], r.stdout
