@@ -2,8 +2,13 @@
 //
 // A CPU operator over the C core's read-ahead reader (fr_reader): native
 // worker threads read whole batches of files ahead of the pipeline, and each
-// iteration copies one finished batch into DALI's contiguous output (spread
-// over DALI's thread pool). No Python runs on this path.
+// iteration hands DALI one finished batch without copying it: every sample
+// is a view of the batch's arena, which returns to the reader's pool when
+// DALI drops the last view. No Python runs on this path.
+//
+// Checkpointing (enable_checkpointing=True, pipe.checkpoint()): the state is
+// the stream position after the last batch handed out, and the seed;
+// restoring drops the read-ahead and reads on from there.
 //
 // Samples: `files` (+ `labels`), joined to `file_root` like DALI's `files=`.
 // fastread.dali.readers.file lists file_root / file_list trees with
@@ -29,13 +34,16 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <sstream>
 #include <random>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "dali/pipeline/operator/checkpointing/op_checkpoint.h"
 #include "dali/pipeline/operator/operator.h"
 #include "fastread.h"
 
@@ -102,7 +110,23 @@ class FileReader : public dali::Operator<dali::CPUBackend> {
   void RunImpl(dali::Workspace &ws) override;
   dali::ReaderMeta GetReaderMeta() const override;
 
+  // Checkpointing (pipe.checkpoint(), Pipeline(checkpoint=...)): the state
+  // is the sample stream's position after the last batch handed to DALI.
+  void SaveState(dali::OpCheckpoint &cpt, dali::AccessOrder order) override;
+  void RestoreState(const dali::OpCheckpoint &cpt) override;
+  std::string SerializeCheckpoint(const dali::OpCheckpoint &cpt) const override;
+  void DeserializeCheckpoint(dali::OpCheckpoint &cpt, const std::string &data) const override;
+
  private:
+  // A position in the sample stream: the next sample is order(epoch)[pos]
+  // (epoch -1: before the first epoch), with the shuffle seed (DALI gives
+  // every pipeline its own when seed= is not set).
+  struct StreamPos {
+    int64_t epoch = -1;
+    int64_t pos = 0;
+    int64_t seed = 0;
+  };
+
   std::vector<int64_t> EpochOrder(int64_t epoch) const;
   std::vector<int64_t> NextIndices();
   void TopUp();
@@ -130,6 +154,11 @@ class FileReader : public dali::Operator<dali::CPUBackend> {
   size_t pending_ = 0;
   std::string engine_;
   BatchPtr current_;
+  // Checkpointing: the stream position after each submitted batch not yet
+  // taken, and after the batch last taken.
+  bool checkpointing_ = false;
+  std::deque<StreamPos> submitted_;
+  StreamPos taken_;
 };
 
 FileReader::FileReader(const dali::OpSpec &spec) : dali::Operator<dali::CPUBackend>(spec) {
@@ -174,6 +203,8 @@ FileReader::FileReader(const dali::OpSpec &spec) : dali::Operator<dali::CPUBacke
   DALI_ENFORCE(seed_ >= -1, dali::make_string(kOpName, ": seed must be >= -1, got ", seed_));
   if (seed_ < 0) seed_ = 0;  // -1: 0, so every rank draws the same permutation
   batch_size_ = max_batch_size_;
+  checkpointing_ = spec.GetArgument<bool>("checkpointing");
+  taken_.seed = seed_;
 
   int depth = spec.GetArgument<int>("prefetch_queue_depth");
   DALI_ENFORCE(depth >= 1,
@@ -289,6 +320,7 @@ void FileReader::TopUp() {
     int rc = fr_reader_submit(reader_.get(), idx.data(), idx.size());
     DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": cannot queue a batch: ", ErrnoText(rc)));
     pending_++;
+    submitted_.push_back(StreamPos{gen_epoch_, static_cast<int64_t>(pos_), seed_});
   }
 }
 
@@ -299,6 +331,8 @@ BatchPtr FileReader::TakeBatch() {
   DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": reader (engine '", engine_,
                                           "') failed: ", ErrnoText(rc)));
   pending_--;
+  taken_ = submitted_.front();
+  submitted_.pop_front();
   BatchPtr batch(raw);
   DALI_ENFORCE(batch->status == 0,
                dali::make_string(kOpName, ": a batch failed (engine '", engine_, "'): ",
@@ -369,6 +403,49 @@ dali::ReaderMeta FileReader::GetReaderMeta() const {
   return meta;
 }
 
+void FileReader::SaveState(dali::OpCheckpoint &cpt, dali::AccessOrder order) {
+  DALI_ENFORCE(checkpointing_, dali::make_string(kOpName, ": cannot save a checkpoint: the "
+                                                 "pipeline was built without checkpointing"));
+  cpt.MutableCheckpointState() = taken_;
+}
+
+void FileReader::RestoreState(const dali::OpCheckpoint &cpt) {
+  DALI_ENFORCE(checkpointing_, dali::make_string(kOpName, ": cannot restore a checkpoint: the "
+                                                 "pipeline was built without checkpointing"));
+  const StreamPos &at = cpt.CheckpointState<StreamPos>();
+  // Drop the read-ahead of the old position; the next TopUp reads from `at`.
+  current_.reset();
+  fr_reader_reset(reader_.get());
+  pending_ = 0;
+  submitted_.clear();
+  gen_epoch_ = at.epoch;
+  seed_ = at.seed;
+  order_ = at.epoch >= 0 ? EpochOrder(at.epoch) : std::vector<int64_t>();
+  DALI_ENFORCE(at.pos >= 0 && static_cast<size_t>(at.pos) <= order_.size(),
+               dali::make_string(kOpName, ": a checkpoint at sample ", at.pos, " of epoch ",
+                                 at.epoch, ", which has ", order_.size(),
+                                 " samples here: it was saved by a reader of other arguments"));
+  pos_ = static_cast<size_t>(at.pos);
+  taken_ = at;
+}
+
+std::string FileReader::SerializeCheckpoint(const dali::OpCheckpoint &cpt) const {
+  const StreamPos &at = cpt.CheckpointState<StreamPos>();
+  return "fastread-stream-v1 " + std::to_string(at.epoch) + " " + std::to_string(at.pos) + " " +
+         std::to_string(at.seed);
+}
+
+void FileReader::DeserializeCheckpoint(dali::OpCheckpoint &cpt, const std::string &data) const {
+  std::istringstream in(data);
+  std::string tag;
+  StreamPos at;
+  in >> tag >> at.epoch >> at.pos >> at.seed;
+  DALI_ENFORCE(!in.fail() && tag == "fastread-stream-v1" && at.epoch >= -1 && at.pos >= 0 &&
+                   at.seed >= 0,
+               dali::make_string(kOpName, ": not a checkpoint of this reader: '", data, "'"));
+  cpt.MutableCheckpointState() = at;
+}
+
 }  // namespace fastread_dali
 
 DALI_REGISTER_OPERATOR(fastread__readers__File, ::fastread_dali::FileReader, ::dali::CPU);
@@ -398,7 +475,11 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                     "One permutation of the whole data set per epoch (same on every rank).",
                     false)
     .AddOptionalArg("shuffle_after_epoch", "Same as random_shuffle here.", false)
-    .AddOptionalArg<int64_t>("seed", "Shuffle seed (-1: 0, so ranks agree).", -1)
+    .AddOptionalArg<int64_t>("seed",
+                             "Shuffle seed. Give the same one on every rank: without it DALI "
+                             "draws one per pipeline, and ranks' shards would not partition "
+                             "the epoch (fastread.dali.readers.file passes -1, meaning 0).",
+                             -1)
     .AddOptionalArg("pad_last_batch",
                     "Pad every shard with its last sample to equal shards and whole batches.",
                     false)

@@ -181,6 +181,45 @@ def test_missing_file_raises_with_its_path(tree, tmp_path):
             pipe.run()
 
 
+CHECKPOINT_CASES = [dict(), dict(pad_last_batch=True, num_shards=3, shard_id=2),
+                    dict(random_shuffle=True, seed=3, num_shards=2, shard_id=1),
+                    dict(random_shuffle=True, stick_to_shard=True, num_shards=2, shard_id=0,
+                         prefetch_queue_depth=3)]
+
+
+@pytest.mark.parametrize("pipe_depth", [1, 3])
+@pytest.mark.parametrize("kw", CHECKPOINT_CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+def test_checkpoint_restores_the_stream(tree, kw, pipe_depth):
+    # pipe.checkpoint() after k batches; a pipeline built from it yields what
+    # the original yields after them (mid-epoch, at and past epoch ends).
+    for k in (0, 2, 9):
+        a = make_pipe(lambda: native(tree, **kw), 4, enable_checkpointing=True,
+                      prefetch_queue_depth=pipe_depth)
+        batches(a, k)
+        cp = a.checkpoint()
+        want = batches(a, 8)
+        b = make_pipe(lambda: native(tree, **kw), 4, enable_checkpointing=True,
+                      prefetch_queue_depth=pipe_depth, checkpoint=cp)
+        assert batches(b, 8) == want, f"after {k} batches"
+
+
+def test_checkpoint_through_readers_file(tree):
+    from fastread.dali import readers
+
+    def pipe(cp=None):
+        @pipeline_def(batch_size=5, num_threads=2, device_id=None, enable_checkpointing=True)
+        def p():
+            return readers.file(file_root=tree, native=True, random_shuffle=True)
+        pp = p(checkpoint=cp) if cp is not None else p()
+        pp.build()
+        return pp
+
+    a = pipe()
+    batches(a, 7)
+    cp = a.checkpoint()
+    assert batches(pipe(cp), 6) == batches(a, 6)
+
+
 def test_bad_arguments_name_themselves(tree):
     paths, _ = scan(tree)
     with pytest.raises(Exception, match="no_such_argument"):
