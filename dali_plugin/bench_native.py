@@ -36,7 +36,8 @@ def parse_modes(text):
     return modes
 
 
-def build(mode, root, paths, labels, batch, threads, depth, op_args=None, output="bytes"):
+def build(mode, root, paths, labels, batch, threads, depth, op_args=None, output="bytes",
+          device="cpu", decode=False):
     from nvidia.dali import fn, pipeline_def
 
     def read():
@@ -46,12 +47,20 @@ def build(mode, root, paths, labels, batch, threads, depth, op_args=None, output
             return fn.fastread.readers.file(files=paths, labels=labels, name="R",
                                             **(op_args or {}))
         from fastread.dali import readers
-        return readers.file(file_root=root)
+        # The external source: pinned arenas when the pipeline has a GPU.
+        return readers.file(file_root=root, native=False)
 
-    @pipeline_def(batch_size=batch, num_threads=threads, device_id=None,
+    gpu = device == "gpu"
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=0 if gpu else None,
                   prefetch_queue_depth=depth)
     def pipe():
         data, labels_ = read()
+        if decode:  # DALI's mixed decoder (nvJPEG) on the GPU, or its CPU decoder
+            images = fn.decoders.image(data, device="mixed" if gpu else "cpu")
+            return fn.shapes(images), labels_
+        if gpu:  # the bytes moved to the GPU by DALI, as a user writes it
+            data = data.gpu()
         # "bytes": the files' bytes are the pipeline's outputs, which DALI
         # makes contiguous (a copy of every byte for a reader whose samples
         # are separate views). "shapes": the bytes stay inside the pipeline,
@@ -92,6 +101,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--modes", default="fn.readers.file,native,external")
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                    help="gpu: a pipeline on GPU 0, the bytes moved there with .gpu()")
+    ap.add_argument("--decode", action="store_true",
+                    help="decode the JPEGs (mixed on --device gpu, else CPU); outputs shapes")
     ap.add_argument("--output", choices=("bytes", "shapes"), default="bytes",
                     help="pipeline outputs: the bytes read, or only their shapes (the bytes "
                          "consumed inside the pipeline, as a decoder would)")
@@ -114,7 +127,8 @@ def main(argv=None):
     for r in range(args.rounds):
         for label, mode, op_args in modes:
             pipe = build(mode, args.data, paths, labels, args.batch, args.threads,
-                         args.prefetch_queue_depth, op_args, args.output)
+                         args.prefetch_queue_depth, op_args, args.output, args.device,
+                         args.decode)
             rate, cpu_us = run_epoch(pipe, args.warmup, batches)
             results[label].append(rate)
             cpu[label].append(cpu_us)
@@ -122,8 +136,9 @@ def main(argv=None):
             print(f"round {r + 1} {label:16s} {rate:10,.0f} img/s  {cpu_us:6.1f} CPU-us/img",
                   flush=True)
     base = statistics.median(results["fn.readers.file"]) if "fn.readers.file" in results else None
+    what = "decoded" if args.decode else args.output
     print(f"\n{len(paths)} files, batch {args.batch}, {args.threads} DALI threads, "
-          f"warm, outputs: {args.output}, median of {args.rounds} interleaved rounds of "
+          f"device {args.device}, warm, outputs: {what}, median of {args.rounds} interleaved rounds of "
           f"{batches} batches")
     for m in results:
         med = statistics.median(results[m])
