@@ -375,6 +375,10 @@ void FileReader::RunImpl(dali::Workspace &ws) {
     labels.mutable_tensor<int32_t>(i)[0] = labels_[static_cast<size_t>(b->indices[i])];
 
   data.Reset();
+  // The arenas are not page-locked (no CUDA is loaded here): say so, even in
+  // a pipeline with a GPU, whose CPU outputs DALI would otherwise pin, so
+  // that its copies to the device do not take them for pinned memory.
+  data.set_pinned(false);
   data.SetContiguity(dali::BatchContiguity::Noncontiguous);
   data.set_type(DALI_UINT8);
   data.set_sample_dim(1);
@@ -383,7 +387,7 @@ void FileReader::RunImpl(dali::Workspace &ws) {
     const fr_sample &s = b->samples[i];
     // A view that keeps the whole batch alive (shared_ptr's aliasing form).
     std::shared_ptr<void> bytes(batch, b->arena.base + s.offset);
-    data.SetSample(i, std::move(bytes), static_cast<size_t>(s.length), data.is_pinned(),
+    data.SetSample(i, std::move(bytes), static_cast<size_t>(s.length), false,
                    dali::TensorShape<>{s.length}, DALI_UINT8, data.device_id(),
                    dali::AccessOrder::host());
     // As fn.readers.file: decoders name the file in their errors.
