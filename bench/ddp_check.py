@@ -108,7 +108,8 @@ def run_dali(args, kind, files, labels, rank, world, gpu, policy):
     @pipeline_def(batch_size=args.batch_size, num_threads=4, device_id=device_id)
     def pipe():
         common = dict(shard_id=rank, num_shards=world, random_shuffle=True, seed=0,
-                      last_batch_policy=policy, device="gpu" if gpu else "cpu")
+                      last_batch_policy=policy, device="gpu" if gpu else "cpu",
+                      epoch_end="stop")
         if kind == "file":
             return readers.file(files=files, labels=labels, **common)
         return readers.image(image=args.image, **common)

@@ -5,7 +5,9 @@
 #
 #   bash bench/gpu.sh tests    build, then the GPU tests
 #   bash bench/gpu.sh files    JPEG tree: read-to-GPU and mixed decoding,
-#                              warm and cold, batch 64 and 256
+#                              warm and cold, batch 64 and 256; then the native
+#                              DALI operator (+ .gpu()) against fn.readers.file
+#                              and the external source (dali_plugin/bench_native.py)
 #   bash bench/gpu.sh numpy    .npy trees (3x224x224 uint8, 4 MiB) against
 #                              fn.readers.numpy(device="gpu"), warm and cold
 #   bash bench/gpu.sh image    packed image, cold: queue-depth sweep against the
@@ -59,7 +61,7 @@ if [ -d "$deps" ]; then
     export CPATH="$deps/include${CPATH:+:$CPATH}" LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}"
 fi
 # Rebuilt whenever the sources changed (the copy here may have no .git).
-stamp=/tmp/fastread-installed-$(find csrc src CMakeLists.txt pyproject.toml -type f -print0 | sort -z |
+stamp=/tmp/fastread-installed-$(find csrc src cmake dali_plugin CMakeLists.txt pyproject.toml -type f -print0 | sort -z |
                                 xargs -0 cat | sha1sum | cut -c1-16)
 if [ ! -e "$stamp" ]; then
     # Stamped only when the install worked: a failed build is retried next call.
@@ -100,6 +102,16 @@ files)
     decode_modes=memory,dali,fastread-io_uring,fastread-psync
     bench bs256-decode-warm "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --cache warm --repeat 3 --modes "$decode_modes"
     bench bs256-decode-cold "$jpegs" --device gpu --threads 8 --batchsize 256 --decode --cold --repeat 3 --modes "$decode_modes"
+    # The native DALI operator: read to the GPU (its host output moved by .gpu()) and mixed
+    # decoding, against fn.readers.file and the external source, warm, interleaved rounds.
+    python3 -c "from fastread.dali import _plugin; _plugin.require()" || true
+    for args in "--batch 256 --device gpu" "--batch 64 --device gpu" "--batch 256 --device gpu --decode"; do
+        echo "== native operator: $args"
+        python3 dali_plugin/bench_native.py "$jpegs" --threads 8 --rounds 5 $args \
+            --modes fn.readers.file,native,external 2>&1 | tee -a "$json/native-operator.txt" |
+            tail -5 || echo "(the native operator's bench failed)"
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    done
     ;;
 numpy)
     python3 - <<'EOF'

@@ -4,10 +4,14 @@ external source), interleaved round by round so a noisy machine hurts every
 mode alike.
 
     python dali_plugin/bench_native.py DATA [--batch 64] [--threads 4] [--rounds 5]
+        [--modes fn.readers.file,native,native:threads=1+workers=1,external]
+        [--output bytes|shapes]
 
 Each round builds each mode's pipeline, runs `--warmup` untimed batches and
 then one epoch of batches (`pipe.run()`, no decoding), and records img/s;
-the report is each mode's median and its ratio to fn.readers.file. The files
+the report is each mode's median and its ratio to fn.readers.file, and the
+process's CPU time per image (all threads; steadier than img/s on a shared
+machine). The files
 are read once first so the page cache holds them (warm).
 """
 import argparse
@@ -18,18 +22,51 @@ import time
 import numpy as np
 
 
-def build(mode, root, paths, labels, batch, threads, depth):
+def parse_modes(text):
+    """Modes separated by commas; a native mode may carry operator arguments
+    after a colon, joined by `+`: `native:threads=2+workers=1`."""
+    modes = []
+    for item in text.split(","):
+        name, _, args = item.partition(":")
+        kw = {}
+        for pair in filter(None, args.split("+")):
+            k, _, v = pair.partition("=")
+            kw[k] = int(v) if v.lstrip("-").isdigit() else v
+        modes.append((item, name, kw))
+    return modes
+
+
+def build(mode, root, paths, labels, batch, threads, depth, op_args=None, output="bytes",
+          device="cpu", decode=False):
     from nvidia.dali import fn, pipeline_def
 
-    @pipeline_def(batch_size=batch, num_threads=threads, device_id=None,
+    def read():
+        if mode == "fn.readers.file":
+            return fn.readers.file(file_root=root, name="R")
+        if mode == "native":
+            return fn.fastread.readers.file(files=paths, labels=labels, name="R",
+                                            **(op_args or {}))
+        from fastread.dali import readers
+        # The external source: pinned arenas when the pipeline has a GPU.
+        return readers.file(file_root=root, native=False)
+
+    gpu = device == "gpu"
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=0 if gpu else None,
                   prefetch_queue_depth=depth)
     def pipe():
-        if mode == "fn.readers.file":
-            return tuple(fn.readers.file(file_root=root, name="R"))
-        if mode == "native":
-            return tuple(fn.fastread.readers.file(files=paths, labels=labels, name="R"))
-        from fastread.dali import readers
-        return tuple(readers.file(file_root=root))
+        data, labels_ = read()
+        if decode:  # DALI's mixed decoder (nvJPEG) on the GPU, or its CPU decoder
+            images = fn.decoders.image(data, device="mixed" if gpu else "cpu")
+            return fn.shapes(images), labels_
+        if gpu:  # the bytes moved to the GPU by DALI, as a user writes it
+            data = data.gpu()
+        # "bytes": the files' bytes are the pipeline's outputs, which DALI
+        # makes contiguous (a copy of every byte for a reader whose samples
+        # are separate views). "shapes": the bytes stay inside the pipeline,
+        # as when a decoder consumes them (which reads every byte from
+        # either reader's output alike).
+        return (fn.shapes(data), labels_) if output == "shapes" else (data, labels_)
 
     p = pipe()
     p.build()
@@ -47,10 +84,12 @@ def run_epoch(pipe, warmup, batches):
     for _ in range(warmup):
         step()
     n = 0
+    c0 = time.process_time()  # every thread of the process: DALI's, fastread's
     t0 = time.perf_counter()
     for _ in range(batches):
         n += len(step()[1])
-    return n / (time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    return n / wall, (time.process_time() - c0) / n * 1e6
 
 
 def main(argv=None):
@@ -62,6 +101,13 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--modes", default="fn.readers.file,native,external")
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                    help="gpu: a pipeline on GPU 0, the bytes moved there with .gpu()")
+    ap.add_argument("--decode", action="store_true",
+                    help="decode the JPEGs (mixed on --device gpu, else CPU); outputs shapes")
+    ap.add_argument("--output", choices=("bytes", "shapes"), default="bytes",
+                    help="pipeline outputs: the bytes read, or only their shapes (the bytes "
+                         "consumed inside the pipeline, as a decoder would)")
     args = ap.parse_args(argv)
 
     from fastread.dali import _plugin
@@ -75,22 +121,30 @@ def main(argv=None):
         with open(p, "rb") as f:
             f.read()
     batches = len(paths) // args.batch
-    modes = args.modes.split(",")
-    results = {m: [] for m in modes}
+    modes = parse_modes(args.modes)
+    results = {label: [] for label, _, _ in modes}
+    cpu = {label: [] for label, _, _ in modes}
     for r in range(args.rounds):
-        for m in modes:
-            pipe = build(m, args.data, paths, labels, args.batch, args.threads,
-                         args.prefetch_queue_depth)
-            results[m].append(run_epoch(pipe, args.warmup, batches))
+        for label, mode, op_args in modes:
+            pipe = build(mode, args.data, paths, labels, args.batch, args.threads,
+                         args.prefetch_queue_depth, op_args, args.output, args.device,
+                         args.decode)
+            rate, cpu_us = run_epoch(pipe, args.warmup, batches)
+            results[label].append(rate)
+            cpu[label].append(cpu_us)
             del pipe
-            print(f"round {r + 1} {m:16s} {results[m][-1]:10,.0f} img/s", flush=True)
+            print(f"round {r + 1} {label:16s} {rate:10,.0f} img/s  {cpu_us:6.1f} CPU-us/img",
+                  flush=True)
     base = statistics.median(results["fn.readers.file"]) if "fn.readers.file" in results else None
+    what = "decoded" if args.decode else args.output
     print(f"\n{len(paths)} files, batch {args.batch}, {args.threads} DALI threads, "
-          f"warm, median of {args.rounds} interleaved rounds of {batches} batches")
-    for m in modes:
+          f"device {args.device}, warm, outputs: {what}, median of {args.rounds} interleaved rounds of "
+          f"{batches} batches")
+    for m in results:
         med = statistics.median(results[m])
         ratio = f"{med / base:5.2f}x" if base else ""
-        print(f"{m:16s} {med:10,.0f} img/s  {ratio}  (runs: "
+        print(f"{m:16s} {med:10,.0f} img/s  {ratio}  "
+              f"{statistics.median(cpu[m]):6.1f} CPU-us/img  (runs: "
               f"{', '.join(f'{x:,.0f}' for x in results[m])}; spread "
               f"{np.std(results[m]) / med * 100:.0f}%)")
 

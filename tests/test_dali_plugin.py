@@ -95,6 +95,37 @@ def test_labels_and_bytes_are_the_files(tree):
     assert data == [open(p, "rb").read() for p in paths]
 
 
+def test_zero_copy_samples_stay_valid_behind_consumers(tree):
+    # The operator hands DALI views of its batches' memory; a batch goes back
+    # to the reader only when DALI drops it. A consumer inside the pipeline
+    # (the views reach fn.cat, which copies them after the reader has gone on
+    # reading ahead into recycled batches) must still see each file's bytes.
+    paths, labels = scan(tree)
+    want = [open(p, "rb").read() for p in paths]
+
+    @pipeline_def(batch_size=4, num_threads=2, device_id=None, prefetch_queue_depth=3)
+    def pipe():
+        data, labs = fn.fastread.readers.file(files=paths, labels=labels.tolist(),
+                                              prefetch_queue_depth=3, workers=2)
+        return fn.cat(data, data), labs
+
+    p = pipe()
+    p.build()
+    got = []
+    for _ in range(3 * len(paths) // 4 + 1):
+        data, _ = p.run()
+        got += [np.array(data[i]).tobytes() for i in range(len(data))]
+    expect = (want * 4)[:len(got)]
+    assert got == [w + w for w in expect]
+
+
+def test_source_info_is_the_path(tree):
+    paths, labels = scan(tree)
+    pipe = make_pipe(lambda: native(tree), 5)
+    data, _ = pipe.run()
+    assert [data[i].source_info() for i in range(5)] == paths[:5]
+
+
 def test_empty_file(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "0.jpg").write_bytes(b"")
@@ -148,6 +179,45 @@ def test_missing_file_raises_with_its_path(tree, tmp_path):
     with pytest.raises(RuntimeError, match=victim):
         for _ in range(10):
             pipe.run()
+
+
+CHECKPOINT_CASES = [dict(), dict(pad_last_batch=True, num_shards=3, shard_id=2),
+                    dict(random_shuffle=True, seed=3, num_shards=2, shard_id=1),
+                    dict(random_shuffle=True, stick_to_shard=True, num_shards=2, shard_id=0,
+                         prefetch_queue_depth=3)]
+
+
+@pytest.mark.parametrize("pipe_depth", [1, 3])
+@pytest.mark.parametrize("kw", CHECKPOINT_CASES, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+def test_checkpoint_restores_the_stream(tree, kw, pipe_depth):
+    # pipe.checkpoint() after k batches; a pipeline built from it yields what
+    # the original yields after them (mid-epoch, at and past epoch ends).
+    for k in (0, 2, 9):
+        a = make_pipe(lambda: native(tree, **kw), 4, enable_checkpointing=True,
+                      prefetch_queue_depth=pipe_depth)
+        batches(a, k)
+        cp = a.checkpoint()
+        want = batches(a, 8)
+        b = make_pipe(lambda: native(tree, **kw), 4, enable_checkpointing=True,
+                      prefetch_queue_depth=pipe_depth, checkpoint=cp)
+        assert batches(b, 8) == want, f"after {k} batches"
+
+
+def test_checkpoint_through_readers_file(tree):
+    from fastread.dali import readers
+
+    def pipe(cp=None):
+        @pipeline_def(batch_size=5, num_threads=2, device_id=None, enable_checkpointing=True)
+        def p():
+            return readers.file(file_root=tree, native=True, random_shuffle=True)
+        pp = p(checkpoint=cp) if cp is not None else p()
+        pp.build()
+        return pp
+
+    a = pipe()
+    batches(a, 7)
+    cp = a.checkpoint()
+    assert batches(pipe(cp), 6) == batches(a, 6)
 
 
 def test_bad_arguments_name_themselves(tree):
@@ -234,3 +304,13 @@ def test_require_raises_with_the_reason(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert "RAISED" in r.stdout and "FASTREAD_DALI_PLUGIN=0" in r.stdout
+
+
+def test_fastread_info_reports_the_plugin():
+    for env, want in (({}, "loaded: fn.fastread.readers.file"),
+                      ({"FASTREAD_DALI_PLUGIN": "0"}, "unavailable: disabled by FASTREAD_DALI_PLUGIN=0")):
+        r = subprocess.run([sys.executable, "-m", "fastread.cli", "info"], capture_output=True,
+                           text=True, env=dict(os.environ, **env), timeout=300)
+        assert r.returncode == 0, r.stderr
+        line = [x for x in r.stdout.splitlines() if "DALI plugin" in x]
+        assert len(line) == 1 and want in line[0], r.stdout

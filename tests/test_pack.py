@@ -261,7 +261,7 @@ def test_dali_image_reader_matches_file_reader(packed):
                         for i in range(len(data))]
         return out
 
-    kw = dict(random_shuffle=True, shard_id=0, num_shards=2, seed=5)
+    kw = dict(random_shuffle=True, shard_id=0, num_shards=2, seed=5, epoch_end="stop")
     want = run(lambda: readers.file(file_root=root, **kw))
     got = run(lambda: readers.image(image=img.path, o_direct=True, **kw))
     assert got == want and len(got) > 0

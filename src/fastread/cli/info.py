@@ -32,6 +32,9 @@ def collect():
     from fastread.engine import xnvme_version
     xver, xwhy = xnvme_version()
     devices, why = _env.cuda_devices()
+    from fastread.dali import _plugin
+    # The native DALI operator (fn.fastread.readers.file): loaded, or why not.
+    dali_plugin = _plugin.info()
     settings = {}
     for name, value in _defaults.all_settings().items():
         var = _defaults.env_var(name)
@@ -47,6 +50,7 @@ def collect():
         "packages": {label: _env.version(label) for label in _env.PACKAGES},
         # The system library behind the xNVMe engines, or why they are absent.
         "xnvme": {"version": xver, "reason": xwhy},
+        "dali_plugin": dali_plugin,
         "cuda_devices": devices,
         "cuda_reason": why,
         "defaults": settings,
@@ -66,12 +70,16 @@ def run(args):
     out = [f"fastread {data['fastread']} ({data['module']})", ""]
     out += format_engines(data)
     out += ["", "packages:"]
-    width = max(max(map(len, data["packages"])), len("libxnvme"))
+    width = max(max(map(len, data["packages"])), len("libxnvme"), len("DALI plugin"))
     for label, ver in data["packages"].items():
         out.append(f"  {label:<{width}}  {ver}")
     x = data["xnvme"]
     out.append(f"  {'libxnvme':<{width}}  "
                f"{x['version'] if x['version'] else 'unavailable: ' + x['reason']}")
+    d = data["dali_plugin"]
+    out.append(f"  {'DALI plugin':<{width}}  " + (
+        f"loaded: fn.fastread.readers.file ({d['path']}, built against DALI "
+        f"{d['built_against']})" if d["loaded"] else f"unavailable: {d['reason']}"))
     out += ["", "CUDA devices:"]
     if data["cuda_devices"]:
         out += [f"  {d}" for d in data["cuda_devices"]]

@@ -5,6 +5,10 @@ DALI's prefetch depth, CPU and GPU batch sources).
 Private: ``readers.py``, ``_image.py``, ``_numpy.py`` and ``fastread.torch``
 import it; it imports none of them.
 """
+import weakref
+
+import numpy as np
+
 from fastread import _defaults
 from fastread.index import check_flag, check_shard_args
 from fastread.reader import Reader
@@ -34,27 +38,72 @@ def _queue_depth(pipe):
     return int(depth)
 
 
+EPOCH_ENDS = ("roll", "stop")
+
+
+def check_epoch_end(epoch_end):
+    if epoch_end not in EPOCH_ENDS:
+        raise ValueError(f"epoch_end must be 'roll' (DALI's readers: epochs roll over, use "
+                         f"reader_name= with the DALI iterators) or 'stop' (StopIteration at "
+                         f"each epoch's end), got {epoch_end!r}")
+    return epoch_end
+
+
 class BatchSource:
     """What DALI pulls batches from. DALI calls iter() on a non-cycling
     source once and keeps calling next() after each reset, so the first
-    next() after an epoch's StopIteration starts the next epoch."""
+    next() after an epoch's StopIteration starts the next epoch.
+
+    With ``roll`` set, epochs never end, as in DALI's own readers: the shard
+    is one stream of samples, and a batch that crosses an epoch's end is
+    filled from the next epoch (with ``pad_last_batch`` every epoch is whole
+    batches, so none does). Subclasses that transform batches call
+    ``super().__next__()`` and get the stream either way."""
+
+    roll = False
 
     def __init__(self, reader):
         self.reader = reader
         self._it = None
+        self._carry = None  # roll: samples of a split batch not handed out yet
 
     def __iter__(self):
         return self
 
-    def __next__(self):
+    def _epoch_batch(self):
         if self._it is None:
             self._it = iter(self.reader)
         try:
-            arrays, labels = next(self._it)
+            return next(self._it)
         except StopIteration:
             self._it = None
             raise
-        return arrays, labels.reshape(-1, 1)
+
+    def __next__(self):
+        if not self.roll:
+            arrays, labels = self._epoch_batch()
+            return arrays, labels.reshape(-1, 1)
+        size = self.reader.batch_size
+        arrays, labels = self._carry or ([], [])
+        self._carry = None
+        ends = 0
+        while len(arrays) < size:
+            try:
+                more, more_labels = self._epoch_batch()
+            except StopIteration:
+                ends += 1
+                if ends > 1:  # cannot happen: every shard holds a sample
+                    raise RuntimeError("fastread reader: an epoch without samples") from None
+                continue
+            ends = 0
+            if not arrays and len(more) == size:
+                return more, more_labels.reshape(-1, 1)  # the usual case: no splicing
+            arrays = arrays + list(more)
+            labels = labels + [more_labels]
+        labels = np.concatenate(labels)
+        if len(arrays) > size:
+            self._carry = (arrays[size:], [labels[size:]])
+        return arrays[:size], labels[:size].reshape(-1, 1)
 
 
 def gpu_batch(arrays, device_id):
@@ -99,12 +148,14 @@ class GpuBatchSource(BatchSource):
 def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_shuffle, seed,
                    pad_last_batch, stick_to_shard, prefetch_queue_depth, name,
                    last_batch_policy, engine, device, no_copy, device_id, kwargs,
-                   make_batch_source=None, num_outputs=2):
+                   make_batch_source=None, num_outputs=2, epoch_end="stop"):
     """The outputs of a fastread reader in the current pipeline: the part
     the readers share. `open_samples()` returns the fastread.SampleSource to
     read (called once the pipeline is known to exist);
     `make_batch_source(reader, gpu)`, if given, makes what DALI pulls from
-    (default: data and labels)."""
+    (default: data and labels). `epoch_end`: "stop" (StopIteration at each
+    epoch's end, `last_batch_policy` chooses the last batch) or "roll"
+    (DALI's readers' epochs; the iterators get `reader_name=name`)."""
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
@@ -119,6 +170,12 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     if pipe is None:
         raise RuntimeError(f"fastread.dali.readers.{reader_name} must be called inside a DALI "
                            "pipeline definition (@pipeline_def or `with pipe:`)")
+    roll = check_epoch_end(epoch_end) == "roll"
+    if roll and last_batch_policy is not None:
+        raise ValueError(f"fastread.dali.readers.{reader_name}: last_batch_policy is for "
+                         "epoch_end='stop'; with rolling epochs (the default) give it to the DALI "
+                         "iterator, with reader_name= this reader's name (and pad_last_batch "
+                         "here for FILL)")
     policy = _policy_name(last_batch_policy)
     if pad_last_batch and policy == "PARTIAL":
         policy = "FILL"
@@ -137,12 +194,15 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
         pad_last_batch=policy == "FILL", drop_last=policy == "DROP",
         stick_to_shard=stick_to_shard,
         prefetch=max(prefetch_queue_depth, _defaults.get("prefetch")),
-        # DALI may read a fed batch until `depth` more iterations have run.
-        ring_depth=_queue_depth(pipe) + 2, engine=engine, device=device, **kwargs)
+        # DALI may read a fed batch until `depth` more iterations have run
+        # (rolling: plus the batch whose tail was carried into the next one).
+        ring_depth=_queue_depth(pipe) + 2 + roll, engine=engine, device=device, **kwargs)
     if make_batch_source is not None:
         batches = make_batch_source(reader, gpu)
     else:
         batches = GpuBatchSource(reader, device_id) if gpu else BatchSource(reader)
+    batches.roll = roll
+    reader.rolls = roll
     return _attach(pipe, reader, name, batches, no_copy=True if gpu else no_copy,
                    device=device, num_outputs=num_outputs)
 
@@ -167,5 +227,41 @@ def _attach(pipe, reader, name, source, no_copy, device="cpu", num_outputs=2):
     if readers is None:
         readers = []
         pipe._fastread_readers = readers
+        _serve_reader_meta(pipe)
+    if name is not None and any(r.name == name for r in readers):
+        raise ValueError(f"two fastread readers named {name!r} in one pipeline")
     readers.append(reader)
     return nodes[0] if num_outputs == 1 else tuple(nodes)
+
+
+def reader_meta(reader):
+    """DALI's reader metadata (``pipe.reader_meta(name)``) for a rolling
+    fastread reader: what the DALI iterators' ``reader_name=`` needs."""
+    n = len(reader.paths)
+    shards = reader.num_shards
+    return {"epoch_size": n,
+            "epoch_size_padded": -(-n // shards) * shards if reader.pad_last_batch else n,
+            "number_of_shards": shards, "shard_id": reader.shard_id,
+            "pad_last_batch": bool(reader.pad_last_batch),
+            "stick_to_shard": bool(reader.stick_to_shard)}
+
+
+def _serve_reader_meta(pipe):
+    """Makes ``pipe.reader_meta`` answer for the pipeline's named rolling
+    fastread readers too (an external source is no DALI reader, so DALI's
+    backend does not know them), so ``DALIGenericIterator(reader_name=...)``
+    works as with fn.readers.file. The pipeline is held weakly."""
+    pipe_ref = weakref.ref(pipe)
+    dali_meta = type(pipe).reader_meta
+
+    def meta(name=None):
+        p = pipe_ref()
+        ours = {r.name: reader_meta(r) for r in getattr(p, "_fastread_readers", [])
+                if r.name is not None and getattr(r, "rolls", False)}
+        if name is not None:
+            return ours[name] if name in ours else dali_meta(p, name)
+        merged = dict(dali_meta(p))
+        merged.update(ours)
+        return merged
+
+    pipe.reader_meta = meta

@@ -15,12 +15,15 @@ from fastread.image import PackedImage
 def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
           shuffle_after_epoch=False, seed=-1, pad_last_batch=False, stick_to_shard=False,
           prefetch_queue_depth=1, name=None, last_batch_policy=None, engine="auto",
-          device="cpu", no_copy=False, device_id=None, **kwargs):
+          device="cpu", no_copy=False, device_id=None, epoch_end="roll", **kwargs):
     """Like ``readers.file`` but over a packed image: returns ``(data, labels)``.
 
     ``image`` is the image's path (or a :class:`fastread.PackedImage`),
     ``index`` its index if not ``<image>.index``. Extra keyword arguments are
     engine options (``o_direct=True`` for O_DIRECT, ``queue_depth``, ...).
+    ``epoch_end`` and ``name``: as for readers.file (rolling epochs by
+    default, ``reader_name=name`` for the DALI iterators). Always an external
+    source: the native operator reads whole files, not ranges.
     """
     return reader_outputs(
         "image", lambda: image if isinstance(image, PackedImage) else PackedImage(image, index),
@@ -29,4 +32,4 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
         prefetch_queue_depth=prefetch_queue_depth, name=name,
         last_batch_policy=last_batch_policy, engine=engine, device=device, no_copy=no_copy,
-        device_id=device_id, kwargs=kwargs)
+        device_id=device_id, kwargs=kwargs, epoch_end=epoch_end)

@@ -74,7 +74,7 @@ def numpy(*, file_root=None, file_filter="*.npy", files=None, file_list=None, sh
           num_shards=1, random_shuffle=False, shuffle_after_epoch=False, seed=-1,
           pad_last_batch=False, stick_to_shard=False, prefetch_queue_depth=1, name=None,
           last_batch_policy=None, case_sensitive_filter=False, engine="auto", device="cpu",
-          device_id=None, use_o_direct=None, **kwargs):
+          device_id=None, use_o_direct=None, epoch_end="roll", **kwargs):
     """``fn.readers.numpy`` read by fastread; returns the arrays' DataNode.
 
     ``device="gpu"`` delivers them in GPU memory (see readers.file);
@@ -82,7 +82,9 @@ def numpy(*, file_root=None, file_filter="*.npy", files=None, file_list=None, sh
     or cuFile's compatibility mode). ``use_o_direct`` maps to the engines'
     ``o_direct``. Region-of-interest arguments (``roi_*``) are not supported:
     slice after the reader. Extra keyword arguments are engine and Reader
-    options, as for readers.file.
+    options, as for readers.file; ``epoch_end`` and ``name`` too (rolling
+    epochs by default, ``reader_name=name`` for the DALI iterators). Always
+    an external source (headers are parsed in Python).
     """
     roi = sorted(_ROI_ARGS & set(kwargs))
     if roi:
@@ -108,4 +110,5 @@ def numpy(*, file_root=None, file_filter="*.npy", files=None, file_list=None, sh
         prefetch_queue_depth=prefetch_queue_depth, name=name,
         last_batch_policy=last_batch_policy, engine=engine, device=device, no_copy=True,
         device_id=device_id, kwargs=kwargs,
-        make_batch_source=lambda reader, gpu: _NumpySource(reader, index, gpu), num_outputs=1)
+        make_batch_source=lambda reader, gpu: _NumpySource(reader, index, gpu), num_outputs=1,
+        epoch_end=epoch_end)

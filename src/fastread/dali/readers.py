@@ -1,25 +1,41 @@
-"""Drop-in replacements for DALI readers, built on ``fn.external_source``.
+"""Drop-in replacements for DALI readers.
 
-The native reader runs ahead on its own thread; each DALI iteration costs one
-Python call that hands over a batch already in memory, without a copy
-(``no_copy=True``). Arrays handed to DALI are kept unrecycled for as many
-iterations as DALI may still read them (its prefetch queue and a margin).
+``readers.file`` runs fastread's native DALI operator
+(``fn.fastread.readers.file``, :mod:`fastread.dali._plugin`) when the plugin
+loads and the call's options are ones it serves; otherwise, and always with
+``native=False``, a batch ``fn.external_source`` fed by a
+:class:`fastread.Reader`. ``native=True`` insists on the operator and raises
+with the reason it cannot be used.
 
-Epochs end for real: the source raises ``StopIteration`` at the end of each
-epoch, so ``DALIGenericIterator`` / ``DALIClassificationIterator`` with the
-default ``size=-1`` stop there, and ``reset()`` starts the next epoch (a new
-shuffle, and the next shard unless ``stick_to_shard``). ``reader_name=`` is
-for DALI's own readers only; choose the last-batch behaviour here instead,
-with ``last_batch_policy`` (``"PARTIAL"``, ``"DROP"`` or ``"FILL"``, or
-DALI's ``LastBatchPolicy`` values), which matches what the iterators do with
-``fn.readers.file`` and ``pad_last_batch=True``.
+The external source: the native reader runs ahead on its own thread; each
+DALI iteration costs one Python call that hands over a batch already in
+memory, without a copy (``no_copy=True``). Arrays handed to DALI are kept
+unrecycled for as many iterations as DALI may still read them (its prefetch
+queue and a margin). The operator: native threads read ahead and DALI gets
+views of their batches (no copy, no Python per iteration).
 
-One deliberate difference: every epoch starts at its first sample. DALI's
-own reader without ``pad_last_batch`` streams on past an epoch's end to fill
-the last batch, so its next epoch starts shifted by those samples; with
-``pad_last_batch=True`` DALI behaves as fastread always does.
+Epochs (``epoch_end``):
+
+- ``"roll"`` (the default), as DALI's own readers: the pipeline never ends;
+  without ``pad_last_batch`` a batch that crosses an epoch's end is filled
+  from the next epoch, with it every shard is padded (its last sample
+  repeated) to equal shards and whole batches. The DALI iterators find the
+  epoch's end from the reader: give the reader a ``name`` and the iterator
+  ``reader_name=`` that name (and choose its ``last_batch_policy`` there).
+  Both paths give fn.readers.file's samples, batch for batch.
+- ``"stop"``: the source raises ``StopIteration`` at the end of each epoch
+  (external source only), so ``DALIGenericIterator`` with the default
+  ``size=-1`` stops there and ``reset()`` starts the next epoch (a new
+  shuffle, and the next shard unless ``stick_to_shard``); every epoch starts
+  at its first sample, and ``last_batch_policy`` (``"PARTIAL"``, ``"DROP"``
+  or ``"FILL"``, or DALI's ``LastBatchPolicy`` values) chooses the last
+  batch, matching what the iterators do with ``fn.readers.file`` and
+  ``pad_last_batch=True``.
 """
-from fastread.dali._common import reader_outputs
+from fastread.dali import _plugin
+from fastread.dali._common import _DALI_ONLY_ARGS, check_epoch_end, reader_outputs
+from fastread.engine import GPU_ENGINES, RANGE_ONLY, EngineOptions
+from fastread.engine import resolve as resolve_engine
 from fastread.dali._image import image
 from fastread.dali._numpy import numpy
 from fastread.source import FileList
@@ -27,11 +43,50 @@ from fastread.source import FileList
 __all__ = ["file", "image", "numpy", "epoch_size"]
 
 
+# Engine and Reader options the operator takes as its own arguments.
+_NATIVE_OPTIONS = {"workers", "queue_depth", "threads", "o_direct", "direct_alignment",
+                   "register_buffers", "register_files", "engine_args"}
+
+
+def _native_obstacle(epoch_end, device, last_batch_policy, engine, kwargs, strict):
+    """Why the operator cannot serve this call (None if it can). `strict`:
+    native=True, where device="gpu" is served by the operator and .gpu()."""
+    if epoch_end == "stop":
+        return ("epoch_end='stop' needs the external source (the operator's epochs roll over, "
+                "as DALI's readers' do)")
+    if last_batch_policy is not None:
+        return "last_batch_policy is for epoch_end='stop'"
+    if device == "gpu" and not strict:
+        return "device='gpu' (the external source uploads in its native workers)"
+    if engine in GPU_ENGINES or engine in RANGE_ONLY:
+        return f"engine={engine!r}: the operator reads files into host memory"
+    other = sorted(set(kwargs) - _NATIVE_OPTIONS - _DALI_ONLY_ARGS - {"pin_memory"})
+    if other:
+        return "the operator does not take " + ", ".join(other)
+    return None
+
+
+def _use_native(native, epoch_end, device, last_batch_policy, engine, kwargs):
+    if native is not None and not isinstance(native, bool):
+        raise ValueError(f"native must be None (automatic), True or False, got {native!r}")
+    if native is False:
+        return False
+    obstacle = _native_obstacle(epoch_end, device, last_batch_policy, engine, kwargs,
+                                bool(native))
+    if native is None:
+        return obstacle is None and _plugin.load()
+    if obstacle is not None:
+        raise ValueError(f"fastread.dali.readers.file(native=True): {obstacle}")
+    _plugin.require("fastread.dali.readers.file(native=True)")
+    return True
+
+
 def file(*, file_root=None, file_list=None, files=None, labels=None, file_filters=None,
          shard_id=0, num_shards=1, random_shuffle=False, shuffle_after_epoch=False, seed=-1,
          pad_last_batch=False, stick_to_shard=False, prefetch_queue_depth=1, name=None,
          case_sensitive_filter=False, dir_filters=None, last_batch_policy=None,
-         engine="auto", device="cpu", no_copy=False, device_id=None, **kwargs):
+         engine="auto", device="cpu", no_copy=False, device_id=None, epoch_end="roll",
+         native=None, **kwargs):
     """``fn.readers.file`` read by fastread; returns ``(data, labels)``.
 
     Same arguments and, without shuffling, the same samples in the same order
@@ -43,15 +98,35 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     (``queue_depth``, ``threads``, ``o_direct``, ...) and Reader options
     (``workers``).
 
+    ``native``: None (the operator where it serves the call, else the
+    external source), True (the operator, or ValueError / RuntimeError saying
+    why not) or False (the external source). ``epoch_end``: ``"roll"`` or
+    ``"stop"`` (see the module's documentation); ``name`` is what DALI
+    iterators' ``reader_name=`` refers to.
+
     ``device="gpu"`` delivers both outputs in GPU memory (the pipeline's
-    ``device_id`` unless given): the native workers copy each batch from its
-    page-locked arena to the GPU in one copy (the ``cufile`` engine reads
-    into GPU memory itself), and DALI gets the samples without further
-    copies. Device buffers are reused only after DALI's prefetch queue has
-    moved past them. The mixed image decoder wants ``device="cpu"``; inside
-    a pipeline with a ``device_id`` the host arenas are page-locked then
-    too (``pin_memory=False`` turns that off).
+    ``device_id`` unless given). The external source: the native workers
+    copy each batch from its page-locked arena to the GPU in one copy (the
+    ``cufile`` engine reads into GPU memory itself), and DALI gets the
+    samples without further copies; device buffers are reused only after
+    DALI's prefetch queue has moved past them. The operator (native=True):
+    host output moved by DALI (``.gpu()``). The mixed image decoder wants
+    ``device="cpu"``; inside a pipeline with a ``device_id`` the external
+    source's host arenas are page-locked then too (``pin_memory=False``
+    turns that off).
     """
+    check_epoch_end(epoch_end)
+    if _use_native(native, epoch_end, device, last_batch_policy, engine, kwargs):
+        return _native_file(
+            FileList.scan(file_root, file_filters=file_filters, file_list=file_list, files=files,
+                          labels=labels, dir_filters=dir_filters,
+                          case_sensitive_filter=case_sensitive_filter),
+            shard_id=shard_id, num_shards=num_shards,
+            random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
+            pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
+            prefetch_queue_depth=prefetch_queue_depth, name=name, engine=engine, device=device,
+            device_id=device_id, kwargs=kwargs)
+
     def open_samples():
         return FileList.scan(file_root, file_filters=file_filters, file_list=file_list,
                              files=files, labels=labels, dir_filters=dir_filters,
@@ -64,7 +139,54 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
         prefetch_queue_depth=prefetch_queue_depth, name=name,
         last_batch_policy=last_batch_policy, engine=engine, device=device, no_copy=no_copy,
-        device_id=device_id, kwargs=kwargs)
+        device_id=device_id, kwargs=kwargs, epoch_end=epoch_end)
+
+
+def _native_file(samples, *, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
+                 stick_to_shard, prefetch_queue_depth, name, engine, device, device_id, kwargs):
+    """fn.fastread.readers.file over `samples` (a FileList)."""
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+
+    from fastread.index import check_flag, check_shard_args
+
+    if Pipeline.current() is None:
+        raise RuntimeError("fastread.dali.readers.file must be called inside a DALI pipeline "
+                           "definition (@pipeline_def or `with pipe:`)")
+    shard_id, num_shards = check_shard_args(shard_id, num_shards)
+    for flag, value in (("random_shuffle", random_shuffle), ("pad_last_batch", pad_last_batch),
+                        ("stick_to_shard", stick_to_shard)):
+        check_flag(flag, value)
+    if not isinstance(prefetch_queue_depth, int) or prefetch_queue_depth < 1:
+        raise ValueError(f"prefetch_queue_depth must be an integer >= 1, got {prefetch_queue_depth!r}")
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    # Checked here as for the external source: ValueError / TypeError naming
+    # the engine or option, before DALI builds anything.
+    engine = resolve_engine(engine)
+    given = {k: v for k, v in kwargs.items() if k in _NATIVE_OPTIONS and k != "workers"}
+    op_args = {k: v for k, v in EngineOptions.coerce(**given)._given().items() if k in given}
+    workers = kwargs.get("workers")
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
+            raise ValueError(f"workers must be an integer in 1..64, got {workers!r}")
+        op_args["workers"] = workers
+    if name is not None:
+        op_args["name"] = name
+    data, labels = fn.fastread.readers.file(
+        files=samples.paths, labels=samples.labels.tolist(), shard_id=shard_id,
+        num_shards=num_shards, random_shuffle=bool(random_shuffle),
+        seed=-1 if seed is None else int(seed), pad_last_batch=bool(pad_last_batch),
+        stick_to_shard=bool(stick_to_shard), prefetch_queue_depth=prefetch_queue_depth,
+        engine=engine, **op_args)
+    if device == "gpu":
+        pipe_device = Pipeline.current().device_id
+        if pipe_device is None or (device_id is not None and device_id != pipe_device):
+            raise ValueError(f"fastread.dali.readers.file(native=True, device='gpu') moves the "
+                             f"operator's output with .gpu() to the pipeline's device "
+                             f"(device_id={pipe_device}); device_id={device_id} is not it")
+        data, labels = data.gpu(), labels.gpu()
+    return data, labels
 
 
 def epoch_size(pipe, index=0):
