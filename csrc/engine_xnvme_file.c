@@ -72,7 +72,11 @@ typedef struct fr_xnvme_args {
 } fr_xnvme_args;
 int fr_xnvme_parse_args(const char *engine, const char *s, int ranges, fr_xnvme_args *a,
                         char *err, size_t err_len);
-void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, struct xnvme_opts *o);
+int fr_xnvme_check_stack(const char *engine, const fr_xnvme_args *a, int files_only, char *err,
+                         size_t err_len);
+int fr_xnvme_try_file(const char *engine, const fr_xnvme_args *a, char *err, size_t err_len);
+void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, const char *path, mode_t type,
+                         struct xnvme_opts *o);
 int fr_xnvme_probe(const char *engine, char *why, size_t why_len);
 
 #define WINDOW 256
@@ -428,8 +432,16 @@ static int xf_open(const fr_config *cfg, void **state, char *err, size_t err_len
         strcpy(x->a.be, "linux"); /* regular files; also keeps open()'s errno */
     if (!x->a.async[0])
         strcpy(x->a.async, "emu");
+    rc = fr_xnvme_check_stack("xnvme-file", &x->a, 1, err, err_len);
+    if (rc == 0)
+        rc = fr_xnvme_try_file("xnvme-file", &x->a, err, err_len);
+    if (rc) {
+        free(x);
+        return rc;
+    }
     x->direct = x->a.direct >= 0 ? x->a.direct : cfg->o_direct;
-    fr_xnvme_apply_opts(&x->a, x->direct, &x->opts);
+    /* Every file read is a regular one (size_one): sync=psync, admin=file_as_ns. */
+    fr_xnvme_apply_opts(&x->a, x->direct, NULL, S_IFREG, &x->opts);
     x->qcap = x->a.qdepth ? x->a.qdepth : DEFAULT_QDEPTH;
     if (x->qcap < 2)
         x->qcap = 2;
