@@ -576,6 +576,14 @@ static int ensure_dev(xr *x, const char *path)
             return rc; /* -ENAMETOOLONG: no alias reaches it (no /proc) */
         name = alias;
     }
+    /* A character device must be an NVMe namespace (/dev/ngXnY): xNVMe 0.7.5
+     * opens others, /dev/zero among them, as devices of 0 bytes, and every
+     * range would come back empty instead of failing. */
+    if (have_st && S_ISCHR(st.st_mode) && !is_nvme_namespace(name)) {
+        if (alias_fd >= 0)
+            close(alias_fd);
+        return -ENODEV;
+    }
     struct xnvme_opts o;
     fr_xnvme_apply_opts(&x->a, x->direct, name, have_st ? st.st_mode : 0, &o);
     errno = 0;

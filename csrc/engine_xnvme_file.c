@@ -50,6 +50,7 @@
 #include <fcntl.h>
 #include <libxnvme.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -121,23 +122,11 @@ typedef struct xfile {
     unsigned char repair[WINDOW];
     atomic_long direct_fallbacks, repairs;
     atomic_long path_fallbacks; /* files read with pread: xNVMe cannot take their path */
+    atomic_long fd_shrinks;     /* out of descriptors: a thread kept fewer files in flight */
     void *ranges; /* the xnvme engine's state, for read_ranges (opened on first use) */
 } xfile;
 
 static int xf_probe(char *why, size_t why_len) { return fr_xnvme_probe("xnvme-file", why, why_len); }
-
-/* errno for a path xnvme_file_open refused: its errno is unreliable (later
- * backends overwrite it, a bad option leaves it negative), so ask open(). */
-static int open_errno(const char *path, int xerr)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return -errno;
-    close(fd);
-    if (xerr < 0)
-        xerr = -xerr;
-    return -(xerr > 0 && xerr < 4096 ? xerr : EIO);
-}
 
 static size_t want_of(const xfile *x, size_t k)
 {
@@ -157,23 +146,28 @@ static void size_one(xfile *x, size_t k)
         x->sizes[k] = (int64_t)st.st_size;
 }
 
-/* PHASE_READ: opens a sized file. On failure the sample gets the errno. */
-static struct xnvme_dev *open_one(xfile *x, size_t k)
+/* PHASE_READ: opens a sized file. On failure *err is xNVMe's errno (EMFILE
+ * and ENFILE matter: the caller opens fewer files at a time) and the file is
+ * left to fr_read_whole, which reads it or reports its real errno: xNVMe's
+ * is unreliable (later backends overwrite it, a bad option leaves it
+ * negative) and it retries nothing, EINTR included. */
+static struct xnvme_dev *open_one(xfile *x, size_t k, int *err)
 {
     const char *path = x->paths[x->first + k];
     struct xnvme_opts o = x->opts; /* xNVMe may write to it */
     errno = 0;
     struct xnvme_dev *dev = xnvme_file_open(path, &o);
     if (!dev) {
-        fr_sample *s = &x->batch->samples[x->first + k];
-        s->offset = 0;
-        s->length = open_errno(path, errno);
+        *err = errno < 0 ? -errno : errno;
         return NULL;
     }
+    *err = 0;
     if (x->direct && !xnvme_dev_get_opts(dev)->direct)
         atomic_fetch_add(&x->direct_fallbacks, 1); /* xNVMe retried without O_DIRECT */
     return dev;
 }
+
+static int out_of_fds(int err) { return err == EMFILE || err == ENFILE; }
 
 /* PHASE_READ: whether to open and read file k. A window laid out from size
  * hints stats each file here, just before its open, and leaves one that no
@@ -274,9 +268,12 @@ static size_t chunk_of(const xfile *x)
 /* queue=0: synchronous reads, chunk by chunk. */
 static void read_sync(xfile *x, size_t k)
 {
-    struct xnvme_dev *dev = open_one(x, k);
-    if (!dev)
+    int err;
+    struct xnvme_dev *dev = open_one(x, k, &err);
+    if (!dev) {
+        x->repair[k] = 1; /* one descriptor at a time: nothing to shrink */
         return;
+    }
     size_t want = want_of(x, k), chunk = chunk_of(x);
     uint8_t *base = x->batch->arena.base + x->batch->samples[x->first + k].offset;
     uint64_t got = 0;
@@ -344,30 +341,55 @@ static void read_phase(xfile *x)
     for (unsigned i = 0; i < cap; i++)
         idle[i] = &slots[i];
     int exhausted = 0;
+    /* Out of descriptors (RLIMIT_NOFILE: each file in flight holds its own
+     * descriptor, and io_uring a ring's), the file waits in `pending` while
+     * this thread keeps fewer files in flight; with none in flight it waits a
+     * little, FR_RETRY_LIMIT times at most, before fr_read_whole has it. */
+    size_t pending = SIZE_MAX;
+    unsigned fd_waits = 0;
     for (;;) {
-        while (!exhausted && active < cap) {
-            size_t k;
-            if (!fr_threadpool_claim(x->pool, &k)) {
-                exhausted = 1;
-                break;
+        while (active < cap && (pending != SIZE_MAX || !exhausted)) {
+            size_t k = pending;
+            pending = SIZE_MAX;
+            if (k == SIZE_MAX) {
+                if (!fr_threadpool_claim(x->pool, &k)) {
+                    exhausted = 1;
+                    break;
+                }
+                if (!to_read(x, k))
+                    continue;
             }
-            if (!to_read(x, k))
-                continue;
-            struct xnvme_dev *dev = open_one(x, k);
-            if (!dev)
-                continue;
-            slot *sl = idle[--nidle];
+            int err;
+            struct xnvme_dev *dev = open_one(x, k, &err);
+            slot *sl = idle[nidle - 1];
             sl->x = x;
-            if (start_slot(sl, k, dev) != 0) {
-                idle[nidle++] = sl;
-                finish(x, k, dev, 0, 1); /* no queue: fr_read_whole reads it */
+            if (dev && (err = start_slot(sl, k, dev)) != 0) {
+                xnvme_file_close(dev);
+                dev = NULL;
+                err = err < 0 ? -err : err;
+            }
+            if (!dev) {
+                if (out_of_fds(err) && (active > 0 || fd_waits < FR_RETRY_LIMIT)) {
+                    pending = k;
+                    atomic_fetch_add(&x->fd_shrinks, 1);
+                    if (active > 0) {
+                        cap = active; /* fewer files at a time from now on */
+                        break;
+                    }
+                    fd_waits++;
+                    fr_pause_1ms(); /* others (a reader's workers) hold them all */
+                    continue;
+                }
+                x->repair[k] = 1; /* fr_read_whole reads it or names the errno */
                 continue;
             }
+            fd_waits = 0;
+            nidle--;
             if (submit_chunks(sl, chunk_of(x)) != 0)
                 sl->failed = 1;
             act[active++] = sl;
         }
-        if (active == 0)
+        if (active == 0 && pending == SIZE_MAX)
             return;
         for (unsigned i = 0; i < active;) {
             slot *sl = act[i];
@@ -553,6 +575,8 @@ static long xf_stat(const void *state, const char *key)
         return atomic_load(&((xfile *)state)->direct_fallbacks);
     if (strcmp(key, "repairs") == 0)
         return atomic_load(&((xfile *)state)->repairs);
+    if (strcmp(key, "fd_shrinks") == 0)
+        return atomic_load(&((xfile *)state)->fd_shrinks);
     if (strcmp(key, "path_fallbacks") == 0)
         return atomic_load(&((xfile *)state)->path_fallbacks);
     if (strcmp(key, "xnvme_version") == 0)

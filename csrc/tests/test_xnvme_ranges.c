@@ -156,6 +156,8 @@ int main(void)
     CHECK(fr_read_ranges(ctx, missing, r, 2, b) == 0);
     CHECK(b->samples[0].length == -ENOENT && b->samples[1].length == -ENOENT);
     CHECK(fr_read_ranges(ctx, fr_test_dir(), r, 1, b) == 0 && b->samples[0].length == -EISDIR);
+    /* A character device that is no NVMe namespace: refused, not 0 bytes long. */
+    CHECK(fr_read_ranges(ctx, "/dev/zero", r, 1, b) == 0 && b->samples[0].length == -ENODEV);
     const char *paths[] = {path};
     CHECK(fr_read_files(ctx, paths, NULL, 1, b) == -ENOTSUP);
     fr_batch_recycle(b);
