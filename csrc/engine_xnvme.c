@@ -13,8 +13,14 @@
  * blocks read, so offsets and lengths need no alignment; its length is the
  * range clamped to the device's end.
  *
- * Also here: the engine_args parser and probe both xNVMe engines share
- * (declared again in engine_xnvme_file.c).
+ * Also here: the engine_args parser, the stack checks and the probe both
+ * xNVMe engines share (declared again in engine_xnvme_file.c). Tested
+ * against xNVMe 0.7.5 (with and without libaio) and xNVMe main (d835467),
+ * which still calls itself 0.7.5 but picks stacks differently: see
+ * fr_xnvme_apply_opts and fr_xnvme_probe.
+ *
+ * Thread-safety: a context is used by one thread at a time (engine.h); the
+ * shared helpers keep no state (the library's libconf is looked up anew).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>

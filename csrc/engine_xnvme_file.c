@@ -36,10 +36,18 @@
  * (io_uring, libaio, thrpool, posix, emu); queue=0 reads synchronously instead
  * (the command on a queue-less context).
  *
- * Every completion's status is checked. A failed command, an O_DIRECT read
- * the file system refused, or a short read from a stale errno (xNVMe's psync
- * path calls a short read an error when errno happens to be set) is settled
- * by fr_read_whole after the phase, which reports the file's real errno.
+ * Every completion's status is checked. A failed open or command, an
+ * O_DIRECT read the file system refused, or a short read from a stale errno
+ * (xNVMe's psync path calls a short read an error when errno happens to be
+ * set) is settled by fr_read_whole after the phase, which retries what may
+ * be retried and reports the file's real errno. Out of descriptors (EMFILE
+ * on an open or a queue), a thread keeps fewer files in flight.
+ *
+ * The stack: regular files are read with sync=psync whatever async is
+ * chosen (fr_xnvme_apply_opts); stacks for devices (sync=nvme or block,
+ * io_uring_cmd), nil, an async interface the library was built without, or
+ * one it has no file stack for (posix on xNVMe main) are refused at open,
+ * by name (fr_xnvme_check_stack, fr_xnvme_try_file).
  * Reads land straight in the arena: the linux backend's memory is plain host
  * memory, so xnvme_buf_alloc is not needed for it (mem= other than posix is
  * refused).
