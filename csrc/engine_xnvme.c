@@ -13,13 +13,24 @@
  * blocks read, so offsets and lengths need no alignment; its length is the
  * range clamped to the device's end.
  *
- * Also here: the engine_args parser and probe both xNVMe engines share
- * (declared again in engine_xnvme_file.c).
+ * Also here: the engine_args parser, the stack checks and the probe both
+ * xNVMe engines share (declared again in engine_xnvme_file.c). Tested
+ * against xNVMe 0.7.5 (with and without libaio) and xNVMe main (d835467),
+ * which still calls itself 0.7.5 but picks stacks differently: see
+ * fr_xnvme_apply_opts and fr_xnvme_probe.
+ *
+ * Thread-safety: a context is used by one thread at a time (engine.h); the
+ * shared helpers keep no state (the library's libconf is looked up anew).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <libxnvme.h>
+#include <linux/nvme_ioctl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,7 +56,12 @@ typedef struct fr_xnvme_args {
 
 int fr_xnvme_parse_args(const char *engine, const char *s, int ranges, fr_xnvme_args *a,
                         char *err, size_t err_len);
-void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, struct xnvme_opts *o);
+int fr_xnvme_check_stack(const char *engine, const fr_xnvme_args *a, int files_only, char *err,
+                         size_t err_len);
+int fr_xnvme_file_stack_error(const fr_xnvme_args *a);
+int fr_xnvme_try_file(const char *engine, const fr_xnvme_args *a, char *err, size_t err_len);
+void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, const char *path, mode_t type,
+                         struct xnvme_opts *o);
 int fr_xnvme_probe(const char *engine, char *why, size_t why_len);
 
 static const char *const ASYNC_NAMES[] = {"io_uring", "io_uring_cmd", "libaio", "thrpool",
@@ -162,7 +178,149 @@ int fr_xnvme_parse_args(const char *engine, const char *s, int ranges, fr_xnvme_
     return 0;
 }
 
-void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, struct xnvme_opts *o)
+/* The loaded libxnvme's build configuration, lines such as
+ * "conf: XNVME_BE_LINUX_LIBAIO_ENABLED". xNVMe 0.7.5 exports them as the
+ * array `xnvme_libconf`, its development line (main, which still calls
+ * itself 0.7.5) through `xnvme_libconf_get()`. Both are looked up by name in
+ * the library already loaded (RTLD_NOLOAD), so fastread links no symbol one
+ * of them lacks. *api_main: 1 for xnvme_libconf_get, 0 for the array, -1 when
+ * neither is found (then NULL is returned). */
+struct fr_libconf_main {
+    const char **entries; /* struct xnvme_libconf of main */
+};
+
+static const char *const *lib_conf(int *api_main)
+{
+    *api_main = -1;
+    int (*ver)(void) = xnvme_ver_major;
+    void *addr;
+    memcpy(&addr, &ver, sizeof(addr)); /* a function's address, as dladdr wants it */
+    Dl_info info;
+    if (!dladdr(addr, &info) || !info.dli_fname)
+        return NULL;
+    void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h)
+        return NULL; /* linked statically: no library to ask */
+    const char *const *entries = NULL;
+    void *sym = dlsym(h, "xnvme_libconf_get");
+    if (sym) {
+        const struct fr_libconf_main *(*get)(void);
+        memcpy(&get, &sym, sizeof(get));
+        const struct fr_libconf_main *conf = get();
+        entries = conf ? (const char *const *)conf->entries : NULL;
+        *api_main = 1;
+    } else if ((sym = dlsym(h, "xnvme_libconf")) != NULL) {
+        entries = sym;
+        *api_main = 0;
+    }
+    /* Drops only the reference RTLD_NOLOAD took: the library stays loaded
+     * (fastread links it), and so do the entries. */
+    dlclose(h);
+    return entries;
+}
+
+/* 1 if the loaded libxnvme was built with `conf` (e.g. "XNVME_BE_LINUX_
+ * LIBAIO_ENABLED"), 0 if not, -1 if its configuration cannot be read. */
+static int lib_has(const char *conf)
+{
+    int api_main;
+    const char *const *entries = lib_conf(&api_main);
+    if (!entries)
+        return -1;
+    for (size_t i = 0; entries[i]; i++)
+        if (strncmp(entries[i], "conf: ", 6) == 0 && strcmp(entries[i] + 6, conf) == 0)
+            return 1;
+    return 0;
+}
+
+/* The async interfaces of xNVMe's linux backend, and the build switch each
+ * needs. nil is not here: it completes commands without doing any I/O. */
+static const struct {
+    const char *name, *conf, *needs;
+} ASYNC_CONF[] = {
+    {"emu", "XNVME_BE_CBI_ASYNC_EMU_ENABLED", "its cbi_async_emu option"},
+    {"io_uring", "XNVME_BE_LINUX_LIBURING_ENABLED", "liburing"},
+    {"io_uring_cmd", "XNVME_BE_LINUX_LIBURING_ENABLED", "liburing"},
+    {"libaio", "XNVME_BE_LINUX_LIBAIO_ENABLED", "libaio (libaio.h)"},
+    {"posix", "XNVME_BE_CBI_ASYNC_POSIX_ENABLED", "its cbi_async_posix option"},
+    {"thrpool", "XNVME_BE_CBI_ASYNC_THRPOOL_ENABLED", "its cbi_async_thrpool option"},
+};
+
+/* Whether regular files can take the stack in `a`: xNVMe reads them only
+ * with sync=psync and the file_as_ns admin shim. The nvme and block
+ * interfaces issue ioctls meant for devices (xNVMe main then divides by the
+ * zero block size of a file: SIGFPE), and io_uring_cmd is NVMe passthrough.
+ * 0, or -ENOTSUP with the reason in err. */
+static int file_stack_ok(const char *engine, const fr_xnvme_args *a, char *err, size_t err_len)
+{
+    const char *key = NULL, *val = NULL;
+    if (a->sync[0] && strcmp(a->sync, "psync") != 0)
+        key = "sync", val = a->sync;
+    else if (a->admin[0] && strcmp(a->admin, "file_as_ns") != 0)
+        key = "admin", val = a->admin;
+    else if (strcmp(a->async, "io_uring_cmd") == 0)
+        key = "async", val = a->async;
+    if (!key)
+        return 0;
+    fr_set_err(err, err_len,
+               "%s: %s=%s cannot read regular files (it is for NVMe and block devices; xNVMe "
+               "reads files with sync=psync, admin=file_as_ns and async emu, io_uring, libaio, "
+               "posix or thrpool)", engine, key, val);
+    return -ENOTSUP;
+}
+
+int fr_xnvme_file_stack_error(const fr_xnvme_args *a)
+{
+    char why[8];
+    return file_stack_ok("", a, why, sizeof(why));
+}
+
+int fr_xnvme_check_stack(const char *engine, const fr_xnvme_args *a, int files_only, char *err,
+                         size_t err_len)
+{
+    if (strcmp(a->async, "nil") == 0) {
+        fr_set_err(err, err_len, "%s: async=nil completes every command without reading "
+                   "anything: nothing would be read", engine);
+        return -EINVAL;
+    }
+    if (files_only) {
+        int rc = file_stack_ok(engine, a, err, err_len);
+        if (rc)
+            return rc;
+    }
+    for (size_t i = 0; a->async[0] && i < sizeof(ASYNC_CONF) / sizeof(ASYNC_CONF[0]); i++) {
+        if (strcmp(a->async, ASYNC_CONF[i].name) != 0 || lib_has(ASYNC_CONF[i].conf) != 0)
+            continue;
+        char have[128] = "";
+        for (size_t j = 0; j < sizeof(ASYNC_CONF) / sizeof(ASYNC_CONF[0]); j++) {
+            if (lib_has(ASYNC_CONF[j].conf) != 1 || strstr(have, ASYNC_CONF[j].name))
+                continue;
+            size_t used = strlen(have);
+            snprintf(have + used, sizeof(have) - used, "%s%s", used ? ", " : "",
+                     ASYNC_CONF[j].name);
+        }
+        fr_set_err(err, err_len, "%s: async=%s is not in the loaded libxnvme (it was built "
+                   "without %s); it has: %s", engine, a->async, ASYNC_CONF[i].needs,
+                   have[0] ? have : "none of them");
+        return -ENOTSUP;
+    }
+    return 0;
+}
+
+/* 1 if the block device at `path` is an NVMe namespace (answers NVMe's
+ * namespace-id ioctl, as xNVMe asks it). */
+static int is_nvme_namespace(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int nsid = ioctl(fd, NVME_IOCTL_ID);
+    close(fd);
+    return nsid > 0;
+}
+
+void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, const char *path, mode_t type,
+                         struct xnvme_opts *o)
 {
     *o = xnvme_opts_default();
     o->rdonly = 1; /* read-only: the default is rdwr */
@@ -178,6 +336,74 @@ void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, struct xnvme_opts *
     o->mem = a->mem[0] ? a->mem : NULL;
     if (a->nsid)
         o->nsid = a->nsid;
+    /* The sync interface that fits what `path` is. xNVMe 0.7.5 picks it
+     * itself, but its main line does not once any of async, sync or admin is
+     * given: it takes the first stack with that async, whose sync interface
+     * sends NVMe ioctls, and a regular file's reads then die of SIGFPE (its
+     * block size is 0) or fail. sync=psync selects main's file stacks (the
+     * file_as_ns admin shim with them). admin is left to xNVMe: 0.7.5 sets the
+     * shim itself and refuses it by name (it is no mixin there). */
+    if (S_ISREG(type)) {
+        o->sync = o->sync ? o->sync : "psync";
+        if (o->admin && strcmp(o->admin, "file_as_ns") == 0)
+            o->admin = NULL; /* what both choose; 0.7.5 cannot be told */
+    } else if (S_ISBLK(type) && !o->sync) {
+        o->sync = is_nvme_namespace(path) ? "nvme" : "block";
+    }
+}
+
+/* Whether xNVMe opens a 4 KiB memfd (a regular file, through /proc/self/fd)
+ * with the options of `a`, as for a file. 1, 0, or -1 when no such trial
+ * can be made (no memfd or /proc). */
+static int opens_a_file(const fr_xnvme_args *a, int *err_out)
+{
+    int fd = memfd_create("fastread-xnvme-trial", MFD_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char name[48];
+    snprintf(name, sizeof(name), "/proc/self/fd/%d", fd);
+    struct stat st;
+    int made = ftruncate(fd, 4096) == 0 && stat(name, &st) == 0 && S_ISREG(st.st_mode);
+    int ok = -1;
+    if (made) {
+        struct xnvme_opts o;
+        fr_xnvme_apply_opts(a, 0, name, S_IFREG, &o);
+        errno = 0;
+        struct xnvme_dev *dev = xnvme_dev_open(name, &o);
+        *err_out = errno < 0 ? -errno : errno;
+        ok = dev != NULL;
+        if (dev)
+            xnvme_dev_close(dev);
+    }
+    close(fd);
+    return ok;
+}
+
+/* Not every async interface has a stack for regular files (xNVMe main reads
+ * files with emu, thrpool, io_uring and libaio only; posix there is for NVMe
+ * devices), and xNVMe refuses one with a bare ENXIO per file: ask it once,
+ * on a memfd, which it is. 0 (also when no trial can be made), or -ENOTSUP
+ * with the reason and the async interfaces that do read files. */
+int fr_xnvme_try_file(const char *engine, const fr_xnvme_args *a, char *err, size_t err_len)
+{
+    int e = 0;
+    if (opens_a_file(a, &e) != 0)
+        return 0;
+    char have[128] = "";
+    for (size_t j = 0; j < sizeof(ASYNC_CONF) / sizeof(ASYNC_CONF[0]); j++) {
+        fr_xnvme_args t = *a;
+        int e2 = 0;
+        snprintf(t.async, sizeof(t.async), "%s", ASYNC_CONF[j].name);
+        if (strcmp(t.async, "io_uring_cmd") == 0 || opens_a_file(&t, &e2) != 1)
+            continue;
+        size_t used = strlen(have);
+        snprintf(have + used, sizeof(have) - used, "%s%s", used ? ", " : "", t.async);
+    }
+    fr_set_err(err, err_len, "%s: the loaded libxnvme cannot open regular files with "
+               "async=%s (xnvme_dev_open: %s); async interfaces it reads files with: %s", engine,
+               a->async[0] ? a->async : "(default)", e ? strerror(e) : "failed",
+               have[0] ? have : "none");
+    return -ENOTSUP;
 }
 
 int fr_xnvme_probe(const char *engine, char *why, size_t why_len)
@@ -194,9 +420,26 @@ int fr_xnvme_probe(const char *engine, char *why, size_t why_len)
                    minor, patch);
         return -ENOTSUP;
     }
+    /* xNVMe's main line still says 0.7.5, with a larger struct xnvme_opts
+     * (returned by value from xnvme_opts_default): tell the two apart by the
+     * libconf interface each has. */
+    int api_main;
+    const char *const *conf = lib_conf(&api_main);
+    (void)conf;
+#ifdef FASTREAD_XNVME_API_MAIN
+    if (api_main >= 0 && api_main != FASTREAD_XNVME_API_MAIN) {
+        const char *lines[] = {"xNVMe's 0.7.5 release", "xNVMe's development line (main)"};
+        fr_set_err(why, why_len,
+                   "%s: built against the headers of %s but the loaded libxnvme is %s "
+                   "(both say %d.%d.%d; their structs differ): reinstall fastread against this "
+                   "libxnvme", engine, lines[FASTREAD_XNVME_API_MAIN], lines[api_main], major,
+                   minor, patch);
+        return -ENOTSUP;
+    }
+#endif
     /* On success the text is the library's version (fastread info shows it). */
-    fr_set_err(why, why_len, "xNVMe %d.%d.%d (built against %s)", major, minor, patch,
-               FASTREAD_XNVME_BUILD_VERSION);
+    fr_set_err(why, why_len, "xNVMe %d.%d.%d%s (built against %s)", major, minor, patch,
+               api_main == 1 ? " (main)" : "", FASTREAD_XNVME_BUILD_VERSION);
     return 0;
 }
 
@@ -227,6 +470,7 @@ typedef struct xr {
      * the descriptor behind "/proc/self/fd/N", held while the device is. */
     int alias_fd, has_alias;
     struct xnvme_queue *q;
+    int file_rc;    /* fr_xnvme_try_file: 0 if regular files can be opened */
     uint32_t nsid;
     uint64_t tbytes;
     size_t lba;     /* logical block bytes */
@@ -285,6 +529,14 @@ static int xr_open(const fr_config *cfg, void **state, char *err, size_t err_len
         return -ENOMEM;
     x->cfg = *cfg;
     int rc = fr_xnvme_parse_args("xnvme", cfg->engine_args, 1, &x->a, err, err_len);
+    if (rc == 0)
+        rc = fr_xnvme_check_stack("xnvme", &x->a, 0, err, err_len);
+    if (rc == 0) { /* devices may still be read: a refusal is per file (ensure_dev) */
+        char why[FR_ERRLEN];
+        x->file_rc = fr_xnvme_file_stack_error(&x->a) ? -ENOTSUP
+                                                       : fr_xnvme_try_file("xnvme", &x->a, why,
+                                                                           sizeof(why));
+    }
     if (rc) {
         free(x);
         return rc;
@@ -315,6 +567,8 @@ static int ensure_dev(xr *x, const char *path)
         return -EISDIR;
     if (have_st && !S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISCHR(st.st_mode))
         return -EINVAL; /* a FIFO would block open() */
+    if (have_st && S_ISREG(st.st_mode) && x->file_rc)
+        return x->file_rc; /* a stack for devices only (fr_xnvme_try_file) */
     if (!have_st && errno != ENOENT)
         return -errno; /* EACCES on a parent, ENAMETOOLONG, ... */
     /* xNVMe refuses paths of 384+ bytes (and reads '?' as URI options)
@@ -328,8 +582,16 @@ static int ensure_dev(xr *x, const char *path)
             return rc; /* -ENAMETOOLONG: no alias reaches it (no /proc) */
         name = alias;
     }
+    /* A character device must be an NVMe namespace (/dev/ngXnY): xNVMe 0.7.5
+     * opens others, /dev/zero among them, as devices of 0 bytes, and every
+     * range would come back empty instead of failing. */
+    if (have_st && S_ISCHR(st.st_mode) && !is_nvme_namespace(name)) {
+        if (alias_fd >= 0)
+            close(alias_fd);
+        return -ENODEV;
+    }
     struct xnvme_opts o;
-    fr_xnvme_apply_opts(&x->a, x->direct, &o);
+    fr_xnvme_apply_opts(&x->a, x->direct, name, have_st ? st.st_mode : 0, &o);
     errno = 0;
     struct xnvme_dev *dev = xnvme_dev_open(name, &o);
     if (!dev) {
@@ -561,6 +823,8 @@ static long xr_stat(const void *state, const char *key)
         return x->resubmits;
     if (strcmp(key, "reopens") == 0)
         return x->reopens;
+    if (strcmp(key, "file_stack") == 0) /* 0 if regular files can be read, else -errno */
+        return x->file_rc;
     if (strcmp(key, "xnvme_version") == 0)
         return xnvme_ver_major() * 10000L + xnvme_ver_minor() * 100L + xnvme_ver_patch();
     return -1;

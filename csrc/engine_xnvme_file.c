@@ -36,10 +36,18 @@
  * (io_uring, libaio, thrpool, posix, emu); queue=0 reads synchronously instead
  * (the command on a queue-less context).
  *
- * Every completion's status is checked. A failed command, an O_DIRECT read
- * the file system refused, or a short read from a stale errno (xNVMe's psync
- * path calls a short read an error when errno happens to be set) is settled
- * by fr_read_whole after the phase, which reports the file's real errno.
+ * Every completion's status is checked. A failed open or command, an
+ * O_DIRECT read the file system refused, or a short read from a stale errno
+ * (xNVMe's psync path calls a short read an error when errno happens to be
+ * set) is settled by fr_read_whole after the phase, which retries what may
+ * be retried and reports the file's real errno. Out of descriptors (EMFILE
+ * on an open or a queue), a thread keeps fewer files in flight.
+ *
+ * The stack: regular files are read with sync=psync whatever async is
+ * chosen (fr_xnvme_apply_opts); stacks for devices (sync=nvme or block,
+ * io_uring_cmd), nil, an async interface the library was built without, or
+ * one it has no file stack for (posix on xNVMe main) are refused at open,
+ * by name (fr_xnvme_check_stack, fr_xnvme_try_file).
  * Reads land straight in the arena: the linux backend's memory is plain host
  * memory, so xnvme_buf_alloc is not needed for it (mem= other than posix is
  * refused).
@@ -50,6 +58,7 @@
 #include <fcntl.h>
 #include <libxnvme.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -72,7 +81,11 @@ typedef struct fr_xnvme_args {
 } fr_xnvme_args;
 int fr_xnvme_parse_args(const char *engine, const char *s, int ranges, fr_xnvme_args *a,
                         char *err, size_t err_len);
-void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, struct xnvme_opts *o);
+int fr_xnvme_check_stack(const char *engine, const fr_xnvme_args *a, int files_only, char *err,
+                         size_t err_len);
+int fr_xnvme_try_file(const char *engine, const fr_xnvme_args *a, char *err, size_t err_len);
+void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, const char *path, mode_t type,
+                         struct xnvme_opts *o);
 int fr_xnvme_probe(const char *engine, char *why, size_t why_len);
 
 #define WINDOW 256
@@ -117,23 +130,11 @@ typedef struct xfile {
     unsigned char repair[WINDOW];
     atomic_long direct_fallbacks, repairs;
     atomic_long path_fallbacks; /* files read with pread: xNVMe cannot take their path */
+    atomic_long fd_shrinks;     /* out of descriptors: a thread kept fewer files in flight */
     void *ranges; /* the xnvme engine's state, for read_ranges (opened on first use) */
 } xfile;
 
 static int xf_probe(char *why, size_t why_len) { return fr_xnvme_probe("xnvme-file", why, why_len); }
-
-/* errno for a path xnvme_file_open refused: its errno is unreliable (later
- * backends overwrite it, a bad option leaves it negative), so ask open(). */
-static int open_errno(const char *path, int xerr)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return -errno;
-    close(fd);
-    if (xerr < 0)
-        xerr = -xerr;
-    return -(xerr > 0 && xerr < 4096 ? xerr : EIO);
-}
 
 static size_t want_of(const xfile *x, size_t k)
 {
@@ -153,23 +154,28 @@ static void size_one(xfile *x, size_t k)
         x->sizes[k] = (int64_t)st.st_size;
 }
 
-/* PHASE_READ: opens a sized file. On failure the sample gets the errno. */
-static struct xnvme_dev *open_one(xfile *x, size_t k)
+/* PHASE_READ: opens a sized file. On failure *err is xNVMe's errno (EMFILE
+ * and ENFILE matter: the caller opens fewer files at a time) and the file is
+ * left to fr_read_whole, which reads it or reports its real errno: xNVMe's
+ * is unreliable (later backends overwrite it, a bad option leaves it
+ * negative) and it retries nothing, EINTR included. */
+static struct xnvme_dev *open_one(xfile *x, size_t k, int *err)
 {
     const char *path = x->paths[x->first + k];
     struct xnvme_opts o = x->opts; /* xNVMe may write to it */
     errno = 0;
     struct xnvme_dev *dev = xnvme_file_open(path, &o);
     if (!dev) {
-        fr_sample *s = &x->batch->samples[x->first + k];
-        s->offset = 0;
-        s->length = open_errno(path, errno);
+        *err = errno < 0 ? -errno : errno;
         return NULL;
     }
+    *err = 0;
     if (x->direct && !xnvme_dev_get_opts(dev)->direct)
         atomic_fetch_add(&x->direct_fallbacks, 1); /* xNVMe retried without O_DIRECT */
     return dev;
 }
+
+static int out_of_fds(int err) { return err == EMFILE || err == ENFILE; }
 
 /* PHASE_READ: whether to open and read file k. A window laid out from size
  * hints stats each file here, just before its open, and leaves one that no
@@ -270,9 +276,12 @@ static size_t chunk_of(const xfile *x)
 /* queue=0: synchronous reads, chunk by chunk. */
 static void read_sync(xfile *x, size_t k)
 {
-    struct xnvme_dev *dev = open_one(x, k);
-    if (!dev)
+    int err;
+    struct xnvme_dev *dev = open_one(x, k, &err);
+    if (!dev) {
+        x->repair[k] = 1; /* one descriptor at a time: nothing to shrink */
         return;
+    }
     size_t want = want_of(x, k), chunk = chunk_of(x);
     uint8_t *base = x->batch->arena.base + x->batch->samples[x->first + k].offset;
     uint64_t got = 0;
@@ -340,30 +349,55 @@ static void read_phase(xfile *x)
     for (unsigned i = 0; i < cap; i++)
         idle[i] = &slots[i];
     int exhausted = 0;
+    /* Out of descriptors (RLIMIT_NOFILE: each file in flight holds its own
+     * descriptor, and io_uring a ring's), the file waits in `pending` while
+     * this thread keeps fewer files in flight; with none in flight it waits a
+     * little, FR_RETRY_LIMIT times at most, before fr_read_whole has it. */
+    size_t pending = SIZE_MAX;
+    unsigned fd_waits = 0;
     for (;;) {
-        while (!exhausted && active < cap) {
-            size_t k;
-            if (!fr_threadpool_claim(x->pool, &k)) {
-                exhausted = 1;
-                break;
+        while (active < cap && (pending != SIZE_MAX || !exhausted)) {
+            size_t k = pending;
+            pending = SIZE_MAX;
+            if (k == SIZE_MAX) {
+                if (!fr_threadpool_claim(x->pool, &k)) {
+                    exhausted = 1;
+                    break;
+                }
+                if (!to_read(x, k))
+                    continue;
             }
-            if (!to_read(x, k))
-                continue;
-            struct xnvme_dev *dev = open_one(x, k);
-            if (!dev)
-                continue;
-            slot *sl = idle[--nidle];
+            int err;
+            struct xnvme_dev *dev = open_one(x, k, &err);
+            slot *sl = idle[nidle - 1];
             sl->x = x;
-            if (start_slot(sl, k, dev) != 0) {
-                idle[nidle++] = sl;
-                finish(x, k, dev, 0, 1); /* no queue: fr_read_whole reads it */
+            if (dev && (err = start_slot(sl, k, dev)) != 0) {
+                xnvme_file_close(dev);
+                dev = NULL;
+                err = err < 0 ? -err : err;
+            }
+            if (!dev) {
+                if (out_of_fds(err) && (active > 0 || fd_waits < FR_RETRY_LIMIT)) {
+                    pending = k;
+                    atomic_fetch_add(&x->fd_shrinks, 1);
+                    if (active > 0) {
+                        cap = active; /* fewer files at a time from now on */
+                        break;
+                    }
+                    fd_waits++;
+                    fr_pause_1ms(); /* others (a reader's workers) hold them all */
+                    continue;
+                }
+                x->repair[k] = 1; /* fr_read_whole reads it or names the errno */
                 continue;
             }
+            fd_waits = 0;
+            nidle--;
             if (submit_chunks(sl, chunk_of(x)) != 0)
                 sl->failed = 1;
             act[active++] = sl;
         }
-        if (active == 0)
+        if (active == 0 && pending == SIZE_MAX)
             return;
         for (unsigned i = 0; i < active;) {
             slot *sl = act[i];
@@ -428,8 +462,16 @@ static int xf_open(const fr_config *cfg, void **state, char *err, size_t err_len
         strcpy(x->a.be, "linux"); /* regular files; also keeps open()'s errno */
     if (!x->a.async[0])
         strcpy(x->a.async, "emu");
+    rc = fr_xnvme_check_stack("xnvme-file", &x->a, 1, err, err_len);
+    if (rc == 0)
+        rc = fr_xnvme_try_file("xnvme-file", &x->a, err, err_len);
+    if (rc) {
+        free(x);
+        return rc;
+    }
     x->direct = x->a.direct >= 0 ? x->a.direct : cfg->o_direct;
-    fr_xnvme_apply_opts(&x->a, x->direct, &x->opts);
+    /* Every file read is a regular one (size_one): sync=psync, admin=file_as_ns. */
+    fr_xnvme_apply_opts(&x->a, x->direct, NULL, S_IFREG, &x->opts);
     x->qcap = x->a.qdepth ? x->a.qdepth : DEFAULT_QDEPTH;
     if (x->qcap < 2)
         x->qcap = 2;
@@ -541,6 +583,8 @@ static long xf_stat(const void *state, const char *key)
         return atomic_load(&((xfile *)state)->direct_fallbacks);
     if (strcmp(key, "repairs") == 0)
         return atomic_load(&((xfile *)state)->repairs);
+    if (strcmp(key, "fd_shrinks") == 0)
+        return atomic_load(&((xfile *)state)->fd_shrinks);
     if (strcmp(key, "path_fallbacks") == 0)
         return atomic_load(&((xfile *)state)->path_fallbacks);
     if (strcmp(key, "xnvme_version") == 0)

@@ -16,9 +16,37 @@ _built = "xnvme-file" in fastread._core.engine_names()
 _ver, _why = xnvme_version()
 pytestmark = pytest.mark.skipif(_ver is None, reason=f"xNVMe engines: {_why}")
 
-# Async engines of xNVMe's linux backend that this machine was built with;
-# io_uring_cmd needs NVMe char devices, nil does no I/O.
+# Async interfaces of xNVMe's linux backend that can read regular files;
+# io_uring_cmd needs NVMe char devices, nil does no I/O (both refused, below).
+# A libxnvme may lack some (libaio without libaio.h; xNVMe main has no posix
+# stack for files): the engines refuse those by name, and their tests skip
+# with that message. emu and thrpool are in every build.
 ASYNC = ["emu", "io_uring", "posix", "thrpool", "libaio"]
+ALWAYS = ("emu", "thrpool")
+
+
+def _refusal(engine, xasync):
+    """None if `engine` reads regular files with async=`xasync` here, else the
+    engine's reason (an OSError at open, or ENOTSUP per sample of a file)."""
+    try:
+        ctx = fastread.open_context(engine, xnvme_async=xasync)
+    except OSError as e:
+        assert e.errno == errno.ENOTSUP and f"async={xasync}" in str(e) and engine in str(e)
+        return str(e)
+    try:
+        return None if ctx.stat("file_stack") in (0, -1) else (
+            f"{engine}: the loaded libxnvme has no stack for regular files with async={xasync}")
+    finally:
+        ctx.close()
+
+
+def _need(engine, xasync):
+    if _ver is None:
+        return
+    why = _refusal(engine, xasync)
+    assert why is None or xasync not in ALWAYS, why
+    if why:
+        pytest.skip(why)
 
 needs_read_ranges = pytest.mark.skipif(
     not hasattr(fastread.Context, "read_ranges"),
@@ -36,6 +64,7 @@ def _files(edge_tree, libaio=False):
 @pytest.mark.parametrize("o_direct", [False, True], ids=["buffered", "o_direct"])
 @pytest.mark.parametrize("xasync", ASYNC)
 def test_xnvme_file_bytes_equal(xasync, o_direct, edge_tree):
+    _need("xnvme-file", xasync)
     paths, content = _files(edge_tree, libaio=xasync == "libaio")
     arrays = fastread.read_files(paths, engine="xnvme-file", o_direct=o_direct, queue_depth=8,
                                  xnvme_async=xasync)
@@ -96,11 +125,38 @@ def test_xnvme_file_unreadable(tmp_path):
         os.chmod(p, 0o644)
 
 
+@pytest.mark.parametrize("args", ["sync=nvme", "sync=block", "admin=nvme",
+                                  "async=io_uring_cmd"])
+def test_xnvme_file_refuses_stacks_for_devices(args, tmp_path):
+    # NVMe/block ioctls on a regular file: xNVMe main divides by its zero
+    # block size (SIGFPE); refused at open, naming the engine and the key.
+    with pytest.raises(OSError, match=f"xnvme-file: {args} cannot read regular files") as e:
+        fastread.open_context("xnvme-file", engine_args=args)
+    assert e.value.errno == errno.ENOTSUP
+
+
+@needs_read_ranges
+@pytest.mark.parametrize("args", ["sync=nvme", "sync=block", "async=io_uring_cmd"])
+def test_xnvme_ranges_refuse_files_with_stacks_for_devices(args, image):
+    path, _ = image
+    ctx = fastread.open_context("xnvme", engine_args=args)  # devices could still be read
+    try:
+        assert ctx.read_ranges(path, [0, 10], [5, 5]).lengths().tolist() == [-errno.ENOTSUP] * 2
+    finally:
+        ctx.close()
+
+
+@pytest.mark.parametrize("engine", ["xnvme-file", "xnvme"])
+def test_async_nil_is_refused(engine):
+    with pytest.raises(ValueError, match="async=nil completes every command without reading"):
+        fastread.open_context(engine, xnvme_async="nil")
+
+
 def test_grown_file_is_read_whole(tmp_path):
     big = tmp_path / "big.jpg"
     data = np.random.default_rng(0).integers(0, 256, 9 << 20, dtype=np.uint8).tobytes()
     big.write_bytes(data)
-    for xasync in ("emu", "io_uring"):
+    for xasync in ("emu", "thrpool"):
         (a,) = fastread.read_files([str(big)], engine="xnvme-file", xnvme_async=xasync)
         assert a.tobytes() == data
 
@@ -155,6 +211,7 @@ def _ranges(size):
 @pytest.mark.parametrize("o_direct", [False, True], ids=["buffered", "o_direct"])
 @pytest.mark.parametrize("xasync", ASYNC)
 def test_xnvme_ranges_bytes_equal(xasync, o_direct, image):
+    _need("xnvme", xasync)
     path, data = image
     offs, lens = _ranges(len(data))
     ctx = fastread.open_context("xnvme", o_direct=o_direct, xnvme_async=xasync)
