@@ -1,4 +1,6 @@
 import os
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -66,3 +68,17 @@ def edge_tree(disk_tmp):
                 f.write(data)
             content[p] = data
     return root, content
+
+
+@pytest.fixture(scope="session")
+def shim(tmp_path_factory):
+    """tests/faultshim.c built as an LD_PRELOAD library: libc calls that fail,
+    come back short or stall on request (see the file)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the fault-injection shim")
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = str(tmp_path_factory.mktemp("shim") / "faultshim.so")
+    subprocess.run([cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                    "-o", out, os.path.join(here, "faultshim.c"), "-ldl"], check=True)
+    return out

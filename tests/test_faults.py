@@ -15,25 +15,12 @@ bytes; the batch after a failure is exact.
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the fault-injection shim")
-    out = str(tmp_path_factory.mktemp("shim") / "faultshim.so")
-    subprocess.run([cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-                    "-o", out, os.path.join(HERE, "faultshim.c"), "-ldl"], check=True)
-    return out
 
 
 @pytest.fixture()

@@ -3,7 +3,6 @@ whole and in order when a wait is interrupted (KeyboardInterrupt) or a
 file's part of a batch fails."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,9 +14,7 @@ import pytest
 
 import fastread
 from fastread.formats import MultiFileRanges
-from fastread.formats._multi import _MultiNative
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _files(tmp_path, count=3, per_file=8, name=lambda k: f"f{k}"):
@@ -163,17 +160,6 @@ def test_reader_epoch_goes_on_after_an_interrupt(tmp_path):
             got += [a.tobytes() for a in arrays]
         assert interrupts >= 1
     assert got == want
-
-
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the fault-injection shim")
-    out = str(tmp_path_factory.mktemp("shim") / "faultshim.so")
-    subprocess.run([cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-                    "-o", out, os.path.join(HERE, "faultshim.c"), "-ldl"], check=True)
-    return out
 
 
 def test_sigint_during_a_stalled_part_keeps_the_batch(shim, tmp_path):

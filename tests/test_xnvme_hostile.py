@@ -8,7 +8,6 @@ reason, where fastread was built without libxnvme."""
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,6 @@ from fastread.engine import xnvme_version
 
 _ver, _why = xnvme_version()
 pytestmark = pytest.mark.skipif(_ver is None, reason=f"xNVMe engines: {_why}")
-HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 120
 
 
@@ -161,17 +159,6 @@ def test_special_files_never_block(tmp_path, engine):
 
 
 # -- faults in the libc calls of xNVMe's psync path ---------------------------------
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the fault-injection shim")
-    out = str(tmp_path_factory.mktemp("shim") / "faultshim.so")
-    subprocess.run([cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-                    "-o", out, os.path.join(HERE, "faultshim.c"), "-ldl"], check=True)
-    return out
-
-
 @pytest.fixture()
 def files(tmp_path):
     paths = []
