@@ -129,6 +129,34 @@ def test_dense_batches_are_the_files(tree):
     assert batches(pipe, iterations) == batches(dalis, iterations)
 
 
+@pytest.mark.parametrize("engine", ["io_uring", "psync"])
+def test_dense_file_that_grows_between_epochs(tmp_path, engine):
+    # The reader remembers sizes as hints; a file that grew since reads one
+    # byte past its dense slot, onto the next file's first byte, and the
+    # operator reads first bytes again. Every batch: the unchanged files
+    # exactly, the grown one old or new.
+    from fastread import engines
+    if engines().get(engine) is not True:
+        pytest.skip(f"{engine}: {engines().get(engine)}")
+    d = tmp_path / "c"
+    d.mkdir()
+    rng = np.random.default_rng(3)
+    files = []
+    for i in range(6):
+        f = d / f"{i}.jpg"
+        f.write_bytes(rng.integers(0, 256, 300 + 50 * i, dtype=np.uint8).tobytes())
+        files.append(f)
+    old = [f.read_bytes() for f in files]
+    pipe = make_pipe(lambda: native(str(tmp_path), engine=engine, workers=1), 6)
+    assert batches(pipe, 1)[0][0] == old
+    files[2].write_bytes(old[2] + b"grown" * 40)
+    new = files[2].read_bytes()
+    for data, _ in batches(pipe, 8):
+        assert data[:2] == old[:2] and data[3:] == old[3:]
+        assert data[2] in (old[2], new)
+    assert batches(pipe, 1)[0][0] == old[:2] + [new] + old[3:]
+
+
 @pytest.mark.parametrize("kw", [dict(dense=False), dict(o_direct=True)],
                          ids=["dense=False", "o_direct"])
 def test_padded_batches_still_read_right(tree, kw):
