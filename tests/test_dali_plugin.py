@@ -129,6 +129,20 @@ def test_dense_batches_are_the_files(tree):
     assert batches(pipe, iterations) == batches(dalis, iterations)
 
 
+def test_dense_batches_reach_the_output_uncopied(tree):
+    # The pipeline's output is the reader's own arena: the first sample at
+    # its base (mmap'ed, page-aligned), the rest back to back. A copy by
+    # DALI (MakeContiguous, as for dense=False) lands in DALI's own buffers.
+    import mmap
+    pipe = make_pipe(lambda: native(tree), 8)
+    for _ in range(10):
+        data, _ = pipe.run()
+        ptrs = [data[i].data_ptr() for i in range(len(data))]
+        sizes = [np.array(data[i]).size for i in range(len(data))]
+        assert ptrs[0] % mmap.PAGESIZE == 0
+        assert all(ptrs[i] + sizes[i] == ptrs[i + 1] for i in range(len(data) - 1))
+
+
 @pytest.mark.parametrize("engine", ["io_uring", "psync"])
 def test_dense_file_that_grows_between_epochs(tmp_path, engine):
     # The reader remembers sizes as hints; a file that grew since reads one
