@@ -106,6 +106,19 @@ typedef struct fr_batch {
     int status;      /* 0, or a batch-level -errno (then samples are not valid) */
     uint64_t seq;    /* submission number within a reader */
     int64_t *indices; /* reader only: the dataset indices this batch holds */
+    /* Dense layout, asked for by the batch's owner and kept when the batch
+     * is reused (fr_pool_get zeroes it once): without O_DIRECT, reads lay
+     * samples back to back, with no alignment or padding between them, so
+     * that a batch read without incident is one contiguous block (consumers
+     * that want one buffer per batch, e.g. DALI). 0: every sample starts
+     * 64-byte aligned. O_DIRECT reads ignore it (they need aligned slots). */
+    int dense;
+    /* Set by a dense read that took the slow path (fr_read_whole): a file
+     * read whole may have changed size, and its first read's one extra byte
+     * (the check for growth) may have landed on the first byte of the sample
+     * laid out after it. Call fr_batch_reread_first_byte for every sample
+     * before using the bytes. Reset when the next read lays the batch out. */
+    int dense_spill;
     unsigned holds;  /* fr_batch_retain count + 1; guarded by the pool's lock */
     struct fr_pool *pool;
     struct fr_batch *next;
@@ -113,6 +126,11 @@ typedef struct fr_batch {
 
 /* Makes room for `count` samples and resets the arena; 0 or -ENOMEM. */
 int fr_batch_prepare(fr_batch *batch, size_t count);
+
+/* A dense batch with dense_spill set (see fr_batch): reads the first byte of
+ * sample i again from `path` (the file it was read from). 0, or -errno, also
+ * recorded as the sample's error. Thread-safe for distinct samples. */
+int fr_batch_reread_first_byte(fr_batch *batch, size_t i, const char *path);
 
 /* ------------------------------------------------------------------- pool */
 

@@ -24,10 +24,32 @@ size_t fr_request_len(size_t size, int o_direct, size_t dio_align)
     return len;
 }
 
+/* Dense layout (fr_batch.dense, never with O_DIRECT): each sample takes
+ * exactly its size, the next one starts where it ends. Reads still ask for
+ * size + 1 bytes (fr_request_len), so a file that grew since it was sized
+ * writes one byte past its slot: onto the first byte of the next sample, or
+ * onto the one byte reserved past the last. Such a read always goes on to
+ * fr_read_whole, which flags the batch (dense_spill) for the owner to
+ * re-read first bytes (fr_batch_reread_first_byte). */
+static int dense_layout(const fr_batch *batch, int o_direct)
+{
+    return batch->dense && !o_direct;
+}
+
+/* Starts a layout: a batch's first layout (arena empty) clears the spill
+ * flag of its previous read. */
+static void layout_begin(fr_batch *batch)
+{
+    if (batch->arena.used == 0)
+        batch->dense_spill = 0;
+}
+
 int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
               size_t dio_align)
 {
-    size_t align = o_direct ? dio_align : FR_SAMPLE_ALIGN;
+    int dense = dense_layout(batch, o_direct);
+    size_t align = dense ? 1 : o_direct ? dio_align : FR_SAMPLE_ALIGN;
+    layout_begin(batch);
     size_t off = fr_round_up(batch->arena.used, align);
     for (size_t i = 0; i < n; i++) {
         if (sizes[i] < 0) {
@@ -35,12 +57,15 @@ int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
             batch->samples[i].length = sizes[i];
             continue;
         }
-        size_t slot = fr_round_up(fr_request_len((size_t)sizes[i], o_direct, dio_align), align);
+        size_t slot = dense ? (size_t)sizes[i]
+                            : fr_round_up(fr_request_len((size_t)sizes[i], o_direct, dio_align),
+                                          align);
         batch->samples[i].offset = off;
         batch->samples[i].length = 0;
         off += slot;
     }
-    int rc = fr_arena_reserve(&batch->arena, off);
+    /* Dense: room for the last sample's growth check byte. */
+    int rc = fr_arena_reserve(&batch->arena, off + (dense ? 1 : 0));
     if (rc == 0)
         batch->arena.used = off;
     return rc;
@@ -94,6 +119,15 @@ ssize_t fr_pread_full(int fd, void *buf, size_t len, off_t offset)
 void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len)
 {
     fr_sample *s = &batch->samples[i];
+    if (batch->dense && slot_len > 0 && slot_len < FR_MAX_REQUEST) {
+        /* The engine's slot_len is the request (size + 1): the dense slot
+         * is one byte shorter. (A request cut at FR_MAX_REQUEST is shorter
+         * than its dense slot, and an O_DIRECT batch, laid out padded,
+         * has a longer one: either only moves the file sooner.) */
+        slot_len -= 1;
+    }
+    if (batch->dense)
+        batch->dense_spill = 1;
     int fd;
     fd = fr_open_retry(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
@@ -139,6 +173,25 @@ void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len)
     close(fd);
 }
 
+int fr_batch_reread_first_byte(fr_batch *batch, size_t i, const char *path)
+{
+    fr_sample *s = &batch->samples[i];
+    if (s->length <= 0)
+        return s->length < 0 ? (int)s->length : 0;
+    int fd = fr_open_retry(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        s->length = -errno;
+        return (int)s->length;
+    }
+    ssize_t got = fr_pread_full(fd, batch->arena.base + s->offset, 1, 0);
+    close(fd);
+    if (got < 0)
+        s->length = got;
+    else if (got == 0)
+        s->length = -ENODATA; /* emptied since it was read */
+    return s->length < 0 ? (int)s->length : 0;
+}
+
 /* ---- range reads (packed images, block devices) ---- */
 
 size_t fr_range_request_len(uint64_t length, int o_direct, size_t dio_align)
@@ -160,7 +213,10 @@ int fr_check_range(const fr_range *r, int o_direct, size_t dio_align)
 int fr_layout_ranges(fr_batch *batch, const fr_range *ranges, size_t n, int o_direct,
                      size_t dio_align)
 {
-    size_t align = o_direct ? dio_align : FR_SAMPLE_ALIGN;
+    /* Ranges are read to their exact length without O_DIRECT: no growth
+     * check byte, nothing to reserve for it. */
+    size_t align = dense_layout(batch, o_direct) ? 1 : o_direct ? dio_align : FR_SAMPLE_ALIGN;
+    layout_begin(batch);
     size_t off = fr_round_up(batch->arena.used, align);
     for (size_t i = 0; i < n; i++) {
         int rc = fr_check_range(&ranges[i], o_direct, dio_align);

@@ -21,14 +21,20 @@
 size_t fr_request_len(size_t size, int o_direct, size_t dio_align);
 
 /* Lays samples out in the arena from their sizes (sizes[i] < 0 marks a sample
- * that already failed), growing the arena once. Sets samples[i].offset. */
+ * that already failed), growing the arena once. Sets samples[i].offset.
+ * Samples start FR_SAMPLE_ALIGN-aligned (direct_alignment with O_DIRECT)
+ * with room for fr_request_len; a dense batch (fr_batch.dense, without
+ * O_DIRECT) has them back to back, each exactly its size, plus one byte
+ * reserved after the last. */
 int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
               size_t dio_align);
 
 /* Synchronous repair for the rare sample the fast path could not finish: a
  * short read, a file that changed size, a read cut at FR_MAX_REQUEST. Reads
  * the whole file again without O_DIRECT, into its slot when it fits or at the
- * end of the arena. No I/O may be in flight on the arena. */
+ * end of the arena. No I/O may be in flight on the arena. slot_len is the
+ * request fr_request_len gave the sample; in a dense batch its slot is one
+ * byte less, and the batch is flagged dense_spill (see fastread.h). */
 void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len);
 
 /* Times in a row a read may fail with EINTR or EAGAIN (EAGAIN after a 1 ms

@@ -4,7 +4,7 @@ external source), interleaved round by round so a noisy machine hurts every
 mode alike.
 
     python dali_plugin/bench_native.py DATA [--batch 64] [--threads 4] [--rounds 5]
-        [--modes fn.readers.file,native,native:threads=1+workers=1,external]
+        [--modes fn.readers.file,native,native:dense=false,native:threads=1+workers=1,external]
         [--output bytes|shapes]
 
 Each round builds each mode's pipeline, runs `--warmup` untimed batches and
@@ -31,7 +31,10 @@ def parse_modes(text):
         kw = {}
         for pair in filter(None, args.split("+")):
             k, _, v = pair.partition("=")
-            kw[k] = int(v) if v.lstrip("-").isdigit() else v
+            if v.lower() in ("true", "false"):
+                kw[k] = v.lower() == "true"
+            else:
+                kw[k] = int(v) if v.lstrip("-").isdigit() else v
         modes.append((item, name, kw))
     return modes
 

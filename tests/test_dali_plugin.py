@@ -119,6 +119,83 @@ def test_zero_copy_samples_stay_valid_behind_consumers(tree):
     assert got == [w + w for w in expect]
 
 
+def test_dense_batches_are_the_files(tree):
+    # dense=True (the default): every batch read is laid out back to back
+    # and goes to DALI as one buffer, holding exactly fn.readers.file's bytes.
+    paths, _ = scan(tree)
+    pipe = make_pipe(lambda: native(tree), 8)
+    dalis = make_pipe(lambda: fn.readers.file(file_root=tree, name="R"), 8)
+    iterations = 2 * len(paths) // 8 + 1
+    assert batches(pipe, iterations) == batches(dalis, iterations)
+
+
+def test_dense_batches_reach_the_output_uncopied(tree):
+    # The pipeline's output is the reader's own arena: the first sample at
+    # its base (mmap'ed, page-aligned), the rest back to back. A copy by
+    # DALI (MakeContiguous, as for dense=False) lands in DALI's own buffers.
+    import mmap
+    pipe = make_pipe(lambda: native(tree), 8)
+    for _ in range(10):
+        data, _ = pipe.run()
+        ptrs = [data[i].data_ptr() for i in range(len(data))]
+        sizes = [np.array(data[i]).size for i in range(len(data))]
+        assert ptrs[0] % mmap.PAGESIZE == 0
+        assert all(ptrs[i] + sizes[i] == ptrs[i + 1] for i in range(len(data) - 1))
+
+
+@pytest.mark.parametrize("engine", ["io_uring", "psync"])
+def test_dense_file_that_grows_between_epochs(tmp_path, engine):
+    # The reader remembers sizes as hints; a file that grew since reads one
+    # byte past its dense slot, onto the next file's first byte, and the
+    # operator reads first bytes again. Every batch: the unchanged files
+    # exactly, the grown one old or new.
+    from fastread import engines
+    if engines().get(engine) is not True:
+        pytest.skip(f"{engine}: {engines().get(engine)}")
+    d = tmp_path / "c"
+    d.mkdir()
+    rng = np.random.default_rng(3)
+    files = []
+    for i in range(6):
+        f = d / f"{i}.jpg"
+        f.write_bytes(rng.integers(0, 256, 300 + 50 * i, dtype=np.uint8).tobytes())
+        files.append(f)
+    old = [f.read_bytes() for f in files]
+    pipe = make_pipe(lambda: native(str(tmp_path), engine=engine, workers=1), 6)
+    assert batches(pipe, 1)[0][0] == old
+    # One append (write_bytes would truncate first: a reader reading ahead
+    # could catch the file empty): it is the old file or the new one.
+    with open(files[2], "ab") as f:
+        f.write(b"grown" * 40)
+    new = files[2].read_bytes()
+    for data, _ in batches(pipe, 8):
+        assert data[:2] == old[:2] and data[3:] == old[3:]
+        assert data[2] in (old[2], new)
+    assert batches(pipe, 1)[0][0] == old[:2] + [new] + old[3:]
+
+
+@pytest.mark.parametrize("kw", [dict(dense=False), dict(o_direct=True)],
+                         ids=["dense=False", "o_direct"])
+def test_padded_batches_still_read_right(tree, kw):
+    # Without dense layout (asked for, or O_DIRECT's aligned slots) samples
+    # have gaps between them and go out one view each: same bytes.
+    ours = make_pipe(lambda: native(tree, **kw), 6)
+    dalis = make_pipe(lambda: fn.readers.file(file_root=tree, name="R"), 6)
+    assert batches(ours, 10) == batches(dalis, 10)
+
+
+def test_dense_outputs_kept_by_the_caller_stay_valid(tree):
+    # Outputs held past many iterations keep their batch out of the pool
+    # (the reader reads ahead into other batches, fresh ones unmarked at
+    # first): every held batch still holds its files' bytes at the end.
+    paths, _ = scan(tree)
+    want = [open(p, "rb").read() for p in paths]
+    pipe = make_pipe(lambda: native(tree), 5)
+    held = [pipe.run()[0] for _ in range(30)]
+    got = [np.array(d[i]).tobytes() for d in held for i in range(len(d))]
+    assert got == (want * 7)[:len(got)]
+
+
 def test_source_info_is_the_path(tree):
     paths, labels = scan(tree)
     pipe = make_pipe(lambda: native(tree), 5)
