@@ -387,3 +387,71 @@ def test_augment_batch_crop_and_flip():
                 torch.equal(out[0], padded[0, :, y:y + 32, x0:x0 + 32].flip(-1))
                 for y in range(9) for x0 in range(9))
     assert found
+
+
+def test_in_memory_recycles_released_batches(cifar):
+    from fastread.formats.memory import InMemory
+
+    mem = InMemory(Cifar10(cifar), to_hwc)
+    # ring_depth: a batch's buffer is gathered into again once the Reader
+    # released it; the bytes each batch held when returned are still right.
+    with fastread.Reader(source=mem, batch_size=32, random_shuffle=True, seed=4,
+                         ring_depth=1) as r:
+        batches = 0
+        for _epoch in range(2):
+            for images, _labels in r:
+                batches += 1
+                np.testing.assert_array_equal(images, mem.data[labels_index(mem, images)])
+        # 2 buffers in rotation (+1 for the short last batch), not one per batch.
+        assert r.memory()["batches"] <= 4 < batches
+    # Without ring_depth every batch is a fresh array that stays valid.
+    with fastread.Reader(source=mem, batch_size=32, random_shuffle=True, seed=4) as r:
+        kept = [(images, images.copy()) for images, _ in r]
+    for images, copy in kept:
+        np.testing.assert_array_equal(images, copy)
+
+
+def labels_index(mem, images):
+    """Where each image lies in mem.data (images are distinct)."""
+    where = {im.tobytes(): i for i, im in enumerate(mem.data)}
+    return np.array([where[im.tobytes()] for im in images])
+
+
+def test_to_chw_out_checks():
+    recs = [np.arange(3072, dtype=np.uint8)] * 2
+    out = np.empty((2, 3, 32, 32), np.uint8)
+    assert to_hwc(recs, scratch=out).shape == (2, 32, 32, 3)
+    from fastread.formats.cifar import to_chw
+    with pytest.raises(ValueError, match="C-contiguous"):
+        to_chw(recs, out=np.empty((3, 3, 32, 32), np.uint8))
+    with pytest.raises(ValueError, match="6144 bytes"):
+        to_chw(recs[:1] + [np.zeros(5, np.uint8)])
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_dali_reader_rolling_epochs(cifar, in_memory):
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from fastread.dali.formats import cifar10
+
+    # 300 images in batches of 64: the 5th batch of each epoch is spliced
+    # with the next epoch's first samples.
+    @pipeline_def(batch_size=64, num_threads=2, device_id=None)
+    def pipe():
+        return cifar10(file_root=cifar, random_shuffle=True, seed=5, in_memory=in_memory,
+                       epoch_end="roll", name="Reader")
+
+    p = pipe()
+    p.build()
+    assert p.reader_meta("Reader")["epoch_size"] == 300
+    got = []
+    for _ in range(10):  # 640 images: two epochs and a bit, never StopIteration
+        images, labels = p.run()
+        got.extend(im.tobytes() for im in images.as_array())
+    order = fastread.Reader(source=Cifar10(cifar), batch_size=64, random_shuffle=True, seed=5)
+    want = []
+    for _ in range(3):
+        want.extend(im.tobytes() for arrays, _ in order for im in to_hwc(arrays))
+    order.close()
+    assert got == want[:640]

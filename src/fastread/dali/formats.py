@@ -6,7 +6,6 @@ epochs, shards, shuffles, last-batch policies and engine options.
 HWC ``(32, 32, 3)`` images (as ``torchvision.datasets.CIFAR10`` gives them)
 and int32 labels of shape ``[1]``.
 """
-import collections
 import dataclasses
 
 import numpy as np
@@ -25,24 +24,48 @@ class _ImageSource(BatchSource):
     """A batch of CIFAR images as one array, ``(N, 32, 32, 3)`` HWC or
     ``(N, 3, 32, 32)`` CHW, and its labels: gathered from memory already in
     that layout (``in_memory``), or made from the batch's records (planes
-    interleaved by :func:`fastread.formats.cifar.to_hwc`, one pass). Handed
-    to DALI as the NumPy array (no copy); an fn.reshape sets the layout (a
-    TensorListCPU carrying it measured no cheaper). (DALI's fn.transpose
-    after the reader measured 1.5x slower on 2 cores than to_hwc.)"""
+    interleaved by :func:`fastread.formats.cifar.to_hwc`, one pass). An
+    fn.reshape sets the layout (a TensorListCPU carrying it measured no
+    cheaper). (DALI's fn.transpose after the reader measured 1.5x slower on
+    2 cores than to_hwc.)
 
-    def __init__(self, reader, layout):
+    DALI copies each batch when it is fed (``no_copy=False``): on 2 cores
+    the copy (200 KB at batch 64) costs less than sharing the array, which
+    measured 18-25% more process CPU per image with the same augmentation
+    (DALI holds a Python reference per shared batch and drops it from its
+    own threads). After the copy the array may be reused at once, so
+    batches made here go into one buffer per batch size, and the in-memory
+    gather recycles the buffers of batches the Reader released: no batch
+    allocates."""
+
+    def __init__(self, reader, layout, in_memory):
         super().__init__(reader)
-        self._convert = to_hwc if layout == "HWC" else to_chw
-        # DALI gets the arrays without a copy (no_copy): each is kept as long
-        # as the reader keeps its batches (DALI's prefetch queue + 2).
-        self._keep = collections.deque(maxlen=reader.ring_depth or 4)
+        self._in_memory = in_memory
+        self._hwc = layout == "HWC"
+        self._out = {}  # batch size -> the reused arrays of that many images
+
+    def _buffers(self, n):
+        """The output array for a batch of ``n`` and a CHW scratch array."""
+        bufs = self._out.get(n)
+        if bufs is None:
+            chw = np.empty((n, 3, 32, 32), np.uint8)
+            bufs = self._out[n] = (np.empty((n, 32, 32, 3), np.uint8) if self._hwc else chw, chw)
+        return bufs
 
     def __next__(self):
         arrays, labels = super().__next__()
-        images = arrays if isinstance(arrays, np.ndarray) and arrays.ndim == 4 \
-            else self._convert(arrays)
-        self._keep.append((images, labels))
-        return images, labels
+        if isinstance(arrays, np.ndarray):  # gathered from memory, in the output layout
+            return arrays, labels
+        out, chw = self._buffers(len(arrays))
+        if self._in_memory:
+            # Rolling epochs: a batch spliced across an epoch's end is a
+            # list of images already in the output layout.
+            np.stack(arrays, out=out)
+        elif self._hwc:
+            to_hwc(arrays, out=out, scratch=chw)
+        else:
+            to_chw(arrays, out=out)
+        return out, labels
 
 
 def _cifar_source(file_root, train, in_memory, layout, engine, kwargs):
@@ -60,7 +83,8 @@ def _cifar_source(file_root, train, in_memory, layout, engine, kwargs):
 def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=False,
             shuffle_after_epoch=False, seed=-1, pad_last_batch=False, stick_to_shard=False,
             prefetch_queue_depth=1, name=None, last_batch_policy=None, engine="auto",
-            device="cpu", device_id=None, output_layout="HWC", in_memory=True, **kwargs):
+            device="cpu", device_id=None, output_layout="HWC", in_memory=True,
+            epoch_end="stop", **kwargs):
     """The CIFAR-10 train (``train=True``, 50,000) or test images under
     ``file_root`` (the binary ``cifar-10-batches-bin`` or the Python
     ``cifar-10-batches-py`` layout, or a directory holding either); returns
@@ -71,17 +95,24 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
 
     ``in_memory=True`` (default): the images are read once by the native
     engine (about 150 MB for the train set) and held in memory in the
-    output layout; each batch is one gather from there, handed to DALI
-    without a copy (measured on 2 cores: a range read per batch costs about
-    10x the CPU of the gather, see :mod:`fastread.formats.memory`).
-    ``in_memory=False`` reads each batch's images as byte ranges of the
-    batch files (one range reader per file) and transposes them to HWC in
-    one NumPy copy per batch. Shuffling draws one permutation of all images
-    of all files per epoch (the same on every rank for a given ``seed``). ``device="gpu"``
-    returns both outputs in GPU memory (DALI uploads them). Extra keyword
-    arguments are engine and Reader options, as for ``readers.file``.
-    Malformed files raise :class:`fastread.formats.FormatError` naming the
-    file and offset when the pipeline is defined.
+    output layout; each batch is one gather from there into a recycled
+    buffer, which DALI copies when it is fed (measured on 2 cores: a range
+    read per batch costs about 10x the CPU of the gather, see
+    :mod:`fastread.formats.memory`). ``in_memory=False`` reads each batch's
+    images as byte ranges of the batch files (one range reader per file)
+    and transposes them to HWC in one NumPy pass per batch. Shuffling draws
+    one permutation of all images of all files per epoch (the same on every
+    rank for a given ``seed``). ``device="gpu"`` returns both outputs in GPU
+    memory (DALI uploads them).
+
+    Epochs: ``epoch_end="stop"`` (default, as this reader always did) ends
+    each epoch with StopIteration, ``last_batch_policy`` choosing its last
+    batch; ``epoch_end="roll"`` rolls epochs over as ``readers.file`` does
+    (give the DALI iterators ``reader_name=name``). Extra
+    keyword arguments are engine and Reader options, as for
+    ``readers.file``. Malformed files raise
+    :class:`fastread.formats.FormatError` naming the file and offset when
+    the pipeline is defined.
     """
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
@@ -93,9 +124,10 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
         random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
         prefetch_queue_depth=prefetch_queue_depth, name=name,
-        last_batch_policy=last_batch_policy, engine=engine, device="cpu", no_copy=True,
+        last_batch_policy=last_batch_policy, engine=engine, device="cpu", no_copy=False,
         device_id=device_id, kwargs=kwargs,
-        make_batch_source=lambda reader, gpu: _ImageSource(reader, output_layout))
+        make_batch_source=lambda reader, gpu: _ImageSource(reader, output_layout, in_memory),
+        epoch_end=epoch_end)
     from nvidia.dali import fn
     images = fn.reshape(images, layout=output_layout)
     if device == "gpu":

@@ -189,21 +189,31 @@ class Cifar10(MultiFileRanges):
                 f"{len(self)} images)")
 
 
-def to_chw(arrays):
+def to_chw(arrays, out=None):
     """The batch's images (a list of 3072-byte records) as one
     ``(N, 3, 32, 32)`` uint8 array: the records' own CHW planes, gathered
-    in one copy."""
+    in one copy (into ``out`` if given)."""
     n = len(arrays)
-    chw = np.concatenate(arrays) if n else np.empty(0, np.uint8)
-    if chw.size != n * IMAGE_BYTES:
-        raise ValueError(f"{n} CIFAR-10 images should be {n * IMAGE_BYTES} bytes, got {chw.size}")
-    return chw.reshape(n, 3, 32, 32)
+    if out is not None and (out.shape != (n, 3, 32, 32) or out.dtype != np.uint8
+                            or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous ({n}, 3, 32, 32) uint8 array, got "
+                         f"{out.dtype} {out.shape}")
+    sizes = sum(a.size for a in arrays)
+    if sizes != n * IMAGE_BYTES:
+        raise ValueError(f"{n} CIFAR-10 images should be {n * IMAGE_BYTES} bytes, got {sizes}")
+    if out is None:
+        out = np.empty((n, 3, 32, 32), np.uint8)
+    if n:
+        np.concatenate(arrays, out=out.reshape(-1))
+    return out
 
 
-def to_hwc(arrays, out=None):
+def to_hwc(arrays, out=None, scratch=None):
     """The batch's images (a list of 3072-byte CHW records) as one
-    ``(N, 32, 32, 3)`` uint8 array in HWC order (into ``out`` if given).
-    The planes are interleaved with ``np.stack`` (6x faster than a copy of
-    the transposed view, NumPy's strided path for uint8)."""
-    chw = to_chw(arrays)
+    ``(N, 32, 32, 3)`` uint8 array in HWC order (into ``out`` if given;
+    the records are gathered into ``scratch``, a ``(N, 3, 32, 32)`` array,
+    if given, else a new one). The planes are interleaved with ``np.stack``
+    (6x faster than a copy of the transposed view, NumPy's strided path for
+    uint8)."""
+    chw = to_chw(arrays, out=scratch)
     return np.stack([chw[:, 0], chw[:, 1], chw[:, 2]], axis=-1, out=out)

@@ -14,7 +14,18 @@ and then serves batches as one gathered array each: ``data[indices]``, no
 I/O and no per-sample objects. It is a :class:`fastread.SampleSource`, so
 :class:`fastread.Reader` gives it the same epochs, shards, shuffles and
 resume as any other source. Batches are arrays of shape ``(n,) +
-sample_shape`` (a sequence of ``n`` samples), fresh for every batch.
+sample_shape`` (a sequence of ``n`` samples), fresh for every batch unless
+the Reader has a ``ring_depth``: then a batch's array is gathered into the
+memory of a batch the Reader released (as the native readers reuse their
+arenas), so that no batch allocates. A fresh 200 KB array per batch (64
+CIFAR images) costs more than the gather itself: the allocator hands such
+blocks back to the kernel when they are freed, and every batch then
+page-faults its memory in again (measured: 5% of a DALI pipeline's CPU
+time on 2 cores, in the kernel zeroing pages).
+
+Thread safety: as :class:`fastread.Reader`'s native readers, a source's
+native half is used by one thread at a time (the Reader holds its lock
+around every call, ``release()`` included).
 """
 import collections
 
@@ -27,10 +38,13 @@ __all__ = ["InMemory"]
 
 class _GatheredBatch:
     """One batch gathered from memory, with what :class:`fastread.Reader`
-    uses of a native Batch."""
+    uses of a native Batch. ``release()`` hands its array back to
+    ``recycle`` (the native half's free buffers), to be gathered into
+    again."""
 
-    def __init__(self, indices, data):
+    def __init__(self, indices, data, recycle=None):
         self._indices, self._data = indices, data
+        self._recycle = recycle
         self.released = False
 
     def __len__(self):
@@ -57,18 +71,29 @@ class _GatheredBatch:
         return self._data.nbytes
 
     def release(self):
+        if not self.released and self._recycle is not None:
+            self._recycle(self._data)
         self.released = True
 
 
 class _MemoryNative:
     """The NativeReader calls Reader makes, served from memory: submit()
-    queues a batch's indices, next() gathers it (no read ahead is needed)."""
+    queues a batch's indices, next() gathers it (no read ahead is needed)
+    into a buffer of a released batch of the same size if there is one
+    (at most ``max_free`` are kept), else into a new array."""
 
     engine = "memory"
 
-    def __init__(self, data):
+    def __init__(self, data, max_free=8):
         self._data = data
+        # The samples as rows of bytes: np.take along axis 0 of a 2-D view
+        # is NumPy's plainest row copy (any sample shape and dtype).
+        self._rows = (data.reshape(len(data), -1).view(np.uint8)
+                      if data.size and data.flags.c_contiguous else None)
         self._queue = collections.deque()
+        self._free = []
+        self._max_free = max_free
+        self._allocated = 0
         self.size = len(data)
         self.taken = 0
 
@@ -83,22 +108,42 @@ class _MemoryNative:
             return None
         idx = self._queue.popleft()
         self.taken += 1
-        return _GatheredBatch(idx, self._data[idx])
+        if self._rows is None or not len(idx):
+            return _GatheredBatch(idx, self._data[idx])
+        out = self._buffer(len(idx))
+        # mode="clip": indices were checked in submit(); NumPy buffers `out`
+        # in the default mode "raise".
+        self._rows.take(idx, axis=0, out=out.reshape(len(idx), -1).view(np.uint8), mode="clip")
+        return _GatheredBatch(idx, out, self._recycle)
+
+    def _buffer(self, n):
+        for i, buf in enumerate(self._free):
+            if len(buf) == n:
+                return self._free.pop(i)
+        self._allocated += 1
+        return np.empty((n,) + self._data.shape[1:], self._data.dtype)
+
+    def _recycle(self, buf):
+        if len(self._free) < self._max_free:
+            self._free.append(buf)
 
     def reset(self):
         self._queue.clear()
 
-    close = reset
+    def close(self):
+        self._queue.clear()
+        self._free.clear()
 
     @property
     def pending(self):
         return len(self._queue)
 
     def pool_batches(self):
-        return 0
+        """Batch buffers allocated so far (as the native pools count)."""
+        return self._allocated
 
     def pool_idle_bytes(self):
-        return 0
+        return sum(b.nbytes for b in self._free)
 
     def pool_idle_device_bytes(self):
         return 0
