@@ -148,14 +148,17 @@ class GpuBatchSource(BatchSource):
 def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_shuffle, seed,
                    pad_last_batch, stick_to_shard, prefetch_queue_depth, name,
                    last_batch_policy, engine, device, no_copy, device_id, kwargs,
-                   make_batch_source=None, num_outputs=2, epoch_end="stop"):
+                   make_batch_source=None, num_outputs=2, epoch_end="stop", layout=None):
     """The outputs of a fastread reader in the current pipeline: the part
     the readers share. `open_samples()` returns the fastread.SampleSource to
     read (called once the pipeline is known to exist);
     `make_batch_source(reader, gpu)`, if given, makes what DALI pulls from
     (default: data and labels). `epoch_end`: "stop" (StopIteration at each
     epoch's end, `last_batch_policy` chooses the last batch) or "roll"
-    (DALI's readers' epochs; the iterators get `reader_name=name`)."""
+    (DALI's readers' epochs; the iterators get `reader_name=name`).
+    `layout`: DALI's layout of the outputs (a string, or one per output),
+    set by the external source itself (an fn.reshape after it costs a
+    pass over the batch)."""
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
@@ -204,10 +207,10 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     batches.roll = roll
     reader.rolls = roll
     return _attach(pipe, reader, name, batches, no_copy=True if gpu else no_copy,
-                   device=device, num_outputs=num_outputs)
+                   device=device, num_outputs=num_outputs, layout=layout)
 
 
-def _attach(pipe, reader, name, source, no_copy, device="cpu", num_outputs=2):
+def _attach(pipe, reader, name, source, no_copy, device="cpu", num_outputs=2, layout=None):
     """The DataNodes of a batch external source pulling from `source`;
     `reader` is kept on the pipeline so it lives as long as it. A source
     with a ``cuda_stream`` has its GPU data ready in that stream's order."""
@@ -219,7 +222,7 @@ def _attach(pipe, reader, name, source, no_copy, device="cpu", num_outputs=2):
     nodes = fn.external_source(
         source=source, num_outputs=num_outputs, batch=True, no_copy=bool(no_copy), cycle=False,
         device=device, cuda_stream=getattr(source, "cuda_stream", None),
-        use_copy_kernel=device == "gpu")
+        use_copy_kernel=device == "gpu", **({} if layout is None else {"layout": layout}))
     # DALI refuses a name on a multi-output external source; the name stays
     # on the reader (for epoch_size and messages).
     reader.name = name
