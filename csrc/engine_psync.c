@@ -191,7 +191,7 @@ static int psync_read_files(void *state, const char *const *paths, const int64_t
         p->first = first;
         p->count = n - first < p->window ? n - first : p->window;
         memset(p->needs_repair, 0, sizeof(p->needs_repair));
-        fr_threadpool_run(p->pool, PHASE_OPEN, p->count);
+        fr_threadpool_run_claimed(p->pool, PHASE_OPEN, p->count);
         size_t opened = 0, out_of_fds = 0;
         for (size_t k = 0; k < p->count; k++) {
             opened += p->fds[k] >= 0;
@@ -226,7 +226,7 @@ static int psync_read_files(void *state, const char *const *paths, const int64_t
                     close(p->fds[k]);
             return rc;
         }
-        fr_threadpool_run(p->pool, PHASE_READ, p->count);
+        fr_threadpool_run_claimed(p->pool, PHASE_READ, p->count);
         for (size_t k = 0; k < p->count; k++) {
             if (!p->needs_repair[k])
                 continue;
@@ -259,7 +259,7 @@ static int psync_read_ranges(void *state, const char *path, const fr_range *rang
     p->batch = batch;
     p->first = 0;
     p->count = n;
-    fr_threadpool_run(p->pool, PHASE_RANGES, p->count);
+    fr_threadpool_run_claimed(p->pool, PHASE_RANGES, p->count);
     return 0;
 }
 

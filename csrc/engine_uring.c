@@ -1163,7 +1163,7 @@ static int run_rings(uring *u, enum phase phase, size_t count)
     atomic_store(&u->phase_err, 0);
     u->phase = phase;
     if (u->caller_ring)
-        fr_threadpool_run(u->pool, (int)phase, count);
+        fr_threadpool_run_claimed(u->pool, (int)phase, count); /* ring 0 claims to the end */
     else
         fr_threadpool_run_helpers(u->pool, (int)phase, count);
     return atomic_load(&u->phase_err);

@@ -28,6 +28,8 @@ struct fr_threadpool {
     pthread_cond_t done_cv;
     uint64_t job_id; /* bumped for each phase handed to the pool */
     unsigned busy;   /* threads still inside the current phase */
+    unsigned started; /* pool threads that began the current phase */
+    int closed;       /* the current phase takes no more threads (run_claimed) */
     int phase;
     int exiting;
     size_t count;       /* items of the current phase */
@@ -54,6 +56,9 @@ static void *worker(void *t_)
         seen = p->job_id;
         if (p->exiting)
             break;
+        if (p->closed)
+            continue; /* run_claimed finished it without us: not counted in busy */
+        p->started++;
         int phase = p->phase;
         pthread_mutex_unlock(&p->lock);
         call(p, phase, t->index);
@@ -122,13 +127,15 @@ int fr_threadpool_start_ex(fr_threadpool **out, unsigned extra, fr_phase_fn_ex f
     return start(out, extra, NULL, fn, arg, owner, err, err_len);
 }
 
-static void dispatch(fr_threadpool *p, int phase, size_t count, int caller_works)
+static void dispatch(fr_threadpool *p, int phase, size_t count, int caller_works, int skip_late)
 {
     pthread_mutex_lock(&p->lock);
     p->count = count;
     atomic_store(&p->next, 0);
     p->phase = phase;
     p->busy = p->nthreads;
+    p->started = 0;
+    p->closed = 0;
     p->job_id++;
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->lock);
@@ -137,6 +144,11 @@ static void dispatch(fr_threadpool *p, int phase, size_t count, int caller_works
         call(p, phase, 0);
 
     pthread_mutex_lock(&p->lock);
+    if (skip_late && atomic_load(&p->next) >= p->count) {
+        /* Every item is claimed: threads not yet in the phase skip it. */
+        p->closed = 1;
+        p->busy -= p->nthreads - p->started;
+    }
     while (p->busy > 0)
         pthread_cond_wait(&p->done_cv, &p->lock);
     pthread_mutex_unlock(&p->lock);
@@ -144,12 +156,17 @@ static void dispatch(fr_threadpool *p, int phase, size_t count, int caller_works
 
 void fr_threadpool_run(fr_threadpool *p, int phase, size_t count)
 {
-    dispatch(p, phase, count, 1);
+    dispatch(p, phase, count, 1, 0);
+}
+
+void fr_threadpool_run_claimed(fr_threadpool *p, int phase, size_t count)
+{
+    dispatch(p, phase, count, 1, 1);
 }
 
 void fr_threadpool_run_helpers(fr_threadpool *p, int phase, size_t count)
 {
-    dispatch(p, phase, count, 0);
+    dispatch(p, phase, count, 0, 0);
 }
 
 int fr_threadpool_claim(fr_threadpool *p, size_t *k)

@@ -28,6 +28,13 @@ int fr_threadpool_start(fr_threadpool **out, unsigned extra, fr_phase_fn fn, voi
 int fr_threadpool_start_ex(fr_threadpool **out, unsigned extra, fr_phase_fn_ex fn, void *arg,
                            const char *owner, char *err, size_t err_len);
 void fr_threadpool_run(fr_threadpool *pool, int phase, size_t count);
+/* As run(), for a phase whose only work is claimed items, which the caller's
+ * fn claims until none is left: once it returns with every item claimed,
+ * pool threads that have not yet begun the phase skip it (they never call
+ * fn) and run_claimed waits only for those inside it. On a busy machine a
+ * woken thread may wait tens of microseconds for a core; a short phase the
+ * caller finished alone need not wait for it. */
+void fr_threadpool_run_claimed(fr_threadpool *pool, int phase, size_t count);
 /* Runs the phase on the pool's `extra` threads only (workers 1..extra) and
  * waits for them; the caller does not call fn. Needs extra >= 1. */
 void fr_threadpool_run_helpers(fr_threadpool *pool, int phase, size_t count);

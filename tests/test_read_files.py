@@ -169,3 +169,48 @@ def test_file_grown_after_sizing_is_not_truncated(tmp_path):
 
 def test_sizes_fixture_is_complete():
     assert 0 in EDGE_SIZES and max(EDGE_SIZES) > 2 << 20
+
+
+def test_path_types_read_the_same_file(tmp_path):
+    """str, bytes, PathLike and a name that is no valid UTF-8 (a str with
+    surrogateescape, as os.listdir gives it) all name the same file."""
+    import pathlib
+    raw = os.fsencode(str(tmp_path)) + b"/name-\xff-\xe9.bin"
+    with open(raw, "wb") as f:
+        f.write(b"payload")
+    as_str = os.fsdecode(raw)
+    arrays = fastread.read_files([raw, as_str, pathlib.Path(as_str)])
+    assert [a.tobytes() for a in arrays] == [b"payload"] * 3
+
+
+def test_path_of_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError):
+        fastread.read_files([3])
+
+
+def test_context_lookup_follows_arguments_and_environment(monkeypatch, edge_tree):
+    """read_files() looks its context up by its own arguments before checking
+    them: the same settings given again (as keywords, a mapping or an
+    EngineOptions) reuse one context, other settings or another FASTREAD_*
+    environment get theirs, and bad settings fail at every call."""
+    from fastread.files import _context
+    _, content = edge_tree
+    paths = sorted(content)
+    a = _context("psync", None, {"queue_depth": 8}, 1)
+    assert _context("psync", None, {"queue_depth": 8}, 1) is a
+    assert _context("psync", {"queue_depth": 8}, {}, 1) is a
+    assert _context("psync", fastread.EngineOptions(queue_depth=8), {}, 1) is a
+    assert _context("psync", None, {"queue_depth": 16}, 1) is not a
+    assert a.stat("threads") == min(os.sysconf("SC_NPROCESSORS_ONLN"), 16)  # threads=0
+    monkeypatch.setenv("FASTREAD_THREADS", "1")
+    b = _context("psync", None, {"queue_depth": 8}, 1)
+    assert b is not a and b.stat("threads") == 1
+    assert [x.tobytes() for x in fastread.read_files(paths, engine="psync", queue_depth=8)] == \
+        [content[p] for p in paths]
+    monkeypatch.delenv("FASTREAD_THREADS")
+    assert _context("psync", None, {"queue_depth": 8}, 1) is a
+    for _ in range(2):
+        with pytest.raises(TypeError, match="no_such_option"):
+            fastread.read_files(paths, engine="psync", no_such_option=1)
+        with pytest.raises(ValueError, match="queue_depth"):
+            fastread.read_files(paths, engine="psync", queue_depth=0)

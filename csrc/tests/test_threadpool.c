@@ -1,0 +1,114 @@
+/* The fork-join pool's run_claimed: every item is handed out exactly once,
+ * run_claimed returns only when no thread is inside the phase (a thread that
+ * was late never runs a phase that is over, even while the next one runs),
+ * and when the caller stops before every item is claimed (a broken io_uring
+ * ring does) it waits for the pool's threads to take the rest. */
+#define _GNU_SOURCE
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "harness.h"
+#include "threadpool.h"
+
+#define NITEMS 64
+#define NPHASES 3000
+#define EXTRA 3
+
+typedef struct state {
+    fr_threadpool *pool;
+    atomic_int current;          /* the phase being run */
+    atomic_int inside;           /* threads inside fn */
+    atomic_int stale;            /* fn calls for a phase that was not current */
+    atomic_int taken[NITEMS];    /* per item: times handed out this phase */
+    atomic_int caller_claims;    /* 0: the caller (worker 0) claims nothing */
+    atomic_int helper_calls;     /* fn calls on pool threads */
+} state;
+
+static void pause_a_little(void)
+{
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+}
+
+static void phase_fn(void *arg, int phase, unsigned worker)
+{
+    state *s = arg;
+    atomic_fetch_add(&s->inside, 1);
+    if (phase != atomic_load(&s->current))
+        atomic_fetch_add(&s->stale, 1);
+    if (worker != 0)
+        atomic_fetch_add(&s->helper_calls, 1);
+    if (worker != 0 || atomic_load(&s->caller_claims)) {
+        size_t k;
+        while (fr_threadpool_claim(s->pool, &k)) {
+            if (k < NITEMS)
+                atomic_fetch_add(&s->taken[k], 1);
+            if (worker != 0)
+                pause_a_little(); /* the caller takes most items */
+        }
+    }
+    atomic_fetch_sub(&s->inside, 1);
+}
+
+static int every_item_once(state *s)
+{
+    int ok = 1;
+    for (int k = 0; k < NITEMS; k++) {
+        ok &= atomic_load(&s->taken[k]) == 1;
+        atomic_store(&s->taken[k], 0);
+    }
+    return ok;
+}
+
+int main(void)
+{
+    static state s;
+    char err[256] = "";
+    CHECK(fr_threadpool_start_ex(&s.pool, EXTRA, phase_fn, &s, "test", err, sizeof(err)) == 0);
+    if (!s.pool)
+        return fr_test_finish("test_threadpool");
+
+    /* The caller claims too: late pool threads may skip a phase. */
+    atomic_store(&s.caller_claims, 1);
+    int bad = 0;
+    for (int ph = 1; ph <= NPHASES; ph++) {
+        atomic_store(&s.current, ph);
+        fr_threadpool_run_claimed(s.pool, ph, NITEMS);
+        bad += !every_item_once(&s);
+        bad += atomic_load(&s.inside) != 0;
+    }
+    CHECK(bad == 0);
+    CHECK(atomic_load(&s.stale) == 0);
+    /* Pool threads join at most every phase, and skipped some. */
+    int calls = atomic_load(&s.helper_calls);
+    CHECK(calls <= NPHASES * EXTRA);
+    printf("run_claimed: %d of %d pool-thread turns taken\n", calls, NPHASES * EXTRA);
+
+    /* The caller claims nothing (as a ring that broke returns early): the
+     * pool's threads must read every item before run_claimed returns. */
+    atomic_store(&s.caller_claims, 0);
+    bad = 0;
+    for (int ph = NPHASES + 1; ph <= NPHASES + 200; ph++) {
+        atomic_store(&s.current, ph);
+        fr_threadpool_run_claimed(s.pool, ph, NITEMS);
+        bad += !every_item_once(&s);
+        bad += atomic_load(&s.inside) != 0;
+    }
+    CHECK(bad == 0);
+
+    /* Plain run() still runs every thread in every phase. */
+    atomic_store(&s.caller_claims, 1);
+    atomic_store(&s.helper_calls, 0);
+    for (int ph = 1; ph <= 100; ph++) {
+        atomic_store(&s.current, -ph);
+        fr_threadpool_run(s.pool, -ph, NITEMS);
+        CHECK(every_item_once(&s));
+    }
+    CHECK(atomic_load(&s.helper_calls) == 100 * EXTRA);
+    CHECK(atomic_load(&s.stale) == 0);
+
+    fr_threadpool_stop(s.pool);
+    return fr_test_finish("test_threadpool");
+}
