@@ -130,17 +130,17 @@ def test_stalled_reads_finish(shim, files):
     assert first == exact(files) and second == exact(files)
 
 
-def test_sigint_during_a_stalled_read_interrupts_promptly(shim, files):
-    """A read stalled for 60 s: SIGINT reaches Python at once (the reader
-    polls for signals while it waits), not when the read ends. Closing
-    afterwards would wait for the read in flight, so the child leaves with
-    os._exit after reporting."""
+def interrupt_stalled_reader(files, reader_args, env=None):
+    """A Reader in a child whose read of "victim" stalls for 60 s: SIGINT
+    must reach Python at once (the reader polls for signals while it
+    waits), not when the read ends. Closing afterwards would wait for the
+    read in flight, so the child leaves with os._exit after reporting."""
     import signal
     import time
     root = os.path.dirname(os.path.dirname(files[0]))
     script = f"""
     import os, sys, fastread
-    r = fastread.Reader({root!r}, batch_size=1, engine="psync", prefetch=1, workers=1)
+    r = fastread.Reader({root!r}, batch_size=1, prefetch=1, workers=1, {reader_args})
     print("ready", flush=True)
     n = 0
     try:
@@ -152,8 +152,6 @@ def test_sigint_during_a_stalled_read_interrupts_promptly(shim, files):
     print("finished without interruption", flush=True)
     os._exit(1)
     """
-    env = dict(os.environ, LD_PRELOAD=shim, FR_FAULT_PATH="victim", FR_FAULT_OP="read",
-               FR_FAULT_MODE="stall", FR_FAULT_COUNT="1", FR_FAULT_STALL_MS="60000")
     p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -165,6 +163,12 @@ def test_sigint_during_a_stalled_read_interrupts_promptly(shim, files):
         p.kill()
         pytest.fail("SIGINT did not interrupt the stalled read")
     assert p.returncode == 0 and out.startswith("interrupted"), (out, err)
+
+
+def test_sigint_during_a_stalled_read_interrupts_promptly(shim, files):
+    env = dict(os.environ, LD_PRELOAD=shim, FR_FAULT_PATH="victim", FR_FAULT_OP="read",
+               FR_FAULT_MODE="stall", FR_FAULT_COUNT="1", FR_FAULT_STALL_MS="60000")
+    interrupt_stalled_reader(files, 'engine="psync"', env)
 
 
 # ---- io_uring: its own fault hook (engine_args fault_*), on its completions ----
@@ -325,35 +329,8 @@ def test_uring_range_read_faults(tmp_path):
 
 @uring
 def test_uring_sigint_during_a_stalled_completion_interrupts_promptly(files):
-    import signal
-    import time
-    root = os.path.dirname(os.path.dirname(files[0]))
-    script = f"""
-    import os, sys, fastread
-    r = fastread.Reader({root!r}, batch_size=1, engine="io_uring", prefetch=1, workers=1,
-                        engine_args="fault_mode=stall,fault_path=victim,fault_stall_ms=60000")
-    print("ready", flush=True)
-    n = 0
-    try:
-        for arrays, _ in r:
-            n += 1
-    except KeyboardInterrupt:
-        print("interrupted after", n, "batches", flush=True)
-        os._exit(0)
-    print("finished without interruption", flush=True)
-    os._exit(1)
-    """
-    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        time.sleep(1.0)
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        pytest.fail("SIGINT did not interrupt the stalled completion")
-    assert p.returncode == 0 and out.startswith("interrupted"), (out, err)
+    interrupt_stalled_reader(files, 'engine="io_uring", engine_args="fault_mode=stall,'
+                                    'fault_path=victim,fault_stall_ms=60000"')
 
 
 @uring
