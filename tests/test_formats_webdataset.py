@@ -268,3 +268,16 @@ def test_torch_loader_resume(shards):
     again.load_state_dict(state)
     assert [[t.numpy().tobytes() for t in jpg] for jpg, _ in again] == rest
     assert len(rest) == len(loader) - 1
+
+
+def test_generator_remakes_with_other_params(tmp_path):
+    """Made again with other parameters: the old shards go, the marker says
+    the new ones; made again with the same ones: nothing is rewritten."""
+    root = tmp_path / "wds"
+    make_webdataset(root, shards=3, per_shard=4, width=16, height=16)
+    assert len(glob.glob(str(root / "shard-*.tar"))) == 3
+    info = make_webdataset(root, shards=1, per_shard=4, width=16, height=16)
+    assert len(glob.glob(str(root / "shard-*.tar"))) == 1 and info.files == 4
+    mtime = os.stat(root / "shard-000000.tar").st_mtime_ns
+    assert make_webdataset(root, shards=1, per_shard=4, width=16, height=16) == info
+    assert os.stat(root / "shard-000000.tar").st_mtime_ns == mtime

@@ -145,6 +145,27 @@ def try_reuse(root: str, params: dict, ext: str, counts: list[int] | None = None
         return None
 
 
+def reuse_marked(root: str, params: dict, stale=None) -> DatasetInfo | None:
+    """For the record-format datasets (one marker, written when done): the
+    DatasetInfo of the dataset already at root when it was made with these
+    params (nothing to do), else None with root ready to write into. A root
+    that is not empty and has no marker is refused; one made with other
+    params loses its marker and the files `stale(name)` picks."""
+    marker = os.path.join(root, MARKER_NAME)
+    old = _read_json(marker)
+    if old is not None and old.get("params") == params:
+        return DatasetInfo(**old["info"])
+    if old is None and os.path.isdir(root) and os.listdir(root):
+        raise FileExistsError(f"{root} is not empty and was not made by fastread make-dataset")
+    os.makedirs(root, exist_ok=True)
+    if old is not None:
+        os.remove(marker)
+        for name in os.listdir(root) if stale is not None else ():
+            if stale(name):
+                os.remove(os.path.join(root, name))
+    return None
+
+
 def prepare_root(root: str, params: dict) -> dict | None:
     """Make root ready for (re)generation; returns the record to resume from.
 

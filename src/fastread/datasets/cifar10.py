@@ -22,7 +22,7 @@ import pickle
 
 import numpy as np
 
-from fastread.datasets._shared import MARKER_NAME, DatasetInfo, _read_json, atomic_write, \
+from fastread.datasets._shared import MARKER_NAME, DatasetInfo, reuse_marked, atomic_write, \
     check_int, write_json
 
 __all__ = ["make_cifar10"]
@@ -48,14 +48,9 @@ def make_cifar10(root, *, train_per_class=5000, test_per_class=1000, layouts=("b
     params = {"format": _FORMAT, "version": _VERSION, "train_per_class": train_per_class,
               "test_per_class": test_per_class, "layouts": list(layouts), "seed": int(seed)}
     marker = os.path.join(root, MARKER_NAME)
-    old = _read_json(marker)
-    if old is not None and old.get("params") == params:
-        return DatasetInfo(**old["info"])
-    if old is None and os.path.isdir(root) and os.listdir(root):
-        raise FileExistsError(f"{root} is not empty and was not made by fastread make-dataset")
-    os.makedirs(root, exist_ok=True)
-    if old is not None:
-        os.remove(marker)
+    done = reuse_marked(root, params)
+    if done is not None:
+        return done
     rng = np.random.default_rng([seed, 0xC1FA])
     sets = [(f"data_batch_{i + 1}", train_per_class * 10 // 5, i + 1) for i in range(5)]
     sets.append(("test_batch", test_per_class * 10, 0))

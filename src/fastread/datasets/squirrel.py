@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from fastread.datasets._shared import MARKER_NAME, DatasetInfo, _read_json, check_int, write_json
+from fastread.datasets._shared import MARKER_NAME, DatasetInfo, reuse_marked, check_int, write_json
 
 __all__ = ["make_squirrel"]
 
@@ -47,17 +47,9 @@ def make_squirrel(root, *, samples=10_000, per_shard=1000, shape=(3, 300, 300), 
               "per_shard": per_shard, "shape": list(shape), "classes": int(classes),
               "seed": int(seed)}
     marker = os.path.join(root, MARKER_NAME)
-    old = _read_json(marker)
-    if old is not None and old.get("params") == params:
-        return DatasetInfo(**old["info"])
-    if old is None and os.path.isdir(root) and os.listdir(root):
-        raise FileExistsError(f"{root} is not empty and was not made by fastread make-dataset")
-    os.makedirs(root, exist_ok=True)
-    if old is not None:
-        os.remove(marker)
-        for n in os.listdir(root):
-            if n.endswith(".gz"):
-                os.remove(os.path.join(root, n))
+    done = reuse_marked(root, params, stale=lambda name: name.endswith(".gz"))
+    if done is not None:
+        return done
     store = SquirrelStore(root, serializer=MessagepackSerializer())
     nshards = -(-samples // per_shard)
     bar = None

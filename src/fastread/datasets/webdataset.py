@@ -17,7 +17,7 @@ import tarfile
 
 import numpy as np
 
-from fastread.datasets._shared import MARKER_NAME, DatasetInfo, _read_json, check_int, write_json
+from fastread.datasets._shared import MARKER_NAME, DatasetInfo, reuse_marked, check_int, write_json
 
 __all__ = ["make_webdataset"]
 
@@ -49,17 +49,10 @@ def make_webdataset(root, *, shards=4, per_shard=1000, classes=10, width=160, he
               "per_shard": per_shard, "classes": classes, "width": width, "height": height,
               "compress": bool(compress), "seed": int(seed)}
     marker = os.path.join(root, MARKER_NAME)
-    old = _read_json(marker)
-    if old is not None and old.get("params") == params:
-        return DatasetInfo(**old["info"])
-    if old is None and os.path.isdir(root) and os.listdir(root):
-        raise FileExistsError(f"{root} is not empty and was not made by fastread make-dataset")
-    os.makedirs(root, exist_ok=True)
-    if old is not None:
-        os.remove(marker)
-        for name in os.listdir(root):
-            if name.startswith("shard-") and name.endswith((".tar", ".tar.gz")):
-                os.remove(os.path.join(root, name))
+    done = reuse_marked(root, params, stale=lambda name: name.startswith("shard-")
+                        and name.endswith((".tar", ".tar.gz")))
+    if done is not None:
+        return done
     bar = None
     if progress:
         try:
