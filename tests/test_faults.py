@@ -50,16 +50,22 @@ print(json.dumps([attempt(), attempt()]))
 """
 
 
-def run(shim, paths, op, mode, count, script=SCRIPT, timeout=60, stall_ms=200):
-    env = dict(os.environ, LD_PRELOAD=shim, FR_FAULT_PATH="victim", FR_FAULT_OP=op,
-               FR_FAULT_MODE=mode, FR_FAULT_COUNT=str(count), FR_FAULT_STALL_MS=str(stall_ms))
+def run_child(script, paths, env, timeout, what):
+    """The JSON the child script prints last, given the paths; a hang past
+    `timeout` fails the test naming `what`."""
     try:
         p = subprocess.run([sys.executable, "-c", textwrap.dedent(script), json.dumps(paths)],
                            env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"hung for {timeout}s with {op}/{mode} x{count}: {e.stderr!r}")
+        pytest.fail(f"hung for {timeout}s with {what}: {e.stderr!r}")
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def run(shim, paths, op, mode, count, script=SCRIPT, timeout=60, stall_ms=200):
+    env = dict(os.environ, LD_PRELOAD=shim, FR_FAULT_PATH="victim", FR_FAULT_OP=op,
+               FR_FAULT_MODE=mode, FR_FAULT_COUNT=str(count), FR_FAULT_STALL_MS=str(stall_ms))
+    return run_child(script, paths, env, timeout, f"{op}/{mode} x{count}")
 
 
 def exact(paths):
@@ -209,13 +215,7 @@ def run_uring(paths, args, script=URING_SCRIPT, timeout=60, shim=None, **shim_en
     env = dict(os.environ, FR_TEST_ENGINE_ARGS=args)
     if shim:
         env.update(LD_PRELOAD=shim, FR_FAULT_PATH="victim", **shim_env)
-    try:
-        p = subprocess.run([sys.executable, "-c", textwrap.dedent(script), json.dumps(paths)],
-                           env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"hung for {timeout}s with engine_args {args}: {e.stderr!r}")
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_child(script, paths, env, timeout, f"engine_args {args}")
 
 
 @uring
