@@ -412,6 +412,7 @@ int fr_store_gather_device(fr_store *s, uint64_t ids, int id_bytes, size_t n, ui
         s->stats.host_tier_rows += d.host_tier_rows;
         s->stats.direct_rows += d.direct_rows;
         s->stats.storage_reads += d.storage_reads;
+        s->stats.mapped_reads += d.mapped_reads;
         s->stats.bytes_read += d.bytes_read;
         s->stats.evictions += d.evictions;
         pthread_mutex_unlock(&s->state_lock);

@@ -420,6 +420,46 @@ static int drop_from_page_cache(const char *path)
     return dropped;
 }
 
+/* Mapped copies (gather_proxy.c): a gather over an array the page cache
+ * holds is served by copies from a read-only mapping; not with
+ * FASTREAD_PROXY_MAPPED=0, and not once the file is dropped from the page
+ * cache (the residency sample sees it). Every row checked each time. */
+static void test_mapped_copies(const char *path)
+{
+    for (int k = 0; k < 3; k++) {
+        load_file(path); /* in the page cache */
+        if (k == 1)
+            setenv("FASTREAD_PROXY_MAPPED", "0", 1);
+        fr_store_config c;
+        base_config(&c, path);
+        fr_store *s = NULL;
+        char err[FR_ERRLEN] = "";
+        CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+        unsetenv("FASTREAD_PROXY_MAPPED");
+        if (!s)
+            continue;
+        if (k == 2 && !drop_from_page_cache(path)) {
+            fprintf(stderr, "test_mapped_copies: cannot drop the file from the page cache here "
+                            "(tmpfs?); the cold case is not tested\n");
+            fr_store_close(s);
+            continue;
+        }
+        size_t bad = 0;
+        int64_t *ids = random_ids(3000, 70 + (unsigned)k);
+        CHECK(gather_check(s, ids, 3000, 8, err, &bad) == 0);
+        fr_store_stats st;
+        fr_store_stats_get(s, &st);
+        CHECK(st.storage_reads > 0);
+        if (k == 0)
+            CHECK(st.mapped_reads == st.storage_reads);
+        else
+            CHECK(st.mapped_reads == 0);
+        free(ids);
+        fr_store_close(s);
+    }
+    load_file(path);
+}
+
 /* Row fetches: sparse batches over an array larger than the cache read
  * their rows on their own (auto), the cache left alone; "pages" forces page
  * loads, "rows" row reads, and a cache that holds the whole array keeps
@@ -899,6 +939,7 @@ int main(void)
 
     test_gathers(path);
     test_read_paths(path);
+    test_mapped_copies(path);
     test_concurrent(path);
     test_host_tier(path);
     test_locality_order(path);

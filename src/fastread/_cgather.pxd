@@ -51,6 +51,7 @@ cdef extern from "gather.h" nogil:
         uint64_t host_tier_rows
         uint64_t direct_rows
         uint64_t storage_reads
+        uint64_t mapped_reads
         uint64_t bytes_read
         uint64_t evictions
 

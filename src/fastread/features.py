@@ -505,14 +505,15 @@ class FeatureStore:
         ``direct_rows`` (rows read from storage on their own, past the cache:
         sparse batches over arrays larger than the cache, see
         ``FASTREAD_GATHER_FETCH``), ``storage_reads`` (read requests to
-        storage), ``bytes_read``,
+        storage), ``mapped_reads`` (of those, copied by the proxy from a
+        read-only mapping of a file the page cache held), ``bytes_read``,
         ``evictions``, ``gathers``, ``rows``, and ``tiers``: rows served by
         each tier (device_cache, host_tier, storage)."""
         st = self._live().stats()
         out = {"gathers": st["gathers"], "rows": st["rows"], "hits": st["cache_hits"],
                "misses": st["cache_misses"], "coalesced": st["coalesced"],
                "host_tier_rows": st["host_tier_rows"], "direct_rows": st["direct_rows"],
-               "storage_reads": st["storage_reads"],
+               "storage_reads": st["storage_reads"], "mapped_reads": st["mapped_reads"],
                "bytes_read": st["bytes_read"], "evictions": st["evictions"]}
         out["tiers"] = {"device_cache": out["hits"], "host_tier": out["host_tier_rows"],
                         "storage": out["rows"] - out["hits"] - out["host_tier_rows"]}
