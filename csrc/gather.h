@@ -148,7 +148,7 @@ typedef struct fr_store_stats {
     uint64_t host_tier_rows; /* rows read by the GPU from the page-locked host tier */
     uint64_t direct_rows;    /* rows read from storage on their own, past the cache
                                 (row fetches of sparse batches; $FASTREAD_GATHER_FETCH) */
-    uint64_t storage_reads;  /* read requests sent to storage */
+    uint64_t storage_reads;  /* reads sent to storage (pages or rows) */
     uint64_t mapped_reads;   /* of those, served by copies from a read-only mapping
                                 of a file the page cache held (proxy; gather_proxy.c) */
     uint64_t bytes_read;     /* bytes read from storage */

@@ -88,11 +88,13 @@ typedef struct svc {
     fr_range *ranges;
     uint64_t *starts;
     uint64_t *pos;   /* the ticket of each range (requests left to the engine) */
+    uint32_t *ats;   /* where in its request's staging each range goes */
     atomic_ullong reads, bytes; /* this thread's, taken by counters() */
 #ifdef FASTREAD_HAVE_URING
     struct io_uring ring; /* buffered reads into staging (p->uring) */
     int ring_ok;
     unsigned inflight;    /* reads submitted and not reaped */
+    unsigned queued;      /* reads queued by serve, not yet submitted */
     unsigned room;        /* at most this many out (the SQ's size; the CQ holds twice) */
 #endif
 } svc;
@@ -115,6 +117,7 @@ struct proxy {
      * dense_after pages, the whole array is read ahead in large sequential
      * reads (0: never; see serve). */
     uint64_t data_bytes, dense_after;
+    uint64_t pages, row_bytes;
     atomic_ullong cold_reqs;
     atomic_int prefetched;
     unsigned nsvc, batch_max;
@@ -143,18 +146,64 @@ struct proxy {
     svc *svcs;
 };
 
-/* Where a request's bytes are in the file: a page of the array, or (row
- * fetches, FR_RING_BYTES) a byte range of it. */
-static void request_extent(const proxy *p, const fr_dev_ring_cell *c, uint64_t *start,
-                           uint32_t *len)
+/* One extent of a request: bytes [start, start + len) of the file go to
+ * the cell's staging + at. A page request has one; a row list
+ * (FR_RING_ROWS) one per row. */
+typedef struct piece {
+    uint64_t start;
+    uint32_t len, at;
+} piece;
+
+/* The pieces of request pos (at most FR_RING_MAX_ROWS): their number, or
+ * -EINVAL for a malformed request (only a bug in a kernel could make one),
+ * with the reason in why. A row list's offsets are read out of staging
+ * here, before anything is written there. */
+static int request_pieces(const proxy *p, uint64_t pos, piece *pc, char *why, size_t why_len)
 {
-    if (c->len & FR_RING_BYTES) {
-        *start = p->offset + c->page;
-        *len = c->len & ~FR_RING_BYTES;
-    } else {
-        *start = p->offset + c->page * p->page_bytes;
-        *len = c->len;
+    const fr_dev_ring *r = &p->hring;
+    const fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
+    uint32_t len = c->len;
+    if (!(len & FR_RING_ROWS)) {
+        if (c->page >= p->pages || len == 0 || len > p->page_bytes) {
+            snprintf(why, why_len, "a request for page %llu (%u bytes) of an array of %llu pages",
+                     (unsigned long long)c->page, len, (unsigned long long)p->pages);
+            return -EINVAL;
+        }
+        pc[0].start = p->offset + c->page * p->page_bytes;
+        pc[0].len = len;
+        pc[0].at = 0;
+        return 1;
     }
+    unsigned n = len & 0xFFFFu;
+    uint64_t rb = c->page;
+    if (n == 0 || n > FR_RING_MAX_ROWS || rb != p->row_bytes || n * rb > p->page_bytes) {
+        snprintf(why, why_len, "a request for %u rows of %llu bytes (rows are %llu bytes)", n,
+                 (unsigned long long)rb, (unsigned long long)p->row_bytes);
+        return -EINVAL;
+    }
+    uint64_t off[FR_RING_MAX_ROWS];
+    memcpy(off, fr_ring_host_staging(r, pos), n * sizeof(uint64_t));
+    for (unsigned i = 0; i < n; i++) {
+        if (off[i] % rb || off[i] >= p->data_bytes) {
+            snprintf(why, why_len, "a request for the row at byte %llu of an array of %llu bytes",
+                     (unsigned long long)off[i], (unsigned long long)p->data_bytes);
+            return -EINVAL;
+        }
+        pc[i].start = p->offset + off[i];
+        pc[i].len = (uint32_t)rb;
+        pc[i].at = (uint32_t)(i * rb);
+    }
+    return (int)n;
+}
+
+/* What a piece is, for errors: "page 12" or "the row at byte 4096". */
+static void piece_name(const proxy *p, const piece *pc, char *buf, size_t len)
+{
+    uint64_t rel = pc->start - p->offset;
+    if (pc->len == p->row_bytes && pc->len != p->page_bytes)
+        snprintf(buf, len, "the row at byte %llu", (unsigned long long)rel);
+    else
+        snprintf(buf, len, "page %llu", (unsigned long long)(rel / p->page_bytes));
 }
 
 static void record(proxy *p, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -177,60 +226,51 @@ static void record(proxy *p, int rc, const char *fmt, ...)
  * rather than go to the device, so a cold page costs one cheap syscall and
  * goes to the engine's deep queue instead of blocking this thread. One copy
  * (page cache -> staging) instead of two (-> engine buffer -> staging). */
-static int serve_cached(svc *v, uint64_t pos)
+static int serve_cached(svc *v, uint64_t pos, const piece *pc, int np)
 {
     proxy *p = v->p;
 #ifdef RWF_NOWAIT
     if (p->fd < 0)
         return 0;
     const fr_dev_ring *r = &p->hring;
-    fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
-    uint64_t start;
-    uint32_t len;
-    request_extent(p, c, &start, &len);
-    struct iovec iov = {fr_ring_host_staging(r, pos), len};
-    ssize_t got = preadv2(p->fd, &iov, 1, (off_t)start, RWF_NOWAIT);
-    if (got != (ssize_t)len)
-        return 0; /* EAGAIN (not cached), EOPNOTSUPP, short: the engine decides */
-    atomic_fetch_add_explicit(&v->bytes, len, memory_order_relaxed);
+    uint8_t *staging = fr_ring_host_staging(r, pos);
+    uint64_t total = 0;
+    for (int i = 0; i < np; i++) {
+        struct iovec iov = {staging + pc[i].at, pc[i].len};
+        ssize_t got = preadv2(p->fd, &iov, 1, (off_t)pc[i].start, RWF_NOWAIT);
+        if (got != (ssize_t)pc[i].len)
+            return 0; /* EAGAIN (not cached), EOPNOTSUPP, short: the engine decides */
+        total += pc[i].len;
+    }
+    atomic_fetch_add_explicit(&v->bytes, total, memory_order_relaxed);
     fr_ring_host_complete(r, pos, 0);
     return 1;
 #else
     (void)p;
     (void)pos;
+    (void)pc;
+    (void)np;
     return 0;
 #endif
 }
 
-/* Serves the n requests head, head + nsvc, ... by copies from the mapping
- * (this session is mapped): 1, or 0 when one falls outside it (then none
- * was served and the caller reads them all). */
-static int serve_mapped(svc *v, unsigned n)
+/* Serves request pos by copies from the mapping (this session is mapped):
+ * 1, or 0 when a piece falls outside it (then nothing was written). */
+static int serve_mapped(svc *v, uint64_t pos, const piece *pc, int np)
 {
     proxy *p = v->p;
-    const fr_dev_ring *r = &p->hring;
+    uint8_t *staging = fr_ring_host_staging(&p->hring, pos);
     uint64_t total = 0;
-    for (unsigned i = 0; i < n; i++) {
-        fr_dev_ring_cell *c = fr_ring_host_cell(r, v->head + (uint64_t)i * p->nsvc);
-        uint64_t start;
-        uint32_t len;
-        request_extent(p, c, &start, &len);
-        if (start < p->map_lo || start + len > p->map_hi)
+    for (int i = 0; i < np; i++)
+        if (pc[i].start < p->map_lo || pc[i].start + pc[i].len > p->map_hi)
             return 0;
-    }
-    for (unsigned i = 0; i < n; i++) {
-        uint64_t pos = v->head + (uint64_t)i * p->nsvc;
-        fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
-        uint64_t start;
-        uint32_t len;
-        request_extent(p, c, &start, &len);
-        memcpy(fr_ring_host_staging(r, pos), p->map + (start - p->map_lo), len);
-        fr_ring_host_complete(r, pos, 0);
-        total += len;
+    for (int i = 0; i < np; i++) {
+        memcpy(staging + pc[i].at, p->map + (pc[i].start - p->map_lo), pc[i].len);
+        total += pc[i].len;
     }
     atomic_fetch_add_explicit(&v->bytes, total, memory_order_relaxed);
-    atomic_fetch_add_explicit(&p->mapped_reads, n, memory_order_relaxed);
-    v->head += (uint64_t)n * p->nsvc;
+    atomic_fetch_add_explicit(&p->mapped_reads, (uint64_t)np, memory_order_relaxed);
+    fr_ring_host_complete(&p->hring, pos, 0);
     return 1;
 }
 
@@ -280,7 +320,7 @@ static void maybe_prefetch(proxy *p, unsigned cold)
 #ifdef FASTREAD_HAVE_URING
 /* Completes the requests whose reads finished: a full read is done; an
  * error or a short read fails the request, naming it. `wait`: block for at
- * least one. */
+ * least one. Only page requests come this way (serve). */
 static void uring_reap(svc *v, int wait)
 {
     proxy *p = v->p;
@@ -294,19 +334,16 @@ static void uring_reap(svc *v, int wait)
     unsigned head, seen = 0;
     io_uring_for_each_cqe(&v->ring, head, cqe) {
         uint64_t pos = (uint64_t)io_uring_cqe_get_data64(cqe);
-        fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
-        uint64_t start;
-        uint32_t len;
-        request_extent(p, c, &start, &len);
+        const fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
+        uint64_t start = p->offset + c->page * p->page_bytes;
         int32_t status = 0;
-        if (cqe->res == (int)len) {
-            atomic_fetch_add_explicit(&v->bytes, len, memory_order_relaxed);
+        if (cqe->res == (int)c->len) {
+            atomic_fetch_add_explicit(&v->bytes, c->len, memory_order_relaxed);
         } else {
             status = cqe->res < 0 ? cqe->res : -EIO;
-            record(p, status, "reading %s %llu of %s (bytes %llu..%llu): %s",
-                   (c->len & FR_RING_BYTES) ? "the row at byte" : "page",
+            record(p, status, "reading page %llu of %s (bytes %llu..%llu): %s",
                    (unsigned long long)c->page, p->path, (unsigned long long)start,
-                   (unsigned long long)(start + len),
+                   (unsigned long long)(start + c->len),
                    cqe->res < 0 ? strerror(-cqe->res) : "the file ended early");
         }
         fr_ring_host_complete(r, pos, status);
@@ -316,84 +353,93 @@ static void uring_reap(svc *v, int wait)
     v->inflight -= seen;
 }
 
-/* Submits the n requests as reads into their staging with one enter. */
-static void uring_serve(svc *v, unsigned n)
+/* Queues a read of page request pos into its staging (submitted by serve
+ * with the rest of its batch, one enter). */
+static void uring_queue(svc *v, uint64_t pos, const piece *pc)
 {
     proxy *p = v->p;
-    const fr_dev_ring *r = &p->hring;
-    unsigned room = v->room;
-    for (unsigned i = 0; i < n; i++) {
-        /* The CQ holds twice the SQ: reap before more than that is out. */
-        while (v->inflight + 1 > room)
-            uring_reap(v, 1);
-        uint64_t pos = v->head + (uint64_t)i * p->nsvc;
-        fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
-        uint64_t start;
-        uint32_t len;
-        request_extent(p, c, &start, &len);
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&v->ring);
-        if (!sqe) {
-            io_uring_submit(&v->ring);
-            sqe = io_uring_get_sqe(&v->ring);
-        }
-        if (!sqe) { /* cannot happen with the reaping above; fail the request, never hang */
-            record(p, -EBUSY, "proxy for %s: no io_uring submission entry", p->path);
-            fr_ring_host_complete(r, pos, -EBUSY);
-            continue;
-        }
-        io_uring_prep_read(sqe, p->fd, fr_ring_host_staging(r, pos), len, start);
-        io_uring_sqe_set_data64(sqe, pos);
-        v->inflight++;
+    /* The CQ holds twice the SQ: reap before more than that is out. */
+    while (v->inflight + 1 > v->room)
+        uring_reap(v, 1);
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&v->ring);
+    if (!sqe) {
+        io_uring_submit(&v->ring);
+        sqe = io_uring_get_sqe(&v->ring);
     }
-    int rc = io_uring_submit(&v->ring);
-    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
-        record(p, rc, "proxy for %s: io_uring_submit: %s", p->path, strerror(-rc));
-    v->head += (uint64_t)n * p->nsvc;
-    uring_reap(v, 0);
+    if (!sqe) { /* cannot happen with the reaping above; fail the request, never hang */
+        record(p, -EBUSY, "proxy for %s: no io_uring submission entry", p->path);
+        fr_ring_host_complete(&p->hring, pos, -EBUSY);
+        return;
+    }
+    io_uring_prep_read(sqe, p->fd, fr_ring_host_staging(&p->hring, pos), pc->len, pc->start);
+    io_uring_sqe_set_data64(sqe, pos);
+    v->inflight++;
+    v->queued++;
 }
 #endif
 
-/* Serves tickets head, head + nsvc, ... (n of them, all submitted): cached
- * pages at once, the rest as one batch through the engine. */
+/* Serves tickets head, head + nsvc, ... (n_all of them, all submitted), each
+ * by the first way that can: copies from the mapping (a mapped session);
+ * this thread's io_uring (page requests, FASTREAD_PROXY_URING=1); preadv2
+ * of what the page cache holds; else the engine, every piece left of the
+ * batch in one fr_read_ranges. */
 static void serve(svc *v, unsigned n_all)
 {
     proxy *p = v->p;
     const fr_dev_ring *r = &p->hring;
     uint64_t total = 0;
     int cancelled = atomic_load(&p->cancelled) || (p->store_cancel && atomic_load(p->store_cancel));
+    int fast = !cancelled && p->delay_us <= 0;
     if (p->delay_us > 0) { /* a slow device, on purpose: tests of timeouts and cancels */
         struct timespec ts = {p->delay_us / 1000000, (p->delay_us % 1000000) * 1000};
         nanosleep(&ts, NULL);
     }
-    /* Counted before any completion: end() does not wait for this thread
-     * after a good gather, and the gather's stats must include its reads. */
-    atomic_fetch_add_explicit(&v->reads, n_all, memory_order_relaxed);
-    if (!cancelled && p->delay_us <= 0 && atomic_load_explicit(&p->mapped, memory_order_relaxed) &&
-        serve_mapped(v, n_all))
-        return;
-#ifdef FASTREAD_HAVE_URING
-    if (v->ring_ok && !cancelled && p->delay_us <= 0) {
-        uring_serve(v, n_all);
-        return;
-    }
-#endif
-    unsigned n = 0;
+    int mapped = fast && atomic_load_explicit(&p->mapped, memory_order_relaxed);
+    unsigned n = 0; /* pieces left to the engine */
     for (unsigned i = 0; i < n_all; i++) {
         uint64_t pos = v->head + (uint64_t)i * p->nsvc;
-        if (!cancelled && p->delay_us <= 0 && serve_cached(v, pos))
+        piece pc[FR_RING_MAX_ROWS];
+        char why[160];
+        int np = request_pieces(p, pos, pc, why, sizeof(why));
+        if (np < 0) {
+            record(p, np, "proxy for %s: %s", p->path, why);
+            fr_ring_host_complete(r, pos, np);
             continue;
-        fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
-        uint64_t start;
-        uint32_t len;
-        request_extent(p, c, &start, &len);
-        uint64_t lo = p->direct ? start & ~(DIO_ALIGN - 1) : start;
-        v->pos[n] = pos;
-        v->starts[n] = start;
-        v->ranges[n].offset = lo;
-        v->ranges[n].length = start + len - lo;
-        total += v->ranges[n].length;
-        n++;
+        }
+        /* Reads are pages or rows, counted before their completion: end()
+         * does not wait for this thread after a good gather, and the
+         * gather's stats must include them. */
+        atomic_fetch_add_explicit(&v->reads, (uint64_t)np, memory_order_relaxed);
+        if (mapped && serve_mapped(v, pos, pc, np))
+            continue;
+#ifdef FASTREAD_HAVE_URING
+        if (fast && v->ring_ok && !(fr_ring_host_cell(r, pos)->len & FR_RING_ROWS)) {
+            uring_queue(v, pos, &pc[0]);
+            continue;
+        }
+#endif
+        if (fast && serve_cached(v, pos, pc, np))
+            continue;
+        for (int k = 0; k < np; k++) {
+            uint64_t lo = p->direct ? pc[k].start & ~(DIO_ALIGN - 1) : pc[k].start;
+            v->pos[n] = pos;
+            v->starts[n] = pc[k].start;
+            v->ats[n] = pc[k].at;
+            v->ranges[n].offset = lo;
+            v->ranges[n].length = pc[k].start + pc[k].len - lo;
+            total += v->ranges[n].length;
+            n++;
+        }
     }
+#ifdef FASTREAD_HAVE_URING
+    if (v->queued) {
+        int rc = io_uring_submit(&v->ring);
+        if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+            record(p, rc, "proxy for %s: io_uring_submit: %s", p->path, strerror(-rc));
+        v->queued = 0;
+        uring_reap(v, 0);
+    }
+#endif
     atomic_fetch_add_explicit(&v->bytes, total, memory_order_relaxed);
     v->head += (uint64_t)n_all * p->nsvc;
     if (n == 0)
@@ -407,28 +453,33 @@ static void serve(svc *v, unsigned n_all)
         rc = fr_read_ranges(v->ctx, p->path, v->ranges, n, v->batch);
     if (rc && rc != -ECANCELED)
         record(p, rc, "reading pages of %s with %s: %s", p->path, p->engine, strerror(-rc));
+    /* A request's pieces are consecutive: it completes with its last, failed
+     * by the first piece that failed. */
+    int32_t status = rc;
     for (unsigned i = 0; i < n; i++) {
         uint64_t pos = v->pos[i];
-        fr_dev_ring_cell *c = fr_ring_host_cell(r, pos);
         uint32_t len = (uint32_t)(v->ranges[i].offset + v->ranges[i].length - v->starts[i]);
-        int32_t status = rc;
         if (rc == 0) {
             const fr_sample *s = &v->batch->samples[i];
             if (s->length == (int64_t)v->ranges[i].length) {
-                memcpy(fr_ring_host_staging(r, pos),
+                memcpy(fr_ring_host_staging(r, pos) + v->ats[i],
                        v->batch->arena.base + s->offset + (v->starts[i] - v->ranges[i].offset),
                        len);
-            } else {
+            } else if (status == 0) {
                 status = s->length < 0 ? (int32_t)s->length : -EIO;
-                record(p, status, "reading %s %llu of %s (bytes %llu..%llu) with %s: %s",
-                       (c->len & FR_RING_BYTES) ? "the row at byte" : "page",
-                       (unsigned long long)c->page, p->path,
+                piece pc = {v->starts[i], len, v->ats[i]};
+                char what[64];
+                piece_name(p, &pc, what, sizeof(what));
+                record(p, status, "reading %s of %s (bytes %llu..%llu) with %s: %s", what, p->path,
                        (unsigned long long)v->starts[i],
                        (unsigned long long)(v->starts[i] + len), p->engine,
                        s->length < 0 ? strerror((int)-s->length) : "the file ended early");
             }
         }
-        fr_ring_host_complete(r, pos, status);
+        if (i + 1 == n || v->pos[i + 1] != pos) {
+            fr_ring_host_complete(r, pos, status);
+            status = rc;
+        }
     }
 }
 
@@ -505,6 +556,7 @@ static void proxy_close(void *state)
         free(v->ranges);
         free(v->starts);
         free(v->pos);
+        free(v->ats);
     }
     if (p->map)
         munmap((void *)p->map, p->map_len);
@@ -573,6 +625,8 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
         p->map_seed = 0x9E3779B97F4A7C15ull ^ (uint64_t)(uintptr_t)p;
     }
     p->data_bytes = env->rows * env->row_bytes;
+    p->pages = env->pages;
+    p->row_bytes = env->row_bytes;
     long avp = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     uint64_t avail = avp > 0 && psz > 0 ? (uint64_t)avp * (uint64_t)psz : 0;
     /* Off unless $FASTREAD_PROXY_DENSE=1: on the H100 machine's disk (about
@@ -675,10 +729,13 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
                 p->uring = 0; /* (RLIMIT_MEMLOCK, seccomp...): preadv2 and the engine */
         }
 #endif
-        v->ranges = calloc(p->batch_max, sizeof(fr_range));
-        v->starts = calloc(p->batch_max, sizeof(uint64_t));
-        v->pos = calloc(p->batch_max, sizeof(uint64_t));
-        if (!v->batch || !v->ranges || !v->starts || !v->pos) {
+        /* A batch of requests is up to batch_max row lists of FR_RING_MAX_ROWS. */
+        size_t pieces = (size_t)p->batch_max * FR_RING_MAX_ROWS;
+        v->ranges = calloc(pieces, sizeof(fr_range));
+        v->starts = calloc(pieces, sizeof(uint64_t));
+        v->pos = calloc(pieces, sizeof(uint64_t));
+        v->ats = calloc(pieces, sizeof(uint32_t));
+        if (!v->batch || !v->ranges || !v->starts || !v->pos || !v->ats) {
             proxy_close(p);
             return -ENOMEM;
         }
@@ -790,7 +847,8 @@ static void proxy_memory(void *state, fr_store_memory *add)
     add->staging += p->staging_bytes;
     for (unsigned i = 0; i < p->nsvc; i++)
         add->host_buffers += p->svcs[i].batch->arena.capacity +
-                             p->batch_max * (sizeof(fr_range) + sizeof(uint64_t));
+                             (size_t)p->batch_max * FR_RING_MAX_ROWS *
+                                 (sizeof(fr_range) + 2 * sizeof(uint64_t) + sizeof(uint32_t));
 }
 
 const fr_gather_backend fr_gather_backend_proxy = {

@@ -112,9 +112,15 @@ typedef int64_t fr_i64;
 #define FR_PT_LOADING 0xFFFFFFFFu
 #define FR_REF_EXCL 0x80000000u
 #define FR_TAG_NONE 0xFFFFFFFFFFFFFFFFull
-/* In a ring cell's len: the request is a row fetch, `page` holds the byte
- * offset of the row in the array and len & ~FR_RING_BYTES its size. */
-#define FR_RING_BYTES 0x80000000u
+/* A ring request whose len has FR_RING_ROWS set is a list of row fetches:
+ * (len & 0xFFFF) rows, at most FR_RING_MAX_ROWS, of c->page bytes each; the
+ * cell's staging starts with their byte offsets in the array (u64 each),
+ * which the host replaces by the rows, back to back. One request carries a
+ * warp's rows: one cell to poll on each side instead of one per row (the
+ * per-row protocol stopped at ~8M rows/s on the H100 machine). Any other
+ * request is page c->page of the array, len bytes. */
+#define FR_RING_ROWS 0x80000000u
+#define FR_RING_MAX_ROWS 32u
 
 #ifdef FR_GPU
 FR_DEV fr_u32 fr_atom_add32(fr_u32 *p, fr_u32 v) { return atomicAdd((unsigned int *)p, v); }
@@ -403,8 +409,8 @@ FR_DEV int fr_dev_wait_step(const fr_dev_store *s, fr_dev_waiter *w)
 /* Takes a ticket and submits a read of `page` (len bytes). Waits (up to the
  * timeout) while the ring is full; *full_waits counts that. 0 or -errno;
  * *ticket names the request for fr_ring_wait / fr_ring_release. */
-FR_DEV int fr_ring_submit_at(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
-                             fr_u32 len, fr_u64 t, fr_u64 *full_waits)
+FR_DEV int fr_ring_claim(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 t,
+                         fr_u64 *full_waits)
 {
     fr_dev_ring_cell *c = &r->cells[t & ((1ull << r->log2_entries) - 1)];
     fr_u64 lap = t >> r->log2_entries;
@@ -418,10 +424,26 @@ FR_DEV int fr_ring_submit_at(const fr_dev_store *s, const fr_dev_ring *r, fr_u64
                 return rc;
         }
     }
+    return 0;
+}
+
+/* Submits the request of claimed ticket t (its staging already written,
+ * for row lists). */
+FR_DEV void fr_ring_publish(const fr_dev_ring *r, fr_u64 t, fr_u64 page, fr_u32 len)
+{
+    fr_dev_ring_cell *c = &r->cells[t & ((1ull << r->log2_entries) - 1)];
     c->page = page;
     c->len = len;
-    fr_sys_store_rel64(&c->seq, 4 * lap + 1);
-    return 0;
+    fr_sys_store_rel64(&c->seq, 4 * (t >> r->log2_entries) + 1);
+}
+
+FR_DEV int fr_ring_submit_at(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
+                             fr_u32 len, fr_u64 t, fr_u64 *full_waits)
+{
+    int rc = fr_ring_claim(s, r, t, full_waits);
+    if (rc == 0)
+        fr_ring_publish(r, t, page, len);
+    return rc;
 }
 
 FR_DEV int fr_ring_submit(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 page,
@@ -454,6 +476,14 @@ FR_DEV int fr_ring_wait(const fr_dev_store *s, const fr_dev_ring *r, fr_u64 tick
 FR_DEV const fr_u8 *fr_ring_staging(const fr_dev_ring *r, fr_u64 ticket)
 {
     return r->staging + (ticket & ((1ull << r->log2_entries) - 1)) * (fr_u64)r->page_bytes;
+}
+
+/* Rows one row-list request carries: as many as its staging holds, at most
+ * FR_RING_MAX_ROWS (0 when a row is larger than a page: no row fetches). */
+FR_DEV fr_u32 fr_ring_rows_per_request(const fr_dev_ring *r, fr_u64 row_bytes)
+{
+    fr_u64 k = row_bytes ? r->page_bytes / row_bytes : 0;
+    return k < FR_RING_MAX_ROWS ? (fr_u32)k : FR_RING_MAX_ROWS;
 }
 
 /* Frees the request's cell for the next lap. */
@@ -495,29 +525,39 @@ FR_DEV int fr_dev_fetch_page(const fr_dev_store *s, fr_u64 page, fr_u8 *dst, fr_
 #endif
 }
 
-/* Row `id` read on its own (a row fetch) into dst, by one thread: the
+/* Rows ids[0..n) read on their own (row fetches) into dsts[i], by one
+ * thread, as one row-list request (n <= fr_ring_rows_per_request): the
  * host-emulated kernel's counterpart of fr_dev_fetch_rows_warp. */
-FR_DEV int fr_dev_fetch_row(const fr_dev_store *s, fr_u64 id, fr_u8 *dst, fr_dev_counts *cnt)
+FR_DEV int fr_dev_fetch_rows(const fr_dev_store *s, const fr_u64 *ids, fr_u32 n,
+                             fr_u8 *const *dsts, fr_dev_counts *cnt)
 {
 #if defined(FR_FETCH_EXTERN)
     (void)s;
-    (void)id;
-    (void)dst;
+    (void)ids;
+    (void)n;
+    (void)dsts;
     (void)cnt;
     return FR_DEV_EIO; /* row fetches go through the ring only */
 #else
     const fr_dev_ring *r = &s->fetch.ring;
-    fr_u64 t;
-    int rc = fr_ring_submit(s, r, id * s->row_bytes, (fr_u32)s->row_bytes | FR_RING_BYTES, &t,
-                            &cnt->c[FR_CNT_RING_FULL]);
+    const fr_u64 rb = s->row_bytes;
+    if (n == 0 || n > fr_ring_rows_per_request(r, rb))
+        return FR_DEV_EIO;
+    fr_u64 t = fr_atom_add64(r->tail, 1);
+    int rc = fr_ring_claim(s, r, t, &cnt->c[FR_CNT_RING_FULL]);
     if (rc)
         return rc;
+    fr_u64 *list = (fr_u64 *)fr_ring_staging(r, t);
+    for (fr_u32 i = 0; i < n; i++)
+        fr_store64(&list[i], ids[i] * rb);
+    fr_ring_publish(r, t, rb, FR_RING_ROWS | n);
     rc = fr_ring_wait(s, r, t);
     if (rc == FR_DEV_ETIMEDOUT || rc == FR_DEV_ECANCELED)
         return rc; /* the cell stays taken: the host resets the ring */
     if (rc == 0) {
-        fr_copy_bytes(dst, fr_ring_staging(r, t), s->row_bytes);
-        cnt->c[FR_CNT_DIRECT_ROWS]++;
+        for (fr_u32 i = 0; i < n; i++)
+            fr_copy_bytes(dsts[i], fr_ring_staging(r, t) + i * rb, rb);
+        cnt->c[FR_CNT_DIRECT_ROWS] += n;
     }
     fr_ring_release(r, t);
     return rc;
@@ -902,12 +942,16 @@ FR_DEV void fr_warp_copy_rows(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64 r
 
 #if !defined(FR_FETCH_EXTERN)
 /* Row fetches (all 32 lanes, converged): lane L's row (when `direct`) is
- * read from storage on its own, through the ring, into the cell's staging
- * and copied by the warp to out + pos * row_bytes; the cache is neither
- * consulted nor filled. Lanes wanting the same row share one request. The
- * host chooses this per gather for sparse batches over arrays larger than
- * the cache, where a page read brings a few useful rows and many bytes
- * that will be evicted unread (fr_dev_result.fetch_rows). */
+ * read from storage on its own, through the ring, and copied by the warp
+ * from staging to out + pos * row_bytes; the cache is neither consulted
+ * nor filled. Lanes wanting the same row share one slot; the warp's rows
+ * go as row-list requests (FR_RING_ROWS) of up to
+ * fr_ring_rows_per_request rows, usually one per warp: chunk leaders claim
+ * the cells, every owner writes its row's offset into its chunk's staging,
+ * the leaders publish and wait. The host chooses this per gather for
+ * sparse batches over arrays larger than the cache, where a page read
+ * brings a few useful rows and many bytes that will be evicted unread
+ * (fr_dev_result.fetch_rows). */
 FR_DEV void fr_dev_fetch_rows_warp(const fr_dev_store *s, fr_i64 id, int direct, fr_u64 pos,
                                    fr_u8 *out, fr_dev_counts *cnt)
 {
@@ -915,40 +959,60 @@ FR_DEV void fr_dev_fetch_rows_warp(const fr_dev_store *s, fr_i64 id, int direct,
     unsigned lane = threadIdx.x & 31;
     const fr_dev_ring *ring = &s->fetch.ring;
     const fr_u64 rb = s->row_bytes;
+    const fr_u32 per = fr_ring_rows_per_request(ring, rb);
     unsigned group = __match_any_sync(full, direct ? (unsigned long long)id : ~0ull - lane);
     unsigned leader = __ffs(group) - 1;
-    int own = direct && lane == leader;
+    int own = direct && lane == leader && per > 0;
+    unsigned owners = __ballot_sync(full, own);
+    if (!owners) {
+        if (direct && lane == leader)
+            fr_dev_record_error(s, FR_DEV_EIO); /* rows larger than pages: never chosen */
+        return;
+    }
+    fr_u32 nown = (fr_u32)__popc(owners);
+    fr_u32 nreq = (nown + per - 1) / per;
+    fr_u32 idx = own ? (fr_u32)__popc(owners & ((1u << lane) - 1)) : 0;
+    fr_u32 chunk = idx / per, slot = idx % per;
+    int lead = own && slot == 0;
     /* Consecutive tickets for the warp's requests, one atomic (the same
      * reason as for page loads: waits on full cells cannot form a cycle). */
-    unsigned owners = __ballot_sync(full, own);
     int first = __ffs(owners) - 1;
     unsigned long long base = 0;
     if (lane == (unsigned)first)
-        base = fr_atom_add64(ring->tail, (fr_u64)__popc(owners));
+        base = fr_atom_add64(ring->tail, (fr_u64)nreq);
     base = __shfl_sync(full, base, first);
-    fr_u64 ticket = 0;
-    int rc = 0, submitted = 0;
-    if (own) {
-        ticket = base + (fr_u64)__popc(owners & ((1u << lane) - 1));
-        rc = fr_ring_submit_at(s, ring, (fr_u64)id * rb, (fr_u32)rb | FR_RING_BYTES, ticket,
-                               &cnt->c[FR_CNT_RING_FULL]);
-        if (rc == 0) {
-            submitted = 1;
-            rc = fr_ring_wait(s, ring, ticket);
-        }
+    fr_u64 ticket = base + chunk;
+    int rc = lead ? fr_ring_claim(s, ring, ticket, &cnt->c[FR_CNT_RING_FULL]) : 0;
+    unsigned leads = __ballot_sync(full, lead);
+    int lead_lane = own ? (int)__fns(leads, 0, (int)chunk + 1) : (int)lane;
+    int crc = __shfl_sync(full, rc, lead_lane);
+    if (own && crc == 0)
+        fr_store64((fr_u64 *)fr_ring_staging(ring, ticket) + slot, (fr_u64)id * rb);
+    /* The offsets reach host memory before any leader's release store. */
+    __threadfence_system();
+    __syncwarp();
+    int submitted = 0;
+    if (lead && rc == 0) {
+        fr_u32 count = nown - chunk * per < per ? nown - chunk * per : per;
+        fr_ring_publish(ring, ticket, rb, FR_RING_ROWS | count);
+        submitted = 1;
+        rc = fr_ring_wait(s, ring, ticket);
     }
+    crc = __shfl_sync(full, rc, lead_lane);
+    /* Each lane copies from its group's owner's slot. */
     fr_u64 t = __shfl_sync(full, (unsigned long long)ticket, leader);
-    int r = __shfl_sync(full, rc, leader);
-    const fr_u8 *src = direct && r == 0 ? fr_ring_staging(ring, t) : 0;
+    fr_u32 sl = __shfl_sync(full, slot, leader);
+    int r = __shfl_sync(full, crc, leader);
+    const fr_u8 *src = direct && r == 0 ? fr_ring_staging(ring, t) + (fr_u64)sl * rb : 0;
     fr_warp_copy_rows<true>(out, src, pos, rb, lane);
     __syncwarp();
-    if (own) {
-        if (rc == 0) {
-            cnt->c[FR_CNT_DIRECT_ROWS] += __popc(group);
-            cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
-        } else {
+    if (own && crc == 0) {
+        cnt->c[FR_CNT_DIRECT_ROWS] += __popc(group);
+        cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
+    }
+    if (lead) {
+        if (rc)
             fr_dev_record_error(s, rc);
-        }
         /* A timed-out or cancelled cell stays taken: the host resets the ring. */
         if (submitted && rc != FR_DEV_ETIMEDOUT && rc != FR_DEV_ECANCELED)
             fr_ring_release(ring, ticket);

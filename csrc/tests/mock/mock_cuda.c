@@ -465,12 +465,26 @@ typedef struct emu {
     unsigned k, nthreads;
 } emu;
 
+static void emu_error(const fr_dev_store *s, int rc)
+{
+    int32_t zero = 0;
+    __atomic_compare_exchange_n(&s->result->error, &zero, rc, 0, __ATOMIC_SEQ_CST,
+                                __ATOMIC_SEQ_CST);
+}
+
 static void *emu_thread(void *p)
 {
     emu *e = p;
     const fr_dev_store *s = e->s;
     fr_dev_counts cnt;
     memset(&cnt, 0, sizeof(cnt));
+    /* Row fetches go as row lists of up to 5 rows (as a warp's do, with a
+     * count that exercises partial and full lists of the host's side). */
+    uint64_t fids[5];
+    uint8_t *fdst[5];
+    uint32_t nf = 0, maxf = 5;
+    if (fr_ring_rows_per_request(&s->fetch.ring, s->row_bytes) < maxf)
+        maxf = fr_ring_rows_per_request(&s->fetch.ring, s->row_bytes);
     /* The kernel's pin epoch: pinned pages are read with no reference. */
     uint32_t epoch = s->cache.pins ? __atomic_load_n(&s->result->epoch, __ATOMIC_ACQUIRE) : 0;
     int fetch_rows = __atomic_load_n(&s->result->fetch_rows, __ATOMIC_ACQUIRE) != 0;
@@ -486,8 +500,15 @@ static void *emu_thread(void *p)
             !(s->host_rows && (!s->host_slot || s->host_slot[id] >= 0)) &&
             __atomic_load_n(&s->cache.page_table[(uint64_t)id / s->rows_per_page],
                             __ATOMIC_ACQUIRE) == 0)
-            rc = fr_dev_fetch_row(s, (uint64_t)id, e->out + pos * s->row_bytes, &cnt);
-        else
+        {
+            fids[nf] = (uint64_t)id;
+            fdst[nf++] = e->out + pos * s->row_bytes;
+            rc = 0;
+            if (nf == maxf) {
+                rc = fr_dev_fetch_rows(s, fids, nf, fdst, &cnt);
+                nf = 0;
+            }
+        } else
             rc = fr_dev_read_row_e(s, id, e->out + pos * s->row_bytes, &cnt, epoch);
         if (rc == FR_DEV_ERANGE) {
             uint64_t cur = __atomic_load_n(&s->result->first_bad, __ATOMIC_SEQ_CST);
@@ -495,10 +516,13 @@ static void *emu_thread(void *p)
                                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
                 ;
         } else if (rc) {
-            int32_t zero = 0;
-            __atomic_compare_exchange_n(&s->result->error, &zero, rc, 0, __ATOMIC_SEQ_CST,
-                                        __ATOMIC_SEQ_CST);
+            emu_error(s, rc);
         }
+    }
+    if (nf) {
+        int rc = fr_dev_fetch_rows(s, fids, nf, fdst, &cnt);
+        if (rc)
+            emu_error(s, rc);
     }
     for (int c = 0; c < FR_NCOUNTERS; c++)
         __atomic_fetch_add(&s->result->counters[c], cnt.c[c], __ATOMIC_SEQ_CST);
