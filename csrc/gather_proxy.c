@@ -2,8 +2,9 @@
  * The "proxy" backend of the device path (gather_backend.h): GPU threads
  * submit page reads into a ring of cells in page-locked host memory mapped
  * into the device (fastread_device.cuh); host service threads drain it and
- * serve the reads with an engine, into each cell's staging page, and post
- * completions; the GPU thread copies staging -> cache slot.
+ * serve the reads into each cell's staging page, and post completions; the
+ * GPU thread copies staging -> cache slot (or, for row lists, the warp
+ * copies the rows to the output).
  *
  * Service threads: `nsvc` (a power of two) threads, thread k owning the
  * tickets k, k + nsvc, k + 2 nsvc, ... in order (one consumer per cell, so
@@ -15,29 +16,32 @@
  * (a gather in flight), spinning briefly, then sleeping 20 us between
  * looks; idle stores cost no CPU.
  *
- * Buffered reads (the default where the file can be opened without
- * O_DIRECT): preadv2(RWF_NOWAIT) per request for what is cached, the engine
- * for the rest. Measured on the H100 machine, that caps the proxy at ~4.4M
- * requests/s with 8 threads (16 were slower), which is what sparse row
- * fetches from the page cache need most. $FASTREAD_PROXY_URING=1 (io_uring
- * built in) gives each service thread its own small ring instead, turning a
- * batch of requests into one io_uring_enter of reads straight into the
- * cells' staging: cached data completes inline, the rest completes through
- * io_uring's workers and is reaped as the thread polls. Opt-in until it is
- * measured on a GPU machine: on the 2-core VM, 32 cached 512-byte reads per
- * enter cost 1.1-1.3x less per request than preadv2 each.
- *
- * Mapped copies: where reads are buffered, the array is also mapped
- * read-only, and a gather whose array the page cache holds (fstat still
- * finds it whole, and 32 pages drawn at random are all resident: mincore)
- * is served by memcpy from the mapping, no syscall per request. Measured on
- * the 2-core VM (1 GiB cached, random 512-byte rows, one thread): 1.5 us
- * per preadv2, 0.27-0.33 us per copy. A page evicted mid-gather costs its
- * thread a blocking fault (the kernel reads it, with readahead); a file
- * truncated during a gather faults with SIGBUS, as np.memmap does, so
- * $FASTREAD_PROXY_MAPPED=0 turns this off where files may shrink under a
- * store (a file that shrank between gathers is found by the fstat and read
- * by the engine, which names the lost rows).
+ * Requests are pages of the array (page loads) or row lists
+ * (FR_RING_ROWS: up to FR_RING_MAX_ROWS rows of one warp, whose offsets the
+ * kernel writes into the cell's staging; row fetches). Each is served by the
+ * first way that can:
+ *   1. Mapped copies. Where reads are buffered the array is also mapped
+ *      read-only, and a session whose array the page cache holds (fstat
+ *      still finds it whole, and 32 pages drawn at random are resident:
+ *      mincore, at the first begin()) is served by memcpy from the mapping,
+ *      no syscall per row. 2-core VM, 1 GiB cached, random 512-byte rows,
+ *      one thread: 1.5 us per preadv2, 0.27-0.33 us per copy. H100 machine,
+ *      16M x 512 B rows, 1 GiB cache, 1M ids, warm: 3.5M rows/s with one
+ *      preadv2 per row request, 8.0M with copies, 28.9M with copies of row
+ *      lists (bench/results/gather-h100-16Mx128-rings-*). A page evicted
+ *      mid-gather costs its thread a blocking fault (the kernel reads it);
+ *      a file truncated during a gather faults with SIGBUS, as np.memmap
+ *      does, so $FASTREAD_PROXY_MAPPED=0 turns this off where files may
+ *      shrink under a store (one that shrank between gathers is found by the
+ *      fstat and read by the engine, which names the lost rows).
+ *   2. $FASTREAD_PROXY_URING=1 (io_uring built in; page requests): each
+ *      service thread's own small ring, a batch of reads straight into
+ *      staging in one io_uring_enter. Opt-in: on the H100 machine it was no
+ *      faster than preadv2 for row requests (3.5M against 3.9M rows/s).
+ *   3. preadv2(RWF_NOWAIT) of what the page cache holds, straight into
+ *      staging.
+ *   4. The engine, every piece left of the batch in one fr_read_ranges (the
+ *      deep queue cold data needs).
  *
  * Counters are per service thread (summed by counters()): one shared
  * atomic per request was a contended line between 8-16 threads.

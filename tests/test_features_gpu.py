@@ -260,6 +260,32 @@ def test_auto_backend_and_row_sizes(disk_tmp):
         FeatureStore(path, device_id=0, backend="proxy", page_bytes=65536)
 
 
+@pytest.mark.parametrize("cols", [128, 1024, 4096])
+@pytest.mark.parametrize("mapped", ["1", "0"])
+def test_row_fetches_go_as_row_lists(disk_tmp, monkeypatch, cols, mapped):
+    # Sparse gathers over a table larger than the cache read rows past it, a
+    # warp's rows as ring requests of as many rows as a 64 KiB staging page
+    # holds (512-byte rows: 32; 4 KiB: 16, two lists a warp; 16 KiB: 4,
+    # eight), served by copies from a mapping of the cached file or by
+    # reads (FASTREAD_PROXY_MAPPED=0). Every row is checked, duplicates
+    # within a warp included.
+    rows = (16 << 20) // (cols * 4)
+    arr = np.random.default_rng(cols).standard_normal((rows, cols)).astype(np.float32)
+    path = os.path.join(disk_tmp, f"gpu-lists-{cols}.npy")
+    np.save(path, arr)
+    monkeypatch.setenv("FASTREAD_GATHER_FETCH", "rows")
+    monkeypatch.setenv("FASTREAD_PROXY_MAPPED", mapped)
+    ids = np.random.default_rng(1).integers(0, rows, 3000)
+    ids[40:52] = ids[33]
+    with open_store(path, "proxy", cache_bytes=1 << 20, page_bytes=64 << 10) as s:
+        out = host(s.gather(ids, device="cuda"))
+        np.testing.assert_array_equal(out, arr[ids])
+        st = s.stats()
+        assert st["direct_rows"] == len(ids) and st["misses"] == 0
+        assert st["storage_reads"] >= len(np.unique(ids))
+        assert (st["mapped_reads"] > 0) == (mapped == "1"), st
+
+
 @needs_torch
 def test_host_tier(table):
     arr, path = table
