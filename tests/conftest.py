@@ -82,3 +82,21 @@ def shim(tmp_path_factory):
     subprocess.run([cc, "-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
                     "-o", out, os.path.join(here, "faultshim.c"), "-ldl"], check=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def mock_cuda_dir(tmp_path_factory):
+    """csrc/tests/mock/mock_cuda.c built as libcuda.so.1 and libcufile.so.0 in
+    a directory for LD_LIBRARY_PATH: a CUDA driver whose "device memory" is
+    host memory, with counters of what is live (mock_cuda_live)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    csrc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc")
+    src = os.path.join(csrc, "tests", "mock", "mock_cuda.c")
+    if cc is None or not os.path.exists(src):
+        pytest.skip("needs a C compiler and the checkout's csrc/tests/mock")
+    d = tmp_path_factory.mktemp("mockcuda")
+    for soname in ("libcuda.so.1", "libcufile.so.0"):
+        # -I csrc: the mock runs the gather kernel's code from device/fastread_device.cuh.
+        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-I", csrc, "-o", str(d / soname), src,
+                        "-lpthread"], check=True)
+    return str(d)

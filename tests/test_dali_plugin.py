@@ -391,3 +391,54 @@ def test_fastread_info_reports_the_plugin():
         assert r.returncode == 0, r.stderr
         line = [x for x in r.stdout.splitlines() if "DALI plugin" in x]
         assert len(line) == 1 and want in line[0], r.stdout
+
+
+PINNED_CHILD = """
+import ctypes, gc, sys, numpy as np
+from nvidia.dali import fn, pipeline_def
+from fastread.dali import _plugin
+from fastread.index import scan
+assert _plugin.load(), _plugin.reason()
+paths, labels = scan(sys.argv[1])
+
+@pipeline_def(batch_size=4, num_threads=2, device_id=None)
+def pipe():
+    return tuple(fn.fastread.readers.file(files=paths, labels=labels.tolist(), pin_device=0))
+p = pipe()
+p.build()
+seen = []
+for _ in range(10):
+    data, _ = p.run()
+    seen += [np.array(data[i]).tobytes() for i in range(len(data))]
+assert seen[:len(paths)] == [open(x, "rb").read() for x in paths]
+if sys.argv[2] == "mock":
+    live = ctypes.CDLL("libcuda.so.1").mock_cuda_live
+    live.argtypes, live.restype = [ctypes.c_char_p], ctypes.c_long
+    assert live(b"pins") > 0, "no buffer was page-locked"
+    del p, data
+    gc.collect()
+    assert live(b"pins") == 0, live(b"pins")
+print("ok")
+"""
+
+
+def test_pinned_buffers_through_the_driver(tree, mock_cuda_dir):
+    # pin_device: the reader's buffers are page-locked through the CUDA
+    # driver (here the mock, whose counters say what is pinned), the bytes
+    # are the files', and nothing stays pinned once the pipeline is gone.
+    path = os.pathsep.join(x for x in (mock_cuda_dir, os.environ.get("LD_LIBRARY_PATH")) if x)
+    r = subprocess.run([sys.executable, "-c", PINNED_CHILD, tree, "mock"], capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, LD_LIBRARY_PATH=path))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_pinned_buffers_without_a_driver(tree):
+    # Where the driver cannot pin (none here): a warning naming the device,
+    # pageable memory, the same bytes.
+    from fastread import _core
+    if _core.gpu_probe(0)[0]:
+        pytest.skip("a CUDA driver and device 0 are present: the buffers are pinned")
+    r = subprocess.run([sys.executable, "-c", PINNED_CHILD, tree, "none"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    assert "cannot page-lock its buffers on device 0" in r.stderr, r.stderr

@@ -8,7 +8,6 @@ and device output, packed images through cufile, and DeviceArray's
 in tests/test_gpu.py on the GPU machine.
 """
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,22 +16,9 @@ import pytest
 
 import fastread
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CSRC = os.path.join(HERE, "..", "csrc")
-MOCK_SRC = os.path.join(CSRC, "tests", "mock", "mock_cuda.c")
-
-
 @pytest.fixture(scope="module")
-def mock_dir(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None or not os.path.exists(MOCK_SRC):
-        pytest.skip("needs a C compiler and the checkout's csrc/tests/mock")
-    d = tmp_path_factory.mktemp("mockcuda")
-    for soname in ("libcuda.so.1", "libcufile.so.0"):
-        # -I csrc: the mock runs the gather kernel's code from device/fastread_device.cuh.
-        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-I", CSRC, "-o", str(d / soname),
-                        MOCK_SRC, "-lpthread"], check=True)
-    return str(d)
+def mock_dir(mock_cuda_dir):
+    return mock_cuda_dir
 
 
 def run_child(mock_dir, body, **env):

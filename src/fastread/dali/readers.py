@@ -32,6 +32,7 @@ Epochs (``epoch_end``):
   batch, matching what the iterators do with ``fn.readers.file`` and
   ``pad_last_batch=True``.
 """
+from fastread import _defaults
 from fastread.dali import _plugin
 from fastread.dali._common import _DALI_ONLY_ARGS, check_epoch_end, reader_outputs
 from fastread.engine import GPU_ENGINES, RANGE_ONLY, EngineOptions
@@ -173,6 +174,17 @@ def _native_file(samples, *, shard_id, num_shards, random_shuffle, seed, pad_las
         op_args["workers"] = workers
     if name is not None:
         op_args["name"] = name
+    # In a pipeline with a GPU the operator's buffers are page-locked through
+    # that device (unless pin_memory=False / FASTREAD_PIN_MEMORY=0), so that
+    # DALI's copies of its zero-copy outputs to the GPU are DMA from them, as
+    # from the CPU outputs DALI allocates itself there.
+    pin = kwargs.get("pin_memory")
+    pin = _defaults.get("pin_memory") if pin is None else pin
+    if not isinstance(pin, bool):
+        raise TypeError(f"pin_memory must be True or False, got {pin!r}")
+    pipe_device = Pipeline.current().device_id
+    if pin and pipe_device is not None:
+        op_args["pin_device"] = int(pipe_device)
     data, labels = fn.fastread.readers.file(
         files=samples.paths, labels=samples.labels.tolist(), shard_id=shard_id,
         num_shards=num_shards, random_shuffle=bool(random_shuffle),
@@ -180,7 +192,6 @@ def _native_file(samples, *, shard_id, num_shards, random_shuffle, seed, pad_las
         stick_to_shard=bool(stick_to_shard), prefetch_queue_depth=prefetch_queue_depth,
         engine=engine, **op_args)
     if device == "gpu":
-        pipe_device = Pipeline.current().device_id
         if pipe_device is None or (device_id is not None and device_id != pipe_device):
             raise ValueError(f"fastread.dali.readers.file(native=True, device='gpu') moves the "
                              f"operator's output with .gpu() to the pipeline's device "
