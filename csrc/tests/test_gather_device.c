@@ -390,6 +390,27 @@ static void test_locality_order(const char *path)
     CHECK(fr_store_open(&c, &s, err, sizeof(err)) != 0);
     CHECK(strstr(err, "FASTREAD_GATHER_ORDER_MIN_BYTES") != NULL);
     unsetenv("FASTREAD_GATHER_ORDER_MIN_BYTES");
+    /* Auto also orders gathers that load pages of an array larger than the
+     * cache (so each page is read once), not row fetches, and not gathers
+     * from an array the cache holds. */
+    static const char *const fetch[3] = {"pages", "rows", "pages"};
+    for (int k = 0; k < 3; k++) {
+        base_config(&c, path);
+        if (k == 2)
+            c.cache_bytes = 2 * (uint64_t)ROWS * ROW; /* else 64 of the 1250 pages */
+        setenv("FASTREAD_GATHER_FETCH", fetch[k], 1);
+        s = NULL;
+        CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+        if (!s)
+            continue;
+        int64_t *ids = random_ids(6000, 30 + (unsigned)k);
+        long o0 = live("orders");
+        CHECK(gather_check(s, ids, 6000, 8, err, &bad) == 0);
+        CHECK(live("orders") == o0 + (k == 0));
+        free(ids);
+        fr_store_close(s);
+    }
+    setenv("FASTREAD_GATHER_FETCH", "pages", 1);
     unsetenv("FASTREAD_GATHER_ORDER_BUCKET_BYTES");
 }
 
