@@ -29,11 +29,14 @@
  *      16M x 512 B rows, 1 GiB cache, 1M ids, warm: 3.5M rows/s with one
  *      preadv2 per row request, 8.0M with copies, 28.9M with copies of row
  *      lists (bench/results/gather-h100-16Mx128-rings-*). A page evicted
- *      mid-gather costs its thread a blocking fault (the kernel reads it);
- *      a file truncated during a gather faults with SIGBUS, as np.memmap
- *      does, so $FASTREAD_PROXY_MAPPED=0 turns this off where files may
- *      shrink under a store (one that shrank between gathers is found by the
- *      fstat and read by the engine, which names the lost rows).
+ *      mid-gather costs its thread a blocking fault (the kernel reads it).
+ *      Each serve() of up to batch_max requests first checks the file's
+ *      size (one fstat per up to 1024 rows), and a file found shrunk is
+ *      read by the engine from then on, which names the lost rows; a file
+ *      truncated in the microseconds between that check and the copies
+ *      would still fault with SIGBUS, as np.memmap does at any time, so
+ *      $FASTREAD_PROXY_MAPPED=0 turns copies off where files may shrink
+ *      under a running gather.
  *   2. $FASTREAD_PROXY_URING=1 (io_uring built in; page requests): each
  *      service thread's own small ring, a batch of reads straight into
  *      staging in one io_uring_enter. Opt-in: on the H100 machine it was no
@@ -278,15 +281,19 @@ static int serve_mapped(svc *v, uint64_t pos, const piece *pc, int np)
     return 1;
 }
 
+/* Whether the file still holds the whole array (it may have shrunk). */
+static int still_whole(const proxy *p)
+{
+    struct stat st;
+    return fstat(p->fd, &st) == 0 && (uint64_t)st.st_size >= p->map_hi;
+}
+
 /* Whether this session's gathers copy from the mapping: the file still
- * holds the whole array (it may have shrunk since open) and 32 of its pages
- * drawn at random are all in the page cache. */
+ * holds the whole array and 32 of its pages drawn at random are all in the
+ * page cache. */
 static int decide_mapped(proxy *p)
 {
-    if (!p->map)
-        return 0;
-    struct stat st;
-    if (fstat(p->fd, &st) != 0 || (uint64_t)st.st_size < p->map_hi)
+    if (!p->map || !still_whole(p))
         return 0;
     size_t pages = p->map_len / 4096;
     for (int i = 0; i < 32 && pages; i++) {
@@ -399,6 +406,11 @@ static void serve(svc *v, unsigned n_all)
         nanosleep(&ts, NULL);
     }
     int mapped = fast && atomic_load_explicit(&p->mapped, memory_order_relaxed);
+    if (mapped && !still_whole(p)) {
+        /* Shrunk mid-session: the engine reads from now on and names what is lost. */
+        atomic_store(&p->mapped, 0);
+        mapped = 0;
+    }
     unsigned n = 0; /* pieces left to the engine */
     for (unsigned i = 0; i < n_all; i++) {
         uint64_t pos = v->head + (uint64_t)i * p->nsvc;

@@ -479,6 +479,37 @@ static void test_mapped_copies(const char *path)
         fr_store_close(s);
     }
     load_file(path);
+    /* A file that shrinks inside a mapped session (kept open by
+     * fr_store_device_serve): the copies stop at the next batch of requests
+     * and the engine names the lost rows; no SIGBUS. Then restored. */
+    char *own = fr_test_write("mapped-shrink.bin", 512 + ROWS * ROW, 11);
+    load_file(own);
+    fr_store_config c;
+    base_config(&c, own);
+    fr_store *s = NULL;
+    char err[FR_ERRLEN] = "";
+    size_t bad = 0;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        CHECK(fr_store_device_serve(s, 1, err, sizeof(err)) == 0);
+        int64_t head[3] = {1, 40, 3}, tail[3] = {ROWS - 1, ROWS - 40, 3};
+        CHECK(gather_check(s, head, 3, 8, err, &bad) == 0);
+        fr_store_stats st;
+        fr_store_stats_get(s, &st);
+        CHECK(st.mapped_reads > 0);
+        CHECK(truncate(own, 512 + 1000 * ROW) == 0);
+        int rc = gather_check(s, tail, 3, 8, err, &bad);
+        CHECK(rc == -EIO || rc == -ENODATA);
+        CHECK(strstr(err, own) != NULL);
+        /* The session's end resets the ring after its failed gather. */
+        (void)fr_store_device_serve(s, 0, err, sizeof(err));
+        free(own);
+        own = fr_test_write("mapped-shrink.bin", 512 + ROWS * ROW, 11);
+        CHECK(gather_check(s, tail, 3, 8, err, &bad) == 0);
+        fr_store_close(s);
+    }
+    free(own);
+    load_file(path);
 }
 
 /* Row fetches: sparse batches over an array larger than the cache read
