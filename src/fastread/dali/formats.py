@@ -149,7 +149,8 @@ class _ComponentSource(BatchSource):
     sample each (on 2 cores, with decoding, about 20% of the run: DALI's
     per-sample checks build a message string for every sample). The packed
     arrays come from a ring of ``ring_depth`` sets (DALI reads a fed batch,
-    without a copy, until that many more have been fed) and grow as needed.
+    without a copy, until that many more have been fed), each reused only
+    once DALI has released its views, and grow as needed.
 
     A batch whose padding would cost more than its bytes (one component far
     longer than the others) goes as views of the samples instead
@@ -168,19 +169,28 @@ class _ComponentSource(BatchSource):
         self._tl = TensorListCPU
         self._held = collections.deque()   # ViewBlocks DALI may still read
         self._depth = max(1, reader.ring_depth or 1)
-        self._sets = collections.deque()   # per batch fed: [(flat bytes, lengths)] per component
+        # Per batch fed: ([flat bytes, lengths] per component, its ViewBlocks).
+        self._sets = collections.deque()
+        self._blocks = []
 
     def _set(self, n):
         """The buffers for the next batch: the oldest set once ring_depth
-        are out (DALI is done with it), else a new one."""
-        if len(self._sets) >= self._depth:
-            bufs = self._sets.popleft()
-        else:
+        are out and DALI has released all its views, else a new one (the
+        old set then lives on in its ViewBlocks, in _held, until DALI
+        releases it)."""
+        sets = self._sets
+        bufs = None
+        if len(sets) >= self._depth:
+            old, blocks = sets.popleft()
+            if not any(b.in_use for b in blocks):
+                bufs = old
+        if bufs is None:
             bufs = [[np.empty(0, np.uint8), np.empty(0, np.int32)] for _ in self.source.ext]
-        self._sets.append(bufs)
         for b in bufs:
             if len(b[1]) < n:
                 b[1] = np.empty(n, np.int32)
+        self._blocks = []
+        sets.append((bufs, self._blocks))
         return bufs
 
     def __next__(self):
@@ -218,6 +228,7 @@ class _ComponentSource(BatchSource):
         interval per batch while the Python thread ran)."""
         view, block = array_view(array)
         self._held.append(block)
+        self._blocks.append(block)
         return self._tl(view.__dlpack__(), "")
 
 
