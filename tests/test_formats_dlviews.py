@@ -1,4 +1,4 @@
-"""fastread._dlviews: DLPack views of byte ranges whose deleters take no GIL
+"""fastread._dlviews: DLPack views of byte ranges and whole arrays whose deleters take no GIL
 (ViewBlock tells when all are released) and pack_ranges, the native packing
 of ranges into rows, which fastread.dali.formats.webdataset feeds DALI."""
 import gc
@@ -6,7 +6,7 @@ import gc
 import numpy as np
 import pytest
 
-from fastread._dlviews import RangeView, ViewBlock, pack_ranges, range_views
+from fastread._dlviews import RangeView, ViewBlock, array_view, pack_ranges, range_views
 
 
 def samples():
@@ -120,3 +120,38 @@ def test_pack_ranges_refuses_read_only_output():
     out.flags.writeable = False
     with pytest.raises(ValueError, match="writable"):
         pack_ranges(samples(), [0] * 5, [1] * 5, out, np.zeros(5, np.int32))
+
+
+@pytest.mark.parametrize("array", [np.arange(24, dtype=np.uint8).reshape(4, 6),
+                                   np.arange(5, dtype=np.int32).reshape(5, 1),
+                                   np.arange(7, dtype=np.uint8), np.zeros((0, 3), np.uint8)])
+def test_array_view_is_the_whole_array(array):
+    view, block = array_view(array)
+    assert len(view) == array.nbytes and block.arrays[0] is array
+    got = np.from_dlpack(view)
+    assert got.dtype == array.dtype and got.shape == array.shape
+    np.testing.assert_array_equal(got, array)
+    assert block.in_use
+    del got
+    gc.collect()
+    assert not block.in_use
+
+
+@pytest.mark.parametrize("array", [np.zeros(3, np.int64), np.zeros((2, 2, 2), np.uint8),
+                                   np.zeros((4, 6), np.uint8)[:, ::2]])
+def test_array_view_refuses(array):
+    with pytest.raises(ValueError, match="array_view: takes a C-contiguous uint8 or int32"):
+        array_view(array)
+
+
+def test_dali_takes_a_whole_batch():
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali.tensors import TensorListCPU
+
+    rows = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    view, block = array_view(rows)
+    tl = TensorListCPU(view.__dlpack__(), "")
+    assert [np.array(tl[i]).tolist() for i in range(3)] == rows.tolist()
+    del tl
+    gc.collect()
+    assert not block.in_use
