@@ -235,6 +235,73 @@ def test_generator_reuse_and_determinism(tmp_path):
         make_cifar10(tmp_path / "c", train_per_class=5)
 
 
+CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+           "truck"]
+
+
+def test_batches_meta_as_the_real_set_has_it(cifar):
+    """torchvision's CIFAR10 reads the class names from batches.meta
+    (pickle.load(encoding='latin1'), key 'label_names')."""
+    with open(os.path.join(cifar, "cifar-10-batches-py", "batches.meta"), "rb") as f:
+        meta = pickle.load(f, encoding="latin1")
+    assert meta == {"label_names": CLASSES, "num_cases_per_batch": 60, "num_vis": 3072}
+    with open(os.path.join(cifar, "cifar-10-batches-bin", "batches.meta.txt")) as f:
+        assert f.read().split() == CLASSES
+
+
+def test_generator_remakes_missing_files(tmp_path):
+    """A dataset whose marker matches but which lost a file (or was made by a
+    generator that did not write it) is made again when make_cifar10 reruns."""
+    make_cifar10(tmp_path, train_per_class=5, test_per_class=1, seed=3)
+    meta = tmp_path / "cifar-10-batches-py" / "batches.meta"
+    batch = (tmp_path / "cifar-10-batches-bin" / "data_batch_2.bin").read_bytes()
+    expected = meta.read_bytes()
+    meta.unlink()
+    make_cifar10(tmp_path, train_per_class=5, test_per_class=1, seed=3)
+    assert meta.read_bytes() == expected
+    assert (tmp_path / "cifar-10-batches-bin" / "data_batch_2.bin").read_bytes() == batch
+    mtime = meta.stat().st_mtime_ns
+    make_cifar10(tmp_path, train_per_class=5, test_per_class=1, seed=3)
+    assert meta.stat().st_mtime_ns == mtime
+    assert sorted(os.listdir(tmp_path / "cifar-10-batches-py")) == \
+        ["batches.meta", "data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4",
+         "data_batch_5", "test_batch"]
+
+
+def _torchvision_or_skip():
+    try:
+        import torchvision  # noqa: F401  (a build for another torch raises RuntimeError)
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"torchvision does not import: {type(e).__name__}: {e}")
+
+
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("layout", ["", "cifar-10-batches-py"])
+def test_torchvision_opens_generated_set(cifar, train, layout):
+    """The bench's torchvision mode: CIFAR10 with the MD5 checks bypassed
+    opens the generated directory and yields the same images, labels and
+    class names as the references."""
+    _torchvision_or_skip()
+    from fastread.bench.families.formats import torchvision_cifar10
+
+    ds = torchvision_cifar10(os.path.join(cifar, layout), train=train)
+    ref_images, ref_labels = reference_py(cifar, train)
+    np.testing.assert_array_equal(ds.data, ref_images)
+    assert ds.targets == ref_labels.tolist()
+    assert ds.classes == CLASSES
+    image, label = ds[3]
+    np.testing.assert_array_equal(np.asarray(image), ref_images[3])
+    assert label == ref_labels[3]
+
+
+def test_torchvision_still_needs_the_files(cifar, tmp_path):
+    _torchvision_or_skip()
+    from fastread.bench.families.formats import torchvision_cifar10
+
+    with pytest.raises(RuntimeError, match="not found"):
+        torchvision_cifar10(tmp_path)
+
+
 def test_cli_make_dataset(tmp_path, capsys):
     from fastread.cli import main
 

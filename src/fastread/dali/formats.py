@@ -6,10 +6,12 @@ epochs, shards, shuffles, last-batch policies and engine options.
 HWC ``(32, 32, 3)`` images (as ``torchvision.datasets.CIFAR10`` gives them)
 and int32 labels of shape ``[1]``.
 """
+import collections
 import dataclasses
 
 import numpy as np
 
+from fastread._dlviews import array_view, pack_ranges, range_views
 from fastread.dali._common import BatchSource, reader_outputs
 from fastread.engine import EngineOptions
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
@@ -135,24 +137,107 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
 
 
 class _ComponentSource(BatchSource):
-    """A batch of WebDataset samples as one DALI TensorListCPU per component,
-    made of views of the samples through DLPack without a copy (the
-    reader's labels are the samples' numbers). A TensorList skips DALI's
-    per-sample Python checks of a list of arrays: 1.6x the samples/s on
-    2 cores."""
+    """A batch of WebDataset samples as two outputs per component: its bytes
+    and its lengths (int32, shape ``[1]``), cut to size inside the pipeline
+    by ``fn.slice`` (:func:`_cut`). The reader's labels are the samples'
+    numbers.
+
+    Usually the bytes are one ``(N, longest)`` uint8 array per component,
+    each row a sample's component packed at its start
+    (:func:`fastread._dlviews.pack_ranges`, one native pass): DALI takes a
+    uniform batch in O(1), while a list of N arrays costs it a TensorList
+    sample each (on 2 cores, with decoding, about 20% of the run: DALI's
+    per-sample checks build a message string for every sample). The packed
+    arrays come from a ring of ``ring_depth`` sets (DALI reads a fed batch,
+    without a copy, until that many more have been fed), each reused only
+    once DALI has released its views, and grow as needed.
+
+    A batch whose padding would cost more than its bytes (one component far
+    longer than the others) goes as views of the samples instead
+    (:func:`fastread._dlviews.range_views`, whose DLPack deleters take no
+    GIL, unlike NumPy's, which made DALI's executor threads wait for the
+    GIL); the ``fn.slice`` then copies them whole. Their bytes stay in place
+    because the Reader reuses a batch's arena only ``ring_depth`` batches
+    later, and stay mapped (even after the reader closes) while DALI holds
+    any of them: each such batch's ViewBlock, which holds its arrays, is
+    kept here until DALI has released its views."""
 
     def __init__(self, reader, source):
         super().__init__(reader)
         self.source = source
         from nvidia.dali.tensors import TensorListCPU
-        self._tl = getattr(TensorListCPU, "from_dlpack_list", None)
+        self._tl = TensorListCPU
+        self._held = collections.deque()   # ViewBlocks DALI may still read
+        self._depth = max(1, reader.ring_depth or 1)
+        # Per batch fed: ([flat bytes, lengths] per component, its ViewBlocks).
+        self._sets = collections.deque()
+        self._blocks = []
+
+    def _set(self, n):
+        """The buffers for the next batch: the oldest set once ring_depth
+        are out and DALI has released all its views, else a new one (the
+        old set then lives on in its ViewBlocks, in _held, until DALI
+        releases it)."""
+        sets = self._sets
+        bufs = None
+        if len(sets) >= self._depth:
+            old, blocks = sets.popleft()
+            if not any(b.in_use for b in blocks):
+                bufs = old
+        if bufs is None:
+            bufs = [[np.empty(0, np.uint8), np.empty(0, np.int32)] for _ in self.source.ext]
+        for b in bufs:
+            if len(b[1]) < n:
+                b[1] = np.empty(n, np.int32)
+        self._blocks = []
+        sets.append((bufs, self._blocks))
+        return bufs
 
     def __next__(self):
+        held = self._held
+        while held and not held[0].in_use:
+            held.popleft()
         arrays, ids = super().__next__()
-        comps = self.source.components(arrays, ids.ravel())
-        if self._tl is None:
-            return tuple(comps)
-        return tuple(self._tl(c, "", contiguous=False) for c in comps)
+        if not isinstance(arrays, list):
+            arrays = list(arrays)
+        n = len(arrays)
+        bufs = self._set(n)
+        out = []
+        for (starts, ends), b in zip(self.source.component_ranges(ids.ravel()), bufs):
+            sizes = np.where(starts >= 0, ends - starts, 0)
+            width = max(1, int(sizes.max()) if n else 1)
+            lengths = b[1][:n]
+            if n * width <= 2 * int(sizes.sum()) + (1 << 20):
+                if len(b[0]) < n * width:
+                    b[0] = np.empty(max(n * width, 2 * len(b[0])), np.uint8)
+                data = b[0][:n * width].reshape(n, width)
+                pack_ranges(arrays, starts, ends, data, lengths)
+                out.append(self._whole(data))
+            else:
+                views, block = range_views(arrays, starts, ends)
+                held.append(block)
+                out.append(self._tl.from_dlpack_list(views, "", contiguous=False))
+                lengths[:] = sizes
+            out.append(self._whole(lengths.reshape(n, 1)))
+        return tuple(out)
+
+    def _whole(self, array):
+        """The array as a DALI batch of its rows, through DLPack: DALI frees
+        a NumPy-backed batch on an executor thread that must take the GIL
+        (profiled: it stalled the pipeline for most of a GIL switch
+        interval per batch while the Python thread ran)."""
+        view, block = array_view(array)
+        self._held.append(block)
+        self._blocks.append(block)
+        return self._tl(view.__dlpack__(), "")
+
+
+def _cut(nodes):
+    """Per component, its (bytes, lengths) outputs cut to each sample's
+    length: the component's bytes exactly."""
+    from nvidia.dali import fn
+    return tuple(fn.slice(nodes[i], 0, nodes[i + 1], axes=[0])
+                 for i in range(0, len(nodes), 2))
 
 
 def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empty",
@@ -171,8 +256,10 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
     headers parsed once; ``index_paths`` are not needed and ignored);
     ``.tar.gz`` shards are decompressed once into ``cache_dir`` (bounded
     by ``cache_bytes``, as :class:`fastread.formats.WebDataset`). Each sample
-    is one byte range of its shard read by the native engine; components are
-    views of it, handed to DALI without a copy. Shuffling draws one
+    is one byte range of its shard read by the native engine; each batch's
+    components are packed into one array per component (one native copy)
+    that DALI takes whole and ``fn.slice`` cuts to the samples' lengths
+    (see ``_ComponentSource``). Shuffling draws one
     permutation of all samples of all shards per epoch. ``dtypes`` other
     than uint8 are not supported.
     """
@@ -185,14 +272,16 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
                         case_sensitive_extensions=case_sensitive_extensions, cache_dir=cache_dir,
                         cache_bytes=cache_bytes,
                         grouping="dali")
-    return reader_outputs(
+    nodes = reader_outputs(
         "webdataset", lambda: source, shard_id=shard_id, num_shards=num_shards,
         random_shuffle=random_shuffle, seed=seed, pad_last_batch=pad_last_batch,
         stick_to_shard=stick_to_shard, prefetch_queue_depth=prefetch_queue_depth, name=name,
         last_batch_policy=last_batch_policy, engine=engine, device="cpu", no_copy=True,
         device_id=None, kwargs=kwargs,
         make_batch_source=lambda reader, gpu: _ComponentSource(reader, source),
-        num_outputs=len(source.ext))
+        num_outputs=2 * len(source.ext))
+    outputs = _cut(nodes)
+    return outputs[0] if len(outputs) == 1 else outputs
 
 
 class _FieldSource(BatchSource):

@@ -145,15 +145,18 @@ def try_reuse(root: str, params: dict, ext: str, counts: list[int] | None = None
         return None
 
 
-def reuse_marked(root: str, params: dict, stale=None) -> DatasetInfo | None:
+def reuse_marked(root: str, params: dict, stale=None, required=()) -> DatasetInfo | None:
     """For the record-format datasets (one marker, written when done): the
     DatasetInfo of the dataset already at root when it was made with these
-    params (nothing to do), else None with root ready to write into. A root
-    that is not empty and has no marker is refused; one made with other
+    params and still holding every file in `required` (paths relative to
+    root: a file deleted since, or one an older version of the generator did
+    not write, is made again), else None with root ready to write into. A
+    root that is not empty and has no marker is refused; one made with other
     params loses its marker and the files `stale(name)` picks."""
     marker = os.path.join(root, MARKER_NAME)
     old = _read_json(marker)
-    if old is not None and old.get("params") == params:
+    if (old is not None and old.get("params") == params
+            and all(os.path.isfile(os.path.join(root, name)) for name in required)):
         return DatasetInfo(**old["info"])
     if old is None and os.path.isdir(root) and os.listdir(root):
         raise FileExistsError(f"{root} is not empty and was not made by fastread make-dataset")

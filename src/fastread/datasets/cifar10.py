@@ -3,17 +3,22 @@
 :func:`make_cifar10` writes ``root/cifar-10-batches-bin/`` (``data_batch_1.bin``
 .. ``_5.bin``, ``test_batch.bin``, ``batches.meta.txt``: 3073-byte records,
 a label byte then the image's red, green and blue 32x32 planes) and/or
-``root/cifar-10-batches-py/`` (``data_batch_1`` .. ``_5``, ``test_batch``,
-``batches.meta``: pickled dicts with ``data``, an N x 3072 uint8 array,
-``labels``, ``filenames`` and ``batch_label``), the files
-``torchvision.datasets.CIFAR10`` and the CIFAR-10 binary readers read.
+``root/cifar-10-batches-py/`` (``data_batch_1`` .. ``_5``, ``test_batch``:
+pickled dicts with ``data``, an N x 3072 uint8 array, ``labels``,
+``filenames`` and ``batch_label``; ``batches.meta``: a pickled dict with
+``label_names``, ``num_cases_per_batch`` and ``num_vis``, as the real set
+has), the files ``torchvision.datasets.CIFAR10`` and the CIFAR-10 binary
+readers read. torchvision also checks each file's MD5 against the real
+archive's, which a synthetic set cannot match: open it with that check
+bypassed (``fastread.bench.families.formats.torchvision_cifar10``).
 
 Images are random (seeded) with a per-class tint so that classes differ;
 labels are balanced and shuffled. The real sets have 5,000 train and 1,000
 test images per class (``train_per_class=5000, test_per_class=1000``, the
 default). Reusable like the other generators: a complete dataset made with
-the same parameters (``root/.fastread-dataset.json``, written last) is
-returned at once; files are written under temporary names and renamed.
+the same parameters (``root/.fastread-dataset.json``, written last) that
+still has all its files is returned at once; files are written under
+temporary names and renamed.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ def make_cifar10(root, *, train_per_class=5000, test_per_class=1000, layouts=("b
     params = {"format": _FORMAT, "version": _VERSION, "train_per_class": train_per_class,
               "test_per_class": test_per_class, "layouts": list(layouts), "seed": int(seed)}
     marker = os.path.join(root, MARKER_NAME)
-    done = reuse_marked(root, params)
+    done = reuse_marked(root, params, required=_files(layouts))
     if done is not None:
         return done
     rng = np.random.default_rng([seed, 0xC1FA])
@@ -99,6 +104,20 @@ def make_cifar10(root, *, train_per_class=5000, test_per_class=1000, layouts=("b
                        files=images, total_bytes=total, mean_bytes=float(_IMAGE))
     write_json(marker, {"params": params, "info": info.__dict__})
     return info
+
+
+def _files(layouts):
+    """Every file make_cifar10 writes for these layouts, relative to root."""
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    files = []
+    if "bin" in layouts:
+        files += [f"cifar-10-batches-bin/{n}.bin" for n in names]
+        files.append("cifar-10-batches-bin/batches.meta.txt")
+    if "py" in layouts:
+        files += [f"cifar-10-batches-py/{n}" for n in names]
+        # torchvision's CIFAR10 reads the class names from it (_load_meta).
+        files.append("cifar-10-batches-py/batches.meta")
+    return files
 
 
 def _write(d, name, data):

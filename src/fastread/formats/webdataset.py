@@ -374,14 +374,20 @@ class WebDataset(MultiFileRanges):
     def __repr__(self):
         return f"WebDataset({len(self.paths)} shards, {len(self)} samples, ext={self.ext})"
 
+    def component_ranges(self, indices):
+        """Where each ``ext`` component lies in the samples ``indices``: one
+        ``(starts, ends)`` pair of int64 arrays per entry, offsets into each
+        sample's bytes (start -1: the component is missing)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return [(starts[idx], ends[idx]) for starts, ends in zip(self._starts, self._ends)]
+
     def components(self, arrays, indices):
         """The batch's samples (``arrays``, read for sample numbers
         ``indices``) cut into components: one list of uint8 views per
         ``ext`` entry (an empty array where a component is missing)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         empty = self._empty
         outs = []
-        for starts, ends in zip(self._starts, self._ends):
+        for starts, ends in self.component_ranges(indices):
             outs.append([a[b:e] if b >= 0 else empty
-                         for a, b, e in zip(arrays, starts[idx].tolist(), ends[idx].tolist())])
+                         for a, b, e in zip(arrays, starts.tolist(), ends.tolist())])
         return outs

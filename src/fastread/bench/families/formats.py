@@ -337,6 +337,28 @@ class _PerSample:
         return torch.from_numpy(chw), int(self.labels[i])
 
 
+def torchvision_cifar10(root, train=True, transform=None):
+    """torchvision.datasets.CIFAR10 over a CIFAR-10 directory (root, or its
+    cifar-10-batches-py), without the MD5 checks: torchvision compares the
+    batch files (_check_integrity) and batches.meta (_load_meta, through
+    meta["md5"]) with the real archive's sums, which a synthetic set made by
+    make-dataset cannot match. Files must still exist and unpickle."""
+    from torchvision.datasets import CIFAR10
+
+    root = os.path.normpath(os.fspath(root))
+    if os.path.basename(root) == "cifar-10-batches-py":
+        root = os.path.dirname(root)
+
+    class _Cifar10(CIFAR10):
+        meta = {**CIFAR10.meta, "md5": None}  # check_integrity(path, None): exists only
+
+        def _check_integrity(self):
+            return all(os.path.isfile(os.path.join(self.root, self.base_folder, name))
+                       for name, _md5 in self.train_list + self.test_list)
+
+    return _Cifar10(root, train=train, download=False, transform=transform)
+
+
 def _build_torch(mode, cfg):
     import torch
     from torch.utils.data import DataLoader
@@ -344,16 +366,7 @@ def _build_torch(mode, cfg):
     gpu = cfg.device == "gpu"
     if mode.param("torchvision"):
         import torchvision.transforms as T
-        from torchvision.datasets import CIFAR10
-        root = cfg.data_dir
-        if os.path.basename(os.path.normpath(root)) == "cifar-10-batches-py":
-            root = os.path.dirname(os.path.normpath(root))
-        class _Cifar10(CIFAR10):
-            # The files' MD5 sums are the real archive's; a synthetic set differs.
-            def _check_integrity(self):
-                return True
-
-        dataset = _Cifar10(root, train=True, download=False, transform=T.Compose([
+        dataset = torchvision_cifar10(cfg.data_dir, train=True, transform=T.Compose([
             T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
             T.Normalize(MEAN, STD)]))
     else:
