@@ -20,7 +20,7 @@ batches later, after DALI has dropped it).
 cimport numpy as cnp
 from cpython.pycapsule cimport (PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_IsValid,
                                PyCapsule_New)
-from libc.stdint cimport INT32_MAX, int32_t, int64_t
+from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 from libc.stdlib cimport free, malloc
 
@@ -78,6 +78,35 @@ cdef cnp.ndarray _checked(obj, Py_ssize_t i, str fn):
     return a
 
 
+cdef inline void _describe(DLManagedTensor *m, int ndim, int64_t *shape, uint8_t code,
+                           uint8_t bits, _Block *block) noexcept:
+    """A C-order host tensor over m.dl_tensor.data (set by the caller) whose
+    deleter releases one reference of ``block``."""
+    m.dl_tensor.device.device_type = kDLCPU
+    m.dl_tensor.device.device_id = 0
+    m.dl_tensor.ndim = ndim
+    m.dl_tensor.dtype.code = code
+    m.dl_tensor.dtype.bits = bits
+    m.dl_tensor.dtype.lanes = 1
+    m.dl_tensor.shape = shape
+    m.dl_tensor.strides = NULL  # C order
+    m.dl_tensor.byte_offset = 0
+    m.manager_ctx = block
+    m.deleter = _release
+
+
+cdef tuple _int64_ranges(starts, ends, Py_ssize_t n, str fn):
+    """``starts`` and ``ends`` as C-contiguous int64 arrays of ``n`` each;
+    ValueError naming ``fn`` otherwise."""
+    cdef cnp.ndarray first = cnp.PyArray_FROMANY(starts, cnp.NPY_INT64, 1, 1,
+                                                 cnp.NPY_ARRAY_IN_ARRAY)
+    cdef cnp.ndarray last = cnp.PyArray_FROMANY(ends, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_IN_ARRAY)
+    if cnp.PyArray_DIM(first, 0) != n or cnp.PyArray_DIM(last, 0) != n:
+        raise ValueError(f"{fn}: {n} arrays but {cnp.PyArray_DIM(first, 0)} starts and "
+                         f"{cnp.PyArray_DIM(last, 0)} ends")
+    return first, last
+
+
 cdef class RangeView:
     """Bytes in host memory (a byte range, or a whole array) that DLPack consumers take
     without a copy (``__dlpack__``, once: the capsule owns the view after
@@ -122,6 +151,25 @@ cdef class ViewBlock:
         return self.block != NULL and fr_dlviews_refs(&self.block.refs) > 1
 
 
+cdef ViewBlock _new_block(Py_ssize_t slots, Py_ssize_t views, list arrays):
+    """A ViewBlock holding ``arrays``, with room for ``slots`` tensors of up
+    to 2 dimensions after it, and one reference per view plus its own."""
+    cdef _Block *block = <_Block *>malloc(sizeof(_Block) + slots
+                                          * (sizeof(DLManagedTensor) + 2 * sizeof(int64_t)))
+    if block == NULL:
+        raise MemoryError()
+    block.refs = views + 1
+    cdef ViewBlock keep
+    try:
+        keep = ViewBlock.__new__(ViewBlock)
+    except BaseException:
+        free(block)
+        raise
+    keep.block = block
+    keep.arrays = arrays
+    return keep
+
+
 def range_views(list arrays, starts, ends):
     """``(views, block)``: one :class:`RangeView` per array, bytes
     ``starts[i]:ends[i]`` of ``arrays[i]`` (C-contiguous 1-D uint8 NumPy
@@ -129,14 +177,9 @@ def range_views(list arrays, starts, ends):
     :class:`ViewBlock` to keep while ``block.in_use``. ``starts`` and
     ``ends`` are int64 sequences as long as ``arrays``. Raises ValueError for
     a range outside its array."""
-    cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] first = \
-        cnp.PyArray_FROMANY(starts, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_IN_ARRAY)
-    cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] last = \
-        cnp.PyArray_FROMANY(ends, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_IN_ARRAY)
+    cdef cnp.ndarray first, last
+    first, last = _int64_ranges(starts, ends, len(arrays), "range_views")
     cdef Py_ssize_t n = len(arrays), i
-    if first.shape[0] != n or last.shape[0] != n:
-        raise ValueError(f"range_views: {n} arrays but {first.shape[0]} starts and "
-                         f"{last.shape[0]} ends")
     cdef const int64_t *pf = <const int64_t *>first.data
     cdef const int64_t *pl = <const int64_t *>last.data
     cdef cnp.ndarray a
@@ -145,19 +188,8 @@ def range_views(list arrays, starts, ends):
         if pf[i] >= 0 and not (pf[i] <= pl[i] <= cnp.PyArray_DIM(a, 0)):
             raise ValueError(f"range_views: range {pf[i]}:{pl[i]} of array {i} is outside "
                              f"its {cnp.PyArray_DIM(a, 0)} bytes")
-    cdef _Block *block = <_Block *>malloc(sizeof(_Block) + (n if n else 1)
-                                          * (sizeof(DLManagedTensor) + 2 * sizeof(int64_t)))
-    if block == NULL:
-        raise MemoryError()
-    block.refs = n + 1
-    cdef ViewBlock keep
-    try:
-        keep = ViewBlock.__new__(ViewBlock)
-    except BaseException:
-        free(block)
-        raise
-    keep.block = block
-    keep.arrays = list(arrays)
+    cdef ViewBlock keep = _new_block(n if n else 1, n, list(arrays))
+    cdef _Block *block = keep.block
     cdef DLManagedTensor *views = <DLManagedTensor *>(<char *>block + sizeof(_Block))
     cdef int64_t *shapes = <int64_t *>(<char *>views + n * sizeof(DLManagedTensor))
     cdef DLManagedTensor *m
@@ -172,17 +204,7 @@ def range_views(list arrays, starts, ends):
         else:
             m.dl_tensor.data = _EMPTY
             shapes[2 * i] = 0
-        m.dl_tensor.device.device_type = kDLCPU
-        m.dl_tensor.device.device_id = 0
-        m.dl_tensor.ndim = 1
-        m.dl_tensor.dtype.code = kDLUInt
-        m.dl_tensor.dtype.bits = 8
-        m.dl_tensor.dtype.lanes = 1
-        m.dl_tensor.shape = &shapes[2 * i]
-        m.dl_tensor.strides = NULL  # C order
-        m.dl_tensor.byte_offset = 0
-        m.manager_ctx = block
-        m.deleter = _release
+        _describe(m, 1, &shapes[2 * i], kDLUInt, 8, block)
         try:
             v = RangeView.__new__(RangeView)
         except BaseException:
@@ -208,36 +230,18 @@ def array_view(cnp.ndarray array not None):
             or not cnp.PyArray_IS_C_CONTIGUOUS(array)):
         raise ValueError(f"array_view: takes a C-contiguous uint8 or int32 array of 1 or 2 "
                          f"dimensions, not {array.dtype} {(<object>array).shape}")
-    cdef _Block *block = <_Block *>malloc(sizeof(_Block) + sizeof(DLManagedTensor)
-                                          + 2 * sizeof(int64_t))
-    if block == NULL:
-        raise MemoryError()
-    block.refs = 2
-    cdef ViewBlock keep
+    cdef ViewBlock keep = _new_block(1, 1, [array])
+    cdef _Block *block = keep.block
     cdef RangeView v
-    try:
-        keep = ViewBlock.__new__(ViewBlock)
-    except BaseException:
-        free(block)
-        raise
-    keep.block = block
-    keep.arrays = [array]
     cdef DLManagedTensor *m = <DLManagedTensor *>(<char *>block + sizeof(_Block))
     cdef int64_t *shape = <int64_t *>(<char *>m + sizeof(DLManagedTensor))
     for d in range(ndim):
         shape[d] = cnp.PyArray_DIM(array, d)
     m.dl_tensor.data = cnp.PyArray_DATA(array) if cnp.PyArray_SIZE(array) else <void *>_EMPTY
-    m.dl_tensor.device.device_type = kDLCPU
-    m.dl_tensor.device.device_id = 0
-    m.dl_tensor.ndim = ndim
-    m.dl_tensor.dtype.code = kDLUInt if kind == cnp.NPY_UINT8 else kDLInt
-    m.dl_tensor.dtype.bits = 8 if kind == cnp.NPY_UINT8 else 32
-    m.dl_tensor.dtype.lanes = 1
-    m.dl_tensor.shape = shape
-    m.dl_tensor.strides = NULL  # C order
-    m.dl_tensor.byte_offset = 0
-    m.manager_ctx = block
-    m.deleter = _release
+    if kind == cnp.NPY_UINT8:
+        _describe(m, ndim, shape, kDLUInt, 8, block)
+    else:
+        _describe(m, ndim, shape, kDLInt, 32, block)
     try:
         v = RangeView.__new__(RangeView)
     except BaseException:
@@ -256,14 +260,9 @@ def pack_ranges(list arrays, starts, ends, cnp.ndarray out not None,
     ``lengths[i]`` (a C-contiguous 1-D int32 array). The copies run without
     the GIL. Raises ValueError for a range outside its array or its row;
     the bytes past each length are left as they were."""
-    cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] first = \
-        cnp.PyArray_FROMANY(starts, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_IN_ARRAY)
-    cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] last = \
-        cnp.PyArray_FROMANY(ends, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_IN_ARRAY)
+    cdef cnp.ndarray first, last
+    first, last = _int64_ranges(starts, ends, len(arrays), "pack_ranges")
     cdef Py_ssize_t n = len(arrays), i
-    if first.shape[0] != n or last.shape[0] != n:
-        raise ValueError(f"pack_ranges: {n} arrays but {first.shape[0]} starts and "
-                         f"{last.shape[0]} ends")
     if (cnp.PyArray_TYPE(out) != cnp.NPY_UINT8 or cnp.PyArray_NDIM(out) != 2
             or not cnp.PyArray_IS_C_CONTIGUOUS(out) or not cnp.PyArray_ISWRITEABLE(out)
             or cnp.PyArray_DIM(out, 0) != n):
