@@ -805,6 +805,55 @@ static void test_user_kernels(const char *path)
     }
 }
 
+/* Malformed ring requests (only a bug in a kernel could make one: users'
+ * kernels reach the ring through fr_dev_read_row): row lists with an offset
+ * past the array, a misaligned one, none or too many rows, and a page past
+ * the array each fail with -EINVAL, and the session's end names the file;
+ * nothing else breaks, and gathers work afterwards. */
+static void test_malformed_requests(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    fr_store *s = NULL;
+    char err[FR_ERRLEN] = "";
+    size_t bad = 0;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (!s)
+        return;
+    const fr_dev_store *v = (const fr_dev_store *)(uintptr_t)fr_store_device_view(s);
+    const fr_dev_ring *r = &v->fetch.ring;
+    struct {
+        uint64_t page, off0, off1;
+        uint32_t len;
+    } cases[] = {
+        {ROW, ROW, (uint64_t)ROWS * ROW, FR_RING_ROWS | 2},  /* past the array */
+        {ROW, ROW + 1, 0, FR_RING_ROWS | 2},                  /* misaligned */
+        {ROW, 0, 0, FR_RING_ROWS | 0},                        /* no rows */
+        {ROW, 0, 0, FR_RING_ROWS | (FR_RING_MAX_ROWS + 1)},   /* too many */
+        {2 * ROW, 0, 0, FR_RING_ROWS | 1},                    /* not the row size */
+        {1u << 30, 0, 0, PAGE},                               /* a page past the array */
+    };
+    CHECK(fr_store_device_serve(s, 1, err, sizeof(err)) == 0);
+    fr_dev_counts cnt;
+    memset(&cnt, 0, sizeof(cnt));
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        uint64_t t = fr_atom_add64(r->tail, 1);
+        CHECK(fr_ring_claim(v, r, t, &cnt.c[FR_CNT_RING_FULL]) == 0);
+        uint64_t *list = (uint64_t *)(uintptr_t)fr_ring_staging(r, t);
+        list[0] = cases[k].off0;
+        list[1] = cases[k].off1;
+        fr_ring_publish(r, t, cases[k].page, cases[k].len);
+        CHECK(fr_ring_wait(v, r, t) == -EINVAL);
+        fr_ring_release(r, t);
+    }
+    CHECK(fr_store_device_serve(s, 0, err, sizeof(err)) == -EINVAL);
+    CHECK(strstr(err, path) != NULL && strstr(err, "a request for") != NULL);
+    int64_t *ids = random_ids(500, 61);
+    CHECK(gather_check(s, ids, 500, 8, err, &bad) == 0);
+    free(ids);
+    fr_store_close(s);
+}
+
 static void test_open_errors(const char *path)
 {
     fr_store_config c;
@@ -998,6 +1047,7 @@ int main(void)
     test_row_fetches(path);
     setenv("FASTREAD_GATHER_FETCH", "pages", 1);
     test_user_kernels(path);
+    test_malformed_requests(path);
     test_faults(fr_test_dir());
     load_file(path);
 
