@@ -34,7 +34,8 @@
 #                              the GPU (vs fn.readers.webdataset and the webdataset library),
 #                              Squirrel (vs squirrel-core's iterator + external_source); the
 #                              library baselines skip, saying so, where their wheels are not
-#                              staged in /tmp/site (webdataset, squirrel-core, msgpack-numpy)
+#                              staged in /tmp/site (webdataset, squirrel-core, msgpack-numpy);
+#                              FORMATS_PARTS="cifar wds squirrel" picks parts (one per call)
 #
 # Mode names are those of `fastread bench --list-modes`: reader-<engine> is
 # fastread.Reader, read_files-<engine> the read_files() function. Warm runs
@@ -209,20 +210,36 @@ gather)
 formats)
     # Datasets as `fastread make-dataset` writes them (what the 2-core table
     # used), Squirrel smaller (10 x 300 samples of 3x300x300) to stay in time.
+    # FORMATS_PARTS picks parts (default all: "cifar wds squirrel"), so a
+    # call can run one part at a time when the budget is short.
     cifar=/tmp/fastread-cifar10; wds=/tmp/fastread-wds; sq=/tmp/fastread-squirrel
-    python3 -m fastread.cli make-dataset "$cifar" --format cifar10 --quiet
-    python3 -m fastread.cli make-dataset "$wds" --format webdataset --quiet
-    python3 -m fastread.cli make-dataset "$sq" --format squirrel --per-shard 300 --quiet ||
-        echo "(no squirrel store: squirrel-core is not importable; its runs will say so)"
-    bench cifar-bs256-warm "$cifar" --device gpu --threads 8 --batchsize 256 --cache warm --epochs 2 \
-        --repeat 3 --modes cifar-dali-numpy,cifar-fastread-io_uring,cifar-fastread-ranges,cifar-fastread-torch,cifar-torchvision,cifar-torch-python
-    bench wds-bs64-decode-warm "$wds" --device gpu --threads 8 --batchsize 64 --decode --cache warm \
-        --epochs 2 --repeat 3 --modes wds-dali,wds-fastread-io_uring,wds-fastread-psync,wds-library
-    bench wds-bs64-raw-warm "$wds" --device gpu --threads 8 --batchsize 64 --cache warm --epochs 2 \
-        --repeat 3 --modes wds-dali,wds-fastread-io_uring
-    [ -d "$sq" ] && bench squirrel-bs64-warm "$sq" --device gpu --threads 8 --batchsize 64 --cache warm \
-        --epochs 1 --repeat 3 --modes squirrel-iter,squirrel-fastread-io_uring
-    tar -cf "$out/results-$section.tar" -C "$json" .
+    for part in ${FORMATS_PARTS:-cifar wds squirrel}; do
+        case "$part" in
+        cifar)
+            python3 -m fastread.cli make-dataset "$cifar" --format cifar10 --quiet
+            bench cifar-bs256-warm "$cifar" --device gpu --threads 8 --batchsize 256 --cache warm --epochs 2 \
+                --repeat 3 --modes cifar-dali-numpy,cifar-fastread-io_uring,cifar-fastread-ranges,cifar-fastread-torch,cifar-torchvision,cifar-torch-python
+            ;;
+        wds)
+            python3 -m fastread.cli make-dataset "$wds" --format webdataset --quiet
+            bench wds-bs64-decode-warm "$wds" --device gpu --threads 8 --batchsize 64 --decode --cache warm \
+                --epochs 2 --repeat 3 --modes wds-dali,wds-fastread-io_uring,wds-fastread-psync,wds-library
+            bench wds-bs64-raw-warm "$wds" --device gpu --threads 8 --batchsize 64 --cache warm --epochs 2 \
+                --repeat 3 --modes wds-dali,wds-fastread-io_uring
+            ;;
+        squirrel)
+            python3 -m fastread.cli make-dataset "$sq" --format squirrel --per-shard 300 --quiet ||
+                echo "(no squirrel store: squirrel-core is not importable; its runs will say so)"
+            [ -d "$sq" ] && bench squirrel-bs64-warm "$sq" --device gpu --threads 8 --batchsize 64 --cache warm \
+                --epochs 1 --repeat 3 --modes squirrel-iter,squirrel-fastread-io_uring
+            ;;
+        *)
+            echo "unknown FORMATS_PARTS part '$part' (cifar, wds, squirrel)" >&2
+            exit 2
+            ;;
+        esac
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    done
     ;;
 *)
     echo "unknown section '$section' (tests, files, numpy, image, feed, tune, ddp, engines, delivery, colddiag, gather, formats)" >&2
