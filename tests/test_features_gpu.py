@@ -165,10 +165,15 @@ def test_streams(table, backend):
 
 
 @needs_torch
-def test_concurrent_gathers_on_streams(table):
+@pytest.mark.parametrize("fetch", ["auto", "rows"])
+def test_concurrent_gathers_on_streams(table, monkeypatch, fetch):
+    # "rows": every row through row lists from 4 threads at once, on a
+    # cache of 16 pages (the table has 40).
     arr, path = table
     errors = []
-    with open_store(path, "proxy", cache_bytes=32 << 20) as s:
+    monkeypatch.setenv("FASTREAD_GATHER_FETCH", fetch)
+    cache = 32 << 20 if fetch == "auto" else 1 << 20
+    with open_store(path, "proxy", cache_bytes=cache) as s:
         def work(seed):
             rng = np.random.default_rng(seed)
             stream = torch.cuda.Stream()
