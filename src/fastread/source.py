@@ -260,6 +260,30 @@ def check_engine_for(source, engine):
     return name
 
 
+class HostBatch:
+    """The part of :class:`fastread.Batch` that :class:`fastread.Reader`
+    uses, for batches assembled in Python (a batch of several files' parts,
+    one gathered from memory): ``len``, ``indices()``, ``released``, and
+    ``device_arrays()`` refusing, since their samples stay in host memory.
+    Subclasses add ``failures``, ``lengths``, ``arrays``, ``nbytes`` and
+    ``release``, and name their samples in ``_samples``."""
+
+    _samples = "these samples"
+
+    def __init__(self, indices):
+        self._indices = indices
+        self.released = False
+
+    def __len__(self):
+        return len(self._indices)
+
+    def indices(self):
+        return self._indices.copy()
+
+    def device_arrays(self, device_id=0):
+        raise ValueError(f"{self._samples} are delivered in host memory only")
+
+
 class OpenedReader(NamedTuple):
     """What :func:`open_native_reader` opened, and the settings it chose."""
     engine: str                 # the resolved engine name

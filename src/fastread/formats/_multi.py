@@ -16,28 +16,23 @@ import collections.abc
 import numpy as np
 
 from fastread._defaults import reader_workers
-from fastread.source import FileRanges, SampleSource
+from fastread.source import FileRanges, HostBatch, SampleSource
 
 __all__ = ["MultiFileRanges", "MultiBatch"]
 
 
-class MultiBatch:
+class MultiBatch(HostBatch):
     """A batch read from several files, in the order the batch was submitted;
     the part of each file is a :class:`fastread.Batch` kept alive by the
     arrays made from it. Offers what :class:`fastread.Reader` uses of a
     Batch (``indices``, ``failures``, ``arrays``, ``lengths``, ``release``)."""
 
+    _samples = "samples of several files"
+
     def __init__(self, parts, positions, indices):
+        super().__init__(indices)      # the submitted global indices
         self._parts = parts            # [Batch]
         self._positions = positions    # [int64 array]: where part j's samples go
-        self._indices = indices        # the submitted global indices
-        self.released = False
-
-    def __len__(self):
-        return len(self._indices)
-
-    def indices(self):
-        return self._indices.copy()
 
     def failures(self):
         out = []
@@ -57,9 +52,6 @@ class MultiBatch:
             for p, a in zip(pos.tolist(), part.arrays()):
                 out[p] = a
         return out
-
-    def device_arrays(self, device_id=0):
-        raise ValueError("samples of several files are delivered in host memory only")
 
     @property
     def nbytes(self):

@@ -31,27 +31,23 @@ import collections
 
 import numpy as np
 
-from fastread.source import SampleSource, check_source, read_in_order
+from fastread.source import HostBatch, SampleSource, check_source, read_in_order
 
 __all__ = ["InMemory"]
 
 
-class _GatheredBatch:
+class _GatheredBatch(HostBatch):
     """One batch gathered from memory, with what :class:`fastread.Reader`
     uses of a native Batch. ``release()`` hands its array back to
     ``recycle`` (the native half's free buffers), to be gathered into
     again."""
 
+    _samples = "samples held in memory"
+
     def __init__(self, indices, data, recycle=None):
-        self._indices, self._data = indices, data
+        super().__init__(indices)
+        self._data = data
         self._recycle = recycle
-        self.released = False
-
-    def __len__(self):
-        return len(self._indices)
-
-    def indices(self):
-        return self._indices.copy()
 
     def failures(self):
         return []
@@ -62,9 +58,6 @@ class _GatheredBatch:
 
     def arrays(self):
         return self._data
-
-    def device_arrays(self, device_id=0):
-        raise ValueError("samples held in memory are delivered in host memory only")
 
     @property
     def nbytes(self):
