@@ -70,6 +70,20 @@ def edge_tree(disk_tmp):
     return root, content
 
 
+def fault_tree(root, victim_bytes):
+    """Four files under root/c0 for fault-injection tests, sizes 100,
+    victim_bytes, 5000 and 1, the second named "victim.jpg" (what the
+    faults aim at); each byte tells its file and offset. Their paths."""
+    paths = []
+    for i, size in enumerate([100, victim_bytes, 5000, 1]):
+        name = "victim.jpg" if i == 1 else f"good{i}.jpg"
+        p = root / "c0" / name
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(bytes([(i * 37 + k) % 251 for k in range(size)]))
+        paths.append(str(p))
+    return paths
+
+
 @pytest.fixture(scope="session")
 def shim(tmp_path_factory):
     """tests/faultshim.c built as an LD_PRELOAD library: libc calls that fail,

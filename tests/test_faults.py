@@ -21,18 +21,13 @@ import textwrap
 
 import pytest
 
+from conftest import fault_tree
+
 
 
 @pytest.fixture()
 def files(tmp_path):
-    paths = []
-    for i, size in enumerate([100, 70000, 5000, 1]):
-        name = "victim.jpg" if i == 1 else f"good{i}.jpg"
-        p = tmp_path / "c0" / name
-        p.parent.mkdir(exist_ok=True)
-        p.write_bytes(bytes([(i * 37 + k) % 251 for k in range(size)]))
-        paths.append(str(p))
-    return paths
+    return fault_tree(tmp_path, 70000)
 
 
 SCRIPT = """
@@ -100,20 +95,23 @@ def test_endless_eintr_or_eagain_is_an_error_not_a_hang(shim, files, op, mode):
         assert r[0] == "err" and r[2] == files[1] and r[4] == [files[1]], r
 
 
-def test_reader_epoch_goes_on_after_a_failed_batch(shim, files):
-    script = """
-    import json, os, sys, fastread
+def reader_epochs_script(reader_args, epochs):
+    """A child's Reader (batch 1) over the files' tree for `epochs` epochs;
+    prints, per epoch, its order of paths and each sample's sha256 or
+    ["err", errno, path]. Digests, not bytes: see digests()."""
+    return f"""
+    import hashlib, json, os, sys, fastread
     paths = json.loads(sys.argv[1])
     root = os.path.dirname(os.path.dirname(paths[0]))
     out = []
-    with fastread.Reader(root, batch_size=1, engine="psync") as r:
-        for epoch in range(2):
+    with fastread.Reader(root, batch_size=1, {reader_args}) as r:
+        for epoch in range({epochs}):
             got = []
             it = iter(r)
             while True:
                 try:
                     arrays, _ = next(it)
-                    got.append(arrays[0].tobytes().hex())
+                    got.append(hashlib.sha256(arrays[0].tobytes()).hexdigest())
                 except StopIteration:
                     break
                 except fastread.ReadError as e:
@@ -121,9 +119,12 @@ def test_reader_epoch_goes_on_after_a_failed_batch(shim, files):
             out.append([r.paths, got])
     print(json.dumps(out))
     """
-    res = run(shim, files, "read", "eio", 1, script=script)
+
+
+def test_reader_epoch_goes_on_after_a_failed_batch(shim, files):
+    res = run(shim, files, "read", "eio", 1, script=reader_epochs_script('engine="psync"', 2))
     order = res[0][0]
-    want = [open(p, "rb").read().hex() for p in order]
+    want = digests(order)[1]
     victim = order.index(files[1])
     first = list(want)
     first[victim] = ["err", 5, files[1]]
@@ -258,27 +259,8 @@ def test_uring_endless_eintr_or_eagain_is_an_error_not_a_hang(shim, files, mode)
 
 @uring
 def test_uring_reader_epoch_goes_on_after_a_failed_batch(files):
-    script = """
-    import hashlib, json, os, sys, fastread
-    paths = json.loads(sys.argv[1])
-    root = os.path.dirname(os.path.dirname(paths[0]))
-    out = []
-    with fastread.Reader(root, batch_size=1, engine="io_uring", workers=1,
-                         engine_args=os.environ["FR_TEST_ENGINE_ARGS"]) as r:
-        for epoch in range(3):
-            got = []
-            it = iter(r)
-            while True:
-                try:
-                    arrays, _ = next(it)
-                    got.append(hashlib.sha256(arrays[0].tobytes()).hexdigest())
-                except StopIteration:
-                    break
-                except fastread.ReadError as e:
-                    got.append(["err", e.errno, os.fsdecode(e.filename)])
-            out.append([r.paths, got])
-    print(json.dumps(out))
-    """
+    script = reader_epochs_script(
+        'engine="io_uring", workers=1, engine_args=os.environ["FR_TEST_ENGINE_ARGS"]', 3)
     # Two faults: epoch 0 sizes the victim first (then fails it); epoch 1 again
     # (no size was learnt); epoch 2 reads with size hints, exact.
     res = run_uring(files, "fault_mode=eio,fault_path=victim,fault_count=2", script=script)

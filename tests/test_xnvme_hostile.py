@@ -18,6 +18,8 @@ import pytest
 import fastread
 from fastread.engine import xnvme_version
 
+from conftest import fault_tree
+
 _ver, _why = xnvme_version()
 pytestmark = pytest.mark.skipif(_ver is None, reason=f"xNVMe engines: {_why}")
 TIMEOUT = 120
@@ -161,14 +163,7 @@ def test_special_files_never_block(tmp_path, engine):
 # -- faults in the libc calls of xNVMe's psync path ---------------------------------
 @pytest.fixture()
 def files(tmp_path):
-    paths = []
-    for i, size in enumerate([100, 3 << 20, 5000, 1]):
-        name = "victim.jpg" if i == 1 else f"good{i}.jpg"
-        p = tmp_path / "c0" / name
-        p.parent.mkdir(exist_ok=True)
-        p.write_bytes(bytes([(i * 37 + k) % 251 for k in range(size)]))
-        paths.append(str(p))
-    return paths
+    return fault_tree(tmp_path, 3 << 20)
 
 
 FAULT_SCRIPT = """
