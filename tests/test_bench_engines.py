@@ -25,6 +25,11 @@ def tree(tmp_path):
     return str(root)
 
 
+def needs_bench(script):
+    return pytest.mark.skipif(not os.path.exists(os.path.join(BENCH, script)),
+                              reason="needs the checkout's bench/")
+
+
 def run(script, *args, timeout=240):
     p = subprocess.run([sys.executable, os.path.join(BENCH, script), *args],
                        capture_output=True, text=True, timeout=timeout)
@@ -32,8 +37,7 @@ def run(script, *args, timeout=240):
     return p.stdout
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(BENCH, "engines.py")),
-                    reason="needs the checkout's bench/")
+@needs_bench("engines.py")
 def test_engine_matrix_warm_cells(tree, tmp_path):
     out = tmp_path / "engines.json"
     run("engines.py", "--data-92k", tree, "--data-root", str(tmp_path), "--sizes", "92k",
@@ -48,8 +52,7 @@ def test_engine_matrix_warm_cells(tree, tmp_path):
     assert "stopped_early" not in res
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(BENCH, "engines.py")),
-                    reason="needs the checkout's bench/")
+@needs_bench("engines.py")
 def test_engine_matrix_time_budget_reports_what_ran(tree, tmp_path):
     out = tmp_path / "engines.json"
     run("engines.py", "--data-92k", tree, "--data-root", str(tmp_path), "--sizes", "92k",
@@ -61,8 +64,7 @@ def test_engine_matrix_time_budget_reports_what_ran(tree, tmp_path):
     assert all(len(c["rounds_files_per_s"]) < 50 for c in res["cells"])
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(BENCH, "gpu_delivery.py")),
-                    reason="needs the checkout's bench/")
+@needs_bench("gpu_delivery.py")
 def test_gpu_delivery_runs_host_modes_and_says_why_gpu_ones_did_not(tree, tmp_path):
     out = tmp_path / "delivery.json"
     text = run("gpu_delivery.py", tree, "--batch", "8", "--rounds", "2", "--epochs", "1",
@@ -76,8 +78,7 @@ def test_gpu_delivery_runs_host_modes_and_says_why_gpu_ones_did_not(tree, tmp_pa
         assert "skipped" in text
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(BENCH, "cold_diagnose.py")),
-                    reason="needs the checkout's bench/")
+@needs_bench("cold_diagnose.py")
 def test_cold_diagnose_reports_the_block_layer(tmp_path):
     import tempfile
     base = tempfile.mkdtemp(dir="/var/tmp") if os.path.isdir("/var/tmp") else str(tmp_path)
