@@ -30,14 +30,6 @@ import sys
 import time
 
 
-def list_files(root):
-    out = []
-    for d, dirs, files in os.walk(root):
-        dirs.sort()
-        out += [os.path.join(d, f) for f in sorted(files) if not f.startswith(".")]
-    return out
-
-
 def run_reader(paths, batch, epochs, **kw):
     import fastread
     with fastread.Reader(files=paths, labels=[0] * len(paths), batch_size=batch, **kw) as r:
@@ -105,6 +97,8 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     import fastread
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from engines import list_files  # bench/engines.py: the same file order
     paths = list_files(args.root)
     if not paths:
         sys.exit(f"gpu_delivery: no files under {args.root}")
