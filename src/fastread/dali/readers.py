@@ -35,7 +35,7 @@ Epochs (``epoch_end``):
 from fastread import _defaults
 from fastread.dali import _plugin
 from fastread.dali._common import _DALI_ONLY_ARGS, check_epoch_end, reader_outputs
-from fastread.engine import GPU_ENGINES, RANGE_ONLY, EngineOptions
+from fastread.engine import GPU_ENGINES, RANGE_ONLY, EngineOptions, _check_option
 from fastread.engine import resolve as resolve_engine
 from fastread.dali._image import image
 from fastread.dali._numpy import numpy
@@ -179,9 +179,8 @@ def _native_file(samples, *, shard_id, num_shards, random_shuffle, seed, pad_las
     # DALI's copies of its zero-copy outputs to the GPU are DMA from them, as
     # from the CPU outputs DALI allocates itself there.
     pin = kwargs.get("pin_memory")
-    pin = _defaults.get("pin_memory") if pin is None else pin
-    if not isinstance(pin, bool):
-        raise TypeError(f"pin_memory must be True or False, got {pin!r}")
+    pin = (_check_option("pin_memory", _defaults.get("pin_memory"), from_env=True)
+           if pin is None else _check_option("pin_memory", pin))
     pipe_device = Pipeline.current().device_id
     if pin and pipe_device is not None:
         op_args["pin_device"] = int(pipe_device)
