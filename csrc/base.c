@@ -1,6 +1,8 @@
-/* The bottom layer: error messages (see base.h). */
+/* The bottom layer: error messages and the page-cache probe (see base.h). */
+#define _DEFAULT_SOURCE /* mincore */
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/mman.h>
 
 #include "base.h"
 
@@ -12,4 +14,24 @@ void fr_set_err(char *err, size_t err_len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, err_len, fmt, ap);
     va_end(ap);
+}
+
+unsigned fr_resident_sample(const void *map, size_t len, unsigned n, uint64_t *seed,
+                            unsigned *asked)
+{
+    size_t pages = len / 4096;
+    unsigned in = 0;
+    *asked = 0;
+    for (unsigned i = 0; map && pages && i < n; i++) {
+        uint64_t x = *seed += 0x9E3779B97F4A7C15ull; /* splitmix64 */
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        x ^= x >> 31;
+        unsigned char vec = 0;
+        if (mincore((char *)(uintptr_t)map + (x % pages) * 4096, 4096, &vec) == 0) {
+            (*asked)++;
+            in += vec & 1;
+        }
+    }
+    return in;
 }

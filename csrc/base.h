@@ -1,12 +1,13 @@
 /*
- * The bottom layer of the C core: error messages and small arithmetic that
- * every other file may use. It includes nothing of fastread's, so nothing
+ * The bottom layer of the C core: error messages, small arithmetic and a
+ * page-cache probe that every other file may use. It includes nothing of fastread's, so nothing
  * above it can form a cycle through it.
  */
 #ifndef FASTREAD_BASE_H
 #define FASTREAD_BASE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Formats an error message into err (if err is not NULL and err_len > 0). */
 void fr_set_err(char *err, size_t err_len, const char *fmt, ...)
@@ -17,5 +18,12 @@ static inline size_t fr_round_up(size_t v, size_t align)
 {
     return (v + align - 1) & ~(align - 1);
 }
+
+/* Of n 4 KiB pages of the mapping [map, map + len) drawn at random
+ * (splitmix64 on *seed), how many the page cache holds (mincore); *asked
+ * gets how many mincore answered. Tells a cold file from a warm one
+ * without reading it. Thread-safe if each thread has its own seed. */
+unsigned fr_resident_sample(const void *map, size_t len, unsigned n, uint64_t *seed,
+                            unsigned *asked);
 
 #endif

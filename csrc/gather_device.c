@@ -208,21 +208,7 @@ static int open_fetch(fr_gdev *d, const fr_gather_backend *be, char *err, size_t
  * holds (1 when unknown). */
 static double resident_share(fr_gdev *d)
 {
-    size_t pages = d->res_len / 4096;
-    if (!d->res_map || pages == 0)
-        return 1.0;
-    unsigned in = 0, asked = 0;
-    for (int i = 0; i < 64; i++) {
-        uint64_t x = d->res_seed += 0x9E3779B97F4A7C15ull; /* splitmix64 */
-        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-        x ^= x >> 31;
-        unsigned char vec = 0;
-        if (mincore((char *)d->res_map + (x % pages) * 4096, 4096, &vec) == 0) {
-            asked++;
-            in += vec & 1;
-        }
-    }
+    unsigned asked, in = fr_resident_sample(d->res_map, d->res_len, 64, &d->res_seed, &asked);
     return asked ? (double)in / asked : 1.0;
 }
 

@@ -295,17 +295,8 @@ static int decide_mapped(proxy *p)
 {
     if (!p->map || !still_whole(p))
         return 0;
-    size_t pages = p->map_len / 4096;
-    for (int i = 0; i < 32 && pages; i++) {
-        uint64_t x = p->map_seed += 0x9E3779B97F4A7C15ull; /* splitmix64 */
-        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-        x ^= x >> 31;
-        unsigned char vec = 0;
-        if (mincore((void *)(p->map + (x % pages) * 4096), 4096, &vec) != 0 || !(vec & 1))
-            return 0;
-    }
-    return 1;
+    unsigned asked, in = fr_resident_sample(p->map, p->map_len, 32, &p->map_seed, &asked);
+    return asked == 32 && in == 32;
 }
 
 /* A batch that misses the page cache on many pages of the array will
