@@ -132,11 +132,15 @@ tests)
     # the other files' results standing), all in $out/tests-logs.tar (the
     # device tool returns few files per call).
     log=/tmp/fastread-test-logs; rm -rf "$log"; mkdir -p "$log"
-    # TESTS="file.py::test ..." runs only those; with gdb on the machine,
-    # GDB=1 runs each under it and keeps the native backtrace of a crash.
+    # TESTS="file.py::test ..." runs only those; GDB=1 keeps the native
+    # backtrace of a crash: under gdb where the machine has it, else with
+    # bench/tools/segv_backtrace.c preloaded.
     runner=(python3 -X faulthandler)
     if [ -n "${GDB:-}" ] && command -v gdb >/dev/null; then
         runner=(gdb -q -batch -ex run -ex "thread apply all bt 30" --args python3 -X faulthandler)
+    elif [ -n "${GDB:-}" ]; then
+        cc -shared -fPIC -O0 -o /tmp/libsegv_backtrace.so bench/tools/segv_backtrace.c
+        runner=(env LD_PRELOAD=/tmp/libsegv_backtrace.so python3 -X faulthandler)
     fi
     for f in ${TESTS:-test_gpu.py test_numpy_reader.py test_dali.py test_features.py test_features_gpu.py \
              test_gpu_mock.py test_dali_plugin.py test_dali_plugin_gpu.py \
