@@ -135,18 +135,20 @@ tests)
     # TESTS="file.py::test ..." runs only those; GDB=1 keeps the native
     # backtrace of a crash: under gdb where the machine has it, else with
     # bench/tools/segv_backtrace.c preloaded.
-    runner=(python3 -X faulthandler)
+    runner=(python3 -X faulthandler) pytest_opts=()
     if [ -n "${GDB:-}" ] && command -v gdb >/dev/null; then
         runner=(gdb -q -batch -ex run -ex "thread apply all bt 30" --args python3 -X faulthandler)
     elif [ -n "${GDB:-}" ]; then
         cc -shared -fPIC -O0 -o /tmp/libsegv_backtrace.so bench/tools/segv_backtrace.c
         runner=(env LD_PRELOAD=/tmp/libsegv_backtrace.so python3 -X faulthandler)
+        # pytest's own faulthandler would not hand the signal on to it.
+        pytest_opts=(-p no:faulthandler)
     fi
     for f in ${TESTS:-test_gpu.py test_numpy_reader.py test_dali.py test_features.py test_features_gpu.py \
              test_gpu_mock.py test_dali_plugin.py test_dali_plugin_gpu.py \
              test_dali_plugin_image.py test_dali_plugin_image_gpu.py}; do
         name="$log/${f//[:\/]/_}.log"
-        (cd tests && "${runner[@]}" -m pytest -v -ra -p no:cacheprovider "$f") >"$name" 2>&1 &&
+        (cd tests && "${runner[@]}" -m pytest -v -ra -p no:cacheprovider "${pytest_opts[@]}" "$f") >"$name" 2>&1 &&
             echo "$f: $(tail -1 "$name")" ||
             { echo "$f FAILED (exit $?):"; grep -E "FAILED|ERROR|Fatal|Aborted|^test_.*::|File \"/.*fastread" "$name" | tail -15; }
         tar -cf "$out/tests-logs.tar" -C "$log" .

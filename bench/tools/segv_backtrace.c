@@ -10,12 +10,17 @@
  * Python stacks, restores the handler it found (this one) and re-raises, so
  * both stacks end up in the log. The frames print as `lib.so(symbol+0xoff)`,
  * or `lib.so(+0xoff)` for hidden symbols: `addr2line -f -C -e lib.so 0xoff`
- * names the line where the library has debug information. */
+ * names the line where the library has debug information. The backtrace goes
+ * to the process's original stderr, kept as a duplicate at load time: pytest
+ * captures fd 2 into a file that a crash never shows. */
 #define _GNU_SOURCE
 #include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
+
+static int original_stderr = STDERR_FILENO;
 
 static void print_backtrace_and_die(int signum) {
     static const char header[] = "\n== native backtrace of the crashing thread ==\n";
@@ -23,14 +28,17 @@ static void print_backtrace_and_die(int signum) {
     /* backtrace() is not async-signal-safe on its first call (it loads
      * libgcc_s); segv_backtrace_init() calls it once so that here it is. */
     int n = backtrace(frames, 64);
-    ssize_t ignored = write(STDERR_FILENO, header, sizeof header - 1);
+    ssize_t ignored = write(original_stderr, header, sizeof header - 1);
     (void)ignored;
-    backtrace_symbols_fd(frames, n, STDERR_FILENO);
+    backtrace_symbols_fd(frames, n, original_stderr);
     signal(signum, SIG_DFL);
     raise(signum);
 }
 
 __attribute__((constructor)) static void segv_backtrace_init(void) {
+    int saved = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 100);
+    if (saved >= 0)
+        original_stderr = saved;
     void *warm[1];
     (void)backtrace(warm, 1);
     struct sigaction action;
