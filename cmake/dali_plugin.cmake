@@ -55,7 +55,7 @@ else()
     endif()
   endif()
   set(_fr_dali_query
-      "import nvidia.dali as d, nvidia.dali.sysconfig as s; print(d.__version__); print(s.get_include_dir()); print(s.get_lib_dir()); print(' '.join(s.get_compile_flags())); print(' '.join(s.get_link_flags()))")
+      "import nvidia.dali as d, nvidia.dali.sysconfig as s; print(d.__version__); print(s.get_include_dir()); print(s.get_lib_dir()); print(' '.join(s.get_compile_flags())); print(' '.join(s.get_link_flags())); print(next((l.split()[-1] for l in open('/proc/self/maps') if '/libstdc++.so' in l), ''))")
   set(_fr_dali_rc 1)
   if(_fr_dali_py)
     execute_process(COMMAND "${_fr_dali_py}" -c "${_fr_dali_query}"
@@ -118,6 +118,19 @@ else()
       message(FATAL_ERROR "fastread: no libdali.so in ${_fr_dali_libdir} (nvidia.dali.sysconfig.get_lib_dir())")
     endif()
     target_link_libraries(fastread_dali PRIVATE fastread_upload_ring fastread_core "${FASTREAD_LIBDALI}")
+    # One C++ runtime in the process: the plugin links the libstdc++ that
+    # DALI was loaded with (as the probe's /proc/self/maps names it), ahead of
+    # the compiler's own. A toolchain whose -lstdc++ is a static archive (the
+    # GPU machine's CXX=/opt/gcc/bin/g++) otherwise copies iostreams and
+    # locales into the plugin, and the first make_string of a number, or a
+    # checkpoint parsed with an istringstream, crashed inside that second copy.
+    set(_fr_dali_libstdcxx "")
+    if(_fr_n GREATER 5)
+      list(GET _fr_dali_lines 5 _fr_dali_libstdcxx)
+    endif()
+    if(_fr_dali_libstdcxx AND EXISTS "${_fr_dali_libstdcxx}")
+      target_link_libraries(fastread_dali PRIVATE "${_fr_dali_libstdcxx}")
+    endif()
     # libdali.so is found next to the nvidia.dali package that loads the
     # plugin (already in the process when load_library runs); no rpath into
     # the build machine's site-packages.
