@@ -115,7 +115,7 @@ native_bench() {
     python3 -c "from fastread.dali import _plugin; _plugin.require()" || true
     for args in "--batch 256 --device gpu" "--batch 64 --device gpu" "--batch 256 --device gpu --decode"; do
         modes=fn.readers.file,native,native-gpu,reader-gpu,external-gpu
-        case "$args" in *--decode*) modes=fn.readers.file,native,external ;; esac
+        case "$args" in *--decode*) modes=fn.readers.file,native,external,memory ;; esac
         echo "== native operator: $args"
         python3 dali_plugin/bench_native.py "$jpegs" --threads 8 --rounds 5 $args \
             --modes "$modes" 2>&1 | tee -a "$json/native-operator.txt" |

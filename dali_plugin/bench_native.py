@@ -17,6 +17,9 @@ GPU modes (a pipeline on GPU 0, whatever --device says):
                operator is measured against (batches of --batch, the same
                files; arguments after the colon are Reader keywords, e.g.
                reader-gpu:workers=12)
+  memory       (any device) the same pipeline fed from memory: every file's
+               bytes loaded once, handed to fn.external_source(no_copy=True)
+               batch by batch; with --decode, the decode-only ceiling
 With --device gpu, fn.readers.file, native and external move their outputs
 with .gpu(). So one run gives native-gpu / reader-gpu and native-gpu /
 fn.readers.file side by side:
@@ -50,6 +53,10 @@ def build(mode, root, paths, labels, batch, threads, depth, op_args=None, output
             if mode == "native-gpu":
                 kw["device"] = "gpu"
             return fn.fastread.readers.file(files=paths, labels=labels, name="R", **kw)
+        if mode == "memory":
+            data, labels_ = fn.external_source(source=InMemory(paths, labels, batch),
+                                               num_outputs=2, batch=True, no_copy=True)
+            return data, labels_
         from fastread.dali import readers
         if mode == "external-gpu":  # uploads by fastread's workers, fed to DALI on the GPU
             return readers.file(file_root=root, native=False, device="gpu")
@@ -63,6 +70,29 @@ def build(mode, root, paths, labels, batch, threads, depth, op_args=None, output
     # consumes them (which reads every byte from either reader's output alike).
     return build_pipeline(read, batch=batch, threads=threads, depth=depth, gpu=gpu,
                           decode=decode, shapes_only=output == "shapes")
+
+
+class InMemory:
+    """The files' bytes and labels, loaded once (shared by every round's
+    pipeline), as batches that cycle through them in order: a source that
+    costs DALI nothing but the references (no_copy=True)."""
+    _cache = {}
+
+    def __init__(self, paths, labels, batch):
+        import numpy as np
+        key = (tuple(paths), batch)
+        if key not in InMemory._cache:
+            data = [np.fromfile(p, dtype=np.uint8) for p in paths]
+            labs = [np.array([lab], dtype=np.int32) for lab in labels]
+            InMemory._cache[key] = [(data[i:i + batch], labs[i:i + batch])
+                                    for i in range(0, len(paths) - batch + 1, batch)]
+        self.batches = InMemory._cache[key]
+        self.next = 0
+
+    def __call__(self):
+        out = self.batches[self.next]
+        self.next = (self.next + 1) % len(self.batches)
+        return out
 
 
 class ReaderGpu:
@@ -118,9 +148,12 @@ def main(argv=None):
     header = (f"{len(paths)} files, batch {args.batch}, {args.threads} DALI threads, "
               f"device {args.device}, warm, outputs: {what}, median of {args.rounds} "
               f"interleaved rounds of {batches} batches")
-    if "reader-gpu" in rates:
+    ceiling = next((m for m in ("reader-gpu", "memory") if m in rates), None)
+    if ceiling == "reader-gpu":
         header += "\nratios: x fn.readers.file, and % of fastread.Reader(device='gpu') (reader-gpu)"
-    print_report(header, rates, cpu, base="fn.readers.file", ceiling="reader-gpu")
+    elif ceiling:
+        header += "\nratios: x fn.readers.file, and % of the same pipeline fed from memory (memory)"
+    print_report(header, rates, cpu, base="fn.readers.file", ceiling=ceiling)
 
 
 if __name__ == "__main__":
