@@ -423,3 +423,24 @@ def test_pinned_buffers_without_a_driver(tree):
                        text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
     assert "cannot page-lock its buffers on device 0" in r.stderr, r.stderr
+
+
+def test_plugin_shares_dalis_cpp_runtime():
+    # The plugin must use the libstdc++ that DALI runs with, never carry its
+    # own: a toolchain whose -lstdc++ is a static archive (the GPU machine's)
+    # copied iostreams into it, and checkpoint parsing and errors formatting
+    # numbers crashed in that second copy (cmake/dali_plugin.cmake).
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    lib = _plugin.library_path()
+    if not os.path.exists(lib):
+        pytest.skip(f"no plugin built: {lib}")
+    dynamic = subprocess.run([readelf, "-d", "-W", lib], capture_output=True, text=True,
+                             check=True).stdout
+    assert "[libstdc++.so.6]" in dynamic, f"{lib} does not link the shared libstdc++"
+    symbols = subprocess.run([readelf, "--dyn-syms", "-W", lib], capture_output=True,
+                             text=True, check=True).stdout
+    own = [line for line in symbols.splitlines()
+           if line.split()[-1].split("@")[0] == "_ZNSi10_M_extractIlEERSiRT_" and " UND " not in line]
+    assert not own, f"{lib} carries its own copy of libstdc++'s iostreams: {own}"
