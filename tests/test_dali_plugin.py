@@ -442,5 +442,6 @@ def test_plugin_shares_dalis_cpp_runtime():
     symbols = subprocess.run([readelf, "--dyn-syms", "-W", lib], capture_output=True,
                              text=True, check=True).stdout
     own = [line for line in symbols.splitlines()
-           if line.split()[-1].split("@")[0] == "_ZNSi10_M_extractIlEERSiRT_" and " UND " not in line]
+           if line.split()[-1:] and line.split()[-1].split("@")[0] == "_ZNSi10_M_extractIlEERSiRT_"
+           and " UND " not in line]
     assert not own, f"{lib} carries its own copy of libstdc++'s iostreams: {own}"
