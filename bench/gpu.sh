@@ -146,7 +146,8 @@ tests)
     fi
     for f in ${TESTS:-test_gpu.py test_numpy_reader.py test_dali.py test_features.py test_features_gpu.py \
              test_gpu_mock.py test_dali_plugin.py test_dali_plugin_gpu.py \
-             test_dali_plugin_image.py test_dali_plugin_image_gpu.py}; do
+             test_dali_plugin_image.py test_dali_plugin_image_gpu.py test_webdataset_native.py \
+             test_formats_cifar.py test_torch.py}; do
         name="$log/${f//[:\/]/_}.log"
         (cd tests && "${runner[@]}" -m pytest -v -ra -p no:cacheprovider "${pytest_opts[@]}" "$f") >"$name" 2>&1 &&
             echo "$f: $(tail -1 "$name")" ||
