@@ -239,6 +239,9 @@ ddp)
     make_jpegs
     img=/tmp/fastread-imagenet-20k.img
     [ -e "$img" ] || python3 -m fastread.cli pack "$jpegs" "$img" --quiet
+    # Whether the DALI readers run as the native operator (where the plugin
+    # loads they do) or as external sources.
+    python3 -m fastread.cli info | grep "DALI plugin" || true
     python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/ddp_check.py "$jpegs" \
         --image "$img" --limit 9999 --batch-size 256 --epochs 2 --json "$json/ddp.json"
     tar -cf "$out/results-$section.tar" -C "$json" .
