@@ -283,8 +283,8 @@ gather)
     ;;
 formats)
     # Datasets as `fastread make-dataset` writes them (what the 2-core table
-    # used), Squirrel smaller (3 of the tutorial's 10 shards of 1,000 samples of
-    # 3x300x300: squirrel-core's writer takes minutes for all ten).
+    # used); Squirrel the tutorial's store, 10 shards of 1,000 samples of
+    # 3x300x300 (squirrel-core's writer, one process a shard: ~18 s each).
     # FORMATS_PARTS picks parts (default all: "cifar wds squirrel"), so a
     # call can run one part at a time when the budget is short.
     cifar=/tmp/fastread-cifar10; wds=/tmp/fastread-wds; sq=/tmp/fastread-squirrel
@@ -324,10 +324,15 @@ formats)
             done
             ;;
         squirrel)
-            python3 -m fastread.cli make-dataset "$sq" --format squirrel --shards 3 --per-shard 1000 --quiet ||
+            python3 -m fastread.cli make-dataset "$sq" --format squirrel --shards 10 --per-shard 1000 --quiet ||
                 echo "(no squirrel store: squirrel-core is not importable; its runs will say so)"
+            # squirrel-core's iterator runs at a few hundred samples/s: both
+            # are timed over 40 batches (2,560 samples) after 3 untimed ones,
+            # then fastread alone over whole epochs.
             [ -d "$sq" ] && bench squirrel-bs64-warm "$sq" --device gpu --threads 8 --batchsize 64 --cache warm \
-                --epochs 1 --repeat 3 --modes squirrel-iter,squirrel-fastread-io_uring
+                --batches 40 --warmup 3 --warmup-runs 0 --repeat 3 --modes squirrel-iter,squirrel-fastread-io_uring
+            [ -d "$sq" ] && bench squirrel-bs64-warm-epochs "$sq" --device gpu --threads 8 --batchsize 64 \
+                --cache warm --epochs 2 --repeat 3 --modes squirrel-fastread-io_uring
             ;;
         *)
             echo "unknown FORMATS_PARTS part '$part' (cifar, wds, squirrel)" >&2

@@ -85,7 +85,8 @@ def add_parser(sub):
     p.add_argument("--seed", type=nonnegative_int, default=0, metavar="S",
                    help="random seed (default: 0)")
     p.add_argument("--workers", type=positive_int, default=None, metavar="W",
-                   help="generator processes (jpeg) or writer threads (npy) (default: one per CPU)")
+                   help="generator processes (jpeg), writer threads (npy) or shard writer processes "
+                        "(squirrel) (default: one per CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     g = p.add_argument_group("--format jpeg")
     g.add_argument("--mean-kb", type=positive_float, default=None, metavar="KB",
@@ -199,7 +200,7 @@ def _run_record_format(args, marker, before):
         info = make_squirrel(args.dir, samples=shards * per_shard, per_shard=per_shard,
                              shape=args.shape or (3, 300, 300),
                              classes=10 if args.classes is None else args.classes,
-                             seed=args.seed, progress=not args.quiet)
+                             seed=args.seed, progress=not args.quiet, workers=args.workers)
         reused = before is not None and _mtime(marker) == before
         print(f"{info.root}: Squirrel store, {info.files} samples in {shards} shards, "
               f"{info.total_bytes / 1e9:.3f} GB{' (reused)' if reused else ''}")

@@ -30,12 +30,28 @@ def _image(rng, shape):
     return np.ascontiguousarray(img + rng.integers(0, 8, size=shape, dtype=np.uint8))
 
 
-def make_squirrel(root, *, samples=10_000, per_shard=1000, shape=(3, 300, 300), classes=10,
-                  seed=0, progress=False) -> DatasetInfo:
-    """Writes (or reuses) a squirrel MessagePack store under ``root`` with
-    squirrel-core's writer (``pip install squirrel-core``)."""
+def _write_shard(root, s, n, shape, classes, seed):
+    """Shard ``s`` of the store: its own seeded draws, so shards can be
+    written in any order, by any process."""
     from squirrel.serialization import MessagepackSerializer
     from squirrel.store import SquirrelStore
+
+    rng = np.random.default_rng([seed, 0x5A1, s])
+    shard = [{"image": _image(rng, shape), "label": int(rng.integers(0, classes))}
+             for _ in range(n)]
+    SquirrelStore(root, serializer=MessagepackSerializer()).set(shard, key=f"shard_{s:05d}")
+
+
+def make_squirrel(root, *, samples=10_000, per_shard=1000, shape=(3, 300, 300), classes=10,
+                  seed=0, progress=False, workers=None) -> DatasetInfo:
+    """Writes (or reuses) a squirrel MessagePack store under ``root`` with
+    squirrel-core's writer (``pip install squirrel-core``). ``workers``
+    processes write shards in parallel (default: one per CPU, at most one
+    per shard): squirrel-core's gzip'd writer takes ~18 s a shard of 1,000
+    (3, 300, 300) samples on one core."""
+    import concurrent.futures
+
+    from squirrel.store import SquirrelStore  # noqa: F401 (fail early, with the real import error)
 
     root = os.path.abspath(os.fspath(root))
     samples = check_int("samples", samples, 1)
@@ -50,8 +66,10 @@ def make_squirrel(root, *, samples=10_000, per_shard=1000, shape=(3, 300, 300), 
     done = reuse_marked(root, params, stale=lambda name: name.endswith(".gz"))
     if done is not None:
         return done
-    store = SquirrelStore(root, serializer=MessagepackSerializer())
     nshards = -(-samples // per_shard)
+    workers = min(nshards, os.cpu_count() or 1) if workers is None else \
+        check_int("workers", workers, 1)
+    os.makedirs(root, exist_ok=True)
     bar = None
     if progress:
         try:
@@ -59,14 +77,20 @@ def make_squirrel(root, *, samples=10_000, per_shard=1000, shape=(3, 300, 300), 
             bar = tqdm(total=nshards, unit="shard", desc="squirrel")
         except ImportError:
             pass
-    for s in range(nshards):
-        rng = np.random.default_rng([seed, 0x5A1, s])
-        n = min(per_shard, samples - s * per_shard)
-        shard = [{"image": _image(rng, shape), "label": int(rng.integers(0, classes))}
-                 for _ in range(n)]
-        store.set(shard, key=f"shard_{s:05d}")
-        if bar is not None:
-            bar.update(1)
+    jobs = [(root, s, min(per_shard, samples - s * per_shard), shape, int(classes), int(seed))
+            for s in range(nshards)]
+    if workers == 1:
+        for job in jobs:
+            _write_shard(*job)
+            if bar is not None:
+                bar.update(1)
+    else:
+        with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+            for done_shard in concurrent.futures.as_completed(
+                    [pool.submit(_write_shard, *job) for job in jobs]):
+                done_shard.result()  # a shard that failed raises here
+                if bar is not None:
+                    bar.update(1)
     if bar is not None:
         bar.close()
     total = sum(os.path.getsize(os.path.join(root, n)) for n in os.listdir(root)
