@@ -269,6 +269,15 @@ long fr_ctx_stat(const fr_ctx *ctx, const char *key);
  * read one order for one seed, whichever of them runs. No state:
  * thread-safe. */
 void fr_permutation(uint64_t seed, uint64_t epoch, int64_t *out, size_t n);
+/* Reorders items[0..n) in place as a shuffle buffer of `fill` slots emits
+ * them (DALI's readers' random_shuffle with initial_fill, webdataset's
+ * shuffle(n)): the buffer starts with the first `fill` items; each step
+ * emits a uniformly drawn slot and refills it with the next item in order.
+ * Item k therefore comes out at a position >= k - fill + 1: batches draw
+ * from a window of neighbouring items (a few shards of a sharded format)
+ * instead of the whole data set. Drawn from (seed, epoch) alone like
+ * fr_permutation, thread-safe. 0; -EINVAL for fill 0; -ENOMEM. */
+int fr_buffer_shuffle(uint64_t seed, uint64_t epoch, int64_t *items, size_t n, size_t fill);
 
 /* ----------------------------------------------------------------- reader */
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -58,6 +59,10 @@ struct StreamArgs {
   bool pad = false;
   bool stick = false;
   int batch_size = 1;
+  // With shuffle: 0, one permutation of the whole data set per epoch;
+  // N > 0, the shard's samples in order through a shuffle buffer of N
+  // (fr_buffer_shuffle, DALI's initial_fill).
+  int64_t fill = 0;
 };
 
 // The samples shard `args.shard_id` reads in `epoch`, in order. Without
@@ -73,7 +78,13 @@ inline std::vector<int64_t> EpochOrder(const StreamArgs &args, int64_t seed, int
   const int64_t start = n * shard / args.num_shards;
   const int64_t end = n * (shard + 1) / args.num_shards;
   std::vector<int64_t> order;
-  if (args.shuffle) {
+  if (args.shuffle && args.fill > 0) {
+    order.reserve(static_cast<size_t>(end - start));
+    for (int64_t i = start; i < end; i++) order.push_back(i);
+    if (fr_buffer_shuffle(static_cast<uint64_t>(seed), static_cast<uint64_t>(epoch), order.data(),
+                          order.size(), static_cast<size_t>(args.fill)) != 0)
+      throw std::bad_alloc();
+  } else if (args.shuffle) {
     // The core's permutation, which the Python readers draw too: one order
     // for one (seed, epoch) whether or not the plugin reads.
     std::vector<int64_t> perm(static_cast<size_t>(n));

@@ -166,6 +166,52 @@ def test_shuffle_is_a_permutation_per_epoch(shards):
     assert a[0] != a[1] and a[0] != list(zip(*want))
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(num_shards=2, shard_id=1, pad_last_batch=True),
+                                dict(num_shards=3, shard_id=0, stick_to_shard=True)],
+                         ids=case_id)
+def test_initial_fill_is_a_buffer_shuffle_on_both_paths(shards, kw):
+    """initial_fill=N (DALI's argument): the shard's samples in order through
+    a shuffle buffer of N, the order fastread.index.epoch_indices gives
+    (fr_buffer_shuffle), the same batches from the operator and the external
+    source, epoch after epoch; every epoch a permutation of the shard."""
+    from fastread.index import epoch_indices
+
+    want = expected_samples(shards, EXT)
+    n = len(want[0])
+    fill, batch, seed = 5, 4, 7
+    num_shards, shard_id = kw.get("num_shards", 1), kw.get("shard_id", 0)
+
+    def run(native):
+        p = make_pipe(lambda: webdataset(paths=shards, ext=EXT, native=native, random_shuffle=True,
+                                         seed=seed, initial_fill=fill, **kw), batch)
+        return batches(p, 3 * -(-n // num_shards) // batch + 2)
+
+    got = run(True)
+    assert got == run(False)
+    expected = []
+    for epoch in range(6):
+        shard = shard_id if kw.get("stick_to_shard") else (shard_id + epoch) % num_shards
+        expected.extend(epoch_indices(n, shard_id=shard, num_shards=num_shards, shuffle=True,
+                                      seed=seed, epoch=epoch, shuffle_buffer=fill,
+                                      pad_last_batch=kw.get("pad_last_batch", False),
+                                      batch_size=batch).tolist())
+    flat = [pair for b in got for pair in zip(*b)]
+    assert flat == [(want[0][i], want[1][i]) for i in expected[:len(flat)]]
+    # Neighbouring samples: item k never comes out before position k - fill + 1.
+    first_epoch = epoch_indices(n, shard_id=shard_id, num_shards=num_shards, shuffle=True,
+                                seed=seed, epoch=0, shuffle_buffer=fill)
+    start = first_epoch.min()
+    assert all(k - start < pos + fill for pos, k in enumerate(first_epoch))
+    assert list(first_epoch) != sorted(first_epoch)
+
+
+def test_initial_fill_refuses_bad_values(shards):
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="initial_fill"):
+            make_pipe(lambda: webdataset(paths=shards, ext=EXT, random_shuffle=True,
+                                         initial_fill=bad), 2)
+
+
 def test_checkpoint_resumes_the_stream(shards):
     def pipe(**kw):
         return make_pipe(lambda: webdataset(paths=shards, ext=EXT, native=True, name="R",

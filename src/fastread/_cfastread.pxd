@@ -83,6 +83,7 @@ cdef extern from "fastread.h" nogil:
         pass
 
     void fr_permutation(uint64_t seed, uint64_t epoch, int64_t *out, size_t n)
+    int fr_buffer_shuffle(uint64_t seed, uint64_t epoch, int64_t *items, size_t n, size_t fill)
 
     const char *const *fr_engine_names()
     int fr_engine_probe(const char *engine, char *why, size_t why_len)

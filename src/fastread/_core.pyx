@@ -48,6 +48,24 @@ def permutation(uint64_t seed, uint64_t epoch, Py_ssize_t n):
     return out
 
 
+def buffer_shuffle(uint64_t seed, uint64_t epoch, items, Py_ssize_t fill):
+    """``items`` (int64) reordered as a shuffle buffer of ``fill`` slots
+    emits them, drawn from (seed, epoch) by the core (fr_buffer_shuffle):
+    a new int64 array. Item k comes out at a position >= k - fill + 1."""
+    if fill < 1:
+        raise ValueError(f"fill must be >= 1, got {fill}")
+    out = cnp.PyArray_FROMANY(items, cnp.NPY_INT64, 1, 1,
+                              cnp.NPY_ARRAY_C_CONTIGUOUS | cnp.NPY_ARRAY_ENSURECOPY)
+    cdef int64_t *p = <int64_t *>cnp.PyArray_DATA(out)
+    cdef size_t n = <size_t>cnp.PyArray_DIM(out, 0)
+    cdef int rc
+    with nogil:
+        rc = fr_buffer_shuffle(seed, epoch, p, n, <size_t>fill)
+    if rc == -12:
+        raise MemoryError()
+    return out
+
+
 def auto_rule(uint64_t mean_size, int resident, unsigned cpus, bint o_direct=False):
     """engine="auto"'s per-batch rule (fr_auto_rule): "psync" or "io_uring"
     for files of mean_size bytes, resident 1 (cached) / 0 / -1 (unknown),

@@ -81,7 +81,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from fastread._core import permutation
+from fastread._core import buffer_shuffle, permutation
 
 __all__ = [
     "DALI_DEFAULT_FILTERS",
@@ -482,7 +482,7 @@ def shard_range(num_samples: int, shard_id: int, num_shards: int) -> Tuple[int, 
 def epoch_indices(num_samples: int, *, shard_id: int = 0, num_shards: int = 1,
                   shuffle: bool = False, seed: int = 0, epoch: int = 0,
                   pad_last_batch: bool = False, batch_size: Optional[int] = None,
-                  drop_last: bool = False) -> np.ndarray:
+                  drop_last: bool = False, shuffle_buffer: int = 0) -> np.ndarray:
     """Indices (into :func:`scan` order) that shard ``shard_id`` reads in ``epoch``.
 
     * Without ``shuffle``: the shard's contiguous range :func:`shard_range`,
@@ -498,6 +498,13 @@ def epoch_indices(num_samples: int, *, shard_id: int = 0, num_shards: int = 1,
       dataset in every epoch, and each epoch has a different permutation
       (the idea of DALI's ``shuffle_after_epoch``; the random stream itself
       differs from DALI's).
+    * With ``shuffle`` and ``shuffle_buffer=N`` (N >= 1): instead, the shard's
+      contiguous range in order through a shuffle buffer of N slots
+      (``fastread._core.buffer_shuffle``, the core's ``fr_buffer_shuffle``,
+      which the native operators draw too): DALI's ``initial_fill`` and the
+      webdataset library's ``shuffle(N)``. Each batch then draws from a
+      window of about N neighbouring samples, which for a sharded format
+      means a few shards instead of one range read per sample's shard.
     * ``pad_last_batch`` (DALI semantics, ``loader.h`` ``ShouldPadBatch``): the
       shard is first padded by repeating its last sample up to
       ``ceil(num_samples / num_shards)`` so all shards have equal length, then,
@@ -526,7 +533,11 @@ def epoch_indices(num_samples: int, *, shard_id: int = 0, num_shards: int = 1,
             raise ValueError(f"``epoch`` must be >= 0, got {epoch}")
         if seed >= 1 << 64:
             raise ValueError(f"``seed`` must be below 2**64, got {seed}")
-        idx = permutation(seed, epoch, num_samples)[start:end]
+        if shuffle_buffer:
+            idx = buffer_shuffle(seed, epoch, np.arange(start, end, dtype=np.int64),
+                                 _as_int(shuffle_buffer, "shuffle_buffer"))
+        else:
+            idx = permutation(seed, epoch, num_samples)[start:end]
     else:
         idx = np.arange(start, end, dtype=np.int64)
     if pad_last_batch:

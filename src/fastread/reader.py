@@ -22,6 +22,9 @@ class Reader:
     rank draws the same permutation for a given ``seed`` and epoch, a new one
     each epoch, and takes its shard of it. ``stick_to_shard=False`` moves
     each rank to the next shard every epoch, as DALI's readers do by default.
+    ``shuffle_buffer=N`` shuffles instead through a buffer of N samples read
+    in order (:func:`fastread.index.epoch_indices`), like DALI's
+    ``initial_fill``: cheaper for formats of many shards, less random.
 
     ``workers`` native threads (each with its own engine context) read up to
     ``prefetch`` batches ahead, delivered in order. By default a
@@ -58,7 +61,8 @@ class Reader:
                  file_filters=None, image=None, index=None, source=None, batch_size=64,
                  shard_id=0, num_shards=1, random_shuffle=False, seed=0, pad_last_batch=False,
                  drop_last=False, stick_to_shard=True, prefetch=None, workers=None,
-                 engine="auto", ring_depth=None, device="cpu", options=None, **engine_options):
+                 engine="auto", ring_depth=None, device="cpu", options=None, shuffle_buffer=0,
+                 **engine_options):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if pad_last_batch and drop_last:
@@ -82,6 +86,10 @@ class Reader:
         self.batch_size = batch_size
         self.shard_id, self.num_shards = shard_id, num_shards
         self.random_shuffle, self.seed = bool(random_shuffle), seed
+        if not isinstance(shuffle_buffer, int) or isinstance(shuffle_buffer, bool) or \
+                shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be an integer >= 0, got {shuffle_buffer!r}")
+        self.shuffle_buffer = shuffle_buffer
         self.pad_last_batch, self.drop_last = bool(pad_last_batch), bool(drop_last)
         self.stick_to_shard = bool(stick_to_shard)
         self.ring_depth = ring_depth
@@ -116,7 +124,7 @@ class Reader:
         return epoch_indices(len(self.paths), shard_id=shard, num_shards=self.num_shards,
                              shuffle=self.random_shuffle, seed=self.seed, epoch=epoch,
                              pad_last_batch=self.pad_last_batch, batch_size=self.batch_size,
-                             drop_last=self.drop_last)
+                             drop_last=self.drop_last, shuffle_buffer=self.shuffle_buffer)
 
     def __len__(self):
         """Batches in one epoch of this shard."""

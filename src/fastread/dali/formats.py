@@ -259,7 +259,8 @@ def _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs):
         return "last_batch_policy is for epoch_end='stop'"
     if engine in GPU_ENGINES or engine in RANGE_ONLY:
         return f"engine={engine!r}: the operator reads shards into host memory"
-    other = sorted(set(kwargs) - _WDS_NATIVE_OPTIONS - _DALI_ONLY_ARGS - {"pin_memory"})
+    other = sorted(set(kwargs) - _WDS_NATIVE_OPTIONS - _DALI_ONLY_ARGS -
+                   {"pin_memory", "shuffle_buffer"})
     if other:
         return "the operator does not take " + ", ".join(other)
     return None
@@ -305,6 +306,8 @@ def _native_webdataset(source, *, shard_id, num_shards, random_shuffle, seed, pa
                          f"cannot make {num_shards} shards")
     engine = resolve_engine(engine)
     op_args = operator_args(kwargs, _WDS_NATIVE_OPTIONS, name)
+    if kwargs.get("shuffle_buffer"):  # webdataset(initial_fill=N, random_shuffle=True)
+        op_args["initial_fill"] = kwargs["shuffle_buffer"]
     # As readers.file's operator: page-locked buffers in a pipeline with a
     # GPU, so DALI's copies to it (the mixed decoder) are DMA.
     op_args.update(pin_args(kwargs, pipe.device_id))
@@ -329,7 +332,8 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
                case_sensitive_extensions=True, dtypes=None, shard_id=0, num_shards=1,
                random_shuffle=False, seed=-1, pad_last_batch=False, stick_to_shard=False,
                prefetch_queue_depth=1, name=None, last_batch_policy=None, engine="auto",
-               cache_dir=None, cache_bytes=None, epoch_end="roll", native=None, **kwargs):
+               cache_dir=None, cache_bytes=None, epoch_end="roll", native=None,
+               initial_fill=None, **kwargs):
     """``fn.readers.webdataset`` read by fastread: one uint8 output per
     ``ext`` entry (``"jpg;jpeg"``: alternatives), samples grouped by key as
     DALI's reader groups them (see :mod:`fastread.formats.webdataset`,
@@ -341,9 +345,13 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
     headers parsed once; ``index_paths`` are not needed and ignored);
     ``.tar.gz`` shards are decompressed once into ``cache_dir`` (bounded
     by ``cache_bytes``, as :class:`fastread.formats.WebDataset`). Shuffling
-    draws one permutation of all samples of all shards per epoch (DALI's
-    reader shuffles within a buffer of samples read in order). ``dtypes``
-    other than uint8 are not supported.
+    draws one permutation of all samples of all shards per epoch, unless
+    ``initial_fill=N`` is given: then, as DALI's reader does, the samples
+    go in shard order through a shuffle buffer of N (``fr_buffer_shuffle``;
+    DALI's default is 1024). The global permutation mixes better; the buffer
+    reads each batch from a few neighbouring shards, which is faster when
+    there are many small shards (a global shuffle reads nearly every sample
+    from another shard). ``dtypes`` other than uint8 are not supported.
 
     ``native``: None (fastread's native DALI operator,
     ``fn.fastread.readers.webdataset``, where its plugin loads and it serves
@@ -369,6 +377,11 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
         given = dtypes if isinstance(dtypes, (list, tuple)) else [dtypes]
         if any(d not in (types.UINT8, "uint8") for d in given):
             raise ValueError("fastread.dali.formats.webdataset delivers uint8 components only")
+    if initial_fill is not None:
+        if not isinstance(initial_fill, int) or isinstance(initial_fill, bool) or initial_fill < 1:
+            raise ValueError(f"initial_fill must be an integer >= 1, got {initial_fill!r}")
+        if random_shuffle:  # without it DALI ignores initial_fill too
+            kwargs["shuffle_buffer"] = initial_fill
     use_native = _wds_use_native(native, epoch_end, last_batch_policy, engine, kwargs)
     source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
                         case_sensitive_extensions=case_sensitive_extensions, cache_dir=cache_dir,
