@@ -293,13 +293,13 @@ formats)
         cifar)
             python3 -m fastread.cli make-dataset "$cifar" --format cifar10 --quiet
             bench cifar-bs256-warm "$cifar" --device gpu --threads 8 --batchsize 256 --cache warm --epochs 2 \
-                --repeat 3 --modes cifar-dali-numpy,cifar-fastread-io_uring,cifar-fastread-ranges,cifar-fastread-torch
+                --repeat 3 --modes cifar-dali-numpy,cifar-fastread-io_uring,cifar-fastread-ranges,cifar-fastread-torch,cifar-fastread-torch-ranges
             # The per-sample Python baselines run at a few thousand img/s: whole
             # epochs of them did not end inside a call (H100, 420 s), so they are
             # timed over 60 batches (15,360 images) after 5 untimed ones.
             bench cifar-bs256-warm-python "$cifar" --device gpu --threads 8 --batchsize 256 --cache warm \
                 --batches 60 --warmup 5 --warmup-runs 0 --repeat 3 \
-                --modes cifar-fastread-io_uring,cifar-torchvision,cifar-torch-python
+                --modes cifar-fastread-torch,cifar-fastread-io_uring,cifar-torchvision,cifar-torch-python
             ;;
         wds)
             python3 -m fastread.cli make-dataset "$wds" --format webdataset --quiet

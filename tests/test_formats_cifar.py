@@ -434,6 +434,87 @@ def test_torch_loader_and_resume(cifar):
     assert abs(float(images.mean())) < 3
 
 
+LOADER_CASES = [dict(), dict(random_shuffle=True, seed=3),
+                dict(random_shuffle=True, seed=3, num_shards=2, shard_id=1, drop_last=True),
+                dict(augment=True, random_shuffle=True, seed=5), dict(normalize=True)]
+
+
+@pytest.mark.parametrize("kw", LOADER_CASES, ids=lambda kw: ",".join(kw) or "plain")
+def test_in_memory_loader_equals_the_range_reads(cifar, kw):
+    """in_memory=True (the records read once into one tensor, batches
+    gathered from it) delivers what reading every batch does: the same
+    order, shards, labels and, from the same draws, augmentation; over two
+    epochs and a resume mid-epoch."""
+    torch = pytest.importorskip("torch")
+    from fastread.formats.torch import Cifar10Loader
+
+    def epochs(in_memory, resume_after=None):
+        loader = Cifar10Loader(cifar, batch_size=48, in_memory=in_memory, **kw)
+        out = []
+        for _ in range(2):
+            it = iter(loader)
+            for k, batch in enumerate(it):
+                out.append(batch)
+                if resume_after is not None and k + 1 == resume_after:
+                    state = loader.state_dict()
+                    loader = Cifar10Loader(cifar, batch_size=48, in_memory=in_memory, **kw)
+                    loader.load_state_dict(state)
+                    out.extend(loader)
+                    break
+        loader.close()
+        return out
+
+    ranges, memory = epochs(False), epochs(True)
+    assert len(ranges) == len(memory) > 2
+    for (a, la), (b, lb) in zip(ranges, memory):
+        assert a.dtype == b.dtype and torch.equal(a, b) and torch.equal(la, lb)
+    if not kw.get("augment"):  # augmentation draws restart with a new loader
+        resumed = epochs(True, resume_after=2)
+        assert all(torch.equal(a, b) and torch.equal(la, lb)
+                   for (a, la), (b, lb) in zip(memory, resumed))
+
+
+def _is_crop_or_flip(out, image, pad=4):
+    """Whether `out` (3, 32, 32, un-normalized) is a window of `image`
+    (3, 32, 32) zero-padded by `pad`, or its mirror."""
+    import torch
+    padded = torch.nn.functional.pad(image.float(), (pad, pad, pad, pad))
+    return any(torch.equal(out, padded[:, y:y + 32, x:x + 32]) or
+               torch.equal(out, padded[:, y:y + 32, x:x + 32].flip(-1))
+               for y in range(2 * pad + 1) for x in range(2 * pad + 1))
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_cuda_loader_delivers_the_records(cifar, in_memory):
+    """device='cuda': the batches the CPU loader gives (uint8, same order
+    and labels), and augmented batches that are crops or mirrors of their
+    images, epoch after epoch (the range path's arenas are reused behind
+    its copies)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from fastread.formats.torch import CIFAR10_MEAN, CIFAR10_STD, Cifar10Loader
+
+    kw = dict(batch_size=40, random_shuffle=True, seed=11, in_memory=in_memory)
+    cpu = [b for _ in range(3) for b in Cifar10Loader(cifar, **kw)]
+    gpu_loader = Cifar10Loader(cifar, device="cuda", **kw)
+    gpu = [(i.cpu(), lab.cpu()) for _ in range(3) for i, lab in gpu_loader]
+    assert len(cpu) == len(gpu)
+    for (a, la), (b, lb) in zip(cpu, gpu):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    aug = Cifar10Loader(cifar, device="cuda", augment=True, **kw)
+    mean = torch.tensor(CIFAR10_MEAN).view(3, 1, 1) * 255
+    std = torch.tensor(CIFAR10_STD).view(3, 1, 1) * 255
+    for epoch in range(2):
+        for k, (images, labels) in enumerate(aug):
+            assert images.is_cuda and images.dtype == torch.float32
+            source, source_labels = cpu[epoch * len(aug) + k]
+            assert torch.equal(labels.cpu(), source_labels)
+            raw = (images.cpu() * std + mean).round()
+            for i in range(0, len(raw), 7):
+                assert _is_crop_or_flip(raw[i], source[i].permute(2, 0, 1))
+
+
 def test_augment_batch_crop_and_flip():
     torch = pytest.importorskip("torch")
     from fastread.formats.torch import augment_batch

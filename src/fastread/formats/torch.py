@@ -34,27 +34,62 @@ def augment_batch(images, generator=None, pad=4, mean=CIFAR10_MEAN, std=CIFAR10_
     """The usual CIFAR training transform on a whole batch at once, on the
     batch's device: ``images`` uint8 NHWC -> random ``pad``-pixel crop
     (zero padding), random horizontal flip, float32 NCHW normalized by
-    ``mean`` / ``std`` (fractions of 255). Crop and flip are one
-    ``torch.gather`` of precomputed pixel indices (no per-image loop)."""
+    ``mean`` / ``std`` (fractions of 255). The random draws come from
+    ``generator`` on its own device (None: the default generator of the
+    images' device); crop and flip are one ``torch.gather`` of pixel indices
+    built on the images' device (no per-image loop)."""
+    return _augment_chw(images.permute(0, 3, 1, 2), generator, pad, mean, std)
+
+
+def _augment_chw(x, generator, pad=4, mean=CIFAR10_MEAN, std=CIFAR10_STD):
+    """augment_batch on a uint8 NCHW batch (a view will do)."""
     import torch
 
-    n, h, w, c = images.shape
-    dev = images.device
-    x = images.permute(0, 3, 1, 2)
+    n, c, h, w = x.shape
+    dev = x.device
+    gen_dev = generator.device if generator is not None else dev
+    # Three small draws per batch; on a CUDA generator they never leave the
+    # GPU (the index that used to be built on the CPU was n*h*w int64, 2 MB
+    # for 256 images, copied to the GPU every batch).
+    oy = torch.randint(0, 2 * pad + 1, (n,), generator=generator, device=gen_dev).to(dev)
+    ox = torch.randint(0, 2 * pad + 1, (n,), generator=generator, device=gen_dev).to(dev)
+    flip = (torch.rand(n, generator=generator, device=gen_dev) < 0.5).to(dev)
     if pad:
         x = torch.nn.functional.pad(x, (pad, pad, pad, pad))
     ph, pw = h + 2 * pad, w + 2 * pad
-    oy = torch.randint(0, 2 * pad + 1, (n, 1, 1), generator=generator)
-    ox = torch.randint(0, 2 * pad + 1, (n, 1, 1), generator=generator)
-    flip = torch.rand(n, generator=generator) < 0.5
-    cols = torch.arange(w).expand(n, w).clone()
-    cols[flip] = cols[flip].flip(-1)
-    index = ((oy + torch.arange(h)[None, :, None]) * pw + ox + cols[:, None, :]).reshape(n, 1, h * w)
-    x = torch.gather(x.reshape(n, c, ph * pw), 2, index.to(dev).expand(n, c, h * w))
-    scale = 1.0 / (torch.tensor(std, device=dev) * 255)
-    shift = torch.tensor(mean, device=dev) * 255 * scale
-    out = x.reshape(n, c, h, w).float()
-    return out.mul_(scale.view(1, c, 1, 1)).sub_(shift.view(1, c, 1, 1))
+    across = torch.arange(w, device=dev)
+    cols = ox[:, None] + torch.where(flip[:, None], (w - 1) - across, across)  # (n, w)
+    rows = oy[:, None] + torch.arange(h, device=dev)  # (n, h)
+    index = (rows[:, :, None] * pw + cols[:, None, :]).reshape(n, 1, h * w)
+    out = torch.gather(x.reshape(n, c, ph * pw), 2, index.expand(n, c, h * w))
+    scale, shift = _affine(mean, std, dev)
+    return out.reshape(n, c, h, w).float().mul_(scale).sub_(shift)
+
+
+_AFFINE = {}
+
+
+def _affine(mean, std, device):
+    """(scale, shift) with x * scale - shift == (x - 255 mean) / (255 std),
+    shaped (1, 3, 1, 1), made once per device: a tensor built from a list on
+    a CUDA device is a synchronous copy, which every batch used to pay."""
+    import torch
+
+    key = (tuple(mean), tuple(std), str(device))
+    got = _AFFINE.get(key)
+    if got is None:
+        m = torch.tensor(mean, dtype=torch.float32)
+        sd = torch.tensor(std, dtype=torch.float32)
+        scale = 1.0 / (sd * 255)
+        shift = m * 255 * scale
+        got = _AFFINE[key] = (scale.view(1, -1, 1, 1).to(device), shift.view(1, -1, 1, 1).to(device))
+    return got
+
+
+def _normalize(images, mean=CIFAR10_MEAN, std=CIFAR10_STD):
+    """uint8 NHWC -> float32 NCHW, normalized (no random parts)."""
+    scale, shift = _affine(mean, std, images.device)
+    return images.permute(0, 3, 1, 2).float().mul_(scale).sub_(shift)
 
 
 class Cifar10Loader:
@@ -62,17 +97,28 @@ class Cifar10Loader:
     uint8 NHWC ``(N, 32, 32, 3)`` (``augment=False``), or float32 NCHW after
     a random crop (4-pixel padding), a random flip and normalization
     (``augment=True``; ``normalize=True`` normalizes without the random
-    parts); ``labels`` int64. ``device="cuda"`` copies each batch to the GPU
-    (pinned host arenas, non-blocking) before the transform.
+    parts); ``labels`` int64.
+
+    ``in_memory=True`` (default, as torchvision's ``CIFAR10`` and
+    ``fastread.dali.formats.cifar10``): the split's records are read once,
+    natively (range reads of the batch files), into one uint8 tensor on the
+    loader's device (150 MB for the train set; on ``device="cuda"`` GPU
+    memory); each batch is then a gather of its rows and the augmentation,
+    all on that device, with no per-batch host work but launching them.
+    ``in_memory=False`` reads every batch as byte ranges of the files
+    (:class:`fastread.Reader`) and copies it to the device (page-locked
+    arenas, non-blocking).
 
     Reads ``root`` as :class:`fastread.formats.Cifar10` does (binary or
     pickle layout); shuffles, shards and epochs are those of
-    :class:`fastread.Reader`.
+    :class:`fastread.Reader` (``fastread.index.epoch_indices``, the same
+    order either way), and so are the augmentation draws for a given seed
+    and epoch on one device.
     """
 
     def __init__(self, root, batch_size=256, *, train=True, device="cpu", augment=False,
                  normalize=False, shard_id=None, num_shards=None, random_shuffle=False, seed=0,
-                 drop_last=False, device_id=None, engine="auto", **engine_options):
+                 drop_last=False, device_id=None, engine="auto", in_memory=True, **engine_options):
         import torch
 
         if device not in ("cpu", "cuda"):
@@ -87,17 +133,25 @@ class Cifar10Loader:
             if not torch.cuda.is_available():
                 raise RuntimeError("Cifar10Loader(device='cuda'): no usable CUDA device; use "
                                    "device='cpu'")
-            engine_options.setdefault("pin_memory", True)
-            engine_options.setdefault("device_id", device_id)
+            if not in_memory:
+                engine_options.setdefault("pin_memory", True)
+                engine_options.setdefault("device_id", device_id)
         self.device = "cpu" if device == "cpu" else f"cuda:{device_id}"
         self.augment, self.normalize = bool(augment), bool(normalize)
+        self.in_memory = bool(in_memory)
         self.batch_size = batch_size
         self.seed = seed
         self.source = Cifar10(root, train=train)
+        # The Reader checks the arguments and gives the epochs' order in both
+        # modes; in memory it reads the records once (below) and no batch.
         self.reader = Reader(source=self.source, batch_size=batch_size, shard_id=shard_id,
                              num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
                              drop_last=drop_last, stick_to_shard=True, engine=engine,
                              ring_depth=2, **engine_options)
+        self._images = self._labels = None
+        if self.in_memory:
+            self._images, self._labels = _load_records(self.source, engine, engine_options,
+                                                       self.device)
         self.epoch = 0
         self._start_batch = 0
         self._delivered = 0
@@ -126,43 +180,76 @@ class Cifar10Loader:
         self.epoch = int(state["epoch"])
         self._start_batch = int(state["batches_delivered"])
 
-    def __iter__(self):
+    def _generator(self):
+        """The augmentation draws of this epoch, on the loader's device (a
+        CUDA generator keeps them on the GPU)."""
         import torch
 
-        self.reader.set_epoch(self.epoch, start_batch=self._start_batch)
-        self._delivered, self._start_batch = self._start_batch, 0
-        gen = torch.Generator().manual_seed(hash((self.seed, self.epoch)) & 0x7FFFFFFF)
+        gen = torch.Generator(device=self.device)
+        return gen.manual_seed(hash((self.seed, self.epoch)) & 0x7FFFFFFF)
+
+    def _finish(self, chw, gen):
+        """A uint8 NCHW batch on the device -> what the loader delivers."""
+        if self.augment:
+            return _augment_chw(chw, gen)
+        if self.normalize:
+            return _normalize(chw.permute(0, 2, 3, 1))
+        return chw.permute(0, 2, 3, 1).contiguous()
+
+    def __iter__(self):
+        start, self._start_batch = self._start_batch, 0
+        self._delivered = start
+        gen = self._generator() if self.augment else None
+        batches = self._in_memory_batches(start) if self.in_memory else self._read_batches(start)
+        for chw, labels in batches:
+            self._delivered += 1
+            yield self._finish(chw, gen), labels
+        self.epoch += 1
+        self._delivered = 0
+
+    def _in_memory_batches(self, start):
+        import torch
+
+        order = self.reader._epoch_order(self.epoch)  # drop_last applied
+        # One small upload an epoch; each batch is then two gathers on the device.
+        order = torch.from_numpy(np.ascontiguousarray(order)).to(self.device)
+        for k in range(start, -(-len(order) // self.batch_size)):
+            idx = order[k * self.batch_size:(k + 1) * self.batch_size]
+            yield self._images.index_select(0, idx), self._labels.index_select(0, idx)
+
+    def _read_batches(self, start):
+        import torch
+
+        self.reader.set_epoch(self.epoch, start_batch=start)
         for arrays, labels in self.reader:
-            if self.augment or self.normalize:
-                # NCHW is what the transform makes: the records' own CHW planes
-                # skip a transpose each way.
-                images = torch.from_numpy(to_chw(arrays)).permute(0, 2, 3, 1)
-            else:
-                images = torch.from_numpy(to_hwc(arrays))
+            # The records' own CHW planes: one gather on the host.
+            images = torch.from_numpy(to_chw(arrays))
             labels = torch.from_numpy(labels.astype(np.int64))
             if self.device != "cpu":
                 images = images.pin_memory().to(self.device, non_blocking=True)
                 labels = labels.pin_memory().to(self.device, non_blocking=True)
-            if self.augment:
-                images = augment_batch(images, gen)
-            elif self.normalize:
-                images = _normalize(images)
-            self._delivered += 1
             yield images, labels
-        self.epoch += 1
-        self._delivered = 0
 
     def close(self):
         self.reader.close()
+        self._images = self._labels = None
 
 
-def _normalize(images, mean=CIFAR10_MEAN, std=CIFAR10_STD):
+def _load_records(source, engine, engine_options, device):
+    """Every record of ``source`` (a Cifar10) as (uint8 (N, 3, 32, 32),
+    int64 (N,)) tensors on ``device``: native range reads in large batches,
+    gathered into one array, then one copy to the device."""
     import torch
 
-    x = images.permute(0, 3, 1, 2).float()
-    m = torch.tensor(mean, device=x.device).view(1, 3, 1, 1) * 255
-    s = torch.tensor(std, device=x.device).view(1, 3, 1, 1) * 255
-    return (x - m) / s
+    n = len(source)
+    images = np.empty((n, 3, 32, 32), np.uint8)
+    step = 4096
+    opts = {k: v for k, v in engine_options.items() if k not in ("pin_memory", "device_id")}
+    with Reader(source=source, batch_size=step, engine=engine, ring_depth=1, **opts) as reader:
+        for k, (arrays, _labels) in enumerate(reader):
+            to_chw(arrays, out=images[k * step:k * step + len(arrays)])
+    labels = torch.from_numpy(np.asarray(source.labels, np.int64))
+    return torch.from_numpy(images).to(device), labels.to(device)
 
 
 class _RecordLoader:

@@ -27,8 +27,12 @@ output.
 ``cifar-fastread-ranges``    ``cifar10(in_memory=False)``: every batch read
                              as byte ranges of the batch files
 ``cifar-fastread-torch``     ``fastread.formats.torch.Cifar10Loader
-                             (augment=True)``: range reads, then the
-                             augmentation on whole batches in torch
+                             (augment=True)``: the records read once
+                             (natively) into a tensor on the device, each
+                             batch a gather and the augmentation on whole
+                             batches in torch, on the GPU with --device gpu
+``cifar-fastread-torch-ranges``  the same with ``in_memory=False``: every
+                             batch read as byte ranges, then copied
 ===========================  ================================================
 
 DATA may also be a directory of WebDataset shards (``*.tar``, ``*.tar.gz``;
@@ -154,8 +158,14 @@ def modes(env):
                engine=auto, check=_check_dali, build=_build_dali_fastread, dali=True,
                params=(("in_memory", False),))
     yield Mode("cifar-fastread-torch", NAME, "cifar10", "Cifar10Loader(augment=True)",
-               "fastread's CIFAR-10 torch loader: range reads, batched torch augmentation",
+               "fastread's CIFAR-10 torch loader: records in memory on the device, batched "
+               "torch augmentation there",
                engine=auto, check=_check_torch, build=_build_fastread_torch, default=BOTH)
+    yield Mode("cifar-fastread-torch-ranges", NAME, "cifar10",
+               "Cifar10Loader(augment=True, in_memory=False)",
+               "fastread's CIFAR-10 torch loader reading every batch as byte ranges",
+               engine=auto, check=_check_torch, build=_build_fastread_torch,
+               params=(("in_memory", False),))
     yield Mode("squirrel-iter", NAME, "squirrel",
                "MessagepackDriver(url).get_iter() -> fn.external_source",
                "squirrel-core's iterator feeding DALI (the tutorial's pipeline): the baseline",
@@ -399,9 +409,11 @@ def _build_torch(mode, cfg):
 def _build_fastread_torch(mode, cfg):
     from fastread.formats.torch import Cifar10Loader
     gpu = cfg.device == "gpu"
+    in_memory = mode.param("in_memory")
     loader = Cifar10Loader(cfg.data_dir, batch_size=cfg.batch_size, augment=True,
                            random_shuffle=True, device="cuda" if gpu else "cpu",
-                           engine=mode.engine, **cfg.engine_options)
+                           engine=mode.engine, in_memory=True if in_memory is None else in_memory,
+                           **cfg.engine_options)
     return _TorchRunner(loader, gpu)
 
 
