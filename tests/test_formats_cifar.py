@@ -496,7 +496,8 @@ def test_cuda_loader_delivers_the_records(cifar, in_memory):
     from fastread.formats.torch import CIFAR10_MEAN, CIFAR10_STD, Cifar10Loader
 
     kw = dict(batch_size=40, random_shuffle=True, seed=11, in_memory=in_memory)
-    cpu = [b for _ in range(3) for b in Cifar10Loader(cifar, **kw)]
+    cpu_loader = Cifar10Loader(cifar, **kw)  # one loader: epochs 0, 1, 2
+    cpu = [b for _ in range(3) for b in cpu_loader]
     gpu_loader = Cifar10Loader(cifar, device="cuda", **kw)
     gpu = [(i.cpu(), lab.cpu()) for _ in range(3) for i, lab in gpu_loader]
     assert len(cpu) == len(gpu)
