@@ -73,8 +73,9 @@ typedef struct fr_config {
 } fr_config;
 
 /* engine="auto"'s rule, measured with bench/engines.py (README, "Choosing an
- * engine"): psync for files of FR_AUTO_MIN_SIZE bytes or more (the batch's
- * mean) that are in the page cache, on a machine with FR_AUTO_MIN_CPUS or
+ * engine"): psync for files of FR_AUTO_MIN_SIZE bytes or more (a running
+ * mean over the context's batches; once on psync, down to 3/4 of it) that
+ * are in the page cache, on a machine with FR_AUTO_MIN_CPUS or
  * more CPUs; io_uring for everything else (small files, cold files,
  * O_DIRECT, ranges, fewer CPUs). On a 16-core H100 machine warm 1 MiB files
  * read 13-20% faster with psync (threads copy in parallel), 92 KiB files
@@ -88,6 +89,7 @@ typedef struct fr_config {
 #define FR_AUTO_MIN_CPUS 8u
 #define FR_AUTO_PROBE_PAGES 4u /* pages of one file sampled for residency */
 #define FR_AUTO_REPROBE 16u    /* batches between two residency samples */
+#define FR_AUTO_SIZE_WEIGHT 8u /* a batch's weight in the running mean size: 1/8 */
 #define FR_AUTO_AS_MANY_CPUS 2 /* fr_config.auto_engine for tests: see there */
 int fr_auto_rule(uint64_t mean_size, int resident, unsigned cpus, int o_direct);
 

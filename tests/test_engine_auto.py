@@ -52,13 +52,40 @@ def test_auto_context_sends_cached_large_files_to_psync_and_small_ones_to_io_uri
     # auto_engine=2: as on a machine with AUTO_MIN_CPUS CPUs, whatever this one has.
     ctx = _core.Context("io_uring", threads=2, auto_engine=2)
     assert ctx.stat("auto_engine") == 1
-    for paths, hints in ((big, None), (big, [os.path.getsize(p) for p in big]), (small, None)):
+    picks = []
+    for paths, hints in [(big, None), (big, [os.path.getsize(p) for p in big])] + \
+            [(small, None)] * 6:
         b = ctx.read(paths, hints) if hints else ctx.read(paths)
         assert not b.failures() and same_bytes(b, paths)
         b.release()
-    assert ctx.stat("auto_psync_batches") == 2
-    assert ctx.stat("auto_uring_batches") == 1
+        picks.append(ctx.stat("auto_last"))
+    # The running mean size falls below 3/4 of the threshold on the third
+    # batch of small files (7/8 of it stays each time) and moves back.
+    assert picks == [1, 1, 1, 1, 0, 0, 0, 0], picks
+    assert ctx.stat("auto_psync_batches") == 4
+    assert ctx.stat("auto_uring_batches") == 4
     assert ctx.stat("psync.threads") == 2  # its psync side has the same threads
+    ctx.close()
+
+
+@needs_uring
+def test_auto_does_not_flip_on_files_of_mixed_sizes(tmp_path):
+    """Batches whose first files alternate around the threshold (the rest
+    of the data set above it) stay on one engine: each switch costs the
+    other pool's polling helpers' time on 16 cores."""
+    lo = write_tree(tmp_path, 1, _core.AUTO_MIN_SIZE // 2, 6)[0]
+    (tmp_path / "hi").mkdir()
+    hi = write_tree(tmp_path / "hi", 4, _core.AUTO_MIN_SIZE * 2, 7)
+    ctx = _core.Context("io_uring", threads=2, auto_engine=2)
+    picks = []
+    for i in range(24):
+        paths = ([lo] if i % 3 == 0 else []) + hi
+        b = ctx.read(paths)
+        assert same_bytes(b, paths)
+        b.release()
+        picks.append(ctx.stat("auto_last"))
+    switches = sum(a != b for a, b in zip(picks, picks[1:]))
+    assert switches <= 1 and picks[-1] == 1, picks
     ctx.close()
 
 

@@ -148,8 +148,9 @@ def _resolve_for_open(engine):
 #: faster at batch 256 (up to 1.2x); on 2 cores io_uring was as fast or
 #: faster in every warm cell. GPU engines and range-only engines are only
 #: used by name; ranges always go to io_uring.
-AUTO_RULE = (f"per batch: psync for files of {_core.AUTO_MIN_SIZE // 1024} KiB or more (the "
-             f"batch's mean) that are in the page cache, on machines with "
+AUTO_RULE = (f"per batch: psync for files of {_core.AUTO_MIN_SIZE // 1024} KiB or more (a "
+             f"running mean over the batches; once on psync, down to 3/4 of that) that are "
+             f"in the page cache, on machines with "
              f"{_core.AUTO_MIN_CPUS} or more CPUs; io_uring for everything else (small or "
              f"uncached files, O_DIRECT, ranges, GPU output, fewer CPUs)")
 
