@@ -67,6 +67,7 @@ struct fr_ctx {
     long auto_batches[2];  /* batches read by io_uring, by psync */
     int last_pick;         /* FR_AUTO_URING or FR_AUTO_PSYNC */
     uint64_t size_est;     /* running mean of the batches' file sizes, 0: none yet */
+    unsigned size_jumps;   /* consecutive batches 4x or more off size_est */
 };
 
 void fr_config_init(fr_config *cfg)
@@ -332,10 +333,18 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
             return ctx->last_pick; /* the read will say what is wrong */
         mean = (uint64_t)st.st_size;
     }
-    ctx->size_est = ctx->size_est == 0
-                        ? (mean ? mean : 1)
-                        : ctx->size_est - ctx->size_est / FR_AUTO_SIZE_WEIGHT +
-                              mean / FR_AUTO_SIZE_WEIGHT;
+    if (mean == 0)
+        mean = 1;
+    /* Two batches in a row 4x or more off the running mean: the context
+     * reads another data set now (a read_files() context is one per thread
+     * and settings), and the mean starts over from this batch instead of
+     * taking ~16 batches to get there; one outlier file does not. */
+    int jump = mean / 4 >= ctx->size_est || ctx->size_est / 4 >= mean;
+    ctx->size_jumps = jump ? ctx->size_jumps + 1 : 0;
+    if (ctx->size_est == 0 || ctx->size_jumps >= 2)
+        ctx->size_est = mean;
+    else
+        ctx->size_est = ctx->size_est - ctx->size_est / FR_AUTO_SIZE_WEIGHT + mean / FR_AUTO_SIZE_WEIGHT;
     /* Hysteresis: psync keeps a mean down to 3/4 of the threshold. */
     uint64_t seen = ctx->last_pick == FR_AUTO_PSYNC ? ctx->size_est / 3 * 4 : ctx->size_est;
     if (fr_auto_rule(seen, 1, ctx->cpus, 0) == FR_AUTO_URING)

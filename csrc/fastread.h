@@ -75,17 +75,18 @@ typedef struct fr_config {
 /* engine="auto"'s rule, measured with bench/engines.py (README, "Choosing an
  * engine"): psync for files of FR_AUTO_MIN_SIZE bytes or more (a running
  * mean over the context's batches; once on psync, down to 3/4 of it) that
- * are in the page cache, on a machine with FR_AUTO_MIN_CPUS or
- * more CPUs; io_uring for everything else (small files, cold files,
- * O_DIRECT, ranges, fewer CPUs). On a 16-core H100 machine warm 1 MiB files
- * read 13-20% faster with psync (threads copy in parallel), 92 KiB files
- * 5-11% faster at batch 256; 4 KiB files 1.9x faster with io_uring, and on
- * a 2-core VM io_uring was as fast or faster at every size (FR_AUTO_MIN_CPUS
- * lies between the two; no machine in between was measured). resident: 1
+ * are in the page cache, on a machine with FR_AUTO_MIN_CPUS or more CPUs;
+ * io_uring for everything else (small files, cold files, O_DIRECT, ranges,
+ * fewer CPUs). On a 16-core H200 machine, warm, io_uring read 4 KiB files
+ * twice as fast as psync and 92 KiB files as fast or faster, psync 1 MiB
+ * files up to 1.4x as fast (its threads copy in parallel) and 256 KiB files
+ * in a Reader 1.02-1.15x (two runs); FR_AUTO_MIN_SIZE lies between 92 and 256 KiB (no
+ * size in between measured). On a 2-core VM io_uring was as fast or faster
+ * at every size (FR_AUTO_MIN_CPUS lies between the two). resident: 1
  * cached, 0 not, -1 unknown (taken as not). */
 #define FR_AUTO_URING 0
 #define FR_AUTO_PSYNC 1
-#define FR_AUTO_MIN_SIZE (64u * 1024u)
+#define FR_AUTO_MIN_SIZE (160u * 1024u)
 #define FR_AUTO_MIN_CPUS 8u
 #define FR_AUTO_PROBE_PAGES 4u /* pages of one file sampled for residency */
 #define FR_AUTO_REPROBE 16u    /* batches between two residency samples */

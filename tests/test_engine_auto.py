@@ -59,11 +59,11 @@ def test_auto_context_sends_cached_large_files_to_psync_and_small_ones_to_io_uri
         assert not b.failures() and same_bytes(b, paths)
         b.release()
         picks.append(ctx.stat("auto_last"))
-    # The running mean size falls below 3/4 of the threshold on the third
-    # batch of small files (7/8 of it stays each time) and moves back.
-    assert picks == [1, 1, 1, 1, 0, 0, 0, 0], picks
-    assert ctx.stat("auto_psync_batches") == 4
-    assert ctx.stat("auto_uring_batches") == 4
+    # Small files 4x or more below the running mean twice in a row: another
+    # data set, and the mean starts over (one such batch is an outlier).
+    assert picks == [1, 1, 1, 0, 0, 0, 0, 0], picks
+    assert ctx.stat("auto_psync_batches") == 3
+    assert ctx.stat("auto_uring_batches") == 5
     assert ctx.stat("psync.threads") == 2  # its psync side has the same threads
     ctx.close()
 
@@ -86,6 +86,23 @@ def test_auto_does_not_flip_on_files_of_mixed_sizes(tmp_path):
         picks.append(ctx.stat("auto_last"))
     switches = sum(a != b for a, b in zip(picks, picks[1:]))
     assert switches <= 1 and picks[-1] == 1, picks
+    ctx.close()
+
+
+@needs_uring
+def test_auto_follows_a_context_onto_another_data_set_within_two_batches(tmp_path):
+    (tmp_path / "tiny").mkdir()
+    big = write_tree(tmp_path, 4, _core.AUTO_MIN_SIZE * 4, 8)
+    tiny = write_tree(tmp_path / "tiny", 4, 2000, 9)
+    ctx = _core.Context("io_uring", threads=2, auto_engine=2)
+    picks = []
+    for paths in [big] * 20 + [tiny] * 3 + [big] * 3:
+        b = ctx.read(paths)
+        assert same_bytes(b, paths)
+        b.release()
+        picks.append(ctx.stat("auto_last"))
+    assert picks[:20] == [1] * 20 and picks[20:23] == [1, 0, 0], picks
+    assert picks[23:] == [0, 1, 1], picks
     ctx.close()
 
 
