@@ -381,7 +381,7 @@ def torchvision_cifar10(root, train=True, transform=None):
 
 def _build_torch(mode, cfg):
     import torch
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, RandomSampler
 
     gpu = cfg.device == "gpu"
     if mode.param("torchvision"):
@@ -391,9 +391,15 @@ def _build_torch(mode, cfg):
             T.Normalize(MEAN, STD)]))
     else:
         dataset = _PerSample(*load_in_memory(cfg.data_dir))
-    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True,
-                        num_workers=os.cpu_count() or 1, pin_memory=gpu,
-                        persistent_workers=True)
+    # One iterator over a stream of epochs (a new permutation each 50,000
+    # samples), never re-created: on the H200 machine (torch 2.11) a
+    # DataLoader with persistent workers and pin_memory hung in the
+    # iterator's reset at the first epoch boundary, and the timed epochs of
+    # this baseline never ended. The workers and their per-sample work are
+    # as in the reference loader; only the epoch boundary is the sampler's.
+    sampler = RandomSampler(dataset, num_samples=len(dataset) * 100_000)
+    loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
+                        num_workers=os.cpu_count() or 1, pin_memory=gpu)
 
     class _ToDevice:
         def __iter__(self):
