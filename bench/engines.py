@@ -424,6 +424,9 @@ def main(argv=None):
         n = args.files or DEFAULT_COUNTS[s]
         sets[s] = paths[:n]
         print(f"set {s}: {len(sets[s])} files from {top}", flush=True)
+        if not sets[s]:
+            sys.exit(f"set {s}: no files under {top}" +
+                     (" (--data-92k: make one with `fastread make-dataset DIR`)" if s == "92k" else ""))
 
     result = {"machine": machine(), "skipped_engines": skipped,
               "config": {"sizes": sizes, "caches": caches, "batches": batches, "engines": engines,
