@@ -144,7 +144,7 @@ def _resolve_for_open(engine):
 #: batch by the C core (fr_auto_rule in csrc/fastread.h). Warm on the H200,
 #: io_uring read 4 KiB files twice as fast as psync and 92 KiB files as fast
 #: or faster; psync read 1 MiB files up to 1.4x as fast (its threads copy out
-#: of the page cache in parallel) and 256 KiB files 1.02-1.15x in a Reader;
+#: of the page cache in parallel) and 256 KiB files 1.01-1.15x in a Reader;
 #: cold, io_uring was as fast or faster at batch 256 (H100, up to 1.2x); on 2
 #: cores io_uring was as fast or faster in every warm cell. GPU engines and
 #: range-only engines are only used by name; ranges always go to io_uring.
