@@ -80,10 +80,10 @@ typedef struct fr_config {
  * fewer CPUs). On a 16-core H200 machine, warm, io_uring read 4 KiB files
  * twice as fast as psync and 92 KiB files as fast or faster, psync 1 MiB
  * files up to 1.4x as fast (its threads copy in parallel) and 256 KiB files
- * in a Reader 1.01-1.15x (three runs); FR_AUTO_MIN_SIZE lies between 92 and 256 KiB (no
- * size in between measured). On a 2-core VM io_uring was as fast or faster
- * at every size (FR_AUTO_MIN_CPUS lies between the two). resident: 1
- * cached, 0 not, -1 unknown (taken as not). */
+ * in a Reader 1.01-1.15x (three runs); FR_AUTO_MIN_SIZE lies between 92 and
+ * 256 KiB (no size in between measured). On a 2-core VM io_uring was as
+ * fast or faster at every size (FR_AUTO_MIN_CPUS lies between the two).
+ * resident: 1 cached, 0 not, -1 unknown (taken as not). */
 #define FR_AUTO_URING 0
 #define FR_AUTO_PSYNC 1
 #define FR_AUTO_MIN_SIZE (160u * 1024u)
