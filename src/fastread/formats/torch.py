@@ -21,6 +21,7 @@ import numpy as np
 
 from fastread._defaults import env_int
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
+from fastread.formats.memory import InMemory
 from fastread.reader import Reader
 
 __all__ = ["Cifar10Loader", "WebDatasetLoader", "SquirrelLoader", "CIFAR10_MEAN", "CIFAR10_STD",
@@ -237,19 +238,15 @@ class Cifar10Loader:
 
 def _load_records(source, engine, engine_options, device):
     """Every record of ``source`` (a Cifar10) as (uint8 (N, 3, 32, 32),
-    int64 (N,)) tensors on ``device``: native range reads in large batches,
-    gathered into one array, then one copy to the device."""
+    int64 (N,)) tensors on ``device``: read once by
+    :class:`fastread.formats.memory.InMemory` (native range reads in large
+    batches), then one copy to the device."""
     import torch
 
-    n = len(source)
-    images = np.empty((n, 3, 32, 32), np.uint8)
-    step = 4096
     opts = {k: v for k, v in engine_options.items() if k not in ("pin_memory", "device_id")}
-    with Reader(source=source, batch_size=step, engine=engine, ring_depth=1, **opts) as reader:
-        for k, (arrays, _labels) in enumerate(reader):
-            to_chw(arrays, out=images[k * step:k * step + len(arrays)])
-    labels = torch.from_numpy(np.asarray(source.labels, np.int64))
-    return torch.from_numpy(images).to(device), labels.to(device)
+    held = InMemory(source, to_chw, engine=engine, **opts)
+    labels = torch.from_numpy(np.asarray(held.labels, np.int64))
+    return torch.from_numpy(held.data).to(device), labels.to(device)
 
 
 class _RecordLoader:
