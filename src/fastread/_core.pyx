@@ -13,6 +13,7 @@ from cpython.pycapsule cimport (PyCapsule_Destructor, PyCapsule_GetPointer, PyCa
                                PyCapsule_New)
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport Py_INCREF
+from libc.errno cimport ENOMEM
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memchr
@@ -61,7 +62,7 @@ def buffer_shuffle(uint64_t seed, uint64_t epoch, items, Py_ssize_t fill):
     cdef int rc
     with nogil:
         rc = fr_buffer_shuffle(seed, epoch, p, n, <size_t>fill)
-    if rc == -12:
+    if rc == -ENOMEM:
         raise MemoryError()
     return out
 
