@@ -114,7 +114,8 @@ def engine_spec(spec):
 #: Context counters read around a read_files() cell (fr_ctx_stat): who served
 #: the calls (threadpool.h) and, for auto, which engine read the batches.
 POOL_STATS = ("pool_phases", "pool_joins", "pool_skips", "pool_alone", "pool_sleeps",
-              "pool_wake_ns", "pool_preempted", "auto_uring_batches", "auto_psync_batches")
+              "pool_wake_ns", "pool_preempted", "auto_uring_batches", "auto_psync_batches",
+              "file_calls", "file_call_ns")
 
 
 def read_files_context(engine, opts, batch):
@@ -151,6 +152,9 @@ def pool_summary(before, after):
         out[side + "slept_share"] = d.get(side + "pool_sleeps", 0) / max(1, joins + d.get(
             side + "pool_skips", 0))
         out[side + "wake_us"] = d.get(side + "pool_wake_ns", 0) / max(1, joins) / 1000
+    if d.get("file_calls", 0) > 0:  # time inside the native call, per call
+        out["calls"] = d["file_calls"]
+        out["native_us"] = d["file_call_ns"] / d["file_calls"] / 1000
     for k in ("auto_uring_batches", "auto_psync_batches"):
         if k in d:
             out[k] = d[k]
@@ -170,7 +174,10 @@ def run_read_files(paths, batch, spec, opts):
         nbytes += sum(a.nbytes for a in arrays)
         del arrays
     dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-    return dt, cpu, nbytes, pool_summary(before, context_stats(ctx))
+    pool = pool_summary(before, context_stats(ctx))
+    if pool.get("calls"):  # against the whole call as Python sees it
+        pool["call_us"] = dt / pool["calls"] * 1e6
+    return dt, cpu, nbytes, pool
 
 
 def run_reader(paths, batch, spec, opts, cold, evict):
@@ -340,7 +347,9 @@ def derived_lines(result):
         if "of_reader" in c:
             p = c.get("pool", {})
             pool = (f"  [{p['helpers_per_phase']:.1f} helpers/phase, "
-                    f"{100 * p['alone_share']:.0f}% alone, wake {p['wake_us']:.0f} us]"
+                    f"{100 * p['alone_share']:.0f}% alone, wake {p['wake_us']:.0f} us"
+                    + (f", native {p['native_us']:.0f} of {p['call_us']:.0f} us a call"
+                       if "call_us" in p else "") + "]"
                     if "helpers_per_phase" in p else "")
             out.append(f"read_files/Reader {c['size']:>4} {c['cache']:4} b{c['batch']:<3} "
                        f"{c['engine']:10}: {c['of_reader']:.2f}"
@@ -478,6 +487,8 @@ def main(argv=None):
             if "helpers_per_phase" in pool:
                 extra = (f"  pool: {pool['helpers_per_phase']:.1f} helpers/phase, "
                          f"{100 * pool['alone_share']:.0f}% alone, wake {pool['wake_us']:.0f} us")
+            if "call_us" in pool:
+                extra += f", native {pool['native_us']:.0f} of {pool['call_us']:.0f} us a call"
             print(f"round {rnd} {s:>4} {c:4} b{b:<3} {e:10} {a:10} "
                   f"{len(paths) / dt:10,.0f} files/s  {nbytes / dt / 1e6:8.0f} MB/s  "
                   f"{cpu / len(paths) * 1e6:6.1f} us cpu/file{extra}", flush=True)

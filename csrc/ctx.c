@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -68,6 +69,12 @@ struct fr_ctx {
     int last_pick;         /* FR_AUTO_URING or FR_AUTO_PSYNC */
     uint64_t size_est;     /* running mean of the batches' file sizes, 0: none yet */
     unsigned size_jumps;   /* consecutive batches 4x or more off size_est */
+
+    /* fr_read_files calls and the wall time spent in them (the engine's
+     * read, the auto pick, any GPU hand-off): against the caller's own
+     * clock, what a binding costs around the native call. */
+    long file_calls;
+    long file_call_ns;
 };
 
 void fr_config_init(fr_config *cfg)
@@ -356,11 +363,9 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
     return fr_auto_rule(seen, ctx->resident, ctx->cpus, 0);
 }
 
-int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
-                  fr_batch *batch)
+static int read_files_untimed(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints,
+                              size_t n, fr_batch *batch)
 {
-    if (ctx->pid != getpid())
-        return -ECHILD; /* opened by the parent process: see struct fr_ctx */
     int rc = begin_batch(batch, n);
     if (rc <= 0)
         return rc;
@@ -383,6 +388,25 @@ int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hin
                      ctx->engine->read_files(ctx->state, paths, size_hints, n, batch));
 }
 
+static long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* cannot fail for this clock */
+    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
+                  fr_batch *batch)
+{
+    if (ctx->pid != getpid())
+        return -ECHILD; /* opened by the parent process: see struct fr_ctx */
+    long t0 = now_ns();
+    int rc = read_files_untimed(ctx, paths, size_hints, n, batch);
+    ctx->file_call_ns += now_ns() - t0;
+    ctx->file_calls++;
+    return rc;
+}
+
 int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t n,
                    fr_batch *batch)
 {
@@ -400,6 +424,10 @@ long fr_ctx_stat(const fr_ctx *ctx, const char *key)
 {
     if (strcmp(key, "auto_engine") == 0)
         return ctx->auto_engine;
+    if (strcmp(key, "file_calls") == 0)
+        return ctx->file_calls;
+    if (strcmp(key, "file_call_ns") == 0)
+        return ctx->file_call_ns;
     if (strcmp(key, "auto_uring_batches") == 0)
         return ctx->auto_batches[FR_AUTO_URING];
     if (strcmp(key, "auto_psync_batches") == 0)

@@ -259,7 +259,8 @@ int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t
                    fr_batch *batch);
 
 /* Facts about the context, for diagnostics: "fixed_files", "fixed_buffers",
- * "queue_depth", "threads", "o_direct"; psync and io_uring also their
+ * "queue_depth", "threads", "o_direct"; "file_calls" and "file_call_ns"
+ * (fr_read_files calls and the wall time inside them); psync and io_uring also their
  * helper pool's counters ("pool_phases", "pool_joins", "pool_skips",
  * "pool_alone", "pool_sleeps", "pool_wake_ns", "pool_spin_ns": see
  * threadpool.h). Returns -1 for an unknown key. */

@@ -183,6 +183,21 @@ def test_path_types_read_the_same_file(tmp_path):
     assert [a.tobytes() for a in arrays] == [b"payload"] * 3
 
 
+def test_context_counts_calls_and_their_time(edge_tree):
+    """fr_ctx_stat's file_calls / file_call_ns: one call each read_files(),
+    its wall time inside the native call (what bench/engines.py sets against
+    the whole call as Python sees it)."""
+    from fastread.files import _context
+    _, content = edge_tree
+    paths = sorted(content)
+    ctx = _context("psync", None, {"queue_depth": 4}, len(paths))
+    calls, ns = ctx.stat("file_calls"), ctx.stat("file_call_ns")
+    for _ in range(3):
+        fastread.read_files(paths, engine="psync", queue_depth=4)
+    assert ctx.stat("file_calls") == calls + 3
+    assert ctx.stat("file_call_ns") > ns
+
+
 def test_path_of_wrong_type_is_a_type_error():
     with pytest.raises(TypeError):
         fastread.read_files([3])
