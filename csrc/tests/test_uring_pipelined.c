@@ -1,5 +1,6 @@
-/* io_uring, sizes unknown, batch not dense (ring_pipelined): files read as
- * they are sized into room reserved from the last call's mean size. Checks
+/* io_uring, sizes unknown, batch not dense (ring_direct, or ring_pipelined
+ * with ordinary descriptors): files read as they are sized into room
+ * reserved from the last call's mean size. Checks
  * exact bytes when that guess is wrong both ways (files much larger than the
  * last call's, so most are read after the phase; much smaller), with failed
  * samples mixed in, across windows, with O_DIRECT, with no reserved room at
@@ -22,11 +23,12 @@ static char *small_paths[NFILES];
 #define NLARGE 8
 static char *large_paths[NLARGE]; /* over PIPELINE_MAX_SLOT (512 KiB) */
 
-static fr_ctx *open_uring(int o_direct, const char *engine_args)
+static fr_ctx *open_uring_files(int o_direct, const char *engine_args, int register_files)
 {
     fr_config cfg;
     fr_config_init(&cfg);
     cfg.engine = "io_uring";
+    cfg.register_files = register_files;
     cfg.threads = 2;
     cfg.queue_depth = 8; /* fewer than a window: rings refill as files finish */
     cfg.o_direct = o_direct;
@@ -38,6 +40,11 @@ static fr_ctx *open_uring(int o_direct, const char *engine_args)
         return NULL;
     }
     return ctx;
+}
+
+static fr_ctx *open_uring(int o_direct, const char *engine_args)
+{
+    return open_uring_files(o_direct, engine_args, 1);
 }
 
 /* Reads `n` paths into a fresh batch (dense or not) and checks every sample:
@@ -75,9 +82,12 @@ static void read_and_check(fr_ctx *ctx, fr_pool *pool, char **list, size_t n, in
     fr_batch_recycle(b);
 }
 
-static void check(int o_direct)
+/* direct: 1 for the default where the rings have direct descriptors
+ * (ring_direct), 0 for ordinary ones (unsized=fds, or no registered files:
+ * ring_pipelined); every window must have gone that way. */
+static void check(int o_direct, const char *engine_args, int register_files, int direct)
 {
-    fr_ctx *ctx = open_uring(o_direct, NULL);
+    fr_ctx *ctx = open_uring_files(o_direct, engine_args, register_files);
     if (!ctx) {
         fr_test_failures++;
         return;
@@ -107,6 +117,7 @@ static void check(int o_direct)
     long windows = fr_ctx_stat(ctx, "pipelined_windows");
     read_and_check(ctx, pool, paths, NFILES, 1, "dense");
     CHECK(fr_ctx_stat(ctx, "pipelined_windows") == windows);
+    CHECK(fr_ctx_stat(ctx, "direct_windows") == (direct ? windows : 0));
     fr_ctx_close(ctx);
     fr_pool_close(pool);
 }
@@ -176,8 +187,11 @@ int main(void)
         snprintf(name, sizeof(name), "large%d.bin", i);
         large_paths[i] = fr_test_write(name, (size_t)(600 << 10) + (size_t)i * 4099, (unsigned)i + 7);
     }
-    check(0);
-    check(1);
+    check(0, NULL, 1, 1);
+    check(1, NULL, 1, 1);
+    check(0, "unsized=fds", 1, 0);
+    check(1, "unsized=fds", 1, 0);
+    check(0, NULL, 0, 0);
     check_large();
     check_windows();
     for (int i = 0; i < NLARGE; i++)
