@@ -1,8 +1,10 @@
-/* The bottom layer: error messages and the page-cache probe (see base.h). */
-#define _DEFAULT_SOURCE /* mincore */
+/* The bottom layer: error messages, CPUs and the page-cache probe (see base.h). */
+#define _GNU_SOURCE /* mincore, sched_getaffinity */
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "base.h"
 
@@ -14,6 +16,15 @@ void fr_set_err(char *err, size_t err_len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, err_len, fmt, ap);
     va_end(ap);
+}
+
+unsigned fr_usable_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+        return (unsigned)CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1;
 }
 
 unsigned fr_resident_sample(const void *map, size_t len, unsigned n, uint64_t *seed,

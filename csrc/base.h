@@ -1,6 +1,6 @@
 /*
- * The bottom layer of the C core: error messages, small arithmetic and a
- * page-cache probe that every other file may use. It includes nothing of fastread's, so nothing
+ * The bottom layer of the C core: error messages, small arithmetic, the
+ * process's CPU count and a page-cache probe that every other file may use. It includes nothing of fastread's, so nothing
  * above it can form a cycle through it.
  */
 #ifndef FASTREAD_BASE_H
@@ -28,6 +28,10 @@ static inline uint64_t fr_splitmix64(uint64_t *state)
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     return x ^ (x >> 31);
 }
+
+/* CPUs this process may run on (its affinity mask: a container's or
+ * taskset's share), else the online count; at least 1. */
+unsigned fr_usable_cpus(void);
 
 /* Of n 4 KiB pages of the mapping [map, map + len) drawn at random
  * (splitmix64 on *seed), how many the page cache holds (mincore); *asked

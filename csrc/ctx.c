@@ -103,15 +103,6 @@ int fr_auto_rule(uint64_t mean_size, int resident, unsigned cpus, int o_direct)
     return FR_AUTO_PSYNC;
 }
 
-static unsigned process_cpus(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-        return (unsigned)CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (unsigned)n : 1;
-}
-
 const char *const *fr_engine_names(void) { return engine_names; }
 
 static const fr_engine *find_engine(const char *name)
@@ -193,7 +184,7 @@ int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
         ctx->alt_cfg.engine = "psync";
         ctx->alt_cfg.engine_args = ""; /* io_uring's, not psync's (psync takes none) */
         ctx->alt_cfg.gpu = NULL;
-        ctx->cpus = process_cpus();
+        ctx->cpus = fr_usable_cpus();
         if (cfg->auto_engine == FR_AUTO_AS_MANY_CPUS && ctx->cpus < FR_AUTO_MIN_CPUS)
             ctx->cpus = FR_AUTO_MIN_CPUS;
         ctx->resident = -1;

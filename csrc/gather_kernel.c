@@ -67,9 +67,9 @@ static void *preload_builtins(const char *dir)
                                         "libnvrtc-builtins.so.12", "libnvrtc-builtins.so", NULL};
     for (size_t i = 0; names[i]; i++) {
         char p[4096];
-        snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
-        if (access(p, F_OK) != 0)
-            continue;
+        int len = snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
+        if (len < 0 || (size_t)len >= sizeof(p) || access(p, F_OK) != 0)
+            continue; /* a path too long for the buffer names no file */
         void *h = dlopen(p, RTLD_NOW | RTLD_GLOBAL);
         if (h)
             return h;

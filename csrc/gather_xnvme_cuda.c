@@ -116,7 +116,12 @@ static void link_name(const char *path, char *out, size_t len)
         return;
     target[n] = 0;
     const char *b = strrchr(target, '/');
-    snprintf(out, len, "%s", b ? b + 1 : target);
+    const char *name = b ? b + 1 : target;
+    size_t k = strlen(name);
+    if (k >= len)
+        k = len - 1; /* cut: compared with short driver names only */
+    memcpy(out, name, k);
+    out[k] = 0;
 }
 
 /* "[dddd:]bb:dd.f" (hex) -> "dddd:bb:dd.f". */

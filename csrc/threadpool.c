@@ -273,24 +273,13 @@ int fr_threadpool_start_ex(fr_threadpool **out, unsigned extra, fr_phase_fn_ex f
     return start(out, extra, NULL, fn, arg, owner, err, err_len);
 }
 
-/* CPUs this process may run on (its affinity mask: a container's or
- * taskset's share), else the online count. */
-static unsigned usable_cpus(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
-        return (unsigned)CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (unsigned)n : 1;
-}
-
 void fr_threadpool_set_spin(fr_threadpool *p, long spin_ns)
 {
     /* Polling pays only where every thread of the pool has a core of its
      * own; with more threads than cores a poller holds a core that one of
      * its own pool's threads wants (2-core VM, Reader with 4 psync threads,
      * cached 4 KiB files: 8.6 -> 12.3 us of CPU per file). */
-    if (spin_ns < 0 || p->nthreads + 1 > usable_cpus())
+    if (spin_ns < 0 || p->nthreads + 1 > fr_usable_cpus())
         spin_ns = 0;
     atomic_store(&p->spin_ns, spin_ns);
 }

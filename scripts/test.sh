@@ -12,6 +12,11 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
       -DFASTREAD_SANITIZE=ON -DFASTREAD_BUILD_TESTS=ON >/dev/null
 cmake --build "$build"
 ctest --test-dir "$build" --output-on-failure
+# Warnings are errors in an optimised build too, where GCC's flow analysis
+# (truncation, maybe-uninitialized) sees what a Debug build does not.
+cmake -S . -B build/warnings -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DFASTREAD_BUILD_TESTS=ON -DCMAKE_C_FLAGS=-Werror >/dev/null
+cmake --build build/warnings
 
 # Run from outside the checkout so `import fastread` is the installed build.
 cd tests && python3 -m pytest -q -ra -p no:cacheprovider .

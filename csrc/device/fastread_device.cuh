@@ -803,7 +803,7 @@ FR_DEV int fr_dev_row_src(const fr_dev_store *s, fr_u64 id, const fr_u8 **src, f
         }
     }
     fr_u64 page = id / s->rows_per_page;
-    fr_u32 slot;
+    fr_u32 slot = 0; /* set by acquire whenever rc >= 0 */
     int rc = fr_cache_acquire_e(s, page, &slot, cnt, epoch);
     if (rc < 0)
         return rc;

@@ -312,7 +312,7 @@ static void test_ring_wraparound(void)
     env_start(e);
     fr_dev_counts cnt = {{0}};
     for (uint64_t p = 0; p < 100; p++) {
-        uint32_t slot;
+        uint32_t slot = 0;
         int rc = fr_cache_acquire(&e->s, p * 2, &slot, &cnt);
         CHECK(rc == FR_GOT_MISS);
         if (rc >= 0) {

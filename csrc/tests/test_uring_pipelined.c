@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base.h"
 #include "harness.h"
 
 #define NFILES 300 /* more than one window (256) */
@@ -187,11 +188,12 @@ int main(void)
         snprintf(name, sizeof(name), "large%d.bin", i);
         large_paths[i] = fr_test_write(name, (size_t)(600 << 10) + (size_t)i * 4099, (unsigned)i + 7);
     }
-    check(0, NULL, 1, 1);
-    check(1, NULL, 1, 1);
+    check(0, "unsized=direct", 1, 1);
+    check(1, "unsized=direct", 1, 1);
     check(0, "unsized=fds", 1, 0);
     check(1, "unsized=fds", 1, 0);
-    check(0, NULL, 0, 0);
+    check(0, "unsized=direct", 0, 0); /* no direct descriptors to use */
+    check(0, NULL, 1, fr_usable_cpus() >= 4); /* the default: DIRECT_MIN_CPUS */
     check_large();
     check_windows();
     for (int i = 0; i < NLARGE; i++)

@@ -348,6 +348,9 @@ cdef void _init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsig
 cdef extern from "Python.h":
     # Not declared by Cython's cpython.unicode; a new reference, NULL on error.
     bytes PyUnicode_EncodeFSDefault(object unicode)
+    bint PyUnicode_IS_COMPACT_ASCII(object unicode)
+    void *PyUnicode_DATA(object unicode)
+    Py_ssize_t PyUnicode_GET_LENGTH(object unicode)
 
 
 cdef bytes _engine_name(engine):
@@ -550,8 +553,14 @@ cdef class Context:
         """Reads every path; returns a Batch (check failures()). ``sizes``,
         if given, are the files' sizes when last read (-1: unknown): they let
         an engine skip sizing; a wrong one costs time, never bytes."""
-        cdef list encoded = [_encode_path(p) for p in paths]
-        cdef size_t n = len(encoded), i
+        # Our own list: its items stay alive while the GIL is released,
+        # whatever the caller does to theirs.
+        cdef list items = list(paths)
+        cdef size_t n = len(items), i
+        cdef list encoded = []  # bytes made for items that are not ASCII str
+        cdef object p
+        cdef const char *c
+        cdef bytes enc
         cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] hints
         cdef const int64_t *hint_ptr = NULL
         if sizes is not None:
@@ -566,7 +575,21 @@ cdef class Context:
         cdef int rc
         try:
             for i in range(n):
-                cpaths[i] = PyBytes_AS_STRING(encoded[i])
+                p = items[i]
+                if type(p) is str and PyUnicode_IS_COMPACT_ASCII(p):
+                    # An ASCII str is its own file system encoding (every
+                    # encoding Python runs with on POSIX is ASCII-compatible)
+                    # and holds a NUL-terminated copy: passed as it is. Encoding
+                    # cost ~100 ns a path, a fifth of a 64-file call's Python
+                    # time on the 2-core VM.
+                    c = <const char *>PyUnicode_DATA(p)
+                    if memchr(c, 0, <size_t>PyUnicode_GET_LENGTH(p)) != NULL:
+                        raise ValueError(f"path contains a NUL byte: {p!r}")
+                    cpaths[i] = c
+                else:
+                    enc = _encode_path(p)
+                    encoded.append(enc)
+                    cpaths[i] = PyBytes_AS_STRING(enc)
             with self.lock:
                 b = self._take_batch(n)
                 rc = b.status
