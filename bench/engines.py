@@ -18,7 +18,7 @@ Data: the 92k set is a `fastread make-dataset` tree (--data-92k); the 4k, 256k a
 1m sets are made under --data-root on first use (random bytes, fixed seed).
 
 What a cell measures: `files` files (default: all of the set) read in batches
-of `batch`. read_files: one read_files() call per batch, in order, no size
+of `batch`, warm: in as many passes as fill --min-time seconds. read_files: one read_files() call per batch, in order, no size
 hints, no read-ahead (the arrays are dropped before the next call). reader:
 one epoch of fastread.Reader (no shuffle) after an untimed epoch that
 learns the files' sizes (a Reader's steady state); the cold run drops the
@@ -161,28 +161,34 @@ def pool_summary(before, after):
     return out
 
 
-def run_read_files(paths, batch, spec, opts):
+def run_read_files(paths, batch, spec, opts, min_time=0.0):
+    """Passes over the list until min_time seconds have gone by (one pass
+    at least); returns seconds, CPU seconds, bytes, pool figures and files
+    read."""
     import fastread
     engine, extra = engine_spec(spec)
     opts = {**opts, **extra}
     ctx = read_files_context(engine, opts, batch)
     before = context_stats(ctx)
     t0, c0 = time.perf_counter(), cpu_seconds()
-    nbytes = 0
-    for i in range(0, len(paths), batch):
-        arrays = fastread.read_files(paths[i:i + batch], engine=engine, **opts)
-        nbytes += sum(a.nbytes for a in arrays)
-        del arrays
+    nbytes = files = 0
+    while files == 0 or time.perf_counter() - t0 < min_time:
+        for i in range(0, len(paths), batch):
+            arrays = fastread.read_files(paths[i:i + batch], engine=engine, **opts)
+            nbytes += sum(a.nbytes for a in arrays)
+            del arrays
+        files += len(paths)
     dt, cpu = time.perf_counter() - t0, cpu_seconds() - c0
     pool = pool_summary(before, context_stats(ctx))
     if pool.get("calls"):  # against the whole call as Python sees it
         pool["call_us"] = dt / pool["calls"] * 1e6
-    return dt, cpu, nbytes, pool
+    return dt, cpu, nbytes, pool, files
 
 
-def run_reader(paths, batch, spec, opts, cold, evict):
-    """One timed epoch of a fresh Reader, after an untimed epoch that learns
-    the files' sizes (a Reader's steady state from its second epoch on)."""
+def run_reader(paths, batch, spec, opts, cold, evict, min_time=0.0):
+    """Timed epochs of a fresh Reader (one if cold, else until min_time
+    seconds have gone by), after an untimed epoch that learns the files'
+    sizes (a Reader's steady state from its second epoch on)."""
     import fastread
     engine, extra = engine_spec(spec)
     opts = {**opts, **extra}
@@ -193,11 +199,13 @@ def run_reader(paths, batch, spec, opts, cold, evict):
         if cold:
             drop_caches(paths, evict)
         t0, c0 = time.perf_counter(), cpu_seconds()
-        nbytes = 0
-        for arrays, _ in reader:
-            nbytes += sum(a.nbytes for a in arrays)
-            del arrays
-        return time.perf_counter() - t0, cpu_seconds() - c0, nbytes, {}
+        nbytes = files = 0
+        while files == 0 or (not cold and time.perf_counter() - t0 < min_time):
+            for arrays, _ in reader:
+                nbytes += sum(a.nbytes for a in arrays)
+                del arrays
+            files += len(paths)
+        return time.perf_counter() - t0, cpu_seconds() - c0, nbytes, {}, files
 
 
 def ceiling(path, evict, piece=1 << 20, sequential=True, count=None):
@@ -379,6 +387,10 @@ def main(argv=None):
                    help="engines, or variants name:key=value;key=value (see engine_spec)")
     p.add_argument("--apis", default="read_files,reader")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--min-time", type=float, default=0.5,
+                   help="warm cells: seconds a round of a cell reads for at least, in whole "
+                        "passes over the set (20,000 cached 4 KiB files take ~10 ms on 16 cores: "
+                        "too short a run for a 5%% comparison)")
     p.add_argument("--files", type=int, default=0,
                    help="files per cell (default: 20000 for 4k and 92k, 6000 for 256k, 2000 for 1m)")
     p.add_argument("--evict", action="store_true",
@@ -439,7 +451,8 @@ def main(argv=None):
 
     result = {"machine": machine(), "skipped_engines": skipped,
               "config": {"sizes": sizes, "caches": caches, "batches": batches, "engines": engines,
-                         "apis": apis, "rounds": args.rounds, "evict": args.evict,
+                         "apis": apis, "rounds": args.rounds, "min_time": args.min_time,
+                         "evict": args.evict,
                          "options": common, "read_files_options": rf_opts,
                          "reader_options": rd_opts, "argv": sys.argv[1:]},
               "cells": []}
@@ -474,15 +487,17 @@ def main(argv=None):
                 break
             s, c, b, e, a = k
             paths = sets[s]
+            min_time = args.min_time if c == "warm" else 0.0
             if a == "reader":
-                dt, cpu, nbytes, pool = run_reader(paths, b, e, rd_opts, c == "cold", args.evict)
+                dt, cpu, nbytes, pool, files = run_reader(paths, b, e, rd_opts, c == "cold",
+                                                          args.evict, min_time)
             else:
                 if c == "cold":
                     drop_caches(paths, args.evict)
                 else:
                     warm(paths)
-                dt, cpu, nbytes, pool = run_read_files(paths, b, e, rf_opts)
-            runs[k].append({"s": dt, "cpu_s": cpu, "bytes": nbytes, "pool": pool})
+                dt, cpu, nbytes, pool, files = run_read_files(paths, b, e, rf_opts, min_time)
+            runs[k].append({"s": dt, "cpu_s": cpu, "bytes": nbytes, "pool": pool, "files": files})
             extra = ""
             if "helpers_per_phase" in pool:
                 extra = (f"  pool: {pool['helpers_per_phase']:.1f} helpers/phase, "
@@ -490,8 +505,8 @@ def main(argv=None):
             if "call_us" in pool:
                 extra += f", native {pool['native_us']:.0f} of {pool['call_us']:.0f} us a call"
             print(f"round {rnd} {s:>4} {c:4} b{b:<3} {e:10} {a:10} "
-                  f"{len(paths) / dt:10,.0f} files/s  {nbytes / dt / 1e6:8.0f} MB/s  "
-                  f"{cpu / len(paths) * 1e6:6.1f} us cpu/file{extra}", flush=True)
+                  f"{files / dt:10,.0f} files/s  {nbytes / dt / 1e6:8.0f} MB/s  "
+                  f"{cpu / files * 1e6:6.1f} us cpu/file{extra}", flush=True)
 
         if "stopped_early" in result:
             break
@@ -500,14 +515,15 @@ def main(argv=None):
             continue
         s, c, b, e, a = k
         n = len(sets[s])
-        rates = [n / r["s"] for r in rs]
+        rates = [r["files"] / r["s"] for r in rs]
         med = statistics.median(rates)
-        mid = sorted(rs, key=lambda r: r["s"])[len(rs) // 2]
+        mid = sorted(rs, key=lambda r: r["files"] / r["s"])[len(rs) // 2]
         result["cells"].append({"size": s, "cache": c, "batch": b, "engine": e, "api": a,
                                 "files": n, "files_per_s": med, "rounds_files_per_s": rates,
+                                "rounds_files_read": [r["files"] for r in rs],
                                 "mb_per_s": mid["bytes"] / mid["s"] / 1e6,
                                 "cpu_us_per_file": statistics.median(
-                                    r["cpu_s"] / n * 1e6 for r in rs),
+                                    r["cpu_s"] / r["files"] * 1e6 for r in rs),
                                 "pool": mid.get("pool", {})})
     lines = summarize(result)
     result["summary"] = lines

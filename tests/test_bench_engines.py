@@ -42,13 +42,15 @@ def test_engine_matrix_warm_cells(tree, tmp_path):
     out = tmp_path / "engines.json"
     run("engines.py", "--data-92k", tree, "--data-root", str(tmp_path), "--sizes", "92k",
         "--caches", "warm", "--batches", "8,16", "--engines", "psync,auto", "--rounds", "2",
-        "--out", str(out), "--plot", str(tmp_path / "engines.png"))
+        "--min-time", "0.05", "--out", str(out), "--plot", str(tmp_path / "engines.png"))
     res = json.loads(out.read_text())
     cells = {(c["batch"], c["engine"], c["api"]): c for c in res["cells"]}
     assert set(cells) == {(b, e, a) for b in (8, 16) for e in ("psync", "auto")
                           for a in ("read_files", "reader")}
     for c in cells.values():
         assert c["files"] == 40 and len(c["rounds_files_per_s"]) == 2 and c["files_per_s"] > 0
+        # Whole passes over the set, as many as fill --min-time.
+        assert all(n >= 40 and n % 40 == 0 for n in c["rounds_files_read"])
     assert "stopped_early" not in res
     # The ratios: read_files against Reader (same engine), auto against the best
     # named engine of its cell; read_files cells say who served the calls.
@@ -66,7 +68,8 @@ def test_engine_matrix_warm_cells(tree, tmp_path):
     assert any(line.startswith("read_files/Reader") for line in res["derived"])
     auto_rf = cells[(8, "auto", "read_files")]["pool"]
     if fastread.engines()["io_uring"] is True:  # auto's batches, counted by engine
-        assert auto_rf["auto_uring_batches"] + auto_rf["auto_psync_batches"] == 40 // 8
+        assert auto_rf["auto_uring_batches"] + auto_rf["auto_psync_batches"] == auto_rf["calls"]
+        assert auto_rf["calls"] % (40 // 8) == 0 and auto_rf["calls"] >= 40 // 8
 
 
 @needs_bench("engines.py")
