@@ -3,7 +3,7 @@ for small, ImageNet-sized and large files, warm and cold, two batch sizes.
 
     python bench/engines.py --out bench-results/engines.json --plot bench-results/engines.png
 
-Cells: size (4k, 92k, 256k, 1m) x cache (warm, cold) x batch (64, 256) x engine
+Cells: size (4k, 92k, 256k, 512k, 1m) x cache (warm, cold) x batch (64, 256) x engine
 (io_uring, psync, xnvme-file where built, auto) x api (read_files, reader).
 Rounds are interleaved: round r runs every cell once (in the same order)
 before round r + 1 starts, so a slow spell of a shared machine hits every
@@ -14,7 +14,7 @@ timed run (`sync; echo 3 > /proc/sys/vm/drop_caches`: root), or with
 cached). Cold runs also time the disk's ceiling: one file read front to back
 in 1 MiB O_DIRECT ranges with many in flight (io_uring), in GB/s.
 
-Data: the 92k set is a `fastread make-dataset` tree (--data-92k); the 4k, 256k and
+Data: the 92k set is a `fastread make-dataset` tree (--data-92k); the 4k, 256k, 512k and
 1m sets are made under --data-root on first use (random bytes, fixed seed).
 
 What a cell measures: `files` files (default: all of the set) read in batches
@@ -36,8 +36,8 @@ import subprocess
 import sys
 import time
 
-SIZES = {"4k": 4096, "92k": None, "256k": 256 << 10, "1m": 1 << 20}
-DEFAULT_COUNTS = {"4k": 20000, "92k": 20000, "256k": 6000, "1m": 2000}
+SIZES = {"4k": 4096, "92k": None, "256k": 256 << 10, "512k": 512 << 10, "1m": 1 << 20}
+DEFAULT_COUNTS = {"4k": 20000, "92k": 20000, "256k": 6000, "512k": 3000, "1m": 2000}
 
 
 def make_set(root, name, size, count, seed=0):
@@ -379,7 +379,7 @@ def main(argv=None):
     p.add_argument("--data-92k", default="/var/tmp/fastread-bench/imagenet-20k",
                    help="a `fastread make-dataset` tree (the 92k set)")
     p.add_argument("--data-root", default="/var/tmp/fastread-bench",
-                   help="where the 4k, 256k and 1m sets (and the ceiling file) are made")
+                   help="where the 4k, 256k, 512k and 1m sets (and the ceiling file) are made")
     p.add_argument("--sizes", default="4k,92k,1m")
     p.add_argument("--caches", default="warm,cold")
     p.add_argument("--batches", default="64,256")
@@ -392,7 +392,7 @@ def main(argv=None):
                         "passes over the set (20,000 cached 4 KiB files take ~10 ms on 16 cores: "
                         "too short a run for a 5%% comparison)")
     p.add_argument("--files", type=int, default=0,
-                   help="files per cell (default: 20000 for 4k and 92k, 6000 for 256k, 2000 for 1m)")
+                   help="files per cell (default: 20000 for 4k and 92k, 6000 for 256k, 3000 for 512k, 2000 for 1m)")
     p.add_argument("--evict", action="store_true",
                    help="cold: evict the data's pages only (no root; dentries stay cached)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",

@@ -34,6 +34,7 @@
 #                              no new cell after ENGINES_BUDGET seconds, default 300, so a call
 #                              ends well inside 8 minutes and reports what ran; ENGINES_LIST:
 #                              engines and variants, e.g. io_uring,io_uring:spin_us=0,psync,auto;
+#                              ENGINES_ROUNDS: interleaved rounds, default 3;
 #                              prints read_files/Reader and auto/best per cell)
 #   bash bench/gpu.sh delivery Reader(device="gpu") against host-only reads (plain and pinned)
 #                              and pinned H2D copies of a batch's bytes, in one interleaved run
@@ -249,7 +250,7 @@ ddp)
 engines)
     make_jpegs
     for cache in ${ENGINES_CACHES:-warm}; do
-        python3 bench/engines.py --data-92k "$jpegs" --data-root /tmp --caches "$cache" --rounds 3 \
+        python3 bench/engines.py --data-92k "$jpegs" --data-root /tmp --caches "$cache" --rounds ${ENGINES_ROUNDS:-3} \
             --sizes "${ENGINES_SIZES:-4k,92k,1m}" --time-budget "${ENGINES_BUDGET:-300}" \
             ${ENGINES_LIST:+--engines "$ENGINES_LIST"} \
             --out "$json/engines-$cache.json" 2>&1 | grep -v '^round '
