@@ -77,16 +77,19 @@ typedef struct fr_config {
  * mean over the context's batches; once on psync, down to 3/4 of it) that
  * are in the page cache, on a machine with FR_AUTO_MIN_CPUS or more CPUs;
  * io_uring for everything else (small files, cold files, O_DIRECT, ranges,
- * fewer CPUs). On a 16-core H200 machine, warm, io_uring read 4 KiB files
- * twice as fast as psync and 92 KiB files as fast or faster, psync 1 MiB
- * files up to 1.4x as fast (its threads copy in parallel) and 256 KiB files
- * in a Reader 1.01-1.15x (three runs); FR_AUTO_MIN_SIZE lies between 92 and
- * 256 KiB (no size in between measured). On a 2-core VM io_uring was as
- * fast or faster at every size (FR_AUTO_MIN_CPUS lies between the two).
- * resident: 1 cached, 0 not, -1 unknown (taken as not). */
+ * fewer CPUs). On a 16-core H200 machine, warm, with unsized reads through
+ * direct descriptors (engine_uring.c's ring_direct), io_uring read 4 KiB
+ * files twice as fast as psync, 92 KiB files faster and 256 KiB files as
+ * fast or faster (read_files() 1.03-1.06x; a Reader 0.96-1.04x, two runs);
+ * psync read 512 KiB files faster in 3 of 4 cells (1.03-1.05x) and 1 MiB
+ * files in 7 of 8 cells over two runs (up to 1.19x: its threads copy in
+ * parallel). So FR_AUTO_MIN_SIZE is 512 KiB (it was 160 KiB before the
+ * direct path). On a 2-core VM io_uring was as fast or faster at every size
+ * (FR_AUTO_MIN_CPUS lies between the two). resident: 1 cached, 0 not, -1
+ * unknown (taken as not). */
 #define FR_AUTO_URING 0
 #define FR_AUTO_PSYNC 1
-#define FR_AUTO_MIN_SIZE (160u * 1024u)
+#define FR_AUTO_MIN_SIZE (512u * 1024u)
 #define FR_AUTO_MIN_CPUS 8u
 #define FR_AUTO_PROBE_PAGES 4u /* pages of one file sampled for residency */
 #define FR_AUTO_REPROBE 16u    /* batches between two residency samples */

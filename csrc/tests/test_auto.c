@@ -139,7 +139,7 @@ int main(void)
     char name[64];
     for (unsigned i = 0; i < NFILES; i++) {
         snprintf(name, sizeof(name), "large%u.bin", i);
-        large[i] = fr_test_write(name, 200000 + i * 4099, i + 1);
+        large[i] = fr_test_write(name, FR_AUTO_MIN_SIZE + 10000 + i * 4099, i + 1);
         snprintf(name, sizeof(name), "small%u.bin", i);
         small[i] = fr_test_write(name, 3000 + i, i + 100);
     }
