@@ -521,7 +521,6 @@ _local = threading.local()
 
 
 # The FASTREAD_* variables whose values select a cached context.
-_ENV_VARS = tuple(_defaults.env_var(n) for n in _defaults.names())
 
 
 def cached_context(engine="auto", options=None, **opts):
@@ -541,7 +540,7 @@ def cached_context(engine="auto", options=None, **opts):
         given = options if options is None or isinstance(options, EngineOptions) else \
             tuple(sorted(dict(options).items()))
         fast_key = (engine, given, tuple(sorted(opts.items())),
-                    tuple(map(os.environ.get, _ENV_VARS)))
+                    _defaults.env_snapshot())
         ctx = _local.fast.get(fast_key)
     except TypeError:  # an unhashable option value: take the full path
         fast_key, ctx = None, None

@@ -12,18 +12,6 @@ from fastread.errors import ReadError
 # costs ~60-90 us a call on the 2-core VM, 1-1.4 us a file of a list of 64
 # small files (a sixth of the read). See _context.
 _local = threading.local()
-_ENV_VARS = tuple(_defaults.env_var(n) for n in _defaults.names())
-# os.environ.get encodes the name and decodes the value on every call: 13 of
-# them cost 28 us on the 2-core VM, as much as reading 7 small files. Where
-# os.environ keeps its raw bytes mapping (CPython on POSIX), the key reads
-# that instead; writes through os.environ update it, so a changed setting is
-# still seen at the next call.
-_ENV_DATA = getattr(os.environ, "_data", None)
-if isinstance(_ENV_DATA, dict) and os.name == "posix":
-    _ENV_KEYS = tuple(map(os.fsencode, _ENV_VARS))
-    _env_values = lambda: tuple(map(_ENV_DATA.get, _ENV_KEYS))  # noqa: E731
-else:
-    _env_values = lambda: tuple(map(os.environ.get, _ENV_VARS))  # noqa: E731
 
 
 def _context(engine, options, engine_options, nfiles):
@@ -32,7 +20,7 @@ def _context(engine, options, engine_options, nfiles):
         given = options if options is None or isinstance(options, EngineOptions) else \
             tuple(sorted(dict(options).items()))
         key = (engine, given, tuple(sorted(engine_options.items())),
-               _env_values())
+               _defaults.env_snapshot())
         hash(key)
     except TypeError:  # an unhashable option value: no shortcut
         key = None
