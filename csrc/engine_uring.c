@@ -678,6 +678,31 @@ static void staged_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
     }
 }
 
+/* Queues the read -> close of every file in r->opened (opened into its
+ * direct-descriptor slot, hard-linked so the close runs whatever the read
+ * returned) and empties it. Returns the SQEs queued; adds the reads' bytes
+ * to *bytes if given. */
+static size_t queue_opened_reads(uring *u, uring_ring *r, int buf_index, size_t *bytes)
+{
+    size_t queued = 0;
+    while (r->nopened > 0) {
+        r->nopened--;
+        size_t i = r->opened[r->nopened].index;
+        unsigned slot = r->opened[r->nopened].slot;
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+        prep_read(u, sqe, (int)slot, i, buf_index);
+        io_uring_sqe_set_data64(sqe, pack(i, slot, OP_READ));
+        sqe->flags |= IOSQE_FIXED_FILE | IOSQE_IO_HARDLINK;
+        sqe = io_uring_get_sqe(&r->ring);
+        io_uring_prep_close_direct(sqe, slot);
+        io_uring_sqe_set_data64(sqe, pack(i, slot, OP_CLOSE));
+        queued += 2;
+        if (bytes)
+            *bytes += (size_t)u->sizes[i];
+    }
+    return queued;
+}
+
 static void ring_chained(uring *u, uring_ring *r)
 {
     int buf_index = buffer_index(r, &u->batch->arena);
@@ -687,19 +712,7 @@ static void ring_chained(uring *u, uring_ring *r)
     while (more || inflight > 0 || r->nopened > 0) {
         /* Reads of the files opened so far (the SQ holds 4 entries per
          * slot: at most 2 per opened file plus 1 per open below). */
-        while (r->nopened > 0) {
-            r->nopened--;
-            size_t i = r->opened[r->nopened].index;
-            unsigned slot = r->opened[r->nopened].slot;
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-            prep_read(u, sqe, (int)slot, i, buf_index);
-            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_READ));
-            sqe->flags |= IOSQE_FIXED_FILE | IOSQE_IO_HARDLINK;
-            sqe = io_uring_get_sqe(&r->ring);
-            io_uring_prep_close_direct(sqe, slot);
-            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_CLOSE));
-            inflight += 2;
-        }
+        inflight += queue_opened_reads(u, r, buf_index, NULL);
         size_t took = 0;
         while (more && r->nfree > 0 && took++ < u->per_turn) {
             size_t k;
@@ -1077,20 +1090,7 @@ static void ring_direct(uring *u, uring_ring *r)
         /* The SQ (4 entries a slot) holds two for each file sized and one
          * open for each free slot. */
         size_t reading = 0;
-        while (r->nopened > 0) {
-            r->nopened--;
-            size_t i = r->opened[r->nopened].index;
-            unsigned slot = r->opened[r->nopened].slot;
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-            prep_read(u, sqe, (int)slot, i, buf_index);
-            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_READ));
-            sqe->flags |= IOSQE_FIXED_FILE | IOSQE_IO_HARDLINK;
-            sqe = io_uring_get_sqe(&r->ring);
-            io_uring_prep_close_direct(sqe, slot);
-            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_CLOSE));
-            ops += 2;
-            reading += (size_t)u->sizes[i];
-        }
+        ops += queue_opened_reads(u, r, buf_index, &reading);
         size_t left = u->phase_count - (claimed < u->phase_count ? claimed : u->phase_count);
         size_t took = reading <= LOOKAHEAD_BYTES || left > 2 * (size_t)u->nrings * u->per_turn
                           ? 0

@@ -5,6 +5,7 @@ and still reports, and modes that need a GPU are skipped with the reason.
 Speeds are not checked (they are measurements)."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -64,6 +65,9 @@ def test_engine_matrix_warm_cells(tree, tmp_path):
             assert c["best_engine"] == "psync"
             assert c["auto_of_best"] == pytest.approx(
                 c["files_per_s"] / cells[(b, "psync", a)]["files_per_s"])
+            ps = cells[(b, "psync", a)]["rounds_files_per_s"]
+            assert c["auto_of_best_paired"] == pytest.approx(
+                statistics.median(x / y for x, y in zip(c["rounds_files_per_s"], ps)))
     assert any(line.startswith("auto/best") for line in res["derived"])
     assert any(line.startswith("read_files/Reader") for line in res["derived"])
     auto_rf = cells[(8, "auto", "read_files")]["pool"]
