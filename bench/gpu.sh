@@ -152,7 +152,7 @@ tests)
         name="$log/${f//[:\/]/_}.log"
         (cd tests && "${runner[@]}" -m pytest -v -ra -p no:cacheprovider "${pytest_opts[@]}" "$f") >"$name" 2>&1 &&
             echo "$f: $(tail -1 "$name")" ||
-            { echo "$f FAILED (exit $?):"; grep -E "FAILED|ERROR|Fatal|Aborted|^test_.*::|File \"/.*fastread" "$name" | tail -15; }
+            { echo "$f FAILED (exit $?):"; grep -E "FAILED|ERROR|Fatal|Aborted|^test_.*::|File \"/.*fastread" "$name" | tail -15 || tail -15 "$name"; }
         tar -cf "$out/tests-logs.tar" -C "$log" .
     done
     ;;

@@ -30,7 +30,7 @@ class Reader:
     ``prefetch`` batches ahead, delivered in order. By default a
     batch's memory is reused only after every array of it is gone, so arrays
     are never overwritten while reachable; ``ring_depth=N`` instead caps
-    memory at ``N + prefetch + 1`` batches: a batch's arrays stay valid until
+    memory at ``N + prefetch + workers`` batches: a batch's arrays stay valid until
     N more batches have been returned, after which their bytes may change.
 
     The samples: ``file_root`` / ``file_list`` / ``files`` (+ ``labels``) /
