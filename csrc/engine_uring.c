@@ -581,6 +581,49 @@ static int open_flags(const uring *u)
 
 /* -- every size known: open into a direct descriptor, then read -> close -- */
 
+/* Queues file i's open into a free direct-descriptor slot of r (the caller
+ * checked r->nfree); returns its SQE. */
+static struct io_uring_sqe *queue_direct_open(uring *u, uring_ring *r, size_t i)
+{
+    unsigned slot = r->free_slots[--r->nfree];
+    set_live(u, i, r, slot);
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+    io_uring_prep_openat_direct(sqe, AT_FDCWD, u->paths[i], open_flags(u), 0, slot);
+    io_uring_sqe_set_data64(sqe, pack(i, slot, OP_OPEN));
+    return sqe;
+}
+
+/* Queues file i's read from direct-descriptor slot `slot`, then the slot's
+ * close, hard-linked so the close runs whatever the read returned: two
+ * SQEs. */
+static void queue_read_close_direct(uring *u, uring_ring *r, size_t i, unsigned slot,
+                                    int buf_index)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+    prep_read(u, sqe, (int)slot, i, buf_index);
+    io_uring_sqe_set_data64(sqe, pack(i, slot, OP_READ));
+    sqe->flags |= IOSQE_FIXED_FILE | IOSQE_IO_HARDLINK;
+    sqe = io_uring_get_sqe(&r->ring);
+    io_uring_prep_close_direct(sqe, slot);
+    io_uring_sqe_set_data64(sqe, pack(i, slot, OP_CLOSE));
+}
+
+/* Queues the read -> close of every file in r->opened and empties it.
+ * Returns the SQEs queued; adds the reads' bytes to *bytes if given. */
+static size_t queue_opened_reads(uring *u, uring_ring *r, int buf_index, size_t *bytes)
+{
+    size_t queued = 0;
+    while (r->nopened > 0) {
+        r->nopened--;
+        size_t i = r->opened[r->nopened].index;
+        queue_read_close_direct(u, r, i, r->opened[r->nopened].slot, buf_index);
+        queued += 2;
+        if (bytes)
+            *bytes += (size_t)u->sizes[i];
+    }
+    return queued;
+}
+
 /* Not one linked openat -> read -> close chain: when the open cannot finish
  * inline (a path not in the dentry cache) it goes to an io-wq worker, and a
  * read linked behind it then runs in that worker too, blocking it for the
@@ -627,19 +670,8 @@ static void ring_linked(uring *u, uring_ring *r)
             size_t i = item(u, u->first + k);
             if (u->sizes[i] < 0)
                 continue;
-            unsigned slot = r->free_slots[--r->nfree];
-            set_live(u, i, r, slot);
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-            io_uring_prep_openat_direct(sqe, AT_FDCWD, u->paths[i], open_flags(u), 0, slot);
-            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_OPEN));
-            sqe->flags |= IOSQE_IO_LINK;
-            sqe = io_uring_get_sqe(&r->ring);
-            prep_read(u, sqe, (int)slot, i, buf_index);
-            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_READ));
-            sqe->flags |= IOSQE_FIXED_FILE | IOSQE_IO_HARDLINK;
-            sqe = io_uring_get_sqe(&r->ring);
-            io_uring_prep_close_direct(sqe, slot);
-            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_CLOSE));
+            queue_direct_open(u, r, i)->flags |= IOSQE_IO_LINK;
+            queue_read_close_direct(u, r, i, u->live_slot[i], buf_index);
             inflight += 3;
         }
         if (inflight == 0)
@@ -647,6 +679,14 @@ static void ring_linked(uring *u, uring_ring *r)
         if (turn(u, r, &inflight, linked_cqe) == (size_t)-1)
             return;
     }
+}
+
+/* File i is open in direct-descriptor slot `slot`: its read goes in next turn. */
+static inline void push_opened(uring_ring *r, size_t i, unsigned slot)
+{
+    r->opened[r->nopened].index = i;
+    r->opened[r->nopened].slot = slot;
+    r->nopened++;
 }
 
 static void staged_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
@@ -660,9 +700,7 @@ static void staged_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
             r->free_slots[r->nfree++] = slot; /* nothing was installed */
             set_live(u, i, NULL, 0);
         } else {
-            r->opened[r->nopened].index = i;
-            r->opened[r->nopened].slot = slot;
-            r->nopened++;
+            push_opened(r, i, slot);
         }
         break;
     case OP_READ:
@@ -676,31 +714,6 @@ static void staged_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
     default:
         break;
     }
-}
-
-/* Queues the read -> close of every file in r->opened (opened into its
- * direct-descriptor slot, hard-linked so the close runs whatever the read
- * returned) and empties it. Returns the SQEs queued; adds the reads' bytes
- * to *bytes if given. */
-static size_t queue_opened_reads(uring *u, uring_ring *r, int buf_index, size_t *bytes)
-{
-    size_t queued = 0;
-    while (r->nopened > 0) {
-        r->nopened--;
-        size_t i = r->opened[r->nopened].index;
-        unsigned slot = r->opened[r->nopened].slot;
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-        prep_read(u, sqe, (int)slot, i, buf_index);
-        io_uring_sqe_set_data64(sqe, pack(i, slot, OP_READ));
-        sqe->flags |= IOSQE_FIXED_FILE | IOSQE_IO_HARDLINK;
-        sqe = io_uring_get_sqe(&r->ring);
-        io_uring_prep_close_direct(sqe, slot);
-        io_uring_sqe_set_data64(sqe, pack(i, slot, OP_CLOSE));
-        queued += 2;
-        if (bytes)
-            *bytes += (size_t)u->sizes[i];
-    }
-    return queued;
 }
 
 static void ring_chained(uring *u, uring_ring *r)
@@ -723,11 +736,7 @@ static void ring_chained(uring *u, uring_ring *r)
             size_t i = item(u, u->first + k);
             if (u->sizes[i] < 0)
                 continue;
-            unsigned slot = r->free_slots[--r->nfree];
-            set_live(u, i, r, slot);
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-            io_uring_prep_openat_direct(sqe, AT_FDCWD, u->paths[i], open_flags(u), 0, slot);
-            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_OPEN));
+            queue_direct_open(u, r, i);
             inflight++;
         }
         if (inflight == 0)
@@ -744,6 +753,18 @@ static void ring_chained(uring *u, uring_ring *r)
 }
 
 /* -- sizes unknown: open and size a window, lay it out, read and close -- */
+
+/* The size a stat or fstat found (rc: what it returned), or why there is
+ * none to trust: -errno, -EISDIR, or -EINVAL for anything else that is no
+ * regular file. */
+static int64_t stat_size(int rc, const struct stat *st)
+{
+    if (rc != 0)
+        return -errno;
+    if (!S_ISREG(st->st_mode))
+        return S_ISDIR(st->st_mode) ? -EISDIR : -EINVAL;
+    return st->st_size;
+}
 
 /* Records the outcome of file i's open (res: a descriptor or -errno) and
  * sizes it: on success u->fds[i] holds the descriptor and u->sizes[i] the
@@ -765,13 +786,7 @@ static int64_t open_sized(uring *u, size_t i, int res)
      * parallel too. Also the check that this is a regular file: a FIFO with
      * a writer or a character device would give some bytes to any read. */
     struct stat st;
-    int64_t size;
-    if (fstat(fd, &st) != 0)
-        size = -errno;
-    else if (!S_ISREG(st.st_mode))
-        size = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
-    else
-        size = st.st_size;
+    int64_t size = stat_size(fstat(fd, &st), &st);
     u->sizes[i] = size;
     if (size < 0)
         close(fd); /* nothing to do about a failed close of a file never read */
@@ -1036,47 +1051,28 @@ static int64_t direct_sized(uring *u, size_t i, int res)
         return u->sizes[i];
     }
     struct stat st;
-    int64_t size;
-    if (stat(u->paths[i], &st) != 0)
-        size = -errno;
-    else if (!S_ISREG(st.st_mode))
-        size = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
-    else
-        size = st.st_size;
-    u->sizes[i] = size;
-    return size;
+    return u->sizes[i] = stat_size(stat(u->paths[i], &st), &st);
 }
 
 static void direct_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cqe)
 {
+    if (ud_op(cqe->user_data) != OP_OPEN) {
+        staged_cqe(u, r, cqe); /* reads and closes: as with size hints */
+        return;
+    }
     size_t i = ud_index(cqe->user_data);
     unsigned slot = ud_slot(cqe->user_data);
-    switch (ud_op(cqe->user_data)) {
-    case OP_OPEN: {
-        int64_t size = direct_sized(u, i, cqe->res);
-        size_t off = size < 0 || cqe->res < 0 ? SIZE_MAX : take_slot(u, slot_len(u, size));
-        if (off != SIZE_MAX) {
-            u->batch->samples[i].offset = off;
-            u->batch->samples[i].length = 0;
-            u->placed[i] = 1;
-            r->opened[r->nopened].index = i;
-            r->opened[r->nopened].slot = slot;
-            r->nopened++;
-        } else {
-            /* Failed, or no room: the slot is free again (a file it still
-             * holds is dropped by the next open into it). */
-            r->free_slots[r->nfree++] = slot;
-        }
-        break;
-    }
-    case OP_READ:
-        u->read_res[i] = cqe->res;
-        break;
-    case OP_CLOSE:
+    int64_t size = direct_sized(u, i, cqe->res);
+    size_t off = size < 0 || cqe->res < 0 ? SIZE_MAX : take_slot(u, slot_len(u, size));
+    if (off != SIZE_MAX) {
+        u->batch->samples[i].offset = off;
+        u->batch->samples[i].length = 0;
+        u->placed[i] = 1;
+        push_opened(r, i, slot);
+    } else {
+        /* Failed, or no room: the slot is free again (a file it still
+         * holds is dropped by the next open into it). */
         r->free_slots[r->nfree++] = slot;
-        break;
-    default:
-        break;
     }
 }
 
@@ -1102,12 +1098,7 @@ static void ring_direct(uring *u, uring_ring *r)
                 break;
             }
             claimed = k + 1;
-            size_t i = item(u, u->first + k);
-            unsigned slot = r->free_slots[--r->nfree];
-            set_live(u, i, r, slot);
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-            io_uring_prep_openat_direct(sqe, AT_FDCWD, u->paths[i], open_flags(u), 0, slot);
-            io_uring_sqe_set_data64(sqe, pack(i, slot, OP_OPEN));
+            queue_direct_open(u, r, item(u, u->first + k));
             ops++;
         }
         if (ops == 0)
