@@ -36,7 +36,7 @@ if(FASTREAD_BUILD_TESTS)
   add_dependencies(test_upload_ring mock_cuda mock_cufile)
   add_test(NAME test_upload_ring COMMAND test_upload_ring)
   set_tests_properties(test_upload_ring PROPERTIES SKIP_RETURN_CODE 77
-                       ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/mockcuda")
+                       ENVIRONMENT "LD_LIBRARY_PATH=${FASTREAD_MOCK_LIBRARY_PATH}")
 endif()
 
 set(FASTREAD_HAVE_DALI_PLUGIN OFF)
