@@ -311,9 +311,9 @@ static int path_resident(const char *path, uint64_t *seed)
  * H100, auto read 0.87-0.90 of the slower engine in those cells).
  * Residency comes from one file, sampled again every FR_AUTO_REPROBE
  * batches (so a data set that becomes cached after its first epoch moves
- * over). Costs one stat per batch, plus an open + mmap + mincore per
- * FR_AUTO_REPROBE batches of large files on a machine where the rule could
- * pick psync. */
+ * over, and one evicted between epochs moves back). Costs one stat per
+ * batch, plus an open + mmap + mincore per FR_AUTO_REPROBE batches of large
+ * files on a machine where the rule could pick psync. */
 static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n)
 {
     if (ctx->alt_failed || ctx->cpus < FR_AUTO_MIN_CPUS)
@@ -349,7 +349,12 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
         return FR_AUTO_URING; /* small files: no residency sample needed */
     if (ctx->resident < 0 || ++ctx->since_probe >= FR_AUTO_REPROBE) {
         ctx->since_probe = 0;
-        ctx->resident = path_resident(paths[ctx->seed % n], &ctx->seed) == 1;
+        /* A file the sample cannot tell about (smaller than a page, gone)
+         * keeps the last verdict: one batch of tiny files among large ones
+         * is an outlier, not a sign of eviction. */
+        int verdict = path_resident(paths[ctx->seed % n], &ctx->seed);
+        if (verdict >= 0 || ctx->resident < 0)
+            ctx->resident = verdict == 1;
     }
     return fr_auto_rule(seen, ctx->resident, ctx->cpus, 0);
 }
