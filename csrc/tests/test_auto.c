@@ -86,9 +86,9 @@ static int evict(char **paths, size_t n)
     return none;
 }
 
-/* Reads the files with a fresh auto context; checks bytes; returns the
- * batches psync read (of `calls`, with and without size hints). */
-static long read_auto(char **paths, size_t n, int calls, int hints)
+/* An io_uring context with auto on, as on a machine of FR_AUTO_MIN_CPUS
+ * CPUs; NULL (a failed check) if it cannot open. */
+static fr_ctx *open_auto(void)
 {
     fr_config cfg;
     fr_config_init(&cfg);
@@ -100,8 +100,18 @@ static long read_auto(char **paths, size_t n, int calls, int hints)
     if (fr_ctx_open(&cfg, &ctx, err, sizeof(err)) != 0) {
         fprintf(stderr, "open: %s\n", err);
         CHECK(0);
-        return -1;
+        return NULL;
     }
+    return ctx;
+}
+
+/* Reads the files with a fresh auto context; checks bytes; returns the
+ * batches psync read (of `calls`, with and without size hints). */
+static long read_auto(char **paths, size_t n, int calls, int hints)
+{
+    fr_ctx *ctx = open_auto();
+    if (!ctx)
+        return -1;
     CHECK(fr_ctx_stat(ctx, "auto_engine") == 1);
     int64_t sizes[NFILES];
     for (size_t i = 0; i < n; i++) {
@@ -145,18 +155,9 @@ static long read_once(fr_ctx *ctx, fr_pool *pool, char **paths, size_t n)
  * them again, so the one after is psync's. */
 static void check_eviction_between_calls(char **paths, size_t n)
 {
-    fr_config cfg;
-    fr_config_init(&cfg);
-    cfg.engine = "io_uring";
-    cfg.threads = 2;
-    cfg.auto_engine = FR_AUTO_AS_MANY_CPUS;
-    fr_ctx *ctx;
-    char err[FR_ERRLEN];
-    if (fr_ctx_open(&cfg, &ctx, err, sizeof(err)) != 0) {
-        fprintf(stderr, "open: %s\n", err);
-        CHECK(0);
+    fr_ctx *ctx = open_auto();
+    if (!ctx)
         return;
-    }
     fr_pool *pool = fr_pool_new();
     /* Cached first (an earlier check evicted them): read through plainly. */
     char buf[1 << 16];
