@@ -62,7 +62,6 @@ struct fr_ctx {
     void *alt_state;
     int alt_failed;        /* psync could not open: io_uring reads everything */
     unsigned cpus;         /* CPUs the process may use, at open */
-    unsigned since_probe;  /* batches since residency was last sampled */
     int resident;          /* the last sample's verdict: 1 cached, 0 not, -1 none yet */
     uint64_t seed;         /* the residency sample's page picks */
     long auto_batches[2];  /* batches read by io_uring, by psync */
@@ -309,11 +308,14 @@ static int path_resident(const char *path, uint64_t *seed)
  * six to io_uring, and each switch left the other pool's helpers polling
  * for their next phase on the cores the chosen pool needed (on a 16-core
  * H100, auto read 0.87-0.90 of the slower engine in those cells).
- * Residency comes from one file, sampled again every FR_AUTO_REPROBE
- * batches (so a data set that becomes cached after its first epoch moves
- * over, and one evicted between epochs moves back). Costs one stat per
- * batch, plus an open + mmap + mincore per FR_AUTO_REPROBE batches of large
- * files on a machine where the rule could pick psync. */
+ * Residency comes from one file, sampled at every batch of large files on a
+ * machine where the rule could pick psync: a data set that becomes cached
+ * after its first epoch moves over, and one evicted between epochs moves
+ * back at once. The sample (open, mmap, mincore of 4 pages) costs
+ * microseconds against milliseconds for such a batch; sampled every 16th
+ * batch, as before, a Reader whose data was evicted after an epoch read a
+ * whole cold epoch of 2,000 1 MiB files in batches of 256 with psync. Costs
+ * one stat per batch besides, where there are no size hints. */
 static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n)
 {
     if (ctx->alt_failed || ctx->cpus < FR_AUTO_MIN_CPUS)
@@ -347,15 +349,12 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
     uint64_t seen = ctx->last_pick == FR_AUTO_PSYNC ? ctx->size_est / 3 * 4 : ctx->size_est;
     if (fr_auto_rule(seen, 1, ctx->cpus, 0) == FR_AUTO_URING)
         return FR_AUTO_URING; /* small files: no residency sample needed */
-    if (ctx->resident < 0 || ++ctx->since_probe >= FR_AUTO_REPROBE) {
-        ctx->since_probe = 0;
-        /* A file the sample cannot tell about (smaller than a page, gone)
-         * keeps the last verdict: one batch of tiny files among large ones
-         * is an outlier, not a sign of eviction. */
-        int verdict = path_resident(paths[ctx->seed % n], &ctx->seed);
-        if (verdict >= 0 || ctx->resident < 0)
-            ctx->resident = verdict == 1;
-    }
+    /* A file the sample cannot tell about (smaller than a page, gone) keeps
+     * the last verdict: one batch of tiny files among large ones is an
+     * outlier, not a sign of eviction. */
+    int verdict = path_resident(paths[ctx->seed % n], &ctx->seed);
+    if (verdict >= 0 || ctx->resident < 0)
+        ctx->resident = verdict == 1;
     return fr_auto_rule(seen, ctx->resident, ctx->cpus, 0);
 }
 

@@ -766,6 +766,17 @@ static int64_t stat_size(int rc, const struct stat *st)
     return st->st_size;
 }
 
+/* Records file i's failed open (res: -errno). O_DIRECT refused by this file
+ * system, or an open interrupted or refused for a moment: size 0, the repair
+ * step reads it (retrying); otherwise the error is the sample's. Returns
+ * u->sizes[i]. */
+static int64_t open_failed(uring *u, size_t i, int res)
+{
+    u->open_res[i] = res;
+    u->sizes[i] = (res == -EINVAL && u->cfg.o_direct) || retryable(res) ? 0 : res;
+    return u->sizes[i];
+}
+
 /* Records the outcome of file i's open (res: a descriptor or -errno) and
  * sizes it: on success u->fds[i] holds the descriptor and u->sizes[i] the
  * size; otherwise the descriptor (if any) is closed and u->sizes[i] is the
@@ -773,13 +784,8 @@ static int64_t stat_size(int rc, const struct stat *st)
 static int64_t open_sized(uring *u, size_t i, int res)
 {
     set_live(u, i, NULL, 0);
-    if (res < 0) {
-        u->open_res[i] = res;
-        /* O_DIRECT refused by this file system, or an open interrupted or
-         * refused for a moment: the repair step reads it (retrying). */
-        u->sizes[i] = (res == -EINVAL && u->cfg.o_direct) || retryable(res) ? 0 : res;
-        return u->sizes[i];
-    }
+    if (res < 0)
+        return open_failed(u, i, res);
     int fd = res;
     u->open_res[i] = 0;
     /* Sized here, on the ring's thread, so the fstats of a window run in
@@ -890,7 +896,7 @@ static void ring_read(uring *u, uring_ring *r)
 #define PIPELINE_MAX_SLOT ((size_t)512 << 10)
 
 /* Reads of at most this many bytes in one submit take the next files' opens
- * along (see ring_pipelined). */
+ * along (see opens_this_turn). */
 #define LOOKAHEAD_BYTES ((size_t)256 << 10)
 
 /* The slot of a file of `size` bytes: its request, rounded to bump_align
@@ -950,6 +956,23 @@ static void pipelined_cqe(uring *u, uring_ring *r, const struct io_uring_cqe *cq
     }
 }
 
+/* How many new files a ring of the one-phase paths (ring_pipelined,
+ * ring_direct) opens in this turn, whose reads total `reading` bytes, having
+ * claimed up to item `claimed`. Near the end of the list, the next files'
+ * opens go in the same submit as these reads only while the reads are small
+ * (then the submit is a share of the work worth saving): behind large cached
+ * reads, which finish inside the submit, they would be files this ring holds
+ * while another ring runs out of work. Earlier they always go along: cold
+ * reads, which finish later, then fill the ring as fast as the two-phase
+ * path's reads did. */
+static size_t opens_this_turn(const uring *u, size_t claimed, size_t reading)
+{
+    size_t left = u->phase_count - (claimed < u->phase_count ? claimed : u->phase_count);
+    return reading <= LOOKAHEAD_BYTES || left > 2 * (size_t)u->nrings * u->per_turn
+               ? u->per_turn
+               : 0;
+}
+
 static void ring_pipelined(uring *u, uring_ring *r)
 {
     int buf_index = buffer_index(r, &u->batch->arena);
@@ -970,18 +993,8 @@ static void ring_pipelined(uring *u, uring_ring *r)
             ops += 2;
             reading += (size_t)u->sizes[i];
         }
-        /* Near the end of the list, the next files' opens go in the same
-         * submit as these reads only while the reads are small (then the
-         * submit is a share of the work worth saving): behind large cached
-         * reads, which finish inside the submit, they would be files this
-         * ring holds while another ring runs out of work. Earlier they
-         * always go along: cold reads, which finish later, then fill the
-         * ring as fast as the two-phase path's reads did. */
-        size_t left = u->phase_count - (claimed < u->phase_count ? claimed : u->phase_count);
-        size_t took = reading <= LOOKAHEAD_BYTES || left > 2 * (size_t)u->nrings * u->per_turn
-                          ? 0
-                          : u->per_turn;
-        while (more && r->busy < r->depth && took++ < u->per_turn) {
+        size_t took = 0, allowed = opens_this_turn(u, claimed, reading);
+        while (more && r->busy < r->depth && took++ < allowed) {
             size_t k;
             if (!fr_threadpool_claim(u->pool, &k)) {
                 more = 0;
@@ -1045,11 +1058,9 @@ static void ring_pipelined(uring *u, uring_ring *r)
 static int64_t direct_sized(uring *u, size_t i, int res)
 {
     set_live(u, i, NULL, 0);
-    u->open_res[i] = res < 0 ? res : 0;
-    if (res < 0) {
-        u->sizes[i] = (res == -EINVAL && u->cfg.o_direct) || retryable(res) ? 0 : res;
-        return u->sizes[i];
-    }
+    if (res < 0)
+        return open_failed(u, i, res);
+    u->open_res[i] = 0;
     struct stat st;
     return u->sizes[i] = stat_size(stat(u->paths[i], &st), &st);
 }
@@ -1087,11 +1098,8 @@ static void ring_direct(uring *u, uring_ring *r)
          * open for each free slot. */
         size_t reading = 0;
         ops += queue_opened_reads(u, r, buf_index, &reading);
-        size_t left = u->phase_count - (claimed < u->phase_count ? claimed : u->phase_count);
-        size_t took = reading <= LOOKAHEAD_BYTES || left > 2 * (size_t)u->nrings * u->per_turn
-                          ? 0
-                          : u->per_turn;
-        while (more && r->nfree > 0 && took++ < u->per_turn) {
+        size_t took = 0, allowed = opens_this_turn(u, claimed, reading);
+        while (more && r->nfree > 0 && took++ < allowed) {
             size_t k;
             if (!fr_threadpool_claim(u->pool, &k)) {
                 more = 0;

@@ -92,13 +92,6 @@ typedef struct fr_config {
 #define FR_AUTO_MIN_SIZE (512u * 1024u)
 #define FR_AUTO_MIN_CPUS 8u
 #define FR_AUTO_PROBE_PAGES 4u /* pages of one file sampled for residency */
-/* Batches between two residency samples: 1, every batch. A sample (open,
- * mmap, mincore of 4 pages) costs microseconds against milliseconds for a
- * batch of files large enough to be sampled at all. At 16, a Reader whose
- * data was evicted after an epoch kept reading with psync until each of its
- * worker contexts had read 16 more batches: a whole cold epoch of 2,000
- * 1 MiB files in batches of 256. */
-#define FR_AUTO_REPROBE 1u
 #define FR_AUTO_SIZE_WEIGHT 8u /* a batch's weight in the running mean size: 1/8 */
 #define FR_AUTO_AS_MANY_CPUS 2 /* fr_config.auto_engine for tests: see there */
 int fr_auto_rule(uint64_t mean_size, int resident, unsigned cpus, int o_direct);

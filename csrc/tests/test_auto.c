@@ -151,8 +151,8 @@ static long read_once(fr_ctx *ctx, fr_pool *pool, char **paths, size_t n)
 
 /* One context over large files: psync while they are cached; evicted
  * between two calls (a data set that left the page cache between epochs),
- * the very next call goes to io_uring (FR_AUTO_REPROBE); that read cached
- * them again, so the one after is psync's. */
+ * the very next call goes to io_uring (residency is sampled every batch);
+ * that read cached them again, so the one after is psync's. */
 static void check_eviction_between_calls(char **paths, size_t n)
 {
     fr_ctx *ctx = open_auto();
