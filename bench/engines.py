@@ -5,24 +5,26 @@ for small, ImageNet-sized and large files, warm and cold, two batch sizes.
 
 Cells: size (4k, 92k, 256k, 512k, 1m) x cache (warm, cold) x batch (64, 256) x engine
 (io_uring, psync, xnvme-file where built, auto) x api (read_files, reader).
-Rounds are interleaved: round r runs every cell once (in the same order)
-before round r + 1 starts, so a slow spell of a shared machine hits every
-cell alike; each cell reports the median of its rounds and every round's
+Rounds are interleaved: round r runs every cell once before round r + 1
+starts (the engines' order turned by one each round), so a slow spell of a
+shared machine hits every cell alike; each cell reports the median of its rounds and every round's
 value. Cold cells drop the page cache (dentries and inodes too) before each
 timed run (`sync; echo 3 > /proc/sys/vm/drop_caches`: root), or with
 --evict drop only the data's pages (posix_fadvise: no root, but paths stay
 cached). Cold runs also time the disk's ceiling: one file read front to back
 in 1 MiB O_DIRECT ranges with many in flight (io_uring), in GB/s.
 
-Data: the 92k set is a `fastread make-dataset` tree (--data-92k); the 4k, 256k, 512k and
-1m sets are made under --data-root on first use (random bytes, fixed seed).
+Data: the 92k set is a `fastread make-dataset` tree (--data-92k); the 4k,
+256k, 512k and 1m sets are made under --data-root on first use (random
+bytes, fixed seed).
 
 What a cell measures: `files` files (default: all of the set) read in batches
-of `batch`, warm: in as many passes as fill --min-time seconds. read_files: one read_files() call per batch, in order, no size
-hints, no read-ahead (the arrays are dropped before the next call). reader:
-one epoch of fastread.Reader (no shuffle) after an untimed epoch that
-learns the files' sizes (a Reader's steady state); the cold run drops the
-cache after that epoch. Reported: files/s, MB/s, and CPU seconds per file
+of `batch` (warm: in as many passes as fill --min-time seconds). read_files:
+one read_files() call per batch, in order, no size hints, no read-ahead
+(the arrays are dropped before the next call). reader: epochs of
+fastread.Reader (no shuffle; cold: one) after an untimed epoch that learns
+the files' sizes (a Reader's steady state); the cold run drops the cache
+after that epoch. Reported: files/s, MB/s, and CPU seconds per file
 of the whole process (getrusage: every thread, io-wq workers included).
 """
 import argparse
@@ -159,6 +161,15 @@ def pool_summary(before, after):
         if k in d:
             out[k] = d[k]
     return out
+
+
+def pool_text(p):
+    """One line of a read_files cell's pool_summary figures."""
+    text = (f"{p['helpers_per_phase']:.1f} helpers/phase, {100 * p['alone_share']:.0f}% alone, "
+            f"wake {p['wake_us']:.0f} us")
+    if "call_us" in p:
+        text += f", native {p['native_us']:.0f} of {p['call_us']:.0f} us a call"
+    return text
 
 
 def run_read_files(paths, batch, spec, opts, min_time=0.0):
@@ -359,11 +370,7 @@ def derived_lines(result):
     for c in result["cells"]:
         if "of_reader" in c:
             p = c.get("pool", {})
-            pool = (f"  [{p['helpers_per_phase']:.1f} helpers/phase, "
-                    f"{100 * p['alone_share']:.0f}% alone, wake {p['wake_us']:.0f} us"
-                    + (f", native {p['native_us']:.0f} of {p['call_us']:.0f} us a call"
-                       if "call_us" in p else "") + "]"
-                    if "helpers_per_phase" in p else "")
+            pool = f"  [{pool_text(p)}]" if "helpers_per_phase" in p else ""
             out.append(f"read_files/Reader {c['size']:>4} {c['cache']:4} b{c['batch']:<3} "
                        f"{c['engine']:10}: {c['of_reader']:.2f}"
                        f"{'' if c['of_reader'] >= 0.8 else '  (< 0.80)'}{pool}")
@@ -399,7 +406,8 @@ def main(argv=None):
                         "passes over the set (20,000 cached 4 KiB files take ~10 ms on 16 cores: "
                         "too short a run for a 5%% comparison)")
     p.add_argument("--files", type=int, default=0,
-                   help="files per cell (default: 20000 for 4k and 92k, 6000 for 256k, 3000 for 512k, 2000 for 1m)")
+                   help="files per cell (default: 20000 for 4k and 92k, 6000 for 256k, "
+                        "3000 for 512k, 2000 for 1m)")
     p.add_argument("--evict", action="store_true",
                    help="cold: evict the data's pages only (no root; dentries stay cached)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -453,8 +461,8 @@ def main(argv=None):
         sets[s] = paths[:n]
         print(f"set {s}: {len(sets[s])} files from {top}", flush=True)
         if not sets[s]:
-            sys.exit(f"set {s}: no files under {top}" +
-                     (" (--data-92k: make one with `fastread make-dataset DIR`)" if s == "92k" else ""))
+            hint = " (--data-92k: make one with `fastread make-dataset DIR`)" if s == "92k" else ""
+            sys.exit(f"set {s}: no files under {top}{hint}")
 
     result = {"machine": machine(), "skipped_engines": skipped,
               "config": {"sizes": sizes, "caches": caches, "batches": batches, "engines": engines,
@@ -512,12 +520,7 @@ def main(argv=None):
                     warm(paths)
                 dt, cpu, nbytes, pool, files = run_read_files(paths, b, e, rf_opts, min_time)
             runs[k].append({"s": dt, "cpu_s": cpu, "bytes": nbytes, "pool": pool, "files": files})
-            extra = ""
-            if "helpers_per_phase" in pool:
-                extra = (f"  pool: {pool['helpers_per_phase']:.1f} helpers/phase, "
-                         f"{100 * pool['alone_share']:.0f}% alone, wake {pool['wake_us']:.0f} us")
-            if "call_us" in pool:
-                extra += f", native {pool['native_us']:.0f} of {pool['call_us']:.0f} us a call"
+            extra = f"  pool: {pool_text(pool)}" if "helpers_per_phase" in pool else ""
             print(f"round {rnd} {s:>4} {c:4} b{b:<3} {e:10} {a:10} "
                   f"{files / dt:10,.0f} files/s  {nbytes / dt / 1e6:8.0f} MB/s  "
                   f"{cpu / files * 1e6:6.1f} us cpu/file{extra}", flush=True)

@@ -106,6 +106,17 @@ def env_int(name):
     except ValueError:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
+
+# env_snapshot's lookup: os.environ's raw bytes mapping where CPython keeps
+# one (POSIX), else os.environ itself.
+_ENV_NAMES = tuple(v[0] for v in _SETTINGS.values())
+_ENV_DATA = getattr(os.environ, "_data", None)
+if isinstance(_ENV_DATA, dict) and os.name == "posix":
+    _ENV_KEYS, _ENV_GET = tuple(map(os.fsencode, _ENV_NAMES)), _ENV_DATA.get
+else:
+    _ENV_KEYS, _ENV_GET = _ENV_NAMES, os.environ.get
+
+
 def env_snapshot():
     """The FASTREAD_* variables' values, for caches keyed by the environment.
     os.environ.get encodes the name and decodes the value on every call (13
@@ -114,11 +125,3 @@ def env_snapshot():
     reads that instead; writes through os.environ update it, so a changed
     setting is still seen at the next call."""
     return tuple(map(_ENV_GET, _ENV_KEYS))
-
-
-_ENV_NAMES = tuple(v[0] for v in _SETTINGS.values())
-_ENV_DATA = getattr(os.environ, "_data", None)
-if isinstance(_ENV_DATA, dict) and os.name == "posix":
-    _ENV_KEYS, _ENV_GET = tuple(map(os.fsencode, _ENV_NAMES)), _ENV_DATA.get
-else:
-    _ENV_KEYS, _ENV_GET = _ENV_NAMES, os.environ.get

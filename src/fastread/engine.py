@@ -139,15 +139,13 @@ def _resolve_for_open(engine):
 
 
 #: engine="auto": the rule, measured with bench/engines.py (read_files() and
-#: Reader; 4 KiB, 92 KiB, 256 KiB and 1 MiB files; warm and cold; batch 64
-#: and 256) on 16-core H100 and H200 machines and a 2-core VM, applied per
-#: batch by the C core (fr_auto_rule in csrc/fastread.h). Warm on the H200,
-#: io_uring read 4 KiB files twice as fast as psync and 92 KiB files as fast
-#: or faster; psync read 1 MiB files up to 1.4x as fast (its threads copy out
-#: of the page cache in parallel) and 256 KiB files 1.01-1.15x in a Reader;
-#: cold, io_uring was as fast or faster at batch 256 (H100, up to 1.2x); on 2
-#: cores io_uring was as fast or faster in every warm cell. GPU engines and
-#: range-only engines are only used by name; ranges always go to io_uring.
+#: Reader; 4 KiB to 1 MiB files; warm and cold; batch 64 and 256) on 16-core
+#: H100 and H200 machines and a 2-core VM, applied per batch by the C core
+#: (fr_auto_rule in csrc/fastread.h, which gives the numbers): on 16 cores,
+#: warm, io_uring reads files up to 256 KiB as fast or faster, psync 512 KiB
+#: and larger (its threads copy out of the page cache in parallel); cold and
+#: on 2 cores, io_uring. GPU engines and range-only engines are only used by
+#: name; ranges always go to io_uring.
 AUTO_RULE = (f"per batch: psync for files of {_core.AUTO_MIN_SIZE // 1024} KiB or more (a "
              f"running mean over the batches; once on psync, down to 3/4 of that) that are "
              f"in the page cache, on machines with "
@@ -518,9 +516,6 @@ def open_context(engine="auto", options=None, **opts):
 
 
 _local = threading.local()
-
-
-# The FASTREAD_* variables whose values select a cached context.
 
 
 def cached_context(engine="auto", options=None, **opts):
