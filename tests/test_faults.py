@@ -147,6 +147,10 @@ def interrupt_stalled_reader(files, reader_args, env=None):
     root = os.path.dirname(os.path.dirname(files[0]))
     script = f"""
     import os, sys, fastread
+    import signal
+    # A child of a shell's background job starts with SIGINT ignored, and
+    # Python then raises no KeyboardInterrupt: the test needs the default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     r = fastread.Reader({root!r}, batch_size=1, prefetch=1, workers=1, {reader_args})
     print("ready", flush=True)
     n = 0

@@ -171,6 +171,10 @@ def test_sigint_during_a_stalled_part_keeps_the_batch(shim, tmp_path):
     paths = _files(tmp_path, name=lambda k: "victim" if k == 1 else f"f{k}")
     script = f"""
     import json, os, numpy as np, fastread
+    import signal
+    # A child of a shell's background job starts with SIGINT ignored, and
+    # Python then raises no KeyboardInterrupt: the test needs the default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from fastread.formats import MultiFileRanges
     paths = {paths!r}
     src = MultiFileRanges([fastread.FileRanges(p, np.arange(8) * 4, [4] * 8) for p in paths])
