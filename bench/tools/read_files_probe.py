@@ -1,0 +1,113 @@
+"""Where a read_files() call's time goes on small cached files, against a
+Reader over the same files (issue 16: read_files() at 4 KiB on 16 cores ran
+at 0.56-0.64 of the Reader). Run from the repo root:
+
+    python3 bench/tools/read_files_probe.py [--root DIR] [--size 4096] [--files 20000]
+
+Makes --files files of --size bytes under --root once, warms them, then per
+batch size (64, 256) prints files/s of: the Reader; read_files(); the engine
+call alone without sizes (what read_files() does) and with every size known
+(the path a Reader takes from its second epoch on), each with its native
+microseconds a call; and the Python steps of a call (context lookup,
+arrays(), failures()) timed alone. Interleaved rounds; medians."""
+import argparse
+import os
+import statistics
+import time
+
+import fastread
+from fastread import _core, files as files_mod
+
+
+def make_tree(root, size, count):
+    paths = [os.path.join(root, f"d{k % 100:02d}", f"{k:06d}.bin") for k in range(count)]
+    if not all(os.path.exists(p) and os.path.getsize(p) == size for p in paths[:: max(1, count // 50)]):
+        payload = os.urandom(size)
+        for p in paths:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "wb") as f:
+                f.write(payload)
+    for p in paths:  # warm: every file in the page cache
+        with open(p, "rb") as f:
+            f.read()
+    return paths
+
+
+def timed(fn, lists, min_time=0.4):
+    """files/s over passes of fn over lists for at least min_time seconds."""
+    t0 = time.perf_counter()
+    n = 0
+    while n == 0 or time.perf_counter() - t0 < min_time:
+        for chunk in lists:
+            fn(chunk)
+            n += len(chunk)
+    return n / (time.perf_counter() - t0)
+
+
+def native_us(ctx, fn, lists):
+    c0, t0 = ctx.stat("file_calls"), ctx.stat("file_call_ns")
+    rate = timed(fn, lists)
+    calls = ctx.stat("file_calls") - c0
+    return rate, (ctx.stat("file_call_ns") - t0) / max(1, calls) / 1000
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default="/tmp/fastread-probe")
+    ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--files", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--engine", default="io_uring")
+    ap.add_argument("--threads", default="", help="extra thread counts for the engine call, e.g. 8,4")
+    args = ap.parse_args()
+    root = os.path.join(args.root, f"{args.size}x{args.files}")
+    paths = make_tree(root, args.size, args.files)
+    sizes = [args.size] * len(paths)
+    print(f"{len(paths)} files of {args.size} B, {os.cpu_count()} CPUs, engine {args.engine}")
+    for batch in (64, 256):
+        lists = [paths[i:i + batch] for i in range(0, len(paths) - batch + 1, batch)]
+        ctx = files_mod._context(args.engine, None, {}, batch)
+        extra = {int(t): _core.Context(args.engine, threads=int(t)) for t in args.threads.split(",") if t}
+        one = ctx.read(lists[0])
+        cells = {}
+
+        def add(name, value):
+            cells.setdefault(name, []).append(value)
+
+        for _ in range(args.rounds):
+            with fastread.Reader(files=paths, labels=[0] * len(paths), batch_size=batch,
+                                 engine=args.engine) as reader:
+                for arrays, _ in reader:
+                    pass
+                t0, n = time.perf_counter(), 0
+                while n == 0 or time.perf_counter() - t0 < 0.4:
+                    for arrays, _ in reader:
+                        n += len(arrays)
+                add("Reader", n / (time.perf_counter() - t0))
+            add("read_files()", timed(lambda l: fastread.read_files(l, engine=args.engine), lists))
+            for label, c in [(f"threads={ctx.stat('threads')} (read_files' context)", ctx)] + \
+                    [(f"threads={t}", c) for t, c in extra.items()]:
+                rate, us = native_us(c, lambda l: c.read(l).release(), lists)
+                add(f"engine call, sizes unknown, {label}", (rate, us))
+                rate, us = native_us(c, lambda l: c.read(l, sizes[:len(l)]).release(), lists)
+                add(f"engine call, sizes known, {label}", (rate, us))
+            add("python: _context()", 1e6 / timed(lambda l: files_mod._context(args.engine, None, {}, batch), lists) * batch)
+            add("python: arrays()", 1e6 / timed(lambda l: one.arrays(), lists) * batch)
+            add("python: failures()", 1e6 / timed(lambda l: one.failures(), lists) * batch)
+            add("python: arrays + sum(nbytes)", 1e6 / timed(lambda l: sum(a.nbytes for a in one.arrays()), lists) * batch)
+        print(f"\nbatch {batch}")
+        for name, values in cells.items():
+            if isinstance(values[0], tuple):
+                rate = statistics.median(v[0] for v in values)
+                us = statistics.median(v[1] for v in values)
+                print(f"  {name:60s} {rate:12,.0f} files/s  native {us:7.1f} us a call "
+                      f"({1e6 * batch / rate:7.1f} us a call in all)")
+            elif name.startswith("python"):
+                print(f"  {name:60s} {statistics.median(values):7.1f} us a call")
+            else:
+                rate = statistics.median(values)
+                print(f"  {name:60s} {rate:12,.0f} files/s  ({1e6 * batch / rate:7.1f} us a batch)")
+
+
+if __name__ == "__main__":
+    main()
