@@ -59,6 +59,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--engine", default="io_uring")
     ap.add_argument("--threads", default="", help="extra thread counts for the engine call, e.g. 8,4")
+    ap.add_argument("--variants", default="",
+                    help="engine_args to compare, ';'-separated, e.g. 'turn=4;taskrun=defer': "
+                         "read_files() and the engine call with each")
     args = ap.parse_args()
     root = os.path.join(args.root, f"{args.size}x{args.files}")
     paths = make_tree(root, args.size, args.files)
@@ -85,6 +88,14 @@ def main():
                         n += len(arrays)
                 add("Reader", n / (time.perf_counter() - t0))
             add("read_files()", timed(lambda l: fastread.read_files(l, engine=args.engine), lists))
+            for v in [v for v in args.variants.split(";") if v]:
+                add(f"read_files(), engine_args={v}",
+                    timed(lambda l: fastread.read_files(l, engine=args.engine, engine_args=v), lists))
+                c = files_mod._context(args.engine, None, {"engine_args": v}, batch)
+                add(f"engine call, sizes unknown, engine_args={v}",
+                    native_us(c, lambda l: c.read(l).release(), lists))
+                add(f"engine call, sizes known, engine_args={v}",
+                    native_us(c, lambda l: c.read(l, sizes[:len(l)]).release(), lists))
             for label, c in [(f"threads={ctx.stat('threads')} (read_files' context)", ctx)] + \
                     [(f"threads={t}", c) for t, c in extra.items()]:
                 rate, us = native_us(c, lambda l: c.read(l).release(), lists)
