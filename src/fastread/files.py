@@ -16,14 +16,17 @@ _local = threading.local()
 
 def _context(engine, options, engine_options, nfiles):
     """The engine context read_files() reads with, opened on first use."""
-    try:
-        given = options if options is None or isinstance(options, EngineOptions) else \
-            tuple(sorted(dict(options).items()))
-        key = (engine, given, tuple(sorted(engine_options.items())),
-               _defaults.env_snapshot())
-        hash(key)
-    except TypeError:  # an unhashable option value: no shortcut
-        key = None
+    if options is None and not engine_options:
+        key = (engine, _defaults.env_snapshot())  # the common call: no options to order
+    else:
+        try:
+            given = options if options is None or isinstance(options, EngineOptions) else \
+                tuple(sorted(dict(options).items()))
+            key = (engine, given, tuple(sorted(engine_options.items())),
+                   _defaults.env_snapshot())
+            hash(key)
+        except TypeError:  # an unhashable option value: no shortcut
+            key = None
     if getattr(_local, "pid", None) != os.getpid():
         _local.contexts, _local.pid = {}, os.getpid()  # a fork()ed child opens its own
         _local.fds_checked = -1
