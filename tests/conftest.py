@@ -2,7 +2,9 @@ import io
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
+import textwrap
 
 import numpy as np
 import pytest
@@ -88,6 +90,16 @@ def fault_tree(root, victim_bytes):
         p.write_bytes(bytes([(i * 37 + k) % 251 for k in range(size)]))
         paths.append(str(p))
     return paths
+
+
+def interruptible_child(script, env=None):
+    """A Python child running `script` (dedented), pipes open in text mode,
+    that a test interrupts with SIGINT. It restores Python's SIGINT handler
+    first: a child of a shell's background job starts with SIGINT ignored,
+    and Python then raises no KeyboardInterrupt."""
+    prelude = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    return subprocess.Popen([sys.executable, "-c", prelude + textwrap.dedent(script)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def write_tar(path, members, fmt=tarfile.USTAR_FORMAT, mode="w"):

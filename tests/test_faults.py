@@ -21,7 +21,7 @@ import textwrap
 
 import pytest
 
-from conftest import fault_tree
+from conftest import fault_tree, interruptible_child
 
 
 
@@ -147,10 +147,6 @@ def interrupt_stalled_reader(files, reader_args, env=None):
     root = os.path.dirname(os.path.dirname(files[0]))
     script = f"""
     import os, sys, fastread
-    import signal
-    # A child of a shell's background job starts with SIGINT ignored, and
-    # Python then raises no KeyboardInterrupt: the test needs the default.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     r = fastread.Reader({root!r}, batch_size=1, prefetch=1, workers=1, {reader_args})
     print("ready", flush=True)
     n = 0
@@ -163,8 +159,7 @@ def interrupt_stalled_reader(files, reader_args, env=None):
     print("finished without interruption", flush=True)
     os._exit(1)
     """
-    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = interruptible_child(script, env)
     try:
         assert p.stdout.readline().strip() == "ready"
         time.sleep(1.0)  # let it reach the stalled sample

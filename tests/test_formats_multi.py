@@ -5,8 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
@@ -15,6 +13,7 @@ import pytest
 import fastread
 from fastread.formats import MultiFileRanges
 
+from conftest import interruptible_child
 
 
 def _files(tmp_path, count=3, per_file=8, name=lambda k: f"f{k}"):
@@ -171,10 +170,6 @@ def test_sigint_during_a_stalled_part_keeps_the_batch(shim, tmp_path):
     paths = _files(tmp_path, name=lambda k: "victim" if k == 1 else f"f{k}")
     script = f"""
     import json, os, numpy as np, fastread
-    import signal
-    # A child of a shell's background job starts with SIGINT ignored, and
-    # Python then raises no KeyboardInterrupt: the test needs the default.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     from fastread.formats import MultiFileRanges
     paths = {paths!r}
     src = MultiFileRanges([fastread.FileRanges(p, np.arange(8) * 4, [4] * 8) for p in paths])
@@ -200,8 +195,7 @@ def test_sigint_during_a_stalled_part_keeps_the_batch(shim, tmp_path):
     """
     env = dict(os.environ, LD_PRELOAD=shim, FR_FAULT_PATH="victim", FR_FAULT_OP="read",
                FR_FAULT_MODE="stall", FR_FAULT_COUNT="1", FR_FAULT_STALL_MS="3000")
-    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = interruptible_child(script, env)
     try:
         assert p.stdout.readline().strip() == "ready"
         time.sleep(1.0)  # the second batch's part of "victim" is stalled now
