@@ -60,22 +60,32 @@ def main():
     ap.add_argument("--engine", default="io_uring")
     ap.add_argument("--threads", default="", help="extra thread counts for the engine call, e.g. 8,4")
     ap.add_argument("--variants", default="",
-                    help="engine_args to compare, ';'-separated, e.g. 'turn=4;taskrun=defer': "
+                    help="engine_args to compare, ';'-separated, e.g. 'unsized=fds;taskrun=defer': "
                          "read_files() and the engine call with each")
     args = ap.parse_args()
     root = os.path.join(args.root, f"{args.size}x{args.files}")
     paths = make_tree(root, args.size, args.files)
     sizes = [args.size] * len(paths)
     print(f"{len(paths)} files of {args.size} B, {os.cpu_count()} CPUs, engine {args.engine}")
+    variants = [v for v in args.variants.split(";") if v]
     for batch in (64, 256):
         lists = [paths[i:i + batch] for i in range(0, len(paths) - batch + 1, batch)]
         ctx = files_mod._context(args.engine, None, {}, batch)
-        extra = {int(t): _core.Context(args.engine, threads=int(t)) for t in args.threads.split(",") if t}
+        # Every context the engine call is timed with: read_files()' own, one
+        # per extra thread count, and read_files()' own with each variant.
+        contexts = [(f"threads={ctx.stat('threads')} (read_files' context)", ctx)]
+        contexts += [(f"threads={t}", _core.Context(args.engine, threads=int(t)))
+                     for t in args.threads.split(",") if t]
+        contexts += [(f"engine_args={v}", files_mod._context(args.engine, None, {"engine_args": v}, batch))
+                     for v in variants]
         one = ctx.read(lists[0])
         cells = {}
 
         def add(name, value):
             cells.setdefault(name, []).append(value)
+
+        def us_a_call(fn):
+            return 1e6 * batch / timed(fn, lists)
 
         for _ in range(args.rounds):
             with fastread.Reader(files=paths, labels=[0] * len(paths), batch_size=batch,
@@ -88,24 +98,21 @@ def main():
                         n += len(arrays)
                 add("Reader", n / (time.perf_counter() - t0))
             add("read_files()", timed(lambda l: fastread.read_files(l, engine=args.engine), lists))
-            for v in [v for v in args.variants.split(";") if v]:
+            for v in variants:
                 add(f"read_files(), engine_args={v}",
                     timed(lambda l: fastread.read_files(l, engine=args.engine, engine_args=v), lists))
-                c = files_mod._context(args.engine, None, {"engine_args": v}, batch)
-                add(f"engine call, sizes unknown, engine_args={v}",
+            for label, c in contexts:
+                add(f"engine call, sizes unknown, {label}",
                     native_us(c, lambda l: c.read(l).release(), lists))
-                add(f"engine call, sizes known, engine_args={v}",
+                add(f"engine call, sizes known, {label}",
                     native_us(c, lambda l: c.read(l, sizes[:len(l)]).release(), lists))
-            for label, c in [(f"threads={ctx.stat('threads')} (read_files' context)", ctx)] + \
-                    [(f"threads={t}", c) for t, c in extra.items()]:
-                rate, us = native_us(c, lambda l: c.read(l).release(), lists)
-                add(f"engine call, sizes unknown, {label}", (rate, us))
-                rate, us = native_us(c, lambda l: c.read(l, sizes[:len(l)]).release(), lists)
-                add(f"engine call, sizes known, {label}", (rate, us))
-            add("python: _context()", 1e6 / timed(lambda l: files_mod._context(args.engine, None, {}, batch), lists) * batch)
-            add("python: arrays()", 1e6 / timed(lambda l: one.arrays(), lists) * batch)
-            add("python: failures()", 1e6 / timed(lambda l: one.failures(), lists) * batch)
-            add("python: arrays + sum(nbytes)", 1e6 / timed(lambda l: sum(a.nbytes for a in one.arrays()), lists) * batch)
+            add("python: _context()", us_a_call(lambda l: files_mod._context(args.engine, None, {}, batch)))
+            add("python: arrays()", us_a_call(lambda l: one.arrays()))
+            add("python: failures()", us_a_call(lambda l: one.failures()))
+            add("python: arrays + sum(nbytes)", us_a_call(lambda l: sum(a.nbytes for a in one.arrays())))
+        for label, c in contexts:
+            if label.startswith("threads=") and c is not ctx:
+                c.close()  # read_files()' contexts stay: its cache owns them
         print(f"\nbatch {batch}")
         for name, values in cells.items():
             if isinstance(values[0], tuple):
