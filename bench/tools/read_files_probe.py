@@ -8,8 +8,10 @@ Makes --files files of --size bytes under --root once, warms them, then per
 batch size (64, 256) prints files/s of: the Reader; read_files(); the engine
 call alone without sizes (what read_files() does) and with every size known
 (the path a Reader takes from its second epoch on), each with its native
-microseconds a call; and the Python steps of a call (context lookup,
-arrays(), failures()) timed alone. Interleaved rounds; medians."""
+microseconds a call; the context's read() then arrays() (read_files() less
+its argument checks); read_files() with other options (--read-options); and
+the Python steps of a call (context lookup, arrays(), failures()) timed
+alone. Interleaved rounds; medians."""
 import argparse
 import os
 import statistics
@@ -62,6 +64,9 @@ def main():
     ap.add_argument("--variants", default="",
                     help="engine_args to compare, ';'-separated, e.g. 'unsized=fds;taskrun=defer': "
                          "read_files() and the engine call with each")
+    ap.add_argument("--read-options", default="",
+                    help="options for read_files() itself, ';'-separated, one each, e.g. "
+                         "'threads=12;spin_us=200': a row each")
     args = ap.parse_args()
     root = os.path.join(args.root, f"{args.size}x{args.files}")
     paths = make_tree(root, args.size, args.files)
@@ -98,6 +103,13 @@ def main():
                         n += len(arrays)
                 add("Reader", n / (time.perf_counter() - t0))
             add("read_files()", timed(lambda l: fastread.read_files(l, engine=args.engine), lists))
+            add("read() then arrays() (read_files() without its checks)",
+                timed(lambda l: ctx.read(l).arrays(), lists))
+            for opt in [o for o in args.read_options.split(";") if o]:
+                key, value = opt.split("=", 1)
+                kw = {key: value if key == "engine_args" else int(value)}
+                add(f"read_files(), {opt}",
+                    timed(lambda l: fastread.read_files(l, engine=args.engine, **kw), lists))
             for v in variants:
                 add(f"read_files(), engine_args={v}",
                     timed(lambda l: fastread.read_files(l, engine=args.engine, engine_args=v), lists))
