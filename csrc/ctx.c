@@ -13,6 +13,7 @@
 
 #include "engine.h"
 #include "gpu.h"
+#include "size_memo.h"
 
 static const fr_engine *const engines[] = {
 #ifdef FASTREAD_HAVE_URING
@@ -74,6 +75,15 @@ struct fr_ctx {
      * clock, what a binding costs around the native call. */
     long file_calls;
     long file_call_ns;
+
+    /* Sizes of files read without hints (cfg.remember_sizes; made on first
+     * use), and the hints looked up in it for the call in progress. */
+    unsigned remember_sizes;
+    fr_size_memo *memo;
+    int64_t *memo_hints;
+    uint64_t *memo_hashes;
+    size_t memo_hints_cap;
+    long memo_calls; /* calls whose every size was remembered */
 };
 
 void fr_config_init(fr_config *cfg)
@@ -81,6 +91,7 @@ void fr_config_init(fr_config *cfg)
     memset(cfg, 0, sizeof(*cfg));
     cfg->engine = "io_uring";
     cfg->queue_depth = 64;
+    cfg->remember_sizes = FR_REMEMBER_SIZES;
     cfg->threads = 4;
     cfg->o_direct = 0;
     cfg->direct_alignment = 4096;
@@ -172,6 +183,7 @@ int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
     ctx->engine = e;
     ctx->device_output = cfg->device_output;
     ctx->pid = getpid();
+    ctx->remember_sizes = cfg->remember_sizes;
 #ifdef FASTREAD_HAVE_URING
     /* Only between io_uring and psync, for buffered host reads (the rule
      * gives io_uring for O_DIRECT anyway): */
@@ -231,6 +243,9 @@ void fr_ctx_close(fr_ctx *ctx)
         return;
     }
     ctx->engine->close(ctx->state);
+    fr_size_memo_free(ctx->memo);
+    free(ctx->memo_hints);
+    free(ctx->memo_hashes);
     if (ctx->alt_state)
         fr_engine_psync.close(ctx->alt_state);
     if (ctx->gpu) {
@@ -390,13 +405,40 @@ static long now_ns(void)
     return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
+/* Hints for a call without any: the sizes remembered for its paths (NULL
+ * when none is, or the memo cannot be made). */
+static const int64_t *remembered_sizes(fr_ctx *ctx, const char *const *paths, size_t n)
+{
+    if (!ctx->remember_sizes || n == 0)
+        return NULL;
+    if (!ctx->memo && !(ctx->memo = fr_size_memo_new(ctx->remember_sizes)))
+        return NULL;
+    if (n > ctx->memo_hints_cap) {
+        int64_t *h = realloc(ctx->memo_hints, n * sizeof(*h));
+        if (h)
+            ctx->memo_hints = h;
+        uint64_t *k = realloc(ctx->memo_hashes, n * sizeof(*k));
+        if (k)
+            ctx->memo_hashes = k;
+        if (!h || !k)
+            return NULL;
+        ctx->memo_hints_cap = n;
+    }
+    size_t found = fr_size_memo_lookup(ctx->memo, paths, n, ctx->memo_hashes, ctx->memo_hints);
+    ctx->memo_calls += found == n;
+    return found ? ctx->memo_hints : NULL;
+}
+
 int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
                   fr_batch *batch)
 {
     if (ctx->pid != getpid())
         return -ECHILD; /* opened by the parent process: see struct fr_ctx */
     long t0 = now_ns();
-    int rc = read_files_untimed(ctx, paths, size_hints, n, batch);
+    const int64_t *looked_up = size_hints ? NULL : remembered_sizes(ctx, paths, n);
+    int rc = read_files_untimed(ctx, paths, size_hints ? size_hints : looked_up, n, batch);
+    if (rc == 0 && !size_hints && ctx->memo && ctx->memo_hints_cap >= n)
+        fr_size_memo_store(ctx->memo, ctx->memo_hashes, batch->samples, ctx->memo_hints, n);
     ctx->file_call_ns += now_ns() - t0;
     ctx->file_calls++;
     return rc;
@@ -421,6 +463,10 @@ long fr_ctx_stat(const fr_ctx *ctx, const char *key)
         return ctx->auto_engine;
     if (strcmp(key, "file_calls") == 0)
         return ctx->file_calls;
+    if (strcmp(key, "remembered_paths") == 0)
+        return ctx->memo ? (long)fr_size_memo_count(ctx->memo) : 0;
+    if (strcmp(key, "remembered_calls") == 0)
+        return ctx->memo_calls;
     if (strcmp(key, "file_call_ns") == 0)
         return ctx->file_call_ns;
     if (strcmp(key, "auto_uring_batches") == 0)

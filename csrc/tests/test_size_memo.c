@@ -1,0 +1,169 @@
+/* Remembered sizes (size_memo.c and fr_config.remember_sizes).
+ * The memo alone: a path is found after it is stored, with the size stored;
+ * a failed sample forgets its path; a full memo updates the paths it has
+ * and adds none; it grows past its first table. Through fr_read_files: a
+ * second read of a list takes every size from the memo (stat
+ * "remembered_calls"), and files that grew, shrank, vanished or became a
+ * directory or a FIFO since still read as they are now, on every engine;
+ * remember_sizes = 0 remembers nothing. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "size_memo.h"
+
+static void check_memo_alone(void)
+{
+    enum { N = 3000 };
+    static char names[N][32];
+    const char *paths[N];
+    fr_sample samples[N];
+    uint64_t hashes[N];
+    int64_t sizes[N];
+    for (size_t i = 0; i < N; i++) {
+        snprintf(names[i], sizeof(names[i]), "/data/train/%06zu.jpg", i);
+        paths[i] = names[i];
+        samples[i].offset = 0;
+        samples[i].length = (int64_t)(i * 7);
+    }
+    fr_size_memo *m = fr_size_memo_new(N);
+    CHECK(m != NULL);
+    if (!m)
+        return;
+    CHECK(fr_size_memo_lookup(m, paths, N, hashes, sizes) == 0);
+    for (size_t i = 0; i < N; i++)
+        CHECK(sizes[i] == -1 && hashes[i] == fr_size_memo_hash(paths[i]));
+    fr_size_memo_store(m, hashes, samples, sizes, N);
+    CHECK(fr_size_memo_count(m) == N);
+    CHECK(fr_size_memo_lookup(m, paths, N, hashes, sizes) == N);
+    int all = 1;
+    for (size_t i = 0; i < N; i++)
+        all &= sizes[i] == (int64_t)(i * 7);
+    CHECK(all);
+    /* Changed and failed samples: updated, forgotten. */
+    samples[5].length = 123456;
+    samples[6].length = -ENOENT;
+    fr_size_memo_store(m, hashes, samples, sizes, N);
+    CHECK(fr_size_memo_lookup(m, paths, N, hashes, sizes) == N - 1);
+    CHECK(sizes[5] == 123456 && sizes[6] == -1);
+    /* A path differing in its last byte only is another path. */
+    const char *other[] = {"/data/train/000001.jpf"};
+    CHECK(fr_size_memo_lookup(m, other, 1, hashes, sizes) == 0);
+    fr_size_memo_free(m);
+
+    /* Full: known paths are updated, new ones not added. */
+    m = fr_size_memo_new(10);
+    CHECK(m != NULL);
+    if (!m)
+        return;
+    CHECK(fr_size_memo_lookup(m, paths, 20, hashes, sizes) == 0);
+    fr_size_memo_store(m, hashes, samples, sizes, 20);
+    CHECK(fr_size_memo_count(m) == 10);
+    CHECK(fr_size_memo_lookup(m, paths, 20, hashes, sizes) == 10);
+    samples[0].length = 99;
+    fr_size_memo_store(m, hashes, samples, sizes, 20);
+    CHECK(fr_size_memo_lookup(m, paths, 1, hashes, sizes) == 1 && sizes[0] == 99);
+    CHECK(fr_size_memo_count(m) == 10);
+    fr_size_memo_free(m);
+
+    /* More paths than its first table holds (1 << 30 allowed): it grows. */
+    m = fr_size_memo_new((size_t)1 << 30);
+    CHECK(m != NULL);
+    if (!m)
+        return;
+    CHECK(fr_size_memo_lookup(m, paths, N, hashes, sizes) == 0);
+    fr_size_memo_store(m, hashes, samples, sizes, N);
+    CHECK(fr_size_memo_lookup(m, paths, N, hashes, sizes) == N - 1); /* 6 failed */
+    fr_size_memo_free(m);
+}
+
+static void check_reads(const char *engine)
+{
+    char why[FR_ERRLEN];
+    if (fr_engine_probe(engine, why, sizeof(why)) != 0)
+        return;
+    char *grew = fr_test_write("m_grew.bin", 5000, 1);
+    char *shrank = fr_test_write("m_shrank.bin", 70000, 2);
+    char *same = fr_test_write("m_same.bin", 4096, 3);
+    char *gone = fr_test_write("m_gone.bin", 10, 4);
+    char *dir = fr_test_write("m_dir.bin", 10, 5);
+    char *fifo = fr_test_write("m_fifo.bin", 10, 6);
+    const char *paths[] = {grew, shrank, same, gone, dir, fifo};
+    enum { N = sizeof(paths) / sizeof(paths[0]) };
+    fr_config cfg;
+    fr_config_init(&cfg);
+    cfg.engine = engine;
+    fr_ctx *ctx = NULL;
+    fr_pool *pool = fr_pool_new();
+    char err[FR_ERRLEN];
+    CHECK(pool && fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+    if (!ctx || !pool)
+        return;
+    fr_batch *b = fr_pool_get(pool);
+    for (int round = 0; round < 2; round++) {
+        CHECK(fr_batch_prepare(b, N) == 0);
+        CHECK(fr_read_files(ctx, paths, NULL, N, b) == 0);
+        for (size_t i = 0; i < N; i++)
+            CHECK(fr_test_same(b, i, paths[i]));
+    }
+    CHECK(fr_ctx_stat(ctx, "remembered_paths") == N);
+    CHECK(fr_ctx_stat(ctx, "remembered_calls") == 1);
+    /* Changed since: every remembered size is now wrong or the path is
+     * no regular file. */
+    free(fr_test_write("m_grew.bin", 90000, 11));
+    free(fr_test_write("m_shrank.bin", 3, 12));
+    unlink(gone);
+    unlink(dir);
+    CHECK(mkdir(dir, 0755) == 0);
+    unlink(fifo);
+    CHECK(mkfifo(fifo, 0644) == 0);
+    CHECK(fr_batch_prepare(b, N) == 0);
+    CHECK(fr_read_files(ctx, paths, NULL, N, b) == 0);
+    CHECK(fr_ctx_stat(ctx, "remembered_calls") == 2);
+    CHECK(fr_test_same(b, 0, grew) && b->samples[0].length == 90000);
+    CHECK(fr_test_same(b, 1, shrank) && b->samples[1].length == 3);
+    CHECK(fr_test_same(b, 2, same));
+    CHECK(b->samples[3].length == -ENOENT);
+    CHECK(b->samples[4].length == -EISDIR);
+    CHECK(b->samples[5].length == -EINVAL);
+    /* The failures are forgotten, the new sizes remembered. */
+    CHECK(fr_batch_prepare(b, 3) == 0);
+    CHECK(fr_read_files(ctx, paths, NULL, 3, b) == 0);
+    CHECK(fr_ctx_stat(ctx, "remembered_calls") == 3);
+    CHECK(b->samples[0].length == 90000 && b->samples[1].length == 3);
+    fr_batch_recycle(b);
+    fr_ctx_close(ctx);
+    unlink(fifo);
+    rmdir(dir);
+
+    /* remember_sizes = 0: nothing remembered. */
+    cfg.remember_sizes = 0;
+    CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+    b = fr_pool_get(pool);
+    for (int round = 0; round < 2; round++) {
+        CHECK(fr_batch_prepare(b, 3) == 0);
+        CHECK(fr_read_files(ctx, paths, NULL, 3, b) == 0);
+    }
+    CHECK(fr_ctx_stat(ctx, "remembered_paths") == 0);
+    CHECK(fr_ctx_stat(ctx, "remembered_calls") == 0);
+    fr_batch_recycle(b);
+    fr_ctx_close(ctx);
+    fr_pool_close(pool);
+    for (size_t i = 0; i < N; i++)
+        free((char *)paths[i]);
+}
+
+int main(void)
+{
+    check_memo_alone();
+    const char *const *names = fr_engine_names();
+    for (size_t i = 0; names[i]; i++)
+        if (strcmp(names[i], "cufile") != 0 && strcmp(names[i], "xnvme") != 0)
+            check_reads(names[i]);
+    fr_test_cleanup();
+    return fr_test_finish("test_size_memo");
+}
