@@ -229,3 +229,56 @@ def test_context_lookup_follows_arguments_and_environment(monkeypatch, edge_tree
             fastread.read_files(paths, engine="psync", no_such_option=1)
         with pytest.raises(ValueError, match="queue_depth"):
             fastread.read_files(paths, engine="psync", queue_depth=0)
+
+
+@pytest.mark.parametrize("engine", engine_params())
+def test_remembered_sizes_are_hints_only(engine, tmp_path):
+    """A second read_files() of a list takes its sizes from the context's
+    memory; files that changed since read as they are now."""
+    paths = [str(tmp_path / f"f{i}") for i in range(40)]
+    for i, p in enumerate(paths):
+        with open(p, "wb") as f:
+            f.write(bytes([i]) * (100 * i + 1))
+    for _ in range(2):
+        arrays = fastread.read_files(paths, engine=engine)
+        assert [a.tobytes() for a in arrays] == [bytes([i]) * (100 * i + 1) for i in range(40)]
+    ctx = fastread.files._context(engine, None, {}, len(paths))
+    assert ctx.stat("remembered_paths") >= 40
+    calls = ctx.stat("remembered_calls")
+    assert calls >= 1
+    with open(paths[3], "wb") as f:
+        f.write(b"g" * 300_000)  # grew
+    with open(paths[4], "wb") as f:
+        f.write(b"s")  # shrank
+    os.remove(paths[5])
+    with pytest.raises(fastread.ReadError) as e:
+        fastread.read_files(paths, engine=engine)
+    assert e.value.filename == paths[5]
+    assert ctx.stat("remembered_calls") == calls + 1
+    del paths[5]
+    arrays = fastread.read_files(paths, engine=engine)
+    assert arrays[3].tobytes() == b"g" * 300_000 and arrays[4].tobytes() == b"s"
+    assert arrays[5].tobytes() == bytes([6]) * 601
+
+
+def test_remember_sizes_off_and_checked(monkeypatch, tmp_path):
+    p = tmp_path / "a"
+    p.write_bytes(b"abc")
+    monkeypatch.setenv("FASTREAD_REMEMBER_SIZES", "0")
+    for _ in range(2):
+        assert fastread.read_files([str(p)])[0].tobytes() == b"abc"
+    ctx = fastread.files._context("auto", None, {}, 1)
+    assert ctx.stat("remembered_paths") == 0 and ctx.stat("remembered_calls") == 0
+    monkeypatch.setenv("FASTREAD_REMEMBER_SIZES", "-1")
+    with pytest.raises(ValueError, match="FASTREAD_REMEMBER_SIZES"):
+        fastread.read_files([str(p)])
+    monkeypatch.setenv("FASTREAD_REMEMBER_SIZES", "many")
+    with pytest.raises(ValueError, match="FASTREAD_REMEMBER_SIZES"):
+        fastread.read_files([str(p)])
+    with pytest.raises(ValueError, match="remember_sizes"):
+        fastread.Context("psync", remember_sizes=-1)
+    ctx = fastread.Context("psync", threads=1, remember_sizes=1)
+    ctx.read([str(p)]).release()
+    ctx.read([str(p)]).release()
+    assert ctx.stat("remembered_paths") == 1 and ctx.stat("remembered_calls") == 1
+    ctx.close()

@@ -20,6 +20,7 @@ cdef extern from "fastread.h" nogil:
         fr_gpu *gpu
         unsigned spin_us
         int auto_engine
+        unsigned remember_sizes
 
     void fr_config_init(fr_config *cfg)
     const int FR_AUTO_URING

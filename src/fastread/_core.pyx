@@ -485,7 +485,8 @@ cdef class Context:
                   bint o_direct=False, unsigned direct_alignment=4096,
                   bint register_buffers=True, bint register_files=True,
                   str engine_args="", int device_id=-1, bint pin_memory=False,
-                  bint device_output=False, unsigned spin_us=50, int auto_engine=0):
+                  bint device_output=False, unsigned spin_us=50, int auto_engine=0,
+                  remember_sizes=None):
         import threading
         cdef fr_config cfg
         cdef char err[256]
@@ -495,6 +496,12 @@ cdef class Context:
         _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
                      register_buffers, register_files, args, device_id, pin_memory,
                      device_output, spin_us, auto_engine)
+        if remember_sizes is not None:
+            # Paths whose sizes read() without ``sizes`` remembers for the
+            # next read of them (fr_config.remember_sizes); 0: none.
+            if not 0 <= remember_sizes <= 1 << 30:
+                raise ValueError(f"remember_sizes must be in 0..2**30, got {remember_sizes!r}")
+            cfg.remember_sizes = remember_sizes
         cdef int rc
         with nogil:
             rc = fr_ctx_open(&cfg, &self.ctx, err, sizeof(err))

@@ -518,6 +518,13 @@ def open_context(engine="auto", options=None, **opts):
 _local = threading.local()
 
 
+def _remember_sizes():
+    v = _defaults.get("remember_sizes")
+    if not 0 <= v <= 1 << 30:
+        raise ValueError(f"{_defaults.env_var('remember_sizes')}={v}: expected 0..2**30 paths")
+    return v
+
+
 def cached_context(engine="auto", options=None, **opts):
     """This thread's context for these settings, opened on first use.
 
@@ -544,10 +551,12 @@ def cached_context(engine="auto", options=None, **opts):
     name = _resolve_for_open(engine)
     coerced = EngineOptions.coerce(options, **opts)
     resolved = coerced.resolve(name)
-    key = (name,) + tuple(sorted(resolved.items()))
+    remember = _remember_sizes()
+    key = (name, remember) + tuple(sorted(resolved.items()))
     ctx = _local.contexts.get(key)
     if ctx is None:
-        _, ctx = open_engine(engine, lambda n: _core.Context(n, **coerced.resolve(n)))
+        _, ctx = open_engine(engine, lambda n: _core.Context(n, **coerced.resolve(n),
+                                                             remember_sizes=remember))
         _local.contexts[key] = ctx
     if fast_key is not None:
         _local.fast[fast_key] = ctx
