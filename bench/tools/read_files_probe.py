@@ -5,14 +5,17 @@ at 0.56-0.64 of the Reader). Run from the repo root:
     python3 bench/tools/read_files_probe.py [--root DIR] [--size 4096] [--files 20000]
 
 Makes --files files of --size bytes under --root once, warms them, then per
-batch size (64, 256) prints files/s of: the Reader; read_files(); the engine
-call alone without sizes (what read_files() does) and with every size known
-(the path a Reader takes from its second epoch on), each with its native
-microseconds a call; the context's read() then arrays() (read_files() less
+batch size (64, 256) prints files/s of: the Reader; read_files(), with and
+without remembered sizes (FASTREAD_REMEMBER_SIZES=0); the engine call alone
+with no sizes given (what read_files() does: after the first pass over the
+files, every size is remembered) and with every size given (the path a
+Reader takes from its second epoch on), each with its native microseconds a
+call, on read_files()' context and on one that remembers nothing; the context's read() then arrays() (read_files() less
 its argument checks); read_files() with other options (--read-options); and
 the Python steps of a call (context lookup, arrays(), failures()) timed
 alone. Interleaved rounds; medians."""
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -53,6 +56,18 @@ def native_us(ctx, fn, lists):
     return rate, (ctx.stat("file_call_ns") - t0) / max(1, calls) / 1000
 
 
+@contextlib.contextmanager
+def sizes_forgotten():
+    """read_files() as it reads without remembered sizes (every file sized
+    by the engine): its contexts are keyed by the environment, so this is a
+    context of its own."""
+    os.environ["FASTREAD_REMEMBER_SIZES"] = "0"
+    try:
+        yield
+    finally:
+        del os.environ["FASTREAD_REMEMBER_SIZES"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default="/tmp/fastread-probe")
@@ -83,6 +98,8 @@ def main():
                      for t in args.threads.split(",") if t]
         contexts += [(f"engine_args={v}", files_mod._context(args.engine, None, {"engine_args": v}, batch))
                      for v in variants]
+        with sizes_forgotten():
+            contexts.append(("sizes not remembered", files_mod._context(args.engine, None, {}, batch)))
         one = ctx.read(lists[0])
         cells = {}
 
@@ -105,6 +122,9 @@ def main():
             add("read_files()", timed(lambda l: fastread.read_files(l, engine=args.engine), lists))
             add("read() then arrays() (read_files() without its checks)",
                 timed(lambda l: ctx.read(l).arrays(), lists))
+            with sizes_forgotten():
+                add("read_files(), sizes not remembered (FASTREAD_REMEMBER_SIZES=0)",
+                    timed(lambda l: fastread.read_files(l, engine=args.engine), lists))
             for opt in [o for o in args.read_options.split(";") if o]:
                 key, value = opt.split("=", 1)
                 kw = {key: value if key == "engine_args" else int(value)}
@@ -114,7 +134,7 @@ def main():
                 add(f"read_files(), engine_args={v}",
                     timed(lambda l: fastread.read_files(l, engine=args.engine, engine_args=v), lists))
             for label, c in contexts:
-                add(f"engine call, sizes unknown, {label}",
+                add(f"engine call, no sizes given, {label}",
                     native_us(c, lambda l: c.read(l).release(), lists))
                 add(f"engine call, sizes known, {label}",
                     native_us(c, lambda l: c.read(l, sizes[:len(l)]).release(), lists))
