@@ -84,6 +84,7 @@ struct fr_ctx {
     uint64_t *memo_hashes;
     size_t memo_hints_cap;
     long memo_calls; /* calls whose every size was remembered */
+    uint64_t unhinted_mean; /* mean file size of the last call without hints (0: none yet) */
 };
 
 void fr_config_init(fr_config *cfg)
@@ -406,10 +407,17 @@ static long now_ns(void)
 }
 
 /* Hints for a call without any: the sizes remembered for its paths (NULL
- * when none is, or the memo cannot be made). */
-static const int64_t *remembered_sizes(fr_ctx *ctx, const char *const *paths, size_t n)
+ * when none is, or the memo cannot be made or is not used); *looked_up set
+ * when the paths were looked up (their sizes are then stored after the
+ * read). */
+static const int64_t *remembered_sizes(fr_ctx *ctx, const char *const *paths, size_t n,
+                                      int *looked_up)
 {
-    if (!ctx->remember_sizes || n == 0)
+    /* Only for an engine that uses them, and for auto while it reads with
+     * io_uring (psync, its other engine, does not). */
+    if (!ctx->remember_sizes || n == 0 || !ctx->engine->uses_size_hints ||
+        (ctx->auto_engine && ctx->last_pick == FR_AUTO_PSYNC) ||
+        ctx->unhinted_mean > FR_REMEMBER_MAX_MEAN)
         return NULL;
     if (!ctx->memo && !(ctx->memo = fr_size_memo_new(ctx->remember_sizes)))
         return NULL;
@@ -425,6 +433,7 @@ static const int64_t *remembered_sizes(fr_ctx *ctx, const char *const *paths, si
         ctx->memo_hints_cap = n;
     }
     size_t found = fr_size_memo_lookup(ctx->memo, paths, n, ctx->memo_hashes, ctx->memo_hints);
+    *looked_up = 1; /* hashes and hints stand for these paths: the read's sizes may be stored */
     ctx->memo_calls += found == n;
     return found ? ctx->memo_hints : NULL;
 }
@@ -435,10 +444,23 @@ int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hin
     if (ctx->pid != getpid())
         return -ECHILD; /* opened by the parent process: see struct fr_ctx */
     long t0 = now_ns();
-    const int64_t *looked_up = size_hints ? NULL : remembered_sizes(ctx, paths, n);
+    int looked_up_here = 0;
+    const int64_t *looked_up =
+        size_hints ? NULL : remembered_sizes(ctx, paths, n, &looked_up_here);
     int rc = read_files_untimed(ctx, paths, size_hints ? size_hints : looked_up, n, batch);
-    if (rc == 0 && !size_hints && ctx->memo && ctx->memo_hints_cap >= n)
+    if (rc == 0 && looked_up_here && ctx->memo_hints_cap >= n)
         fr_size_memo_store(ctx->memo, ctx->memo_hashes, batch->samples, ctx->memo_hints, n);
+    if (rc == 0 && !size_hints && ctx->remember_sizes) {
+        uint64_t total = 0, read = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (batch->samples[i].length >= 0) {
+                total += (uint64_t)batch->samples[i].length;
+                read++;
+            }
+        }
+        if (read)
+            ctx->unhinted_mean = total / read;
+    }
     ctx->file_call_ns += now_ns() - t0;
     ctx->file_calls++;
     return rc;

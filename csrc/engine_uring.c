@@ -1911,6 +1911,7 @@ const fr_engine fr_engine_uring = {
     .open = uring_open,
     .close = uring_close,
     .read_files = uring_read_files,
+    .uses_size_hints = 1,
     .stat = uring_stat,
     .read_ranges = uring_read_ranges,
 };

@@ -598,6 +598,7 @@ const fr_engine fr_engine_xnvme_file = {
     .open = xf_open,
     .close = xf_close,
     .read_files = xf_read_files,
+    .uses_size_hints = 1,
     .stat = xf_stat,
     .read_ranges = xf_read_ranges,
 };
