@@ -89,9 +89,9 @@ typedef struct fr_config {
  * hints read files of at most this mean size. With every size known
  * io_uring reads through linked open-read-close chains, without it it opens,
  * sizes and reads each file as soon as it can: on the 16-core H200 the
- * first was 1.09-1.13x as fast on 4 KiB files (read_files() at batch 64 and
- * 256) and 0.93x on 92 KiB ones at batch 64 (1.00x at 256). Sizes in
- * between were not measured. */
+ * first made read_files() 1.06-1.11x as fast on 4 KiB files (batch 64 and
+ * 256, two runs) and 0.93x on 92 KiB ones at batch 64 (1.00x at 256;
+ * bench/results/h200-20261127b). Sizes in between were not measured. */
 #define FR_REMEMBER_MAX_MEAN (32u * 1024u)
 
 /* engine="auto"'s rule, measured with bench/engines.py (README, "Choosing an
