@@ -87,8 +87,9 @@ typedef struct fr_config {
 #define FR_REMEMBER_SIZES 65536u
 /* Remembered sizes are used only while the context's last call without
  * hints read files of at most this mean size. With every size known
- * io_uring reads through linked open-read-close chains, without it it opens,
- * sizes and reads each file as soon as it can: on the 16-core H200 the
+ * io_uring opens a ring's share of files, then reads and closes each as its
+ * open completes (PH_CHAINED); without, it opens, sizes (stat) and reads
+ * each file as soon as it can (PH_DIRECT): on the 16-core H200 the
  * first made read_files() 1.06-1.11x as fast on 4 KiB files (batch 64 and
  * 256, two runs) and 0.93x on 92 KiB ones at batch 64 (1.00x at 256;
  * bench/results/h200-20261127b). Sizes in between were not measured. */
