@@ -133,6 +133,17 @@ int fr_test_engine_roundtrip(const fr_config *cfg, int repeat)
     return bad;
 }
 
+int fr_test_unmake_files(const char *gone, const char *dir, const char *fifo)
+{
+    int rc = 0;
+    rc |= unlink(gone);
+    rc |= unlink(dir);
+    rc |= mkdir(dir, 0755);
+    rc |= unlink(fifo);
+    rc |= mkfifo(fifo, 0644);
+    return rc ? -1 : 0;
+}
+
 int fr_test_finish(const char *name)
 {
     fr_test_cleanup();

@@ -37,6 +37,11 @@ int fr_test_same(const fr_batch *batch, size_t i, const char *path);
  * bytes; returns the number of mismatches. */
 int fr_test_engine_roundtrip(const fr_config *cfg, int repeat);
 
+/* Turns three regular files into what a remembered size or a size hint
+ * must survive: `gone` removed, `dir` a directory, `fifo` a FIFO with no
+ * writer (never to be read forever). 0, or -1 if a step failed. */
+int fr_test_unmake_files(const char *gone, const char *dir, const char *fifo);
+
 int fr_test_finish(const char *name);
 
 #endif

@@ -22,12 +22,7 @@ static void check_engine(const char *engine)
     char *fifo = fr_test_write("fifo.bin", 10, 6);
     const char *paths[] = {grew, shrank, same, gone, dir, fifo};
     int64_t hints[] = {100, 900000, 4096, 10, 10, 10};
-    unlink(gone);
-    unlink(dir);
-    mkdir(dir, 0755);
-    /* A FIFO (no writer) where a 10-byte file was: never read forever. */
-    unlink(fifo);
-    CHECK(mkfifo(fifo, 0644) == 0);
+    CHECK(fr_test_unmake_files(gone, dir, fifo) == 0);
 
     fr_config cfg;
     fr_config_init(&cfg);

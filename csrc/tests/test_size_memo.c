@@ -119,11 +119,7 @@ static void check_reads(const char *engine)
      * no regular file. */
     free(fr_test_write("m_grew.bin", 90000, 11));
     free(fr_test_write("m_shrank.bin", 3, 12));
-    unlink(gone);
-    unlink(dir);
-    CHECK(mkdir(dir, 0755) == 0);
-    unlink(fifo);
-    CHECK(mkfifo(fifo, 0644) == 0);
+    CHECK(fr_test_unmake_files(gone, dir, fifo) == 0);
     CHECK(fr_batch_prepare(b, N) == 0);
     CHECK(fr_read_files(ctx, paths, NULL, N, b) == 0);
     CHECK(fr_ctx_stat(ctx, "remembered_calls") == 2 * remembers);
