@@ -77,14 +77,14 @@ struct fr_ctx {
     long file_call_ns;
 
     /* Sizes of files read without hints (cfg.remember_sizes; made on first
-     * use), and the hints looked up in it for the call in progress. */
+     * use), and for the call in progress its paths' hashes and the sizes
+     * looked up for them: one buffer, memo_cap of each. */
     unsigned remember_sizes;
     fr_size_memo *memo;
-    int64_t *memo_hints;
-    uint64_t *memo_hashes;
-    size_t memo_hints_cap;
+    int64_t *memo_scratch;
+    size_t memo_cap;
     long memo_calls; /* calls whose every size was remembered */
-    uint64_t unhinted_mean; /* mean file size of the last call without hints (0: none yet) */
+    uint64_t unhinted_mean; /* arena bytes a file of the last call without hints (0: none yet) */
 };
 
 void fr_config_init(fr_config *cfg)
@@ -245,8 +245,7 @@ void fr_ctx_close(fr_ctx *ctx)
     }
     ctx->engine->close(ctx->state);
     fr_size_memo_free(ctx->memo);
-    free(ctx->memo_hints);
-    free(ctx->memo_hashes);
+    free(ctx->memo_scratch);
     if (ctx->alt_state)
         fr_engine_psync.close(ctx->alt_state);
     if (ctx->gpu) {
@@ -406,36 +405,31 @@ static long now_ns(void)
     return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-/* Hints for a call without any: the sizes remembered for its paths (NULL
- * when none is, or the memo cannot be made or is not used); *looked_up set
- * when the paths were looked up (their sizes are then stored after the
- * read). */
-static const int64_t *remembered_sizes(fr_ctx *ctx, const char *const *paths, size_t n,
-                                      int *looked_up)
+/* Looks a call's paths up in the memo, for a call without hints: how many
+ * were found (their sizes in ctx->memo_scratch[0..n), the paths' hashes
+ * after them), or -1 when the memo is not used for this call. */
+static long look_up_sizes(fr_ctx *ctx, const char *const *paths, size_t n)
 {
-    /* Only for an engine that uses them, and for auto while it reads with
-     * io_uring (psync, its other engine, does not). */
+    /* Only for an engine that uses hints, for auto while it reads with
+     * io_uring (psync, its other engine, ignores them), and for small files
+     * (FR_REMEMBER_MAX_MEAN). */
     if (!ctx->remember_sizes || n == 0 || !ctx->engine->uses_size_hints ||
         (ctx->auto_engine && ctx->last_pick == FR_AUTO_PSYNC) ||
         ctx->unhinted_mean > FR_REMEMBER_MAX_MEAN)
-        return NULL;
+        return -1;
     if (!ctx->memo && !(ctx->memo = fr_size_memo_new(ctx->remember_sizes)))
-        return NULL;
-    if (n > ctx->memo_hints_cap) {
-        int64_t *h = realloc(ctx->memo_hints, n * sizeof(*h));
-        if (h)
-            ctx->memo_hints = h;
-        uint64_t *k = realloc(ctx->memo_hashes, n * sizeof(*k));
-        if (k)
-            ctx->memo_hashes = k;
-        if (!h || !k)
-            return NULL;
-        ctx->memo_hints_cap = n;
+        return -1;
+    if (n > ctx->memo_cap) {
+        int64_t *scratch = realloc(ctx->memo_scratch, 2 * n * sizeof(*scratch));
+        if (!scratch)
+            return -1;
+        ctx->memo_scratch = scratch;
+        ctx->memo_cap = n;
     }
-    size_t found = fr_size_memo_lookup(ctx->memo, paths, n, ctx->memo_hashes, ctx->memo_hints);
-    *looked_up = 1; /* hashes and hints stand for these paths: the read's sizes may be stored */
+    size_t found = fr_size_memo_lookup(ctx->memo, paths, n,
+                                       (uint64_t *)(ctx->memo_scratch + n), ctx->memo_scratch);
     ctx->memo_calls += found == n;
-    return found ? ctx->memo_hints : NULL;
+    return (long)found;
 }
 
 int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
@@ -444,23 +438,16 @@ int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hin
     if (ctx->pid != getpid())
         return -ECHILD; /* opened by the parent process: see struct fr_ctx */
     long t0 = now_ns();
-    int looked_up_here = 0;
-    const int64_t *looked_up =
-        size_hints ? NULL : remembered_sizes(ctx, paths, n, &looked_up_here);
-    int rc = read_files_untimed(ctx, paths, size_hints ? size_hints : looked_up, n, batch);
-    if (rc == 0 && looked_up_here && ctx->memo_hints_cap >= n)
-        fr_size_memo_store(ctx->memo, ctx->memo_hashes, batch->samples, ctx->memo_hints, n);
-    if (rc == 0 && !size_hints && ctx->remember_sizes) {
-        uint64_t total = 0, read = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (batch->samples[i].length >= 0) {
-                total += (uint64_t)batch->samples[i].length;
-                read++;
-            }
-        }
-        if (read)
-            ctx->unhinted_mean = total / read;
-    }
+    long found = size_hints ? -1 : look_up_sizes(ctx, paths, n);
+    const int64_t *hints = size_hints ? size_hints : found > 0 ? ctx->memo_scratch : NULL;
+    int rc = read_files_untimed(ctx, paths, hints, n, batch);
+    if (rc == 0 && found >= 0)
+        fr_size_memo_store(ctx->memo, (const uint64_t *)(ctx->memo_scratch + n), batch->samples,
+                           ctx->memo_scratch, n);
+    /* The arena's bytes a file (sizes and alignment padding) stand for the
+     * files' mean size without another pass over the samples. */
+    if (rc == 0 && !size_hints && n > 0 && ctx->remember_sizes && ctx->engine->uses_size_hints)
+        ctx->unhinted_mean = batch->arena.used / n;
     ctx->file_call_ns += now_ns() - t0;
     ctx->file_calls++;
     return rc;

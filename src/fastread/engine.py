@@ -242,7 +242,8 @@ def _fold_xnvme(engine, given, engine_args):
 # from the environment. The C core checks the ranges too, but its messages
 # name neither where a value came from nor, for a wrong type, the option.
 # Integer options: name -> (lowest, highest).
-_INT_RANGES = {"queue_depth": (1, 4096), "threads": (0, 1024), "spin_us": (0, 100000)}
+_INT_RANGES = {"queue_depth": (1, 4096), "threads": (0, 1024), "spin_us": (0, 100000),
+               "remember_sizes": (0, 1 << 30)}
 _BOOL_OPTIONS = ("o_direct", "register_buffers", "register_files", "pin_memory", "device_output")
 
 
@@ -518,13 +519,6 @@ def open_context(engine="auto", options=None, **opts):
 _local = threading.local()
 
 
-def _remember_sizes():
-    v = _defaults.get("remember_sizes")
-    if not 0 <= v <= 1 << 30:
-        raise ValueError(f"{_defaults.env_var('remember_sizes')}={v}: expected 0..2**30 paths")
-    return v
-
-
 def cached_context(engine="auto", options=None, **opts):
     """This thread's context for these settings, opened on first use.
 
@@ -551,7 +545,8 @@ def cached_context(engine="auto", options=None, **opts):
     name = _resolve_for_open(engine)
     coerced = EngineOptions.coerce(options, **opts)
     resolved = coerced.resolve(name)
-    remember = _remember_sizes()
+    # A context setting, not an engine option: from the environment only.
+    remember = _check_option("remember_sizes", _defaults.get("remember_sizes"), from_env=True)
     key = (name, remember) + tuple(sorted(resolved.items()))
     ctx = _local.contexts.get(key)
     if ctx is None:
