@@ -117,7 +117,7 @@ def engine_spec(spec):
 #: the calls (threadpool.h) and, for auto, which engine read the batches.
 POOL_STATS = ("pool_phases", "pool_joins", "pool_skips", "pool_alone", "pool_sleeps",
               "pool_wake_ns", "pool_preempted", "auto_uring_batches", "auto_psync_batches",
-              "file_calls", "file_call_ns")
+              "auto_trials", "auto_switches", "file_calls", "file_call_ns")
 
 
 def read_files_context(engine, opts, batch):
@@ -157,7 +157,7 @@ def pool_summary(before, after):
     if d.get("file_calls", 0) > 0:  # time inside the native call, per call
         out["calls"] = d["file_calls"]
         out["native_us"] = d["file_call_ns"] / d["file_calls"] / 1000
-    for k in ("auto_uring_batches", "auto_psync_batches"):
+    for k in ("auto_uring_batches", "auto_psync_batches", "auto_trials", "auto_switches"):
         if k in d:
             out[k] = d[k]
     return out
@@ -378,7 +378,8 @@ def derived_lines(result):
         if "auto_of_best" in c:
             p = c.get("pool", {})
             split = (f"  [io_uring {p.get('auto_uring_batches', 0)} / psync "
-                     f"{p.get('auto_psync_batches', 0)} batches]"
+                     f"{p.get('auto_psync_batches', 0)} batches; "
+                     f"{p.get('auto_trials', 0)} trials, {p.get('auto_switches', 0)} switched]"
                      if "auto_uring_batches" in p else "")
             paired = (f", paired by round {c['auto_of_best_paired']:.2f}"
                       if "auto_of_best_paired" in c else "")

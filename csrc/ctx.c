@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "auto_trial.h"
 #include "engine.h"
 #include "gpu.h"
 #include "size_memo.h"
@@ -69,6 +70,12 @@ struct fr_ctx {
     int last_pick;         /* FR_AUTO_URING or FR_AUTO_PSYNC */
     uint64_t size_est;     /* running mean of the batches' file sizes, 0: none yet */
     unsigned size_jumps;   /* consecutive batches 4x or more off size_est */
+    /* Where the rule picks psync, the two engines are timed against each
+     * other (auto_trial.h): in_band, the last batch was there; band_batch,
+     * this batch's pick came from the trials. */
+    int in_band;
+    int band_batch;
+    fr_auto_trial trial;
 
     /* fr_read_files calls and the wall time spent in them (the engine's
      * read, the auto pick, any GPU hand-off): against the caller's own
@@ -289,6 +296,13 @@ static int end_batch(fr_ctx *ctx, fr_batch *batch, int rc)
     return batch->status = rc;
 }
 
+static long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* cannot fail for this clock */
+    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
 /* Whether the file at `path` is in the page cache: FR_AUTO_PROBE_PAGES of
  * its pages drawn at random, all cached. 1, 0, or -1 when it cannot tell
  * (cannot open or map it, empty): then the batch's own read says why. */
@@ -331,10 +345,17 @@ static int path_resident(const char *path, uint64_t *seed)
  * batch, as before, a Reader whose data was evicted after an epoch read a
  * whole cold epoch of 2,000 1 MiB files in batches of 256 with psync. Costs
  * one stat per batch besides, where there are no size hints. */
+static int leave_band(fr_ctx *ctx)
+{
+    ctx->in_band = 0;
+    return FR_AUTO_URING;
+}
+
 static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n)
 {
+    ctx->band_batch = 0;
     if (ctx->alt_failed || ctx->cpus < FR_AUTO_MIN_CPUS)
-        return FR_AUTO_URING;
+        return leave_band(ctx);
     uint64_t total = 0;
     size_t known = 0;
     for (size_t i = 0; size_hints && i < n && size_hints[i] >= 0; i++, known++)
@@ -356,21 +377,30 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
      * taking ~16 batches to get there; one outlier file does not. */
     int jump = mean / 4 >= ctx->size_est || ctx->size_est / 4 >= mean;
     ctx->size_jumps = jump ? ctx->size_jumps + 1 : 0;
-    if (ctx->size_est == 0 || ctx->size_jumps >= 2)
+    if (ctx->size_est == 0 || ctx->size_jumps >= 2) {
         ctx->size_est = mean;
-    else
+        ctx->in_band = 0; /* another data set: its engines are timed afresh */
+    } else {
         ctx->size_est = ctx->size_est - ctx->size_est / FR_AUTO_SIZE_WEIGHT + mean / FR_AUTO_SIZE_WEIGHT;
-    /* Hysteresis: psync keeps a mean down to 3/4 of the threshold. */
-    uint64_t seen = ctx->last_pick == FR_AUTO_PSYNC ? ctx->size_est / 3 * 4 : ctx->size_est;
+    }
+    /* Hysteresis: the band keeps a mean down to 3/4 of the threshold. */
+    uint64_t seen = ctx->in_band ? ctx->size_est / 3 * 4 : ctx->size_est;
     if (fr_auto_rule(seen, 1, ctx->cpus, 0) == FR_AUTO_URING)
-        return FR_AUTO_URING; /* small files: no residency sample needed */
+        return leave_band(ctx); /* small files: no residency sample needed */
     /* A file the sample cannot tell about (smaller than a page, gone) keeps
      * the last verdict: one batch of tiny files among large ones is an
      * outlier, not a sign of eviction. */
     int verdict = path_resident(paths[ctx->seed % n], &ctx->seed);
     if (verdict >= 0 || ctx->resident < 0)
         ctx->resident = verdict == 1;
-    return fr_auto_rule(seen, ctx->resident, ctx->cpus, 0);
+    if (fr_auto_rule(seen, ctx->resident, ctx->cpus, 0) == FR_AUTO_URING)
+        return leave_band(ctx);
+    if (!ctx->in_band) {
+        fr_auto_trial_reset(&ctx->trial, FR_AUTO_PSYNC); /* the rule's pick first */
+        ctx->in_band = 1;
+    }
+    ctx->band_batch = 1;
+    return fr_auto_trial_pick(&ctx->trial);
 }
 
 static int read_files_untimed(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints,
@@ -389,20 +419,17 @@ static int read_files_untimed(fr_ctx *ctx, const char *const *paths, const int64
         }
         ctx->last_pick = pick;
         ctx->auto_batches[pick]++;
-        if (pick == FR_AUTO_PSYNC)
-            return end_batch(ctx, batch,
-                             fr_engine_psync.read_files(ctx->alt_state, paths, size_hints, n,
-                                                        batch));
+        const fr_engine *e = pick == FR_AUTO_PSYNC ? &fr_engine_psync : ctx->engine;
+        void *state = pick == FR_AUTO_PSYNC ? ctx->alt_state : ctx->state;
+        long t0 = ctx->band_batch ? now_ns() : 0;
+        rc = e->read_files(state, paths, size_hints, n, batch);
+        if (ctx->band_batch) /* the engine call alone: what the trials compare */
+            fr_auto_trial_record(&ctx->trial, pick, rc == 0 ? batch->arena.used : 0,
+                                 now_ns() - t0);
+        return end_batch(ctx, batch, rc);
     }
     return end_batch(ctx, batch,
                      ctx->engine->read_files(ctx->state, paths, size_hints, n, batch));
-}
-
-static long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* cannot fail for this clock */
-    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
 /* Looks a call's paths up in the memo, for a call without hints: how many
@@ -482,6 +509,10 @@ long fr_ctx_stat(const fr_ctx *ctx, const char *key)
         return ctx->auto_batches[FR_AUTO_URING];
     if (strcmp(key, "auto_psync_batches") == 0)
         return ctx->auto_batches[FR_AUTO_PSYNC];
+    if (strcmp(key, "auto_trials") == 0)
+        return ctx->trial.trials;
+    if (strcmp(key, "auto_switches") == 0)
+        return ctx->trial.switches;
     if (strcmp(key, "auto_last") == 0)
         return ctx->auto_engine ? ctx->last_pick : -1;
     if (strncmp(key, "psync.", 6) == 0) /* the auto context's psync side */

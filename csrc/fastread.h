@@ -108,8 +108,10 @@ typedef struct fr_config {
  * files in 7 of 8 cells over two runs (up to 1.19x: its threads copy in
  * parallel). So FR_AUTO_MIN_SIZE is 512 KiB (it was 160 KiB before the
  * direct path). On a 2-core VM io_uring was as fast or faster at every size
- * (FR_AUTO_MIN_CPUS lies between the two). resident: 1 cached, 0 not, -1
- * unknown (taken as not). */
+ * (FR_AUTO_MIN_CPUS lies between the two). Where the rule picks psync, the
+ * two engines ran close and the winner changed between runs, so there auto
+ * times both and keeps the faster (auto_trial.h). resident: 1 cached, 0
+ * not, -1 unknown (taken as not). */
 #define FR_AUTO_URING 0
 #define FR_AUTO_PSYNC 1
 #define FR_AUTO_MIN_SIZE (512u * 1024u)
@@ -288,7 +290,10 @@ int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t
  * (fr_read_files calls and the wall time inside them); psync and io_uring also their
  * helper pool's counters ("pool_phases", "pool_joins", "pool_skips",
  * "pool_alone", "pool_sleeps", "pool_wake_ns", "pool_spin_ns": see
- * threadpool.h). Returns -1 for an unknown key. */
+ * threadpool.h); an auto context "auto_engine", "auto_last" (the engine of
+ * the last batch: FR_AUTO_URING or FR_AUTO_PSYNC), "auto_uring_batches",
+ * "auto_psync_batches", "auto_trials" and "auto_switches" (auto_trial.h).
+ * Returns -1 for an unknown key. */
 long fr_ctx_stat(const fr_ctx *ctx, const char *key);
 
 /* ---------------------------------------------------------------- shuffle */

@@ -78,7 +78,9 @@ def test_auto_does_not_flip_on_files_of_mixed_sizes(tmp_path):
     hi = write_tree(tmp_path / "hi", 4, _core.AUTO_MIN_SIZE * 2, 7)
     ctx = _core.Context("io_uring", threads=2, auto_engine=2)
     picks = []
-    for i in range(24):
+    # As many batches as come before the first trial (which times io_uring
+    # against psync: see test_auto_times_both_engines_where_the_rule_picks_psync).
+    for i in range(_core.AUTO_TRIAL_FIRST):
         paths = ([lo] if i % 3 == 0 else []) + hi
         b = ctx.read(paths)
         assert same_bytes(b, paths)
@@ -86,6 +88,7 @@ def test_auto_does_not_flip_on_files_of_mixed_sizes(tmp_path):
         picks.append(ctx.stat("auto_last"))
     switches = sum(a != b for a, b in zip(picks, picks[1:]))
     assert switches <= 1 and picks[-1] == 1, picks
+    assert ctx.stat("auto_trials") == 0
     ctx.close()
 
 
@@ -96,13 +99,44 @@ def test_auto_follows_a_context_onto_another_data_set_within_two_batches(tmp_pat
     tiny = write_tree(tmp_path / "tiny", 4, 2000, 9)
     ctx = _core.Context("io_uring", threads=2, auto_engine=2)
     picks = []
-    for paths in [big] * 20 + [tiny] * 3 + [big] * 3:
+    # Fewer big batches than come before a trial, counting the first tiny
+    # one (an outlier, still in psync's band).
+    first = _core.AUTO_TRIAL_FIRST - 1
+    for paths in [big] * first + [tiny] * 3 + [big] * 3:
         b = ctx.read(paths)
         assert same_bytes(b, paths)
         b.release()
         picks.append(ctx.stat("auto_last"))
-    assert picks[:20] == [1] * 20 and picks[20:23] == [1, 0, 0], picks
-    assert picks[23:] == [0, 1, 1], picks
+    assert picks[:first] == [1] * first and picks[first:first + 3] == [1, 0, 0], picks
+    assert picks[first + 3:] == [0, 1, 1], picks
+    assert ctx.stat("auto_trials") == 0
+    ctx.close()
+
+
+@needs_uring
+def test_auto_times_both_engines_where_the_rule_picks_psync(tmp_path):
+    """Cached large files: psync first; after AUTO_TRIAL_FIRST batches a
+    trial of AUTO_TRIAL_BATCHES with io_uring; then the engine that read
+    faster per byte, and the next trial AUTO_TRIAL_EVERY batches later."""
+    big = write_tree(tmp_path, 4, _core.AUTO_MIN_SIZE + 3000, 10)
+    ctx = _core.Context("io_uring", threads=2, auto_engine=2)
+    picks, kept = [], []
+    first, every, trial = _core.AUTO_TRIAL_FIRST, _core.AUTO_TRIAL_EVERY, _core.AUTO_TRIAL_BATCHES
+    for _ in range(first + trial + every + trial + 1):
+        b = ctx.read(big)
+        assert not b.failures() and same_bytes(b, big)
+        b.release()
+        picks.append(ctx.stat("auto_last"))
+        kept.append(ctx.stat("auto_switches"))
+    assert picks[:first] == [1] * first, picks
+    assert picks[first:first + trial] == [0] * trial, picks
+    # One kept engine between the trials: io_uring if the trial switched.
+    after = first + trial
+    keep = 0 if kept[after - 1] % 2 else 1
+    assert picks[after:after + every] == [keep] * every, picks
+    assert picks[after + every:after + every + trial] == [1 - keep] * trial, picks
+    assert ctx.stat("auto_trials") == 2
+    assert ctx.stat("auto_psync_batches") + ctx.stat("auto_uring_batches") == len(picks)
     ctx.close()
 
 

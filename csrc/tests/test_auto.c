@@ -1,6 +1,7 @@
-/* engine="auto" (fr_config.auto_engine): the rule itself, and a context that
- * sends batches of cached large files to psync and everything else to
- * io_uring, with the same bytes either way. */
+/* engine="auto" (fr_config.auto_engine): the rule itself, the timed trials
+ * between the engines where the rule picks psync, and a context that sends
+ * batches of cached large files to psync (or, after a trial, to the faster
+ * engine) and everything else to io_uring, with the same bytes either way. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../auto_trial.h"
 #include "harness.h"
 
 #define NFILES 12
@@ -26,6 +28,64 @@ static void check_rule(void)
     /* Cached large files on a machine with cores to copy in parallel: psync. */
     CHECK(fr_auto_rule(FR_AUTO_MIN_SIZE, 1, FR_AUTO_MIN_CPUS, 0) == FR_AUTO_PSYNC);
     CHECK(fr_auto_rule(1 << 20, 1, 16, 0) == FR_AUTO_PSYNC);
+}
+
+/* `count` picks of the trials, each recorded as a batch of 1 MB read at
+ * ns_per_byte[engine]; checks each pick is `want`. */
+static void run_trial_batches(fr_auto_trial *t, unsigned count, int want, const double ns_per_byte[2])
+{
+    for (unsigned i = 0; i < count; i++) {
+        int e = fr_auto_trial_pick(t);
+        CHECK(e == want);
+        fr_auto_trial_record(t, e, 1000000, (long)(ns_per_byte[e] * 1e6));
+    }
+}
+
+/* The trials alone, on made-up timings. */
+static void check_trials(void)
+{
+    fr_auto_trial t;
+    memset(&t, 0, sizeof(t));
+    fr_auto_trial_reset(&t, FR_AUTO_PSYNC);
+    double io_uring_faster[2] = {[FR_AUTO_URING] = 0.5, [FR_AUTO_PSYNC] = 1.0};
+    /* The rule's pick first; then a trial of the other engine, which it
+     * keeps for its lead of 2x. */
+    run_trial_batches(&t, FR_AUTO_TRIAL_FIRST, FR_AUTO_PSYNC, io_uring_faster);
+    CHECK(t.trials == 0);
+    run_trial_batches(&t, FR_AUTO_TRIAL_BATCHES, FR_AUTO_URING, io_uring_faster);
+    CHECK(t.trials == 1 && t.switches == 1 && t.keep == FR_AUTO_URING);
+    /* Kept until the next trial, then psync is tried; within the margin
+     * (1% faster) io_uring stays. */
+    double close[2] = {[FR_AUTO_URING] = 1.0, [FR_AUTO_PSYNC] = 0.99};
+    run_trial_batches(&t, FR_AUTO_TRIAL_EVERY, FR_AUTO_URING, close);
+    run_trial_batches(&t, FR_AUTO_TRIAL_BATCHES, FR_AUTO_PSYNC, close);
+    CHECK(t.trials == 2 && t.switches == 1 && t.keep == FR_AUTO_URING);
+
+    /* A trial's first batch (its pool waking up) and failed batches (no
+     * bytes) are not timed: a slow first batch does not decide. */
+    fr_auto_trial_reset(&t, FR_AUTO_PSYNC);
+    CHECK(t.trials == 2); /* counters stay */
+    /* After a reset (another data set) the first trial comes early again. */
+    run_trial_batches(&t, FR_AUTO_TRIAL_FIRST, FR_AUTO_PSYNC, io_uring_faster);
+    CHECK(t.trials == 2);
+    int e = fr_auto_trial_pick(&t);
+    CHECK(e == FR_AUTO_URING);
+    CHECK(t.trials == 3);
+    fr_auto_trial_record(&t, e, 1000000, 50L * 1000000); /* 50 ns a byte, untimed */
+    e = fr_auto_trial_pick(&t);
+    CHECK(e == FR_AUTO_URING);
+    fr_auto_trial_record(&t, e, 0, 1000); /* failed: untimed */
+    e = fr_auto_trial_pick(&t);
+    CHECK(e == FR_AUTO_URING);
+    fr_auto_trial_record(&t, e, 1000000, 500000); /* 0.5 ns a byte */
+    CHECK(t.left == 0 && t.keep == FR_AUTO_URING && t.switches == 2);
+
+    /* No timing of the kept engine (every batch failed): no switch. */
+    fr_auto_trial_reset(&t, FR_AUTO_PSYNC);
+    for (unsigned i = 0; i < FR_AUTO_TRIAL_FIRST; i++)
+        fr_auto_trial_record(&t, fr_auto_trial_pick(&t), 0, 1000);
+    run_trial_batches(&t, FR_AUTO_TRIAL_BATCHES, FR_AUTO_URING, io_uring_faster);
+    CHECK(t.keep == FR_AUTO_PSYNC);
 }
 
 /* 1 if every page of path is cached (mincore over a mapping of it). */
@@ -149,6 +209,21 @@ static long read_once(fr_ctx *ctx, fr_pool *pool, char **paths, size_t n)
     return fr_ctx_stat(ctx, "auto_last");
 }
 
+/* Reads the files through plainly, so that they are cached (an earlier
+ * check may have evicted them). */
+static void cache(char **paths, size_t n)
+{
+    char buf[1 << 16];
+    for (size_t i = 0; i < n; i++) {
+        int fd = open(paths[i], O_RDONLY);
+        CHECK(fd >= 0);
+        while (fd >= 0 && read(fd, buf, sizeof(buf)) > 0) {
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+}
+
 /* One context over large files: psync while they are cached; evicted
  * between two calls (a data set that left the page cache between epochs),
  * the very next call goes to io_uring (residency is sampled every batch);
@@ -159,16 +234,7 @@ static void check_eviction_between_calls(char **paths, size_t n)
     if (!ctx)
         return;
     fr_pool *pool = fr_pool_new();
-    /* Cached first (an earlier check evicted them): read through plainly. */
-    char buf[1 << 16];
-    for (size_t i = 0; i < n; i++) {
-        int fd = open(paths[i], O_RDONLY);
-        CHECK(fd >= 0);
-        while (fd >= 0 && read(fd, buf, sizeof(buf)) > 0) {
-        }
-        if (fd >= 0)
-            close(fd);
-    }
+    cache(paths, n);
     CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_PSYNC);
     CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_PSYNC);
     if (evict(paths, n)) {
@@ -181,9 +247,34 @@ static void check_eviction_between_calls(char **paths, size_t n)
     fr_pool_close(pool);
 }
 
+/* A context over cached large files runs its first trial after
+ * FR_AUTO_TRIAL_FIRST batches: the next FR_AUTO_TRIAL_BATCHES go to
+ * io_uring, the one after to whichever engine read faster; the same bytes
+ * throughout. */
+static void check_trial_in_context(char **paths, size_t n)
+{
+    fr_ctx *ctx = open_auto();
+    if (!ctx)
+        return;
+    fr_pool *pool = fr_pool_new();
+    cache(paths, n);
+    for (unsigned i = 0; i < FR_AUTO_TRIAL_FIRST; i++)
+        CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_PSYNC);
+    CHECK(fr_ctx_stat(ctx, "auto_trials") == 0);
+    for (unsigned i = 0; i < FR_AUTO_TRIAL_BATCHES; i++)
+        CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_URING);
+    CHECK(fr_ctx_stat(ctx, "auto_trials") == 1);
+    long switches = fr_ctx_stat(ctx, "auto_switches");
+    CHECK(switches == 0 || switches == 1);
+    CHECK(read_once(ctx, pool, paths, n) == (switches ? FR_AUTO_URING : FR_AUTO_PSYNC));
+    fr_ctx_close(ctx);
+    fr_pool_close(pool);
+}
+
 int main(void)
 {
     check_rule();
+    check_trials();
     char why[FR_ERRLEN];
     if (fr_engine_probe("io_uring", why, sizeof(why)) != 0) {
         printf("io_uring unavailable (%s): only the rule is tested\n", why);
@@ -210,6 +301,7 @@ int main(void)
     else
         printf("page cache eviction had no effect here: cold case skipped\n");
     check_eviction_between_calls(large, NFILES);
+    check_trial_in_context(large, NFILES);
     /* O_DIRECT and explicit engines are never switched. */
     fr_config cfg;
     fr_config_init(&cfg);

@@ -122,3 +122,10 @@ cdef extern from "fastread.h" nogil:
     fr_pool *fr_reader_pool(fr_reader *reader)
     fr_gpu *fr_reader_gpu(fr_reader *reader)
     void fr_reader_close(fr_reader *reader)
+
+
+cdef extern from "auto_trial.h" nogil:
+    # engine="auto"'s timed trials where its rule picks psync.
+    const unsigned FR_AUTO_TRIAL_FIRST
+    const unsigned FR_AUTO_TRIAL_EVERY
+    const unsigned FR_AUTO_TRIAL_BATCHES

@@ -147,10 +147,13 @@ def _resolve_for_open(engine):
 #: on 2 cores, io_uring. GPU engines and range-only engines are only used by
 #: name; ranges always go to io_uring.
 AUTO_RULE = (f"per batch: psync for files of {_core.AUTO_MIN_SIZE // 1024} KiB or more (a "
-             f"running mean over the batches; once on psync, down to 3/4 of that) that are "
+             f"running mean over the batches; once there, down to 3/4 of that) that are "
              f"in the page cache, on machines with "
-             f"{_core.AUTO_MIN_CPUS} or more CPUs; io_uring for everything else (small or "
-             f"uncached files, O_DIRECT, ranges, GPU output, fewer CPUs)")
+             f"{_core.AUTO_MIN_CPUS} or more CPUs, where every {_core.AUTO_TRIAL_EVERY} "
+             f"batches (first after {_core.AUTO_TRIAL_FIRST}) {_core.AUTO_TRIAL_BATCHES} "
+             f"are read with io_uring and the faster engine per byte is kept; io_uring for "
+             f"everything else (small or uncached files, O_DIRECT, ranges, GPU output, "
+             f"fewer CPUs)")
 
 
 def _cpus():
@@ -174,7 +177,8 @@ def auto_choice():
             if name == "io_uring" and _status("psync", built) is True:
                 cpus = _cpus()
                 here = (f"this machine has {cpus} CPUs: cached files of "
-                        f"{_core.AUTO_MIN_SIZE // 1024} KiB or more go to psync"
+                        f"{_core.AUTO_MIN_SIZE // 1024} KiB or more go to psync, or to "
+                        "io_uring while it reads them faster"
                         if _core.auto_rule(_core.AUTO_MIN_SIZE, 1, cpus) == "psync" else
                         f"this machine has {cpus} CPUs (< {_core.AUTO_MIN_CPUS}): "
                         "io_uring for every batch")

@@ -1,0 +1,61 @@
+/*
+ * engine="auto"'s measured choice where its rule (fr_auto_rule) picks psync:
+ * cached files of FR_AUTO_MIN_SIZE or more on a machine of FR_AUTO_MIN_CPUS.
+ *
+ * There the two engines run close, and which one wins changes between runs
+ * of the same benchmark on the same machine: on the 16-core H200, 1 MiB
+ * files read by read_files() in lists of 64 went 0.96-1.12x as fast with
+ * io_uring as with psync over seven runs (lists of 256: 0.84-0.94x; the
+ * engines-warm JSON files under bench/results/h200-2026...), so a fixed
+ * rule left auto at 0.87-0.97 of the better engine in that cell. So in
+ * that band auto times both: it reads with the rule's pick (psync), and
+ * after FR_AUTO_TRIAL_FIRST batches in the band, then every
+ * FR_AUTO_TRIAL_EVERY, reads
+ * FR_AUTO_TRIAL_BATCHES with the other engine. A batch's time is the engine
+ * call's, per byte read; the first batch after each switch is not timed
+ * (the pool it switches to wakes its helpers). After a trial it keeps
+ * whichever engine read faster per byte, switching only for a lead of more
+ * than FR_AUTO_TRIAL_MARGIN (batches of one engine vary by a few percent; a
+ * wrong keep within the margin costs at most that).
+ *
+ * Pure bookkeeping, no clock and no I/O: the context times the batches and
+ * says when the band was left (fr_auto_trial_reset). One per context, used
+ * by its calling thread only; not thread-safe.
+ */
+#ifndef FASTREAD_AUTO_TRIAL_H
+#define FASTREAD_AUTO_TRIAL_H
+
+#include <stdint.h>
+
+#define FR_AUTO_TRIAL_FIRST 8u   /* band batches before the first trial */
+#define FR_AUTO_TRIAL_EVERY 64u  /* band batches between trials after it */
+#define FR_AUTO_TRIAL_BATCHES 3u /* a trial's batches, its first untimed */
+#define FR_AUTO_TRIAL_MARGIN 0.03
+#define FR_AUTO_TRIAL_WEIGHT 0.25 /* a timed batch's weight in its engine's mean */
+
+typedef struct fr_auto_trial {
+    double ns_per_byte[2]; /* by engine (FR_AUTO_URING, FR_AUTO_PSYNC); 0: not timed */
+    unsigned timed[2];     /* batches in that mean (since the engine's last reset) */
+    int keep;              /* the engine kept between trials */
+    int last;              /* the engine of the last batch recorded; -1: none */
+    unsigned since;        /* batches picked since the last trial ended */
+    unsigned left;         /* batches of the trial in progress still to record */
+    int tried;             /* a trial started since the last reset */
+    long trials;           /* trials run */
+    long switches;         /* trials that changed the kept engine */
+} fr_auto_trial;
+
+/* Forgets every timing: the band was left, or the data set changed. The
+ * engine kept at first is `start` (the rule's pick). The counters (trials,
+ * switches) stay; zero the struct before the first reset. */
+void fr_auto_trial_reset(fr_auto_trial *t, int start);
+
+/* The engine for the next batch in the band. */
+int fr_auto_trial_pick(fr_auto_trial *t);
+
+/* After a batch picked in the band: `engine` read `bytes` in `ns` (a failed
+ * call: 0 bytes). A batch right after a switch, or of no bytes, is not
+ * timed. A trial's last batch ends it: the faster engine is kept. */
+void fr_auto_trial_record(fr_auto_trial *t, int engine, uint64_t bytes, long ns);
+
+#endif
