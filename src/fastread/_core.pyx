@@ -12,6 +12,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.pycapsule cimport (PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_IsValid,
                                PyCapsule_New)
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF
 from libc.errno cimport ENOMEM
 from libc.stdint cimport int64_t, uint64_t
@@ -316,17 +317,20 @@ cdef class Batch:
         cdef fr_batch *b = self._get()
         if not (b.where & FR_ON_HOST):
             raise ValueError("this batch is in GPU memory only: use device_arrays()")
-        cdef list out = []
+        # The list made at its final length, filled in place: no appends
+        # growing it (which reallocates it several times for 256 arrays).
+        cdef list out = PyList_New(<Py_ssize_t>b.count)
         cdef size_t i
         cdef cnp.npy_intp dim
-        cdef cnp.ndarray arr
+        cdef object arr
         for i in range(b.count):
             dim = b.samples[i].length if b.samples[i].length > 0 else 0
             arr = cnp.PyArray_SimpleNewFromData(1, &dim, cnp.NPY_UINT8,
                                                 b.arena.base + b.samples[i].offset)
             Py_INCREF(self)
-            cnp.PyArray_SetBaseObject(arr, self)
-            out.append(arr)
+            cnp.PyArray_SetBaseObject(<cnp.ndarray>arr, self)
+            Py_INCREF(arr)  # the list's reference (PyList_SET_ITEM steals one)
+            PyList_SET_ITEM(out, <Py_ssize_t>i, arr)
         return out
 
 
