@@ -9,12 +9,26 @@ static int other(int engine)
     return engine == FR_AUTO_PSYNC ? FR_AUTO_URING : FR_AUTO_PSYNC;
 }
 
+/* The median of an engine's recent timed batches; 0 if none. */
+static double recent_median(const fr_auto_trial *t, int engine)
+{
+    unsigned n = t->timed[engine] < FR_AUTO_TRIAL_RECENT ? t->timed[engine] : FR_AUTO_TRIAL_RECENT;
+    double v[FR_AUTO_TRIAL_RECENT];
+    for (unsigned i = 0; i < n; i++) { /* insertion sort: a handful of values */
+        double x = t->recent[engine][i];
+        unsigned j = i;
+        for (; j > 0 && v[j - 1] > x; j--)
+            v[j] = v[j - 1];
+        v[j] = x;
+    }
+    if (n == 0)
+        return 0;
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 void fr_auto_trial_reset(fr_auto_trial *t, int start)
 {
-    for (int e = 0; e < 2; e++) {
-        t->ns_per_byte[e] = 0;
-        t->timed[e] = 0;
-    }
+    t->timed[0] = t->timed[1] = 0;
     t->keep = start;
     t->last = -1;
     t->since = 0;
@@ -32,9 +46,7 @@ int fr_auto_trial_pick(fr_auto_trial *t)
         }
         /* A trial starts. The other engine's old timing is stale: the files
          * and the machine's load may have changed since. */
-        int o = other(t->keep);
-        t->ns_per_byte[o] = 0;
-        t->timed[o] = 0;
+        t->timed[other(t->keep)] = 0;
         t->since = 0;
         t->left = FR_AUTO_TRIAL_BATCHES;
         t->tried = 1;
@@ -45,18 +57,11 @@ int fr_auto_trial_pick(fr_auto_trial *t)
 
 void fr_auto_trial_record(fr_auto_trial *t, int engine, uint64_t bytes, long ns)
 {
-    if (engine == t->last && bytes > 0 && ns > 0) {
-        /* The first timed batches count equally, later ones as a running
-         * mean: a trial's two timed batches are averaged, not weighted. */
-        double x = (double)ns / (double)bytes, *mean = &t->ns_per_byte[engine];
-        double w = 1.0 / (double)++t->timed[engine];
-        if (w < FR_AUTO_TRIAL_WEIGHT)
-            w = FR_AUTO_TRIAL_WEIGHT;
-        *mean += w * (x - *mean);
-    }
+    if (engine == t->last && bytes > 0 && ns > 0)
+        t->recent[engine][t->timed[engine]++ % FR_AUTO_TRIAL_RECENT] = (double)ns / (double)bytes;
     t->last = engine;
     if (t->left > 0 && engine != t->keep && --t->left == 0) {
-        double kept = t->ns_per_byte[t->keep], tried = t->ns_per_byte[engine];
+        double kept = recent_median(t, t->keep), tried = recent_median(t, engine);
         if (kept > 0 && tried > 0 && tried < kept * (1.0 - FR_AUTO_TRIAL_MARGIN)) {
             t->keep = engine;
             t->switches++;

@@ -14,9 +14,13 @@
  * FR_AUTO_TRIAL_BATCHES with the other engine. A batch's time is the engine
  * call's, per byte read; the first batch after each switch is not timed
  * (the pool it switches to wakes its helpers). After a trial it keeps
- * whichever engine read faster per byte, switching only for a lead of more
- * than FR_AUTO_TRIAL_MARGIN (batches of one engine vary by a few percent; a
- * wrong keep within the margin costs at most that).
+ * whichever engine read faster per byte, by the median of each engine's
+ * last FR_AUTO_TRIAL_RECENT timed batches, switching only for a lead of
+ * more than FR_AUTO_TRIAL_MARGIN. Medians, because one slow batch must not
+ * decide: with running means, a context's first batches of 1 MiB files
+ * (its arenas still faulting in) made psync look slower, and the first
+ * trial moved read_files() lists of 256 to io_uring, the slower engine
+ * there (0.95 of psync, H200).
  *
  * Pure bookkeeping, no clock and no I/O: the context times the batches and
  * says when the band was left (fr_auto_trial_reset). One per context, used
@@ -29,13 +33,15 @@
 
 #define FR_AUTO_TRIAL_FIRST 8u   /* band batches before the first trial */
 #define FR_AUTO_TRIAL_EVERY 64u  /* band batches between trials after it */
-#define FR_AUTO_TRIAL_BATCHES 3u /* a trial's batches, its first untimed */
+#define FR_AUTO_TRIAL_BATCHES 4u /* a trial's batches, its first untimed */
+#define FR_AUTO_TRIAL_RECENT 3u  /* timed batches of each engine compared */
 #define FR_AUTO_TRIAL_MARGIN 0.03
-#define FR_AUTO_TRIAL_WEIGHT 0.25 /* a timed batch's weight in its engine's mean */
 
 typedef struct fr_auto_trial {
-    double ns_per_byte[2]; /* by engine (FR_AUTO_URING, FR_AUTO_PSYNC); 0: not timed */
-    unsigned timed[2];     /* batches in that mean (since the engine's last reset) */
+    /* By engine (FR_AUTO_URING, FR_AUTO_PSYNC): ns a byte of its last timed
+     * batches, timed[e] of them so far (a ring of the last RECENT). */
+    double recent[2][FR_AUTO_TRIAL_RECENT];
+    unsigned timed[2];
     int keep;              /* the engine kept between trials */
     int last;              /* the engine of the last batch recorded; -1: none */
     unsigned since;        /* batches picked since the last trial ended */
