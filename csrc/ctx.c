@@ -328,23 +328,26 @@ static int path_resident(const char *path, uint64_t *seed)
     return verdict;
 }
 
-/* Which engine an auto context reads this batch with. The rule sees a
- * running mean of the batches' file sizes (each batch's from the hints where
- * every one is known, a reader's later epochs, else from one stat of its
- * first file; weight 1/FR_AUTO_SIZE_WEIGHT), and once on psync stays there
- * until that mean falls below 3/4 of FR_AUTO_MIN_SIZE: with the first file
- * alone deciding, a data set of 92 KiB JPEGs (p5 52 KiB) sent one batch in
- * six to io_uring, and each switch left the other pool's helpers polling
- * for their next phase on the cores the chosen pool needed (on a 16-core
- * H100, auto read 0.87-0.90 of the slower engine in those cells).
- * Residency comes from one file, sampled at every batch of large files on a
- * machine where the rule could pick psync: a data set that becomes cached
- * after its first epoch moves over, and one evicted between epochs moves
- * back at once. The sample (open, mmap, mincore of 4 pages) costs
- * microseconds against milliseconds for such a batch; sampled every 16th
- * batch, as before, a Reader whose data was evicted after an epoch read a
- * whole cold epoch of 2,000 1 MiB files in batches of 256 with psync. Costs
- * one stat per batch besides, where there are no size hints. */
+/* Which engine an auto context reads this batch with. Batches of large
+ * cached files are "the band", where the two engines run close: there the
+ * trials of auto_trial.h pick, starting from fr_auto_rule's pick for this
+ * machine; every other batch goes to io_uring. The band is judged on a
+ * running mean of the batches' file sizes (each batch's from the hints
+ * where every one is known, a reader's later epochs, else from one stat of
+ * its first file; weight 1/FR_AUTO_SIZE_WEIGHT), and once in it a context
+ * stays until that mean falls below 3/4 of FR_AUTO_MIN_SIZE: with the first
+ * file alone deciding, a data set of 92 KiB JPEGs (p5 52 KiB) sent one batch
+ * in six to the other engine, and each switch left the other pool's helpers
+ * polling for their next phase on the cores the chosen pool needed (on a
+ * 16-core H100, auto read 0.87-0.90 of the slower engine in those cells).
+ * Residency comes from one file, sampled at every batch of large files: a
+ * data set that becomes cached after its first epoch moves over, and one
+ * evicted between epochs moves back to io_uring at once. The sample (open,
+ * mmap, mincore of 4 pages) costs microseconds against milliseconds for
+ * such a batch; sampled every 16th batch, as before, a Reader whose data
+ * was evicted after an epoch read a whole cold epoch of 2,000 1 MiB files in
+ * batches of 256 with psync. Costs one stat per batch besides, where there
+ * are no size hints. */
 static int leave_band(fr_ctx *ctx)
 {
     ctx->in_band = 0;
@@ -354,7 +357,7 @@ static int leave_band(fr_ctx *ctx)
 static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n)
 {
     ctx->band_batch = 0;
-    if (ctx->alt_failed || ctx->cpus < FR_AUTO_MIN_CPUS)
+    if (ctx->alt_failed)
         return leave_band(ctx);
     uint64_t total = 0;
     size_t known = 0;
@@ -385,7 +388,7 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
     }
     /* Hysteresis: the band keeps a mean down to 3/4 of the threshold. */
     uint64_t seen = ctx->in_band ? ctx->size_est / 3 * 4 : ctx->size_est;
-    if (fr_auto_rule(seen, 1, ctx->cpus, 0) == FR_AUTO_URING)
+    if (seen < FR_AUTO_MIN_SIZE)
         return leave_band(ctx); /* small files: no residency sample needed */
     /* A file the sample cannot tell about (smaller than a page, gone) keeps
      * the last verdict: one batch of tiny files among large ones is an
@@ -393,10 +396,13 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
     int verdict = path_resident(paths[ctx->seed % n], &ctx->seed);
     if (verdict >= 0 || ctx->resident < 0)
         ctx->resident = verdict == 1;
-    if (fr_auto_rule(seen, ctx->resident, ctx->cpus, 0) == FR_AUTO_URING)
+    if (ctx->resident != 1)
         return leave_band(ctx);
+    /* Large cached files: the band, on any machine. The rule's pick for this
+     * one first (psync on FR_AUTO_MIN_CPUS or more, else io_uring), then
+     * whichever the trials find faster. */
     if (!ctx->in_band) {
-        fr_auto_trial_reset(&ctx->trial, FR_AUTO_PSYNC); /* the rule's pick first */
+        fr_auto_trial_reset(&ctx->trial, fr_auto_rule(seen, 1, ctx->cpus, 0));
         ctx->in_band = 1;
     }
     ctx->band_batch = 1;

@@ -108,8 +108,9 @@ typedef struct fr_config {
  * files in 7 of 8 cells over two runs (up to 1.19x: its threads copy in
  * parallel). So FR_AUTO_MIN_SIZE is 512 KiB (it was 160 KiB before the
  * direct path). On a 2-core VM io_uring was as fast or faster at every size
- * (FR_AUTO_MIN_CPUS lies between the two). Where the rule picks psync, the
- * two engines ran close and the winner changed between runs, so there auto
+ * (FR_AUTO_MIN_CPUS lies between the two). For cached files of
+ * FR_AUTO_MIN_SIZE or more the two engines ran close and the winner changed
+ * between runs, so there the rule's pick is only where auto starts: it
  * times both and keeps the faster (auto_trial.h). resident: 1 cached, 0
  * not, -1 unknown (taken as not). */
 #define FR_AUTO_URING 0

@@ -154,6 +154,26 @@ def test_auto_on_this_machine_follows_the_rule(tmp_path):
 
 
 @needs_uring
+def test_auto_times_both_engines_on_any_machine(tmp_path):
+    """With this machine's CPU count (auto_engine=1): cached large files go
+    to the rule's pick for it (io_uring below AUTO_MIN_CPUS) and its first
+    trial reads with the other engine, the same bytes either way."""
+    big = write_tree(tmp_path, 3, _core.AUTO_MIN_SIZE + 2000, 11)
+    cpus = len(os.sched_getaffinity(0))
+    first = 1 if _core.auto_rule(_core.AUTO_MIN_SIZE, 1, cpus) == "psync" else 0
+    ctx = _core.Context("io_uring", threads=2, auto_engine=1)
+    picks = []
+    for _ in range(_core.AUTO_TRIAL_FIRST + _core.AUTO_TRIAL_BATCHES):
+        b = ctx.read(big)
+        assert not b.failures() and same_bytes(b, big)
+        b.release()
+        picks.append(ctx.stat("auto_last"))
+    assert picks == [first] * _core.AUTO_TRIAL_FIRST + [1 - first] * _core.AUTO_TRIAL_BATCHES, picks
+    assert ctx.stat("auto_trials") == 1
+    ctx.close()
+
+
+@needs_uring
 def test_explicit_engines_and_o_direct_are_never_switched(tmp_path):
     for engine, kw in (("io_uring", {}), ("psync", {"auto_engine": 1}),
                        ("io_uring", {"auto_engine": 1, "o_direct": True})):

@@ -146,14 +146,13 @@ def _resolve_for_open(engine):
 #: and larger (its threads copy out of the page cache in parallel); cold and
 #: on 2 cores, io_uring. GPU engines and range-only engines are only used by
 #: name; ranges always go to io_uring.
-AUTO_RULE = (f"per batch: psync for files of {_core.AUTO_MIN_SIZE // 1024} KiB or more (a "
-             f"running mean over the batches; once there, down to 3/4 of that) that are "
-             f"in the page cache, on machines with "
-             f"{_core.AUTO_MIN_CPUS} or more CPUs, where every {_core.AUTO_TRIAL_EVERY} "
-             f"batches (first after {_core.AUTO_TRIAL_FIRST}) {_core.AUTO_TRIAL_BATCHES} "
-             f"are read with io_uring and the faster engine per byte is kept; io_uring for "
-             f"everything else (small or uncached files, O_DIRECT, ranges, GPU output, "
-             f"fewer CPUs)")
+AUTO_RULE = (f"per batch: io_uring for small or uncached files, O_DIRECT, ranges and GPU "
+             f"output; for cached files of {_core.AUTO_MIN_SIZE // 1024} KiB or more (a running "
+             f"mean over the batches; once there, down to 3/4 of that) psync on machines "
+             f"with {_core.AUTO_MIN_CPUS} or more CPUs, else io_uring, and every "
+             f"{_core.AUTO_TRIAL_EVERY} batches (first after {_core.AUTO_TRIAL_FIRST}) "
+             f"{_core.AUTO_TRIAL_BATCHES} with the other engine, keeping the one that read "
+             f"faster per byte")
 
 
 def _cpus():
@@ -176,12 +175,12 @@ def auto_choice():
         if status is True:
             if name == "io_uring" and _status("psync", built) is True:
                 cpus = _cpus()
+                first, other = (("psync", "io_uring")
+                                if _core.auto_rule(_core.AUTO_MIN_SIZE, 1, cpus) == "psync"
+                                else ("io_uring", "psync"))
                 here = (f"this machine has {cpus} CPUs: cached files of "
-                        f"{_core.AUTO_MIN_SIZE // 1024} KiB or more go to psync, or to "
-                        "io_uring while it reads them faster"
-                        if _core.auto_rule(_core.AUTO_MIN_SIZE, 1, cpus) == "psync" else
-                        f"this machine has {cpus} CPUs (< {_core.AUTO_MIN_CPUS}): "
-                        "io_uring for every batch")
+                        f"{_core.AUTO_MIN_SIZE // 1024} KiB or more go to {first}, or to "
+                        f"{other} while it reads them faster")
                 why = f"{AUTO_RULE}; {here}"
             else:
                 why = "the first engine that runs here (io_uring, psync, xnvme-file)"
