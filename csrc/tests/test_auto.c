@@ -286,6 +286,30 @@ static void check_trial_in_context(char **paths, size_t n)
     fr_pool_close(pool);
 }
 
+/* Lists 2x longer than the last are timed afresh: the first trial comes
+ * FR_AUTO_TRIAL_FIRST batches after the change, not FR_AUTO_TRIAL_EVERY
+ * after the last trial, and the rule's pick leads until then. */
+static void check_trials_restart_for_another_list_length(char **paths, size_t n)
+{
+    fr_ctx *ctx = open_auto();
+    if (!ctx)
+        return;
+    fr_pool *pool = fr_pool_new();
+    cache(paths, n);
+    size_t few = n / 4;
+    for (unsigned i = 0; i < FR_AUTO_TRIAL_FIRST; i++)
+        CHECK(read_once(ctx, pool, paths, few) == FR_AUTO_PSYNC);
+    for (unsigned i = 0; i < FR_AUTO_TRIAL_BATCHES; i++)
+        CHECK(read_once(ctx, pool, paths, few) == FR_AUTO_URING);
+    CHECK(fr_ctx_stat(ctx, "auto_trials") == 1);
+    for (unsigned i = 0; i < FR_AUTO_TRIAL_FIRST; i++)
+        CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_PSYNC);
+    CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_URING);
+    CHECK(fr_ctx_stat(ctx, "auto_trials") == 2);
+    fr_ctx_close(ctx);
+    fr_pool_close(pool);
+}
+
 int main(void)
 {
     check_rule();
@@ -317,6 +341,7 @@ int main(void)
         printf("page cache eviction had no effect here: cold case skipped\n");
     check_eviction_between_calls(large, NFILES);
     check_trial_in_context(large, NFILES);
+    check_trials_restart_for_another_list_length(large, NFILES);
     /* O_DIRECT and explicit engines are never switched. */
     fr_config cfg;
     fr_config_init(&cfg);
