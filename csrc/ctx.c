@@ -75,7 +75,8 @@ struct fr_ctx {
      * this batch's pick came from the trials. */
     int in_band;
     int band_batch;
-    size_t band_files; /* files in the last batch in the band */
+    size_t band_files;          /* files a batch when the band was entered */
+    unsigned band_length_jumps; /* batches in a row 2x or more off band_files */
     fr_auto_trial trial;
 
     /* fr_read_files calls and the wall time spent in them (the engine's
@@ -402,17 +403,22 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
     /* Large cached files: the band, on any machine. The rule's pick for this
      * one first (psync on FR_AUTO_MIN_CPUS or more, else io_uring), then
      * whichever the trials find faster. */
-    /* Lists 2x longer or shorter than the last batch in the band are timed
+    /* Two lists in a row 2x longer or shorter than the band's are timed
      * afresh: which engine wins can turn with the list length (1 MiB files
      * on the H200: io_uring for lists of 64, psync for 256), and a context
      * that kept io_uring from lists of 64 read lists of 256 at 0.90 of
-     * psync until its next trial. */
-    if (ctx->in_band && (n >= 2 * ctx->band_files || ctx->band_files >= 2 * n))
+     * psync until its next trial. One such list is an epoch's short last
+     * one: restarting on it, 1 MiB lists of 64 ran 16 trials in 512
+     * batches. */
+    int other_length = n >= 2 * ctx->band_files || ctx->band_files >= 2 * n;
+    ctx->band_length_jumps = other_length ? ctx->band_length_jumps + 1 : 0;
+    if (ctx->band_length_jumps >= 2)
         ctx->in_band = 0;
-    ctx->band_files = n;
     if (!ctx->in_band) {
         fr_auto_trial_reset(&ctx->trial, fr_auto_rule(seen, 1, ctx->cpus, 0));
         ctx->in_band = 1;
+        ctx->band_files = n;
+        ctx->band_length_jumps = 0;
     }
     ctx->band_batch = 1;
     return fr_auto_trial_pick(&ctx->trial);
