@@ -262,6 +262,14 @@ static void check_eviction_between_calls(char **paths, size_t n)
     fr_pool_close(pool);
 }
 
+/* `count` calls of `ctx` on the files, each checked to pick `want`. */
+static void read_times(fr_ctx *ctx, fr_pool *pool, char **paths, size_t n, unsigned count,
+                       long want)
+{
+    for (unsigned i = 0; i < count; i++)
+        CHECK(read_once(ctx, pool, paths, n) == want);
+}
+
 /* A context over cached large files runs its first trial after
  * FR_AUTO_TRIAL_FIRST batches: the next FR_AUTO_TRIAL_BATCHES go to
  * io_uring, the one after to whichever engine read faster; the same bytes
@@ -273,11 +281,9 @@ static void check_trial_in_context(char **paths, size_t n)
         return;
     fr_pool *pool = fr_pool_new();
     cache(paths, n);
-    for (unsigned i = 0; i < FR_AUTO_TRIAL_FIRST; i++)
-        CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_PSYNC);
+    read_times(ctx, pool, paths, n, FR_AUTO_TRIAL_FIRST, FR_AUTO_PSYNC);
     CHECK(fr_ctx_stat(ctx, "auto_trials") == 0);
-    for (unsigned i = 0; i < FR_AUTO_TRIAL_BATCHES; i++)
-        CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_URING);
+    read_times(ctx, pool, paths, n, FR_AUTO_TRIAL_BATCHES, FR_AUTO_URING);
     CHECK(fr_ctx_stat(ctx, "auto_trials") == 1);
     long switches = fr_ctx_stat(ctx, "auto_switches");
     CHECK(switches == 0 || switches == 1);
@@ -298,15 +304,12 @@ static void check_trials_restart_for_another_list_length(char **paths, size_t n)
     fr_pool *pool = fr_pool_new();
     cache(paths, n);
     size_t few = n / 4;
-    for (unsigned i = 0; i + 1 < FR_AUTO_TRIAL_FIRST; i++)
-        CHECK(read_once(ctx, pool, paths, few) == FR_AUTO_PSYNC);
+    read_times(ctx, pool, paths, few, FR_AUTO_TRIAL_FIRST - 1, FR_AUTO_PSYNC);
     CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_PSYNC); /* one long list */
-    for (unsigned i = 0; i < FR_AUTO_TRIAL_BATCHES; i++)  /* the trial, on time */
-        CHECK(read_once(ctx, pool, paths, few) == FR_AUTO_URING);
+    read_times(ctx, pool, paths, few, FR_AUTO_TRIAL_BATCHES, FR_AUTO_URING); /* on time */
     CHECK(fr_ctx_stat(ctx, "auto_trials") == 1);
     read_once(ctx, pool, paths, n); /* the kept engine, whichever it is */
-    for (unsigned i = 0; i < FR_AUTO_TRIAL_FIRST; i++)
-        CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_PSYNC);
+    read_times(ctx, pool, paths, n, FR_AUTO_TRIAL_FIRST, FR_AUTO_PSYNC);
     CHECK(read_once(ctx, pool, paths, n) == FR_AUTO_URING);
     CHECK(fr_ctx_stat(ctx, "auto_trials") == 2);
     fr_ctx_close(ctx);
