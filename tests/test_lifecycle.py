@@ -201,6 +201,34 @@ def test_fork_child_gets_a_clear_error_and_can_build_its_own(tree):
     assert p.stdout.split() == ["0", str(len(paths) - 16)], p.stderr
 
 
+def test_read_files_in_a_fork_child_opens_its_own_context(tree):
+    """read_files() keeps one context per thread; a fork()ed child must not
+    use the parent's (its helper threads stayed in the parent), and finds
+    out without a getpid() per call (os.register_at_fork clears the cache)."""
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    code = f"""
+        import os, sys, fastread
+        paths = {paths[:16]!r}
+        want = [open(p, "rb").read() for p in paths]
+        assert [a.tobytes() for a in fastread.read_files(paths)] == want
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ok = [a.tobytes() for a in fastread.read_files(paths)] == want
+                os._exit(0 if ok else 5)
+            except BaseException as e:
+                print("child:", repr(e), file=sys.stderr)
+                os._exit(6)
+        _, status = os.waitpid(pid, 0)
+        again = [a.tobytes() for a in fastread.read_files(paths)] == want
+        print(os.waitstatus_to_exitcode(status), again)
+    """
+    p = run_py(code)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", "True"], p.stderr
+
+
 def _fds():
     """This process's descriptors: {fd: what it refers to}."""
     out = {}
