@@ -402,9 +402,8 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
         return leave_band(ctx);
     /* Large cached files: the band, on any machine. The rule's pick for this
      * one first (psync on FR_AUTO_MIN_CPUS or more, else io_uring), then
-     * whichever the trials find faster. */
-    /* Two lists in a row 2x longer or shorter than the band's are timed
-     * afresh: which engine wins can turn with the list length (1 MiB files
+     * whichever the trials find faster. Two lists in a row 2x longer or
+     * shorter than the band's are timed afresh: which engine wins can turn with the list length (1 MiB files
      * on the H200: io_uring for lists of 64, psync for 256), and a context
      * that kept io_uring from lists of 64 read lists of 256 at 0.90 of
      * psync until its next trial. One such list is an epoch's short last
