@@ -70,9 +70,9 @@ struct fr_ctx {
     int last_pick;         /* FR_AUTO_URING or FR_AUTO_PSYNC */
     uint64_t size_est;     /* running mean of the batches' file sizes, 0: none yet */
     unsigned size_jumps;   /* consecutive batches 4x or more off size_est */
-    /* Where the rule picks psync, the two engines are timed against each
-     * other (auto_trial.h): in_band, the last batch was there; band_batch,
-     * this batch's pick came from the trials. */
+    /* Batches of large cached files ("the band"; see auto_pick) go to the
+     * engine the trials of auto_trial.h find faster: in_band, the last batch
+     * was there; band_batch, this batch's pick came from the trials. */
     int in_band;
     int band_batch;
     size_t band_files;          /* files a batch when the band was entered */
@@ -403,12 +403,12 @@ static int auto_pick(fr_ctx *ctx, const char *const *paths, const int64_t *size_
     /* Large cached files: the band, on any machine. The rule's pick for this
      * one first (psync on FR_AUTO_MIN_CPUS or more, else io_uring), then
      * whichever the trials find faster. Two lists in a row 2x longer or
-     * shorter than the band's are timed afresh: which engine wins can turn with the list length (1 MiB files
-     * on the H200: io_uring for lists of 64, psync for 256), and a context
-     * that kept io_uring from lists of 64 read lists of 256 at 0.90 of
-     * psync until its next trial. One such list is an epoch's short last
-     * one: restarting on it, 1 MiB lists of 64 ran 16 trials in 512
-     * batches. */
+     * shorter than the band's are timed afresh: which engine wins can turn
+     * with the list length (1 MiB files on the H200: io_uring for lists of
+     * 64, psync for 256), and a context that kept io_uring from lists of 64
+     * read lists of 256 at 0.90 of psync until its next trial. One such list
+     * is an epoch's short last one: restarting on it, 1 MiB lists of 64 ran
+     * 16 trials in 512 batches. */
     int other_length = n >= 2 * ctx->band_files || ctx->band_files >= 2 * n;
     ctx->band_length_jumps = other_length ? ctx->band_length_jumps + 1 : 0;
     if (ctx->band_length_jumps >= 2)
@@ -429,8 +429,11 @@ static int read_files_untimed(fr_ctx *ctx, const char *const *paths, const int64
     int rc = begin_batch(batch, n);
     if (rc <= 0)
         return rc;
+    const fr_engine *e = ctx->engine;
+    void *state = ctx->state;
+    int pick = FR_AUTO_URING;
     if (ctx->auto_engine) {
-        int pick = auto_pick(ctx, paths, size_hints, n);
+        pick = auto_pick(ctx, paths, size_hints, n);
         if (pick == FR_AUTO_PSYNC && !ctx->alt_state &&
             fr_engine_psync.open(&ctx->alt_cfg, &ctx->alt_state, NULL, 0) != 0) {
             ctx->alt_failed = 1; /* out of threads or memory: io_uring reads on */
@@ -439,17 +442,18 @@ static int read_files_untimed(fr_ctx *ctx, const char *const *paths, const int64
         }
         ctx->last_pick = pick;
         ctx->auto_batches[pick]++;
-        const fr_engine *e = pick == FR_AUTO_PSYNC ? &fr_engine_psync : ctx->engine;
-        void *state = pick == FR_AUTO_PSYNC ? ctx->alt_state : ctx->state;
-        long t0 = ctx->band_batch ? now_ns() : 0;
-        rc = e->read_files(state, paths, size_hints, n, batch);
-        if (ctx->band_batch) /* the engine call alone: what the trials compare */
-            fr_auto_trial_record(&ctx->trial, pick, rc == 0 ? batch->arena.used : 0,
-                                 now_ns() - t0);
-        return end_batch(ctx, batch, rc);
+        if (pick == FR_AUTO_PSYNC) {
+            e = &fr_engine_psync;
+            state = ctx->alt_state;
+        }
     }
-    return end_batch(ctx, batch,
-                     ctx->engine->read_files(ctx->state, paths, size_hints, n, batch));
+    /* band_batch: an auto pick made by the trials, which compare the
+     * engine call alone. */
+    long t0 = ctx->band_batch ? now_ns() : 0;
+    rc = e->read_files(state, paths, size_hints, n, batch);
+    if (ctx->band_batch)
+        fr_auto_trial_record(&ctx->trial, pick, rc == 0 ? batch->arena.used : 0, now_ns() - t0);
+    return end_batch(ctx, batch, rc);
 }
 
 /* Looks a call's paths up in the memo, for a call without hints: how many

@@ -1,7 +1,8 @@
 /* engine="auto" (fr_config.auto_engine): the rule itself, the timed trials
- * between the engines where the rule picks psync, and a context that sends
- * batches of cached large files to psync (or, after a trial, to the faster
- * engine) and everything else to io_uring, with the same bytes either way. */
+ * between the engines for large cached files, and a context that sends
+ * batches of cached large files to the rule's pick (psync here: as on
+ * FR_AUTO_MIN_CPUS CPUs), or after a trial to the faster engine, and
+ * everything else to io_uring, with the same bytes either way. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>

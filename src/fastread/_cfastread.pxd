@@ -125,7 +125,7 @@ cdef extern from "fastread.h" nogil:
 
 
 cdef extern from "auto_trial.h" nogil:
-    # engine="auto"'s timed trials where its rule picks psync.
+    # engine="auto"'s timed trials for large cached files.
     const unsigned FR_AUTO_TRIAL_FIRST
     const unsigned FR_AUTO_TRIAL_EVERY
     const unsigned FR_AUTO_TRIAL_BATCHES

@@ -77,9 +77,9 @@ def auto_rule(uint64_t mean_size, int resident, unsigned cpus, bint o_direct=Fal
 
 AUTO_MIN_SIZE = FR_AUTO_MIN_SIZE
 AUTO_MIN_CPUS = FR_AUTO_MIN_CPUS
-# Where the rule picks psync, auto's trials of io_uring (csrc/auto_trial.h):
-# the first after this many batches, then every AUTO_TRIAL_EVERY, each of
-# AUTO_TRIAL_BATCHES batches.
+# For large cached files, auto's trials of its other engine
+# (csrc/auto_trial.h): the first after this many batches, then every
+# AUTO_TRIAL_EVERY, each of AUTO_TRIAL_BATCHES batches.
 AUTO_TRIAL_FIRST = FR_AUTO_TRIAL_FIRST
 AUTO_TRIAL_EVERY = FR_AUTO_TRIAL_EVERY
 AUTO_TRIAL_BATCHES = FR_AUTO_TRIAL_BATCHES
