@@ -133,6 +133,28 @@ int fr_test_engine_roundtrip(const fr_config *cfg, int repeat)
     return bad;
 }
 
+void fr_test_write_changing(const char *prefix, size_t grew, size_t shrank,
+                            char *paths[CH_COUNT])
+{
+    static const char *const names[CH_COUNT] = {"grew", "shrank", "same",
+                                                "gone", "dir", "fifo"};
+    const size_t sizes[CH_COUNT] = {grew, shrank, 4096, 10, 10, 10};
+    for (int i = 0; i < CH_COUNT; i++) {
+        char name[64];
+        snprintf(name, sizeof(name), "%s%s.bin", prefix, names[i]);
+        paths[i] = fr_test_write(name, sizes[i], (unsigned)i + 1);
+    }
+}
+
+int fr_test_read_as_now(const fr_batch *batch, char *const paths[CH_COUNT])
+{
+    return fr_test_same(batch, CH_GREW, paths[CH_GREW]) &&
+           fr_test_same(batch, CH_SHRANK, paths[CH_SHRANK]) &&
+           fr_test_same(batch, CH_SAME, paths[CH_SAME]) &&
+           batch->samples[CH_GONE].length == -ENOENT &&
+           batch->samples[CH_DIR].length == -EISDIR && batch->samples[CH_FIFO].length == -EINVAL;
+}
+
 int fr_test_unmake_files(const char *gone, const char *dir, const char *fifo)
 {
     int rc = 0;

@@ -37,10 +37,20 @@ int fr_test_same(const fr_batch *batch, size_t i, const char *path);
  * bytes; returns the number of mismatches. */
 int fr_test_engine_roundtrip(const fr_config *cfg, int repeat);
 
+/* What a size hint or a remembered size must survive, as files written by
+ * fr_test_write_changing: paths[CH_GREW] and paths[CH_SHRANK] of the sizes
+ * given (to be rewritten by the test), paths[CH_SAME] of 4096 bytes, and
+ * three of 10 bytes that fr_test_unmake_files turns into no regular file. */
+enum { CH_GREW, CH_SHRANK, CH_SAME, CH_GONE, CH_DIR, CH_FIFO, CH_COUNT };
+void fr_test_write_changing(const char *prefix, size_t grew, size_t shrank,
+                            char *paths[CH_COUNT]);
 /* Turns three regular files into what a remembered size or a size hint
  * must survive: `gone` removed, `dir` a directory, `fifo` a FIFO with no
  * writer (never to be read forever). 0, or -1 if a step failed. */
 int fr_test_unmake_files(const char *gone, const char *dir, const char *fifo);
+/* 1 if `batch` read the changing files as they are now: the first three
+ * with their current bytes, then ENOENT, EISDIR and EINVAL (a FIFO). */
+int fr_test_read_as_now(const fr_batch *batch, char *const paths[CH_COUNT]);
 
 int fr_test_finish(const char *name);
 
