@@ -38,6 +38,19 @@ def make_tree(root, size, count):
     return paths
 
 
+def add_tree_arguments(ap, rounds):
+    """The options of the probes' file tree (--root, --size, --files) and --rounds."""
+    ap.add_argument("--root", default="/tmp/fastread-probe")
+    ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--files", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=rounds)
+
+
+def tree(args):
+    """The tree add_tree_arguments' options name, made and cached (make_tree)."""
+    return make_tree(os.path.join(args.root, f"{args.size}x{args.files}"), args.size, args.files)
+
+
 def timed(fn, lists, min_time=0.4):
     """files/s over passes of fn over lists for at least min_time seconds."""
     t0 = time.perf_counter()
@@ -70,10 +83,7 @@ def sizes_forgotten():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", default="/tmp/fastread-probe")
-    ap.add_argument("--size", type=int, default=4096)
-    ap.add_argument("--files", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=3)
+    add_tree_arguments(ap, rounds=3)
     ap.add_argument("--engine", default="io_uring")
     ap.add_argument("--threads", default="", help="extra thread counts for the engine call, e.g. 8,4")
     ap.add_argument("--variants", default="",
@@ -83,8 +93,7 @@ def main():
                     help="options for read_files() itself, ';'-separated, one each, e.g. "
                          "'threads=12;spin_us=200': a row each")
     args = ap.parse_args()
-    root = os.path.join(args.root, f"{args.size}x{args.files}")
-    paths = make_tree(root, args.size, args.files)
+    paths = tree(args)
     sizes = [args.size] * len(paths)
     print(f"{len(paths)} files of {args.size} B, {os.cpu_count()} CPUs, engine {args.engine}")
     variants = [v for v in args.variants.split(";") if v]

@@ -3,8 +3,8 @@
 never read (a first epoch: every path looked up, missed and stored), lists
 of a data set larger than the memo (every path looked up and missed, none
 stored) and lists it has read before (a second epoch: what remembering is
-for), against the same reads with remembering off. Run from the repo root
-after read_files_probe.py made the files:
+for), against the same reads with remembering off, over read_files_probe.py's
+files (made if missing). Run from the repo root:
 
     python3 bench/tools/size_memo_probe.py [--root DIR] [--size 4096] [--files 20000]
 
@@ -15,22 +15,14 @@ import statistics
 import time
 
 from fastread import _core
+from read_files_probe import add_tree_arguments, tree  # this folder's probe
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", default="/tmp/fastread-probe")
-    ap.add_argument("--size", type=int, default=4096)
-    ap.add_argument("--files", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=5)
+    add_tree_arguments(ap, rounds=5)
     args = ap.parse_args()
-    root = os.path.join(args.root, f"{args.size}x{args.files}")
-    paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
-    if not paths:
-        raise SystemExit(f"no files under {root}: run read_files_probe.py first")
-    for p in paths:
-        with open(p, "rb") as f:
-            f.read()
+    paths = sorted(tree(args))  # cached by tree()
     print(f"{len(paths)} files of {args.size} B, {os.cpu_count()} CPUs, engine io_uring")
     for batch in (64, 256):
         lists = [paths[i:i + batch] for i in range(0, len(paths) - batch + 1, batch)]
