@@ -15,7 +15,7 @@ endif()
 
 # Always compiled: without xNVMe's GPU queues every call refuses with the
 # reason (fr_xc_probe), and the URI checks work everywhere.
-target_sources(fastread_core PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../csrc/gather_xnvme_cuda.c)
+target_sources(fastread_core PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../csrc/gather/gather_xnvme_cuda.c)
 target_compile_options(fastread_core PRIVATE ${FASTREAD_WARNINGS})
 
 set(FASTREAD_HAVE_XNVME_CUDA OFF)
@@ -60,7 +60,7 @@ else()
   if(FASTREAD_XNVME_CUDA_HEADER)
     set(FASTREAD_HAVE_XNVME_CUDA ON)
     set(_fr_xc_dir ${CMAKE_BINARY_DIR}/xnvme_cuda)
-    get_filename_component(_fr_xc_src ${CMAKE_CURRENT_LIST_DIR}/../csrc ABSOLUTE)
+    get_filename_component(_fr_xc_src ${CMAKE_CURRENT_LIST_DIR}/../csrc/gather ABSOLUTE)
     set(_fr_xc_inputs ${FASTREAD_XNVME_CUDA_HEADER}/libxnvme_spec.h ${FASTREAD_XNVME_CUDA_HEADER}/libxnvme_cuda.h
         ${_fr_xc_src}/xnvme_cuda_map.h ${_fr_xc_src}/device/fastread_xnvme_cuda.cuh)
     string(REPLACE ";" "|" _fr_xc_inputs_arg "${_fr_xc_inputs}")

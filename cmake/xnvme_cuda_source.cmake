@@ -1,8 +1,8 @@
 # Builds the device source of xnvme-cuda (gather_backend.h FR_FETCH_EXTERN):
 # the system's xNVMe headers that libxnvme_cuda.h needs (libxnvme_spec.h,
 # libxnvme_cuda.h; libxnvme_util.h's host timers are not for NVRTC, and of it
-# only XNVME_STATIC_ASSERT is used, defined in the prelude below), then csrc/xnvme_cuda_map.h and
-# csrc/device/fastread_xnvme_cuda.cuh, #include lines removed (NVRTC has no
+# only XNVME_STATIC_ASSERT is used, defined in the prelude below), then csrc/gather/xnvme_cuda_map.h and
+# csrc/gather/device/fastread_xnvme_cuda.cuh, #include lines removed (NVRTC has no
 # C library; fastread_device.cuh, compiled first, provides the stdint types),
 # written to OUTPUT as the NUL-terminated C array fr_xc_device_source_text.
 # Run with cmake -P at build time (see xnvme_cuda.cmake); INPUTS is a

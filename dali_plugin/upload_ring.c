@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base.h"
+#include "core/base.h"
 
 typedef struct upload_slot {
     fr_batch *batch; /* NULL: free */

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "fastread.h"
-#include "gpu.h"
+#include "gpu/gpu.h"
 
 #ifdef __cplusplus
 extern "C" {

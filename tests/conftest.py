@@ -139,7 +139,8 @@ def mock_cuda_dir(tmp_path_factory):
         pytest.skip("needs a C compiler and the checkout's csrc/tests/mock")
     d = tmp_path_factory.mktemp("mockcuda")
     for soname in ("libcuda.so.1", "libcufile.so.0"):
-        # -I csrc: the mock runs the gather kernel's code from device/fastread_device.cuh.
-        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-I", csrc, "-o", str(d / soname), src,
+        # -I csrc: the mock runs the gather kernel's code from gather/device/fastread_device.cuh.
+        subprocess.run([cc, "-shared", "-fPIC", "-O1", "-I", csrc, "-I", os.path.join(csrc, "include"),
+                        "-o", str(d / soname), src,
                         "-lpthread"], check=True)
     return str(d)

@@ -140,11 +140,28 @@ def test_python_has_no_import_cycles():
 
 # ----------------------------------------------------------------------- C
 
+def c_sources(*suffixes):
+    """The core's sources (tests excluded), by their path under csrc/."""
+    return sorted(p for p in CSRC.rglob("*") if p.suffix in suffixes
+                  and p.relative_to(CSRC).parts[0] != "tests")
+
+
+def _include_target(path, inc):
+    """What `#include "inc"` in `path` names: csrc/include/ for public headers,
+    csrc/ for internal ones, else the including file's folder (device
+    headers include their neighbours)."""
+    for base in (CSRC / "include", CSRC, path.parent):
+        if (base / inc).exists():
+            return (base / inc).resolve().relative_to(CSRC).as_posix()
+    return None
+
+
 def c_include_graph():
     graph = {}
-    for path in list(CSRC.glob("*.c")) + list(CSRC.glob("*.h")):
+    for path in c_sources(".c", ".h", ".cuh"):
+        name = path.relative_to(CSRC).as_posix()
         incs = re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M)
-        graph[path.name] = {Path(i).name for i in incs if (CSRC / i).exists()} - {path.name}
+        graph[name] = {t for t in (_include_target(path, i) for i in incs) if t} - {name}
     return graph
 
 
@@ -155,11 +172,24 @@ def test_c_headers_have_no_include_cycles():
 
 def test_c_bottom_layer_includes_nothing_of_ours():
     graph = c_include_graph()
-    assert graph["base.h"] == set() and graph["base.c"] <= {"base.h"}
+    assert graph["core/base.h"] == set() and graph["core/base.c"] <= {"core/base.h"}
+
+
+def test_c_subsystems_are_folders():
+    """ARCHITECTURE.md's map: every core source lives in a subsystem folder,
+    none loose in csrc/, and public headers include only public headers."""
+    folders = {"include", "core", "engines", "gpu", "gather"}
+    loose = [p.name for p in c_sources(".c", ".h") if p.parent == CSRC]
+    assert not loose, f"sources loose in csrc/: {loose}"
+    assert {p.relative_to(CSRC).parts[0] for p in c_sources(".c", ".h")} <= folders
+    graph = c_include_graph()
+    for name, incs in graph.items():
+        if name.startswith("include/"):
+            assert all(i.startswith("include/") for i in incs), (name, incs)
 
 
 def _cflags():
-    flags = ["-std=c11", "-I", str(CSRC), "-DFASTREAD_HAVE_URING=1", "-DFASTREAD_HAVE_XNVME=1",
+    flags = ["-std=c11", "-I", str(CSRC / "include"), "-I", str(CSRC), "-DFASTREAD_HAVE_URING=1", "-DFASTREAD_HAVE_XNVME=1",
              '-DFASTREAD_XNVME_BUILD_VERSION="layering"']
     if shutil.which("pkg-config"):
         for lib in ("liburing", "xnvme"):
@@ -171,8 +201,12 @@ def _cflags():
 
 # Sources that need a library the machine may lack; they are left out of the
 # graph (with the reason) only when their headers are missing.
-OPTIONAL = {"engine_uring.c": "liburing.h", "engine_xnvme.c": "libxnvme.h",
-            "engine_xnvme_file.c": "libxnvme.h", "gather_xnvme_cuda.c": "libxnvme.h"}
+OPTIONAL = {"engines/uring/": "liburing.h", "engines/xnvme/xnvme.c": "libxnvme.h",
+            "engines/xnvme/xnvme_file.c": "libxnvme.h", "gather/gather_xnvme_cuda.c": "libxnvme.h"}
+
+
+def _optional_header(name):
+    return next((h for prefix, h in OPTIONAL.items() if name.startswith(prefix)), None)
 
 
 @pytest.fixture(scope="module")
@@ -182,17 +216,18 @@ def c_objects(tmp_path_factory):
         pytest.skip("needs a C compiler and nm")
     out = tmp_path_factory.mktemp("layering")
     objects, left_out = {}, {}
-    for src in sorted(CSRC.glob("*.c")):
-        obj = out / (src.stem + ".o")
+    for src in c_sources(".c"):
+        name = src.relative_to(CSRC).as_posix()
+        obj = out / (name.replace("/", "__")[:-2] + ".o")
         r = subprocess.run([cc, *_cflags(), "-c", str(src), "-o", str(obj)],
                            capture_output=True, text=True)
         if r.returncode != 0:
-            missing = OPTIONAL.get(src.name)
+            missing = _optional_header(name)
             if missing and f"{missing}: No such file" in r.stderr:
-                left_out[src.name] = f"{missing} not found"
+                left_out[name] = f"{missing} not found"
                 continue
-            pytest.fail(f"{src.name} does not compile:\n{r.stderr[-2000:]}")
-        objects[src.name] = obj
+            pytest.fail(f"{name} does not compile:\n{r.stderr[-2000:]}")
+        objects[name] = obj
     return objects, left_out
 
 
@@ -219,4 +254,4 @@ def test_c_objects_have_no_cycles(c_objects):
     objects, _ = c_objects
     graph = c_symbol_graph(objects)
     assert not find_cycles(graph), f"call cycles between csrc objects: {find_cycles(graph)}"
-    assert graph["base.c"] == set(), f"base.c depends on {graph['base.c']}"
+    assert graph["core/base.c"] == set(), f"base.c depends on {graph['core/base.c']}"

@@ -127,7 +127,7 @@ def test_memory_is_bounded_when_batches_are_dropped(tree):
         for _ in range(10):
             epoch(r)
         gc.collect()
-        # In flight: prefetch + workers - 1 (csrc/reader.c), one being
+        # In flight: prefetch + workers - 1 (csrc/core/reader.c), one being
         # returned, and two the pool keeps for reuse. Workers default to one
         # per 2 CPUs: 1 on the 2-core VM, 8 on 16 cores.
         assert r.memory()["batches"] <= 2 + r.workers + 2

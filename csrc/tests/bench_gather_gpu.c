@@ -18,8 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gather.h"
-#include "gpu.h"
+#include "fastread_gather.h"
+#include "gpu/gpu.h"
 
 #define ROW 512u
 #define ROWS 200000u

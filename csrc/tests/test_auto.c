@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../auto_trial.h"
+#include "core/auto_trial.h"
 #include "harness.h"
 
 #define NFILES 12

@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "harness.h"
-#include "io_common.h"
-#include "range_io.h"
+#include "engines/io_common.h"
+#include "engines/range_io.h"
 
 /* 1 if every sample of [from, to) that read anything starts where the
  * previous one ended. */

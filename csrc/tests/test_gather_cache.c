@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "device/fastread_device.cuh"
+#include "gather/device/fastread_device.cuh"
 #include "harness.h"
 
 #define ROW 256u

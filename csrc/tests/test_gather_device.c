@@ -20,9 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "device/fastread_device.cuh"
-#include "gather.h"
-#include "gpu.h"
+#include "gather/device/fastread_device.cuh"
+#include "fastread_gather.h"
+#include "gpu/gpu.h"
 #include "harness.h"
 
 #define ROW 256u

@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gather.h"
-#include "gpu.h"
+#include "fastread_gather.h"
+#include "gpu/gpu.h"
 #include "harness.h"
 
 #define ROW 512u

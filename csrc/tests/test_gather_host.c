@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gather.h"
+#include "fastread_gather.h"
 #include "harness.h"
 
 static unsigned char *file_bytes;

@@ -23,12 +23,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gather_xnvme_cuda.h"
+#include "gather/gather_xnvme_cuda.h"
 #include "harness.h"
 
 #ifdef FASTREAD_HAVE_XNVME_CUDA
-#include "gather.h"
-#include "gather_backend.h"
+#include "fastread_gather.h"
+#include "gather/gather_backend.h"
 #include "xnvme_cuda_build.h"
 #endif
 

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "size_memo.h"
+#include "core/size_memo.h"
 
 static void check_memo_alone(void)
 {

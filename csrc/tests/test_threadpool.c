@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "threadpool.h"
+#include "core/threadpool.h"
 
 #define NITEMS 64
 #define NPHASES 3000

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base.h"
+#include "core/base.h"
 #include "harness.h"
 
 #define NFILES 300 /* more than one window (256) */

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "xnvme_path.h"
+#include "engines/xnvme/xnvme_path.h"
 
 /* A path of about `want` bytes: nested directories under the test dir. */
 static char *long_path(size_t want)

@@ -1,4 +1,4 @@
-# Declarations of the C core (csrc/fastread.h). Logic lives in _core.pyx.
+# Declarations of the C core (csrc/include/fastread.h). Logic lives in _core.pyx.
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 
 

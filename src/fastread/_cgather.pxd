@@ -1,8 +1,8 @@
-# Declarations of the row-gather API (csrc/gather.h). Logic lives in _gather.pyx.
+# Declarations of the row-gather API (csrc/include/fastread_gather.h). Logic lives in _gather.pyx.
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 
-cdef extern from "gather.h" nogil:
+cdef extern from "fastread_gather.h" nogil:
     ctypedef struct fr_store:
         pass
 

@@ -78,7 +78,7 @@ def auto_rule(uint64_t mean_size, int resident, unsigned cpus, bint o_direct=Fal
 AUTO_MIN_SIZE = FR_AUTO_MIN_SIZE
 AUTO_MIN_CPUS = FR_AUTO_MIN_CPUS
 # For large cached files, auto's trials of its other engine
-# (csrc/auto_trial.h): the first after this many batches, then every
+# (csrc/core/auto_trial.h): the first after this many batches, then every
 # AUTO_TRIAL_EVERY, each of AUTO_TRIAL_BATCHES batches.
 AUTO_TRIAL_FIRST = FR_AUTO_TRIAL_FIRST
 AUTO_TRIAL_EVERY = FR_AUTO_TRIAL_EVERY

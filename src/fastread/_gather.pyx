@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
-"""The binding to the C row-gather API (csrc/gather.h): one Store per
+"""The binding to the C row-gather API (csrc/include/fastread_gather.h): one Store per
 fr_store. Only adaptation happens here (fastread.features has the logic):
 configuration in, errors out as Python exceptions, every C call with the GIL
 released.

@@ -141,7 +141,7 @@ def _resolve_for_open(engine):
 #: engine="auto": the rule, measured with bench/engines.py (read_files() and
 #: Reader; 4 KiB to 1 MiB files; warm and cold; batch 64 and 256) on 16-core
 #: H100 and H200 machines and a 2-core VM, applied per batch by the C core
-#: (fr_auto_rule in csrc/fastread.h, which gives the numbers): on 16 cores,
+#: (fr_auto_rule in csrc/include/fastread.h, which gives the numbers): on 16 cores,
 #: warm, io_uring reads files up to 256 KiB as fast or faster, psync 512 KiB
 #: and larger (its threads copy out of the page cache in parallel); cold and
 #: on 2 cores, io_uring. GPU engines and range-only engines are only used by

@@ -21,7 +21,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "device/fastread_device.cuh"
+#include "gather/device/fastread_device.cuh"
 
 #define EXPORT __attribute__((visibility("default")))
 #define CUDA_ERROR_INVALID_VALUE 1

@@ -1,0 +1,45 @@
+/* The bottom layer: error messages, CPUs and the page-cache probe (see base.h). */
+#define _GNU_SOURCE /* mincore, sched_getaffinity */
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/base.h"
+
+void fr_set_err(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (!err || err_len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+unsigned fr_usable_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0)
+        return (unsigned)CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1;
+}
+
+unsigned fr_resident_sample(const void *map, size_t len, unsigned n, uint64_t *seed,
+                            unsigned *asked)
+{
+    size_t pages = len / 4096;
+    unsigned in = 0;
+    *asked = 0;
+    for (unsigned i = 0; map && pages && i < n; i++) {
+        uint64_t x = fr_splitmix64(seed);
+        unsigned char vec = 0;
+        if (mincore((char *)(uintptr_t)map + (x % pages) * 4096, 4096, &vec) == 0) {
+            (*asked)++;
+            in += vec & 1;
+        }
+    }
+    return in;
+}

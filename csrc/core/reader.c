@@ -1,0 +1,527 @@
+/*
+ * A reader: `workers` native threads, each owning an engine context, read
+ * submitted batches ahead of the consumer. Batches are handed out strictly in
+ * submission order, whichever worker finished first. At most
+ * prefetch + workers - 1 batches are read or waiting at any time.
+ *
+ * Several workers keep more I/O in flight (cold caches, fast devices) and
+ * use more cores for the copies out of the page cache.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engines/engine.h"
+#include "gpu/gpu.h"
+#include "engines/range_io.h"
+
+#define MAX_WORKERS 64
+
+typedef struct request {
+    int64_t *indices;
+    size_t n;
+    struct request *next;
+} request;
+
+struct fr_reader {
+    fr_config cfg;
+    char engine[32];
+    char *engine_args;
+    char *blob;
+    const char **paths;
+    int64_t *sizes; /* each file's size when last read, -1 before; atomic access */
+    size_t npaths;  /* samples: files, or ranges of the image */
+    char *image;    /* range reader: the image all samples are ranges of */
+    fr_range *ranges;
+    unsigned prefetch;
+    unsigned nworkers;
+    fr_pool *pool;
+    fr_gpu *gpu; /* shared by the workers' contexts and the pool's pinning */
+
+    pthread_t threads[MAX_WORKERS];
+    unsigned nthreads;
+    pthread_mutex_t lock;
+    pthread_cond_t work_cv;
+    pthread_cond_t ready_cv;
+    request *req_head, *req_tail;
+    fr_batch *ready;      /* finished batches, sorted by seq */
+    size_t nready;
+    unsigned nbusy;       /* workers reading a batch */
+    size_t outstanding;   /* submitted and not yet taken, this generation */
+    uint64_t generation;  /* bumped by reset: older work is dropped */
+    uint64_t next_seq;    /* seq of the next request a worker takes */
+    uint64_t deliver_seq; /* seq the consumer gets next */
+    int stop;
+
+    unsigned started;
+    int open_rc;
+    char open_err[FR_ERRLEN];
+};
+
+static void free_requests(request *r)
+{
+    while (r) {
+        request *next = r->next;
+        free(r->indices);
+        free(r);
+        r = next;
+    }
+}
+
+typedef struct scratch {
+    const char **paths;
+    int64_t *hints;
+    fr_range *ranges;
+    size_t cap, rcap;
+} scratch;
+
+static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
+                               scratch *sc)
+{
+    if (req->n > sc->rcap) {
+        fr_range *r = realloc(sc->ranges, req->n * sizeof(*r));
+        if (!r)
+            return -ENOMEM;
+        sc->ranges = r;
+        sc->rcap = req->n;
+    }
+    for (size_t i = 0; i < req->n; i++) {
+        b->indices[i] = req->indices[i];
+        sc->ranges[i] = rd->ranges[req->indices[i]];
+    }
+    return fr_read_ranges(ctx, rd->image, sc->ranges, req->n, b);
+}
+
+static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b, scratch *sc)
+{
+    int rc = fr_batch_prepare(b, req->n);
+    if (rc)
+        return rc;
+    if (rd->image)
+        return read_ranges_request(rd, ctx, req, b, sc);
+    if (req->n > sc->cap) {
+        const char **p = realloc(sc->paths, req->n * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        sc->paths = p;
+        int64_t *h = realloc(sc->hints, req->n * sizeof(*h));
+        if (!h)
+            return -ENOMEM;
+        sc->hints = h;
+        sc->cap = req->n;
+    }
+    for (size_t i = 0; i < req->n; i++) {
+        int64_t idx = req->indices[i];
+        b->indices[i] = idx;
+        sc->paths[i] = rd->paths[idx];
+        sc->hints[i] = __atomic_load_n(&rd->sizes[idx], __ATOMIC_RELAXED);
+    }
+    rc = fr_read_files(ctx, sc->paths, sc->hints, req->n, b);
+    if (rc == 0)
+        for (size_t i = 0; i < req->n; i++)
+            __atomic_store_n(&rd->sizes[req->indices[i]],
+                             b->samples[i].length >= 0 ? b->samples[i].length : -1,
+                             __ATOMIC_RELAXED);
+    return rc;
+}
+
+/* Inserts b into the ready list, kept sorted by seq. */
+static void insert_ready(fr_reader *rd, fr_batch *b)
+{
+    fr_batch **at = &rd->ready;
+    while (*at && (*at)->seq < b->seq)
+        at = &(*at)->next;
+    b->next = *at;
+    *at = b;
+    rd->nready++;
+}
+
+static int may_start(const fr_reader *rd)
+{
+    return rd->req_head && rd->nready + rd->nbusy < rd->prefetch + rd->nworkers - 1;
+}
+
+static void *worker_main(void *arg)
+{
+    fr_reader *rd = arg;
+    fr_ctx *ctx = NULL;
+    char err[FR_ERRLEN] = "";
+    char name[16];
+    snprintf(name, sizeof(name), "fr-%.12s", rd->engine); /* 15 chars at most */
+    pthread_setname_np(pthread_self(), name);
+    /* Each worker opens its own context, so the thread that submits also set
+     * it up. */
+    int rc = fr_ctx_open(&rd->cfg, &ctx, err, sizeof(err));
+    pthread_mutex_lock(&rd->lock);
+    if (rc && rd->open_rc == 0) {
+        rd->open_rc = rc;
+        memcpy(rd->open_err, err, sizeof(err));
+    }
+    rd->started++;
+    pthread_cond_broadcast(&rd->ready_cv);
+    if (rc) {
+        pthread_mutex_unlock(&rd->lock);
+        return NULL;
+    }
+
+    scratch sc = {NULL, NULL, NULL, 0, 0};
+    while (!rd->stop) {
+        if (!may_start(rd)) {
+            pthread_cond_wait(&rd->work_cv, &rd->lock);
+            continue;
+        }
+        request *req = rd->req_head;
+        rd->req_head = req->next;
+        if (!rd->req_head)
+            rd->req_tail = NULL;
+        uint64_t gen = rd->generation;
+        uint64_t seq = rd->next_seq++;
+        rd->nbusy++;
+        pthread_mutex_unlock(&rd->lock);
+
+        fr_batch *b = fr_pool_get(rd->pool);
+        if (b) {
+            b->seq = seq;
+            rc = read_request(rd, ctx, req, b, &sc);
+            if (rc) {
+                b->count = 0;
+                b->status = rc;
+            }
+        }
+        free(req->indices);
+        free(req);
+
+        pthread_mutex_lock(&rd->lock);
+        rd->nbusy--;
+        if (gen != rd->generation) {
+            pthread_mutex_unlock(&rd->lock);
+            fr_batch_recycle(b);
+            pthread_mutex_lock(&rd->lock);
+            pthread_cond_broadcast(&rd->work_cv);
+            continue;
+        }
+        if (!b) {
+            /* No memory for even a batch header: report it through the
+             * consumer rather than dropping the request. */
+            rd->open_rc = -ENOMEM;
+            rd->stop = 1;
+            pthread_cond_broadcast(&rd->ready_cv);
+            pthread_cond_broadcast(&rd->work_cv);
+            break;
+        }
+        insert_ready(rd, b);
+        pthread_cond_broadcast(&rd->ready_cv);
+    }
+    pthread_mutex_unlock(&rd->lock);
+    free(sc.paths);
+    free(sc.hints);
+    free(sc.ranges);
+    fr_ctx_close(ctx);
+    return NULL;
+}
+
+static void reader_free(fr_reader *rd)
+{
+    fr_pool_close(rd->pool);
+    fr_gpu_close(rd->gpu);
+    free(rd->blob);
+    free(rd->paths);
+    free(rd->sizes);
+    free(rd->image);
+    free(rd->ranges);
+    free(rd->engine_args);
+    free(rd);
+}
+
+/* The common part of opening: checks, the config copy and the pool. */
+static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers, fr_reader **out,
+                      char *err, size_t err_len)
+{
+    *out = NULL;
+    if (prefetch == 0) {
+        fr_set_err(err, err_len, "prefetch must be at least 1");
+        return -EINVAL;
+    }
+    if (workers == 0 || workers > MAX_WORKERS) {
+        fr_set_err(err, err_len, "workers must be in 1..%d, got %u", MAX_WORKERS, workers);
+        return -EINVAL;
+    }
+    fr_reader *rd = calloc(1, sizeof(*rd));
+    if (!rd)
+        return -ENOMEM;
+    rd->cfg = *cfg;
+    snprintf(rd->engine, sizeof(rd->engine), "%s", cfg->engine ? cfg->engine : "");
+    rd->cfg.engine = rd->engine;
+    rd->engine_args = strdup(cfg->engine_args ? cfg->engine_args : "");
+    rd->pool = fr_pool_new();
+    if (!rd->engine_args || !rd->pool) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    rd->cfg.engine_args = rd->engine_args;
+    if (cfg->device_id >= 0 && !cfg->gpu &&
+        (cfg->device_output || cfg->pin_memory || strcmp(rd->engine, "cufile") == 0)) {
+        /* One fr_gpu for every worker: one driver load, one cuFile driver. */
+        int rc = fr_gpu_open(cfg->device_id, &rd->gpu, err, err_len);
+        if (rc) {
+            reader_free(rd);
+            return rc;
+        }
+        rd->cfg.gpu = rd->gpu;
+    } else if (cfg->gpu) {
+        fr_gpu_retain(cfg->gpu);
+        rd->gpu = cfg->gpu;
+    }
+    if (rd->gpu && cfg->pin_memory)
+        fr_pool_set_gpu(rd->pool, rd->gpu, 1);
+    rd->prefetch = prefetch;
+    rd->nworkers = workers;
+    *out = rd;
+    return 0;
+}
+
+/* Starts the worker threads; on failure closes the reader. */
+static int reader_start(fr_reader *rd, fr_reader **out, char *err, size_t err_len)
+{
+    pthread_mutex_init(&rd->lock, NULL);
+    pthread_cond_init(&rd->work_cv, NULL);
+    pthread_cond_init(&rd->ready_cv, NULL);
+
+    int rc = 0;
+    for (unsigned i = 0; i < rd->nworkers; i++) {
+        rc = pthread_create(&rd->threads[i], NULL, worker_main, rd);
+        if (rc != 0) {
+            fr_set_err(err, err_len, "cannot start reader thread %u: %s", i, strerror(rc));
+            rc = -rc;
+            break;
+        }
+        rd->nthreads++;
+    }
+    pthread_mutex_lock(&rd->lock);
+    while (rd->started < rd->nthreads)
+        pthread_cond_wait(&rd->ready_cv, &rd->lock);
+    if (rc == 0 && rd->open_rc) {
+        rc = rd->open_rc;
+        fr_set_err(err, err_len, "%s", rd->open_err);
+    }
+    pthread_mutex_unlock(&rd->lock);
+    if (rc) {
+        fr_reader_close(rd);
+        return rc;
+    }
+    *out = rd;
+    return 0;
+}
+
+int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
+                   unsigned prefetch, unsigned workers, fr_reader **out, char *err,
+                   size_t err_len)
+{
+    fr_reader *rd;
+    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
+    *out = NULL;
+    if (rc)
+        return rc;
+    rd->npaths = npaths;
+    size_t total = 0;
+    for (size_t i = 0; i < npaths; i++)
+        total += strlen(paths[i]) + 1;
+    rd->blob = malloc(total ? total : 1);
+    rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
+    rd->sizes = malloc((npaths ? npaths : 1) * sizeof(int64_t));
+    if (!rd->blob || !rd->paths || !rd->sizes) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    char *p = rd->blob;
+    for (size_t i = 0; i < npaths; i++) {
+        size_t len = strlen(paths[i]) + 1;
+        memcpy(p, paths[i], len);
+        rd->paths[i] = p;
+        rd->sizes[i] = -1;
+        p += len;
+    }
+    return reader_start(rd, out, err, err_len);
+}
+
+int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
+                          size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
+                          char *err, size_t err_len)
+{
+    *out = NULL;
+    if (!image || !*image) {
+        fr_set_err(err, err_len, "a range reader needs an image path");
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (fr_check_range(&ranges[i], cfg->o_direct, cfg->direct_alignment) != 0) {
+            fr_set_err(err, err_len,
+                       "range %zu of %s (offset %llu, length %llu) is out of bounds%s", i, image,
+                       (unsigned long long)ranges[i].offset,
+                       (unsigned long long)ranges[i].length,
+                       cfg->o_direct ? " or not aligned to direct_alignment for O_DIRECT" : "");
+            return -EINVAL;
+        }
+    }
+    fr_reader *rd;
+    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
+    if (rc)
+        return rc;
+    rd->npaths = n;
+    rd->image = strdup(image);
+    rd->ranges = malloc((n ? n : 1) * sizeof(*rd->ranges));
+    if (!rd->image || !rd->ranges) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    if (n)
+        memcpy(rd->ranges, ranges, n * sizeof(*rd->ranges));
+    return reader_start(rd, out, err, err_len);
+}
+
+int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (indices[i] < 0 || (size_t)indices[i] >= rd->npaths)
+            return -EINVAL;
+    request *req = malloc(sizeof(*req));
+    int64_t *copy = malloc((n ? n : 1) * sizeof(*copy));
+    if (!req || !copy) {
+        free(req);
+        free(copy);
+        return -ENOMEM;
+    }
+    memcpy(copy, indices, n * sizeof(*copy));
+    req->indices = copy;
+    req->n = n;
+    req->next = NULL;
+    pthread_mutex_lock(&rd->lock);
+    if (rd->req_tail)
+        rd->req_tail->next = req;
+    else
+        rd->req_head = req;
+    rd->req_tail = req;
+    rd->outstanding++;
+    pthread_cond_signal(&rd->work_cv);
+    pthread_mutex_unlock(&rd->lock);
+    return 0;
+}
+
+/* timeout_ms < 0: wait as long as it takes. */
+static int next_batch(fr_reader *rd, fr_batch **out, long timeout_ms)
+{
+    *out = NULL;
+    struct timespec deadline;
+    if (timeout_ms >= 0) {
+        if (clock_gettime(CLOCK_REALTIME, &deadline) != 0)
+            return -errno;
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&rd->lock);
+    if (rd->outstanding == 0) {
+        pthread_mutex_unlock(&rd->lock);
+        return -ENODATA;
+    }
+    while (!(rd->ready && rd->ready->seq == rd->deliver_seq) && !rd->stop) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&rd->ready_cv, &rd->lock);
+        } else if (pthread_cond_timedwait(&rd->ready_cv, &rd->lock, &deadline) == ETIMEDOUT &&
+                   !(rd->ready && rd->ready->seq == rd->deliver_seq) && !rd->stop) {
+            pthread_mutex_unlock(&rd->lock);
+            return -ETIMEDOUT;
+        }
+    }
+    if (!(rd->ready && rd->ready->seq == rd->deliver_seq)) {
+        int rc = rd->open_rc ? rd->open_rc : -EPIPE;
+        pthread_mutex_unlock(&rd->lock);
+        return rc;
+    }
+    fr_batch *b = rd->ready;
+    rd->ready = b->next;
+    rd->nready--;
+    rd->outstanding--;
+    rd->deliver_seq++;
+    b->next = NULL;
+    pthread_cond_broadcast(&rd->work_cv);
+    pthread_mutex_unlock(&rd->lock);
+    *out = b;
+    return 0;
+}
+
+int fr_reader_next(fr_reader *rd, fr_batch **out) { return next_batch(rd, out, -1); }
+
+int fr_reader_next_timed(fr_reader *rd, fr_batch **out, unsigned timeout_ms)
+{
+    return next_batch(rd, out, (long)timeout_ms);
+}
+
+void fr_reader_reset(fr_reader *rd)
+{
+    pthread_mutex_lock(&rd->lock);
+    request *reqs = rd->req_head;
+    fr_batch *ready = rd->ready;
+    rd->req_head = rd->req_tail = NULL;
+    rd->ready = NULL;
+    rd->nready = 0;
+    rd->outstanding = 0;
+    rd->generation++;
+    /* Batches being read now carry older seqs and the old generation: they
+     * are dropped when they finish. */
+    rd->deliver_seq = rd->next_seq;
+    pthread_cond_broadcast(&rd->work_cv);
+    pthread_mutex_unlock(&rd->lock);
+    free_requests(reqs);
+    while (ready) {
+        fr_batch *next = ready->next;
+        fr_batch_recycle(ready);
+        ready = next;
+    }
+}
+
+size_t fr_reader_pending(fr_reader *rd)
+{
+    pthread_mutex_lock(&rd->lock);
+    size_t n = rd->outstanding;
+    pthread_mutex_unlock(&rd->lock);
+    return n;
+}
+
+const char *fr_reader_path(const fr_reader *rd, size_t index)
+{
+    if (index >= rd->npaths)
+        return NULL;
+    return rd->image ? rd->image : rd->paths[index];
+}
+
+size_t fr_reader_size(const fr_reader *rd) { return rd->npaths; }
+
+fr_pool *fr_reader_pool(fr_reader *rd) { return rd->pool; }
+
+fr_gpu *fr_reader_gpu(fr_reader *rd) { return rd->gpu; }
+
+void fr_reader_close(fr_reader *rd)
+{
+    if (!rd)
+        return;
+    fr_reader_reset(rd);
+    pthread_mutex_lock(&rd->lock);
+    rd->stop = 1;
+    pthread_cond_broadcast(&rd->work_cv);
+    pthread_mutex_unlock(&rd->lock);
+    for (unsigned i = 0; i < rd->nthreads; i++)
+        pthread_join(rd->threads[i], NULL);
+    pthread_cond_destroy(&rd->work_cv);
+    pthread_cond_destroy(&rd->ready_cv);
+    pthread_mutex_destroy(&rd->lock);
+    /* Batches the caller still holds keep the pool, and their memory, alive. */
+    reader_free(rd);
+}

@@ -1,0 +1,291 @@
+/*
+ * psync: a pool of native threads doing open / fstat / pread / close.
+ *
+ * The portable engine. A batch runs in windows of at most WINDOW files (so
+ * open descriptors stay bounded) and each window in two phases: every file is
+ * opened and sized, the arena is laid out once, then every file is read and
+ * closed. The calling thread works alongside the pool.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engines/engine.h"
+#include "engines/io_common.h"
+#include "core/threadpool.h"
+#include "engines/range_io.h"
+
+#define WINDOW 256
+#define MAX_THREADS 16
+
+enum phase { PHASE_OPEN, PHASE_READ, PHASE_RANGES };
+
+typedef struct psync {
+    fr_config cfg;
+    fr_threadpool *pool;
+    /* Files opened at once: WINDOW, less once the process ran out of
+     * descriptors (RLIMIT_NOFILE): a window that hits EMFILE is closed and
+     * opened again at half the files it got. */
+    size_t window;
+    long window_shrinks;
+
+    /* The phase being run. */
+    const char *const *paths;
+    fr_batch *batch;
+    size_t first, count;
+    int fds[WINDOW];
+    int64_t sizes[WINDOW];
+    unsigned char needs_repair[WINDOW];
+
+    /* Range reads: the cached image and the batch's ranges. */
+    fr_image_cache image;
+    const char *image_path;
+    const fr_range *ranges;
+} psync;
+
+static int psync_probe(char *why, size_t why_len)
+{
+    (void)why;
+    (void)why_len;
+    return 0;
+}
+
+static void open_one(psync *p, size_t k)
+{
+    const char *path = p->paths[p->first + k];
+    /* O_NONBLOCK does nothing to regular-file reads, but lets a FIFO open at
+     * once so fstat can refuse it instead of blocking for a writer. */
+    int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (p->cfg.o_direct ? O_DIRECT : 0);
+    int fd;
+    fd = fr_open_retry(path, flags);
+    if (fd < 0 && errno == EINVAL && p->cfg.o_direct) {
+        /* This file system refuses O_DIRECT: read the file through the cache. */
+        fd = fr_open_retry(path, flags & ~O_DIRECT);
+    }
+    p->fds[k] = -1;
+    if (fd < 0) {
+        p->sizes[k] = -errno;
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        p->sizes[k] = -errno;
+        close(fd);
+        return;
+    }
+    if (S_ISDIR(st.st_mode) || !S_ISREG(st.st_mode)) {
+        /* Only regular files have a size to trust; a FIFO could block forever. */
+        p->sizes[k] = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+        close(fd);
+        return;
+    }
+    p->fds[k] = fd;
+    p->sizes[k] = st.st_size;
+}
+
+static void read_one(psync *p, size_t k)
+{
+    int fd = p->fds[k];
+    if (fd < 0)
+        return;
+    fr_sample *s = &p->batch->samples[p->first + k];
+    size_t size = (size_t)p->sizes[k];
+    size_t want = fr_request_len(size, p->cfg.o_direct, p->cfg.direct_alignment);
+    ssize_t got = fr_pread_full(fd, p->batch->arena.base + s->offset, want, 0);
+    close(fd);
+    p->fds[k] = -1;
+    if (got < 0 && got != -EINVAL) {
+        s->length = got;
+    } else if (got < 0 || (size_t)got != size) {
+        /* Changed size, or O_DIRECT refused this tail: reread it plainly. */
+        p->needs_repair[k] = 1;
+    } else {
+        s->length = got;
+    }
+}
+
+/* One range of the image, on any thread: pread into its slot (whole aligned
+ * blocks with O_DIRECT), falling back to the plain path when O_DIRECT is
+ * refused or the read comes back short. */
+static void range_one(psync *p, size_t k)
+{
+    fr_sample *s = &p->batch->samples[k];
+    if (s->length < 0)
+        return; /* a bad range */
+    const fr_range *r = &p->ranges[k];
+    if (r->length == 0)
+        return;
+    int direct = p->image.direct;
+    size_t want = fr_range_request_len(r->length, direct, p->cfg.direct_alignment);
+    ssize_t got = fr_pread_full(p->image.fd, p->batch->arena.base + s->offset, want,
+                                (off_t)r->offset);
+    if (got >= 0 && (uint64_t)got >= r->length)
+        s->length = (int64_t)r->length;
+    else if (got >= 0 || (got == -EINVAL && direct))
+        fr_read_range_plain(p->batch, k, p->image_path, r);
+    else
+        s->length = got;
+}
+
+static void run_phase(void *arg, int ph)
+{
+    psync *p = arg;
+    size_t k;
+    while (fr_threadpool_claim(p->pool, &k)) {
+        if (ph == PHASE_OPEN)
+            open_one(p, k);
+        else if (ph == PHASE_READ)
+            read_one(p, k);
+        else
+            range_one(p, k);
+    }
+}
+
+static void psync_close(void *state)
+{
+    psync *p = state;
+    if (!p)
+        return;
+    fr_threadpool_stop(p->pool);
+    fr_image_cache_close(&p->image);
+    free(p);
+}
+
+static int psync_open(const fr_config *cfg, void **state, char *err, size_t err_len)
+{
+    psync *p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    p->cfg = *cfg;
+    p->window = WINDOW;
+    fr_image_cache_init(&p->image);
+    unsigned n = cfg->threads;
+    if (n == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cpus > 0 ? (unsigned)cpus : 1;
+        if (n > MAX_THREADS)
+            n = MAX_THREADS;
+    }
+    /* The calling thread is one of the workers. */
+    int rc = fr_threadpool_start(&p->pool, n - 1, run_phase, p, "psync", err, err_len);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    fr_threadpool_set_spin(p->pool, (long)cfg->spin_us * 1000);
+    *state = p;
+    return 0;
+}
+
+static int psync_read_files(void *state, const char *const *paths, const int64_t *size_hints,
+                            size_t n, fr_batch *batch)
+{
+    (void)size_hints; /* fstat on an open descriptor is as cheap as a hint */
+    psync *p = state;
+    p->paths = paths;
+    p->batch = batch;
+    unsigned fd_waits = 0;
+    for (size_t first = 0; first < n; first += p->count) {
+        p->first = first;
+        p->count = n - first < p->window ? n - first : p->window;
+        memset(p->needs_repair, 0, sizeof(p->needs_repair));
+        fr_threadpool_run_claimed(p->pool, PHASE_OPEN, p->count);
+        size_t opened = 0, out_of_fds = 0;
+        for (size_t k = 0; k < p->count; k++) {
+            opened += p->fds[k] >= 0;
+            out_of_fds += p->sizes[k] == -EMFILE || p->sizes[k] == -ENFILE;
+        }
+        if (out_of_fds && (p->count > 1 || fd_waits < FR_RETRY_LIMIT)) {
+            /* Out of descriptors: close the window, open fewer files at a
+             * time. At one file, other threads (a reader's other workers)
+             * may hold them all for a moment: wait a little, FR_RETRY_LIMIT
+             * times at most, before EMFILE is the answer. */
+            for (size_t k = 0; k < p->count; k++)
+                if (p->fds[k] >= 0)
+                    close(p->fds[k]);
+            if (p->count == 1) {
+                fd_waits++;
+                fr_pause_1ms();
+            }
+            p->window = opened / 2 > 1 ? opened / 2 : 1;
+            p->window_shrinks++;
+            p->count = 0; /* the same files again */
+            continue;
+        }
+        fd_waits = 0;
+        /* fr_layout indexes samples from 0: shift the window's view. */
+        fr_sample *saved = batch->samples;
+        batch->samples = saved + first;
+        int rc = fr_layout(batch, p->sizes, p->count, p->cfg.o_direct, p->cfg.direct_alignment);
+        batch->samples = saved;
+        if (rc != 0) {
+            for (size_t k = 0; k < p->count; k++)
+                if (p->fds[k] >= 0)
+                    close(p->fds[k]);
+            return rc;
+        }
+        fr_threadpool_run_claimed(p->pool, PHASE_READ, p->count);
+        for (size_t k = 0; k < p->count; k++) {
+            if (!p->needs_repair[k])
+                continue;
+            size_t size = (size_t)p->sizes[k];
+            size_t slot = fr_request_len(size, p->cfg.o_direct, p->cfg.direct_alignment);
+            fr_read_whole(batch, first + k, paths[first + k], slot);
+        }
+    }
+    return 0;
+}
+
+static int psync_read_ranges(void *state, const char *path, const fr_range *ranges, size_t n,
+                             fr_batch *batch)
+{
+    psync *p = state;
+    int rc = fr_image_cache_get(&p->image, path, p->cfg.o_direct);
+    if (rc < 0)
+        return rc;
+    int fd = p->image.fd;
+    rc = fr_layout_ranges(batch, ranges, n, fd >= 0 && p->image.direct, p->cfg.direct_alignment);
+    if (rc)
+        return rc;
+    if (fd < 0) { /* the image cannot be opened: every sample says why */
+        for (size_t i = 0; i < n; i++)
+            batch->samples[i].length = p->image.err;
+        return 0;
+    }
+    p->image_path = path;
+    p->ranges = ranges;
+    p->batch = batch;
+    p->first = 0;
+    p->count = n;
+    fr_threadpool_run_claimed(p->pool, PHASE_RANGES, p->count);
+    return 0;
+}
+
+static long psync_stat(const void *state, const char *key)
+{
+    const psync *p = state;
+    if (strcmp(key, "threads") == 0)
+        return (long)fr_threadpool_size(p->pool);
+    if (strcmp(key, "o_direct") == 0)
+        return p->cfg.o_direct;
+    if (strcmp(key, "image_direct") == 0)
+        return p->image.fd >= 0 ? p->image.direct : -1;
+    if (strcmp(key, "window") == 0)
+        return (long)p->window;
+    if (strcmp(key, "window_shrinks") == 0)
+        return p->window_shrinks;
+    return fr_threadpool_stat(p->pool, key);
+}
+
+const fr_engine fr_engine_psync = {
+    .name = "psync",
+    .probe = psync_probe,
+    .open = psync_open,
+    .close = psync_close,
+    .read_files = psync_read_files,
+    .stat = psync_stat,
+    .read_ranges = psync_read_ranges,
+};

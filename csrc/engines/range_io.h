@@ -1,0 +1,53 @@
+/*
+ * Helpers the engines share for range reads (fr_read_ranges): samples of a
+ * packed image or a block device, defined by (offset, length) in one file.
+ * Implemented in io_common.c. Internal: not part of the public API.
+ */
+#ifndef FASTREAD_RANGE_IO_H
+#define FASTREAD_RANGE_IO_H
+
+#include "engines/io_common.h"
+
+/* Largest single transfer of a range read; longer ranges are split. 1 MiB
+ * stays within every device's max_sectors and keeps many requests in flight. */
+#define FR_RANGE_CHUNK ((size_t)1 << 20)
+
+/* Bytes a range read asks for: the range itself, or with O_DIRECT whole
+ * aligned blocks (the bytes past `length` are read but never returned). */
+size_t fr_range_request_len(uint64_t length, int o_direct, size_t dio_align);
+
+/* 0, or -EINVAL for a range that overflows or (O_DIRECT) is not aligned. */
+int fr_check_range(const fr_range *r, int o_direct, size_t dio_align);
+
+/* Lays the ranges out in the arena (growing it once) and sets
+ * samples[i].offset; samples[i].length is 0, or -EINVAL for a bad range. */
+int fr_layout_ranges(fr_batch *batch, const fr_range *ranges, size_t n, int o_direct,
+                     size_t dio_align);
+
+/* Opens an image (regular file or block device) for range reads: O_DIRECT
+ * when asked and the file system allows it (*direct_out says which). Returns
+ * the descriptor or -errno (-EISDIR, -EINVAL for other file types). */
+int fr_open_image(const char *path, int o_direct, int *direct_out);
+
+/* The slow, sure path for one range: a fresh buffered descriptor and pread
+ * until the whole range is in its slot. Sets samples[i].length to the range's
+ * length, -ENODATA if the image ends inside the range, or -errno. Writes only
+ * inside the sample's slot, so it may run on several threads at once. */
+void fr_read_range_plain(fr_batch *batch, size_t i, const char *path, const fr_range *r);
+
+/* A context's cached image descriptor: opened on first use, reopened when
+ * the path changes. */
+typedef struct fr_image_cache {
+    char *path;
+    int fd;     /* -1: none open */
+    int direct; /* fd was opened with O_DIRECT */
+    int err;    /* -errno of the last failed open of `path`, else 0 */
+} fr_image_cache;
+
+void fr_image_cache_init(fr_image_cache *c);
+/* 1 if the cached descriptor changed (opened, reopened or closed), else 0;
+ * c->fd is the descriptor, or -1 with c->err saying why. -ENOMEM on no memory. */
+int fr_image_cache_get(fr_image_cache *c, const char *path, int o_direct);
+void fr_image_cache_close(fr_image_cache *c);
+
+#endif
