@@ -45,6 +45,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/engine_args.h"
 #include "engines/engine.h"
 #include "engines/io_common.h"
 #include "gpu/gpu.h"
@@ -617,43 +618,17 @@ static void cufile_close(void *state)
  * whether files cuFile refuses are read on the host (auto) or fail (off). */
 static int parse_args(const char *s, size_t *handles, int *compat, char *err, size_t err_len)
 {
-    while (s && *s) {
-        const char *end = strchr(s, ',');
-        size_t len = end ? (size_t)(end - s) : strlen(s);
-        char buf[32];
-        const char *eq = memchr(s, '=', len);
-        size_t klen = eq ? (size_t)(eq - s) : len;
-        size_t vlen = eq ? len - klen - 1 : 0;
-        if (vlen > sizeof(buf) - 1)
-            vlen = sizeof(buf) - 1;
-        if (eq)
-            memcpy(buf, eq + 1, vlen);
-        buf[vlen] = 0;
-        if (eq && klen == 7 && strncmp(s, "handles", 7) == 0) {
-            char *stop;
-            unsigned long long v = strtoull(buf, &stop, 10);
-            if (!vlen || *stop || v == 0 || v > (1u << 24)) {
-                fr_set_err(err, err_len, "cufile: handles must be in 1..16777216, got '%s'", buf);
-                return -EINVAL;
-            }
-            *handles = (size_t)v;
-        } else if (eq && klen == 6 && strncmp(s, "compat", 6) == 0) {
-            if (strcmp(buf, "auto") == 0) {
-                *compat = 1;
-            } else if (strcmp(buf, "off") == 0) {
-                *compat = 0;
-            } else {
-                fr_set_err(err, err_len, "cufile: compat must be auto or off, got '%s'", buf);
-                return -EINVAL;
-            }
-        } else if (len) {
-            fr_set_err(err, err_len,
-                       "cufile: unknown engine option '%.*s' (known: handles=N, compat=auto|off)",
-                       (int)len, s);
-            return -EINVAL;
-        }
-        s = end ? end + 1 : NULL;
-    }
+    long long h = (long long)*handles;
+    int off = *compat ? 0 : 1;
+    const fr_arg_spec specs[] = {
+        {.key = "handles", .kind = FR_ARG_INT, .out = &h, .min = 1, .max = 1 << 24},
+        {.key = "compat", .kind = FR_ARG_CHOICE, .out = &off, .choices = "auto|off"},
+    };
+    int rc = fr_args_parse("cufile", s, specs, sizeof(specs) / sizeof(specs[0]), err, err_len);
+    if (rc)
+        return rc;
+    *handles = (size_t)h;
+    *compat = off == 0;
     return 0;
 }
 
