@@ -47,6 +47,15 @@ setup_python() {
     else
         say "libxnvme not found by pkg-config: no xNVMe engines, and the xnvme Python bindings are not installed (the xnvme-ctypes baseline says so)"
     fi
+    case ",$extras," in
+        *,dali,*)
+            # Before fastread, not with it: the native DALI operators are
+            # built only where nvidia.dali imports at build time, and one pip
+            # command builds fastread before it installs the extras (on a
+            # fresh machine the plugin was silently left out).
+            pip_install "DALI first (the native DALI operators are compiled against it)" \
+                "nvidia-dali-cuda120>=1.30" ;;
+    esac
     pip_install "fastread from this checkout with [${extras}] (compiles the C core and the Cython module: a minute or two)" \
         ".[${extras}]"
 }
