@@ -1,7 +1,7 @@
 """engine="auto" chooses io_uring or psync per batch (the C core's
 fr_auto_rule), and the helper threads' polling (spin_us): what the rule
 says, that an auto context reads the same bytes through either engine, and
-that the counters behind `bench/engines.py`'s pool figures add up."""
+that the counters behind `bench/engines/engines.py`'s pool figures add up."""
 import os
 import subprocess
 import sys

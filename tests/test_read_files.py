@@ -185,7 +185,7 @@ def test_path_types_read_the_same_file(tmp_path):
 
 def test_context_counts_calls_and_their_time(edge_tree):
     """fr_ctx_stat's file_calls / file_call_ns: one call each read_files(),
-    its wall time inside the native call (what bench/engines.py sets against
+    its wall time inside the native call (what bench/engines/engines.py sets against
     the whole call as Python sees it)."""
     from fastread.files import _context
     _, content = edge_tree

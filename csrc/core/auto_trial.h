@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 /* Band batches before the first trial. Each of a Reader's workers has its
- * own context and trials: in bench/engines.py's cell of 2,000 1 MiB files
+ * own context and trials: in bench/engines/engines.py's cell of 2,000 1 MiB files
  * in batches of 256 (~11 epochs in 0.5 s on the H200), each of 8 workers
  * reads ~11 batches, and with 8 here its last 3 went to the slower engine
  * (auto 0.95 of psync). Later, the trial also times arenas that are done

@@ -138,7 +138,7 @@ def _resolve_for_open(engine):
     return name
 
 
-#: engine="auto": the rule, measured with bench/engines.py (read_files() and
+#: engine="auto": the rule, measured with bench/engines/engines.py (read_files() and
 #: Reader; 4 KiB to 1 MiB files; warm and cold; batch 64 and 256) on 16-core
 #: H100 and H200 machines and a 2-core VM, applied per batch by the C core
 #: (fr_auto_rule in csrc/include/fastread.h, which gives the numbers): on 16 cores,

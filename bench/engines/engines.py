@@ -1,7 +1,7 @@
 """The engine matrix of issue 16: every engine through read_files() and Reader,
 for small, ImageNet-sized and large files, warm and cold, two batch sizes.
 
-    python bench/engines.py --out bench-results/engines.json --plot bench-results/engines.png
+    python bench/engines/engines.py --out bench-results/engines.json --plot bench-results/engines.png
 
 Cells: size (4k, 92k, 256k, 512k, 1m) x cache (warm, cold) x batch (64, 256) x engine
 (io_uring, psync, xnvme-file where built, auto) x api (read_files, reader).
