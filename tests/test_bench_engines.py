@@ -71,7 +71,7 @@ def test_engine_matrix_warm_cells(tree, tmp_path):
     assert any(line.startswith("auto/best") for line in res["derived"])
     assert any(line.startswith("read_files/Reader") for line in res["derived"])
     auto_rf = cells[(8, "auto", "read_files")]["pool"]
-    if fastread.engines()["io_uring"] is True:  # auto's batches, counted by engine
+    if fastread.engines()["io_uring"].files is True:  # auto's batches, counted by engine
         assert auto_rf["auto_uring_batches"] + auto_rf["auto_psync_batches"] == auto_rf["calls"]
         assert auto_rf["calls"] % (40 // 8) == 0 and auto_rf["calls"] >= 40 // 8
 
@@ -95,7 +95,7 @@ def test_gpu_delivery_runs_host_modes_and_says_why_gpu_ones_did_not(tree, tmp_pa
                "--engine", "psync", "--workers", "2", "--json", str(out))
     res = json.loads(out.read_text())
     assert len(res["rounds_img_per_s"]["host"]) == 2 and res["img_per_s"]["host"] > 0
-    gpu_ok = fastread.engines().get("cufile") is True  # a CUDA driver loads here
+    gpu_ok = fastread.engines()["cufile"].files is True  # a CUDA driver loads here
     if not gpu_ok:
         for mode in ("host-pinned", "gpu", "gpu-w2"):
             assert mode in res["skipped"] and res["skipped"][mode], res["skipped"]
@@ -115,7 +115,7 @@ def test_cold_diagnose_reports_the_block_layer(tmp_path):
         st = os.stat(root)
         if not os.path.exists(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"):
             pytest.skip(f"{root} is on no block device (tmpfs, overlay)")
-        if fastread.engines().get("io_uring") is not True:
+        if fastread.engines()["io_uring"].files is not True:
             pytest.skip("io_uring is not available here")
         out = tmp_path / "cd.json"
         run("engines/cold_diagnose.py", root, "--rounds", "2", "--batch", "8", "--json", str(out))
