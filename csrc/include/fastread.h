@@ -95,7 +95,7 @@ typedef struct fr_config {
  * docs/results/h200-20261127b). Sizes in between were not measured. */
 #define FR_REMEMBER_MAX_MEAN (32u * 1024u)
 
-/* engine="auto"'s rule, measured with bench/engines/engines.py (README, "Choosing an
+/* engine="auto"'s rule, measured with bench/engines/engines.py (docs/engines.md, "Choosing an
  * engine"): psync for files of FR_AUTO_MIN_SIZE bytes or more (a running
  * mean over the context's batches; once on psync, down to 3/4 of it) that
  * are in the page cache, on a machine with FR_AUTO_MIN_CPUS or more CPUs;
