@@ -45,8 +45,9 @@
 #                              complete, equal batch counts, per-rank throughput
 #   bash bench/gpu.sh gather   row gathers: FeatureStore host/proxy/host tier/small cache
 #                              vs memmap+pin, UVA zero-copy, HBM, kvikio; warm, hot, cold
-#                              (bench/gather/gather.py; the device path's own timings are
-#                              bench/gather/gpu_perf.sh and bench/gather/gpu_gather.sh, by hand)
+#                              (bench/gather/gather.py; by hand: bench/gather/gpu_perf.sh, where a
+#                              device gather's time goes, and bench/gather/gpu_gather.sh, the gather
+#                              core's C tests on a GPU machine)
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
