@@ -15,7 +15,7 @@
 #   bash bench/gpu.sh files    JPEG tree: read-to-GPU and mixed decoding,
 #                              warm and cold, batch 64 and 256; then the native
 #                              DALI operator (+ .gpu()) against fn.readers.file
-#                              and the external source (dali_plugin/bench_native.py)
+#                              and the external source (bench/dali/bench_native.py)
 #   bash bench/gpu.sh native   the native DALI operator's part of `files` alone (GPU outputs
 #                              against Reader(device="gpu") and fn.readers.file + .gpu())
 #   bash bench/gpu.sh numpy    .npy trees (3x224x224 uint8, 4 MiB) against
@@ -24,11 +24,11 @@
 #                              disk's ceiling, then to the GPU (io_uring, cufile)
 #   bash bench/gpu.sh image-native  packed image through DALI, warm, batch 256 and 64: readers.image
 #                              on the native operator (GPU outputs, and host outputs + .gpu())
-#                              against its external source, interleaved (dali_plugin/bench_image.py)
+#                              against its external source, interleaved (bench/dali/bench_image.py)
 #   bash bench/gpu.sh feed     DALI fed through DLPack vs the CUDA array
-#                              interface (bench/dali_feed.py), with a profile
+#                              interface (bench/dali/dali_feed.py), with a profile
 #   bash bench/gpu.sh tune     cold batch-256 reads over queue depths and workers
-#   bash bench/gpu.sh engines  engine matrix (bench/engines.py): 4 KiB / 92 KiB / 1 MiB files,
+#   bash bench/gpu.sh engines  engine matrix (bench/engines/engines.py): 4 KiB / 92 KiB / 1 MiB files,
 #                              read_files() and Reader, io_uring / psync / auto, batch 64/256
 #                              (ENGINES_CACHES=warm or cold, one per call; ENGINES_SIZES=4k,92k,1m;
 #                              no new cell after ENGINES_BUDGET seconds, default 300, so a call
@@ -38,18 +38,21 @@
 #                              prints read_files/Reader and auto/best per cell)
 #   bash bench/gpu.sh delivery Reader(device="gpu") against host-only reads (plain and pinned)
 #                              and pinned H2D copies of a batch's bytes, in one interleaved run
-#                              (bench/gpu_delivery.py), warm, batch 256 and 64
+#                              (bench/gpu/gpu_delivery.py), warm, batch 256 and 64
 #   bash bench/gpu.sh colddiag cold buffered vs O_DIRECT Reader epochs with the block layer's view
-#                              (reads in flight, KiB and ms per read, io-wq threads): bench/cold_diagnose.py
+#                              (reads in flight, KiB and ms per read, io-wq threads): bench/engines/cold_diagnose.py
 #   bash bench/gpu.sh ddp      two ranks under torchrun (a 2-GPU machine): shards disjoint and
 #                              complete, equal batch counts, per-rank throughput
 #   bash bench/gpu.sh gather   row gathers: FeatureStore host/proxy/host tier/small cache
 #                              vs memmap+pin, UVA zero-copy, HBM, kvikio; warm, hot, cold
+#                              (bench/gather/gather.py; by hand: bench/gather/gpu_perf.sh, where a
+#                              device gather's time goes, and bench/gather/gpu_gather.sh, the gather
+#                              core's C tests on a GPU machine)
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
 #                              fn.readers.webdataset and the webdataset library; then
-#                              bench/wds_native.py's interleaved rounds),
+#                              bench/dali/wds_native.py's interleaved rounds),
 #                              Squirrel (vs squirrel-core's iterator + external_source); the
 #                              library baselines skip, saying so, where their wheels are not
 #                              staged in /tmp/site (webdataset, squirrel-core, msgpack-numpy);
@@ -118,7 +121,7 @@ native_bench() {
         modes=fn.readers.file,native,native-gpu,reader-gpu,external-gpu
         case "$args" in *--decode*) modes=fn.readers.file,native,external,memory ;; esac
         echo "== native operator: $args"
-        python3 dali_plugin/bench_native.py "$jpegs" --threads 8 --rounds 5 $args \
+        python3 bench/dali/bench_native.py "$jpegs" --threads 8 --rounds 5 $args \
             --modes "$modes" 2>&1 | tee -a "$json/native-operator.txt" |
             tail -8 || echo "(the native operator's bench failed)"
         tar -cf "$out/results-$section.tar" -C "$json" .
@@ -214,7 +217,7 @@ image-native)
     python3 -c "from fastread.dali import _plugin; _plugin.require()" || true
     for bs in 256 64; do
         echo "== readers.image, native operator vs external source: batch $bs"
-        python3 dali_plugin/bench_image.py "$img" --root "$jpegs" --threads 8 --batch "$bs" \
+        python3 bench/dali/bench_image.py "$img" --root "$jpegs" --threads 8 --batch "$bs" \
             --rounds 5 --modes native-gpu,external-gpu,native,external --device gpu 2>&1 |
             tee -a "$json/image-native.txt" | tail -7 || echo "(the image bench failed)"
         tar -cf "$out/results-$section.tar" -C "$json" .
@@ -222,7 +225,7 @@ image-native)
     ;;
 feed)
     make_jpegs
-    python3 bench/dali_feed.py "$jpegs" --batchsize 256 --rounds 3
+    python3 bench/dali/dali_feed.py "$jpegs" --batchsize 256 --rounds 3
     ;;
 tune)
     make_jpegs
@@ -243,14 +246,14 @@ ddp)
     # Whether the DALI readers run as the native operator (where the plugin
     # loads they do) or as external sources.
     python3 -m fastread.cli info | grep "DALI plugin" || true
-    python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/ddp_check.py "$jpegs" \
+    python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/gpu/ddp_check.py "$jpegs" \
         --image "$img" --limit 9999 --batch-size 256 --epochs 2 --json "$json/ddp.json"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 engines)
     make_jpegs
     for cache in ${ENGINES_CACHES:-warm}; do
-        python3 bench/engines.py --data-92k "$jpegs" --data-root /tmp --caches "$cache" --rounds ${ENGINES_ROUNDS:-3} \
+        python3 bench/engines/engines.py --data-92k "$jpegs" --data-root /tmp --caches "$cache" --rounds ${ENGINES_ROUNDS:-3} \
             --sizes "${ENGINES_SIZES:-4k,92k,1m}" --time-budget "${ENGINES_BUDGET:-300}" \
             ${ENGINES_LIST:+--engines "$ENGINES_LIST"} \
             --out "$json/engines-$cache.json" 2>&1 | grep -v '^round '
@@ -259,13 +262,13 @@ engines)
     ;;
 colddiag)
     make_jpegs
-    python3 bench/cold_diagnose.py "$jpegs" --rounds 3 --drop --json "$json/colddiag.json"
+    python3 bench/engines/cold_diagnose.py "$jpegs" --rounds 3 --drop --json "$json/colddiag.json"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 delivery)
     make_jpegs
     for bs in 256 64; do
-        python3 bench/gpu_delivery.py "$jpegs" --batch "$bs" --rounds 3 --epochs 3 --workers 12,16 \
+        python3 bench/gpu/gpu_delivery.py "$jpegs" --batch "$bs" --rounds 3 --epochs 3 --workers 12,16 \
             --json "$json/delivery-bs$bs.json"
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
@@ -275,11 +278,11 @@ gather)
     # column, so every mode's rows are checked. warm, hot, then cold (page cache
     # dropped before every repeat, readers reopened), cut first by --time-budget;
     # the JSON is rewritten after every measurement.
-    python3 bench/gather.py --device cuda --rows 16M --dim 128 --workdir /var/tmp \
+    python3 bench/gather/gather.py --device cuda --rows 16M --dim 128 --workdir /var/tmp \
         --batches "${GATHER_BATCHES:-10k,100k,1M}" --dists "${GATHER_DISTS:-uniform,zipf}" \
         --states "${GATHER_STATES:-warm,hot,cold}" ${GATHER_MODES:+--modes "$GATHER_MODES"} --repeat 3 --cold-repeat 2 --small-cache 1G \
         --time-budget "${GATHER_BUDGET:-420}" --json "$json/gather.json" --plot "$json/gather.png" ||
-        echo "(bench/gather.py stopped early; the JSON has what ran)"
+        echo "(bench/gather/gather.py stopped early; the JSON has what ran)"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 formats)
@@ -317,11 +320,11 @@ formats)
             # with WDS_FULL the bytes moved with .gpu()): medians and paired ratios
             # to fn.readers.webdataset.
             for extra in --decode ${WDS_FULL:+""}; do
-                echo "== bench/wds_native.py --device gpu $extra"
-                python3 bench/wds_native.py "$wds" --device gpu --threads 8 --batch 64 --rounds 5 \
+                echo "== bench/dali/wds_native.py --device gpu $extra"
+                python3 bench/dali/wds_native.py "$wds" --device gpu --threads 8 --batch 64 --rounds 5 \
                     --epochs 2 --modes dali,native,external${WDS_FULL:+,native:threads=1,native:engine=psync} $extra 2>&1 |
                     grep -v "Index file not provided" | tee -a "$json/wds-native-interleaved.txt" ||
-                    echo "(bench/wds_native.py $extra failed; the lines above say why)"
+                    echo "(bench/dali/wds_native.py $extra failed; the lines above say why)"
             done
             ;;
         squirrel)

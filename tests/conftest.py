@@ -21,14 +21,14 @@ EDGE_SIZES = [0, 1, 511, 512, 513, 4095, 4096, 4097, 100_000, (2 << 20) + 333]
 
 
 def available_engines():
-    return [name for name, ok in fastread.engines().items() if ok is True]
+    return [name for name, st in fastread.engines().items() if st.files is True]
 
 
 def engine_params():
     """Every engine fastread knows; unavailable ones skip with the reason."""
     params = []
-    for name, ok in fastread.engines().items():
-        marks = [] if ok is True else [pytest.mark.skip(reason=f"engine {name}: {ok}")]
+    for name, st in fastread.engines().items():
+        marks = [] if st.files is True else [pytest.mark.skip(reason=f"engine {name}: {st.files}")]
         params.append(pytest.param(name, marks=marks, id=name))
     return params
 
@@ -36,11 +36,9 @@ def engine_params():
 def range_engine_params():
     """Every engine that can read byte ranges (packed images): the file
     engines plus range-only ones such as xnvme; unavailable ones skip."""
-    from fastread.engine import RANGE_ONLY
     params = []
-    for name, ok in fastread.engines().items():
-        usable = ok is True or (name in RANGE_ONLY and str(ok).startswith(RANGE_ONLY[name]))
-        marks = [] if usable else [pytest.mark.skip(reason=f"engine {name}: {ok}")]
+    for name, st in fastread.engines().items():
+        marks = [] if st.ranges is True else [pytest.mark.skip(reason=f"engine {name}: {st.ranges}")]
         params.append(pytest.param(name, marks=marks, id=name))
     return params
 

@@ -1,4 +1,4 @@
-"""bench/engines.py and bench/gpu_delivery.py (the GPU machine's `gpu.sh
+"""bench/engines/engines.py and bench/gpu/gpu_delivery.py (the GPU machine's `gpu.sh
 engines` and `gpu.sh delivery`) run end to end on a tiny tree: the JSON has
 every cell or mode that can run here, a time budget stops the matrix early
 and still reports, and modes that need a GPU are skipped with the reason.
@@ -38,10 +38,10 @@ def run(script, *args, timeout=240):
     return p.stdout
 
 
-@needs_bench("engines.py")
+@needs_bench("engines/engines.py")
 def test_engine_matrix_warm_cells(tree, tmp_path):
     out = tmp_path / "engines.json"
-    run("engines.py", "--data-92k", tree, "--data-root", str(tmp_path), "--sizes", "92k",
+    run("engines/engines.py", "--data-92k", tree, "--data-root", str(tmp_path), "--sizes", "92k",
         "--caches", "warm", "--batches", "8,16", "--engines", "psync,auto", "--rounds", "2",
         "--min-time", "0.05", "--out", str(out), "--plot", str(tmp_path / "engines.png"))
     res = json.loads(out.read_text())
@@ -71,15 +71,15 @@ def test_engine_matrix_warm_cells(tree, tmp_path):
     assert any(line.startswith("auto/best") for line in res["derived"])
     assert any(line.startswith("read_files/Reader") for line in res["derived"])
     auto_rf = cells[(8, "auto", "read_files")]["pool"]
-    if fastread.engines()["io_uring"] is True:  # auto's batches, counted by engine
+    if fastread.engines()["io_uring"].files is True:  # auto's batches, counted by engine
         assert auto_rf["auto_uring_batches"] + auto_rf["auto_psync_batches"] == auto_rf["calls"]
         assert auto_rf["calls"] % (40 // 8) == 0 and auto_rf["calls"] >= 40 // 8
 
 
-@needs_bench("engines.py")
+@needs_bench("engines/engines.py")
 def test_engine_matrix_time_budget_reports_what_ran(tree, tmp_path):
     out = tmp_path / "engines.json"
-    run("engines.py", "--data-92k", tree, "--data-root", str(tmp_path), "--sizes", "92k",
+    run("engines/engines.py", "--data-92k", tree, "--data-root", str(tmp_path), "--sizes", "92k",
         "--caches", "warm", "--batches", "8", "--engines", "psync", "--rounds", "50",
         "--time-budget", "0.000001", "--out", str(out), "--plot", str(tmp_path / "e.png"))
     res = json.loads(out.read_text())
@@ -88,21 +88,21 @@ def test_engine_matrix_time_budget_reports_what_ran(tree, tmp_path):
     assert all(len(c["rounds_files_per_s"]) < 50 for c in res["cells"])
 
 
-@needs_bench("gpu_delivery.py")
+@needs_bench("gpu/gpu_delivery.py")
 def test_gpu_delivery_runs_host_modes_and_says_why_gpu_ones_did_not(tree, tmp_path):
     out = tmp_path / "delivery.json"
-    text = run("gpu_delivery.py", tree, "--batch", "8", "--rounds", "2", "--epochs", "1",
+    text = run("gpu/gpu_delivery.py", tree, "--batch", "8", "--rounds", "2", "--epochs", "1",
                "--engine", "psync", "--workers", "2", "--json", str(out))
     res = json.loads(out.read_text())
     assert len(res["rounds_img_per_s"]["host"]) == 2 and res["img_per_s"]["host"] > 0
-    gpu_ok = fastread.engines().get("cufile") is True  # a CUDA driver loads here
+    gpu_ok = fastread.engines()["cufile"].files is True  # a CUDA driver loads here
     if not gpu_ok:
         for mode in ("host-pinned", "gpu", "gpu-w2"):
             assert mode in res["skipped"] and res["skipped"][mode], res["skipped"]
         assert "skipped" in text
 
 
-@needs_bench("cold_diagnose.py")
+@needs_bench("engines/cold_diagnose.py")
 def test_cold_diagnose_reports_the_block_layer(tmp_path):
     import tempfile
     base = tempfile.mkdtemp(dir="/var/tmp") if os.path.isdir("/var/tmp") else str(tmp_path)
@@ -115,10 +115,10 @@ def test_cold_diagnose_reports_the_block_layer(tmp_path):
         st = os.stat(root)
         if not os.path.exists(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"):
             pytest.skip(f"{root} is on no block device (tmpfs, overlay)")
-        if fastread.engines().get("io_uring") is not True:
+        if fastread.engines()["io_uring"].files is not True:
             pytest.skip("io_uring is not available here")
         out = tmp_path / "cd.json"
-        run("cold_diagnose.py", root, "--rounds", "2", "--batch", "8", "--json", str(out))
+        run("engines/cold_diagnose.py", root, "--rounds", "2", "--batch", "8", "--json", str(out))
         res = json.loads(out.read_text())
         for mode in ("buffered", "o_direct"):
             assert len(res["rounds"][mode]) == 2

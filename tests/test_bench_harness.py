@@ -168,3 +168,55 @@ def test_sweep_runs_modes_per_queue_depth(fake, capsys):
     out = capsys.readouterr().out
     assert "rec-never: not available: needs a warp drive" in out
     assert any(line.startswith("rec-base ") for line in out.splitlines())
+
+
+def test_cold_drops_the_page_cache_before_every_timed_epoch(fake, tmp_path, monkeypatch):
+    """Cold means cold: a run longer than an epoch is timed one epoch at a
+    time, each after its own drop and with a runner built after it, so no
+    timed batch reads a file already read since the last drop. Counted with
+    a stand-in drop function, not timed."""
+    mod, data, _ = fake
+    events = mod.BUILDS  # builds and drops, in order
+
+    def drop():
+        events.append("DROP")
+        return None
+    monkeypatch.setattr(runners.PageCache, "_drop", staticmethod(drop))
+    out_json = tmp_path / "r.json"
+    # 6 samples, batch 2: 3 batches an epoch; 1 warm-up batch each epoch, so
+    # 2 timed ones; 7 timed batches -> epochs of 2, 2, 2 and 1 timed batches.
+    assert main(["bench", data, "--batchsize", "2", "--batches", "7", "--warmup", "1",
+                 "--no-progress", "--device", "cpu", "--cold", "--repeat", "2",
+                 "--warmup-runs", "0", "--modes", "rec-base", "--json", str(out_json)]) == 0
+    events.remove("DROP")  # can_drop()'s one probe, before any run
+    assert events == ["DROP", "rec-base"] * 8  # 2 runs x 4 epochs, a drop before each
+    doc = json.loads(out_json.read_text())
+    assert doc["config"]["cold_drops"] == "every timed epoch"
+    assert doc["config"]["cold_note"] is None
+    (res,) = doc["results"]
+    for run in res["runs"]:
+        assert run["drops"] == 4 and len(run["epochs_img_per_s"]) == 4
+        assert run["batches"] == 7 and run["samples"] == 14
+
+
+def test_cold_segments_never_time_a_sample_twice_after_a_drop():
+    from fastread.bench.harness import cold_segments
+    for batches in range(1, 30):
+        for epoch in range(1, 8):
+            for warmup in range(0, 4):
+                segs = cold_segments(batches, epoch, warmup)
+                assert sum(n for _, n in segs) == batches
+                assert all(w + n <= epoch or (w == 0 and n == 1) for w, n in segs)
+    assert cold_segments(9, 3, 0) == [(0, 3)] * 3          # --epochs 3: one drop an epoch
+    assert cold_segments(2, 3, 0) == [(0, 2)]              # less than an epoch: one drop
+
+
+def test_cold_that_cannot_drop_says_so_in_the_json(fake, tmp_path, monkeypatch):
+    mod, data, _ = fake
+    monkeypatch.setattr(runners, "DROP_CACHES", str(tmp_path / "missing" / "drop_caches"))
+    out_json = tmp_path / "r.json"
+    assert main(["bench", data, *ARGS, "--cold", "--modes", "rec-base",
+                 "--json", str(out_json)]) == 0
+    doc = json.loads(out_json.read_text())
+    assert doc["config"]["cold"] is False and doc["config"]["cache"] == ["warm"]
+    assert doc["config"]["cold_note"].startswith("--cold: cannot drop the page cache")

@@ -1,6 +1,6 @@
 """fastread.bench.interleaved, the pieces the interleaved-rounds scripts share
-(dali_plugin/bench_native.py, dali_plugin/bench_image.py,
-bench/wds_native.py): --modes parsing, the rounds' order, the report's
+(bench/dali/bench_native.py, bench/dali/bench_image.py,
+bench/dali/wds_native.py): --modes parsing, the rounds' order, the report's
 medians and ratios. No DALI: the pipelines are stand-ins."""
 import pytest
 

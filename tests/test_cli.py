@@ -203,7 +203,9 @@ def test_info_json_and_missing_packages(monkeypatch, capsys):
                                                "from_env": True}
     if not data["cuda_devices"]:
         assert data["cuda_reason"]
-    assert data["engine_auto"] in [n for n, ok in fastread.engines().items() if ok is True]
+    assert data["engine_auto"] in [n for n, st in fastread.engines().items() if st.files is True]
+    for name, st in fastread.engines().items():  # one shape for every engine
+        assert data["engines"][name] == {"files": st.files, "ranges": st.ranges}
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "cupy" in out and "not installed" in out
@@ -215,8 +217,11 @@ def test_info_engine_reasons_wrapped_and_shared():
     from fastread.cli.info import format_engines
 
     reason = "not built: " + "the library was not found when fastread was built " * 3
-    data = {"engines": {"io_uring": True, "psync": True, "a": reason, "b": reason,
-                        "c": "no CUDA driver"},
+    both = lambda v: {"files": v, "ranges": v}  # noqa: E731
+    data = {"engines": {"io_uring": both(True), "psync": both(True), "a": both(reason),
+                        "b": both(reason), "c": both("no CUDA driver"),
+                        "r": {"files": "read_files is not supported: ranges only",
+                              "ranges": True}},
             "engine_auto": "io_uring"}
     lines = format_engines(data, width=70)
     assert lines[0] == "engines (engine='auto' picks io_uring):"
@@ -225,6 +230,7 @@ def test_info_engine_reasons_wrapped_and_shared():
     text = " ".join(" ".join(lines).split())
     assert text.count("the library was not found") == 3  # one reason for both engines
     assert "a, b: not built:" in text and "c: no CUDA driver" in text
+    assert "r byte ranges only; files: read_files is not supported" in text
     data["engine_auto"], data["engine_auto_reason"] = None, "no engine can read files here"
     assert format_engines(data)[0] == \
         "engines (engine='auto' fails: no engine can read files here):"

@@ -121,8 +121,8 @@ def test_dense_file_that_grows_between_epochs(tmp_path, engine):
     # operator reads first bytes again. Every batch: the unchanged files
     # exactly, the grown one old or new.
     from fastread import engines
-    if engines().get(engine) is not True:
-        pytest.skip(f"{engine}: {engines().get(engine)}")
+    if engines()[engine].files is not True:
+        pytest.skip(f"{engine}: {engines()[engine].files}")
     d = tmp_path / "c"
     d.mkdir()
     rng = np.random.default_rng(3)

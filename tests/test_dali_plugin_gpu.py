@@ -140,7 +140,7 @@ def test_gpu_outputs_equal_dali_moved_to_the_gpu(tree, kw, batch_size):
                                    dict(engine="io_uring")],
                          ids=["per-sample-copies", "o_direct", "psync", "io_uring"])
 def test_every_layout_and_engine_gives_the_files(tree, op_kw):
-    if op_kw.get("engine") == "io_uring" and fastread.engines()["io_uring"] is not True:
+    if op_kw.get("engine") == "io_uring" and fastread.engines()["io_uring"].files is not True:
         pytest.skip("io_uring is unavailable here")
     paths, labels = scan(tree)
     got = batches(make_gpu_pipe(gpu_native(tree, **op_kw), 5), 2 * len(paths) // 5)

@@ -1,4 +1,4 @@
-"""bench/ddp_check.py's checks find overlapping, missing and unevenly
+"""bench/gpu/ddp_check.py's checks find overlapping, missing and unevenly
 batched shards (the script itself runs under torchrun on the GPU machine)."""
 import importlib.util
 import os
@@ -11,7 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 @pytest.fixture(scope="module")
 def ddp():
     spec = importlib.util.spec_from_file_location(
-        "ddp_check", os.path.join(HERE, "..", "bench", "ddp_check.py"))
+        "ddp_check", os.path.join(HERE, "..", "bench", "gpu", "ddp_check.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

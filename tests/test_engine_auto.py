@@ -1,7 +1,7 @@
 """engine="auto" chooses io_uring or psync per batch (the C core's
 fr_auto_rule), and the helper threads' polling (spin_us): what the rule
 says, that an auto context reads the same bytes through either engine, and
-that the counters behind `bench/engines.py`'s pool figures add up."""
+that the counters behind `bench/engines/engines.py`'s pool figures add up."""
 import os
 import subprocess
 import sys
@@ -13,8 +13,8 @@ import fastread
 from fastread import _core
 from fastread.engine import AutoEngine, auto_choice, resolve
 
-needs_uring = pytest.mark.skipif(fastread.engines()["io_uring"] is not True,
-                                 reason=f"io_uring: {fastread.engines()['io_uring']}")
+needs_uring = pytest.mark.skipif(fastread.engines()["io_uring"].files is not True,
+                                 reason=f"io_uring: {fastread.engines()['io_uring'].files}")
 
 
 def write_tree(root, count, size, seed):
@@ -203,7 +203,7 @@ def test_read_files_and_reader_with_auto_get_the_per_batch_choice(tmp_path, monk
 
 def test_auto_choice_states_the_rule_and_this_machine():
     engine, why = auto_choice()
-    if engine == "io_uring" and fastread.engines()["psync"] is True:
+    if engine == "io_uring" and fastread.engines()["psync"].files is True:
         assert "per batch" in why and f"{_core.AUTO_MIN_SIZE // 1024} KiB" in why
         assert f"has {len(os.sched_getaffinity(0))} CPUs" in why
     out = subprocess.run([sys.executable, "-m", "fastread.cli", "info"], capture_output=True,
@@ -214,8 +214,8 @@ def test_auto_choice_states_the_rule_and_this_machine():
 
 @pytest.mark.parametrize("engine", ["psync", "io_uring"])
 def test_spin_us_reaches_the_pool_and_pool_counters_add_up(tmp_path, engine):
-    if fastread.engines()[engine] is not True:
-        pytest.skip(f"{engine}: {fastread.engines()[engine]}")
+    if fastread.engines()[engine].files is not True:
+        pytest.skip(f"{engine}: {fastread.engines()[engine].files}")
     paths = write_tree(tmp_path, 64, 100, 5)
     cpus = len(os.sched_getaffinity(0))
     for threads in (1, 2, 4):

@@ -181,7 +181,7 @@ def test_sigint_during_a_stalled_read_interrupts_promptly(shim, files):
 
 def _have_uring():
     import fastread
-    return fastread.engines().get("io_uring") is True
+    return fastread.engines()["io_uring"].files is True
 
 
 uring = pytest.mark.skipif(not _have_uring(), reason="io_uring is not available here "

@@ -50,8 +50,8 @@ def test_raw_file(feats):
 @pytest.mark.parametrize("engine", ["io_uring", "psync"])
 @pytest.mark.parametrize("o_direct", [True, False, None])
 def test_engines_and_o_direct(feats, engine, o_direct):
-    if fastread.engines().get(engine) is not True:
-        pytest.skip(f"engine {engine}: {fastread.engines().get(engine)}")
+    if fastread.engines()[engine].files is not True:
+        pytest.skip(f"engine {engine}: {fastread.engines()[engine].files}")
     arr, raw, _ = feats  # row 0 at byte 100: O_DIRECT reads are widened to aligned blocks
     with FeatureStore(raw, np.float32, (5000, 16), offset=100, engine=engine,
                       o_direct=o_direct) as s:
@@ -679,14 +679,14 @@ def test_dali_example_on_cpu(disk_tmp):
 # -- the benchmark's CPU smoke run ------------------------------------------------------
 
 def test_bench_gather_smoke(disk_tmp):
-    """bench/gather.py end to end on the CPU (warm only: dropping the page cache
+    """bench/gather/gather.py end to end on the CPU (warm only: dropping the page cache
     would disturb the machine). It checks every mode's rows itself; here we
     check that it measured and said why GPU modes did not run."""
     import json
     import runpy
 
     out = os.path.join(disk_tmp, "gather-smoke.json")
-    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "gather.py")
+    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "gather", "gather.py")
     main = runpy.run_path(bench, run_name="bench_gather")["main"]
     assert main(["--device", "cpu", "--rows", "100000", "--dim", "32", "--states", "warm",
                  "--batches", "1k,20k", "--repeat", "2", "--ceiling-seconds", "0.2",

@@ -61,7 +61,7 @@ def test_engines_report_cufile_in_compat_mode(mock_dir):
     out = run_child(mock_dir, PRELUDE + """
 ok, why = _core.probe("cufile")
 print(ok, why)
-assert fastread.engines()["cufile"] is True
+assert fastread.engines()["cufile"].files is True
 """)
     assert "compatibility mode" in out
 

@@ -57,7 +57,7 @@ def test_reader_over_image_matches_reader_over_files(packed, engine):
     root, content, img = packed
     kw = dict(batch_size=4, shard_id=1, num_shards=2, random_shuffle=True, seed=3,
               stick_to_shard=False, engine=engine)
-    file_engine = engine if fastread.engines()[engine] is True else "auto"  # range-only engines
+    file_engine = engine if fastread.engines()[engine].files is True else "auto"  # range-only engines
     with fastread.Reader(root, **{**kw, "engine": file_engine}) as files, \
             fastread.Reader(image=img, o_direct=True, **kw) as image:
         assert len(files) == len(image)
@@ -271,11 +271,12 @@ def test_range_only_engine_refuses_files(packed):
     from fastread.engine import RANGE_ONLY
     root, _, _ = packed
     status = fastread.engines()
-    # engines() lists every engine, with a reason string for one that cannot
-    # run here; a range-only engine that runs says so with its RANGE_ONLY text.
-    usable = [name for name in RANGE_ONLY if str(status.get(name)).startswith(RANGE_ONLY[name])]
+    # A range-only engine that runs here reads ranges, and says why not files.
+    usable = [name for name in RANGE_ONLY if status[name].ranges is True]
     if not usable:
-        pytest.skip(f"no range-only engine runs here: {[status.get(n) for n in RANGE_ONLY]}")
+        pytest.skip(f"no range-only engine runs here: {[status[n].ranges for n in RANGE_ONLY]}")
+    for name in usable:
+        assert status[name].files == RANGE_ONLY[name]
     for name in usable:
         with pytest.raises(ValueError, match="ranges"):
             fastread.Reader(root, engine=name)

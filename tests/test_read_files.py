@@ -112,7 +112,7 @@ def test_unreadable_file_via_fifo(tmp_path):
     # Works as root too: a FIFO is no regular file and must not block.
     p = tmp_path / "pipe.jpg"
     os.mkfifo(p)
-    for engine in [e for e, ok in fastread.engines().items() if ok is True]:
+    for engine in [e for e, st in fastread.engines().items() if st.files is True]:
         with pytest.raises(fastread.ReadError) as e:
             fastread.read_files([str(p)], engine=engine)
         assert e.value.filename == str(p)
@@ -142,9 +142,15 @@ def test_nul_in_path_rejected():
 
 def test_engines_reports_reasons():
     avail = fastread.engines()
-    assert avail["psync"] is True
-    for name, ok in avail.items():
-        assert ok is True or (isinstance(ok, str) and ok), name
+    assert avail["psync"].files is True and avail["psync"].ranges is True
+    for name, st in avail.items():  # one shape: each answer True, or why not
+        assert isinstance(st, fastread.EngineStatus), name
+        for ok in (st.files, st.ranges):
+            assert ok is True or (isinstance(ok, str) and ok), name
+        assert st.why == (None if st.files is True and st.ranges is True
+                          else next(v for v in (st.files, st.ranges) if v is not True))
+        with pytest.raises(TypeError, match="files or"):
+            bool(st)
 
 
 def test_env_default_engine(monkeypatch, edge_tree):
@@ -162,7 +168,7 @@ def test_file_grown_after_sizing_is_not_truncated(tmp_path):
     big = tmp_path / "big.jpg"
     data = np.random.default_rng(0).integers(0, 256, 9 << 20, dtype=np.uint8).tobytes()
     big.write_bytes(data)
-    for engine in [e for e, ok in fastread.engines().items() if ok is True]:
+    for engine in [e for e, st in fastread.engines().items() if st.files is True]:
         (a,) = fastread.read_files([str(big)], engine=engine)
         assert a.tobytes() == data
 
@@ -185,7 +191,7 @@ def test_path_types_read_the_same_file(tmp_path):
 
 def test_context_counts_calls_and_their_time(edge_tree):
     """fr_ctx_stat's file_calls / file_call_ns: one call each read_files(),
-    its wall time inside the native call (what bench/engines.py sets against
+    its wall time inside the native call (what bench/engines/engines.py sets against
     the whole call as Python sees it)."""
     from fastread.files import _context
     _, content = edge_tree

@@ -178,8 +178,9 @@ def test_options_rejected_with_their_names():
 
 def test_engines_and_info_report_xnvme():
     avail = fastread.engines()
-    assert avail["xnvme-file"] is True
-    assert "range reads only" in avail["xnvme"]
+    assert avail["xnvme-file"].files is True and avail["xnvme-file"].ranges is True
+    assert avail["xnvme"].ranges is True
+    assert "read_files is not supported" in avail["xnvme"].files
     assert _ver.startswith("0.") or _ver[0].isdigit()
     from fastread.cli.info import collect
     assert collect()["xnvme"]["version"] == _ver

@@ -6,10 +6,10 @@
  * of the same benchmark on the same machine: on the 16-core H200, 1 MiB
  * files read by read_files() in lists of 64 went 0.96-1.12x as fast with
  * io_uring as with psync over seven runs (lists of 256: 0.84-0.94x; the
- * engines-warm JSON files under bench/results/h200-2026...), so a fixed
+ * engines-warm JSON files under docs/results/h200-2026...), so a fixed
  * rule left auto at 0.87-0.97 of the better engine in that cell; on the
  * 2-core VM, where the rule says io_uring, psync read them 1.03-1.31x as
- * fast in one run (bench/results/engines-2core-20261127). So in the band
+ * fast in one run (docs/results/engines-2core-20261127). So in the band
  * auto times both: it reads with the rule's pick for the machine
  * (fr_auto_rule: psync on FR_AUTO_MIN_CPUS or more CPUs, else io_uring),
  * and after FR_AUTO_TRIAL_FIRST batches in the band, then every
@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 /* Band batches before the first trial. Each of a Reader's workers has its
- * own context and trials: in bench/engines.py's cell of 2,000 1 MiB files
+ * own context and trials: in bench/engines/engines.py's cell of 2,000 1 MiB files
  * in batches of 256 (~11 epochs in 0.5 s on the H200), each of 8 workers
  * reads ~11 batches, and with 8 here its last 3 went to the slower engine
  * (auto 0.95 of psync). Later, the trial also times arenas that are done

@@ -28,7 +28,7 @@
  *      one thread: 1.5 us per preadv2, 0.27-0.33 us per copy. H100 machine,
  *      16M x 512 B rows, 1 GiB cache, 1M ids, warm: 3.5M rows/s with one
  *      preadv2 per row request, 8.0M with copies, 28.9M with copies of row
- *      lists (bench/results/gather-h100-16Mx128-rings-*). A page evicted
+ *      lists (docs/results/gather-h100-16Mx128-rings-*). A page evicted
  *      mid-gather costs its thread a blocking fault (the kernel reads it).
  *      Each serve() of up to batch_max requests first checks the file's
  *      size (one fstat per up to 1024 rows), and a file found shrunk is

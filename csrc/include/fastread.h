@@ -80,7 +80,7 @@ typedef struct fr_config {
 } fr_config;
 
 /* fr_config.remember_sizes's default: 65536 paths (a 2 MiB table at most).
- * Measured on the 16-core H200 (bench/results/h200-20261127b, one run): one
+ * Measured on the 16-core H200 (docs/results/h200-20261127b, one run): one
  * io_uring call on 256 cached 4 KiB files read before took 117.6 us with
  * remembered sizes against 145.3 sizing each file by stat(); a pass over
  * files never read costs 4-7% more than without (size_memo_probe.py). */
@@ -92,10 +92,10 @@ typedef struct fr_config {
  * each file as soon as it can (PH_DIRECT): on the 16-core H200 the
  * first made read_files() 1.06-1.11x as fast on 4 KiB files (batch 64 and
  * 256, two runs) and 0.93x on 92 KiB ones at batch 64 (1.00x at 256;
- * bench/results/h200-20261127b). Sizes in between were not measured. */
+ * docs/results/h200-20261127b). Sizes in between were not measured. */
 #define FR_REMEMBER_MAX_MEAN (32u * 1024u)
 
-/* engine="auto"'s rule, measured with bench/engines.py (README, "Choosing an
+/* engine="auto"'s rule, measured with bench/engines/engines.py (docs/engines.md, "Choosing an
  * engine"): psync for files of FR_AUTO_MIN_SIZE bytes or more (a running
  * mean over the context's batches; once on psync, down to 3/4 of it) that
  * are in the page cache, on a machine with FR_AUTO_MIN_CPUS or more CPUs;

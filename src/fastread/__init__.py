@@ -15,7 +15,7 @@ core with the GIL released. This package adapts it:
 - ``fastread.dali`` and ``fastread.torch`` plug that into training loops.
 """
 from fastread._core import Batch, Context, DeviceArray, NativeReader
-from fastread.engine import EngineOptions, engines, open_context
+from fastread.engine import EngineOptions, EngineStatus, engines, open_context
 from fastread.errors import ReadError
 from fastread.features import FeatureStore
 from fastread.files import read_files
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Batch", "Cifar10", "Context", "DeviceArray", "FeatureStore", "FormatError", "MultiFileRanges",
-    "SquirrelStore", "WebDataset", "EngineOptions", "FileList", "FileRanges", "ImageError",
+    "SquirrelStore", "WebDataset", "EngineOptions", "EngineStatus", "FileList", "FileRanges", "ImageError",
     "NativeReader", "PackedImage", "ReadError", "Reader", "SampleSource", "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
     "__version__",
 ]

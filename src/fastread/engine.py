@@ -32,13 +32,48 @@ KNOWN_ENGINES = {
 GPU_ENGINES = ("cufile",)
 
 #: Engines that read byte ranges of one device or image (Context.read_ranges,
-#: fastread.PackedImage) but not whole files: engines() reports them with this
-#: text (so read_files and engine="auto" never pick them), and they can still
-#: be opened by name.
+#: fastread.PackedImage) but not whole files: engines() gives them this
+#: reason under ``files`` (so read_files and engine="auto" never pick them)
+#: and ``ranges=True``; they can still be opened by name.
 RANGE_ONLY = {
-    "xnvme": "range reads only (Context.read_ranges / PackedImage on a device or image "
-             "file); read_files is not supported, use 'xnvme-file'",
+    "xnvme": "read_files is not supported: this engine reads byte ranges of a device or "
+             "image file only (Context.read_ranges / PackedImage); use 'xnvme-file' for files",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStatus:
+    """What one engine can do here, as :func:`engines` reports it. Each of
+    ``files`` and ``ranges`` is ``True`` where that kind of read works here,
+    else a string saying why not:
+
+    * ``files``: whole files (``read_files()``, a ``Reader`` over a tree or a
+      file list; what ``engine="auto"`` considers);
+    * ``ranges``: byte ranges of one file or device (``PackedImage``,
+      ``FileRanges``, ``Context.read_ranges``).
+
+    ``why`` is the first reason (files' first), or None when both work.
+    Test the fields, not the object: ``bool(status)`` raises ``TypeError``,
+    since "works" has two meanings here."""
+
+    files: Union[bool, str]
+    ranges: Union[bool, str]
+
+    @property
+    def why(self) -> Optional[str]:
+        for v in (self.files, self.ranges):
+            if v is not True:
+                return v
+        return None
+
+    def __bool__(self):
+        raise TypeError("an EngineStatus has two answers: test status.files or "
+                        "status.ranges (each True, or why not)")
+
+    def as_dict(self):
+        """{"files": True | why not, "ranges": True | why not} (JSON)."""
+        return {"files": self.files, "ranges": self.ranges}
+
 
 XNVME_ENGINES = ("xnvme-file", "xnvme")
 
@@ -68,12 +103,17 @@ GPU_OPTION_NAMES = ("device_id", "device_output", "pin_memory")
 
 def _status(name, built):
     """True if engine `name` can read files here, else why not."""
+    return _engine_status(name, built).files
+
+
+def _engine_status(name, built):
     if name not in built:
-        return f"not built: {KNOWN_ENGINES[name]}"
+        why = f"not built: {KNOWN_ENGINES[name]}"
+        return EngineStatus(files=why, ranges=why)
     ok, why = _probe(name)
-    if ok and name in RANGE_ONLY:
-        return f"{RANGE_ONLY[name]} ({why})" if why else RANGE_ONLY[name]
-    return True if ok else why
+    if not ok:
+        return EngineStatus(files=why, ranges=why)
+    return EngineStatus(files=RANGE_ONLY.get(name, True), ranges=True)
 
 
 def _probe(name):
@@ -91,10 +131,14 @@ _gpu_probes = {}
 
 
 def engines():
-    """Engine name -> True if it can read files here, else a string saying
-    why not (for range-only engines such as 'xnvme': what they do instead)."""
+    """Engine name -> :class:`EngineStatus` for every engine fastread knows:
+    ``files`` and ``ranges``, each ``True`` where that kind of read works
+    here, else why not. E.g. ``{'io_uring': EngineStatus(files=True,
+    ranges=True), 'xnvme': EngineStatus(files='read_files is not supported:
+    ...', ranges=True), 'cufile': EngineStatus(files='no CUDA driver: ...',
+    ranges='no CUDA driver: ...'), ...}``."""
     built = set(_core.engine_names())
-    return {name: _status(name, built) for name in KNOWN_ENGINES}
+    return {name: _engine_status(name, built) for name in KNOWN_ENGINES}
 
 
 def xnvme_version():
@@ -112,9 +156,9 @@ def xnvme_version():
 
 def _usable_by_name(name):
     """True if `name` can be opened explicitly (range-only engines included)."""
-    if name not in RANGE_ONLY or name not in _core.engine_names():
+    if name not in RANGE_ONLY:
         return False
-    return _core.probe(name)[0]
+    return _engine_status(name, set(_core.engine_names())).ranges is True
 
 
 class AutoEngine(str):
@@ -138,7 +182,7 @@ def _resolve_for_open(engine):
     return name
 
 
-#: engine="auto": the rule, measured with bench/engines.py (read_files() and
+#: engine="auto": the rule, measured with bench/engines/engines.py (read_files() and
 #: Reader; 4 KiB to 1 MiB files; warm and cold; batch 64 and 256) on 16-core
 #: H100 and H200 machines and a 2-core VM, applied per batch by the C core
 #: (fr_auto_rule in csrc/include/fastread.h, which gives the numbers): on 16 cores,
@@ -205,7 +249,8 @@ def resolve(engine):
                 _warn_once("io_uring-memlock",
                            f"fastread: io_uring cannot start here ({status}; {_limits_hint()}); "
                            "'auto' reads with the next engine instead")
-        raise ValueError(f"no engine can read files here: {engines()}")
+        raise ValueError("no engine can read files here: " + "; ".join(
+            f"{n}: {_status(n, built)}" for n in KNOWN_ENGINES))
     elif engine in KNOWN_ENGINES:
         status = _status(engine, built)
         if status is True or _usable_by_name(engine):
@@ -216,7 +261,7 @@ def resolve(engine):
 
 
 def _usable():
-    return [n for n, ok in engines().items() if ok is True]
+    return [n for n, st in engines().items() if st.files is True]
 
 
 def _fold_xnvme(engine, given, engine_args):

@@ -17,8 +17,8 @@ Modules, bottom to top (each imports only those above it):
 * :mod:`~fastread.bench.sweep` -- ``python -m fastread.bench.sweep``, a
   queue-depth sweep of any modes.
 * :mod:`~fastread.bench.interleaved` -- the pieces the interleaved-rounds
-  scripts (``dali_plugin/bench_native.py``, ``dali_plugin/bench_image.py``,
-  ``bench/wds_native.py``) share: options, ``--modes``, the rounds, the report.
+  scripts (``bench/dali/bench_native.py``, ``bench/dali/bench_image.py``,
+  ``bench/dali/wds_native.py``) share: options, ``--modes``, the rounds, the report.
 
 Nothing heavy (DALI, matplotlib) is imported until a mode runs.
 """

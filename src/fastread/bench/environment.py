@@ -124,10 +124,16 @@ NOT_BUILT = "engine not built in this version"
 @dataclasses.dataclass
 class Environment:
     """fastread's engines and the optional packages the modes use."""
-    engines: dict            # fastread.engines(): name -> True or why not
+    engines: dict            # fastread.engines(): name -> EngineStatus
     dali_error: str = None   # why DALI cannot be used, or None
     fastread_dali_error: str = None
     _cuda: list = None
+
+    def __post_init__(self):
+        # A bare True or reason (a test's stand-in) answers for files and ranges alike.
+        from fastread.engine import EngineStatus
+        self.engines = {n: s if isinstance(s, EngineStatus) else EngineStatus(files=s, ranges=s)
+                        for n, s in self.engines.items()}
 
     @property
     def cuda_error(self):
@@ -139,21 +145,18 @@ class Environment:
 
     def engine_error(self, engine):
         """Why ``engine`` cannot read files here, or None."""
-        status = self.engines.get(engine, NOT_BUILT)
-        if status is True:
-            return None
-        return str(status) if engine in self.engines else NOT_BUILT
+        status = self.engines.get(engine)
+        if status is None:
+            return NOT_BUILT
+        return None if status.files is True else str(status.files)
 
     def range_engine_error(self, engine):
         """Why ``engine`` cannot read byte ranges (packed images) here, or None:
-        range-only engines (xnvme) can, though engines() refuses them files."""
-        from fastread.engine import RANGE_ONLY
-
-        status = self.engines.get(engine, NOT_BUILT)
-        if status is True or (engine in RANGE_ONLY
-                              and str(status).startswith(RANGE_ONLY[engine])):
-            return None
-        return self.engine_error(engine)
+        range-only engines (xnvme) can, though they cannot read files."""
+        status = self.engines.get(engine)
+        if status is None:
+            return NOT_BUILT
+        return None if status.ranges is True else str(status.ranges)
 
     def dali_error_for(self, fastread_reader=False):
         """Why a DALI pipeline (with a fastread reader in it) cannot be built."""

@@ -11,6 +11,7 @@ option or mode).
 import dataclasses
 import gc
 import json
+import math
 import os
 
 from fastread.bench import environment, registry, report, runners
@@ -176,7 +177,7 @@ def run(opts):
     for cache in passes:
         pass_results = []
         if len(passes) > 1 or cache == "cold":
-            _out(f"-- {cache} cache" + (" (page cache dropped before each run)"
+            _out(f"-- {cache} cache" + (" (page cache dropped before every timed epoch)"
                                         if cache == "cold" else ""))
         for m in runnable:
             if m.name in failed:
@@ -212,7 +213,7 @@ def run(opts):
 
     if opts.json:
         _write_json(opts, dataset, cfg, batches, epoch, passes, results, skipped, failed,
-                    not_applicable, verdicts, device)
+                    not_applicable, verdicts, device, cache_note)
         _out(f"wrote {opts.json}")
     if opts.plot and results:
         title = (f"{os.path.basename(os.path.abspath(dataset.root))}: batch {opts.batch_size}, "
@@ -248,11 +249,53 @@ def _time_mode(mode, cfg, opts, batches, epoch, cache, page_cache, warm_up, labe
             _one_run(mode, cfg, opts.warmup, min(batches, epoch), epoch, False, progress,
                      f"{mode.name} (warm-up)")
     for r in range(opts.repeat):
-        if cache == "cold":
-            page_cache.drop()
         desc = label + (f" [{r + 1}/{opts.repeat}]" if opts.repeat > 1 else "")
-        runs.append(_one_run(mode, cfg, opts.warmup, batches, epoch, opts.rss, progress, desc))
+        if cache == "cold":
+            runs.append(_cold_run(mode, cfg, opts, batches, epoch, page_cache, progress, desc))
+        else:
+            runs.append(_one_run(mode, cfg, opts.warmup, batches, epoch, opts.rss, progress,
+                                 desc))
     return runners.summarize(mode, runs, opts.rss, cache=cache)
+
+
+def cold_segments(batches, epoch, warmup):
+    """[(untimed, timed)] batches of each cold segment: one segment per epoch,
+    each after its own drop of the page cache, so no timed batch reads a
+    sample that an earlier batch since the drop read (a runner's second
+    epoch would read its first epoch's files again, from the cache). The
+    untimed warm-up batches count against the epoch (at least one batch of
+    it is timed)."""
+    w = min(warmup, max(epoch - 1, 0))
+    per = max(epoch - w, 1)
+    out = []
+    left = batches
+    while left > 0:
+        n = min(left, per)
+        out.append((w, n))
+        left -= n
+    return out
+
+
+def _cold_run(mode, cfg, opts, batches, epoch, page_cache, progress, desc):
+    """One cold timed run: the page cache dropped before every epoch of it,
+    a fresh runner each epoch (built after the drop), the epochs' times and
+    samples added up. ``drops`` in the run's record counts the drops."""
+    segs = cold_segments(batches, epoch, opts.warmup)
+    parts = []
+    for k, (warmup, n) in enumerate(segs):
+        page_cache.drop()
+        d = desc + (f" (epoch {k + 1}/{len(segs)})" if len(segs) > 1 else "")
+        parts.append(_one_run(mode, cfg, warmup, n, epoch, opts.rss, progress, d))
+    samples = sum(p["samples"] for p in parts)
+    nbytes = sum(p["bytes"] for p in parts)
+    seconds = sum(p["seconds"] for p in parts)
+    rss = [v for p in parts for v in (p["rss"] or [])] if opts.rss else None
+    return {"samples": samples, "bytes": nbytes, "batches": sum(p["batches"] for p in parts),
+            "seconds": seconds,
+            "img_per_s": samples / seconds if seconds > 0 else math.inf,
+            "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else math.inf,
+            "rss": rss, "drops": len(parts),
+            "epochs_img_per_s": [p["img_per_s"] for p in parts]}
 
 
 def _one_run(mode, cfg, warmup, batches, epoch, rss, progress, desc):
@@ -267,7 +310,7 @@ def _one_run(mode, cfg, warmup, batches, epoch, rss, progress, desc):
 
 
 def _write_json(opts, dataset, cfg, batches, epoch, passes, results, skipped, failed,
-                not_applicable, verdicts, device):
+                not_applicable, verdicts, device, cache_note=None):
     import fastread
 
     doc = {
@@ -283,6 +326,10 @@ def _write_json(opts, dataset, cfg, batches, epoch, passes, results, skipped, fa
                    "repeat": opts.repeat, "threads": opts.threads, "device": device,
                    "decode": opts.decode, "prefetch_queue_depth": opts.prefetch_queue_depth,
                    "cache": passes, "cold": "cold" in passes,
+                   # why cold was not measured (None when it was, or not asked for)
+                   "cold_note": cache_note,
+                   # cold: the page cache is dropped before every timed epoch
+                   "cold_drops": "every timed epoch" if "cold" in passes else None,
                    "engine_options": cfg.engine_options, "mem": opts.mem},
         "results": results,
         "verdicts": verdicts,

@@ -1,5 +1,5 @@
-"""The interleaved-rounds scripts' shared pieces (dali_plugin/bench_native.py,
-dali_plugin/bench_image.py, bench/wds_native.py): their common arguments,
+"""The interleaved-rounds scripts' shared pieces (bench/dali/bench_native.py,
+bench/dali/bench_image.py, bench/dali/wds_native.py): their common arguments,
 ``--modes`` with operator arguments, warming the page cache, the rounds
 (every mode once per round, so a noisy machine hurts every mode alike) and
 the report of medians, ratios to a base mode and paired per-round ratios.

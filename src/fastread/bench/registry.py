@@ -186,8 +186,8 @@ def default_engine(env):
     GPU-only engine), or None."""
     from fastread.engine import GPU_ENGINES
 
-    for name, ok in env.engines.items():
-        if ok is True and name not in GPU_ENGINES:
+    for name, status in env.engines.items():
+        if status.files is True and name not in GPU_ENGINES:
             return name
     return None
 

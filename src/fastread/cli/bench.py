@@ -51,7 +51,7 @@ def add_parser(sub):
                    help="DALI prefetch_queue_depth (default: 2)")
     cache = p.add_mutually_exclusive_group()
     cache.add_argument("--cache", choices=CACHE_CHOICES, default="auto",
-                       help="page cache: warm, cold (dropped before each run; needs root), "
+                       help="page cache: warm, cold (dropped before every timed epoch; needs root), "
                             "both, or auto: warm, then cold when it can be dropped (default)")
     cache.add_argument("--cold", dest="cache", action="store_const", const="cold",
                        help="the same as --cache cold")

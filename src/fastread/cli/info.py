@@ -25,7 +25,8 @@ def collect():
     import fastread
     from fastread import _defaults
 
-    engines = {name: (True if ok is True else str(ok)) for name, ok in fastread.engines().items()}
+    # name -> {"files": True | why not, "ranges": True | why not}
+    engines = {name: st.as_dict() for name, st in fastread.engines().items()}
     from fastread.engine import auto_choice
     # What engine="auto" picks here, and the measured rule behind it (or why none).
     auto, auto_reason = auto_choice()
@@ -58,7 +59,6 @@ def collect():
 
 
 def run(args):
-    from fastread.engine import RANGE_ONLY
     try:
         data = collect()
     except ValueError as e:  # a FASTREAD_* variable that does not parse
@@ -98,8 +98,6 @@ def run(args):
 def format_engines(data, width=None):
     """The engines, available ones first; each unavailable engine with its
     reason, wrapped under it; engines with the same reason share one."""
-    from fastread.engine import RANGE_ONLY
-
     if width is None:
         width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
     engines = data["engines"]
@@ -111,17 +109,18 @@ def format_engines(data, width=None):
     if data.get("engine_auto") and data.get("engine_auto_reason"):
         out += _wrapped("  auto's rule: ", data["engine_auto_reason"], width)
     name_w = max(map(len, engines), default=0)
-    ok = [n for n, s in engines.items() if s is True]
-    partial = [n for n, s in engines.items()
-               if s is not True and n in RANGE_ONLY and s.startswith(RANGE_ONLY[n])]
+    ok = [n for n, s in engines.items() if s["files"] is True]
+    # Engines that read byte ranges (packed images) but not files.
+    partial = [n for n, s in engines.items() if s["files"] is not True and s["ranges"] is True]
     if ok:
         out.append(f"  available:    {', '.join(ok)}")
     for n in partial:
-        out += _wrapped(f"  {n:<{name_w}}  ", "available for " + engines[n], width)
+        out += _wrapped(f"  {n:<{name_w}}  ", "byte ranges only; files: " + engines[n]["files"],
+                        width)
     groups = {}
     for n, s in engines.items():
-        if s is not True and n not in partial:
-            groups.setdefault(s, []).append(n)
+        if s["files"] is not True and n not in partial:
+            groups.setdefault(s["files"], []).append(n)
     if groups:
         out.append("  unavailable:")
         for reason, names in groups.items():

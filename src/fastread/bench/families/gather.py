@@ -21,7 +21,7 @@ are fine-grained, a batch of 64 ids measures call overhead).
                          queues and an NVMe device exist)
 =======================  ====================================================
 
-``bench/gather.py`` is the full matrix (batch sizes, skew, warm/hot/cold,
+``bench/gather/gather.py`` is the full matrix (batch sizes, skew, warm/hot/cold,
 UVA and KvikIO baselines) for the GPU machine.
 """
 import os

@@ -18,8 +18,8 @@ import fastread
 
 def _engine_params():
     params = []
-    for name, ok in fastread.engines().items():
-        marks = [] if ok is True else [pytest.mark.skip(reason=f"engine {name}: {ok}")]
+    for name, st in fastread.engines().items():
+        marks = [] if st.files is True else [pytest.mark.skip(reason=f"engine {name}: {st.files}")]
         params.append(pytest.param(name, marks=marks, id=name))
     return params
 

@@ -1,6 +1,6 @@
 """Shards under DDP: run with torchrun, one process per GPU (or CPU rank).
 
-    torchrun --nproc_per_node 2 bench/ddp_check.py /tmp/fastread-imagenet-20k \
+    torchrun --nproc_per_node 2 bench/gpu/ddp_check.py /tmp/fastread-imagenet-20k \
         --image /tmp/fastread-imagenet-20k.img --json results/ddp.json
 
 For every loader (fastread.Reader on the host and to the GPU, ImageLoader,

@@ -3,7 +3,7 @@
 bytes. Issue 16's target is Reader(device="gpu") >= 300k img/s on the H200
 machine, approaching min(host reads, pinned H2D).
 
-    python bench/gpu_delivery.py /tmp/fastread-imagenet-20k --batch 256 --rounds 3 \\
+    python bench/gpu/gpu_delivery.py /tmp/fastread-imagenet-20k --batch 256 --rounds 3 \\
         --json bench-results/gpu_delivery.json
 
 Modes (interleaved: round r runs every mode once before round r + 1):
@@ -97,8 +97,8 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     import fastread
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from engines import list_files  # bench/engines.py: the same file order
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engines"))
+    from engines import list_files  # bench/engines/engines.py: the same file order
     paths = list_files(args.root)
     if not paths:
         sys.exit(f"gpu_delivery: no files under {args.root}")

@@ -3,7 +3,7 @@
 fn.readers.webdataset and fastread's external source (native=False),
 interleaved round by round so a noisy machine hurts every mode alike.
 
-    python bench/wds_native.py DATA [--batch 64] [--threads 4] [--rounds 5] [--decode]
+    python bench/dali/wds_native.py DATA [--batch 64] [--threads 4] [--rounds 5] [--decode]
         [--device cpu|gpu] [--modes dali,native,native:workers=2,external]
 
 DATA is a directory of shards (``fastread make-dataset DIR --format

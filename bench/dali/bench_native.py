@@ -3,7 +3,7 @@ native operator) against fn.readers.file and fastread.dali.readers.file (the
 external source), interleaved round by round so a noisy machine hurts every
 mode alike.
 
-    python dali_plugin/bench_native.py DATA [--batch 64] [--threads 4] [--rounds 5]
+    python bench/dali/bench_native.py DATA [--batch 64] [--threads 4] [--rounds 5]
         [--modes fn.readers.file,native,native:dense=false,native:threads=1+workers=1,external]
         [--output bytes|shapes]
 
@@ -24,7 +24,7 @@ With --device gpu, fn.readers.file, native and external move their outputs
 with .gpu(). So one run gives native-gpu / reader-gpu and native-gpu /
 fn.readers.file side by side:
 
-    python dali_plugin/bench_native.py DATA --batch 256 --threads 8 --device gpu \
+    python bench/dali/bench_native.py DATA --batch 256 --threads 8 --device gpu \
         --modes fn.readers.file,native,native-gpu,reader-gpu
 
 Each round builds each mode's pipeline, runs `--warmup` untimed batches and

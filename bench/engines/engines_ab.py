@@ -1,15 +1,15 @@
-"""A/B of two fastread builds on bench/engines.py, in whole-process rounds
+"""A/B of two fastread builds on bench/engines/engines.py, in whole-process rounds
 interleaved A, B, B, A, A, B, ... (so a slow spell of a shared machine hits
 both alike, and neither always runs second), with medians per cell and the
 median of the paired B/A ratios.
 
-    python bench/engines_ab.py --a /tmp/base-site --b "" --rounds 5 \\
+    python bench/engines/engines_ab.py --a /tmp/base-site --b "" --rounds 5 \\
         --out bench-results/engines-ab.json -- --sizes 4k,92k --caches warm \\
         --engines io_uring,psync --files 4096 --no-ceiling
 
 --a / --b: a directory put first on PYTHONPATH (a `pip install --target`
 of the build), or "" for the interpreter's own fastread. Arguments after
-"--" go to every bench/engines.py run (each runs --rounds 1). Reported per
+"--" go to every bench/engines/engines.py run (each runs --rounds 1). Reported per
 cell: files/s and CPU us/file (medians), B/A, and read_files/Reader for each
 build (the median over rounds of that round's ratio).
 """

@@ -1,7 +1,7 @@
 """The engine matrix of issue 16: every engine through read_files() and Reader,
 for small, ImageNet-sized and large files, warm and cold, two batch sizes.
 
-    python bench/engines.py --out bench-results/engines.json --plot bench-results/engines.png
+    python bench/engines/engines.py --out bench-results/engines.json --plot bench-results/engines.png
 
 Cells: size (4k, 92k, 256k, 512k, 1m) x cache (warm, cold) x batch (64, 256) x engine
 (io_uring, psync, xnvme-file where built, auto) x api (read_files, reader).
@@ -263,7 +263,7 @@ def machine():
     import fastread
     info = {"host": platform.node(), "cpus": os.cpu_count(), "kernel": platform.release(),
             "python": platform.python_version(), "fastread": getattr(fastread, "__version__", "?"),
-            "engines": {k: (v if v is True else str(v)) for k, v in fastread.engines().items()}}
+            "engines": {k: v.as_dict() for k, v in fastread.engines().items()}}
     try:
         from fastread.engine import resolve
         info["auto"] = resolve("auto")
@@ -443,8 +443,8 @@ def main(argv=None):
     batches = [int(b) for b in args.batches.split(",")]
     avail = fastread.engines()
     engines = [e for e in args.engines.split(",")
-               if engine_spec(e)[0] == "auto" or avail.get(engine_spec(e)[0]) is True]
-    skipped = {e: str(avail.get(engine_spec(e)[0])) for e in args.engines.split(",")
+               if engine_spec(e)[0] == "auto" or getattr(avail.get(engine_spec(e)[0]), "files", None) is True]
+    skipped = {e: str(getattr(avail.get(engine_spec(e)[0]), "files", "unknown engine")) for e in args.engines.split(",")
                if e not in engines}
     apis = args.apis.split(",")
     common = kv(args.option)

@@ -5,7 +5,7 @@ over the list, plus a Reader epoch (size hints) per round. One process, so a
 shared machine's load hits A and B alike. Prints medians of files/s and CPU
 us/file, and medians of the paired ratios B/A, A/Reader, B/Reader.
 
-    python bench/unsized_ab.py /var/tmp/fastread-bench/engines-4k 256 15 4096
+    python bench/engines/unsized_ab.py /var/tmp/fastread-bench/engines-4k 256 15 4096
     (set directory, batch, rounds, files)
 """
 import os, sys, time, statistics, resource

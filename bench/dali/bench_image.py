@@ -2,7 +2,7 @@
 the native operator against the external source, interleaved round by round
 so that a noisy machine hurts every mode alike.
 
-    python dali_plugin/bench_image.py IMAGE [--batch 64] [--threads 4] [--rounds 5]
+    python bench/dali/bench_image.py IMAGE [--batch 64] [--threads 4] [--rounds 5]
         [--modes native,external,native-files,fn.readers.file] [--root DIR]
         [--device cpu|gpu] [--decode]
 

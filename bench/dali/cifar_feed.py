@@ -7,7 +7,7 @@ img/s and the median process CPU time per image (every thread: DALI's
 workers, the engine's, Python), and the ratio to the first mode taken round
 by round. On a shared machine the CPU time is the steadier number.
 
-    python3 bench/cifar_feed.py DATA_DIR [--batchsize 64] [--rounds 5]
+    python3 bench/dali/cifar_feed.py DATA_DIR [--batchsize 64] [--rounds 5]
         [--modes cifar-dali-numpy,cifar-fastread] [--threads 4] [--device cpu]
         [--profile MODE]
 

@@ -1,6 +1,6 @@
 """Fixtures of the fastread microbenchmarks (pytest-benchmark).
 
-Run with ``python3 -m pytest bench/ --benchmark-only``. The data set is
+Run with ``python3 -m pytest bench/engines/ --benchmark-only``. The data set is
 a synthetic ImageNet-like tree (20 classes x 1000 JPEGs, ~92 KB each, seed 0)
 made once with :func:`fastread.datasets.make_imagenet_like` and reused
 through its marker file. Environment:

@@ -3,7 +3,7 @@ from ``fastread.Reader(device="gpu")`` in several ways, alternating, warm
 cache, with the time DALI's ``feed_input`` takes per output. Needs a GPU and
 DALI.
 
-    python3 bench/dali_feed.py DATA_DIR [--batchsize 256] [--rounds 3]
+    python3 bench/dali/dali_feed.py DATA_DIR [--batchsize 256] [--rounds 3]
 
 Ways (``--ways``, comma-separated):
 

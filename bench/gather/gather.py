@@ -2,8 +2,8 @@
 (or the host), fastread's FeatureStore against the usual ways. Uses the
 installed fastread.
 
-    python3 bench/gather.py --json gather.json --plot gather.png          # GPU machine
-    python3 bench/gather.py --device cpu --rows 100000 --states warm       # anywhere (smoke)
+    python3 bench/gather/gather.py --json gather.json --plot gather.png          # GPU machine
+    python3 bench/gather/gather.py --device cpu --rows 100000 --states warm       # anywhere (smoke)
 
 The table is ``--rows`` x ``--dim`` float32 (16M x 128, 8 GiB by default),
 made once under ``--workdir`` (values encode row and column, so outputs are

@@ -3,7 +3,7 @@
 block layer saw meanwhile (from /sys/dev/block/MAJ:MIN/stat of the tree's
 device) and the process's io-wq worker threads (iou-wrk), sampled every 20 ms.
 
-    python bench/cold_diagnose.py /var/tmp/tree --rounds 3 [--drop]
+    python bench/engines/cold_diagnose.py /var/tmp/tree --rounds 3 [--drop]
 
 Cold: the files' pages are evicted (posix_fadvise DONTNEED: no root, dentries
 and inodes stay cached, so only the data path is timed), or with --drop the
