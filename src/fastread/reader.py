@@ -9,7 +9,7 @@ import numpy as np
 from fastread.engine import EngineOptions, warn_if_few_fds
 from fastread.files import raise_failures
 from fastread.image import PackedImage
-from fastread.index import check_flag, epoch_indices
+from fastread.sampling import check_flag, epoch_indices
 from fastread.source import FileList, check_source, open_native_reader
 
 
@@ -23,7 +23,7 @@ class Reader:
     each epoch, and takes its shard of it. ``stick_to_shard=False`` moves
     each rank to the next shard every epoch, as DALI's readers do by default.
     ``shuffle_buffer=N`` shuffles instead through a buffer of N samples read
-    in order (:func:`fastread.index.epoch_indices`), like DALI's
+    in order (:func:`fastread.sampling.epoch_indices`), like DALI's
     ``initial_fill``: cheaper for formats of many shards, less random.
 
     ``workers`` native threads (each with its own engine context) read up to

@@ -19,7 +19,7 @@ import numpy as np
 
 from fastread import _core
 from fastread._defaults import env_int
-from fastread.index import check_flag
+from fastread.sampling import check_flag
 from fastread.reader import Reader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

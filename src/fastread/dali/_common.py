@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 
 from fastread import _defaults
-from fastread.index import check_flag, check_shard_args
+from fastread.sampling import check_flag, check_shard_args
 from fastread.reader import Reader
 
 # fn.readers.file arguments that tune DALI's own reader and mean nothing here.

@@ -100,7 +100,7 @@ def stream_args(what, *, shard_id, num_shards, random_shuffle, seed, pad_last_ba
     as the external source checks them (errors naming the argument)."""
     from nvidia.dali.pipeline import Pipeline
 
-    from fastread.index import check_flag, check_shard_args
+    from fastread.sampling import check_flag, check_shard_args
 
     pipe = Pipeline.current()
     if pipe is None:

@@ -112,7 +112,7 @@ class Cifar10Loader:
 
     Reads ``root`` as :class:`fastread.formats.Cifar10` does (binary or
     pickle layout); shuffles, shards and epochs are those of
-    :class:`fastread.Reader` (``fastread.index.epoch_indices``, the same
+    :class:`fastread.Reader` (``fastread.sampling.epoch_indices``, the same
     order either way), and so are the augmentation draws for a given seed
     and epoch on one device.
     """
