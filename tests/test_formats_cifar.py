@@ -362,7 +362,7 @@ def test_dali_reader(cifar, in_memory, layout):
 
 
 def test_in_memory_source_matches_ranges(cifar):
-    from fastread.formats.memory import InMemory
+    from fastread.formats.in_memory import InMemory
 
     src = Cifar10(cifar)
     mem = InMemory(src, to_hwc, engine="psync", threads=2, load_batch=7)
@@ -384,7 +384,7 @@ def test_in_memory_source_matches_ranges(cifar):
 
 
 def test_in_memory_refuses_samples_of_unequal_size(tmp_path):
-    from fastread.formats.memory import InMemory
+    from fastread.formats.in_memory import InMemory
 
     p = tmp_path / "f"
     p.write_bytes(bytes(100))
@@ -395,7 +395,7 @@ def test_in_memory_refuses_samples_of_unequal_size(tmp_path):
 
 
 def test_in_memory_load_failure_names_the_sample(tmp_path):
-    from fastread.formats.memory import InMemory
+    from fastread.formats.in_memory import InMemory
 
     p = tmp_path / "f"
     p.write_bytes(bytes(100))
@@ -539,7 +539,7 @@ def test_augment_batch_crop_and_flip():
 
 
 def test_in_memory_recycles_released_batches(cifar):
-    from fastread.formats.memory import InMemory
+    from fastread.formats.in_memory import InMemory
 
     mem = InMemory(Cifar10(cifar), to_hwc)
     # ring_depth: a batch's buffer is gathered into again once the Reader

@@ -16,7 +16,7 @@ from fastread.dali._common import BatchSource, reader_outputs
 from fastread.dali._native import operator_args, pin_args, stream_args
 from fastread.engine import EngineOptions
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
-from fastread.formats.memory import InMemory
+from fastread.formats.in_memory import InMemory
 from fastread.formats.squirrel import SquirrelStore
 from fastread.formats.webdataset import WebDataset
 
@@ -102,7 +102,7 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
     output layout; each batch is one gather from there into a recycled
     buffer, which DALI copies when it is fed (measured on 2 cores: a range
     read per batch costs about 10x the CPU of the gather, see
-    :mod:`fastread.formats.memory`). ``in_memory=False`` reads each batch's
+    :mod:`fastread.formats.in_memory`). ``in_memory=False`` reads each batch's
     images as byte ranges of the batch files (one range reader per file)
     and transposes them to HWC in one NumPy pass per batch. Shuffling draws
     one permutation of all images of all files per epoch (the same on every

@@ -21,7 +21,7 @@ import numpy as np
 
 from fastread._defaults import env_int
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
-from fastread.formats.memory import InMemory
+from fastread.formats.in_memory import InMemory
 from fastread.reader import Reader
 
 __all__ = ["Cifar10Loader", "WebDatasetLoader", "SquirrelLoader", "CIFAR10_MEAN", "CIFAR10_STD",
@@ -239,7 +239,7 @@ class Cifar10Loader:
 def _load_records(source, engine, engine_options, device):
     """Every record of ``source`` (a Cifar10) as (uint8 (N, 3, 32, 32),
     int64 (N,)) tensors on ``device``: read once by
-    :class:`fastread.formats.memory.InMemory` (native range reads in large
+    :class:`fastread.formats.in_memory.InMemory` (native range reads in large
     batches), then one copy to the device."""
     import torch
 
