@@ -21,7 +21,8 @@ Otherwise an external source, as before.
 """
 import numpy as np
 
-from fastread.dali._common import BatchSource, check_epoch_end, gpu_batch, reader_outputs
+from fastread.dali._common import check_epoch_end, reader_outputs
+from fastread.dali.sources import BatchSource, gpu_batch
 from fastread.dali._native import native_reader, use_native
 from fastread.index import scan, scan_numpy
 from fastread.npy import NpyError, NpyIndex

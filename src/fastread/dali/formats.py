@@ -12,7 +12,8 @@ import dataclasses
 import numpy as np
 
 from fastread._dlviews import array_view, pack_ranges, range_views
-from fastread.dali._common import BatchSource, reader_outputs
+from fastread.dali._common import reader_outputs
+from fastread.dali.sources import BatchSource
 from fastread.dali._native import operator_args, pin_args, stream_args
 from fastread.engine import EngineOptions
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc

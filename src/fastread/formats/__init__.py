@@ -11,7 +11,7 @@ few large files rather than one file each.
   several files read with one native range reader per file.
 - :mod:`fastread.formats.in_memory`: :class:`InMemory`, any source of
   fixed-size records read once and held in memory, batches gathered from it.
-- :mod:`fastread.formats.torch`: PyTorch iterators over all three.
+- PyTorch iterators over all three: :mod:`fastread.torch` (``records``).
 
 Every source here is a :class:`fastread.SampleSource`: give it to
 :class:`fastread.Reader` (``source=``) for epochs, shards and shuffles over
