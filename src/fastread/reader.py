@@ -13,6 +13,19 @@ from fastread.sampling import check_flag, epoch_indices
 from fastread.source import FileList, check_source, open_native_reader
 
 
+#: Where a reader delivers its batches: host memory or GPU memory.
+DEVICES = ("cpu", "gpu")
+
+
+def check_device(device):
+    """``device`` if it is one of :data:`DEVICES`, else ValueError: the one
+    parser of the readers' ``device=`` argument. :class:`Reader` and each
+    DALI reader's entry point call it once; what they call gets the result."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    return device
+
+
 class Reader:
     """Iterates over ``(arrays, labels)`` batches, one epoch per ``iter()``.
 
@@ -73,8 +86,7 @@ class Reader:
         if ring_depth is not None and (not isinstance(ring_depth, int) or
                                        isinstance(ring_depth, bool) or ring_depth < 1):
             raise ValueError(f"ring_depth must be None or an integer >= 1, got {ring_depth!r}")
-        if device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        check_device(device)
         opts = EngineOptions.coerce(options, **engine_options)
         if device == "gpu":
             opts = opts.replace(device_output=True)

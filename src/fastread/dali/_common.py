@@ -62,13 +62,12 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     (DALI's readers' epochs; the iterators get `reader_name=name`).
     `layout`: DALI's layout of the outputs (a string, or one per output),
     set by the external source itself (an fn.reshape after it costs a
-    pass over the batch)."""
+    pass over the batch). `device`: as the entry point checked it
+    (fastread.reader.check_device)."""
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
         kwargs.pop(arg)
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     shard_id, num_shards = check_shard_args(shard_id, num_shards)
     for flag, value in (("random_shuffle", random_shuffle), ("pad_last_batch", pad_last_batch),
                         ("stick_to_shard", stick_to_shard)):

@@ -121,7 +121,8 @@ def stream_args(what, *, shard_id, num_shards, random_shuffle, seed, pad_last_ba
 def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
                   stick_to_shard, prefetch_queue_depth, name, engine, device, device_id, kwargs,
                   what="fastread.dali.readers.file", layout_args=None):
-    """fn.fastread.readers.file over `samples`: (data, labels). A FileList
+    """fn.fastread.readers.file over `samples`: (data, labels); `device` as
+    the entry point checked it (fastread.reader.check_device). A FileList
     goes as files= and labels=; a FileRanges (a packed image) as image=,
     its byte ranges and its samples' names and labels.
     `layout_args`: the operator's npy_* arguments (readers.numpy)."""
@@ -131,8 +132,6 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
                                random_shuffle=random_shuffle, seed=seed,
                                pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
                                prefetch_queue_depth=prefetch_queue_depth)
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     pipe_device = pipe.device_id
     # Checked here as for the external source: ValueError / TypeError naming
     # the engine or option, before DALI builds anything.

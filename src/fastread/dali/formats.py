@@ -20,6 +20,7 @@ from fastread.formats.cifar import Cifar10, to_chw, to_hwc
 from fastread.formats.in_memory import InMemory
 from fastread.formats.squirrel import SquirrelStore
 from fastread.formats.webdataset import WebDataset
+from fastread.reader import check_device
 
 __all__ = ["cifar10", "squirrel", "webdataset"]
 
@@ -119,8 +120,7 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
     :class:`fastread.formats.FormatError` naming the file and offset when
     the pipeline is defined.
     """
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    check_device(device)
     if output_layout not in ("HWC", "CHW"):
         raise ValueError(f"output_layout must be 'HWC' or 'CHW', got {output_layout!r}")
     images, labels = reader_outputs(
