@@ -302,17 +302,12 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec) : dali::Operator<Backe
   DALI_ENFORCE(threads >= -1,
                dali::make_string(kOpName, ": threads must be >= -1, got ", threads));
 
+  // "auto" goes to the core as it is: it picks the engine (fr_engine_auto)
+  // and, on io_uring, sends each batch to io_uring or psync (fr_auto_rule).
   engine_ = spec.GetArgument<std::string>("engine");
-  char why[FR_ERRLEN] = "";
-  // auto: io_uring where it runs, each batch then sent to io_uring or to a
-  // psync pool by the core's measured rule (fr_auto_rule); else psync.
-  const bool auto_engine = engine_ == "auto";
-  if (auto_engine)
-    engine_ = fr_engine_probe("io_uring", why, sizeof(why)) == 0 ? "io_uring" : "psync";
   fr_config cfg;
   fr_config_init(&cfg);
   cfg.engine = engine_.c_str();
-  cfg.auto_engine = auto_engine && engine_ == "io_uring";
   if (queue_depth > 0) cfg.queue_depth = static_cast<unsigned>(queue_depth);
   if (threads >= 0) {
     cfg.threads = static_cast<unsigned>(threads);
@@ -401,6 +396,7 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec) : dali::Operator<Backe
   DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": cannot open a reader with engine '",
                                           engine_, "': ", err[0] ? err : ErrnoText(rc)));
   reader_.reset(rd);
+  engine_ = fr_reader_engine(rd);  // what it reads with ("auto" resolved), for messages
   if constexpr (kGpu) {
     fr_upload_ring *ring = nullptr;
     rc = fr_upload_ring_open(gpu_.get(), kUploadSlots, &ring, err, sizeof(err));

@@ -347,10 +347,8 @@ WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
   DALI_ENFORCE(threads >= -1,
                dali::make_string(kWdsOpName, ": threads must be >= -1, got ", threads));
 
+  // "auto" goes to the core as it is, which picks the engine (fr_engine_auto).
   engine_ = spec.GetArgument<std::string>("engine");
-  char why[FR_ERRLEN] = "";
-  if (engine_ == "auto")
-    engine_ = fr_engine_probe("io_uring", why, sizeof(why)) == 0 ? "io_uring" : "psync";
   fr_config cfg;
   fr_config_init(&cfg);
   cfg.engine = engine_.c_str();
@@ -392,6 +390,8 @@ WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
                                             err[0] ? err : ErrnoText(rc)));
     ctxs_.emplace_back(ctx);
   }
+  // What the contexts read with ("auto" resolved), for messages.
+  if (!ctxs_.empty()) engine_ = fr_ctx_engine(ctxs_.front().get());
   // Keep every worker busy and `prefetch` finished batches waiting.
   ahead_ = static_cast<size_t>(std::max(depth, 2) + workers);
   for (auto &ctx : ctxs_) workers_.emplace_back([this, c = ctx.get()] { Work(c); });

@@ -94,6 +94,19 @@ def probe(str engine):
     return (rc == 0, why.decode(errors="replace"))
 
 
+def auto_engine():
+    """(engine, why) for engine="auto" here, as the core decides it
+    (fr_engine_auto): "io_uring" (then choosing per batch between io_uring
+    and psync) where io_uring runs, else "psync"; `why`: io_uring's probe
+    failure when it is passed over, else ""."""
+    cdef char why[256]
+    cdef int rc = 0
+    cdef const char *name
+    with nogil:
+        name = fr_engine_auto(&rc, why, sizeof(why))
+    return name.decode(), why.decode(errors="replace")
+
+
 def gpu_probe(int device=0):
     """(True, "") if CUDA device `device` is usable through the driver, else
     (False, why). Loads the driver only for the question."""
@@ -364,7 +377,7 @@ cdef extern from "Python.h":
 
 
 cdef bytes _engine_name(engine):
-    # A str subclass too (fastread.engine.AutoEngine, what engine="auto" resolves to).
+    # An engine's name, or "auto" (the core chooses: fr_engine_auto).
     if not isinstance(engine, str):
         raise TypeError(f"engine must be a str, got {type(engine).__name__}")
     return str(engine).encode()
@@ -482,7 +495,9 @@ cdef object _dlpack_capsule(DeviceArray a):
 
 cdef class Context:
     """One engine instance. Not for concurrent use: calls from several Python
-    threads are serialized by a lock."""
+    threads are serialized by a lock. ``engine``: the engine it reads with
+    (for "auto", the core's choice); ``auto_fallback``: for "auto", why it
+    reads with psync rather than io_uring (an errno), else 0."""
     cdef fr_ctx *ctx
     cdef _PoolOwner owner
     cdef object lock
@@ -530,7 +545,7 @@ cdef class Context:
         self.owner = _PoolOwner.wrap(pool)
         fr_pool_close(pool)  # the owner object now holds the only reference
         self.lock = threading.Lock()
-        self.engine = str(engine)
+        self.engine = fr_ctx_engine(self.ctx).decode()
         self.device_id = device_id
         self.device_output = device_output
 
@@ -562,6 +577,10 @@ cdef class Context:
         if self.ctx == NULL:
             raise ValueError("context is closed")
         return fr_ctx_stat(self.ctx, key.encode())
+
+    @property
+    def auto_fallback(self):
+        return self.stat("auto_fallback")
 
     def pool_batches(self):
         return fr_pool_batches(self.owner.pool)
@@ -715,7 +734,7 @@ cdef class NativeReader:
                 raise ValueError(f"engine {engine!r}: {msg}")
             raise OSError(-rc, f"engine {engine!r}: {msg}")
         self.owner = _PoolOwner.wrap(fr_reader_pool(self.rd))
-        self.engine = str(engine)
+        self.engine = fr_reader_engine(self.rd).decode()
         self.size = n
         self.device_id = device_id
         self.device_output = device_output
@@ -795,3 +814,9 @@ cdef class NativeReader:
 
     def pool_idle_device_bytes(self):
         return fr_pool_device_bytes(self.owner.pool)
+
+    @property
+    def auto_fallback(self):
+        """For engine="auto": why its contexts read with psync rather than
+        io_uring (an errno: io_uring's probe or set-up failed), else 0."""
+        return fr_reader_auto_fallback(self._get())

@@ -294,7 +294,7 @@ def _native_webdataset(source, *, shard_id, num_shards, random_shuffle, seed, pa
 
     from nvidia.dali import fn
 
-    from fastread.engine import resolve as resolve_engine
+    from fastread.engine import check_engine
 
     pipe, stream = stream_args("fastread.dali.readers.webdataset", shard_id=shard_id,
                                num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
@@ -305,7 +305,7 @@ def _native_webdataset(source, *, shard_id, num_shards, random_shuffle, seed, pa
         raise ValueError(f"fastread.dali.readers.webdataset: {len(source)} samples (after "
                          f"missing_component_behavior={source.missing_component_behavior!r}) "
                          f"cannot make {num_shards} shards")
-    engine = resolve_engine(engine)
+    engine = check_engine(engine)  # "auto" as it is: the core resolves it
     op_args = operator_args(kwargs, _WDS_NATIVE_OPTIONS, name)
     if kwargs.get("shuffle_buffer"):  # webdataset(initial_fill=N, random_shuffle=True)
         op_args["initial_fill"] = kwargs["shuffle_buffer"]
