@@ -1,4 +1,6 @@
-# Declarations of the C core (csrc/include/fastread.h). Logic lives in _core.pyx.
+# Declarations of the C core (csrc/include/fastread.h). Logic lives in the .pyx
+# modules that cimport them (_core, _batch, _device_arrays, _adapt, _context,
+# _native_reader).
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 
 
