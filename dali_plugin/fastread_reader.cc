@@ -85,6 +85,7 @@
 #include "dali/pipeline/operator/operator.h"
 #include "fastread.h"
 #include "plugin_common.h"
+#include "stream_operator.h"
 #include "upload_ring.h"
 
 namespace fastread_dali {
@@ -118,7 +119,7 @@ std::string JoinPath(const std::string &dir, const std::string &path) {
 // One operator for both backends: CPUBackend hands DALI views of the
 // reader's arenas; GPUBackend copies them into DALI's GPU outputs.
 template <typename Backend>
-class FileReader : public dali::Operator<Backend> {
+class FileReader : public StreamOperator<Backend> {
  public:
   static constexpr bool kGpu = std::is_same_v<Backend, dali::GPUBackend>;
 
@@ -129,16 +130,11 @@ class FileReader : public dali::Operator<Backend> {
   bool HasContiguousOutputs() const override { return kGpu; }
   bool SetupImpl(std::vector<dali::OutputDesc> &output_desc, const dali::Workspace &ws) override;
   void RunImpl(dali::Workspace &ws) override;
-  dali::ReaderMeta GetReaderMeta() const override;
-
-  // Checkpointing (pipe.checkpoint(), Pipeline(checkpoint=...)): the state
-  // is the sample stream's position after the last batch handed to DALI.
-  void SaveState(dali::OpCheckpoint &cpt, dali::AccessOrder order) override;
-  void RestoreState(const dali::OpCheckpoint &cpt) override;
-  std::string SerializeCheckpoint(const dali::OpCheckpoint &cpt) const override;
-  void DeserializeCheckpoint(dali::OpCheckpoint &cpt, const std::string &data) const override;
+  // Reader metadata and checkpoints (the sample stream's position after the
+  // last batch handed to DALI): StreamOperator's.
 
  private:
+  void DropReadAhead() override;
   void TopUp();
   BatchPtr TakeBatch();
   void MarkDense(fr_batch *batch) const;
@@ -169,8 +165,6 @@ class FileReader : public dali::Operator<Backend> {
   std::vector<int64_t> array_offset_;
   std::vector<int64_t> array_bytes_;
   std::vector<int64_t> array_shape_;  // n_ x array_ndim_
-  // The sample stream (DALI's reader arguments: shards, shuffle, padding).
-  SampleStream stream_;
   // GPU outputs: the device (also the reader's, for page-locking) and the
   // ring of batches whose copies are in flight. Declared so that the ring is
   // closed (its copies waited for) before the reader, and the device last.
@@ -185,15 +179,11 @@ class FileReader : public dali::Operator<Backend> {
   bool dense_ = true;
   bool pinned_ = false;  // the arenas are page-locked (pin_device)
   BatchPtr current_;
-  // Checkpointing: the stream position after each submitted batch not yet
-  // taken, and after the batch last taken.
-  bool checkpointing_ = false;
-  std::deque<StreamPos> submitted_;
-  StreamPos taken_;
 };
 
 template <typename Backend>
-FileReader<Backend>::FileReader(const dali::OpSpec &spec) : dali::Operator<Backend>(spec) {
+FileReader<Backend>::FileReader(const dali::OpSpec &spec)
+    : StreamOperator<Backend>(spec, kOpName, kCheckpointTag) {
   const std::string root = spec.GetArgument<std::string>("file_root");
   auto files = spec.GetRepeatedArgument<std::string>("files");
   auto labels = spec.GetRepeatedArgument<int>("labels");
@@ -260,29 +250,11 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec) : dali::Operator<Backe
                  dali::make_string(kOpName, ": npy_data_offsets needs npy_ndim >= 0"));
   }
 
-  StreamArgs args;
-  args.n = n_;
-  args.shard_id = spec.GetArgument<int>("shard_id");
-  args.num_shards = spec.GetArgument<int>("num_shards");
-  DALI_ENFORCE(args.num_shards >= 1,
-               dali::make_string(kOpName, ": num_shards must be >= 1, got ", args.num_shards));
-  DALI_ENFORCE(args.shard_id >= 0 && args.shard_id < args.num_shards,
-               dali::make_string(kOpName, ": shard_id must be in [0, ", args.num_shards,
-                                 "), got ", args.shard_id));
-  DALI_ENFORCE(args.num_shards <= n_,
-               dali::make_string(kOpName, ": the number of samples (", n_,
-                                 ") must be at least num_shards (", args.num_shards, ")"));
-  args.shuffle = spec.GetArgument<bool>("random_shuffle") ||
-                 spec.GetArgument<bool>("shuffle_after_epoch");
-  args.pad = spec.GetArgument<bool>("pad_last_batch");
-  args.stick = spec.GetArgument<bool>("stick_to_shard");
-  args.batch_size = this->max_batch_size_;
-  int64_t seed = spec.GetArgument<int64_t>("seed");
-  DALI_ENFORCE(seed >= -1, dali::make_string(kOpName, ": seed must be >= -1, got ", seed));
-  if (seed < 0) seed = 0;  // -1: 0, so every rank draws the same permutation
-  stream_ = SampleStream(args, seed);
-  checkpointing_ = spec.GetArgument<bool>("checkpointing");
-  taken_ = stream_.Position();
+  // The sample stream (DALI's reader arguments: shards, shuffle, padding).
+  this->StartStream(spec, n_,
+                    spec.GetArgument<bool>("random_shuffle") ||
+                        spec.GetArgument<bool>("shuffle_after_epoch"),
+                    0);
 
   int depth = spec.GetArgument<int>("prefetch_queue_depth");
   DALI_ENFORCE(depth >= 1,
@@ -302,17 +274,12 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec) : dali::Operator<Backe
   DALI_ENFORCE(threads >= -1,
                dali::make_string(kOpName, ": threads must be >= -1, got ", threads));
 
+  // "auto" goes to the core as it is: it picks the engine (fr_engine_auto)
+  // and, on io_uring, sends each batch to io_uring or psync (fr_auto_rule).
   engine_ = spec.GetArgument<std::string>("engine");
-  char why[FR_ERRLEN] = "";
-  // auto: io_uring where it runs, each batch then sent to io_uring or to a
-  // psync pool by the core's measured rule (fr_auto_rule); else psync.
-  const bool auto_engine = engine_ == "auto";
-  if (auto_engine)
-    engine_ = fr_engine_probe("io_uring", why, sizeof(why)) == 0 ? "io_uring" : "psync";
   fr_config cfg;
   fr_config_init(&cfg);
   cfg.engine = engine_.c_str();
-  cfg.auto_engine = auto_engine && engine_ == "io_uring";
   if (queue_depth > 0) cfg.queue_depth = static_cast<unsigned>(queue_depth);
   if (threads >= 0) {
     cfg.threads = static_cast<unsigned>(threads);
@@ -401,6 +368,7 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec) : dali::Operator<Backe
   DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": cannot open a reader with engine '",
                                           engine_, "': ", err[0] ? err : ErrnoText(rc)));
   reader_.reset(rd);
+  engine_ = fr_reader_engine(rd);  // what it reads with ("auto" resolved), for messages
   if constexpr (kGpu) {
     fr_upload_ring *ring = nullptr;
     rc = fr_upload_ring_open(gpu_.get(), kUploadSlots, &ring, err, sizeof(err));
@@ -540,11 +508,10 @@ bool FileReader<Backend>::Contiguous(const fr_batch *batch) {
 template <typename Backend>
 void FileReader<Backend>::TopUp() {
   while (pending_ < ahead_) {
-    std::vector<int64_t> idx = stream_.NextBatch();
+    std::vector<int64_t> idx = this->SubmitNext();
     int rc = fr_reader_submit(reader_.get(), idx.data(), idx.size());
     DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": cannot queue a batch: ", ErrnoText(rc)));
     pending_++;
-    submitted_.push_back(stream_.Position());
   }
 }
 
@@ -556,8 +523,7 @@ BatchPtr FileReader<Backend>::TakeBatch() {
   DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": reader (engine '", engine_,
                                           "') failed: ", ErrnoText(rc)));
   pending_--;
-  taken_ = submitted_.front();
-  submitted_.pop_front();
+  this->Taken();
   BatchPtr batch(raw);
   DALI_ENFORCE(batch->status == 0,
                dali::make_string(kOpName, ": a batch failed (engine '", engine_, "'): ",
@@ -747,54 +713,10 @@ void FileReader<Backend>::CheckArrayFile(const fr_batch *b, int i) const {
 }
 
 template <typename Backend>
-dali::ReaderMeta FileReader<Backend>::GetReaderMeta() const {
-  dali::ReaderMeta meta;
-  meta.epoch_size = n_;
-  const StreamArgs &args = stream_.Args();
-  meta.epoch_size_padded =
-      args.pad ? (n_ + args.num_shards - 1) / args.num_shards * args.num_shards : n_;
-  meta.number_of_shards = args.num_shards;
-  meta.shard_id = args.shard_id;
-  meta.pad_last_batch = args.pad;
-  meta.stick_to_shard = args.stick;
-  return meta;
-}
-
-template <typename Backend>
-void FileReader<Backend>::SaveState(dali::OpCheckpoint &cpt, dali::AccessOrder order) {
-  DALI_ENFORCE(checkpointing_, dali::make_string(kOpName, ": cannot save a checkpoint: the "
-                                                 "pipeline was built without checkpointing"));
-  cpt.MutableCheckpointState() = taken_;
-}
-
-template <typename Backend>
-void FileReader<Backend>::RestoreState(const dali::OpCheckpoint &cpt) {
-  DALI_ENFORCE(checkpointing_, dali::make_string(kOpName, ": cannot restore a checkpoint: the "
-                                                 "pipeline was built without checkpointing"));
-  const StreamPos &at = cpt.CheckpointState<StreamPos>();
-  // Drop the read-ahead of the old position; the next TopUp reads from `at`.
+void FileReader<Backend>::DropReadAhead() {
   current_.reset();
   fr_reader_reset(reader_.get());
   pending_ = 0;
-  submitted_.clear();
-  DALI_ENFORCE(stream_.Seek(at),
-               dali::make_string(kOpName, ": a checkpoint at sample ", at.pos, " of epoch ",
-                                 at.epoch, ", which this reader's epochs do not have: it was "
-                                 "saved by a reader of other arguments"));
-  taken_ = at;
-}
-
-template <typename Backend>
-std::string FileReader<Backend>::SerializeCheckpoint(const dali::OpCheckpoint &cpt) const {
-  return SerializeStreamPos(kCheckpointTag, cpt.CheckpointState<StreamPos>());
-}
-
-template <typename Backend>
-void FileReader<Backend>::DeserializeCheckpoint(dali::OpCheckpoint &cpt, const std::string &data) const {
-  StreamPos at;
-  DALI_ENFORCE(ParseStreamPos(kCheckpointTag, data, &at),
-               dali::make_string(kOpName, ": not a checkpoint of this reader: '", data, "'"));
-  cpt.MutableCheckpointState() = at;
 }
 
 }  // namespace fastread_dali

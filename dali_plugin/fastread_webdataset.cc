@@ -77,6 +77,7 @@
 #include "dali/pipeline/operator/operator.h"
 #include "fastread.h"
 #include "plugin_common.h"
+#include "stream_operator.h"
 
 namespace fastread_dali {
 
@@ -209,7 +210,7 @@ WdsIndex LoadIndex(const std::string &path, size_t want_k) {
 
 }  // namespace
 
-class WebDatasetReader : public dali::Operator<dali::CPUBackend> {
+class WebDatasetReader : public StreamOperator<dali::CPUBackend> {
  public:
   explicit WebDatasetReader(const dali::OpSpec &spec);
   ~WebDatasetReader() override;
@@ -217,14 +218,10 @@ class WebDatasetReader : public dali::Operator<dali::CPUBackend> {
   bool HasContiguousOutputs() const override { return false; }
   bool SetupImpl(std::vector<dali::OutputDesc> &output_desc, const dali::Workspace &ws) override;
   void RunImpl(dali::Workspace &ws) override;
-  dali::ReaderMeta GetReaderMeta() const override;
-
-  void SaveState(dali::OpCheckpoint &cpt, dali::AccessOrder order) override;
-  void RestoreState(const dali::OpCheckpoint &cpt) override;
-  std::string SerializeCheckpoint(const dali::OpCheckpoint &cpt) const override;
-  void DeserializeCheckpoint(dali::OpCheckpoint &cpt, const std::string &data) const override;
+  // Reader metadata and checkpoints: StreamOperator's.
 
  private:
+  void DropReadAhead() override;
   // Where one component of one sample of a read batch is: bytes
   // [offset, offset + length) of batches[batch]'s arena (batch -1: empty).
   struct Piece {
@@ -255,11 +252,8 @@ class WebDatasetReader : public dali::Operator<dali::CPUBackend> {
 
   WdsIndex index_;
   std::vector<std::string> ext_;
-  StreamArgs args_;
-  SampleStream stream_;
   std::string engine_;
   bool pinned_ = false;
-  bool checkpointing_ = false;
 
   std::unique_ptr<fr_pool, CloseWith<fr_pool_close>> pool_;
   std::vector<CtxPtr> ctxs_;
@@ -278,13 +272,11 @@ class WebDatasetReader : public dali::Operator<dali::CPUBackend> {
   // The consumer's side (DALI's thread only).
   uint64_t next_seq_ = 0;   // the next job's number
   uint64_t take_seq_ = 0;   // the job TakeBatch hands out next
-  std::deque<StreamPos> submitted_;  // stream position after each job not yet taken
-  StreamPos taken_;
   std::unique_ptr<ReadBatch> current_;
 };
 
 WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
-    : dali::Operator<dali::CPUBackend>(spec) {
+    : StreamOperator<dali::CPUBackend>(spec, kWdsOpName, kCheckpointTag) {
   ext_ = spec.GetRepeatedArgument<std::string>("ext");
   DALI_ENFORCE(!ext_.empty(), dali::make_string(kWdsOpName, ": ext must name at least one "
                                                 "component"));
@@ -306,30 +298,11 @@ WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
                                    " when indexed: it changed; define the pipeline again"));
   }
 
-  args_.n = static_cast<int64_t>(index_.sample_shard.size());
-  args_.shard_id = spec.GetArgument<int>("shard_id");
-  args_.num_shards = spec.GetArgument<int>("num_shards");
-  DALI_ENFORCE(args_.num_shards >= 1, dali::make_string(kWdsOpName, ": num_shards must be >= 1, "
-                                                        "got ", args_.num_shards));
-  DALI_ENFORCE(args_.shard_id >= 0 && args_.shard_id < args_.num_shards,
-               dali::make_string(kWdsOpName, ": shard_id must be in [0, ", args_.num_shards,
-                                 "), got ", args_.shard_id));
-  DALI_ENFORCE(args_.n >= args_.num_shards,
-               dali::make_string(kWdsOpName, ": the number of samples (", args_.n,
-                                 ") must be at least num_shards (", args_.num_shards, ")"));
-  args_.shuffle = spec.GetArgument<bool>("random_shuffle");
-  args_.pad = spec.GetArgument<bool>("pad_last_batch");
-  args_.stick = spec.GetArgument<bool>("stick_to_shard");
-  args_.batch_size = max_batch_size_;
-  args_.fill = spec.GetArgument<int64_t>("initial_fill");
-  DALI_ENFORCE(args_.fill >= 0, dali::make_string(kWdsOpName, ": initial_fill must be >= 0, got ",
-                                                  args_.fill));
-  int64_t seed = spec.GetArgument<int64_t>("seed");
-  DALI_ENFORCE(seed >= -1, dali::make_string(kWdsOpName, ": seed must be >= -1, got ", seed));
-  if (seed < 0) seed = 0;  // -1: 0, so every rank draws the same permutation
-  stream_ = SampleStream(args_, seed);
-  taken_ = stream_.Position();
-  checkpointing_ = spec.GetArgument<bool>("checkpointing");
+  const int64_t fill = spec.GetArgument<int64_t>("initial_fill");
+  DALI_ENFORCE(fill >= 0, dali::make_string(kWdsOpName, ": initial_fill must be >= 0, got ",
+                                            fill));
+  StartStream(spec, static_cast<int64_t>(index_.sample_shard.size()),
+              spec.GetArgument<bool>("random_shuffle"), fill);
 
   const int depth = spec.GetArgument<int>("prefetch_queue_depth");
   DALI_ENFORCE(depth >= 1, dali::make_string(kWdsOpName, ": prefetch_queue_depth must be >= 1, "
@@ -347,10 +320,8 @@ WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
   DALI_ENFORCE(threads >= -1,
                dali::make_string(kWdsOpName, ": threads must be >= -1, got ", threads));
 
+  // "auto" goes to the core as it is, which picks the engine (fr_engine_auto).
   engine_ = spec.GetArgument<std::string>("engine");
-  char why[FR_ERRLEN] = "";
-  if (engine_ == "auto")
-    engine_ = fr_engine_probe("io_uring", why, sizeof(why)) == 0 ? "io_uring" : "psync";
   fr_config cfg;
   fr_config_init(&cfg);
   cfg.engine = engine_.c_str();
@@ -392,6 +363,8 @@ WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
                                             err[0] ? err : ErrnoText(rc)));
     ctxs_.emplace_back(ctx);
   }
+  // What the contexts read with ("auto" resolved), for messages.
+  if (!ctxs_.empty()) engine_ = fr_ctx_engine(ctxs_.front().get());
   // Keep every worker busy and `prefetch` finished batches waiting.
   ahead_ = static_cast<size_t>(std::max(depth, 2) + workers);
   for (auto &ctx : ctxs_) workers_.emplace_back([this, c = ctx.get()] { Work(c); });
@@ -525,9 +498,8 @@ void WebDatasetReader::TopUp() {
   bool queued = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    while (submitted_.size() < ahead_) {
-      jobs_.push_back(Job{next_seq_++, generation_, stream_.NextBatch()});
-      submitted_.push_back(stream_.Position());
+    while (Queued() < ahead_) {
+      jobs_.push_back(Job{next_seq_++, generation_, SubmitNext()});
       queued = true;
     }
   }
@@ -545,8 +517,7 @@ std::unique_ptr<WebDatasetReader::ReadBatch> WebDatasetReader::TakeBatch() {
     done_.erase(it);
   }
   take_seq_++;
-  taken_ = submitted_.front();
-  submitted_.pop_front();
+  Taken();
   if (!batch->error.empty()) DALI_FAIL(batch->error);
   return batch;
 }
@@ -628,57 +599,17 @@ void WebDatasetReader::RunImpl(dali::Workspace &ws) {
     Output(c, ws.Output<dali::CPUBackend>(c), batch);
 }
 
-dali::ReaderMeta WebDatasetReader::GetReaderMeta() const {
-  dali::ReaderMeta meta;
-  const int64_t n = args_.n, shards = args_.num_shards;
-  meta.epoch_size = n;
-  meta.epoch_size_padded = args_.pad ? (n + shards - 1) / shards * shards : n;
-  meta.number_of_shards = args_.num_shards;
-  meta.shard_id = args_.shard_id;
-  meta.pad_last_batch = args_.pad;
-  meta.stick_to_shard = args_.stick;
-  return meta;
-}
-
-void WebDatasetReader::SaveState(dali::OpCheckpoint &cpt, dali::AccessOrder order) {
-  DALI_ENFORCE(checkpointing_, dali::make_string(kWdsOpName, ": cannot save a checkpoint: the "
-                                                 "pipeline was built without checkpointing"));
-  cpt.MutableCheckpointState() = taken_;
-}
-
-void WebDatasetReader::RestoreState(const dali::OpCheckpoint &cpt) {
-  DALI_ENFORCE(checkpointing_, dali::make_string(kWdsOpName, ": cannot restore a checkpoint: "
-                                                 "the pipeline was built without "
-                                                 "checkpointing"));
-  const StreamPos &at = cpt.CheckpointState<StreamPos>();
+void WebDatasetReader::DropReadAhead() {
   current_.reset();
   {
-    // Drop the read-ahead of the old position: queued jobs now, and what
-    // the workers are reading is discarded when they finish it.
+    // Queued jobs now; what the workers are reading is discarded when they
+    // finish it.
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.clear();
     done_.clear();
     generation_++;
   }
-  submitted_.clear();
   take_seq_ = next_seq_;
-  DALI_ENFORCE(stream_.Seek(at),
-               dali::make_string(kWdsOpName, ": a checkpoint at sample ", at.pos, " of epoch ",
-                                 at.epoch, " does not fit this reader: it was saved by a "
-                                 "reader of other arguments"));
-  taken_ = at;
-}
-
-std::string WebDatasetReader::SerializeCheckpoint(const dali::OpCheckpoint &cpt) const {
-  return SerializeStreamPos(kCheckpointTag, cpt.CheckpointState<StreamPos>());
-}
-
-void WebDatasetReader::DeserializeCheckpoint(dali::OpCheckpoint &cpt,
-                                             const std::string &data) const {
-  StreamPos at;
-  DALI_ENFORCE(ParseStreamPos(kCheckpointTag, data, &at),
-               dali::make_string(kWdsOpName, ": not a checkpoint of this reader: '", data, "'"));
-  cpt.MutableCheckpointState() = at;
 }
 
 }  // namespace fastread_dali

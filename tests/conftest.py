@@ -76,6 +76,46 @@ def edge_tree(disk_tmp):
     return root, content
 
 
+def write_class_tree(root, counts, *, seed, max_size, min_size=0, sizes=None,
+                     class_name="c{c}", file_name="{j:03d}.jpg", tag=False):
+    """The data tree the tests read: under `root`, one folder per class
+    (`class_name`, e.g. root/c0, root/c1, ...) holding counts[c] files
+    (`file_name`) of known bytes drawn from `seed`: each file's size is
+    sizes[j % len(sizes)] if `sizes` is given, else drawn from
+    [min_size, max_size); with `tag` its bytes start with "c/j" (every file
+    then differs). Returns (root as a string, {path: bytes}), paths in scan
+    order."""
+    rng = np.random.default_rng(seed)
+    content = {}
+    for c, count in enumerate(counts):
+        d = os.path.join(str(root), class_name.format(c=c))
+        os.makedirs(d)
+        for j in range(count):
+            size = sizes[j % len(sizes)] if sizes else int(rng.integers(min_size, max_size))
+            data = (f"{c}/{j}".encode() if tag else b"") + \
+                rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+            p = os.path.join(d, file_name.format(c=c, j=j))
+            with open(p, "wb") as f:
+                f.write(data)
+            content[p] = data
+    return str(root), content
+
+
+@pytest.fixture(scope="session")
+def class_tree(disk_tmp):
+    """write_class_tree on a disk-backed file system (O_DIRECT needs one):
+    ``class_tree(name, counts, seed=..., max_size=..., ...)`` writes
+    disk_tmp/name once per session and returns (root, {path: bytes})."""
+    made = {}
+
+    def make(name, counts, **kwargs):
+        if name not in made:
+            made[name] = write_class_tree(os.path.join(disk_tmp, name), counts, **kwargs)
+        return made[name]
+
+    return make
+
+
 def fault_tree(root, victim_bytes):
     """Four files under root/c0 for fault-injection tests, sizes 100,
     victim_bytes, 5000 and 1, the second named "victim.jpg" (what the

@@ -46,15 +46,8 @@ def write_class_tree(root, *, seed, max_size):
     """COUNTS files of random bytes under root/class0.., named 000.jpg..,
     of 1 to max_size - 1 bytes each (so every sample is recognisable), drawn
     from `seed`. The root, as a string."""
-    rng = np.random.default_rng(seed)
-    for c, n in enumerate(COUNTS):
-        d = os.path.join(root, f"class{c}")
-        os.makedirs(d)
-        for i in range(n):
-            size = int(rng.integers(1, max_size))
-            with open(os.path.join(d, f"{i:03d}.jpg"), "wb") as f:
-                f.write(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
-    return str(root)
+    from conftest import write_class_tree as write
+    return write(root, COUNTS, seed=seed, min_size=1, max_size=max_size, class_name="class{c}")[0]
 
 
 def packed_class_tree(base, name, *, seed, max_size):

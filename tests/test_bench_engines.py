@@ -12,18 +12,15 @@ import sys
 import pytest
 
 import fastread
+from conftest import write_class_tree
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench")
 
 
 @pytest.fixture()
 def tree(tmp_path):
-    root = tmp_path / "tree"
-    for i in range(40):
-        d = root / f"c{i % 4}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"{i:03d}.jpg").write_bytes(os.urandom(1000 + 37 * i))
-    return str(root)
+    return write_class_tree(tmp_path / "tree", [10] * 4, seed=5, min_size=1000,
+                            max_size=2500)[0]
 
 
 def needs_bench(script):

@@ -24,17 +24,9 @@ PATHS = [pytest.param(False, id="external"),
 
 
 @pytest.fixture(scope="module")
-def tree(disk_tmp):
-    root = os.path.join(disk_tmp, "dali-tree")
-    rng = np.random.default_rng(3)
-    for c, count in enumerate([7, 11, 5]):
-        os.makedirs(os.path.join(root, f"class_{c}"))
-        for j in range(count):
-            data = f"{c}/{j}".encode() + rng.integers(0, 256, int(rng.integers(0, 3000)),
-                                                      dtype=np.uint8).tobytes()
-            with open(os.path.join(root, f"class_{c}", f"img{j}.JPEG"), "wb") as f:
-                f.write(data)
-    return root  # 23 samples
+def tree(class_tree):
+    return class_tree("dali-tree", [7, 11, 5], seed=3, max_size=3000, tag=True,
+                      class_name="class_{c}", file_name="img{j}.JPEG")[0]  # 23 samples
 
 
 def epochs(reader_fn, batch_size, n_epochs, **iter_args):

@@ -11,7 +11,7 @@ import pytest
 
 import fastread
 from fastread import _core
-from fastread.engine import AutoEngine, auto_choice, resolve
+from fastread.engine import auto_choice, resolve
 
 needs_uring = pytest.mark.skipif(fastread.engines()["io_uring"].files is not True,
                                  reason=f"io_uring: {fastread.engines()['io_uring'].files}")
@@ -190,15 +190,18 @@ def test_read_files_and_reader_with_auto_get_the_per_batch_choice(tmp_path, monk
     assert _context("io_uring", None, {}, 6).stat("auto_engine") == 0
     monkeypatch.setenv("FASTREAD_ENGINE", "auto")
     assert _context(None, None, {"threads": 3}, 6).stat("auto_engine") == 1
-    # resolve() itself stays a plain name (other modules pass it on as a str).
-    assert type(resolve("auto")) is str
+    # resolve() names what the core picks for "auto" (fr_engine_auto).
+    assert resolve("auto") == _core.auto_engine()[0] == "io_uring"
+    # "auto" reaches the core as it is; the context says what it reads with.
+    ctx = _core.Context("auto", threads=2)
+    assert ctx.engine == "io_uring" and ctx.stat("auto_engine") == 1 and ctx.auto_fallback == 0
     with fastread.Reader(files=paths, labels=list(range(6)), batch_size=3) as r:
-        assert r.engine == "io_uring" and isinstance(r.engine, AutoEngine)
+        assert r.engine == "io_uring" and r._native.auto_fallback == 0
         got = [a.tobytes() for arrays, _ in r for a in arrays]
     assert got == [open(p, "rb").read() for p in paths]
     with fastread.Reader(files=paths, labels=list(range(6)), batch_size=3,
                          engine="io_uring") as r:
-        assert not isinstance(r.engine, AutoEngine)
+        assert r.engine == "io_uring"
 
 
 def test_auto_choice_states_the_rule_and_this_machine():

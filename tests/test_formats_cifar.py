@@ -362,7 +362,7 @@ def test_dali_reader(cifar, in_memory, layout):
 
 
 def test_in_memory_source_matches_ranges(cifar):
-    from fastread.formats.memory import InMemory
+    from fastread.formats.in_memory import InMemory
 
     src = Cifar10(cifar)
     mem = InMemory(src, to_hwc, engine="psync", threads=2, load_batch=7)
@@ -384,7 +384,7 @@ def test_in_memory_source_matches_ranges(cifar):
 
 
 def test_in_memory_refuses_samples_of_unequal_size(tmp_path):
-    from fastread.formats.memory import InMemory
+    from fastread.formats.in_memory import InMemory
 
     p = tmp_path / "f"
     p.write_bytes(bytes(100))
@@ -395,7 +395,7 @@ def test_in_memory_refuses_samples_of_unequal_size(tmp_path):
 
 
 def test_in_memory_load_failure_names_the_sample(tmp_path):
-    from fastread.formats.memory import InMemory
+    from fastread.formats.in_memory import InMemory
 
     p = tmp_path / "f"
     p.write_bytes(bytes(100))
@@ -407,7 +407,7 @@ def test_in_memory_load_failure_names_the_sample(tmp_path):
 
 def test_torch_loader_and_resume(cifar):
     torch = pytest.importorskip("torch")
-    from fastread.formats.torch import Cifar10Loader
+    from fastread.torch import Cifar10Loader
 
     ref, ref_labels = reference_bin(cifar)
     loader = Cifar10Loader(cifar, batch_size=64)
@@ -446,7 +446,7 @@ def test_in_memory_loader_equals_the_range_reads(cifar, kw):
     order, shards, labels and, from the same draws, augmentation; over two
     epochs and a resume mid-epoch."""
     torch = pytest.importorskip("torch")
-    from fastread.formats.torch import Cifar10Loader
+    from fastread.torch import Cifar10Loader
 
     def epochs(in_memory, resume_after=None):
         loader = Cifar10Loader(cifar, batch_size=48, in_memory=in_memory, **kw)
@@ -493,7 +493,7 @@ def test_cuda_loader_delivers_the_records(cifar, in_memory):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from fastread.formats.torch import CIFAR10_MEAN, CIFAR10_STD, Cifar10Loader
+    from fastread.torch import CIFAR10_MEAN, CIFAR10_STD, Cifar10Loader
 
     kw = dict(batch_size=40, random_shuffle=True, seed=11, in_memory=in_memory)
     cpu_loader = Cifar10Loader(cifar, **kw)  # one loader: epochs 0, 1, 2
@@ -518,7 +518,7 @@ def test_cuda_loader_delivers_the_records(cifar, in_memory):
 
 def test_augment_batch_crop_and_flip():
     torch = pytest.importorskip("torch")
-    from fastread.formats.torch import augment_batch
+    from fastread.torch import augment_batch
 
     x = torch.arange(2 * 32 * 32 * 3, dtype=torch.int64).remainder(251).to(torch.uint8)
     x = x.reshape(2, 32, 32, 3)
@@ -539,7 +539,7 @@ def test_augment_batch_crop_and_flip():
 
 
 def test_in_memory_recycles_released_batches(cifar):
-    from fastread.formats.memory import InMemory
+    from fastread.formats.in_memory import InMemory
 
     mem = InMemory(Cifar10(cifar), to_hwc)
     # ring_depth: a batch's buffer is gathered into again once the Reader

@@ -178,7 +178,7 @@ def test_cli_make_dataset(tmp_path, capsys):
 
 def test_torch_loader(store, tmp_path):
     torch = pytest.importorskip("torch")
-    from fastread.formats.torch import SquirrelLoader
+    from fastread.torch import SquirrelLoader
     images, labels = read_all(SquirrelStore(store, cache_dir=str(tmp_path / "c")))
     loader = SquirrelLoader(store, batch_size=16, cache_dir=str(tmp_path / "c"))
     got = list(loader)

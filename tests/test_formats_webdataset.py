@@ -317,7 +317,7 @@ def test_generator_and_cli(tmp_path, capsys):
 
 def test_torch_loader_resume(shards):
     pytest.importorskip("torch")
-    from fastread.formats.torch import WebDatasetLoader
+    from fastread.torch import WebDatasetLoader
     loader = WebDatasetLoader(shards, ["jpg", "cls"], batch_size=16, random_shuffle=True, seed=5)
     it = iter(loader)
     next(it)

@@ -28,16 +28,9 @@ from fastread.dali import readers  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tree(disk_tmp):
-    root = os.path.join(disk_tmp, "gpu-tree")
-    rng = np.random.default_rng(11)
-    for c in range(3):
-        os.makedirs(os.path.join(root, f"c{c}"))
-        for j in range(9):
-            size = [0, 1, 4097, 100_000, 3 << 20][j % 5]
-            with open(os.path.join(root, f"c{c}", f"{j}.jpg"), "wb") as f:
-                f.write(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
-    return root
+def tree(class_tree):
+    return class_tree("gpu-tree", [9] * 3, seed=11, max_size=None,
+                      sizes=[0, 1, 4097, 100_000, 3 << 20], file_name="{j}.jpg")[0]
 
 
 def run(pipe_fn, batches):

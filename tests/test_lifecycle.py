@@ -17,18 +17,8 @@ from conftest import available_engines
 
 
 @pytest.fixture(scope="module")
-def tree(disk_tmp):
-    root = os.path.join(disk_tmp, "lifecycle-tree")
-    content = {}
-    rng = np.random.default_rng(13)
-    for c in range(4):
-        os.makedirs(os.path.join(root, f"c{c}"))
-        for j in range(30):
-            p = os.path.join(root, f"c{c}", f"{j:03d}.jpg")
-            data = rng.integers(0, 256, int(rng.integers(0, 5000)), dtype=np.uint8).tobytes()
-            open(p, "wb").write(data)
-            content[p] = data
-    return root, content
+def tree(class_tree):
+    return class_tree("lifecycle-tree", [30] * 4, seed=13, max_size=5000)
 
 
 def run_py(code, timeout=60, env=None):

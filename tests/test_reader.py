@@ -9,19 +9,8 @@ from conftest import engine_params
 
 
 @pytest.fixture(scope="module")
-def tree(disk_tmp):
-    import os
-    root = os.path.join(disk_tmp, "reader-tree")
-    content = {}
-    rng = np.random.default_rng(7)
-    for c in range(4):
-        os.makedirs(os.path.join(root, f"c{c}"))
-        for j in range(25):
-            p = os.path.join(root, f"c{c}", f"{j:03d}.jpg")
-            data = rng.integers(0, 256, int(rng.integers(0, 20000)), dtype=np.uint8).tobytes()
-            open(p, "wb").write(data)
-            content[p] = data
-    return root, content
+def tree(class_tree):
+    return class_tree("reader-tree", [25] * 4, seed=7, max_size=20000)
 
 
 def epoch(reader):

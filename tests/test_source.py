@@ -300,7 +300,20 @@ def test_sources_sit_below_their_consumers():
                    ("fastread.image", "fastread.reader"), ("fastread.reader", "fastread.dali"),
                    ("fastread.dali._common", "fastread.dali.readers"),
                    ("fastread.dali._common", "fastread.dali._image"),
-                   ("fastread.datasets._shared", "fastread.datasets.jpeg")]
+                   ("fastread.datasets._shared", "fastread.datasets.jpeg"),
+                   # shards and epochs below the readers and the scan that
+                   # re-exports them; the batch sources below the DALI
+                   # readers and the torch loaders; the loaders apart.
+                   ("fastread.sampling", "fastread.index"), ("fastread.sampling", "fastread.reader"),
+                   ("fastread.dali.sources", "fastread.dali._common"),
+                   ("fastread.dali.sources", "fastread.torch"),
+                   ("fastread.formats.in_memory", "fastread.formats.cifar"),
+                   ("fastread.torch.records", "fastread.torch.images"),
+                   ("fastread.torch.images", "fastread.torch.records"),
+                   ("fastread.files", "fastread.source"), ("fastread.engine", "fastread.files")]
     for low, high in below_above:
         assert not reaches(low, high), f"{low} imports {high} (directly or through others)"
     assert reaches("fastread.reader", "fastread.source")
+    assert reaches("fastread.reader", "fastread.sampling")
+    assert reaches("fastread.torch", "fastread.torch.images")
+    assert reaches("fastread.torch", "fastread.torch.records")

@@ -94,6 +94,10 @@ struct fr_ctx {
     size_t memo_cap;
     long memo_calls; /* calls whose every size was remembered */
     uint64_t unhinted_mean; /* arena bytes a file of the last call without hints (0: none yet) */
+
+    /* engine "auto": why it reads with psync rather than io_uring (an
+     * errno: io_uring's probe or open failed), 0 if it does not. */
+    int auto_fallback;
 };
 
 void fr_config_init(fr_config *cfg)
@@ -176,7 +180,72 @@ static int check_config(const fr_config *cfg, char *err, size_t err_len)
     return 0;
 }
 
+const char *fr_engine_auto(int *rc, char *why, size_t why_len)
+{
+    char scratch[FR_ERRLEN];
+    if (!why || !why_len) {
+        why = scratch;
+        why_len = sizeof(scratch);
+    }
+    why[0] = 0;
+#ifdef FASTREAD_HAVE_URING
+    int probe = fr_engine_uring.probe(why, why_len);
+#else
+    int probe = -ENOENT;
+    fr_set_err(why, why_len, "io_uring is not compiled into this build");
+#endif
+    if (rc)
+        *rc = probe;
+    return probe == 0 ? "io_uring" : "psync";
+}
+
+static int ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len);
+
+/* Why an io_uring that probed fine may still not open: the kernel charges
+ * rings and registered buffers to RLIMIT_MEMLOCK, rings and registered
+ * file tables to RLIMIT_NOFILE. */
+static int is_limit(int rc)
+{
+    return rc == -ENOMEM || rc == -EPERM || rc == -EMFILE || rc == -ENFILE || rc == -EAGAIN;
+}
+
+/* engine "auto": fr_engine_auto's pick, io_uring with the per-batch choice
+ * (cfg.auto_engine, unless the caller set it), psync when io_uring does not
+ * run here or cannot be set up for a resource limit. */
+static int open_auto(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
+{
+    fr_config c = *cfg;
+    int probe = 0;
+    c.engine = fr_engine_auto(&probe, NULL, 0);
+    if (!c.auto_engine)
+        c.auto_engine = 1;
+    int rc = ctx_open(&c, out, err, err_len);
+    int fallback = -probe;
+    if (rc && probe == 0 && is_limit(rc)) {
+        c.engine = "psync";
+        char err2[FR_ERRLEN] = "";
+        if (ctx_open(&c, out, err2, sizeof(err2)) != 0)
+            return rc; /* the first error, io_uring's, says more */
+        if (err_len)
+            err[0] = 0;
+        fallback = -rc;
+        rc = 0;
+    }
+    if (rc == 0)
+        (*out)->auto_fallback = fallback;
+    return rc;
+}
+
 int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
+{
+    if (cfg->engine && strcmp(cfg->engine, "auto") == 0) {
+        *out = NULL;
+        return open_auto(cfg, out, err, err_len);
+    }
+    return ctx_open(cfg, out, err, err_len);
+}
+
+static int ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
 {
     *out = NULL;
     const fr_engine *e = cfg->engine ? find_engine(cfg->engine) : NULL;
@@ -537,6 +606,8 @@ long fr_ctx_stat(const fr_ctx *ctx, const char *key)
         return ctx->trial.trials;
     if (strcmp(key, "auto_switches") == 0)
         return ctx->trial.switches;
+    if (strcmp(key, "auto_fallback") == 0)
+        return ctx->auto_fallback;
     if (strcmp(key, "auto_last") == 0)
         return ctx->auto_engine ? ctx->last_pick : -1;
     if (strncmp(key, "psync.", 6) == 0) /* the auto context's psync side */

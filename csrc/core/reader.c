@@ -30,6 +30,8 @@ typedef struct request {
 struct fr_reader {
     fr_config cfg;
     char engine[32];
+    char opened_engine[32]; /* what the first context opened reads with ("auto" resolved) */
+    long auto_fallback;     /* its "auto_fallback" stat */
     char *engine_args;
     char *blob;
     const char **paths;
@@ -156,10 +158,18 @@ static void *worker_main(void *arg)
     /* Each worker opens its own context, so the thread that submits also set
      * it up. */
     int rc = fr_ctx_open(&rd->cfg, &ctx, err, sizeof(err));
+    if (rc == 0 && strcmp(fr_ctx_engine(ctx), rd->engine) != 0) { /* "auto" resolved */
+        snprintf(name, sizeof(name), "fr-%.12s", fr_ctx_engine(ctx));
+        pthread_setname_np(pthread_self(), name);
+    }
     pthread_mutex_lock(&rd->lock);
     if (rc && rd->open_rc == 0) {
         rd->open_rc = rc;
         memcpy(rd->open_err, err, sizeof(err));
+    }
+    if (rc == 0 && !rd->opened_engine[0]) {
+        snprintf(rd->opened_engine, sizeof(rd->opened_engine), "%s", fr_ctx_engine(ctx));
+        rd->auto_fallback = fr_ctx_stat(ctx, "auto_fallback");
     }
     rd->started++;
     pthread_cond_broadcast(&rd->ready_cv);
@@ -501,6 +511,13 @@ const char *fr_reader_path(const fr_reader *rd, size_t index)
         return NULL;
     return rd->image ? rd->image : rd->paths[index];
 }
+
+const char *fr_reader_engine(const fr_reader *reader)
+{
+    return reader->opened_engine[0] ? reader->opened_engine : reader->engine;
+}
+
+long fr_reader_auto_fallback(const fr_reader *reader) { return reader->auto_fallback; }
 
 size_t fr_reader_size(const fr_reader *rd) { return rd->npaths; }
 

@@ -283,10 +283,8 @@ int fr_host_gather_open(const fr_host_gather_config *cfg, fr_host_gather **out, 
         return -EINVAL;
     }
     const char *engine = cfg->engine && cfg->engine[0] ? cfg->engine : "auto";
-    if (strcmp(engine, "auto") == 0) {
-        char why[FR_ERRLEN];
-        engine = fr_engine_probe("io_uring", why, sizeof(why)) == 0 ? "io_uring" : "psync";
-    }
+    if (strcmp(engine, "auto") == 0) /* the core's choice (ctx.c), named for messages */
+        engine = fr_engine_auto(NULL, NULL, 0);
 
     fr_host_gather *g = calloc(1, sizeof(*g));
     if (!g)

@@ -35,7 +35,7 @@ extern "C" {
 #define FR_ERRLEN 256
 
 typedef struct fr_config {
-    const char *engine;        /* "io_uring", "psync" (see fr_engine_names) */
+    const char *engine;        /* "io_uring", "psync" (see fr_engine_names), or "auto" */
     unsigned queue_depth;      /* io_uring: samples in flight per ring */
     unsigned threads;          /* psync: worker threads; io_uring: rings, each with its own
                                 * thread (0: one per CPU, at most 16) */
@@ -253,10 +253,23 @@ const char *const *fr_engine_names(void);
 /* 0 if `engine` can run here; otherwise a negative errno and why in `why`. */
 int fr_engine_probe(const char *engine, char *why, size_t why_len);
 
-/* Opens a context; on failure returns -errno and says why in err. */
+/* engine="auto" (fr_config.engine), decided here and nowhere else: the
+ * engine a context opened with it reads with, io_uring where it is compiled
+ * in and its probe passes (then with cfg.auto_engine on: fr_auto_rule and
+ * the trials send batches to io_uring or psync), else psync. `why` (may be
+ * NULL) gets io_uring's probe failure when it is passed over, and *rc (may
+ * be NULL) its -errno (0 if it was not). */
+const char *fr_engine_auto(int *rc, char *why, size_t why_len);
+
+/* Opens a context; on failure returns -errno and says why in err. With
+ * engine "auto" (fr_engine_auto) an io_uring that probed fine but cannot
+ * be set up for a resource limit (-ENOMEM, -EPERM, -EMFILE, -ENFILE,
+ * -EAGAIN: RLIMIT_MEMLOCK, RLIMIT_NOFILE) is replaced by psync; the stat
+ * "auto_fallback" then says why (an errno; also when io_uring's probe
+ * failed), 0 when auto read with its first choice. */
 int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len);
 void fr_ctx_close(fr_ctx *ctx);
-const char *fr_ctx_engine(const fr_ctx *ctx);
+const char *fr_ctx_engine(const fr_ctx *ctx); /* the engine it reads with ("auto" resolved) */
 /* The context's GPU (borrowed), or NULL when it does no GPU work. Whoever
  * owns the batches' pool pins it through this gpu (fr_pool_set_gpu). */
 struct fr_gpu *fr_ctx_gpu(const fr_ctx *ctx);
@@ -344,6 +357,10 @@ void fr_reader_reset(fr_reader *reader);
 size_t fr_reader_pending(fr_reader *reader); /* submitted and not yet taken */
 const char *fr_reader_path(const fr_reader *reader, size_t index);
 size_t fr_reader_size(const fr_reader *reader);
+/* The engine the reader's contexts read with (engine "auto" resolved, as
+ * fr_ctx_engine), and their "auto_fallback" stat (fr_ctx_open). */
+const char *fr_reader_engine(const fr_reader *reader);
+long fr_reader_auto_fallback(const fr_reader *reader);
 fr_pool *fr_reader_pool(fr_reader *reader);
 struct fr_gpu *fr_reader_gpu(fr_reader *reader); /* borrowed; NULL without GPU work */
 /* Stops the thread. Batches still held by the caller stay valid until they

@@ -4,12 +4,15 @@
  * FR_AUTO_MIN_CPUS CPUs), or after a trial to the faster engine, and
  * everything else to io_uring, with the same bytes either way. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/auto_trial.h"
@@ -317,15 +320,91 @@ static void check_trials_restart_for_another_list_length(char **paths, size_t n)
     fr_pool_close(pool);
 }
 
+/* engine "auto" is resolved by the core alone (fr_engine_auto): io_uring
+ * with the per-batch choice where io_uring runs, else psync; contexts and
+ * readers say which engine they read with. */
+static void check_engine_auto(char **paths, size_t n)
+{
+    int probe = 1;
+    char why[FR_ERRLEN] = "x";
+    const char *name = fr_engine_auto(&probe, why, sizeof(why));
+    char why2[FR_ERRLEN];
+    int uring = fr_engine_probe("io_uring", why2, sizeof(why2)) == 0;
+    CHECK(strcmp(name, uring ? "io_uring" : "psync") == 0);
+    CHECK(uring ? probe == 0 && why[0] == 0 : probe < 0 && why[0] != 0);
+    CHECK(strcmp(fr_engine_auto(NULL, NULL, 0), name) == 0);
+
+    fr_config cfg;
+    fr_config_init(&cfg);
+    cfg.engine = "auto";
+    cfg.threads = 2;
+    fr_ctx *ctx;
+    char err[FR_ERRLEN] = "";
+    CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+    CHECK(strcmp(fr_ctx_engine(ctx), name) == 0);
+    CHECK(fr_ctx_stat(ctx, "auto_engine") == uring);
+    CHECK(fr_ctx_stat(ctx, "auto_fallback") == -probe);
+    fr_pool *pool = fr_pool_new();
+    fr_batch *b = fr_pool_get(pool);
+    CHECK(fr_batch_prepare(b, n) == 0);
+    CHECK(fr_read_files(ctx, (const char *const *)paths, NULL, n, b) == 0);
+    for (size_t i = 0; i < n; i++)
+        CHECK(fr_test_same(b, i, paths[i]));
+    fr_batch_recycle(b);
+    fr_pool_close(pool);
+    fr_ctx_close(ctx);
+    /* O_DIRECT: the engine auto picks, without the per-batch choice. */
+    cfg.o_direct = 1;
+    CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+    CHECK(strcmp(fr_ctx_engine(ctx), name) == 0 && fr_ctx_stat(ctx, "auto_engine") == 0);
+    fr_ctx_close(ctx);
+    cfg.o_direct = 0;
+    /* A reader's contexts resolve it the same way. */
+    fr_reader *rd;
+    CHECK(fr_reader_open(&cfg, (const char *const *)paths, n, 2, 2, &rd, err, sizeof(err)) == 0);
+    CHECK(strcmp(fr_reader_engine(rd), name) == 0);
+    CHECK(fr_reader_auto_fallback(rd) == -probe);
+    fr_reader_close(rd);
+    /* An explicit engine is opened as named. */
+    cfg.engine = "psync";
+    CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+    CHECK(strcmp(fr_ctx_engine(ctx), "psync") == 0 && fr_ctx_stat(ctx, "auto_fallback") == 0);
+    fr_ctx_close(ctx);
+
+    /* No descriptor left for a ring (RLIMIT_NOFILE at the descriptors open
+     * now): io_uring cannot start, auto reads with psync and says why. In
+     * a child, whose limit goes with it. */
+    if (!uring)
+        return;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int top = dup(0); /* the lowest free descriptor: every one below is open */
+        struct rlimit rl;
+        if (top < 0 || getrlimit(RLIMIT_NOFILE, &rl) != 0)
+            _exit(77);
+        close(top);
+        rl.rlim_cur = (rlim_t)top;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            _exit(77);
+        cfg.engine = "auto";
+        int ok = fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0;
+        ok = ok && strcmp(fr_ctx_engine(ctx), "psync") == 0;
+        ok = ok && fr_ctx_stat(ctx, "auto_fallback") == EMFILE;
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77)
+        printf("setrlimit(RLIMIT_NOFILE) refused: the fallback case skipped\n");
+    else
+        CHECK(WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
     check_rule();
     check_trials();
-    char why[FR_ERRLEN];
-    if (fr_engine_probe("io_uring", why, sizeof(why)) != 0) {
-        printf("io_uring unavailable (%s): only the rule is tested\n", why);
-        return fr_test_finish("test_auto");
-    }
     char *large[NFILES], *small[NFILES];
     char name[64];
     for (unsigned i = 0; i < NFILES; i++) {
@@ -333,6 +412,12 @@ int main(void)
         large[i] = fr_test_write(name, FR_AUTO_MIN_SIZE + 10000 + i * 4099, i + 1);
         snprintf(name, sizeof(name), "small%u.bin", i);
         small[i] = fr_test_write(name, 3000 + i, i + 100);
+    }
+    check_engine_auto(small, NFILES);
+    char why[FR_ERRLEN];
+    if (fr_engine_probe("io_uring", why, sizeof(why)) != 0) {
+        printf("io_uring unavailable (%s): only the rule and the choice are tested\n", why);
+        return fr_test_finish("test_auto");
     }
     /* Small files: io_uring, cached or not, with or without hints. */
     CHECK(read_auto(small, NFILES, 3, 0) == 0);

@@ -1,4 +1,6 @@
-# Declarations of the C core (csrc/include/fastread.h). Logic lives in _core.pyx.
+# Declarations of the C core (csrc/include/fastread.h). Logic lives in the .pyx
+# modules that cimport them (_core, _batch, _device_arrays, _adapt, _context,
+# _native_reader).
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 
 
@@ -88,6 +90,7 @@ cdef extern from "fastread.h" nogil:
 
     const char *const *fr_engine_names()
     int fr_engine_probe(const char *engine, char *why, size_t why_len)
+    const char *fr_engine_auto(int *rc, char *why, size_t why_len)
     int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
     void fr_ctx_close(fr_ctx *ctx)
     const char *fr_ctx_engine(const fr_ctx *ctx)
@@ -119,6 +122,8 @@ cdef extern from "fastread.h" nogil:
     size_t fr_reader_pending(fr_reader *reader)
     const char *fr_reader_path(const fr_reader *reader, size_t index)
     size_t fr_reader_size(const fr_reader *reader)
+    const char *fr_reader_engine(const fr_reader *reader)
+    long fr_reader_auto_fallback(const fr_reader *reader)
     fr_pool *fr_reader_pool(fr_reader *reader)
     fr_gpu *fr_reader_gpu(fr_reader *reader)
     void fr_reader_close(fr_reader *reader)

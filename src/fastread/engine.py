@@ -161,27 +161,6 @@ def _usable_by_name(name):
     return _engine_status(name, set(_core.engine_names())).ranges is True
 
 
-class AutoEngine(str):
-    """The engine name contexts and readers opened for engine="auto" get
-    (:func:`open_engine`, :func:`cached_context`) when io_uring and psync
-    both run here: equal to ``"io_uring"`` (the engine the context opens),
-    and marked so that :meth:`EngineOptions.resolve` asks the C core to
-    choose between io_uring and psync per batch (``auto_engine``; see
-    :data:`AUTO_RULE`). :func:`resolve` itself returns plain names."""
-
-    __slots__ = ()
-
-
-def _resolve_for_open(engine):
-    """resolve(engine), as an AutoEngine where 'auto' (given, or the
-    FASTREAD_ENGINE default) chose io_uring and psync runs here too."""
-    name = resolve(engine)
-    said_auto = engine == "auto" or (engine is None and _defaults.get("engine") == "auto")
-    if said_auto and name == "io_uring" and _status("psync", set(_core.engine_names())) is True:
-        return AutoEngine(name)
-    return name
-
-
 #: engine="auto": the rule, measured with bench/engines/engines.py (read_files() and
 #: Reader; 4 KiB to 1 MiB files; warm and cold; batch 64 and 256) on 16-core
 #: H100 and H200 machines and a 2-core VM, applied per batch by the C core
@@ -207,52 +186,57 @@ def _cpus():
 
 
 def auto_choice():
-    """(engine, why) for engine="auto" here; engine is None if none runs.
-    Where auto chooses per batch, engine is "io_uring" (the context it
-    opens) and why says when batches go to psync instead."""
+    """(engine, why) for engine="auto" here, as the C core decides it
+    (``fr_engine_auto``); engine is None if none runs. Where auto chooses
+    per batch, engine is "io_uring" (the context it opens) and why says when
+    batches go to psync instead."""
     built = set(_core.engine_names())
-    skipped = []
-    for name in KNOWN_ENGINES:
-        if name in GPU_ENGINES:
-            continue
-        status = _status(name, built)
-        if status is True:
-            if name == "io_uring" and _status("psync", built) is True:
-                cpus = _cpus()
-                first, other = (("psync", "io_uring")
-                                if _core.auto_rule(_core.AUTO_MIN_SIZE, 1, cpus) == "psync"
-                                else ("io_uring", "psync"))
-                here = (f"this machine has {cpus} CPUs: cached files of "
-                        f"{_core.AUTO_MIN_SIZE // 1024} KiB or more go to {first}, or to "
-                        f"{other} while it reads them faster")
-                why = f"{AUTO_RULE}; {here}"
-            else:
-                why = "the first engine that runs here (io_uring, psync, xnvme-file)"
-            return name, why + ("; " + "; ".join(skipped) if skipped else "")
-        skipped.append(f"{name}: {status}")
-    return None, "no engine can read files here: " + "; ".join(skipped)
+    name, passed_over = _core.auto_engine()
+    status = _status(name, built)
+    if status is not True:
+        return None, f"no engine can read files here: io_uring: {passed_over}; {name}: {status}"
+    if name == "io_uring":
+        cpus = _cpus()
+        first, other = (("psync", "io_uring")
+                        if _core.auto_rule(_core.AUTO_MIN_SIZE, 1, cpus) == "psync"
+                        else ("io_uring", "psync"))
+        here = (f"this machine has {cpus} CPUs: cached files of "
+                f"{_core.AUTO_MIN_SIZE // 1024} KiB or more go to {first}, or to "
+                f"{other} while it reads them faster")
+        return name, f"{AUTO_RULE}; {here}"
+    return name, f"io_uring where it runs, else psync; io_uring: {_status('io_uring', built)}"
 
 
 def resolve(engine):
-    """Turns 'auto' (or the FASTREAD_ENGINE default) into an available engine;
-    raises ValueError naming an unknown or unavailable one. Probes only the
-    engines it needs to: 'auto' stops at the first that runs here."""
+    """The engine ``engine`` reads with here: 'auto' (or the FASTREAD_ENGINE
+    default) as the C core decides it (``fr_engine_auto``: io_uring, else
+    psync), a named engine if it can run; ValueError naming an unknown or
+    unavailable one. For reports: readers and contexts pass 'auto' to the
+    core as it is (:func:`check_engine`)."""
+    engine = check_engine(engine)
+    if engine != "auto":
+        return engine
+    name, passed_over = _core.auto_engine()
+    if "Cannot allocate memory" in passed_over:
+        _warn_once("io_uring-memlock",
+                   f"fastread: io_uring cannot start here ({passed_over}; {_limits_hint()}); "
+                   "'auto' reads with psync instead")
+    if _status(name, set(_core.engine_names())) is not True:
+        raise ValueError(f"no engine can read files here: {engines()}")
+    return name
+
+
+def check_engine(engine):
+    """The engine to open for ``engine``: None means the FASTREAD_ENGINE
+    default; 'auto' stays 'auto' (the C core resolves it when a context or
+    reader opens: ``fr_engine_auto``); a named engine is checked to run
+    here, else ValueError naming it and the engines that do."""
     if engine is None:
         engine = _defaults.get("engine")
-    built = set(_core.engine_names())
     if engine == "auto":
-        for name in KNOWN_ENGINES:
-            status = _status(name, built)
-            if name not in GPU_ENGINES and status is True:
-                return name
-            if name == "io_uring" and "Cannot allocate memory" in str(status):
-                _warn_once("io_uring-memlock",
-                           f"fastread: io_uring cannot start here ({status}; {_limits_hint()}); "
-                           "'auto' reads with the next engine instead")
-        raise ValueError("no engine can read files here: " + "; ".join(
-            f"{n}: {_status(n, built)}" for n in KNOWN_ENGINES))
-    elif engine in KNOWN_ENGINES:
-        status = _status(engine, built)
+        return engine
+    if engine in KNOWN_ENGINES:
+        status = _status(engine, set(_core.engine_names()))
         if status is True or _usable_by_name(engine):
             return engine
         raise ValueError(f"engine {engine!r} is unavailable here: {status}; "
@@ -303,7 +287,7 @@ def _is_int(v):
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
-def _check_option(name, v, from_env=False):
+def check_option(name, v, from_env=False):
     """`v` as the option's type; ValueError naming the option if it is wrong."""
     where = _origin(name, from_env)
     if name in _INT_RANGES:
@@ -396,7 +380,7 @@ class EngineOptions:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if v is not None:
-                object.__setattr__(self, f.name, _check_option(f.name, v))
+                object.__setattr__(self, f.name, check_option(f.name, v))
 
     @classmethod
     def coerce(cls, options=None, /, **kwargs):
@@ -444,7 +428,7 @@ class EngineOptions:
     def resolve(self, engine):
         """The complete options for ``engine`` (a resolved engine name), as
         :class:`fastread.Context` and :class:`fastread.NativeReader` take
-        them: defaults filled in from :mod:`fastread._defaults`, the xNVMe
+        them (``engine`` may be 'auto'): defaults filled in from :mod:`fastread._defaults`, the xNVMe
         options folded into ``engine_args``, the GPU settings decided."""
         given = self._given()
         out = {}
@@ -452,12 +436,10 @@ class EngineOptions:
             if name in given:
                 out[name] = given[name]
             else:
-                out[name] = _check_option(name, _defaults.get(name), from_env=True)
+                out[name] = check_option(name, _defaults.get(name), from_env=True)
         xnvme = {k: v for k, v in given.items() if k in XNVME_OPTIONS}
         out["engine_args"] = _fold_xnvme(engine, xnvme, out["engine_args"])
         out.update(_gpu_options(engine, given))
-        if isinstance(engine, AutoEngine):
-            out["auto_engine"] = True  # the C core picks io_uring or psync per batch
         return out
 
 
@@ -483,12 +465,12 @@ def _gpu_options(engine, given):
     if device_id == -1:
         device_id = None
     if device_id is None and (output or engine in GPU_ENGINES or pin):
-        device_id = _check_option("device_id", _defaults.get("device_id"), from_env=True)
+        device_id = check_option("device_id", _defaults.get("device_id"), from_env=True)
     if device_id is None:
         return {"device_id": -1, "device_output": False, "pin_memory": False}
     if pin is None:
         # A GPU engine's arenas are staging for the rare repair only.
-        pin = engine not in GPU_ENGINES and _check_option(
+        pin = engine not in GPU_ENGINES and check_option(
             "pin_memory", _defaults.get("pin_memory"), from_env=True)
     return {"device_id": device_id, "device_output": bool(output), "pin_memory": bool(pin)}
 
@@ -539,21 +521,29 @@ def warn_if_few_fds(contexts, batch_size):
 
 
 def open_engine(engine, open_one):
-    """``open_one(name)`` for the engine ``engine`` resolves to. When 'auto'
-    chose io_uring and the ring cannot be set up for a resource limit, warns
-    and opens psync instead; an io_uring named explicitly raises OSError
-    saying which limits to raise. Returns ``(name, opened)``."""
-    name = _resolve_for_open(engine)
+    """``open_one(name)``, a :class:`fastread.Context` or
+    :class:`fastread.NativeReader` opened for ``name`` =
+    :func:`check_engine` (``engine``): 'auto' goes to the C core as it is,
+    which reads with psync where io_uring cannot be set up for a resource
+    limit; that is warned about here (the opened object's ``engine`` says
+    what it reads with). An io_uring named explicitly raises OSError saying
+    which limits to raise. Returns ``(name, opened)``."""
+    name = check_engine(engine)
     try:
-        return name, open_one(name)
+        opened = open_one(name)
     except OSError as e:
         if name != "io_uring" or e.errno not in _LIMIT_ERRNOS:
             raise
-        if engine in (None, "auto") and (engine is not None or _defaults.get("engine") == "auto"):
-            warnings.warn(f"fastread: io_uring could not start ({e.strerror}; {_limits_hint()}); "
-                          "reading with psync instead", RuntimeWarning, stacklevel=3)
-            return "psync", open_one("psync")
         raise OSError(e.errno, f"{e.strerror} ({_limits_hint()})") from None
+    # auto_fallback: why 'auto' reads with psync (io_uring's probe or set-up
+    # failed). A resource limit is worth a warning; a policy (EPERM: seccomp,
+    # io_uring_disabled) or a kernel without io_uring is not.
+    fell_back = getattr(opened, "auto_fallback", 0)  # 0 too for sources read from memory
+    if fell_back in _LIMIT_ERRNOS and fell_back != _errno.EPERM:
+        warnings.warn(f"fastread: io_uring could not start ({os.strerror(fell_back)}; "
+                      f"{_limits_hint()}); reading with psync instead",
+                      RuntimeWarning, stacklevel=3)
+    return name, opened
 
 
 def open_context(engine="auto", options=None, **opts):
@@ -564,43 +554,70 @@ def open_context(engine="auto", options=None, **opts):
     return open_engine(engine, lambda name: _core.Context(name, **coerced.resolve(name)))[1]
 
 
+# This thread's contexts (cached_context), the one cache behind
+# read_files() and SampleSource.read(). A fork()ed child (a DataLoader
+# worker) cannot use its parent's contexts (their helper threads stayed in
+# the parent: the C core refuses them with ECHILD), so it forgets them.
 _local = threading.local()
 
 
-def cached_context(engine="auto", options=None, **opts):
+def _forget_contexts():
+    _local.__dict__.clear()
+
+
+os.register_at_fork(after_in_child=_forget_contexts)
+
+
+def cached_context(engine="auto", options=None, *, all_cpus=False, **opts):
     """This thread's context for these settings, opened on first use.
 
+    ``all_cpus``: unless ``threads`` (or FASTREAD_THREADS) says otherwise,
+    one helper thread per CPU (``threads=0``): read_files()'s default, one
+    call using the whole machine.
+
     The arguments and the FASTREAD_* environment are looked up first as
-    given: resolving 'auto' probes io_uring by setting up a ring, and with
-    the options' checks that cost ~90 us a call on the 2-core VM, a third of
-    a Reader's time for a batch of 64 small files. An open context keeps
-    working even if the engine's probe would now say otherwise."""
-    if getattr(_local, "pid", None) != os.getpid():
-        # A fork()ed child (a DataLoader worker) cannot use its parent's
-        # contexts (their helper threads stayed in the parent: the C core
-        # refuses them with ECHILD), so it opens its own.
-        _local.contexts, _local.fast, _local.pid = {}, {}, os.getpid()
-    try:
-        given = options if options is None or isinstance(options, EngineOptions) else \
-            tuple(sorted(dict(options).items()))
-        fast_key = (engine, given, tuple(sorted(opts.items())),
-                    _defaults.env_snapshot())
-        ctx = _local.fast.get(fast_key)
-    except TypeError:  # an unhashable option value: take the full path
-        fast_key, ctx = None, None
-    if ctx is not None:
-        return ctx
-    name = _resolve_for_open(engine)
-    coerced = EngineOptions.coerce(options, **opts)
-    resolved = coerced.resolve(name)
-    # A context setting, not an engine option: from the environment only.
-    remember = _check_option("remember_sizes", _defaults.get("remember_sizes"), from_env=True)
-    key = (name, remember) + tuple(sorted(resolved.items()))
-    ctx = _local.contexts.get(key)
+    given, before the options are checked and coerced (~60-90 us a call on
+    the 2-core VM, a sixth of reading 64 small files; checking a named
+    engine probes it, and io_uring's probe sets up a ring). The common call
+    (no options) checks the last one first: the same engine and environment
+    as last time is a tuple comparison, where hashing a key cost ~0.3 us.
+    An open context keeps working even if the engine's probe would now say
+    otherwise."""
+    mine = _local.__dict__  # this thread's
+    env = _defaults.env_snapshot()
+    plain = options is None and not opts
+    if plain:
+        last = mine.get("last")
+        if last is not None and last[0] == engine and last[1] == env and last[2] == all_cpus:
+            return last[3]
+        fast_key = (engine, env, all_cpus)  # no options to order
+    else:
+        try:
+            given = options if options is None or isinstance(options, EngineOptions) else \
+                tuple(sorted(dict(options).items()))
+            fast_key = (engine, given, tuple(sorted(opts.items())), env, all_cpus)
+            hash(fast_key)
+        except TypeError:  # an unhashable option value: no shortcut
+            fast_key = None
+    fast = mine.setdefault("fast", {})
+    ctx = fast.get(fast_key) if fast_key is not None else None
     if ctx is None:
-        _, ctx = open_engine(engine, lambda n: _core.Context(n, **coerced.resolve(n),
-                                                             remember_sizes=remember))
-        _local.contexts[key] = ctx
-    if fast_key is not None:
-        _local.fast[fast_key] = ctx
+        coerced = EngineOptions.coerce(options, **opts)
+        if all_cpus and coerced.threads is None and "FASTREAD_THREADS" not in os.environ:
+            coerced = coerced.replace(threads=0)
+        name = check_engine(engine)
+        resolved = coerced.resolve(name)
+        # A context setting, not an engine option: from the environment only.
+        remember = check_option("remember_sizes", _defaults.get("remember_sizes"), from_env=True)
+        key = (name, remember) + tuple(sorted(resolved.items()))
+        contexts = mine.setdefault("contexts", {})
+        ctx = contexts.get(key)
+        if ctx is None:
+            _, ctx = open_engine(name, lambda n: _core.Context(n, **resolved,
+                                                               remember_sizes=remember))
+            contexts[key] = ctx
+        if fast_key is not None:
+            fast[fast_key] = ctx
+    if plain:
+        mine["last"] = (engine, env, all_cpus, ctx)
     return ctx

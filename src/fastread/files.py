@@ -1,75 +1,25 @@
 """Reading lists of files in one native call."""
-import dataclasses
 import os
 import threading
 
-from fastread import _defaults
-from fastread.engine import EngineOptions, cached_context, warn_if_few_fds
+from fastread.engine import cached_context, warn_if_few_fds
 from fastread.errors import ReadError
 
-# This thread's contexts by read_files()'s own arguments and the FASTREAD_*
-# environment, looked up before the options are checked and coerced: that
-# costs ~60-90 us a call on the 2-core VM, 1-1.4 us a file of a list of 64
-# small files (a sixth of the read). See _context.
-_local = threading.local()
-
-
-def _forget_contexts():
-    """In a fork()ed child: its contexts are its own (the parent's have no
-    helper threads here; the C core refuses them with ECHILD)."""
-    _local.__dict__.clear()
-
-
-os.register_at_fork(after_in_child=_forget_contexts)
+# The list lengths this thread was checked for (RLIMIT_NOFILE): a
+# getrlimit per call is a syscall for an advisory warning. The contexts
+# themselves are engine.cached_context's.
+_checked = threading.local()
 
 
 def _context(engine, options, engine_options, nfiles):
-    """The engine context read_files() reads with, opened on first use.
-
-    The common call (no options) checks the last one first: the same engine
-    and environment as last time is a tuple comparison, where hashing the
-    key cost ~0.3 us and the fork check a getpid() (~0.2 us) on the 2-core
-    VM, for calls that read 64 small files in ~50 us on 16 cores."""
-    env = _defaults.env_snapshot()
-    mine = _local.__dict__  # this thread's
-    plain = options is None and not engine_options
-    if plain:
-        last = mine.get("last")
-        if last is not None and last[0] == engine and last[1] == env:
-            ctx = last[2]
-            if nfiles > mine["fds_checked"]:
-                _check_fds(mine, nfiles)
-            return ctx
-        key = (engine, env)  # no options to order
-    else:
-        try:
-            given = options if options is None or isinstance(options, EngineOptions) else \
-                tuple(sorted(dict(options).items()))
-            key = (engine, given, tuple(sorted(engine_options.items())), env)
-            hash(key)
-        except TypeError:  # an unhashable option value: no shortcut
-            key = None
-    contexts = mine.setdefault("contexts", {})
-    ctx = contexts.get(key) if key is not None else None
-    if ctx is None:
-        opts = EngineOptions.coerce(options, **engine_options)
-        if opts.threads is None and "FASTREAD_THREADS" not in os.environ:
-            opts = dataclasses.replace(opts, threads=0)
-        ctx = cached_context(engine, opts)
-        if key is not None:
-            contexts[key] = ctx
-    if plain:
-        mine["last"] = (engine, env, ctx)
-    if nfiles > mine.setdefault("fds_checked", -1):
-        _check_fds(mine, nfiles)
+    """The engine context read_files() reads with: this thread's, from
+    :func:`fastread.engine.cached_context` (one helper thread per CPU
+    unless ``threads`` says otherwise), opened on first use."""
+    ctx = cached_context(engine, options, all_cpus=True, **engine_options)
+    if nfiles > getattr(_checked, "nfiles", -1):
+        warn_if_few_fds(1, nfiles)
+        _checked.nfiles = nfiles
     return ctx
-
-
-def _check_fds(mine, nfiles):
-    """RLIMIT_NOFILE once per list length this thread has not read yet (a
-    getrlimit per call is a syscall for an advisory warning)."""
-    warn_if_few_fds(1, nfiles)
-    mine["fds_checked"] = nfiles
 
 
 def raise_failures(batch, path_of, paths=True):

@@ -9,8 +9,21 @@ import numpy as np
 from fastread.engine import EngineOptions, warn_if_few_fds
 from fastread.files import raise_failures
 from fastread.image import PackedImage
-from fastread.index import check_flag, epoch_indices
+from fastread.sampling import check_flag, epoch_indices
 from fastread.source import FileList, check_source, open_native_reader
+
+
+#: Where a reader delivers its batches: host memory or GPU memory.
+DEVICES = ("cpu", "gpu")
+
+
+def check_device(device):
+    """``device`` if it is one of :data:`DEVICES`, else ValueError: the one
+    parser of the readers' ``device=`` argument. :class:`Reader` and each
+    DALI reader's entry point call it once; what they call gets the result."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    return device
 
 
 class Reader:
@@ -23,7 +36,7 @@ class Reader:
     each epoch, and takes its shard of it. ``stick_to_shard=False`` moves
     each rank to the next shard every epoch, as DALI's readers do by default.
     ``shuffle_buffer=N`` shuffles instead through a buffer of N samples read
-    in order (:func:`fastread.index.epoch_indices`), like DALI's
+    in order (:func:`fastread.sampling.epoch_indices`), like DALI's
     ``initial_fill``: cheaper for formats of many shards, less random.
 
     ``workers`` native threads (each with its own engine context) read up to
@@ -73,8 +86,7 @@ class Reader:
         if ring_depth is not None and (not isinstance(ring_depth, int) or
                                        isinstance(ring_depth, bool) or ring_depth < 1):
             raise ValueError(f"ring_depth must be None or an integer >= 1, got {ring_depth!r}")
-        if device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        check_device(device)
         opts = EngineOptions.coerce(options, **engine_options)
         if device == "gpu":
             opts = opts.replace(device_output=True)

@@ -49,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fastread import _core, _defaults
-from fastread.engine import RANGE_ONLY, EngineOptions, cached_context, open_engine, resolve
+from fastread.engine import RANGE_ONLY, EngineOptions, cached_context, check_engine, open_engine
 from fastread.files import raise_failures
 from fastread.index import scan
 
@@ -250,9 +250,10 @@ def check_source(source):
 
 
 def check_engine_for(source, engine):
-    """The resolved engine name; ValueError if it cannot read this source
-    (a range-only engine on files)."""
-    name = resolve(engine)
+    """The engine to open (:func:`fastread.engine.check_engine`: 'auto' as
+    it is, for the core to resolve); ValueError if it cannot read this
+    source (a range-only engine on files)."""
+    name = check_engine(engine)
     if name in RANGE_ONLY and not source.reads_ranges:
         raise ValueError(f"engine {name!r} reads ranges of one image or device only; "
                          f"give image= (or a FileRanges source) or choose a file engine "
@@ -286,17 +287,18 @@ class HostBatch:
 
 class OpenedReader(NamedTuple):
     """What :func:`open_native_reader` opened, and the settings it chose."""
-    engine: str                 # the resolved engine name
+    engine: str                 # the engine it reads with ("auto" resolved by the core)
     options: dict               # the resolved engine options
     native: "_core.NativeReader"
     workers: int                # reader threads
 
 
 def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
-    """Opens ``source``'s native read-ahead reader: ``engine`` resolved and
-    checked against the source, ``options`` (an EngineOptions) resolved for
-    it, ``prefetch`` and ``workers`` defaulted from :mod:`fastread._defaults`.
-    Returns an :class:`OpenedReader`."""
+    """Opens ``source``'s native read-ahead reader: ``engine`` checked
+    against the source ('auto' is the core's to resolve), ``options`` (an
+    EngineOptions) resolved for it, ``prefetch`` and ``workers`` defaulted
+    from :mod:`fastread._defaults`. Returns an :class:`OpenedReader`, whose
+    ``engine`` is what the reader reads with."""
     name = check_engine_for(source, engine)
     prefetch = _defaults.get("prefetch") if prefetch is None else prefetch
     if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 1 <= prefetch <= 4096:
@@ -304,16 +306,15 @@ def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
                          f"got {prefetch!r}")
     workers = _defaults.reader_workers(workers)
 
-    def open_one(n):
-        resolved = options.resolve(n)
-        source.check_options(resolved)
-        return resolved, source.open_native(n, resolved, prefetch=prefetch, workers=workers)
-    name, (resolved, native) = open_engine(engine, open_one)
+    resolved = options.resolve(name)
+    source.check_options(resolved)
+    _, native = open_engine(name, lambda n: source.open_native(n, resolved, prefetch=prefetch,
+                                                               workers=workers))
     if native.size != len(source):
         native.close()
         raise ValueError(f"source {source!r} opened a native reader over {native.size} samples "
                          f"but names {len(source)}")
-    return OpenedReader(name, resolved, native, workers)
+    return OpenedReader(native.engine, resolved, native, workers)
 
 
 def read_in_order(source, batch_size, engine="auto", *, prefetch=None, workers=None,

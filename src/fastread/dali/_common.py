@@ -2,15 +2,15 @@
 into the outputs of a batch ``fn.external_source`` (last-batch policies,
 DALI's prefetch depth, CPU and GPU batch sources).
 
-Private: ``readers.py``, ``_image.py``, ``_numpy.py`` and ``fastread.torch``
-import it; it imports none of them.
+Private: ``readers.py``, ``_image.py``, ``_numpy.py`` and ``formats.py``
+import it; it imports none of them. What DALI pulls the batches from is
+public, in :mod:`fastread.dali.sources`.
 """
 import weakref
 
-import numpy as np
-
 from fastread import _defaults
-from fastread.index import check_flag, check_shard_args
+from fastread.sampling import check_flag, check_shard_args
+from fastread.dali.sources import BatchSource, GpuBatchSource
 from fastread.reader import Reader
 
 # fn.readers.file arguments that tune DALI's own reader and mean nothing here.
@@ -49,102 +49,6 @@ def check_epoch_end(epoch_end):
     return epoch_end
 
 
-class BatchSource:
-    """What DALI pulls batches from. DALI calls iter() on a non-cycling
-    source once and keeps calling next() after each reset, so the first
-    next() after an epoch's StopIteration starts the next epoch.
-
-    With ``roll`` set, epochs never end, as in DALI's own readers: the shard
-    is one stream of samples, and a batch that crosses an epoch's end is
-    filled from the next epoch (with ``pad_last_batch`` every epoch is whole
-    batches, so none does). Subclasses that transform batches call
-    ``super().__next__()`` and get the stream either way."""
-
-    roll = False
-
-    def __init__(self, reader):
-        self.reader = reader
-        self._it = None
-        self._carry = None  # roll: samples of a split batch not handed out yet
-
-    def __iter__(self):
-        return self
-
-    def _epoch_batch(self):
-        if self._it is None:
-            self._it = iter(self.reader)
-        try:
-            return next(self._it)
-        except StopIteration:
-            self._it = None
-            raise
-
-    def __next__(self):
-        if not self.roll:
-            arrays, labels = self._epoch_batch()
-            return arrays, labels.reshape(-1, 1)
-        size = self.reader.batch_size
-        arrays, labels = self._carry or ([], [])
-        self._carry = None
-        ends = 0
-        while len(arrays) < size:
-            try:
-                more, more_labels = self._epoch_batch()
-            except StopIteration:
-                ends += 1
-                if ends > 1:  # cannot happen: every shard holds a sample
-                    raise RuntimeError("fastread reader: an epoch without samples") from None
-                continue
-            ends = 0
-            if not arrays and len(more) == size:
-                return more, more_labels.reshape(-1, 1)  # the usual case: no splicing
-            arrays = arrays + list(more)
-            labels = labels + [more_labels]
-        labels = np.concatenate(labels)
-        if len(arrays) > size:
-            self._carry = (arrays[size:], [labels[size:]])
-        return arrays[:size], labels[:size].reshape(-1, 1)
-
-
-def gpu_batch(arrays, device_id):
-    """The batch as one DALI TensorListGPU over the samples' device memory
-    (no copy). Handing DALI a TensorList skips its per-sample Python checks
-    (measured on an H200: those cost about 5 us a sample, more than the
-    native read and upload of the whole batch). Through DLPack, DALI later
-    frees each sample with a native deleter; through the CUDA array
-    interface each free would take the GIL from DALI's thread."""
-    from nvidia.dali.tensors import TensorGPU, TensorListGPU
-    if hasattr(TensorListGPU, "from_dlpack_list"):
-        return TensorListGPU.from_dlpack_list(arrays, "", contiguous=False)
-    return TensorListGPU([TensorGPU(a, "", device_id) for a in arrays], "", contiguous=False)
-
-
-class GpuBatchSource(BatchSource):
-    """Batches already in GPU memory: the reader's native workers copied each
-    batch's contiguous pinned arena to a device buffer in one copy (or the
-    cufile engine read it there) and finished before handing it over, so DALI
-    gets the samples with nothing left to wait for. Labels go up with one
-    small copy per batch on a private non-blocking stream, which DALI is
-    told to order its work after (the external source's ``cuda_stream``);
-    on CuPy's default stream that copy would serialise with the device's
-    other work."""
-
-    def __init__(self, reader, device_id):
-        super().__init__(reader)
-        import cupy
-
-        self._cupy = cupy
-        self._device = cupy.cuda.Device(device_id)
-        self._device_id = device_id
-        with self._device:
-            self.cuda_stream = cupy.cuda.Stream(non_blocking=True)
-
-    def __next__(self):
-        arrays, labels = super().__next__()
-        with self._device, self.cuda_stream:
-            return gpu_batch(arrays, self._device_id), self._cupy.asarray(labels)
-
-
 def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_shuffle, seed,
                    pad_last_batch, stick_to_shard, prefetch_queue_depth, name,
                    last_batch_policy, engine, device, no_copy, device_id, kwargs,
@@ -158,13 +62,12 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     (DALI's readers' epochs; the iterators get `reader_name=name`).
     `layout`: DALI's layout of the outputs (a string, or one per output),
     set by the external source itself (an fn.reshape after it costs a
-    pass over the batch)."""
+    pass over the batch). `device`: as the entry point checked it
+    (fastread.reader.check_device)."""
     from nvidia.dali.pipeline import Pipeline
 
     for arg in _DALI_ONLY_ARGS & set(kwargs):
         kwargs.pop(arg)
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     shard_id, num_shards = check_shard_args(shard_id, num_shards)
     for flag, value in (("random_shuffle", random_shuffle), ("pad_last_batch", pad_last_batch),
                         ("stick_to_shard", stick_to_shard)):

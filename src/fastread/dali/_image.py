@@ -11,6 +11,7 @@ memory (the GDS-like path).
 from fastread.dali._common import check_epoch_end, reader_outputs
 from fastread.dali._native import native_reader, use_native
 from fastread.image import PackedImage
+from fastread.reader import check_device
 
 
 def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
@@ -35,6 +36,7 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
     when the pipeline is defined either way.
     """
     check_epoch_end(epoch_end)
+    device = check_device(device)
     if use_native("fastread.dali.readers.image", native, epoch_end, device, device_id,
                   last_batch_policy, engine, kwargs, ranges=True):
         return native_reader(

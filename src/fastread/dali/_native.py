@@ -12,8 +12,7 @@ fall back to their external sources, or raise with the reason when
 from fastread import _defaults
 from fastread.dali import _plugin
 from fastread.dali._common import _DALI_ONLY_ARGS
-from fastread.engine import GPU_ENGINES, RANGE_ONLY, EngineOptions, _check_option
-from fastread.engine import AutoEngine, _resolve_for_open
+from fastread.engine import GPU_ENGINES, RANGE_ONLY, EngineOptions, check_engine, check_option
 
 # Engine and Reader options the operator takes as its own arguments.
 NATIVE_OPTIONS = {"workers", "queue_depth", "threads", "o_direct", "direct_alignment",
@@ -89,8 +88,8 @@ def pin_args(kwargs, pipe_device):
     """The operators' pin_device argument for host outputs: the pipeline's
     device, unless pin_memory=False / FASTREAD_PIN_MEMORY=0 or no device."""
     pin = kwargs.get("pin_memory")
-    pin = (_check_option("pin_memory", _defaults.get("pin_memory"), from_env=True)
-           if pin is None else _check_option("pin_memory", pin))
+    pin = (check_option("pin_memory", _defaults.get("pin_memory"), from_env=True)
+           if pin is None else check_option("pin_memory", pin))
     return {"pin_device": int(pipe_device)} if pin and pipe_device is not None else {}
 
 
@@ -100,7 +99,7 @@ def stream_args(what, *, shard_id, num_shards, random_shuffle, seed, pad_last_ba
     as the external source checks them (errors naming the argument)."""
     from nvidia.dali.pipeline import Pipeline
 
-    from fastread.index import check_flag, check_shard_args
+    from fastread.sampling import check_flag, check_shard_args
 
     pipe = Pipeline.current()
     if pipe is None:
@@ -121,7 +120,8 @@ def stream_args(what, *, shard_id, num_shards, random_shuffle, seed, pad_last_ba
 def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
                   stick_to_shard, prefetch_queue_depth, name, engine, device, device_id, kwargs,
                   what="fastread.dali.readers.file", layout_args=None):
-    """fn.fastread.readers.file over `samples`: (data, labels). A FileList
+    """fn.fastread.readers.file over `samples`: (data, labels); `device` as
+    the entry point checked it (fastread.reader.check_device). A FileList
     goes as files= and labels=; a FileRanges (a packed image) as image=,
     its byte ranges and its samples' names and labels.
     `layout_args`: the operator's npy_* arguments (readers.numpy)."""
@@ -131,15 +131,11 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
                                random_shuffle=random_shuffle, seed=seed,
                                pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
                                prefetch_queue_depth=prefetch_queue_depth)
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     pipe_device = pipe.device_id
     # Checked here as for the external source: ValueError / TypeError naming
-    # the engine or option, before DALI builds anything.
-    # "auto" reaches the operator as such where it means the core's per-batch
-    # choice (fr_auto_rule), as for the external source's Reader.
-    engine = _resolve_for_open(engine)
-    engine = "auto" if isinstance(engine, AutoEngine) else str(engine)
+    # the engine or option, before DALI builds anything. "auto" reaches the
+    # operator as it is, and the core resolves it (fr_engine_auto).
+    engine = check_engine(engine)
     op_args = operator_args(kwargs, NATIVE_OPTIONS, name)
     # In a pipeline with a GPU the operator's buffers are page-locked through
     # that device (unless pin_memory=False / FASTREAD_PIN_MEMORY=0), so that

@@ -21,10 +21,12 @@ Otherwise an external source, as before.
 """
 import numpy as np
 
-from fastread.dali._common import BatchSource, check_epoch_end, gpu_batch, reader_outputs
+from fastread.dali._common import check_epoch_end, reader_outputs
+from fastread.dali.sources import BatchSource, gpu_batch
 from fastread.dali._native import native_reader, use_native
 from fastread.index import scan, scan_numpy
 from fastread.npy import NpyError, NpyIndex
+from fastread.reader import check_device
 from fastread.source import FileList
 
 # fn.readers.numpy arguments that cut regions out of arrays: not done here.
@@ -98,6 +100,7 @@ def numpy(*, file_root=None, file_filter="*.npy", files=None, file_list=None, sh
     Python, once, either way.
     """
     check_epoch_end(epoch_end)
+    device = check_device(device)
     roi = sorted(_ROI_ARGS & set(kwargs))
     if roi:
         raise TypeError(f"fastread.dali.readers.numpy does not take {', '.join(roi)}: "

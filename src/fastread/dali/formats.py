@@ -12,13 +12,15 @@ import dataclasses
 import numpy as np
 
 from fastread._dlviews import array_view, pack_ranges, range_views
-from fastread.dali._common import BatchSource, reader_outputs
+from fastread.dali._common import reader_outputs
+from fastread.dali.sources import BatchSource
 from fastread.dali._native import operator_args, pin_args, stream_args
 from fastread.engine import EngineOptions
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
-from fastread.formats.memory import InMemory
+from fastread.formats.in_memory import InMemory
 from fastread.formats.squirrel import SquirrelStore
 from fastread.formats.webdataset import WebDataset
+from fastread.reader import check_device
 
 __all__ = ["cifar10", "squirrel", "webdataset"]
 
@@ -102,7 +104,7 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
     output layout; each batch is one gather from there into a recycled
     buffer, which DALI copies when it is fed (measured on 2 cores: a range
     read per batch costs about 10x the CPU of the gather, see
-    :mod:`fastread.formats.memory`). ``in_memory=False`` reads each batch's
+    :mod:`fastread.formats.in_memory`). ``in_memory=False`` reads each batch's
     images as byte ranges of the batch files (one range reader per file)
     and transposes them to HWC in one NumPy pass per batch. Shuffling draws
     one permutation of all images of all files per epoch (the same on every
@@ -118,8 +120,7 @@ def cifar10(*, file_root, train=True, shard_id=0, num_shards=1, random_shuffle=F
     :class:`fastread.formats.FormatError` naming the file and offset when
     the pipeline is defined.
     """
-    if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    check_device(device)
     if output_layout not in ("HWC", "CHW"):
         raise ValueError(f"output_layout must be 'HWC' or 'CHW', got {output_layout!r}")
     images, labels = reader_outputs(
@@ -293,7 +294,7 @@ def _native_webdataset(source, *, shard_id, num_shards, random_shuffle, seed, pa
 
     from nvidia.dali import fn
 
-    from fastread.engine import resolve as resolve_engine
+    from fastread.engine import check_engine
 
     pipe, stream = stream_args("fastread.dali.readers.webdataset", shard_id=shard_id,
                                num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
@@ -304,7 +305,7 @@ def _native_webdataset(source, *, shard_id, num_shards, random_shuffle, seed, pa
         raise ValueError(f"fastread.dali.readers.webdataset: {len(source)} samples (after "
                          f"missing_component_behavior={source.missing_component_behavior!r}) "
                          f"cannot make {num_shards} shards")
-    engine = resolve_engine(engine)
+    engine = check_engine(engine)  # "auto" as it is: the core resolves it
     op_args = operator_args(kwargs, _WDS_NATIVE_OPTIONS, name)
     if kwargs.get("shuffle_buffer"):  # webdataset(initial_fill=N, random_shuffle=True)
         op_args["initial_fill"] = kwargs["shuffle_buffer"]

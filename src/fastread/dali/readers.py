@@ -39,6 +39,7 @@ from fastread.dali._common import check_epoch_end, reader_outputs
 from fastread.dali._native import native_reader, use_native
 from fastread.dali._image import image
 from fastread.dali._numpy import numpy
+from fastread.reader import check_device
 from fastread.source import FileList
 
 __all__ = ["file", "image", "numpy", "epoch_size"]
@@ -81,6 +82,7 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     turns that off).
     """
     check_epoch_end(epoch_end)
+    device = check_device(device)
     if use_native("fastread.dali.readers.file", native, epoch_end, device, device_id,
                   last_batch_policy, engine, kwargs):
         return native_reader(

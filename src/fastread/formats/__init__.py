@@ -9,7 +9,9 @@ few large files rather than one file each.
   (:class:`SquirrelStore`), one byte range per sample, arrays as views.
 - :mod:`fastread.formats._multi`: :class:`MultiFileRanges`, byte ranges of
   several files read with one native range reader per file.
-- :mod:`fastread.formats.torch`: PyTorch iterators over all three.
+- :mod:`fastread.formats.in_memory`: :class:`InMemory`, any source of
+  fixed-size records read once and held in memory, batches gathered from it.
+- PyTorch iterators over all three: :mod:`fastread.torch` (``records``).
 
 Every source here is a :class:`fastread.SampleSource`: give it to
 :class:`fastread.Reader` (``source=``) for epochs, shards and shuffles over
@@ -18,8 +20,9 @@ naming the file and the byte offset.
 """
 from fastread.formats._multi import MultiBatch, MultiFileRanges
 from fastread.formats.cifar import Cifar10, FormatError, to_chw, to_hwc
+from fastread.formats.in_memory import InMemory
 from fastread.formats.squirrel import SquirrelStore
 from fastread.formats.webdataset import WebDataset
 
-__all__ = ["Cifar10", "FormatError", "MultiBatch", "MultiFileRanges", "SquirrelStore",
+__all__ = ["Cifar10", "FormatError", "InMemory", "MultiBatch", "MultiFileRanges", "SquirrelStore",
            "WebDataset", "to_chw", "to_hwc"]

@@ -85,6 +85,7 @@ class _MultiNative:
         self._discard = collections.deque() # files whose part of a failed batch is still queued
         self.size = len(source)
         self.engine = natives[0].engine if natives else None
+        self.auto_fallback = natives[0].auto_fallback if natives else 0
         # Batches handed out or failed (as NativeReader.taken): the Reader
         # tells a batch that failed from a wait a signal interrupted by it.
         self.taken = 0

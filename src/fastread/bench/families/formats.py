@@ -26,7 +26,7 @@ output.
                              augmentation
 ``cifar-fastread-ranges``    ``cifar10(in_memory=False)``: every batch read
                              as byte ranges of the batch files
-``cifar-fastread-torch``     ``fastread.formats.torch.Cifar10Loader
+``cifar-fastread-torch``     ``fastread.torch.Cifar10Loader
                              (augment=True)``: the records read once
                              (natively) into a tensor on the device, each
                              batch a gather and the augmentation on whole
@@ -413,7 +413,7 @@ def _build_torch(mode, cfg):
 
 
 def _build_fastread_torch(mode, cfg):
-    from fastread.formats.torch import Cifar10Loader
+    from fastread.torch import Cifar10Loader
     gpu = cfg.device == "gpu"
     in_memory = mode.param("in_memory")
     loader = Cifar10Loader(cfg.data_dir, batch_size=cfg.batch_size, augment=True,

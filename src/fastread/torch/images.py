@@ -1,4 +1,5 @@
-"""A PyTorch loader: fastread reads, DALI decodes, torch tensors come out.
+"""PyTorch over image trees: fastread reads, DALI decodes, torch tensors come
+out (:class:`ImageLoader`).
 
 ::
 
@@ -19,8 +20,10 @@ import numpy as np
 
 from fastread import _core
 from fastread._defaults import env_int
-from fastread.index import check_flag
+from fastread.sampling import check_flag
 from fastread.reader import Reader
+
+__all__ = ["ImageLoader", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -165,7 +168,7 @@ class ImageLoader:
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-        from fastread.dali._common import BatchSource
+        from fastread.dali.sources import BatchSource
 
         reader, loader = self.reader, self
 
@@ -194,7 +197,3 @@ class ImageLoader:
         self._teardown()
         self.reader.close()
 
-
-# Loaders over the record formats (fastread.formats.torch).
-from fastread.formats.torch import (  # noqa: E402,F401
-    Cifar10Loader, SquirrelLoader, WebDatasetLoader, augment_batch)

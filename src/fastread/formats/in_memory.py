@@ -1,4 +1,5 @@
-"""Fixed-size records held in memory, as a sample source.
+"""Any source of fixed-size records, read once and held in memory: a
+sample source over a cached copy of another.
 
 Small record sets (CIFAR-10's train set is 150 MB) are cheaper to hold in
 memory than to read per batch: on a 2-core machine a batch of 64 CIFAR

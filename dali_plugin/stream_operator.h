@@ -1,0 +1,149 @@
+// What fastread's DALI reader operators (fastread_reader.cc,
+// fastread_webdataset.cc) share as DALI readers: the sample stream built
+// from DALI's reader arguments (plugin_common.h's SampleStream), the reader
+// metadata DALI's iterators ask for (pipe.reader_meta(name)), and
+// checkpoints of the stream's position (pipe.checkpoint(),
+// Pipeline(checkpoint=...)).
+//
+// An operator derives from StreamOperator<Backend>, starts its stream in
+// its constructor (StartStream), takes each batch's samples from
+// SubmitNext when it queues a read and calls Taken when it hands the
+// oldest queued batch to DALI, and drops what it read ahead when a
+// checkpoint is restored (DropReadAhead). The checkpoint is the stream's
+// position after the last batch taken, with the seed.
+#ifndef FASTREAD_DALI_STREAM_OPERATOR_H
+#define FASTREAD_DALI_STREAM_OPERATOR_H
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "dali/pipeline/operator/checkpointing/op_checkpoint.h"
+#include "dali/pipeline/operator/operator.h"
+#include "plugin_common.h"
+
+namespace fastread_dali {
+
+template <typename Backend>
+class StreamOperator : public dali::Operator<Backend> {
+ public:
+  // Epochs of the shard as DALI's readers report them (pad_last_batch:
+  // every shard padded to ceil(n / num_shards)).
+  dali::ReaderMeta GetReaderMeta() const override {
+    const StreamArgs &args = stream_.Args();
+    dali::ReaderMeta meta;
+    meta.epoch_size = args.n;
+    meta.epoch_size_padded =
+        args.pad ? (args.n + args.num_shards - 1) / args.num_shards * args.num_shards : args.n;
+    meta.number_of_shards = args.num_shards;
+    meta.shard_id = args.shard_id;
+    meta.pad_last_batch = args.pad;
+    meta.stick_to_shard = args.stick;
+    return meta;
+  }
+
+  void SaveState(dali::OpCheckpoint &cpt, dali::AccessOrder order) override {
+    DALI_ENFORCE(checkpointing_, dali::make_string(op_name_, ": cannot save a checkpoint: the "
+                                                   "pipeline was built without checkpointing"));
+    cpt.MutableCheckpointState() = taken_;
+  }
+
+  void RestoreState(const dali::OpCheckpoint &cpt) override {
+    DALI_ENFORCE(checkpointing_, dali::make_string(op_name_, ": cannot restore a checkpoint: the "
+                                                   "pipeline was built without checkpointing"));
+    const StreamPos &at = cpt.CheckpointState<StreamPos>();
+    // Drop the read-ahead of the old position; the next batches come from `at`.
+    DropReadAhead();
+    submitted_.clear();
+    DALI_ENFORCE(stream_.Seek(at),
+                 dali::make_string(op_name_, ": a checkpoint at sample ", at.pos, " of epoch ",
+                                   at.epoch, ", which this reader's epochs do not have: it was "
+                                   "saved by a reader of other arguments"));
+    taken_ = at;
+  }
+
+  std::string SerializeCheckpoint(const dali::OpCheckpoint &cpt) const override {
+    return SerializeStreamPos(tag_, cpt.CheckpointState<StreamPos>());
+  }
+
+  void DeserializeCheckpoint(dali::OpCheckpoint &cpt, const std::string &data) const override {
+    StreamPos at;
+    DALI_ENFORCE(ParseStreamPos(tag_, data, &at),
+                 dali::make_string(op_name_, ": not a checkpoint of this reader: '", data, "'"));
+    cpt.MutableCheckpointState() = at;
+  }
+
+ protected:
+  // `op_name` names the operator in messages; `checkpoint_tag` marks its
+  // checkpoints' text (a checkpoint of one operator is refused by another).
+  StreamOperator(const dali::OpSpec &spec, const char *op_name, const char *checkpoint_tag)
+      : dali::Operator<Backend>(spec), op_name_(op_name), tag_(checkpoint_tag) {}
+
+  // The stream of `n` samples from DALI's reader arguments in `spec`
+  // (shard_id, num_shards, pad_last_batch, stick_to_shard, seed,
+  // checkpointing), checked, naming the argument. `shuffle`: the operator's
+  // shuffle arguments; `fill`: its shuffle buffer (StreamArgs::fill).
+  void StartStream(const dali::OpSpec &spec, int64_t n, bool shuffle, int64_t fill) {
+    StreamArgs args;
+    args.n = n;
+    args.shard_id = spec.GetArgument<int>("shard_id");
+    args.num_shards = spec.GetArgument<int>("num_shards");
+    DALI_ENFORCE(args.num_shards >= 1, dali::make_string(op_name_, ": num_shards must be >= 1, "
+                                                         "got ", args.num_shards));
+    DALI_ENFORCE(args.shard_id >= 0 && args.shard_id < args.num_shards,
+                 dali::make_string(op_name_, ": shard_id must be in [0, ", args.num_shards,
+                                   "), got ", args.shard_id));
+    DALI_ENFORCE(args.num_shards <= n,
+                 dali::make_string(op_name_, ": the number of samples (", n,
+                                   ") must be at least num_shards (", args.num_shards, ")"));
+    args.shuffle = shuffle;
+    args.pad = spec.GetArgument<bool>("pad_last_batch");
+    args.stick = spec.GetArgument<bool>("stick_to_shard");
+    args.batch_size = this->max_batch_size_;
+    args.fill = fill;
+    int64_t seed = spec.GetArgument<int64_t>("seed");
+    DALI_ENFORCE(seed >= -1, dali::make_string(op_name_, ": seed must be >= -1, got ", seed));
+    if (seed < 0) seed = 0;  // -1: 0, so every rank draws the same permutation
+    stream_ = SampleStream(args, seed);
+    checkpointing_ = spec.GetArgument<bool>("checkpointing");
+    taken_ = stream_.Position();
+    submitted_.clear();
+  }
+
+  // The next batch's samples, for a read queued now; its stream position
+  // is kept until the batch is taken.
+  std::vector<int64_t> SubmitNext() {
+    std::vector<int64_t> idx = stream_.NextBatch();
+    submitted_.push_back(stream_.Position());
+    return idx;
+  }
+
+  // The oldest queued batch goes to DALI: a checkpoint now resumes after it.
+  void Taken() {
+    taken_ = submitted_.front();
+    submitted_.pop_front();
+  }
+
+  // Batches queued (SubmitNext) and not yet taken.
+  size_t Queued() const { return submitted_.size(); }
+
+  // Drops every batch read or being read ahead (RestoreState, before the
+  // stream moves to the checkpoint's position).
+  virtual void DropReadAhead() = 0;
+
+  const char *const op_name_;
+  SampleStream stream_;
+
+ private:
+  const char *const tag_;
+  bool checkpointing_ = false;
+  // The stream position after each queued batch not yet taken, and after
+  // the batch last taken (what a checkpoint holds).
+  std::deque<StreamPos> submitted_;
+  StreamPos taken_;
+};
+
+}  // namespace fastread_dali
+
+#endif  // FASTREAD_DALI_STREAM_OPERATOR_H

@@ -1,0 +1,100 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
+"""What the classes adapting the C core share: an fr_config from Python
+arguments, engine names and paths as C strings, byte ranges as fr_range
+arrays, errors as exceptions. No classes; cimported by _context and
+_native_reader (declarations in _adapt.pxd)."""
+import os
+
+cimport numpy as cnp
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport malloc
+from libc.string cimport memchr
+
+from fastread._cfastread cimport *
+
+cnp.import_array()
+
+
+cdef str gpu_error(fr_gpu *gpu):
+    """The GPU's last CUDA/cuFile error, as a suffix for a message."""
+    cdef char msg[256]
+    if gpu == NULL:
+        return ""
+    msg[0] = 0
+    fr_gpu_last_error(gpu, msg, sizeof(msg))
+    return f" ({msg.decode(errors='replace')})" if msg[0] else ""
+
+
+
+cdef void init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsigned threads,
+                       bint o_direct, unsigned direct_alignment, bint register_buffers,
+                       bint register_files, bytes engine_args, int device_id,
+                       bint pin_memory, bint device_output, unsigned spin_us,
+                       int auto_engine):
+    fr_config_init(cfg)
+    cfg.spin_us = spin_us
+    cfg.auto_engine = auto_engine
+    cfg.engine = PyBytes_AS_STRING(engine)
+    cfg.queue_depth = queue_depth
+    cfg.threads = threads
+    cfg.o_direct = o_direct
+    cfg.direct_alignment = direct_alignment
+    cfg.register_buffers = register_buffers
+    cfg.register_files = register_files
+    cfg.engine_args = PyBytes_AS_STRING(engine_args)
+    cfg.device_id = device_id
+    cfg.pin_memory = pin_memory
+    cfg.device_output = device_output
+
+
+cdef bytes engine_name(engine):
+    # An engine's name, or "auto" (the core chooses: fr_engine_auto).
+    if not isinstance(engine, str):
+        raise TypeError(f"engine must be a str, got {type(engine).__name__}")
+    return str(engine).encode()
+
+
+cdef bytes encode_path(p):
+    # str and bytes directly (PyUnicode_EncodeFSDefault is what os.fsencode
+    # ends in: the file system encoding with surrogateescape); os.fsencode's
+    # Python-level dispatch cost ~1 us a path, a sixth of reading a 4 KiB
+    # file. Anything else (PathLike) goes through os.fsencode.
+    cdef bytes b
+    if type(p) is str:
+        b = PyUnicode_EncodeFSDefault(p)
+    elif type(p) is bytes:
+        b = p
+    else:
+        b = os.fsencode(p)
+    if memchr(PyBytes_AS_STRING(b), 0, <size_t>PyBytes_GET_SIZE(b)) != NULL:
+        raise ValueError(f"path contains a NUL byte: {p!r}")
+    return b
+
+
+cdef raise_errno(int rc, str what):
+    raise OSError(-rc, f"{what}: {os.strerror(-rc)}")
+
+
+cdef fr_range *make_ranges(offsets, lengths, size_t *count) except NULL:
+    """A malloc'ed fr_range array from two equal-length integer sequences."""
+    cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] off = \
+        cnp.PyArray_FROMANY(offsets, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
+    cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] ln = \
+        cnp.PyArray_FROMANY(lengths, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
+    cdef size_t n = off.shape[0], i
+    if <size_t>ln.shape[0] != n:
+        raise ValueError(f"{n} offsets but {ln.shape[0]} lengths")
+    cdef const int64_t *po = <const int64_t *>off.data
+    cdef const int64_t *pl = <const int64_t *>ln.data
+    for i in range(n):
+        if po[i] < 0 or pl[i] < 0:
+            raise ValueError(f"range {i}: offset {po[i]} and length {pl[i]} must be >= 0")
+    cdef fr_range *r = <fr_range *>malloc((n if n else 1) * sizeof(fr_range))
+    if r == NULL:
+        raise MemoryError()
+    for i in range(n):
+        r[i].offset = <uint64_t>po[i]
+        r[i].length = <uint64_t>pl[i]
+    count[0] = n
+    return r

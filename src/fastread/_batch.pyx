@@ -1,0 +1,159 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
+"""Batches (:class:`Batch`): samples in one arena of a pool, as NumPy views
+(host) or DeviceArrays (GPU), each view keeping its batch alive; the pool
+stays mapped while anything can reach it (_PoolOwner)."""
+cimport numpy as cnp
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport int64_t
+
+from fastread._cfastread cimport *
+from fastread._device_arrays cimport DeviceArray
+
+cnp.import_array()
+
+
+cdef class _PoolOwner:
+    """Holds one reference on a batch pool, so arena memory stays mapped while
+    any Python object that can reach it is alive."""
+
+    @staticmethod
+    cdef _PoolOwner wrap(fr_pool *pool):
+        cdef _PoolOwner o = _PoolOwner.__new__(_PoolOwner)
+        fr_pool_retain(pool)
+        o.pool = pool
+        return o
+
+    def __dealloc__(self):
+        if self.pool != NULL:
+            fr_pool_close(self.pool)
+            self.pool = NULL
+
+
+cdef class Batch:
+    """One batch of samples in one arena. Views made by arrays() keep it
+    alive; it returns to its pool when released or collected."""
+
+    @staticmethod
+    cdef Batch wrap(fr_batch *b, _PoolOwner owner):
+        cdef Batch self = Batch.__new__(Batch)
+        self.b = b
+        self.owner = owner
+        return self
+
+    def __dealloc__(self):
+        if self.b != NULL:
+            fr_batch_recycle(self.b)
+            self.b = NULL
+
+    def release(self):
+        """Hands the arena back for reuse now. Views made earlier stay mapped,
+        but their bytes may be overwritten by later batches."""
+        if self.b != NULL:
+            fr_batch_recycle(self.b)
+            self.b = NULL
+        self.released = True
+
+    cdef fr_batch *_get(self) except NULL:
+        if self.b == NULL:
+            raise ValueError("this batch was released")
+        return self.b
+
+    def __len__(self):
+        return self._get().count
+
+    @property
+    def status(self):
+        return self._get().status
+
+    @property
+    def nbytes(self):
+        """Bytes of sample data (not counting alignment padding)."""
+        cdef fr_batch *b = self._get()
+        cdef size_t i, total = 0
+        for i in range(b.count):
+            if b.samples[i].length > 0:
+                total += <size_t>b.samples[i].length
+        return total
+
+    @property
+    def arena_capacity(self):
+        return self._get().arena.capacity
+
+    @property
+    def on_device(self):
+        """True when the samples are (also) in GPU memory."""
+        return bool(self._get().where & FR_ON_DEVICE)
+
+    @property
+    def on_host(self):
+        return bool(self._get().where & FR_ON_HOST)
+
+    @property
+    def device_ptr(self):
+        """Address of the batch's device buffer (0 if none)."""
+        return self._get().device.ptr
+
+    def device_arrays(self, int device_id=0):
+        """One DeviceArray per sample, in batch order, over the batch's device
+        buffer (device output only). Failed samples appear empty."""
+        cdef fr_batch *b = self._get()
+        if not (b.where & FR_ON_DEVICE):
+            raise ValueError("this batch is in host memory only (read it with device output)")
+        cdef list out = []
+        cdef size_t i
+        cdef int64_t n
+        for i in range(b.count):
+            n = b.samples[i].length
+            out.append(DeviceArray.wrap(b.device.ptr + b.samples[i].offset,
+                                        <size_t>n if n > 0 else 0, device_id, self, b))
+        return out
+
+    def indices(self):
+        """The dataset indices of a reader's batch, as an int64 array."""
+        cdef fr_batch *b = self._get()
+        cdef cnp.ndarray[cnp.int64_t, ndim=1] out = cnp.PyArray_EMPTY(1, [<cnp.npy_intp>b.count], cnp.NPY_INT64, 0)
+        cdef size_t i
+        for i in range(b.count):
+            out[i] = b.indices[i]
+        return out
+
+    def failures(self):
+        """[(position, errno)] for every sample that failed."""
+        cdef fr_batch *b = self._get()
+        cdef size_t i
+        out = []
+        for i in range(b.count):
+            if b.samples[i].length < 0:
+                out.append((i, <int>-b.samples[i].length))
+        return out
+
+    def lengths(self):
+        cdef fr_batch *b = self._get()
+        cdef cnp.ndarray[cnp.int64_t, ndim=1] out = cnp.PyArray_EMPTY(1, [<cnp.npy_intp>b.count], cnp.NPY_INT64, 0)
+        cdef size_t i
+        for i in range(b.count):
+            out[i] = b.samples[i].length
+        return out
+
+    def arrays(self):
+        """A list of 1-D uint8 views, one per sample, in batch order. Failed
+        samples must be checked with failures() first; they appear empty."""
+        cdef fr_batch *b = self._get()
+        if not (b.where & FR_ON_HOST):
+            raise ValueError("this batch is in GPU memory only: use device_arrays()")
+        # The list made at its final length, filled in place: no appends
+        # growing it (which reallocates it several times for 256 arrays).
+        cdef list out = PyList_New(<Py_ssize_t>b.count)
+        cdef size_t i
+        cdef cnp.npy_intp dim
+        cdef object arr
+        for i in range(b.count):
+            dim = b.samples[i].length if b.samples[i].length > 0 else 0
+            arr = cnp.PyArray_SimpleNewFromData(1, &dim, cnp.NPY_UINT8,
+                                                b.arena.base + b.samples[i].offset)
+            Py_INCREF(self)
+            cnp.PyArray_SetBaseObject(<cnp.ndarray>arr, self)
+            Py_INCREF(arr)  # the list's reference (PyList_SET_ITEM steals one)
+            PyList_SET_ITEM(out, <Py_ssize_t>i, arr)
+        return out

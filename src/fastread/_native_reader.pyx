@@ -1,0 +1,169 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
+"""The native reader (:class:`NativeReader`): worker threads, each with its
+own engine context, reading submitted batches ahead, delivered in order."""
+import os
+
+cimport numpy as cnp
+from cpython.bytes cimport PyBytes_AS_STRING
+from cpython.exc cimport PyErr_CheckSignals
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
+
+from fastread._adapt cimport encode_path, engine_name, gpu_error, init_config, make_ranges, raise_errno
+from fastread._batch cimport Batch, _PoolOwner
+from fastread._cfastread cimport *
+
+cnp.import_array()
+
+
+cdef class NativeReader:
+    """Native threads reading submitted batches of dataset indices ahead,
+    delivered in submission order.
+
+    Samples are files (``paths``), or, with ``image=``, byte ranges
+    ``(offsets[i], lengths[i])`` of one packed image or block device (then
+    ``paths`` is ignored and may be None)."""
+    cdef fr_reader *rd
+    cdef _PoolOwner owner
+    cdef readonly str engine
+    cdef readonly size_t size
+    cdef readonly unsigned long long taken  # next() calls that took a batch (or an error)
+
+    cdef readonly int device_id
+    cdef readonly bint device_output
+
+    def __cinit__(self, paths, object engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
+                  bint o_direct=False, unsigned direct_alignment=4096,
+                  bint register_buffers=True, bint register_files=True,
+                  str engine_args="", int device_id=-1, bint pin_memory=False,
+                  bint device_output=False, unsigned spin_us=50, int auto_engine=0,
+                  unsigned prefetch=2,
+                  unsigned workers=1, image=None, offsets=None, lengths=None):
+        cdef list encoded = [] if image is not None else [encode_path(p) for p in paths]
+        cdef size_t n = len(encoded), i
+        cdef bytes image_b = encode_path(image) if image is not None else None
+        cdef const char *cimage = PyBytes_AS_STRING(image_b) if image is not None else NULL
+        cdef fr_range *ranges = NULL
+        if image is not None:
+            if offsets is None or lengths is None:
+                raise ValueError("a range reader needs offsets= and lengths=")
+            ranges = make_ranges(offsets, lengths, &n)
+        cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
+        if cpaths == NULL:
+            free(ranges)
+            raise MemoryError()
+        cdef fr_config cfg
+        cdef char err[256]
+        err[0] = 0
+        cdef bytes eng = engine_name(engine)
+        cdef bytes args = engine_args.encode()
+        cdef int rc
+        try:
+            init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
+                         register_buffers, register_files, args, device_id, pin_memory,
+                         device_output, spin_us, auto_engine)
+            if ranges != NULL:
+                with nogil:
+                    rc = fr_reader_open_ranges(&cfg, cimage, ranges, n, prefetch, workers,
+                                               &self.rd, err, sizeof(err))
+            else:
+                for i in range(n):
+                    cpaths[i] = PyBytes_AS_STRING(encoded[i])
+                with nogil:
+                    rc = fr_reader_open(&cfg, cpaths, n, prefetch, workers, &self.rd, err,
+                                        sizeof(err))
+        finally:
+            free(cpaths)
+            free(ranges)
+        if rc != 0:
+            msg = err.decode(errors="replace") or os.strerror(-rc)
+            if rc == -22:
+                raise ValueError(f"engine {engine!r}: {msg}")
+            raise OSError(-rc, f"engine {engine!r}: {msg}")
+        self.owner = _PoolOwner.wrap(fr_reader_pool(self.rd))
+        self.engine = fr_reader_engine(self.rd).decode()
+        self.size = n
+        self.device_id = device_id
+        self.device_output = device_output
+
+    def __dealloc__(self):
+        self._close()
+
+    cdef void _close(self) noexcept:
+        if self.rd != NULL:
+            with nogil:
+                fr_reader_close(self.rd)
+            self.rd = NULL
+
+    cdef fr_reader *_get(self) except NULL:
+        if self.rd == NULL:
+            raise ValueError("reader is closed")
+        return self.rd
+
+    def close(self):
+        self._close()
+
+    def submit(self, indices):
+        cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] idx = \
+            cnp.PyArray_FROMANY(indices, cnp.NPY_INT64, 1, 1, cnp.NPY_ARRAY_C_CONTIGUOUS)
+        cdef fr_reader *rd = self._get()
+        cdef int rc = fr_reader_submit(rd, <const int64_t *>idx.data, idx.shape[0])
+        if rc == -22:
+            raise IndexError(f"sample index out of range 0..{self.size - 1}")
+        if rc != 0:
+            raise_errno(rc, "cannot queue a batch")
+
+    def next(self):
+        """The oldest submitted batch, waiting for it with the GIL released;
+        None when nothing is queued. Signals are handled while it waits (a
+        KeyboardInterrupt leaves the batch queued: ``taken`` counts the
+        batches this call and earlier ones took)."""
+        cdef fr_reader *rd = self._get()
+        cdef fr_batch *b = NULL
+        cdef int rc
+        while True:
+            with nogil:
+                rc = fr_reader_next_timed(rd, &b, 100)
+            if rc != -110:  # ETIMEDOUT
+                break
+            PyErr_CheckSignals()  # raises what a signal handler raised
+            rd = self._get()  # a handler may have closed the reader
+        self.taken += 1
+        if rc == -61:  # ENODATA
+            return None
+        if rc != 0:
+            raise_errno(rc, f"reader thread ({self.engine}) stopped")
+        if b.status != 0:
+            rc = b.status
+            fr_batch_recycle(b)
+            raise_errno(rc, f"engine {self.engine!r} failed a batch"
+                         + gpu_error(fr_reader_gpu(rd)))
+        return Batch.wrap(b, self.owner)
+
+    def reset(self):
+        fr_reader_reset(self._get())
+
+    @property
+    def pending(self):
+        return fr_reader_pending(self._get())
+
+    def path(self, size_t index):
+        cdef const char *p = fr_reader_path(self._get(), index)
+        if p == NULL:
+            raise IndexError(index)
+        return os.fsdecode(<bytes>p)
+
+    def pool_batches(self):
+        return fr_pool_batches(self.owner.pool)
+
+    def pool_idle_bytes(self):
+        return fr_pool_bytes(self.owner.pool)
+
+    def pool_idle_device_bytes(self):
+        return fr_pool_device_bytes(self.owner.pool)
+
+    @property
+    def auto_fallback(self):
+        """For engine="auto": why its contexts read with psync rather than
+        io_uring (an errno: io_uring's probe or set-up failed), else 0."""
+        return fr_reader_auto_fallback(self._get())
