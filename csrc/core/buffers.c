@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
+#include "core/base.h"
 #include "fastread.h"
 #include "gpu/gpu.h"
 
@@ -20,6 +22,29 @@ typedef struct retired_region {
     size_t size;
     struct retired_region *next;
 } retired_region;
+
+/* Engines cache what they did with an arena's memory (io_uring's registered
+ * buffers) under (arena address, generation). A freed batch's arena struct
+ * can come back at the same address from malloc, so a generation counted
+ * from 0 would repeat too: a new arena matched a freed one's registration and
+ * io_uring read into pages that were no longer the arena's (EFAULT at best,
+ * bytes lost at worst; test_uring_pipelined in a Release build). A new
+ * arena's first generation is therefore drawn from its address, the clock and
+ * the region, so it repeats another arena's with odds of 2^-64. */
+static void next_generation(fr_arena *arena)
+{
+    if (arena->generation == 0) {
+        struct timespec ts;
+        (void)clock_gettime(CLOCK_MONOTONIC, &ts); /* cannot fail with a valid clock */
+        uint64_t seed = (uint64_t)(uintptr_t)arena ^ (uint64_t)(uintptr_t)arena->base ^
+                        ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+        arena->generation = fr_splitmix64(&seed) | 1;
+    } else {
+        arena->generation++;
+        if (arena->generation == 0)
+            arena->generation = 1;
+    }
+}
 
 int fr_arena_reserve(fr_arena *arena, size_t bytes)
 {
@@ -66,7 +91,7 @@ int fr_arena_reserve(fr_arena *arena, size_t bytes)
     }
     arena->base = p;
     arena->capacity = want;
-    arena->generation++;
+    next_generation(arena);
     return 0;
 }
 
@@ -88,7 +113,7 @@ void fr_arena_free(fr_arena *arena)
     arena->base = NULL;
     arena->capacity = 0;
     arena->used = 0;
-    arena->generation++;
+    next_generation(arena);
 }
 
 int fr_batch_prepare(fr_batch *batch, size_t count)
