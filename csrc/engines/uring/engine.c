@@ -80,7 +80,7 @@ static void uring_close(void *state)
  * descriptors on machines of DIRECT_MIN_CPUS or more, else ordinary ones;
  * always direct (ring_direct; ordinary where the rings have no direct
  * ones); always ordinary (ring_pipelined); or the two-phase windows of
- * dense batches; for A/B measurements in one process) and "setup_extra=<flags>" (more
+ * dense batches; for A/B measurements in one process) and "setup_extra=<n>" (more
  * IORING_SETUP_* bits, tried first and dropped if refused: for experiments
  * and for testing the fallback).
  *
@@ -94,108 +94,56 @@ static void uring_close(void *state)
  * count, stall holds the completion back in the ring's thread. */
 static int parse_args(uring *u, const char *args, char *err, size_t err_len)
 {
-    const char *p = args ? args : "";
-    int faulted = 0; /* a fault_* item was given */
-    u->fault.op = OP_READ;
-    u->fault.stall_ms = 200;
-    atomic_store(&u->fault.left, 1);
-    while (*p) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        char item[64];
-        if (len >= sizeof(item)) {
-            fr_set_err(err, err_len, "io_uring: engine_args item too long: %.*s", (int)len, p);
-            return -EINVAL;
-        }
-        memcpy(item, p, len);
-        item[len] = 0;
-        char *eq = strchr(item, '=');
-        const char *val = eq ? eq + 1 : "";
-        if (eq)
-            *eq = 0;
-        if (len == 0) {
-            /* empty item: nothing */
-        } else if (strcmp(item, "taskrun") == 0 && strcmp(val, "defer") == 0) {
-            u->first_choice = 0;
-        } else if (strcmp(item, "taskrun") == 0 && strcmp(val, "single") == 0) {
-            u->first_choice = 1;
-        } else if (strcmp(item, "taskrun") == 0 && strcmp(val, "coop") == 0) {
-            u->first_choice = 2;
-        } else if (strcmp(item, "taskrun") == 0 && strcmp(val, "plain") == 0) {
-            u->first_choice = 3;
-        } else if (strcmp(item, "open") == 0 && strcmp(val, "linked") == 0) {
-            u->linked = 1;
-        } else if (strcmp(item, "open") == 0 && strcmp(val, "staged") == 0) {
-            u->linked = 0;
-        } else if (strcmp(item, "unsized") == 0 && strcmp(val, "windows") == 0) {
-            u->unsized_windows = 1;
-            u->unsized_fds = 0;
-        } else if (strcmp(item, "unsized") == 0 && strcmp(val, "pipelined") == 0) {
-            u->unsized_windows = 0; /* PH_DIRECT or PH_PIPELINED, as the CPUs say */
-        } else if (strcmp(item, "unsized") == 0 && strcmp(val, "fds") == 0) {
-            u->unsized_windows = 0;
-            u->unsized_fds = 1;
-        } else if (strcmp(item, "unsized") == 0 && strcmp(val, "direct") == 0) {
-            u->unsized_windows = 0;
-            u->unsized_fds = 0;
-        } else if (strcmp(item, "fault_mode") == 0) {
-            static const char *const modes[] = {"eio", "eintr", "eagain", "short", "stall"};
-            u->fault.mode = FAULT_OFF;
-            for (unsigned m = 0; m < sizeof(modes) / sizeof(modes[0]); m++)
-                if (strcmp(val, modes[m]) == 0)
-                    u->fault.mode = (enum fault_mode)(FAULT_EIO + m);
-            if (u->fault.mode == FAULT_OFF) {
-                fr_set_err(err, err_len,
-                           "io_uring: fault_mode=%s is not one of eio|eintr|eagain|short|stall", val);
-                return -EINVAL;
-            }
-            faulted = 1;
-        } else if (strcmp(item, "fault_op") == 0 &&
-                   (strcmp(val, "open") == 0 || strcmp(val, "read") == 0)) {
-            u->fault.op = strcmp(val, "open") == 0 ? OP_OPEN : OP_READ;
-            faulted = 1;
-        } else if (strcmp(item, "fault_path") == 0) {
-            snprintf(u->fault.path, sizeof(u->fault.path), "%s", val); /* fits: item < 64 */
-            faulted = 1;
-        } else if ((strcmp(item, "fault_count") == 0 || strcmp(item, "fault_stall_ms") == 0) &&
-                   *val) {
-            char *e;
-            long v = strtol(val, &e, 10);
-            int is_count = item[6] == 'c';
-            if (*e || v < (is_count ? -1 : 0) || v > 3600000) {
-                fr_set_err(err, err_len, "io_uring: %s=%s is not %s", item, val,
-                           is_count ? "a count (-1: every completion)" : "milliseconds");
-                return -EINVAL;
-            }
-            if (is_count)
-                atomic_store(&u->fault.left, v);
-            else
-                u->fault.stall_ms = v;
-            faulted = 1;
-        } else if (strcmp(item, "setup_extra") == 0 && *val) {
-            char *e;
-            unsigned long v = strtoul(val, &e, 0);
-            if (*e || v > 0xFFFFFFFFul) {
-                fr_set_err(err, err_len, "io_uring: setup_extra=%s is not a number", val);
-                return -EINVAL;
-            }
-            u->extra_flags = (unsigned)v;
-        } else {
-            fr_set_err(err, err_len,
-                       "io_uring: unknown engine_args item '%s' (known: taskrun=defer|single|coop|plain, "
-                       "open=staged|linked, unsized=pipelined|direct|fds|windows, setup_extra=<flags>; "
-                       "for tests only: "
-                       "fault_mode=eio|eintr|eagain|short|stall, fault_op=open|read, "
-                       "fault_path=<substring>, fault_count=<n|-1>, fault_stall_ms=<ms>)",
-                       item);
-            return -EINVAL;
-        }
-        p = end ? end + 1 : p + len;
-    }
-    if (faulted && u->fault.mode == FAULT_OFF) {
-        fr_set_err(err, err_len, "io_uring: fault_* items need fault_mode=eio|eintr|eagain|short|stall");
+    /* Defaults first: each output is left alone when its key is absent.
+     * taskrun's index is the one into fr_uring_setup_choices, fault_mode's
+     * counts from FAULT_EIO, open's is the `linked` flag. */
+    enum { UNSIZED_PIPELINED, UNSIZED_DIRECT, UNSIZED_FDS, UNSIZED_WINDOWS };
+    int taskrun = (int)u->first_choice, linked = u->linked, unsized = -1;
+    int mode = -1, op = 1 /* read */;
+    long long extra = 0, count = 1, stall_ms = 200;
+    int mode_given = 0, op_given = 0, path_given = 0, count_given = 0, stall_given = 0;
+    const fr_arg_spec specs[] = {
+        {.key = "taskrun", .kind = FR_ARG_CHOICE, .out = &taskrun,
+         .choices = "defer|single|coop|plain"},
+        {.key = "open", .kind = FR_ARG_CHOICE, .out = &linked, .choices = "staged|linked"},
+        {.key = "unsized", .kind = FR_ARG_CHOICE, .out = &unsized,
+         .choices = "pipelined|direct|fds|windows"},
+        {.key = "setup_extra", .kind = FR_ARG_INT, .out = &extra, .min = 0, .max = 0xFFFFFFFFLL},
+        /* For tests only: the fault plan. */
+        {.key = "fault_mode", .kind = FR_ARG_CHOICE, .out = &mode,
+         .choices = "eio|eintr|eagain|short|stall", .given = &mode_given},
+        {.key = "fault_op", .kind = FR_ARG_CHOICE, .out = &op, .choices = "open|read",
+         .given = &op_given},
+        {.key = "fault_path", .kind = FR_ARG_STR, .out = u->fault.path,
+         .max = sizeof(u->fault.path), .given = &path_given},
+        {.key = "fault_count", .kind = FR_ARG_INT, .out = &count, .min = -1, .max = 3600000,
+         .given = &count_given},
+        {.key = "fault_stall_ms", .kind = FR_ARG_INT, .out = &stall_ms, .min = 0,
+         .max = 3600000, .given = &stall_given},
+    };
+    int rc = fr_args_parse("io_uring", args, specs, sizeof(specs) / sizeof(specs[0]), err,
+                           err_len);
+    if (rc)
+        return rc;
+    /* A fault plan without a mode would silently inject nothing: a test
+     * that thinks it injects faults must not pass for that reason. */
+    if (!mode_given && (op_given || path_given || count_given || stall_given)) {
+        fr_set_err(err, err_len,
+                   "io_uring: engine_args fault_* items need fault_mode=eio|eintr|eagain|short|stall");
         return -EINVAL;
     }
+    u->first_choice = (unsigned)taskrun;
+    u->linked = linked;
+    if (unsized >= 0) {
+        u->unsized_windows = unsized == UNSIZED_WINDOWS;
+        if (unsized != UNSIZED_PIPELINED) /* pipelined: direct or fds as the CPUs say */
+            u->unsized_fds = unsized == UNSIZED_FDS;
+    }
+    u->extra_flags = (unsigned)extra;
+    u->fault.mode = mode_given ? (enum fault_mode)(FAULT_EIO + mode) : FAULT_OFF;
+    u->fault.op = op == 0 ? OP_OPEN : OP_READ;
+    u->fault.stall_ms = (long)stall_ms;
+    atomic_store(&u->fault.left, (long)count);
     return 0;
 }
 
