@@ -91,15 +91,6 @@
 
 enum op { OP_OPEN = 1, OP_READ, OP_CLOSE, OP_CANCEL };
 
-/* A ring that waits this long for a completion checks the paths it is still
- * opening or reading: one that is no regular file or block device (a FIFO
- * put in a file's place since its size hint, whose poll-armed read never
- * completes; a FIFO whose open went to an io-wq worker and waits for a
- * writer) has its requests cancelled and fails with EINVAL (EISDIR for a
- * directory). Regular files are never cancelled, however slow; the fast path
- * pays nothing. */
-#define STUCK_CHECK_MS 1000
-
 /* What the pool's threads are asked to do. */
 enum phase {
     PH_SETUP,
