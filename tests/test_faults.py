@@ -315,9 +315,9 @@ def test_uring_sigint_during_a_stalled_completion_interrupts_promptly(files):
 
 
 @uring
-@pytest.mark.parametrize("args,word", [("fault_mode=boom", "fault_mode=boom"),
+@pytest.mark.parametrize("args,word", [("fault_mode=boom", "fault_mode='boom'"),
                                        ("fault_path=victim", "need fault_mode"),
-                                       ("fault_mode=eio,fault_count=x", "fault_count=x")])
+                                       ("fault_mode=eio,fault_count=x", "fault_count='x'")])
 def test_uring_bad_fault_args_name_the_item(files, args, word):
     import fastread
     with pytest.raises(ValueError, match=word):

@@ -56,7 +56,7 @@ static void shown(const fr_arg_spec *s, const char *val, size_t vlen, char *out,
 static int parse_one(const char *engine, const fr_arg_spec *s, const char *val, size_t vlen,
                      char *err, size_t err_len)
 {
-    char v[72];
+    char v[96]; /* what shown() writes at most: 48 bytes of value, its length, quotes */
     switch (s->kind) {
     case FR_ARG_INT: {
         char num[32];
@@ -89,6 +89,13 @@ static int parse_one(const char *engine, const fr_arg_spec *s, const char *val, 
         return 0;
     }
     case FR_ARG_STR:
+        /* An empty value where one is required (a name) would read as
+         * "not given" to the engine: refused, like any other bad value. */
+        if (s->min > 0 && vlen < (size_t)s->min) {
+            fr_set_err(err, err_len, "%s: engine_args %s needs a value of at least %lld byte%s",
+                       engine, s->key, s->min, s->min == 1 ? "" : "s");
+            return -EINVAL;
+        }
         if (s->max <= 0 || vlen >= (size_t)s->max) {
             fr_set_err(err, err_len, "%s: engine_args %s is %zu bytes long, at most %lld allowed",
                        engine, s->key, vlen, s->max > 0 ? s->max - 1 : 0);

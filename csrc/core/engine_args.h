@@ -14,14 +14,15 @@
 typedef enum fr_arg_kind {
     FR_ARG_INT,    /* long long in [min, max]; decimal, or 0x hex */
     FR_ARG_CHOICE, /* one of `choices` ("a|b|c"): *(int *)out = its index */
-    FR_ARG_STR,    /* copied to (char *)out, a buffer of `max` bytes including the NUL */
+    FR_ARG_STR,    /* copied to (char *)out, a buffer of `max` bytes including the NUL;
+                    * at least `min` bytes long (0: may be empty) */
 } fr_arg_kind;
 
 typedef struct fr_arg_spec {
     const char *key;
     fr_arg_kind kind;
     void *out;           /* long long *, int * or char [max] as kind says; untouched if absent */
-    long long min, max;  /* FR_ARG_INT: the range; FR_ARG_STR: the buffer's size */
+    long long min, max;  /* FR_ARG_INT: the range; FR_ARG_STR: shortest value, buffer size */
     const char *choices; /* FR_ARG_CHOICE */
     int secret;          /* never echo the value (credentials) */
     int *given;          /* optional: set to 1 when the key appears */

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/engine_args.h"
 #include "engines/engine.h"
 #include "engines/io_common.h"
 #include "core/threadpool.h"
@@ -156,6 +157,11 @@ static void psync_close(void *state)
 
 static int psync_open(const fr_config *cfg, void **state, char *err, size_t err_len)
 {
+    /* psync takes no engine_args: a key meant for another engine (io_uring's
+     * taskrun=, say) is refused by name, not silently ignored. */
+    int rc = fr_args_parse("psync", cfg->engine_args, NULL, 0, err, err_len);
+    if (rc)
+        return rc;
     psync *p = calloc(1, sizeof(*p));
     if (!p)
         return -ENOMEM;
@@ -170,7 +176,7 @@ static int psync_open(const fr_config *cfg, void **state, char *err, size_t err_
             n = MAX_THREADS;
     }
     /* The calling thread is one of the workers. */
-    int rc = fr_threadpool_start(&p->pool, n - 1, run_phase, p, "psync", err, err_len);
+    rc = fr_threadpool_start(&p->pool, n - 1, run_phase, p, "psync", err, err_len);
     if (rc) {
         free(p);
         return rc;

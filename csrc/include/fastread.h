@@ -101,7 +101,7 @@ typedef struct fr_config {
  * are in the page cache, on a machine with FR_AUTO_MIN_CPUS or more CPUs;
  * io_uring for everything else (small files, cold files, O_DIRECT, ranges,
  * fewer CPUs). On a 16-core H200 machine, warm, with unsized reads through
- * direct descriptors (engine_uring.c's ring_direct), io_uring read 4 KiB
+ * direct descriptors (engines/uring/strategies.c's ring_direct), io_uring read 4 KiB
  * files twice as fast as psync, 92 KiB files faster and 256 KiB files as
  * fast or faster (read_files() 1.03-1.06x; a Reader 0.96-1.04x, two runs);
  * psync read 512 KiB files faster in 3 of 4 cells (1.03-1.05x) and 1 MiB

@@ -9,13 +9,14 @@
 
 static long long depth = 7;
 static int mode = -1, depth_given;
-static char name[8], key[64];
+static char name[8], key[64], tag[8];
 
 static const fr_arg_spec specs[] = {
     {.key = "depth", .kind = FR_ARG_INT, .out = &depth, .min = 1, .max = 4096, .given = &depth_given},
     {.key = "mode", .kind = FR_ARG_CHOICE, .out = &mode, .choices = "auto|off|on"},
     {.key = "name", .kind = FR_ARG_STR, .out = name, .max = sizeof(name)},
     {.key = "secret_key", .kind = FR_ARG_STR, .out = key, .max = sizeof(key), .secret = 1},
+    {.key = "tag", .kind = FR_ARG_STR, .out = tag, .min = 1, .max = sizeof(tag)},
 };
 #define NSPECS (sizeof(specs) / sizeof(specs[0]))
 
@@ -51,6 +52,13 @@ int main(void)
     strcpy(name, "kept");
     CHECK(parse("name=abcdefgh", err) == -EINVAL && strstr(err, "name") && strstr(err, "at most 7"));
     CHECK(strcmp(name, "kept") == 0);
+
+    /* A string with a shortest length (xNVMe's be=, async=...): an empty
+     * value is refused, not taken as "not given". */
+    CHECK(parse("tag=x", err) == 0 && strcmp(tag, "x") == 0);
+    CHECK(parse("tag=", err) == -EINVAL && strstr(err, "demo:") && strstr(err, "tag") &&
+          strstr(err, "at least 1 byte"));
+    CHECK(strcmp(tag, "x") == 0);
 
     /* Secrets: accepted, and never echoed when refused. */
     CHECK(parse("secret_key=wJalrXUtnFEMI/K7MDENG", err) == 0 && strcmp(key, "wJalrXUtnFEMI/K7MDENG") == 0);

@@ -213,6 +213,10 @@ static void check_setup_fallback(const fixture *f)
         CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == -EINVAL);
         CHECK(ctx == NULL);
         CHECK(strstr(err, "io_uring") != NULL);
+        /* ... and the key refused */
+        char key[32];
+        snprintf(key, sizeof(key), "%.*s", (int)strcspn(wrong[a], "="), wrong[a]);
+        CHECK(strstr(err, key) != NULL);
     }
 }
 

@@ -34,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/engine_args.h"
 #include "engines/engine.h"
 #include "engines/io_common.h"
 #include "engines/xnvme/xnvme_path.h"
@@ -64,117 +65,57 @@ void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, const char *path, m
                          struct xnvme_opts *o);
 int fr_xnvme_probe(const char *engine, char *why, size_t why_len);
 
+/* xNVMe's async engines by name: a choice's index is its place in ASYNC_NAMES. */
+#define ASYNC_CHOICES "io_uring|io_uring_cmd|libaio|thrpool|posix|emu|nil"
 static const char *const ASYNC_NAMES[] = {"io_uring", "io_uring_cmd", "libaio", "thrpool",
-                                          "posix", "emu", "nil", NULL};
+                                          "posix", "emu", "nil"};
 
-static int copy_value(char *dst, size_t cap, const char *v, size_t n)
-{
-    if (n == 0 || n >= cap)
-        return -1;
-    memcpy(dst, v, n);
-    dst[n] = 0;
-    return 0;
-}
-
-static int parse_uint(const char *v, size_t n, unsigned long max, unsigned long *out)
-{
-    if (n == 0 || n > 10)
-        return -1;
-    unsigned long x = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (v[i] < '0' || v[i] > '9')
-            return -1;
-        x = x * 10 + (unsigned long)(v[i] - '0');
-    }
-    if (x > max)
-        return -1;
-    *out = x;
-    return 0;
-}
-
+/* engine_args of both xNVMe engines (`ranges`: xnvme, else xnvme-file),
+ * parsed by core/engine_args.c: be, async, sync, admin, mem (names; async
+ * one of xNVMe's), direct=0|1, qdepth (a power of two in 1..2048); xnvme
+ * also bounce=0|1 and nsid, xnvme-file queue=0|1 and inflight (1..4096). */
 int fr_xnvme_parse_args(const char *engine, const char *s, int ranges, fr_xnvme_args *a,
                         char *err, size_t err_len)
 {
     memset(a, 0, sizeof(*a));
-    a->direct = -1;
-    a->bounce = -1;
-    a->queue = 1;
-    const char *valid = ranges ? "be, async, sync, admin, mem, direct, qdepth, bounce, nsid"
-                               : "be, async, sync, admin, mem, direct, qdepth, queue, inflight";
-    while (s && *s) {
-        const char *end = strchr(s, ',');
-        size_t len = end ? (size_t)(end - s) : strlen(s);
-        const char *eq = memchr(s, '=', len);
-        if (len == 0) {
-            s = end ? end + 1 : s + len;
-            continue;
-        }
-        if (!eq) {
-            fr_set_err(err, err_len, "%s: engine_args entry '%.*s' is not key=value", engine,
-                       (int)len, s);
-            return -EINVAL;
-        }
-        size_t klen = (size_t)(eq - s);
-        const char *v = eq + 1;
-        size_t vlen = len - klen - 1;
-        unsigned long x = 0;
-        int bad = 0;
-#define KEY(k) (klen == sizeof(k) - 1 && memcmp(s, k, klen) == 0)
-        if (KEY("be"))
-            bad = copy_value(a->be, sizeof(a->be), v, vlen);
-        else if (KEY("async")) {
-            bad = copy_value(a->async, sizeof(a->async), v, vlen);
-            int known = 0;
-            for (size_t i = 0; !bad && ASYNC_NAMES[i]; i++)
-                known |= strcmp(ASYNC_NAMES[i], a->async) == 0;
-            if (!bad && !known) {
-                fr_set_err(err, err_len,
-                           "%s: unknown async engine '%s' (valid: io_uring, io_uring_cmd, "
-                           "libaio, thrpool, posix, emu, nil)", engine, a->async);
-                return -EINVAL;
-            }
-        } else if (KEY("sync"))
-            bad = copy_value(a->sync, sizeof(a->sync), v, vlen);
-        else if (KEY("admin"))
-            bad = copy_value(a->admin, sizeof(a->admin), v, vlen);
-        else if (KEY("mem"))
-            bad = copy_value(a->mem, sizeof(a->mem), v, vlen);
-        else if (KEY("direct")) {
-            bad = parse_uint(v, vlen, 1, &x);
-            a->direct = (int)x;
-        } else if (KEY("bounce") && ranges) {
-            bad = parse_uint(v, vlen, 1, &x);
-            a->bounce = (int)x;
-        } else if (KEY("queue") && !ranges) {
-            bad = parse_uint(v, vlen, 1, &x);
-            a->queue = (int)x;
-        } else if (KEY("qdepth")) {
-            bad = parse_uint(v, vlen, 2048, &x) || x == 0 || (x & (x - 1)) != 0;
-            a->qdepth = (unsigned)x;
-            if (bad) {
-                fr_set_err(err, err_len, "%s: qdepth must be a power of two in 1..2048, got '%.*s'",
-                           engine, (int)vlen, v);
-                return -EINVAL;
-            }
-        } else if (KEY("inflight") && !ranges) {
-            bad = parse_uint(v, vlen, 4096, &x) || x == 0;
-            a->inflight = (unsigned)x;
-        } else if (KEY("nsid") && ranges) {
-            bad = parse_uint(v, vlen, 0xFFFFFFFFul, &x);
-            a->nsid = (unsigned)x;
-        } else {
-            fr_set_err(err, err_len, "%s: unknown engine_args key '%.*s' (valid: %s)", engine,
-                       (int)klen, s, valid);
-            return -EINVAL;
-        }
-#undef KEY
-        if (bad) {
-            fr_set_err(err, err_len, "%s: bad value for engine_args key '%.*s': '%.*s'", engine,
-                       (int)klen, s, (int)vlen, v);
-            return -EINVAL;
-        }
-        s = end ? end + 1 : s + len;
+    long long direct = -1, bounce = -1, queue = 1, qdepth = 0, inflight = 0, nsid = 0;
+    int async = -1;
+    fr_arg_spec specs[9] = {
+        {.key = "be", .kind = FR_ARG_STR, .out = a->be, .min = 1, .max = sizeof(a->be)},
+        {.key = "async", .kind = FR_ARG_CHOICE, .out = &async, .choices = ASYNC_CHOICES},
+        {.key = "sync", .kind = FR_ARG_STR, .out = a->sync, .min = 1, .max = sizeof(a->sync)},
+        {.key = "admin", .kind = FR_ARG_STR, .out = a->admin, .min = 1, .max = sizeof(a->admin)},
+        {.key = "mem", .kind = FR_ARG_STR, .out = a->mem, .min = 1, .max = sizeof(a->mem)},
+        {.key = "direct", .kind = FR_ARG_INT, .out = &direct, .min = 0, .max = 1},
+        {.key = "qdepth", .kind = FR_ARG_INT, .out = &qdepth, .min = 1, .max = 2048},
+    };
+    size_t n = 7;
+    if (ranges) {
+        specs[n++] = (fr_arg_spec){.key = "bounce", .kind = FR_ARG_INT, .out = &bounce, .max = 1};
+        specs[n++] = (fr_arg_spec){.key = "nsid", .kind = FR_ARG_INT, .out = &nsid,
+                                   .max = 0xFFFFFFFFLL};
+    } else {
+        specs[n++] = (fr_arg_spec){.key = "queue", .kind = FR_ARG_INT, .out = &queue, .max = 1};
+        specs[n++] = (fr_arg_spec){.key = "inflight", .kind = FR_ARG_INT, .out = &inflight,
+                                   .min = 1, .max = 4096};
     }
+    int rc = fr_args_parse(engine, s, specs, n, err, err_len);
+    if (rc)
+        return rc;
+    /* xnvme_queue_init wants a power of two. */
+    if (qdepth & (qdepth - 1)) {
+        fr_set_err(err, err_len, "%s: engine_args qdepth=%lld is not a power of two in 1..2048",
+                   engine, qdepth);
+        return -EINVAL;
+    }
+    if (async >= 0)
+        snprintf(a->async, sizeof(a->async), "%s", ASYNC_NAMES[async]);
+    a->direct = (int)direct;
+    a->qdepth = (unsigned)qdepth;
+    a->bounce = (int)bounce;
+    a->queue = (int)queue;
+    a->inflight = (unsigned)inflight;
+    a->nsid = (unsigned)nsid;
     return 0;
 }
 

@@ -843,7 +843,7 @@ FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_c
 /* ------------------------------------------------------- locality order
  * GPU threads reading page-locked host memory over PCIe go through an
  * address translation whose reach is about 1 GiB (measured on an H100 with
- * csrc/tests/probe_hosttier.cu: random 512-byte rows run at PCIe line rate,
+ * bench/gather/probe_hosttier.cu: random 512-byte rows run at PCIe line rate,
  * 98M rows/s, from tables up to 1 GiB, then fall to 54M at 2 GiB and 32M at
  * 8 GiB, however the memory was allocated, huge pages included). The same
  * 8 GiB gather with its ids grouped into buckets of 16-128 MiB of the table

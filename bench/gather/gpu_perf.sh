@@ -6,7 +6,7 @@
 # memmap / CuPy baselines, and test_gather_gpu (byte-for-byte checks).
 # NO_NCU=1, NO_BASELINES=1, SKIP_TEST=1 leave parts out; SCENARIOS (or
 # SCEN_<label>) picks bench scenarios.
-# Usage: csrc/tests/gpu_perf.sh [label=dir ...]; logs under $OUT.
+# Usage: bench/gather/gpu_perf.sh [label=dir ...]; logs under $OUT.
 set -u
 RES=${OUT:-$PWD/gpu-out}
 OUT=/var/tmp/fr-perf-logs   # everything here, one tarball to $RES at the end (8 files come back)
@@ -43,7 +43,7 @@ for spec in "$@"; do
 done
 if [ -z "${NO_BASELINES:-}" ]; then
     echo "=== baselines"
-    timeout 120 python3 csrc/tests/gather_baselines.py $FILE 2>&1 | tee "$OUT/baselines.txt"
+    timeout 120 python3 bench/gather/gather_baselines.py $FILE 2>&1 | tee "$OUT/baselines.txt"
 fi
 if [ -z "${SKIP_TEST:-}" ]; then
     echo "=== test_gather_gpu (${1%%=*})"

@@ -1,5 +1,5 @@
 """Compiles fastread_device.cuh with NVRTC through CuPy's RawModule, as a
-user's own kernel would (GPU machine only; run by csrc/tests/gpu_gather.sh).
+user's own kernel would (GPU machine only; run by bench/gather/gpu_gather.sh).
 Exits 77 where CuPy or a GPU is missing."""
 import os
 import sys
@@ -11,7 +11,7 @@ except Exception as e:  # no CuPy, no GPU
     print(f"nvrtc_header_check: skipped: {e}")
     sys.exit(77)
 
-inc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "device")
+inc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "csrc", "gather", "device")
 src = """
 #include <cuda/std/cstdint>
 #define FR_DEFINE_GATHER_KERNEL 1

@@ -25,5 +25,5 @@ FASTREAD_NVRTC=/usr/local/cuda/lib64 LD_LIBRARY_PATH=$PWD/build/gpu/mockcuda tim
 echo "=== test_gather_gpu"
 FR_GPU_TEST_LOG=$OUT timeout 300 build/gpu/test_gather_gpu; echo "test_gather_gpu rc=$?"
 echo "=== nvrtc_header_check"
-timeout 120 python3 csrc/tests/nvrtc_header_check.py; echo "nvrtc_header_check rc=$?"
+timeout 120 python3 bench/gather/nvrtc_header_check.py; echo "nvrtc_header_check rc=$?"
 ls -la /var/tmp/fastread-kernels 2>/dev/null
