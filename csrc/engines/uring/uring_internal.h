@@ -58,9 +58,10 @@
  * by the caller, once every ring is idle.
  *
  * Registered buffers are cached per ring and arena and identified by the
- * arena's address and generation, so the context must be closed before the
- * arenas it read into are freed (the reader and the Python layer guarantee
- * this).
+ * arena's address and generation. A new arena's first generation is drawn
+ * per arena (buffers.c), so an arena calloc'd where a freed one was does not
+ * match the freed one's registration; a registration outliving its arena
+ * only keeps its old pages pinned until the slot is reused.
  */
 /*
  * Its files:
