@@ -124,7 +124,7 @@ cdef extern from "fastread.h" nogil:
     void fr_reader_close(fr_reader *reader)
 
 
-cdef extern from "auto_trial.h" nogil:
+cdef extern from "core/auto_trial.h" nogil:
     # engine="auto"'s timed trials for large cached files.
     const unsigned FR_AUTO_TRIAL_FIRST
     const unsigned FR_AUTO_TRIAL_EVERY
