@@ -4,6 +4,8 @@ runs, buffered and O_DIRECT. Skipped, with the reason, where fastread was
 built without libxnvme."""
 import errno
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -101,6 +103,16 @@ def test_xnvme_file_options(opts, edge_tree):
     paths, content = _files(edge_tree)
     arrays = fastread.read_files(paths, engine="xnvme-file", **opts)
     assert [a.tobytes() for a in arrays] == [content[p] for p in paths]
+
+
+def test_imports_without_ld_library_path(tmp_path):
+    # pkg-config may have found libxnvme under a prefix of its own (xNVMe's
+    # meson install --prefix): the module's RUNPATH names that directory.
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    r = subprocess.run([sys.executable, "-c", "import fastread.engine as e; "
+                        "print(e.xnvme_version()[0])"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == _ver, r.stderr
 
 
 def test_xnvme_file_short_and_empty_files(tmp_path):
