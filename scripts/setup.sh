@@ -41,7 +41,15 @@ setup_python() {
         pip_install "torch==${FASTREAD_TORCH_VERSION:-2.13.0} (fastread.torch and its tests; a large download the first time)" \
             "torch==${FASTREAD_TORCH_VERSION:-2.13.0}"
     fi
-    if pkg-config --exists xnvme 2>/dev/null; then
+    if pkg-config --exists xnvme 2>/dev/null &&
+        grep -qs xnvme_libconf_get "$(pkg-config --variable=includedir xnvme)/libxnvme_libconf.h"; then
+        # xNVMe's main line (still 0.7.5 by version; cmake/xnvme_api.cmake
+        # tells them apart the same way) dropped symbols the bindings bind
+        # at import (xnvme_be_attr_list_bundled).
+        say "libxnvme here is xNVMe's main line (libxnvme_libconf.h declares xnvme_libconf_get): the xNVMe engines are built, but the Python bindings xnvme==0.7.5 do not load against it (undefined symbol xnvme_be_attr_list_bundled) and are not installed (the xnvme-ctypes baseline says so)"
+    elif pkg-config --exists xnvme 2>/dev/null; then
+        # With or without liburing and libaio: the bindings call only what
+        # every 0.7.5 build exports, and the baseline reads with async=emu.
         pip_install "xNVMe's Python bindings xnvme==0.7.5 (libxnvme $(pkg-config --modversion xnvme) is here: the xnvme-ctypes baseline)" \
             "xnvme==0.7.5"
     else

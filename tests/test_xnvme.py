@@ -4,6 +4,8 @@ runs, buffered and O_DIRECT. Skipped, with the reason, where fastread was
 built without libxnvme."""
 import errno
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,9 +20,10 @@ pytestmark = pytest.mark.skipif(_ver is None, reason=f"xNVMe engines: {_why}")
 
 # Async interfaces of xNVMe's linux backend that can read regular files;
 # io_uring_cmd needs NVMe char devices, nil does no I/O (both refused, below).
-# A libxnvme may lack some (libaio without libaio.h; xNVMe main has no posix
-# stack for files): the engines refuse those by name, and their tests skip
-# with that message. emu and thrpool are in every build.
+# A libxnvme may lack some (io_uring and io_uring_cmd without liburing, libaio
+# without libaio.h; xNVMe main has no posix stack for files): the engines
+# refuse those by name, and their tests skip with that message. emu and
+# thrpool are in every build.
 ASYNC = ["emu", "io_uring", "posix", "thrpool", "libaio"]
 ALWAYS = ("emu", "thrpool")
 
@@ -47,6 +50,20 @@ def _need(engine, xasync):
     assert why is None or xasync not in ALWAYS, why
     if why:
         pytest.skip(why)
+
+
+def _need_built_in(engine, xasync):
+    """Skips, with the engine's message naming the stack (liburing, libaio),
+    where the loaded libxnvme was built without async=`xasync`; unlike _need,
+    an interface that reads no regular files (io_uring_cmd) is not skipped."""
+    if _ver is None:
+        return
+    try:
+        fastread.open_context(engine, xnvme_async=xasync).close()
+    except OSError as e:
+        if e.errno == errno.ENOTSUP and f"async={xasync} is not in the loaded libxnvme" in str(e):
+            assert xasync not in ALWAYS, str(e)
+            pytest.skip(str(e))
 
 needs_read_ranges = pytest.mark.skipif(
     not hasattr(fastread.Context, "read_ranges"),
@@ -81,9 +98,21 @@ def test_xnvme_file_bytes_equal(xasync, o_direct, edge_tree):
                                   {"xnvme_qdepth": 2}, {"queue_depth": 1, "threads": 3},
                                   {"engine_args": "async=io_uring,qdepth=4"}], ids=str)
 def test_xnvme_file_options(opts, edge_tree):
+    if "async=io_uring" in opts.get("engine_args", ""):
+        _need("xnvme-file", "io_uring")
     paths, content = _files(edge_tree)
     arrays = fastread.read_files(paths, engine="xnvme-file", **opts)
     assert [a.tobytes() for a in arrays] == [content[p] for p in paths]
+
+
+def test_imports_without_ld_library_path(tmp_path):
+    # pkg-config may have found libxnvme under a prefix of its own (xNVMe's
+    # meson install --prefix): the module's RUNPATH names that directory.
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    r = subprocess.run([sys.executable, "-c", "import fastread.engine as e; "
+                        "print(e.xnvme_version()[0])"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == _ver, r.stderr
 
 
 def test_xnvme_file_short_and_empty_files(tmp_path):
@@ -138,6 +167,8 @@ def test_xnvme_file_refuses_stacks_for_devices(args, tmp_path):
 @needs_read_ranges
 @pytest.mark.parametrize("args", ["sync=nvme", "sync=block", "async=io_uring_cmd"])
 def test_xnvme_ranges_refuse_files_with_stacks_for_devices(args, image):
+    if args.startswith("async="):
+        _need_built_in("xnvme", args[len("async="):])
     path, _ = image
     ctx = fastread.open_context("xnvme", engine_args=args)  # devices could still be read
     try:
@@ -239,10 +270,12 @@ def test_xnvme_ranges_missing_image(tmp_path):
 
 @needs_read_ranges
 @pytest.mark.parametrize("o_direct", [False, True], ids=["buffered", "o_direct"])
-def test_xnvme_file_reads_ranges_through_the_range_engine(o_direct, image):
+@pytest.mark.parametrize("xasync", ["io_uring", "emu"])  # emu: where io_uring is not built in
+def test_xnvme_file_reads_ranges_through_the_range_engine(xasync, o_direct, image):
+    _need("xnvme-file", xasync)
     path, data = image
     offs, lens = _ranges(len(data))
-    ctx = fastread.open_context("xnvme-file", o_direct=o_direct, xnvme_async="io_uring")
+    ctx = fastread.open_context("xnvme-file", o_direct=o_direct, xnvme_async=xasync)
     try:
         arrays = ctx.read_ranges(path, offs, lens).arrays()
         for o, n, a in zip(offs.tolist(), lens.tolist(), arrays):
