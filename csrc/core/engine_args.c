@@ -56,7 +56,7 @@ static void shown(const fr_arg_spec *s, const char *val, size_t vlen, char *out,
 static int parse_one(const char *engine, const fr_arg_spec *s, const char *val, size_t vlen,
                      char *err, size_t err_len)
 {
-    char v[72];
+    char v[96]; /* room for shown()'s longest text: 48 characters and a 20-digit size */
     switch (s->kind) {
     case FR_ARG_INT: {
         char num[32];

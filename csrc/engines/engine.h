@@ -34,12 +34,20 @@ typedef struct fr_engine {
      * range of `path`; see fr_read_ranges. */
     int (*read_ranges)(void *state, const char *path, const fr_range *ranges, size_t n,
                        fr_batch *batch);
+    /* Optional (NULL: none). Why sample i of the last read_files or
+     * read_ranges call failed, beyond its errno (e.g. "s3://b/k: 403
+     * SignatureDoesNotMatch"), into out[len]: 1, or 0 when there is no
+     * message. Never a secret. */
+    int (*sample_error)(const void *state, size_t i, char *out, size_t len);
 } fr_engine;
 
 extern const fr_engine fr_engine_psync;
 extern const fr_engine fr_engine_cufile; /* loads CUDA and libcufile at run time */
 #ifdef FASTREAD_HAVE_URING
 extern const fr_engine fr_engine_uring;
+#endif
+#ifdef FASTREAD_HAVE_S3
+extern const fr_engine fr_engine_s3; /* "s3": objects over HTTP(S) (engines/s3/, libcurl) */
 #endif
 #ifdef FASTREAD_HAVE_XNVME
 extern const fr_engine fr_engine_xnvme_file; /* "xnvme-file": whole files via xnvme_file_* */

@@ -35,7 +35,7 @@ extern "C" {
 #define FR_ERRLEN 256
 
 typedef struct fr_config {
-    const char *engine;        /* "io_uring", "psync" (see fr_engine_names) */
+    const char *engine;        /* "io_uring", "psync", "s3" (see fr_engine_names) */
     unsigned queue_depth;      /* io_uring: samples in flight per ring */
     unsigned threads;          /* psync: worker threads; io_uring: rings, each with its own
                                 * thread (0: one per CPU, at most 16) */
@@ -285,6 +285,13 @@ typedef struct fr_range {
  * return -ENOTSUP. */
 int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t n,
                    fr_batch *batch);
+
+/* Why sample i of the context's last fr_read_files or fr_read_ranges call
+ * failed, in words beyond its errno, where the engine says more (s3: the
+ * URL, the HTTP status and S3's error code, e.g. "s3://b/k: 403
+ * SignatureDoesNotMatch"; never a secret): 1 and the message in out[len],
+ * or 0 and "" when there is none. */
+int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len);
 
 /* Facts about the context, for diagnostics: "fixed_files", "fixed_buffers",
  * "queue_depth", "threads", "o_direct"; "file_calls" and "file_call_ns"
