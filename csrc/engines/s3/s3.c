@@ -91,6 +91,7 @@ typedef struct s3_xfer {
     uint8_t *dst; /* NULL for a probe (its sample's buffer) */
     uint64_t cap, got;
     int overflow; /* the body went past what was asked: the transfer was stopped */
+    int busy;     /* added to the multi handle */
     char errbody[1024];
     size_t errlen;
     char errbuf[CURL_ERROR_SIZE];
@@ -493,9 +494,10 @@ static void start_job(s3_engine *s, size_t j, long long now)
         t->dst = s->batch->arena.base + s->batch->samples[job->sample].offset + job->dst_off;
         t->cap = job->len;
     }
-    t->headers = fr_s3_headers(&s->cfg, job->start, range_len,
-                               job->kind == JOB_PART ? sm->etag : NULL, 0);
-    CURLcode cc = t->headers ? CURLE_OK : CURLE_OUT_OF_MEMORY;
+    CURLcode cc = fr_s3_headers(&s->cfg, job->start, range_len,
+                                job->kind == JOB_PART ? sm->etag : NULL, &t->headers)
+                      ? CURLE_OUT_OF_MEMORY
+                      : CURLE_OK;
     if (cc == CURLE_OK)
         cc = curl_easy_setopt(t->easy, CURLOPT_URL, s->urls + sm->http_off);
     if (cc == CURLE_OK)
@@ -515,6 +517,7 @@ static void start_job(s3_engine *s, size_t j, long long now)
         job_done(s);
         return;
     }
+    t->busy = 1;
     job->attempts++;
     s->requests++;
     s->active++;
@@ -624,6 +627,7 @@ static void finish(s3_engine *s, s3_xfer *t, CURLcode cc, long long now)
     if (curl_easy_getinfo(t->easy, CURLINFO_NUM_CONNECTS, &conns) == CURLE_OK)
         s->connections += conns;
     CURLMcode mc = curl_multi_remove_handle(s->multi, t->easy);
+    t->busy = 0;
     curl_slist_free_all(t->headers);
     t->headers = NULL;
     s->active--;
@@ -710,8 +714,9 @@ static void abort_all(s3_engine *s)
 {
     for (size_t k = 0; k < s->nxfers; k++) {
         s3_xfer *t = &s->xfers[k];
-        if (!t->headers)
-            continue; /* idle */
+        if (!t->busy)
+            continue;
+        t->busy = 0;
         curl_multi_remove_handle(s->multi, t->easy); /* best effort: the batch fails anyway */
         curl_slist_free_all(t->headers);
         t->headers = NULL;

@@ -148,8 +148,8 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
                    key ? key : "");
         return w;
     }
-    struct curl_slist *headers = fr_s3_headers(&c->cfg, 0, 0, NULL, put);
-    if (!headers)
+    struct curl_slist *headers;
+    if (fr_s3_headers(&c->cfg, 0, 0, NULL, &headers))
         return -ENOMEM;
     CURLcode cc = curl_easy_setopt(c->easy, CURLOPT_URL, url);
     if (cc == CURLE_OK)

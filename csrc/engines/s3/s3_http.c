@@ -142,8 +142,8 @@ CURLcode fr_s3_easy_setup(CURL *h, const fr_s3_config *cfg, char *errbuf)
 
 #undef SET
 
-struct curl_slist *fr_s3_headers(const fr_s3_config *cfg, uint64_t range_first,
-                                 uint64_t range_len, const char *if_match, int upload)
+int fr_s3_headers(const fr_s3_config *cfg, uint64_t range_first, uint64_t range_len,
+                  const char *if_match, struct curl_slist **out)
 {
     struct curl_slist *list = NULL, *next;
     char line[4200];
@@ -162,15 +162,18 @@ struct curl_slist *fr_s3_headers(const fr_s3_config *cfg, uint64_t range_first,
         ADD("Range: bytes=%" PRIu64 "-%" PRIu64, range_first, range_first + range_len - 1);
     if (if_match && *if_match)
         ADD("If-Match: %s", if_match);
-    if (upload)
-        ADD("Expect:"); /* no 100-continue round trip before a PUT's body */
+    /* A PUT keeps libcurl's "Expect: 100-continue": removing it with an
+     * empty "Expect:" makes libcurl 7.88 sign a header it does not send
+     * (SignatureDoesNotMatch); the round trip it costs is one per upload. */
 #undef ADD
     memset(line, 0, sizeof(line)); /* it held the token */
-    return list;
+    *out = list;
+    return 0;
 fail:
     memset(line, 0, sizeof(line));
     curl_slist_free_all(list);
-    return NULL;
+    *out = NULL;
+    return -ENOMEM;
 }
 
 int fr_s3_curl_errno(CURLcode cc)

@@ -51,9 +51,10 @@ CURLcode fr_s3_easy_setup(CURL *h, const fr_s3_config *cfg, char *errbuf);
  * body is not hashed, which S3 accepts for any request; libcurl 7.88 signs
  * the value given here), x-amz-security-token with a session token,
  * "Range: bytes=FIRST-LAST" when range_len > 0, If-Match when if_match is
- * not NULL or "". NULL when out of memory. Free with curl_slist_free_all. */
-struct curl_slist *fr_s3_headers(const fr_s3_config *cfg, uint64_t range_first,
-                                 uint64_t range_len, const char *if_match, int upload);
+ * not NULL or "". 0 and the list in *out (NULL when a request needs no
+ * header: unsigned, whole), or -ENOMEM. Free with curl_slist_free_all. */
+int fr_s3_headers(const fr_s3_config *cfg, uint64_t range_first, uint64_t range_len,
+                  const char *if_match, struct curl_slist **out);
 
 /* -errno for a failed transfer: timeouts -ETIMEDOUT, refused or unreachable
  * connections -ECONNREFUSED, out of memory -ENOMEM, the rest -EIO. */
