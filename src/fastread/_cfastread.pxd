@@ -95,6 +95,7 @@ cdef extern from "fastread.h" nogil:
     int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
                       fr_batch *batch)
     long fr_ctx_stat(const fr_ctx *ctx, const char *key)
+    int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len)
 
     ctypedef struct fr_range:
         uint64_t offset
@@ -124,7 +125,7 @@ cdef extern from "fastread.h" nogil:
     void fr_reader_close(fr_reader *reader)
 
 
-cdef extern from "auto_trial.h" nogil:
+cdef extern from "core/auto_trial.h" nogil:
     # engine="auto"'s timed trials for large cached files.
     const unsigned FR_AUTO_TRIAL_FIRST
     const unsigned FR_AUTO_TRIAL_EVERY

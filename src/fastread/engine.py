@@ -12,6 +12,7 @@ from typing import Optional, Union
 import numpy as np
 
 from fastread import _core, _defaults
+from fastread import s3 as _s3
 
 # Every engine fastread knows, in order of preference for engine="auto", and
 # what is needed to build it when this build lacks it.
@@ -26,7 +27,13 @@ KNOWN_ENGINES = {
              "(install xNVMe, then reinstall fastread; "
              "-Ccmake.define.FASTREAD_XNVME=ON makes its absence a build error)",
     "cufile": "not compiled in",
+    "s3": _s3.NOT_BUILT,
 }
+
+#: Engines that read objects at URLs (s3://bucket/key), not local files:
+#: engine="auto" never picks them for local paths, and picks "s3" for lists
+#: of s3:// URLs (:func:`for_paths`).
+URL_ENGINES = ("s3",)
 
 #: Engines that read into GPU memory: they always serve a device.
 GPU_ENGINES = ("cufile",)
@@ -71,6 +78,8 @@ def _status(name, built):
     if name not in built:
         return f"not built: {KNOWN_ENGINES[name]}"
     ok, why = _probe(name)
+    if ok and name in URL_ENGINES:
+        return True
     if ok and name in RANGE_ONLY:
         return f"{RANGE_ONLY[name]} ({why})" if why else RANGE_ONLY[name]
     return True if ok else why
@@ -169,7 +178,7 @@ def auto_choice():
     built = set(_core.engine_names())
     skipped = []
     for name in KNOWN_ENGINES:
-        if name in GPU_ENGINES:
+        if name in GPU_ENGINES or name in URL_ENGINES:
             continue
         status = _status(name, built)
         if status is True:
@@ -199,7 +208,7 @@ def resolve(engine):
     if engine == "auto":
         for name in KNOWN_ENGINES:
             status = _status(name, built)
-            if name not in GPU_ENGINES and status is True:
+            if name not in GPU_ENGINES and name not in URL_ENGINES and status is True:
                 return name
             if name == "io_uring" and "Cannot allocate memory" in str(status):
                 _warn_once("io_uring-memlock",
@@ -213,6 +222,28 @@ def resolve(engine):
         raise ValueError(f"engine {engine!r} is unavailable here: {status}; "
                          f"available engines: {', '.join(_usable())}")
     raise ValueError(f"unknown engine {engine!r}; available engines: {', '.join(_usable())}")
+
+
+def for_paths(engine, first_path):
+    """The engine to read a list starting with ``first_path``: ``engine``,
+    except that 'auto' (given, or FASTREAD_ENGINE's default) reads s3://
+    URLs with the s3 engine. One owner for that choice: read_files(),
+    SampleSource.read() and the Readers all ask here. Only the first path is
+    looked at (a call costs no pass over a long list): a local path among
+    URLs, or a URL among local paths, fails as that sample's error."""
+    if (isinstance(first_path, str) and first_path.startswith("s3://") and
+            (engine == "auto" or (engine is None and _defaults.get("engine") == "auto"))):
+        return "s3"
+    return engine
+
+
+def s3_version():
+    """(description of the libcurl the s3 engine runs on, None) or (None,
+    why the s3 engine is absent or cannot run)."""
+    if "s3" not in _core.engine_names():
+        return None, f"not built: {KNOWN_ENGINES['s3']}"
+    ok, why = _core.probe("s3")
+    return (why, None) if ok else (None, why)
 
 
 def _usable():
@@ -292,6 +323,8 @@ def _check_option(name, v, from_env=False):
         if not (isinstance(v, str) or _is_int(v) or isinstance(v, bool)):
             raise ValueError(f"engine option {name} must be a word or a number, got {v!r}")
         return v
+    if name == "s3":
+        return _s3.S3Options.coerce(v)
     raise TypeError(f"unknown engine option {name!r}")
 
 
@@ -318,6 +351,13 @@ class EngineOptions:
       serves, page-locked host arenas, batches delivered in GPU memory.
     - ``xnvme_be``, ``xnvme_async``, ...: the xNVMe engines' options, folded
       into ``engine_args`` (only for the engines that take them).
+    - ``s3``: how the s3 engine reaches a bucket (a
+      :class:`fastread.s3.S3Options` or a mapping of its options: endpoint_url,
+      region, credentials, ...), folded into ``engine_args``.
+
+    repr() never shows a secret: the values of secret engine_args keys
+    (``secret_access_key``, ``session_token``) and of S3 credentials are
+    replaced by ``***``.
 
     :meth:`resolve` gives the complete, checked mapping for one engine;
     :meth:`coerce` builds options from an object, a mapping and keyword
@@ -346,6 +386,7 @@ class EngineOptions:
     xnvme_inflight: Union[str, int, None] = None
     xnvme_bounce: Union[str, int, None] = None
     xnvme_nsid: Union[str, int, None] = None
+    s3: Optional["_s3.S3Options"] = None
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -383,9 +424,12 @@ class EngineOptions:
 
     def __repr__(self):
         # Only what was set: the rest comes from the environment at resolve().
-        given = ", ".join(f"{k}={v!r}" for k, v in self._given().items()
-                          if not (k == "device_output" and v is False))
+        given = ", ".join(
+            f"{k}={_s3.redact_engine_args(v)!r}" if k == "engine_args" else f"{k}={v!r}"
+            for k, v in self._given().items() if not (k == "device_output" and v is False))
         return f"EngineOptions({given})"
+
+    __str__ = __repr__
 
     def _given(self):
         """The options set explicitly (not None), by name."""
@@ -410,6 +454,10 @@ class EngineOptions:
                 out[name] = _check_option(name, _defaults.get(name), from_env=True)
         xnvme = {k: v for k, v in given.items() if k in XNVME_OPTIONS}
         out["engine_args"] = _fold_xnvme(engine, xnvme, out["engine_args"])
+        if "s3" in given:
+            if engine not in URL_ENGINES:
+                raise TypeError(f"engine option 's3' applies only to engine 's3', not {engine!r}")
+            out["engine_args"] = _s3.engine_args_for(out["engine_args"], given["s3"])
         out.update(_gpu_options(engine, given))
         if isinstance(engine, AutoEngine):
             out["auto_engine"] = True  # the C core picks io_uring or psync per batch

@@ -4,7 +4,7 @@ import os
 import threading
 
 from fastread import _defaults
-from fastread.engine import EngineOptions, cached_context, warn_if_few_fds
+from fastread.engine import EngineOptions, cached_context, for_paths, warn_if_few_fds
 from fastread.errors import ReadError
 
 # This thread's contexts by read_files()'s own arguments and the FASTREAD_*
@@ -72,14 +72,23 @@ def _check_fds(mine, nfiles):
     mine["fds_checked"] = nfiles
 
 
-def raise_failures(batch, path_of, paths=True):
+def raise_failures(batch, path_of, paths=True, context=None):
     """Raises ReadError for a batch with failed samples; path_of(i) names
     sample i. ``paths``: the names are file paths (the error then says what
-    a path that is no regular file is); False for names inside an image."""
+    a path that is no regular file is); False for names inside an image.
+    ``context``: the Context that read the batch, when it may say more
+    about a failure than its errno (the s3 engine: the HTTP status and
+    S3's error code)."""
     failures = batch.failures()
     if failures:
         named = [(path_of(i), err) for i, err in failures]
-        raise ReadError(named[0][1], named[0][0], named, detail=None if paths else "")
+        detail = None if paths else ""
+        said = context.sample_error(failures[0][0]) if context is not None else None
+        if said:
+            # The engine's message starts with the name the error shows anyway.
+            prefix = f"{named[0][0]}: "
+            detail = said[len(prefix):] if said.startswith(prefix) else said
+        raise ReadError(named[0][1], named[0][0], named, detail=detail)
 
 
 def read_files(paths, engine="auto", options=None, **engine_options):
@@ -105,6 +114,9 @@ def read_files(paths, engine="auto", options=None, **engine_options):
         # Context.read() makes its own copy, which keeps the paths alive while
         # the GIL is released; this one is only for naming a failed path.
         paths = list(paths)
-    batch = _context(engine, options, engine_options, len(paths)).read(paths)
-    raise_failures(batch, lambda i: paths[i])
+    if paths:
+        engine = for_paths(engine, paths[0])
+    ctx = _context(engine, options, engine_options, len(paths))
+    batch = ctx.read(paths)
+    raise_failures(batch, lambda i: paths[i], context=ctx)
     return batch.arrays()

@@ -79,7 +79,8 @@ class Reader:
         if device == "gpu":
             opts = opts.replace(device_output=True)
         self.source = _source(file_root, file_list=file_list, files=files, labels=labels,
-                              file_filters=file_filters, image=image, index=index, source=source)
+                              file_filters=file_filters, image=image, index=index, source=source,
+                              s3=opts.s3)
         self.labels = check_source(self.source)
         # Names of the samples (paths, or names inside an image), for len() and errors.
         self.paths = self.source.names
@@ -322,7 +323,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _source(file_root, *, file_list, files, labels, file_filters, image, index, source):
+def _source(file_root, *, file_list, files, labels, file_filters, image, index, source, s3=None):
     """The SampleSource that Reader's sample arguments name (exactly one
     way: a tree or list of files, an image, or a source)."""
     given = [name for name, v in (("source", source), ("image", image)) if v is not None]
@@ -340,4 +341,4 @@ def _source(file_root, *, file_list, files, labels, file_filters, image, index, 
     if image is not None:
         return image if isinstance(image, PackedImage) else PackedImage(image, index)
     return FileList.scan(file_root, file_filters=file_filters, file_list=file_list, files=files,
-                         labels=labels)
+                         labels=labels, s3=s3)

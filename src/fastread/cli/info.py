@@ -31,6 +31,8 @@ def collect():
     auto, auto_reason = auto_choice()
     from fastread.engine import xnvme_version
     xver, xwhy = xnvme_version()
+    from fastread.engine import s3_version
+    s3ver, s3why = s3_version()
     devices, why = _env.cuda_devices()
     from fastread.dali import _plugin
     # The native DALI operator (fn.fastread.readers.file): loaded, or why not.
@@ -50,6 +52,8 @@ def collect():
         "packages": {label: _env.version(label) for label in _env.PACKAGES},
         # The system library behind the xNVMe engines, or why they are absent.
         "xnvme": {"version": xver, "reason": xwhy},
+        # The libcurl behind the s3 engine (version, TLS, features), or why it is absent.
+        "s3": {"libcurl": s3ver, "reason": s3why},
         "dali_plugin": dali_plugin,
         "cuda_devices": devices,
         "cuda_reason": why,
@@ -70,12 +74,16 @@ def run(args):
     out = [f"fastread {data['fastread']} ({data['module']})", ""]
     out += format_engines(data)
     out += ["", "packages:"]
-    width = max(max(map(len, data["packages"])), len("libxnvme"), len("DALI plugin"))
+    width = max(max(map(len, data["packages"])), len("libxnvme"), len("DALI plugin"),
+                len("libcurl (s3)"))
     for label, ver in data["packages"].items():
         out.append(f"  {label:<{width}}  {ver}")
     x = data["xnvme"]
     out.append(f"  {'libxnvme':<{width}}  "
                f"{x['version'] if x['version'] else 'unavailable: ' + x['reason']}")
+    s = data["s3"]
+    out.append(f"  {'libcurl (s3)':<{width}}  "
+               f"{s['libcurl'] if s['libcurl'] else 'unavailable: ' + s['reason']}")
     d = data["dali_plugin"]
     out.append(f"  {'DALI plugin':<{width}}  " + (
         f"loaded: {', '.join(d['operators'])} ({d['path']}, built against DALI "
