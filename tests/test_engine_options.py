@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 import fastread
-from fastread.engine import GPU_OPTION_NAMES, OPTION_NAMES, XNVME_OPTIONS, EngineOptions, options
+from fastread.engine import (GPU_OPTION_NAMES, OPTION_NAMES, URL_OPTIONS, XNVME_OPTIONS,
+                             EngineOptions, options)
 
 # (option, a bad value): zero, negative, out of range and wrong types.
 BAD_VALUES = [
@@ -121,4 +122,5 @@ def test_frozen_and_repr_shows_what_was_set():
 
 def test_fields_are_every_option_the_engines_take():
     names = {f.name for f in dataclasses.fields(EngineOptions)}
-    assert names == set(OPTION_NAMES) | set(GPU_OPTION_NAMES) | set(XNVME_OPTIONS)
+    assert names == (set(OPTION_NAMES) | set(GPU_OPTION_NAMES) | set(XNVME_OPTIONS) |
+                     set(URL_OPTIONS))

@@ -14,7 +14,7 @@ import fastread
 from fastread import s3 as fs3
 
 pytestmark = pytest.mark.skipif(
-    fastread.engines().get("s3") is not True,
+    not str(fastread.engines().get("s3")).startswith(fastread.engine.URL_ONLY["s3"]),
     reason=f"s3 engine unavailable: {fastread.engines().get('s3')}")
 
 
@@ -50,12 +50,16 @@ def many(s3_server):
 
 
 def test_engine_is_listed_with_libcurl():
-    assert fastread.engines()["s3"] is True
     version, why = fastread.engine.s3_version()
     assert why is None and version.startswith("libcurl ")
+    # Not True: it reads no local file (the generic engine tests skip it).
+    assert fastread.engines()["s3"] == f"{fastread.engine.URL_ONLY['s3']}: {version}"
+    assert fastread.engine.resolve("s3") == "s3"
     from fastread.cli import info
     data = info.collect()
     assert data["s3"]["libcurl"] == version
+    assert any(line.lstrip().startswith("s3") and "available for s3:// URLs only" in line
+               for line in info.format_engines(data, width=200))
     # auto never picks s3 for local files
     assert fastread.engine.resolve("auto") != "s3"
     assert fastread.engine.for_paths("auto", "s3://b/k") == "s3"

@@ -30,10 +30,20 @@ KNOWN_ENGINES = {
     "s3": _s3.NOT_BUILT,
 }
 
+#: Options of the URL engines, folded into engine_args (the s3 engine's:
+#: a fastread.s3.S3Options or a mapping of its options).
+URL_OPTIONS = ("s3",)
+
 #: Engines that read objects at URLs (s3://bucket/key), not local files:
 #: engine="auto" never picks them for local paths, and picks "s3" for lists
-#: of s3:// URLs (:func:`for_paths`).
-URL_ENGINES = ("s3",)
+#: of s3:// URLs (:func:`for_paths`). engines() reports them, where they
+#: run, with this text and the library they run on (as RANGE_ONLY engines:
+#: not True, since they read no local file), and they open by name.
+URL_ONLY = {
+    "s3": "s3:// URLs only (read_files, scan, Reader, ranges of objects; engine='auto' "
+          "picks it for s3:// paths)",
+}
+URL_ENGINES = tuple(URL_ONLY)
 
 #: Engines that read into GPU memory: they always serve a device.
 GPU_ENGINES = ("cufile",)
@@ -78,8 +88,8 @@ def _status(name, built):
     if name not in built:
         return f"not built: {KNOWN_ENGINES[name]}"
     ok, why = _probe(name)
-    if ok and name in URL_ENGINES:
-        return True
+    if ok and name in URL_ONLY:
+        return f"{URL_ONLY[name]}: {why}"
     if ok and name in RANGE_ONLY:
         return f"{RANGE_ONLY[name]} ({why})" if why else RANGE_ONLY[name]
     return True if ok else why
@@ -121,7 +131,7 @@ def xnvme_version():
 
 def _usable_by_name(name):
     """True if `name` can be opened explicitly (range-only engines included)."""
-    if name not in RANGE_ONLY or name not in _core.engine_names():
+    if (name not in RANGE_ONLY and name not in URL_ONLY) or name not in _core.engine_names():
         return False
     return _core.probe(name)[0]
 

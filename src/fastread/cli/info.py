@@ -106,7 +106,7 @@ def run(args):
 def format_engines(data, width=None):
     """The engines, available ones first; each unavailable engine with its
     reason, wrapped under it; engines with the same reason share one."""
-    from fastread.engine import RANGE_ONLY
+    from fastread.engine import RANGE_ONLY, URL_ONLY
 
     if width is None:
         width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
@@ -121,7 +121,8 @@ def format_engines(data, width=None):
     name_w = max(map(len, engines), default=0)
     ok = [n for n, s in engines.items() if s is True]
     partial = [n for n, s in engines.items()
-               if s is not True and n in RANGE_ONLY and s.startswith(RANGE_ONLY[n])]
+               if s is not True and ((n in RANGE_ONLY and s.startswith(RANGE_ONLY[n])) or
+                                     (n in URL_ONLY and s.startswith(URL_ONLY[n])))]
     if ok:
         out.append(f"  available:    {', '.join(ok)}")
     for n in partial:
