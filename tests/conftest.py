@@ -165,3 +165,12 @@ def s3_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def s3_proxy(s3_server):
+    """A fault-injecting proxy (tests/s3_proxy.py) in front of s3_server for
+    one test: endpoint, delay_ms, fail(mode, times, match, ...), counts, log."""
+    from s3_proxy import FaultProxy
+    with FaultProxy(s3_server) as proxy:
+        yield proxy

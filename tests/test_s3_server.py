@@ -69,3 +69,16 @@ def test_kill_then_restart_keeps_endpoint_and_objects(s3_server):
     assert s3_server.endpoint == endpoint
     got = s3_server.client().get_object(Bucket="srv-restart", Key="k")["Body"].read()
     assert got == b"survives"
+
+
+def test_empty_put_leaves_the_connection_usable(s3_server):
+    """An empty PUT with boto3's Expect: 100-continue put the pooled
+    connection out of step with SeaweedFS: the next request waited its 60 s
+    read timeout. The fixture's client drops Expect on empty bodies."""
+    import time
+    bucket = s3_server.make_bucket("srv-empty")
+    t0 = time.perf_counter()
+    for i, data in enumerate([b"", b"\x01", b"", b"", b"abc"]):
+        s3_server.put(bucket, f"k/{i}", data)
+        assert s3_server.client().get_object(Bucket=bucket, Key=f"k/{i}")["Body"].read() == data
+    assert time.perf_counter() - t0 < 10
