@@ -338,3 +338,52 @@ def test_credentials_from_a_profile(s3_server, many, monkeypatch, tmp_path):
     with pytest.raises(ValueError) as e:
         fastread.open_context("s3", s3=fastread.S3Options(profile="absent"))
     assert "'absent'" in str(e.value)
+
+
+@pytest.fixture
+def proxy(s3_server):
+    """A fault-injecting proxy (tests/s3_proxy.py) in front of the real server."""
+    import s3_proxy
+    with s3_proxy.FaultProxy(s3_server.endpoint) as p:
+        yield p
+
+
+def test_retries_through_faults(s3_server, many, proxy):
+    """5xx answers, resets, cut bodies and stalls are retried, with
+    backoff, until the bytes are whole; 4xx answers are not retried."""
+    keys = ["set/00010.bin", "set/00011.bin", "set/big0.bin"]
+    urls = [f"s3://many/{k}" for k in keys]
+    want = [many[k] for k in keys]
+    o = fastread.S3Options(endpoint_url=proxy.endpoint, region=s3_server.region,
+                           access_key_id=s3_server.access_key,
+                           secret_access_key=s3_server.secret_key, low_speed_time_s=1,
+                           part_size=1 << 20)
+    ctx = fastread.open_context("s3", s3=o)
+    proxy.fail("slowdown", times=3, match="00010")
+    proxy.fail("reset", times=2, match="00011")
+    proxy.fail("truncate", times=2, match="big0", keep=1000)
+    proxy.fail("stall", times=1, match="big0", seconds=8, after_bytes=100)
+    batch = ctx.read(urls)
+    assert batch.failures() == []
+    assert [a.tobytes() for a in batch.arrays()] == want
+    assert (proxy.counts["slowdown"], proxy.counts["reset"], proxy.counts["truncate"],
+            proxy.counts["stall"]) == (3, 2, 2, 1)
+    # Each fault cost a retry with backoff, except that libcurl itself
+    # retries a request once on a kept connection reset before an answer.
+    assert 7 <= ctx.stat("s3_retries") <= 8
+    # A cut body with no retries left is an error, never short data.
+    strict = fastread.open_context("s3", s3=o.__class__.coerce(o, retries=0))
+    proxy.fail("truncate", times=1, match="00010", keep=10)
+    batch = strict.read(urls[:1])
+    assert batch.failures() == [(0, errno.EIO)]
+    assert "s3://many/set/00010.bin" in strict.sample_error(0)
+    # 4xx: the server's verdict stands at once.
+    before = ctx.stat("s3_requests")
+    proxy.fail("status", times=1, match="00011", status=403, code="AccessDenied")
+    batch = ctx.read(urls[1:2])
+    assert batch.failures() == [(0, errno.EACCES)] and ctx.stat("s3_requests") == before + 1
+    assert "403 AccessDenied" in ctx.sample_error(0)
+    # 5xx past the retries: an error naming the status.
+    proxy.fail("status", times=10, match="00011", status=500, code="InternalError")
+    batch = strict.read(urls[1:2])
+    assert batch.failures() == [(0, errno.EIO)] and "500 InternalError" in strict.sample_error(0)
