@@ -89,6 +89,14 @@ def test_exact_bytes_of_thousands(s3_server, many):
     # read_files with engine auto picks s3 for URLs.
     got = fastread.read_files(urls[:300], s3=o)
     assert [a.tobytes() for a in got] == [many[k] for k in keys[:300]]
+    # Options as a mapping: the same cached context (its connections) each call.
+    as_dict = o.given()
+    fastread.read_files(urls[:2], s3=as_dict)
+    from fastread import files
+    cached = files._local.contexts
+    n = len(cached)
+    fastread.read_files(urls[2:4], s3=dict(as_dict))
+    assert len(cached) == n
 
 
 def test_known_sizes_and_a_size_that_changed(s3_server):

@@ -300,8 +300,12 @@ int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len);
  * "pool_alone", "pool_sleeps", "pool_wake_ns", "pool_spin_ns": see
  * threadpool.h); an auto context "auto_engine", "auto_last" (the engine of
  * the last batch: FR_AUTO_URING or FR_AUTO_PSYNC), "auto_uring_batches",
- * "auto_psync_batches", "auto_trials" and "auto_switches" (auto_trial.h).
- * Returns -1 for an unknown key. */
+ * "auto_psync_batches", "auto_trials" and "auto_switches" (auto_trial.h);
+ * the s3 engine "s3_requests", "s3_retries", "s3_bytes", "s3_inflight_max",
+ * "s3_connections" (opened: far fewer than requests while connections are
+ * kept), "s3_repairs" (objects whose known size was wrong, read again) and
+ * its settings "inflight", "part_size", "retries", "deadline_ms",
+ * "unsigned", "path_style". Returns -1 for an unknown key. */
 long fr_ctx_stat(const fr_ctx *ctx, const char *key);
 
 /* ---------------------------------------------------------------- shuffle */

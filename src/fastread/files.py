@@ -6,6 +6,7 @@ import threading
 from fastread import _defaults
 from fastread.engine import EngineOptions, cached_context, for_paths, warn_if_few_fds
 from fastread.errors import ReadError
+from fastread.s3 import S3Options
 
 # This thread's contexts by read_files()'s own arguments and the FASTREAD_*
 # environment, looked up before the options are checked and coerced: that
@@ -116,6 +117,11 @@ def read_files(paths, engine="auto", options=None, **engine_options):
         paths = list(paths)
     if paths:
         engine = for_paths(engine, paths[0])
+    s3 = engine_options.get("s3")
+    if s3 is not None and not isinstance(s3, S3Options):
+        # A mapping cannot key the context cache: as S3Options (hashable) the
+        # next call with the same options reuses this context's connections.
+        engine_options["s3"] = S3Options.coerce(s3)
     ctx = _context(engine, options, engine_options, len(paths))
     batch = ctx.read(paths)
     raise_failures(batch, lambda i: paths[i], context=ctx)

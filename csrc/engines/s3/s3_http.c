@@ -121,9 +121,10 @@ CURLcode fr_s3_easy_setup(CURL *h, const fr_s3_config *cfg, char *errbuf)
      * and is retried, rather than holding a batch until the deadline. */
     SET(CURLOPT_LOW_SPEED_LIMIT, 1L);
     SET(CURLOPT_LOW_SPEED_TIME, (long)cfg->low_speed_time_s);
-    /* Fewer, larger reads from the socket for large objects (the default is
-     * 16 KiB; 7.88 allows up to 10 MiB, earlier versions 512 KiB). */
-    SET(CURLOPT_BUFFERSIZE, 256L * 1024L);
+    /* Fewer, larger reads from the socket for large objects than the 16 KiB
+     * default; a buffer per easy handle, so 64 KiB keeps a context of 128
+     * requests in flight at 8 MiB of them. */
+    SET(CURLOPT_BUFFERSIZE, 64L * 1024L);
     SET(CURLOPT_SSL_VERIFYPEER, cfg->verify ? 1L : 0L);
     SET(CURLOPT_SSL_VERIFYHOST, cfg->verify ? 2L : 0L);
     if (cfg->ca_bundle[0])
