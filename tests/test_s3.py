@@ -244,6 +244,11 @@ def test_missing_object_names_the_url(s3_server, many):
         fastread.read_files(urls, s3=opts(s3_server))
     assert e.value.errno == errno.ENOENT and e.value.filename == urls[1]
     assert "s3://many/set/missing.bin" in str(e.value) and "404 NoSuchKey" in str(e.value)
+    # A Reader's native threads keep no message: it asks again, and says as much.
+    with fastread.Reader(files=urls, batch_size=2, s3=opts(s3_server)) as r:
+        with pytest.raises(fastread.ReadError) as e:
+            list(r)
+    assert e.value.errno == errno.ENOENT and "404 NoSuchKey" in str(e.value)
 
 
 def test_dead_server_fails_within_the_deadline():

@@ -73,23 +73,40 @@ def _check_fds(mine, nfiles):
     mine["fds_checked"] = nfiles
 
 
-def raise_failures(batch, path_of, paths=True, context=None):
+def raise_failures(batch, path_of, paths=True, context=None, detail_of=None):
     """Raises ReadError for a batch with failed samples; path_of(i) names
     sample i. ``paths``: the names are file paths (the error then says what
     a path that is no regular file is); False for names inside an image.
     ``context``: the Context that read the batch, when it may say more
     about a failure than its errno (the s3 engine: the HTTP status and
-    S3's error code)."""
+    S3's error code); else ``detail_of(name)``, when given, asks for it."""
     failures = batch.failures()
     if failures:
         named = [(path_of(i), err) for i, err in failures]
         detail = None if paths else ""
-        said = context.sample_error(failures[0][0]) if context is not None else None
+        if context is not None:
+            said = context.sample_error(failures[0][0])
+        else:
+            said = detail_of(named[0][0]) if detail_of is not None else None
         if said:
             # The engine's message starts with the name the error shows anyway.
             prefix = f"{named[0][0]}: "
             detail = said[len(prefix):] if said.startswith(prefix) else said
         raise ReadError(named[0][1], named[0][0], named, detail=detail)
+
+
+def s3_detail(options, url):
+    """The s3 engine's words for why ``url`` cannot be read now (the HTTP
+    status and S3's error code), from a fresh read of it on this thread's
+    context: for a Reader's errors, whose native threads keep no message
+    (as errors.describe looks at a local path again). None if it reads now,
+    or the engine says nothing more."""
+    try:
+        ctx = cached_context("s3", options)
+        batch = ctx.read([url])
+        return ctx.sample_error(0) if batch.failures() else None
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def read_files(paths, engine="auto", options=None, **engine_options):

@@ -7,7 +7,7 @@ import weakref
 import numpy as np
 
 from fastread.engine import EngineOptions, warn_if_few_fds
-from fastread.files import raise_failures
+from fastread.files import raise_failures, s3_detail
 from fastread.image import PackedImage
 from fastread.index import check_flag, epoch_indices
 from fastread.source import FileList, check_source, open_native_reader
@@ -211,7 +211,9 @@ class Reader:
             raise RuntimeError("Reader: no batch queued (the epoch was reset by another caller)")
         idx = batch.indices()
         raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])),
-                       paths=isinstance(self.source, FileList))
+                       paths=isinstance(self.source, FileList),
+                       detail_of=(lambda url: s3_detail(self.options, url))
+                       if self.engine == "s3" else None)
         arrays = batch.device_arrays(self.device_id) if self.device == "gpu" else batch.arrays()
         if self.ring_depth is not None:
             self._ring.append(batch)
