@@ -334,16 +334,22 @@ static int begin_call(s3_engine *s, fr_batch *batch, size_t n)
     return 0;
 }
 
-/* Frees the probes' buffers of large objects (small ones are kept for the
- * next call's probes). */
+/* Frees the probes' buffers but those of small objects, up to KEEP_PROBES
+ * bytes in all, which the next call's probes reuse without allocating. */
+#define KEEP_PROBES ((uint64_t)16 << 20)
 static void end_call(s3_engine *s)
 {
-    for (size_t i = 0; i < s->n; i++)
-        if (s->samples[i].buf_cap > (64u << 10)) {
-            free(s->samples[i].buf);
-            s->samples[i].buf = NULL;
-            s->samples[i].buf_cap = 0;
+    uint64_t kept = 0;
+    for (size_t i = 0; i < s->samples_cap; i++) {
+        s3_sample *sm = &s->samples[i];
+        if (sm->buf_cap <= (64u << 10) && kept + sm->buf_cap <= KEEP_PROBES) {
+            kept += sm->buf_cap;
+            continue;
         }
+        free(sm->buf);
+        sm->buf = NULL;
+        sm->buf_cap = 0;
+    }
 }
 
 /* Sample i's http(s) URL from its s3:// URL; the sample fails if it is not one. */
