@@ -306,6 +306,12 @@ static void test_dead_server(void)
         CHECK(fr_batch_prepare(b, 2) == 0);
         CHECK(fr_read_ranges(ctx, "s3://bkt/img", r, 2, b) == 0);
         CHECK(b->samples[0].length == -ECONNREFUSED && b->samples[1].length == 0);
+        /* A path that is no URL fails every range, each with the reason. */
+        CHECK(fr_batch_prepare(b, 2) == 0);
+        CHECK(fr_read_ranges(ctx, "/local/img", r, 2, b) == 0);
+        CHECK(b->samples[0].length == -EINVAL && b->samples[1].length == -EINVAL);
+        CHECK(fr_ctx_sample_error(ctx, 1, msg, sizeof(msg)) == 1 &&
+              strstr(msg, "not an s3:// URL"));
         fr_batch_recycle(b);
     }
     fr_pool_close(pool);

@@ -913,6 +913,8 @@ static int s3_read_files(void *state, const char *const *paths, const int64_t *s
 
 /* ------------------------------------------------------------ read_ranges */
 
+static int s3_sample_error(const void *state, size_t i, char *out, size_t len);
+
 static int s3_read_ranges(void *state, const char *path, const fr_range *ranges, size_t n,
                           fr_batch *batch)
 {
@@ -930,8 +932,14 @@ static int s3_read_ranges(void *state, const char *path, const fr_range *ranges,
         s3_sample *sm = &s->samples[i];
         sm->url = s->samples[0].url;
         sm->http_off = s->samples[0].http_off;
-        if (i > 0)
+        if (i > 0 && s->samples[0].err) {
+            /* A bad URL fails every range, each with the message. */
+            char why[FR_ERRLEN];
+            if (!s3_sample_error(s, 0, why, sizeof(why)))
+                why[0] = 0;
             sm->err = s->samples[0].err;
+            note(s, i, "%s", why);
+        }
         if (batch->samples[i].length < 0 && !sm->err)
             fail_sample(s, i, (int)batch->samples[i].length,
                         "range %zu (offset %" PRIu64 ", %" PRIu64 " bytes) overflows", i,
