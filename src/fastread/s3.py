@@ -228,7 +228,7 @@ def _status_error(url, status, err):
     return OSError(code, f"{url}: {err or status}")
 
 
-def list_objects(url, s3=None, *, delimiter=None, engine_args="", **options) -> List[S3Object]:
+def list_objects(url, s3=None, *, engine_args="", **options) -> List[S3Object]:
     """Every object under ``url`` (``s3://bucket/prefix``: keys starting
     with ``prefix``, as S3 compares them: by bytes, not by directories), in
     S3's order (UTF-8 byte order of the keys), as :class:`S3Object`\\ s.
@@ -247,8 +247,6 @@ def list_objects(url, s3=None, *, delimiter=None, engine_args="", **options) -> 
         token = None
         while True:
             params = {"list-type": "2", "encoding-type": "url", "prefix": prefix}
-            if delimiter is not None:
-                params["delimiter"] = delimiter
             if token is not None:
                 params["continuation-token"] = token
             status, body, err = client.request("GET", bucket, "", _canonical_query(params))

@@ -28,6 +28,11 @@
  * short body or another range is an error of that sample, never short
  * data. Errors travel per sample as -errno, with a message naming the URL
  * and the HTTP status and S3 error code (fr_ctx_sample_error).
+ *
+ * Thread safety: as its context (fastread.h), one thread at a time; no
+ * handle, buffer or counter is shared with another context. The one
+ * process-wide call, curl_global_init, is reference counted and
+ * thread-safe in the libcurl versions the probe accepts.
  */
 /* clock_gettime, nanosleep, strncasecmp: POSIX, which -std=c11 hides. */
 #define _POSIX_C_SOURCE 200809L
