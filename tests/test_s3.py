@@ -82,6 +82,17 @@ def test_exact_bytes_of_thousands(s3_server, many):
     # file) and went straight into the arena.
     assert ctx.stat("remembered_calls") == 1
     assert ctx.stat("s3_bytes") == 2 * sum(map(len, many.values()))
+    # Large objects' sizes are remembered too: the next read of them skips
+    # the probes (2 requests for a 3 MiB object in parts of 2 MiB, not 3).
+    big = [u for u in urls if "big" in u]
+    ctx2 = fastread.open_context("s3", s3=opts(s3_server, part_size=2 << 20))
+    ctx2.read(big)
+    first = ctx2.stat("s3_requests")
+    batch = ctx2.read(big)
+    assert [a.tobytes() for a in batch.arrays()] == [many[u[len("s3://many/"):]] for u in big]
+    assert ctx2.stat("remembered_calls") == 1
+    assert ctx2.stat("s3_requests") - first == sum(-(-len(many[u[len("s3://many/"):]]) // (2 << 20))
+                                                   for u in big)
     # Connections are kept: far fewer than requests.
     assert ctx.stat("s3_connections") <= ctx.stat("inflight")
     assert ctx.stat("s3_requests") > 2 * len(urls)

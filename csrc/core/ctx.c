@@ -472,7 +472,8 @@ static long look_up_sizes(fr_ctx *ctx, const char *const *paths, size_t n)
      * (FR_REMEMBER_MAX_MEAN). */
     if (!ctx->remember_sizes || n == 0 || !ctx->engine->uses_size_hints ||
         (ctx->auto_engine && ctx->last_pick == FR_AUTO_PSYNC) ||
-        ctx->unhinted_mean > FR_REMEMBER_MAX_MEAN)
+        (ctx->unhinted_mean > FR_REMEMBER_MAX_MEAN &&
+         ctx->engine->uses_size_hints != FR_HINTS_ANY_SIZE))
         return -1;
     if (!ctx->memo && !(ctx->memo = fr_size_memo_new(ctx->remember_sizes)))
         return -1;

@@ -27,7 +27,9 @@ typedef struct fr_engine {
                       fr_batch *batch);
     /* Nonzero if read_files skips work for files whose size it is given:
      * only then does a context look up remembered sizes for it (the lookup
-     * touches every path; psync ran 3-4% slower for nothing at 92 KiB). */
+     * touches every path; psync ran 3-4% slower for nothing at 92 KiB).
+     * FR_HINTS_ANY_SIZE: for files of any size, not only small ones
+     * (FR_REMEMBER_MAX_MEAN): where a size saves a round trip, not a stat. */
     int uses_size_hints;
     long (*stat)(const void *state, const char *key);
     /* Optional (NULL: -ENOTSUP). Same contract as read_files, one sample per
@@ -40,6 +42,8 @@ typedef struct fr_engine {
      * message. Never a secret. */
     int (*sample_error)(const void *state, size_t i, char *out, size_t len);
 } fr_engine;
+
+#define FR_HINTS_ANY_SIZE 2
 
 extern const fr_engine fr_engine_psync;
 extern const fr_engine fr_engine_cufile; /* loads CUDA and libcufile at run time */

@@ -1010,8 +1010,9 @@ const fr_engine fr_engine_s3 = {
     .open = s3_open,
     .close = s3_close,
     .read_files = s3_read_files,
-    /* Known sizes let a read skip the probe and its copy. */
-    .uses_size_hints = 1,
+    /* Known sizes let a read skip the probe, its copy and, for a large
+     * object, a round trip before its parts: worth it at any size. */
+    .uses_size_hints = FR_HINTS_ANY_SIZE,
     .stat = s3_stat,
     .read_ranges = s3_read_ranges,
     .sample_error = s3_sample_error,
