@@ -47,10 +47,14 @@ def main():
         opts = fastread.S3Options(endpoint_url=srv.endpoint, region=srv.region,
                                   access_key_id=srv.access_key, secret_access_key=srv.secret_key)
         ctx = fastread.open_context("s3", s3=opts)
+        # The same engine with no remembered sizes: every object probed
+        # (first MiB into a buffer, then copied), as in a first epoch.
+        resolved = fastread.EngineOptions(s3=opts).resolve("s3")
+        unsized = fastread.Context("s3", **resolved, remember_sizes=0)
 
-        def fastread_round(check=False):
+        def fastread_round(check=False, c=ctx):
             for i in range(0, len(urls), args.batch):
-                batch = ctx.read(urls[i:i + args.batch])
+                batch = c.read(urls[i:i + args.batch])
                 assert batch.failures() == [], batch.failures()
                 if check:
                     for k, a in zip(keys[i:i + args.batch], batch.arrays()):
@@ -69,20 +73,22 @@ def main():
 
         fastread_round(check=True)  # warm-up and byte check
         boto_round(check=True)
-        rates = {"fastread s3": [], f"boto3 x{args.boto_threads}": []}
+        boto = f"boto3 x{args.boto_threads}"
+        rates = {"fastread s3": [], "s3 sizes unknown": [], boto: []}
         for r in range(args.rounds):
             for name, fn in (("fastread s3", fastread_round),
-                             (f"boto3 x{args.boto_threads}", boto_round)):
+                             ("s3 sizes unknown", lambda: fastread_round(c=unsized)),
+                             (boto, boto_round)):
                 t0 = time.perf_counter()
                 fn()
                 dt = time.perf_counter() - t0
                 rates[name].append(len(keys) / dt)
-                print(f"round {r}: {name:14s} {len(keys) / dt:9.0f} objects/s "
+                print(f"round {r}: {name:16s} {len(keys) / dt:9.0f} objects/s "
                       f"({len(keys) * args.size / dt / 1e6:7.1f} MB/s)", flush=True)
         print(f"{args.objects} objects of {args.size} bytes, batches of {args.batch}, "
               f"cpus {len(os.sched_getaffinity(0))}:")
         for name, v in rates.items():
-            print(f"  {name:14s} median {statistics.median(v):9.0f} objects/s")
+            print(f"  {name:16s} median {statistics.median(v):9.0f} objects/s")
         print(f"  fastread: {ctx.stat('s3_requests')} requests, "
               f"{ctx.stat('s3_connections')} connections, "
               f"{ctx.stat('s3_inflight_max')} in flight at most, "
