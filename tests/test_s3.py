@@ -126,6 +126,12 @@ def test_known_sizes_and_a_size_that_changed(s3_server):
     batch = ctx.read([url_a, url_b], sizes=[1500, 3])
     assert [a.tobytes() for a in batch.arrays()] == [b"A" * 1500, b"now"]
     assert ctx.stat("s3_repairs") == 2
+    # Some sizes known, some not (-1), one wrong: every byte right, one repair.
+    url_c = s3_server.put("change", "c.bin", b"c" * 70000)
+    for dense_sizes in ([1500, -1, -1], [-1, 3, 70000], [1500, 2, -1]):
+        batch = ctx.read([url_a, url_b, url_c], sizes=dense_sizes)
+        assert [a.tobytes() for a in batch.arrays()] == [b"A" * 1500, b"now", b"c" * 70000]
+    assert ctx.stat("s3_repairs") == 3
 
 
 KEYS = ["with space.jpg", "ünïcödé/日本語.jpg", "plus+sign.jpg", "pct%20literal.jpg",

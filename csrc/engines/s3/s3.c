@@ -16,11 +16,11 @@
  * bytes copied into place and the rest of each large object fetched by
  * ranged GETs of part_size straight into the arena (If-Match the probe's
  * ETag, so a part of another version of the object is refused).
- * read_files, every size known (size hints, or sizes the context
- * remembered: uses_size_hints): laid out first, every object read by
- * ranged GETs straight into the arena; an object whose size changed is
- * read again as above into room at the end of the arena (a wrong hint
- * costs time, never bytes).
+ * read_files, sizes known (size hints, or sizes the context remembered:
+ * uses_size_hints): laid out first, those objects read by ranged GETs
+ * straight into the arena; the objects of unknown size, and any whose size
+ * changed, are then read as above into room at the end of the arena (a
+ * wrong hint costs time, never bytes).
  * read_ranges: one ranged GET per part_size of each range, into the arena.
  *
  * Every response is checked against what was asked: the status, the
@@ -874,22 +874,24 @@ static int s3_read_files(void *state, const char *const *paths, const int64_t *s
     int rc = begin_call(s, batch, n);
     if (rc)
         return rc;
-    int all_known = size_hints != NULL;
+    size_t known = 0;
     for (size_t i = 0; i < n; i++) {
         if ((rc = set_url(s, i, paths[i], 1)))
             return rc;
-        if (size_hints && size_hints[i] < 0 && !s->samples[i].err)
-            all_known = 0;
+        known += size_hints && size_hints[i] >= 0 && !s->samples[i].err;
     }
-    if (all_known) {
-        /* Every size known: straight into the arena. */
+    if (known) {
+        /* The objects of known size straight into the arena; the others
+         * (-1: a placeholder fr_layout leaves out) probed after them and
+         * laid out at its end, with any whose size proved wrong. */
         for (size_t i = 0; i < n; i++)
-            s->sizes[i] = s->samples[i].err ? s->samples[i].err : size_hints[i];
+            s->sizes[i] = s->samples[i].err ? s->samples[i].err
+                          : size_hints[i] >= 0 ? size_hints[i] : -1;
         if ((rc = fr_layout(batch, s->sizes, n, 0, 0)))
             return rc;
         clear_jobs(s);
         for (size_t i = 0; i < n; i++) {
-            if (s->samples[i].err)
+            if (s->samples[i].err || size_hints[i] < 0)
                 continue;
             s->samples[i].size = size_hints[i];
             if (add_parts(s, JOB_PART, i, 0, (uint64_t)size_hints[i], 0))
@@ -898,10 +900,13 @@ static int s3_read_files(void *state, const char *const *paths, const int64_t *s
         if ((rc = run_jobs(s)))
             return rc;
         size_t k = 0;
-        for (size_t i = 0; i < n; i++)
-            if (s->samples[i].repair && !s->samples[i].err)
+        for (size_t i = 0; i < n; i++) {
+            if (s->samples[i].err)
+                continue;
+            s->repairs += s->samples[i].repair;
+            if (s->samples[i].repair || size_hints[i] < 0)
                 s->list[k++] = i;
-        s->repairs += (long)k;
+        }
         if (k && (rc = probe_pass(s, s->list, k, 1)))
             return rc;
     } else {
