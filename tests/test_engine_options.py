@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 import fastread
-from fastread.engine import GPU_OPTION_NAMES, OPTION_NAMES, XNVME_OPTIONS, EngineOptions, options
+from fastread.engine import (GPU_OPTION_NAMES, OPTION_NAMES, URL_OPTIONS, XNVME_OPTIONS,
+                             EngineOptions, options)
 
 # (option, a bad value): zero, negative, out of range and wrong types.
 BAD_VALUES = [
@@ -121,7 +122,8 @@ def test_frozen_and_repr_shows_what_was_set():
 
 def test_fields_are_every_option_the_engines_take():
     names = {f.name for f in dataclasses.fields(EngineOptions)}
-    assert names == set(OPTION_NAMES) | set(GPU_OPTION_NAMES) | set(XNVME_OPTIONS)
+    assert names == (set(OPTION_NAMES) | set(GPU_OPTION_NAMES) | set(XNVME_OPTIONS) |
+                     set(URL_OPTIONS))
 
 
 # -- engines(): one shape ---------------------------------------------------------------
@@ -131,14 +133,17 @@ def test_engines_answers_files_and_ranges_for_every_engine():
     True or why not. A range-only engine that runs (xnvme) reads ranges and
     says why not files; an engine that cannot run says the same reason for
     both."""
-    from fastread.engine import KNOWN_ENGINES, RANGE_ONLY
+    from fastread.engine import KNOWN_ENGINES, RANGE_ONLY, URL_ONLY
     status = fastread.engines()
     assert list(status) == list(KNOWN_ENGINES)
     for name, st in status.items():
         assert isinstance(st, fastread.EngineStatus)
         assert st.files is True or (isinstance(st.files, str) and st.files)
         assert st.ranges is True or (isinstance(st.ranges, str) and st.ranges)
-        if st.ranges is not True:          # cannot run at all: one reason
+        if name in URL_ONLY and st.files.startswith(URL_ONLY[name]):
+            # Runs, on objects at URLs: neither local files nor images.
+            assert st.files == st.ranges == st.why
+        elif st.ranges is not True:          # cannot run at all: one reason
             assert st.files == st.ranges == st.why
         elif name in RANGE_ONLY:
             assert st.files == RANGE_ONLY[name] and st.why == st.files

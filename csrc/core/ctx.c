@@ -26,6 +26,9 @@ static const fr_engine *const engines[] = {
     &fr_engine_xnvme,
 #endif
     &fr_engine_cufile,
+#ifdef FASTREAD_HAVE_S3
+    &fr_engine_s3,
+#endif
     NULL,
 };
 
@@ -39,6 +42,9 @@ static const char *const engine_names[] = {
     "xnvme",
 #endif
     "cufile",
+#ifdef FASTREAD_HAVE_S3
+    "s3",
+#endif
     NULL,
 };
 
@@ -535,7 +541,8 @@ static long look_up_sizes(fr_ctx *ctx, const char *const *paths, size_t n)
      * (FR_REMEMBER_MAX_MEAN). */
     if (!ctx->remember_sizes || n == 0 || !ctx->engine->uses_size_hints ||
         (ctx->auto_engine && ctx->last_pick == FR_AUTO_PSYNC) ||
-        ctx->unhinted_mean > FR_REMEMBER_MAX_MEAN)
+        (ctx->unhinted_mean > FR_REMEMBER_MAX_MEAN &&
+         ctx->engine->uses_size_hints != FR_HINTS_ANY_SIZE))
         return -1;
     if (!ctx->memo && !(ctx->memo = fr_size_memo_new(ctx->remember_sizes)))
         return -1;
@@ -584,6 +591,16 @@ int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t
     if (rc <= 0)
         return rc;
     return end_batch(ctx, batch, ctx->engine->read_ranges(ctx->state, path, ranges, n, batch));
+}
+
+int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len)
+{
+    if (len)
+        out[0] = 0;
+    /* An auto context's psync side has no messages: its errno says it all. */
+    if (!ctx->engine->sample_error || (ctx->auto_engine && ctx->last_pick == FR_AUTO_PSYNC))
+        return 0;
+    return ctx->engine->sample_error(ctx->state, i, out, len);
 }
 
 long fr_ctx_stat(const fr_ctx *ctx, const char *key)

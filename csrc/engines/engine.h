@@ -27,19 +27,31 @@ typedef struct fr_engine {
                       fr_batch *batch);
     /* Nonzero if read_files skips work for files whose size it is given:
      * only then does a context look up remembered sizes for it (the lookup
-     * touches every path; psync ran 3-4% slower for nothing at 92 KiB). */
+     * touches every path; psync ran 3-4% slower for nothing at 92 KiB).
+     * FR_HINTS_ANY_SIZE: for files of any size, not only small ones
+     * (FR_REMEMBER_MAX_MEAN): where a size saves a round trip, not a stat. */
     int uses_size_hints;
     long (*stat)(const void *state, const char *key);
     /* Optional (NULL: -ENOTSUP). Same contract as read_files, one sample per
      * range of `path`; see fr_read_ranges. */
     int (*read_ranges)(void *state, const char *path, const fr_range *ranges, size_t n,
                        fr_batch *batch);
+    /* Optional (NULL: none). Why sample i of the last read_files or
+     * read_ranges call failed, beyond its errno (e.g. "s3://b/k: 403
+     * SignatureDoesNotMatch"), into out[len]: 1, or 0 when there is no
+     * message. Never a secret. */
+    int (*sample_error)(const void *state, size_t i, char *out, size_t len);
 } fr_engine;
+
+#define FR_HINTS_ANY_SIZE 2
 
 extern const fr_engine fr_engine_psync;
 extern const fr_engine fr_engine_cufile; /* loads CUDA and libcufile at run time */
 #ifdef FASTREAD_HAVE_URING
 extern const fr_engine fr_engine_uring;
+#endif
+#ifdef FASTREAD_HAVE_S3
+extern const fr_engine fr_engine_s3; /* "s3": objects over HTTP(S) (engines/s3/, libcurl) */
 #endif
 #ifdef FASTREAD_HAVE_XNVME
 extern const fr_engine fr_engine_xnvme_file; /* "xnvme-file": whole files via xnvme_file_* */

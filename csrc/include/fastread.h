@@ -35,7 +35,7 @@ extern "C" {
 #define FR_ERRLEN 256
 
 typedef struct fr_config {
-    const char *engine;        /* "io_uring", "psync" (see fr_engine_names), or "auto" */
+    const char *engine;        /* "io_uring", "psync", "s3" (see fr_engine_names), or "auto" */
     unsigned queue_depth;      /* io_uring: samples in flight per ring */
     unsigned threads;          /* psync: worker threads; io_uring: rings, each with its own
                                 * thread (0: one per CPU, at most 16) */
@@ -299,6 +299,13 @@ typedef struct fr_range {
 int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t n,
                    fr_batch *batch);
 
+/* Why sample i of the context's last fr_read_files or fr_read_ranges call
+ * failed, in words beyond its errno, where the engine says more (s3: the
+ * URL, the HTTP status and S3's error code, e.g. "s3://b/k: 403
+ * SignatureDoesNotMatch"; never a secret): 1 and the message in out[len],
+ * or 0 and "" when there is none. */
+int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len);
+
 /* Facts about the context, for diagnostics: "fixed_files", "fixed_buffers",
  * "queue_depth", "threads", "o_direct"; "file_calls" and "file_call_ns"
  * (fr_read_files calls and the wall time inside them); psync and io_uring also their
@@ -306,8 +313,12 @@ int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t
  * "pool_alone", "pool_sleeps", "pool_wake_ns", "pool_spin_ns": see
  * threadpool.h); an auto context "auto_engine", "auto_last" (the engine of
  * the last batch: FR_AUTO_URING or FR_AUTO_PSYNC), "auto_uring_batches",
- * "auto_psync_batches", "auto_trials" and "auto_switches" (auto_trial.h).
- * Returns -1 for an unknown key. */
+ * "auto_psync_batches", "auto_trials" and "auto_switches" (auto_trial.h);
+ * the s3 engine "s3_requests", "s3_retries", "s3_bytes", "s3_inflight_max",
+ * "s3_connections" (opened: far fewer than requests while connections are
+ * kept), "s3_repairs" (objects whose known size was wrong, read again) and
+ * its settings "inflight", "part_size", "retries", "deadline_ms",
+ * "unsigned", "path_style". Returns -1 for an unknown key. */
 long fr_ctx_stat(const fr_ctx *ctx, const char *key);
 
 /* ---------------------------------------------------------------- shuffle */

@@ -24,6 +24,7 @@ from fastread.bmap import build_bmap, load_bmap
 from fastread.image import ImageError, PackedImage, pack, verify
 from fastread.index import scan
 from fastread.reader import Reader
+from fastread.s3 import S3Options
 from fastread.source import FileList, FileRanges, SampleSource
 
 __version__ = "0.1.0"
@@ -31,6 +32,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Batch", "Cifar10", "Context", "DeviceArray", "FeatureStore", "FormatError", "MultiFileRanges",
     "SquirrelStore", "WebDataset", "EngineOptions", "EngineStatus", "FileList", "FileRanges", "ImageError",
-    "NativeReader", "PackedImage", "ReadError", "Reader", "SampleSource", "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
+    "NativeReader", "PackedImage", "ReadError", "Reader", "S3Options", "SampleSource", "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
     "__version__",
 ]

@@ -98,6 +98,7 @@ cdef extern from "fastread.h" nogil:
     int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
                       fr_batch *batch)
     long fr_ctx_stat(const fr_ctx *ctx, const char *key)
+    int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len)
 
     ctypedef struct fr_range:
         uint64_t offset

@@ -110,6 +110,18 @@ cdef class Context:
     def pool_batches(self):
         return fr_pool_batches(self.owner.pool)
 
+    def sample_error(self, size_t i):
+        """Why sample ``i`` of this context's last read failed, in the
+        engine's words beyond its errno (s3: the URL, the HTTP status and
+        S3's error code), or None when the engine says nothing more."""
+        if self.ctx == NULL:
+            raise ValueError("context is closed")
+        cdef char msg[256]  # FR_ERRLEN
+        cdef int found
+        with self.lock:
+            found = fr_ctx_sample_error(self.ctx, i, msg, sizeof(msg))
+        return msg.decode(errors="replace") if found else None
+
     def read(self, paths, sizes=None):
         """Reads every path; returns a Batch (check failures()). ``sizes``,
         if given, are the files' sizes when last read (-1: unknown): they let

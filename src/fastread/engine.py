@@ -12,6 +12,7 @@ from typing import Optional, Union
 import numpy as np
 
 from fastread import _core, _defaults
+from fastread import s3 as _s3
 
 # Every engine fastread knows, in order of preference for engine="auto", and
 # what is needed to build it when this build lacks it.
@@ -26,7 +27,23 @@ KNOWN_ENGINES = {
              "(install xNVMe, then reinstall fastread; "
              "-Ccmake.define.FASTREAD_XNVME=ON makes its absence a build error)",
     "cufile": "not compiled in",
+    "s3": _s3.NOT_BUILT,
 }
+
+#: Options of the URL engines, folded into engine_args (the s3 engine's:
+#: a fastread.s3.S3Options or a mapping of its options).
+URL_OPTIONS = ("s3",)
+
+#: Engines that read objects at URLs (s3://bucket/key), not local files:
+#: engine="auto" never picks them for local paths, and picks "s3" for lists
+#: of s3:// URLs (:func:`for_paths`). engines() reports them, where they
+#: run, with this text and the library they run on (as RANGE_ONLY engines:
+#: not True, since they read no local file), and they open by name.
+URL_ONLY = {
+    "s3": "s3:// URLs only (read_files, scan, Reader, ranges of objects; engine='auto' "
+          "picks it for s3:// paths)",
+}
+URL_ENGINES = tuple(URL_ONLY)
 
 #: Engines that read into GPU memory: they always serve a device.
 GPU_ENGINES = ("cufile",)
@@ -113,6 +130,11 @@ def _engine_status(name, built):
     ok, why = _probe(name)
     if not ok:
         return EngineStatus(files=why, ranges=why)
+    if name in URL_ONLY:
+        # Objects at URLs, not local files or images: not True, so loops over
+        # the engines that read local files pass it by.
+        said = f"{URL_ONLY[name]}: {why}"
+        return EngineStatus(files=said, ranges=said)
     return EngineStatus(files=RANGE_ONLY.get(name, True), ranges=True)
 
 
@@ -156,7 +178,7 @@ def xnvme_version():
 
 def _usable_by_name(name):
     """True if `name` can be opened explicitly (range-only engines included)."""
-    if name not in RANGE_ONLY:
+    if name not in RANGE_ONLY and name not in URL_ONLY:
         return False
     return _engine_status(name, set(_core.engine_names())).ranges is True
 
@@ -244,6 +266,28 @@ def check_engine(engine):
     raise ValueError(f"unknown engine {engine!r}; available engines: {', '.join(_usable())}")
 
 
+def for_paths(engine, first_path):
+    """The engine to read a list starting with ``first_path``: ``engine``,
+    except that 'auto' (given, or FASTREAD_ENGINE's default) reads s3://
+    URLs with the s3 engine. One owner for that choice: read_files(),
+    SampleSource.read() and the Readers all ask here. Only the first path is
+    looked at (a call costs no pass over a long list): a local path among
+    URLs, or a URL among local paths, fails as that sample's error."""
+    if (isinstance(first_path, str) and first_path.startswith("s3://") and
+            (engine == "auto" or (engine is None and _defaults.get("engine") == "auto"))):
+        return "s3"
+    return engine
+
+
+def s3_version():
+    """(description of the libcurl the s3 engine runs on, None) or (None,
+    why the s3 engine is absent or cannot run)."""
+    if "s3" not in _core.engine_names():
+        return None, f"not built: {KNOWN_ENGINES['s3']}"
+    ok, why = _core.probe("s3")
+    return (why, None) if ok else (None, why)
+
+
 def _usable():
     return [n for n, st in engines().items() if st.files is True]
 
@@ -321,6 +365,8 @@ def check_option(name, v, from_env=False):
         if not (isinstance(v, str) or _is_int(v) or isinstance(v, bool)):
             raise ValueError(f"engine option {name} must be a word or a number, got {v!r}")
         return v
+    if name == "s3":
+        return _s3.S3Options.coerce(v)
     raise TypeError(f"unknown engine option {name!r}")
 
 
@@ -347,6 +393,13 @@ class EngineOptions:
       serves, page-locked host arenas, batches delivered in GPU memory.
     - ``xnvme_be``, ``xnvme_async``, ...: the xNVMe engines' options, folded
       into ``engine_args`` (only for the engines that take them).
+    - ``s3``: how the s3 engine reaches a bucket (a
+      :class:`fastread.s3.S3Options` or a mapping of its options: endpoint_url,
+      region, credentials, ...), folded into ``engine_args``.
+
+    repr() never shows a secret: the values of secret engine_args keys
+    (``secret_access_key``, ``session_token``) and of S3 credentials are
+    replaced by ``***``.
 
     :meth:`resolve` gives the complete, checked mapping for one engine;
     :meth:`coerce` builds options from an object, a mapping and keyword
@@ -375,6 +428,7 @@ class EngineOptions:
     xnvme_inflight: Union[str, int, None] = None
     xnvme_bounce: Union[str, int, None] = None
     xnvme_nsid: Union[str, int, None] = None
+    s3: Optional["_s3.S3Options"] = None
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -412,9 +466,12 @@ class EngineOptions:
 
     def __repr__(self):
         # Only what was set: the rest comes from the environment at resolve().
-        given = ", ".join(f"{k}={v!r}" for k, v in self._given().items()
-                          if not (k == "device_output" and v is False))
+        given = ", ".join(
+            f"{k}={_s3.redact_engine_args(v)!r}" if k == "engine_args" else f"{k}={v!r}"
+            for k, v in self._given().items() if not (k == "device_output" and v is False))
         return f"EngineOptions({given})"
+
+    __str__ = __repr__
 
     def _given(self):
         """The options set explicitly (not None), by name."""
@@ -439,6 +496,10 @@ class EngineOptions:
                 out[name] = check_option(name, _defaults.get(name), from_env=True)
         xnvme = {k: v for k, v in given.items() if k in XNVME_OPTIONS}
         out["engine_args"] = _fold_xnvme(engine, xnvme, out["engine_args"])
+        if "s3" in given:
+            if engine not in URL_ENGINES:
+                raise TypeError(f"engine option 's3' applies only to engine 's3', not {engine!r}")
+            out["engine_args"] = _s3.engine_args_for(out["engine_args"], given["s3"])
         out.update(_gpu_options(engine, given))
         return out
 

@@ -2,8 +2,9 @@
 import os
 import threading
 
-from fastread.engine import cached_context, warn_if_few_fds
+from fastread.engine import cached_context, for_paths, warn_if_few_fds
 from fastread.errors import ReadError
+from fastread.s3 import S3Options
 
 # The list lengths this thread was checked for (RLIMIT_NOFILE): a
 # getrlimit per call is a syscall for an advisory warning. The contexts
@@ -22,14 +23,40 @@ def _context(engine, options, engine_options, nfiles):
     return ctx
 
 
-def raise_failures(batch, path_of, paths=True):
+def raise_failures(batch, path_of, paths=True, context=None, detail_of=None):
     """Raises ReadError for a batch with failed samples; path_of(i) names
     sample i. ``paths``: the names are file paths (the error then says what
-    a path that is no regular file is); False for names inside an image."""
+    a path that is no regular file is); False for names inside an image.
+    ``context``: the Context that read the batch, when it may say more
+    about a failure than its errno (the s3 engine: the HTTP status and
+    S3's error code); else ``detail_of(name)``, when given, asks for it."""
     failures = batch.failures()
     if failures:
         named = [(path_of(i), err) for i, err in failures]
-        raise ReadError(named[0][1], named[0][0], named, detail=None if paths else "")
+        detail = None if paths else ""
+        if context is not None:
+            said = context.sample_error(failures[0][0])
+        else:
+            said = detail_of(named[0][0]) if detail_of is not None else None
+        if said:
+            # The engine's message starts with the name the error shows anyway.
+            prefix = f"{named[0][0]}: "
+            detail = said[len(prefix):] if said.startswith(prefix) else said
+        raise ReadError(named[0][1], named[0][0], named, detail=detail)
+
+
+def s3_detail(options, url):
+    """The s3 engine's words for why ``url`` cannot be read now (the HTTP
+    status and S3's error code), from a fresh read of it on this thread's
+    context: for a Reader's errors, whose native threads keep no message
+    (as errors.describe looks at a local path again). None if it reads now,
+    or the engine says nothing more."""
+    try:
+        ctx = cached_context("s3", options)
+        batch = ctx.read([url])
+        return ctx.sample_error(0) if batch.failures() else None
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def read_files(paths, engine="auto", options=None, **engine_options):
@@ -55,6 +82,14 @@ def read_files(paths, engine="auto", options=None, **engine_options):
         # Context.read() makes its own copy, which keeps the paths alive while
         # the GIL is released; this one is only for naming a failed path.
         paths = list(paths)
-    batch = _context(engine, options, engine_options, len(paths)).read(paths)
-    raise_failures(batch, lambda i: paths[i])
+    if paths:
+        engine = for_paths(engine, paths[0])
+    s3 = engine_options.get("s3")
+    if s3 is not None and not isinstance(s3, S3Options):
+        # A mapping cannot key the context cache: as S3Options (hashable) the
+        # next call with the same options reuses this context's connections.
+        engine_options["s3"] = S3Options.coerce(s3)
+    ctx = _context(engine, options, engine_options, len(paths))
+    batch = ctx.read(paths)
+    raise_failures(batch, lambda i: paths[i], context=ctx)
     return batch.arrays()

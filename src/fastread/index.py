@@ -342,7 +342,8 @@ def scan(file_root: Optional[PathArg],
          files: Optional[Sequence[PathArg]] = None,
          labels: Optional[Sequence[int]] = None,
          dir_filters: Optional[Sequence[str]] = None,
-         case_sensitive_filter: bool = False) -> Tuple[List[str], np.ndarray]:
+         case_sensitive_filter: bool = False,
+         s3=None) -> Tuple[List[str], np.ndarray]:
     """List samples exactly as DALI's ``fn.readers.file`` does (before shuffling
     and sharding).
 
@@ -360,6 +361,12 @@ def scan(file_root: Optional[PathArg],
         dir_filters: Optional glob patterns selecting class directories.
         case_sensitive_filter: Match filters case-sensitively (DALI default
             ``False``).
+        s3: For a ``file_root`` that is an ``s3://bucket/prefix`` URL, how to
+            reach the bucket (a :class:`fastread.s3.S3Options` or a mapping;
+            default: the AWS environment and files). The tree is listed
+            (ListObjectsV2) and read like one on disk: "directories" right
+            under the prefix are the classes, objects directly in them the
+            samples, with the same filters, order and labels.
 
     Returns:
         ``(paths, labels)``: the paths exactly as DALI opens them (the DALI
@@ -412,7 +419,15 @@ def scan(file_root: Optional[PathArg],
         return _parse_file_list(file_list, root)
 
     filters = list(DALI_DEFAULT_FILTERS) if file_filters is None else file_filters
-    paths, lab = _scan_tree(root, filters, dir_filters, bool(case_sensitive_filter))
+    if root.startswith("s3://"):
+        # Imported here: listing a bucket needs the s3 client, a plain scan
+        # of a local tree does not.
+        from fastread import s3 as _s3
+        paths, counts, _ = _s3.scan_tree(root, filters, dir_filters, _Matcher,
+                                        bool(case_sensitive_filter), s3)
+        lab = np.repeat(np.arange(len(counts), dtype=np.int32), np.asarray(counts, dtype=np.int64))
+    else:
+        paths, lab = _scan_tree(root, filters, dir_filters, bool(case_sensitive_filter))
     if not paths:
         extra = f" and dir_filters {dir_filters!r}" if dir_filters is not None else ""
         raise ValueError(f"No files found in class subdirectories of file_root {root!r} "

@@ -7,7 +7,7 @@ import weakref
 import numpy as np
 
 from fastread.engine import EngineOptions, warn_if_few_fds
-from fastread.files import raise_failures
+from fastread.files import raise_failures, s3_detail
 from fastread.image import PackedImage
 from fastread.sampling import check_flag, epoch_indices
 from fastread.source import FileList, check_source, open_native_reader
@@ -91,7 +91,8 @@ class Reader:
         if device == "gpu":
             opts = opts.replace(device_output=True)
         self.source = _source(file_root, file_list=file_list, files=files, labels=labels,
-                              file_filters=file_filters, image=image, index=index, source=source)
+                              file_filters=file_filters, image=image, index=index, source=source,
+                              s3=opts.s3)
         self.labels = check_source(self.source)
         # Names of the samples (paths, or names inside an image), for len() and errors.
         self.paths = self.source.names
@@ -222,7 +223,9 @@ class Reader:
             raise RuntimeError("Reader: no batch queued (the epoch was reset by another caller)")
         idx = batch.indices()
         raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])),
-                       paths=isinstance(self.source, FileList))
+                       paths=isinstance(self.source, FileList),
+                       detail_of=(lambda url: s3_detail(self.options, url))
+                       if self.engine == "s3" else None)
         arrays = batch.device_arrays(self.device_id) if self.device == "gpu" else batch.arrays()
         if self.ring_depth is not None:
             self._ring.append(batch)
@@ -334,7 +337,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _source(file_root, *, file_list, files, labels, file_filters, image, index, source):
+def _source(file_root, *, file_list, files, labels, file_filters, image, index, source, s3=None):
     """The SampleSource that Reader's sample arguments name (exactly one
     way: a tree or list of files, an image, or a source)."""
     given = [name for name, v in (("source", source), ("image", image)) if v is not None]
@@ -352,4 +355,4 @@ def _source(file_root, *, file_list, files, labels, file_filters, image, index, 
     if image is not None:
         return image if isinstance(image, PackedImage) else PackedImage(image, index)
     return FileList.scan(file_root, file_filters=file_filters, file_list=file_list, files=files,
-                         labels=labels)
+                         labels=labels, s3=s3)

@@ -49,7 +49,8 @@ from typing import NamedTuple
 import numpy as np
 
 from fastread import _core, _defaults
-from fastread.engine import RANGE_ONLY, EngineOptions, cached_context, check_engine, open_engine
+from fastread.engine import (RANGE_ONLY, EngineOptions, cached_context, check_engine, for_paths,
+                             open_engine)
 from fastread.files import raise_failures
 from fastread.index import scan
 
@@ -105,9 +106,10 @@ class SampleSource(abc.ABC):
         name = check_engine_for(self, engine)
         opts = EngineOptions.coerce(options, **engine_options)
         self.check_options(opts.resolve(name))
-        batch = self.read_batch(cached_context(name, opts), idx)
+        ctx = cached_context(name, opts)
+        batch = self.read_batch(ctx, idx)
         raise_failures(batch, lambda i: self.sample_name(int(idx[i])),
-                       paths=isinstance(self, FileList))
+                       paths=isinstance(self, FileList), context=ctx)
         return batch.arrays()
 
 
@@ -124,12 +126,12 @@ class FileList(SampleSource):
 
     @classmethod
     def scan(cls, file_root=None, *, file_filters=None, file_list=None, files=None, labels=None,
-             dir_filters=None, case_sensitive_filter=False):
+             dir_filters=None, case_sensitive_filter=False, s3=None):
         """The files ``fn.readers.file`` would read for these arguments
-        (see :func:`fastread.scan`)."""
+        (see :func:`fastread.scan`; ``s3``: how to list an s3:// root)."""
         paths, labels = scan(file_root, file_filters=file_filters, file_list=file_list,
                              files=files, labels=labels, dir_filters=dir_filters,
-                             case_sensitive_filter=case_sensitive_filter)
+                             case_sensitive_filter=case_sensitive_filter, s3=s3)
         return cls(paths, labels)
 
     @property
@@ -249,11 +251,19 @@ def check_source(source):
     return labels
 
 
+def _engine_for(source, engine):
+    """``engine``, or 's3' for 'auto' over a list of s3:// URLs
+    (:func:`fastread.engine.for_paths`)."""
+    if isinstance(source, FileList) and source.names:
+        return for_paths(engine, source.names[0])
+    return engine
+
+
 def check_engine_for(source, engine):
     """The engine to open (:func:`fastread.engine.check_engine`: 'auto' as
-    it is, for the core to resolve); ValueError if it cannot read this
-    source (a range-only engine on files)."""
-    name = check_engine(engine)
+    it is, for the core to resolve, except over s3:// URLs: 's3'); ValueError
+    if it cannot read this source (a range-only engine on files)."""
+    name = check_engine(_engine_for(source, engine))
     if name in RANGE_ONLY and not source.reads_ranges:
         raise ValueError(f"engine {name!r} reads ranges of one image or device only; "
                          f"give image= (or a FileRanges source) or choose a file engine "
@@ -299,6 +309,7 @@ def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
     EngineOptions) resolved for it, ``prefetch`` and ``workers`` defaulted
     from :mod:`fastread._defaults`. Returns an :class:`OpenedReader`, whose
     ``engine`` is what the reader reads with."""
+    engine = _engine_for(source, engine)
     name = check_engine_for(source, engine)
     prefetch = _defaults.get("prefetch") if prefetch is None else prefetch
     if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 1 <= prefetch <= 4096:

@@ -32,6 +32,8 @@ def collect():
     auto, auto_reason = auto_choice()
     from fastread.engine import xnvme_version
     xver, xwhy = xnvme_version()
+    from fastread.engine import s3_version
+    s3ver, s3why = s3_version()
     devices, why = _env.cuda_devices()
     from fastread.dali import _plugin
     # The native DALI operator (fn.fastread.readers.file): loaded, or why not.
@@ -51,6 +53,8 @@ def collect():
         "packages": {label: _env.version(label) for label in _env.PACKAGES},
         # The system library behind the xNVMe engines, or why they are absent.
         "xnvme": {"version": xver, "reason": xwhy},
+        # The libcurl behind the s3 engine (version, TLS, features), or why it is absent.
+        "s3": {"libcurl": s3ver, "reason": s3why},
         "dali_plugin": dali_plugin,
         "cuda_devices": devices,
         "cuda_reason": why,
@@ -70,12 +74,16 @@ def run(args):
     out = [f"fastread {data['fastread']} ({data['module']})", ""]
     out += format_engines(data)
     out += ["", "packages:"]
-    width = max(max(map(len, data["packages"])), len("libxnvme"), len("DALI plugin"))
+    width = max(max(map(len, data["packages"])), len("libxnvme"), len("DALI plugin"),
+                len("libcurl (s3)"))
     for label, ver in data["packages"].items():
         out.append(f"  {label:<{width}}  {ver}")
     x = data["xnvme"]
     out.append(f"  {'libxnvme':<{width}}  "
                f"{x['version'] if x['version'] else 'unavailable: ' + x['reason']}")
+    s = data["s3"]
+    out.append(f"  {'libcurl (s3)':<{width}}  "
+               f"{s['libcurl'] if s['libcurl'] else 'unavailable: ' + s['reason']}")
     d = data["dali_plugin"]
     out.append(f"  {'DALI plugin':<{width}}  " + (
         f"loaded: {', '.join(d['operators'])} ({d['path']}, built against DALI "
@@ -98,6 +106,8 @@ def run(args):
 def format_engines(data, width=None):
     """The engines, available ones first; each unavailable engine with its
     reason, wrapped under it; engines with the same reason share one."""
+    from fastread.engine import URL_ONLY
+
     if width is None:
         width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
     engines = data["engines"]
@@ -112,6 +122,9 @@ def format_engines(data, width=None):
     ok = [n for n, s in engines.items() if s["files"] is True]
     # Engines that read byte ranges (packed images) but not files.
     partial = [n for n, s in engines.items() if s["files"] is not True and s["ranges"] is True]
+    # Engines that read objects at URLs (s3://), where they run.
+    partial += [n for n, s in engines.items()
+                if n in URL_ONLY and isinstance(s["files"], str) and s["files"].startswith(URL_ONLY[n])]
     if ok:
         out.append(f"  available:    {', '.join(ok)}")
     for n in partial:

@@ -1,0 +1,229 @@
+/* One S3 request at a time (listing, uploads): see s3_client.h. */
+/* clock_gettime, nanosleep, strncasecmp: POSIX, which -std=c11 hides. */
+#define _POSIX_C_SOURCE 200809L
+#include "engines/s3/s3_client.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/base.h"
+#include "engines/s3/s3_config.h"
+#include "engines/s3/s3_http.h"
+
+struct fr_s3_client {
+    fr_s3_config cfg;
+    CURL *easy;
+    fr_s3_resp_headers resp;
+    char errbuf[CURL_ERROR_SIZE];
+    uint64_t rng;
+    long requests, retries;
+    /* The response of the request in progress. */
+    char *body;
+    size_t len, cap;
+    int oom;
+    /* A PUT's body. */
+    const char *put;
+    size_t put_len, put_done;
+};
+
+static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata)
+{
+    fr_s3_client *c = userdata;
+    size_t n = size * nmemb;
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = c->cap ? c->cap : 16384;
+        while (cap < c->len + n + 1)
+            cap *= 2;
+        char *p = realloc(c->body, cap);
+        if (!p) {
+            c->oom = 1;
+            return 0;
+        }
+        c->body = p;
+        c->cap = cap;
+    }
+    memcpy(c->body + c->len, ptr, n);
+    c->len += n;
+    c->body[c->len] = 0;
+    return n;
+}
+
+static size_t on_upload(char *buf, size_t size, size_t nitems, void *userdata)
+{
+    fr_s3_client *c = userdata;
+    size_t n = size * nitems, left = c->put_len - c->put_done;
+    if (n > left)
+        n = left;
+    memcpy(buf, c->put + c->put_done, n);
+    c->put_done += n;
+    return n;
+}
+
+/* A retry reads the body again from its start. */
+static int on_seek(void *userdata, curl_off_t offset, int origin)
+{
+    fr_s3_client *c = userdata;
+    if (origin != SEEK_SET || offset < 0 || (size_t)offset > c->put_len)
+        return CURL_SEEKFUNC_FAIL;
+    c->put_done = (size_t)offset;
+    return CURL_SEEKFUNC_OK;
+}
+
+void fr_s3_client_close(fr_s3_client *c)
+{
+    if (!c)
+        return;
+    if (c->easy)
+        curl_easy_cleanup(c->easy);
+    free(c->body);
+    memset(&c->cfg, 0, sizeof(c->cfg)); /* no credentials left in freed memory */
+    free(c);
+    fr_s3_curl_done();
+}
+
+int fr_s3_client_open(const char *engine_args, fr_s3_client **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    int rc = fr_s3_curl_probe(err, err_len);
+    if (rc)
+        return rc;
+    if ((rc = fr_s3_curl_init(err, err_len)))
+        return rc;
+    fr_s3_client *c = calloc(1, sizeof(*c));
+    if (!c) {
+        fr_s3_curl_done();
+        return -ENOMEM;
+    }
+    if ((rc = fr_s3_config_resolve(engine_args, NULL, NULL, &c->cfg, err, err_len))) {
+        fr_s3_client_close(c);
+        return rc;
+    }
+    c->rng = (uint64_t)(uintptr_t)c ^ (uint64_t)time(NULL);
+    if (!(c->easy = curl_easy_init())) {
+        fr_s3_client_close(c);
+        return -ENOMEM;
+    }
+    CURLcode cc = fr_s3_easy_setup(c->easy, &c->cfg, c->errbuf);
+    if (cc == CURLE_OK)
+        cc = curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_body);
+    if (cc == CURLE_OK)
+        cc = curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
+    if (cc == CURLE_OK)
+        cc = curl_easy_setopt(c->easy, CURLOPT_HEADERDATA, &c->resp);
+    if (cc == CURLE_OK)
+        cc = curl_easy_setopt(c->easy, CURLOPT_READFUNCTION, on_upload);
+    if (cc == CURLE_OK)
+        cc = curl_easy_setopt(c->easy, CURLOPT_READDATA, c);
+    if (cc == CURLE_OK)
+        cc = curl_easy_setopt(c->easy, CURLOPT_SEEKFUNCTION, on_seek);
+    if (cc == CURLE_OK)
+        cc = curl_easy_setopt(c->easy, CURLOPT_SEEKDATA, c);
+    if (cc != CURLE_OK) {
+        fr_set_err(err, err_len, "s3: libcurl refused an option: %s", curl_easy_strerror(cc));
+        fr_s3_client_close(c);
+        return -EIO;
+    }
+    *out = c;
+    return 0;
+}
+
+long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucket,
+                          const char *key, const char *query, const void *body, size_t body_len,
+                          char **resp, size_t *resp_len, char *err, size_t err_len)
+{
+    *resp = NULL;
+    *resp_len = 0;
+    int put = strcmp(method, "PUT") == 0;
+    if (!put && strcmp(method, "GET") != 0) {
+        fr_set_err(err, err_len, "s3: method '%.16s' is not GET or PUT", method);
+        return -EINVAL;
+    }
+    char url[8192];
+    int w = fr_s3_object_url(&c->cfg, bucket, key ? key : "", query, url, sizeof(url));
+    if (w < 0) {
+        fr_set_err(err, err_len, "s3: the URL of s3://%.64s/%.64s... is too long", bucket,
+                   key ? key : "");
+        return w;
+    }
+    struct curl_slist *headers;
+    if (fr_s3_headers(&c->cfg, 0, 0, NULL, &headers))
+        return -ENOMEM;
+    CURLcode cc = curl_easy_setopt(c->easy, CURLOPT_URL, url);
+    if (cc == CURLE_OK)
+        cc = curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, headers);
+    if (cc == CURLE_OK)
+        cc = curl_easy_setopt(c->easy, CURLOPT_UPLOAD, put ? 1L : 0L);
+    if (cc == CURLE_OK && put)
+        cc = curl_easy_setopt(c->easy, CURLOPT_INFILESIZE_LARGE, (curl_off_t)body_len);
+    if (cc == CURLE_OK && !put)
+        cc = curl_easy_setopt(c->easy, CURLOPT_HTTPGET, 1L);
+    long code = 0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0); /* cannot fail for this clock */
+    for (unsigned attempt = 1; cc == CURLE_OK; attempt++) {
+        struct timespec t1;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        long long spent = (long long)(t1.tv_sec - t0.tv_sec) * 1000 +
+                          (t1.tv_nsec - t0.tv_nsec) / 1000000;
+        long long left = c->cfg.deadline_ms - spent;
+        if (left <= 0) {
+            cc = CURLE_OPERATION_TIMEDOUT;
+            break;
+        }
+        c->len = 0;
+        c->oom = 0;
+        c->put = body;
+        c->put_len = put ? body_len : 0;
+        c->put_done = 0;
+        c->errbuf[0] = 0;
+        if ((cc = curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, (long)left)) != CURLE_OK)
+            break;
+        c->requests++;
+        cc = curl_easy_perform(c->easy);
+        code = 0;
+        if (cc == CURLE_OK && curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &code) != CURLE_OK)
+            cc = CURLE_BAD_FUNCTION_ARGUMENT;
+        int again = cc == CURLE_OK ? fr_s3_status_retryable(code) : fr_s3_curl_retryable(cc);
+        if (!again || attempt > (unsigned)c->cfg.retries)
+            break;
+        unsigned pause = fr_s3_backoff_ms(attempt, &c->rng);
+        if (spent + pause >= c->cfg.deadline_ms)
+            break;
+        c->retries++;
+        struct timespec ts = {(time_t)(pause / 1000), (long)(pause % 1000) * 1000000L};
+        nanosleep(&ts, NULL); /* a signal only shortens the pause */
+    }
+    curl_slist_free_all(headers);
+    /* The handle keeps no pointer to the freed list or the caller's body. */
+    if (curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, NULL) != CURLE_OK && cc == CURLE_OK)
+        cc = CURLE_BAD_FUNCTION_ARGUMENT;
+    if (cc != CURLE_OK) {
+        int e = c->oom ? -ENOMEM : fr_s3_curl_errno(cc);
+        fr_set_err(err, err_len, "s3://%.64s/%.120s: %s%s%.120s", bucket, key ? key : "",
+                   curl_easy_strerror(cc), c->errbuf[0] ? ": " : "", c->errbuf);
+        return e;
+    }
+    if (code >= 300) {
+        char s3code[64];
+        fr_s3_error_code(c->body ? c->body : "", c->len, s3code, sizeof(s3code));
+        fr_set_err(err, err_len, "%ld %s", code, s3code[0] ? s3code : "(no S3 error code)");
+    }
+    /* The body goes to the caller; the client starts a new one next time. */
+    if (!c->body && !(c->body = calloc(1, 1)))
+        return -ENOMEM;
+    *resp = c->body;
+    *resp_len = c->len;
+    c->body = NULL;
+    c->len = c->cap = 0;
+    return code;
+}
+
+long fr_s3_client_requests(const fr_s3_client *c) { return c->requests; }
+long fr_s3_client_retries(const fr_s3_client *c) { return c->retries; }
+
+void fr_s3_free(void *p) { free(p); }
+
+int fr_s3_describe(char *out, size_t len) { return fr_s3_curl_probe(out, len); }

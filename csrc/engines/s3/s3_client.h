@@ -1,0 +1,55 @@
+/*
+ * One S3 request at a time, for what the engine does not do: ListObjectsV2
+ * (a GET of the bucket with a query), and PUT uploads. The same settings
+ * as the s3 engine (fr_s3_config_resolve over engine_args, the AWS
+ * environment and files), the same signing (libcurl's SigV4) and retries.
+ * Plain C types only: the Cython adapter (src/fastread/_cs3.pxd) declares
+ * this header.
+ *
+ * Thread safety: a client is used by one thread at a time; clients share
+ * nothing.
+ */
+#ifndef FASTREAD_S3_CLIENT_H
+#define FASTREAD_S3_CLIENT_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fr_s3_client fr_s3_client;
+
+/* 0, or -errno with why in err (a bad engine_args key or value, no
+ * credentials, libcurl missing or too old). Never echoes a secret. */
+int fr_s3_client_open(const char *engine_args, fr_s3_client **out, char *err, size_t err_len);
+void fr_s3_client_close(fr_s3_client *c);
+
+/* One request: method "GET" or "PUT", of `key` (encoded here; "" for the
+ * bucket itself) in `bucket`, with `query` appended as it is (NULL or "":
+ * none; it must be canonical for SigV4: parameters sorted by name, names
+ * and values URI-encoded, '=' after each name). A PUT sends body[0..
+ * body_len). Retried like the engine's GETs (5xx, resets, timeouts).
+ * Returns the final HTTP status (> 0), with the response body in *resp
+ * (malloc'ed, NUL-terminated, *resp_len bytes; free with fr_s3_free) and,
+ * for statuses >= 300, "STATUS CODE" (S3's error code) in err; or -errno
+ * when no response came (err says why). */
+long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucket,
+                          const char *key, const char *query, const void *body, size_t body_len,
+                          char **resp, size_t *resp_len, char *err, size_t err_len);
+
+/* Requests made and retried by this client so far. */
+long fr_s3_client_requests(const fr_s3_client *c);
+long fr_s3_client_retries(const fr_s3_client *c);
+
+void fr_s3_free(void *p);
+
+/* What libcurl this build runs on, and whether it serves the s3 engine: 0
+ * and the description, or -errno and why not (fr_s3_curl_probe). */
+int fr_s3_describe(char *out, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

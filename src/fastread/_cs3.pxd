@@ -1,0 +1,18 @@
+# Declarations of the s3 engine's client (csrc/engines/s3/s3_client.h).
+# Logic lives in _s3.pyx.
+
+
+cdef extern from "engines/s3/s3_client.h" nogil:
+    ctypedef struct fr_s3_client:
+        pass
+
+    int fr_s3_client_open(const char *engine_args, fr_s3_client **out, char *err, size_t err_len)
+    void fr_s3_client_close(fr_s3_client *c)
+    long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucket,
+                              const char *key, const char *query, const void *body,
+                              size_t body_len, char **resp, size_t *resp_len, char *err,
+                              size_t err_len)
+    long fr_s3_client_requests(const fr_s3_client *c)
+    long fr_s3_client_retries(const fr_s3_client *c)
+    void fr_s3_free(void *p)
+    int fr_s3_describe(char *out, size_t len)

@@ -1,0 +1,103 @@
+# cython: language_level=3
+"""The s3 engine's client (csrc/engines/s3/s3_client.h): one signed S3
+request at a time, for listings and uploads. Cython only adapts: the
+settings, signing and retries are the C core's; the GIL is released around
+every call into it."""
+import os
+
+
+from fastread._cs3 cimport (fr_s3_client, fr_s3_client_close, fr_s3_client_open,
+                            fr_s3_client_request, fr_s3_client_requests,
+                            fr_s3_client_retries, fr_s3_describe, fr_s3_free)
+
+
+def describe():
+    """(True, "libcurl 7.88.1 (...)") when the s3 engine can run on the
+    libcurl loaded, else (False, why not)."""
+    cdef char out[256]
+    cdef int rc
+    with nogil:
+        rc = fr_s3_describe(out, sizeof(out))
+    return rc == 0, out.decode(errors="replace")
+
+
+cdef class Client:
+    """One connection's worth of S3 requests with the s3 engine's settings
+    (``engine_args``, then the AWS environment and files). Not for
+    concurrent use: calls from several threads are serialized by a lock."""
+    cdef fr_s3_client *c
+    cdef object lock
+
+    def __cinit__(self, str engine_args=""):
+        import threading
+        cdef bytes args = engine_args.encode()
+        cdef const char *cargs = args
+        cdef char err[256]
+        err[0] = 0
+        cdef int rc
+        with nogil:
+            rc = fr_s3_client_open(cargs, &self.c, err, sizeof(err))
+        if rc != 0:
+            msg = err.decode(errors="replace") or os.strerror(-rc)
+            if rc == -22:
+                raise ValueError(msg)
+            raise OSError(-rc, msg)
+        self.lock = threading.Lock()
+
+    def __dealloc__(self):
+        if self.c != NULL:
+            fr_s3_client_close(self.c)
+            self.c = NULL
+
+    def close(self):
+        with self.lock:
+            if self.c != NULL:
+                fr_s3_client_close(self.c)
+                self.c = NULL
+
+    def request(self, str method, str bucket, str key="", str query="", body=None):
+        """One request: ``method`` GET or PUT of ``key`` in ``bucket`` (""
+        for the bucket), ``query`` appended as given (canonical: sorted,
+        encoded). Returns ``(status, body bytes, error text)``: the error
+        text is "STATUS CODE" for statuses >= 300, else "". Raises OSError
+        when no response came."""
+        cdef bytes m = method.encode(), b = bucket.encode(), k = key.encode("utf-8"), \
+            q = query.encode()
+        cdef const char *cm = m
+        cdef const char *cb = b
+        cdef const char *ck = k
+        cdef const char *cq = q
+        cdef const unsigned char[::1] data
+        cdef const void *pdata = NULL
+        cdef size_t ndata = 0
+        if body is not None:
+            data = memoryview(body).cast("B")
+            ndata = data.shape[0]
+            if ndata:
+                pdata = &data[0]
+        cdef char *resp = NULL
+        cdef size_t resp_len = 0
+        cdef char err[256]
+        err[0] = 0
+        cdef long status
+        with self.lock:
+            if self.c == NULL:
+                raise ValueError("client is closed")
+            with nogil:
+                status = fr_s3_client_request(self.c, cm, cb, ck, cq, pdata, ndata, &resp,
+                                              &resp_len, err, sizeof(err))
+        try:
+            if status < 0:
+                raise OSError(-status, err.decode(errors="replace") or os.strerror(-status))
+            out = resp[:resp_len] if resp_len else b""
+            return status, out, err.decode(errors="replace") if status >= 300 else ""
+        finally:
+            fr_s3_free(resp)
+
+    @property
+    def requests(self):
+        return fr_s3_client_requests(self.c) if self.c != NULL else 0
+
+    @property
+    def retries(self):
+        return fr_s3_client_retries(self.c) if self.c != NULL else 0

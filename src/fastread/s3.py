@@ -1,0 +1,323 @@
+"""Objects in S3 (or an S3-compatible server) as samples: ``s3://bucket/key``
+URLs read by the native ``s3`` engine (csrc/engines/s3, libcurl), listings
+(:func:`list_objects`, ListObjectsV2) and the options that reach a bucket
+(:class:`S3Options`).
+
+Where the settings come from is decided once, in C (so the DALI operator
+behaves the same): the options given here, else the AWS environment
+(``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``, ``AWS_REGION``,
+``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ...), else the profile's sections
+of ``~/.aws/config`` and ``~/.aws/credentials``. A context reads them when
+it opens: a context cached by :func:`fastread.read_files` keeps the
+settings it opened with. Secrets never appear in a repr() or a message.
+"""
+import dataclasses
+import errno as _errno
+import os
+import urllib.parse
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from typing import List, NamedTuple, Optional
+
+try:
+    from fastread import _s3
+except ImportError:  # built without libcurl: the s3 engine is absent too
+    _s3 = None
+
+SCHEME = "s3://"
+
+#: engine_args keys whose values are secrets: never shown.
+SECRET_KEYS = ("secret_access_key", "session_token")
+
+#: Why there is no s3 support in this build, when there is none.
+NOT_BUILT = ("libcurl >= 7.84 was not found by pkg-config when fastread was built "
+             "(install libcurl4-openssl-dev, then reinstall fastread; "
+             "-Ccmake.define.FASTREAD_S3=ON makes its absence a build error)")
+
+
+def is_url(path):
+    """True for an ``s3://`` URL (a str)."""
+    return isinstance(path, str) and path.startswith(SCHEME)
+
+
+def split_url(url):
+    """``(bucket, key)`` of ``s3://bucket/key`` (key may be "")."""
+    if not is_url(url):
+        raise ValueError(f"not an s3:// URL: {url!r}")
+    bucket, _, key = url[len(SCHEME):].partition("/")
+    if not bucket:
+        raise ValueError(f"no bucket in {url!r}")
+    return bucket, key
+
+
+def redact_engine_args(engine_args):
+    """``engine_args`` with the values of secret keys replaced by ``***``
+    (for repr() and messages)."""
+    if not engine_args:
+        return engine_args
+    out = []
+    for item in engine_args.split(","):
+        key, eq, _ = item.partition("=")
+        out.append(f"{key}=***" if eq and key.strip() in SECRET_KEYS else item)
+    return ",".join(out)
+
+
+# Python option -> (engine_args key, type). Booleans go as 0/1.
+_FIELDS = {
+    "endpoint_url": ("endpoint", str),
+    "region": ("region", str),
+    "profile": ("profile", str),
+    "addressing": ("addressing", str),
+    "unsigned": ("unsigned", bool),
+    "verify": ("verify", bool),
+    "ca_bundle": ("ca_bundle", str),
+    "access_key_id": ("access_key_id", str),
+    "secret_access_key": ("secret_access_key", str),
+    "session_token": ("session_token", str),
+    "inflight": ("inflight", int),
+    "part_size": ("part_size", int),
+    "retries": ("retries", int),
+    "deadline_ms": ("deadline_ms", int),
+    "connect_timeout_ms": ("connect_timeout_ms", int),
+    "low_speed_time_s": ("low_speed_time_s", int),
+}
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class S3Options:
+    """How the s3 engine reaches a bucket, as Python keywords; ``None`` (every
+    default) leaves a setting to the environment and the AWS files.
+
+    - ``endpoint_url`` (``http(s)://host[:port]``), ``region``, ``profile``,
+      ``addressing`` (``"path"``, ``"virtual"`` or ``"auto"``: virtual-hosted
+      for AWS, path-style for other servers), ``unsigned`` (anonymous
+      requests to public buckets), ``verify`` (TLS certificate checks,
+      default on), ``ca_bundle``;
+    - credentials: ``access_key_id``, ``secret_access_key``,
+      ``session_token`` (secrets: never shown);
+    - tuning: ``inflight`` (requests in flight per context, 1..1024, default
+      128), ``part_size`` (bytes per ranged GET of a large object, default
+      8 MiB), ``retries`` (default 5), ``deadline_ms`` (per request, all
+      attempts), ``connect_timeout_ms``, ``low_speed_time_s``.
+
+    The C core checks the values (ranges, choices) when a context opens;
+    here only types and the separator are checked.
+    """
+
+    endpoint_url: Optional[str] = None
+    region: Optional[str] = None
+    profile: Optional[str] = None
+    addressing: Optional[str] = None
+    unsigned: Optional[bool] = None
+    verify: Optional[bool] = None
+    ca_bundle: Optional[str] = None
+    access_key_id: Optional[str] = None
+    secret_access_key: Optional[str] = None
+    session_token: Optional[str] = None
+    inflight: Optional[int] = None
+    part_size: Optional[int] = None
+    retries: Optional[int] = None
+    deadline_ms: Optional[int] = None
+    connect_timeout_ms: Optional[int] = None
+    low_speed_time_s: Optional[int] = None
+
+    def __post_init__(self):
+        for name, (_, kind) in _FIELDS.items():
+            v = getattr(self, name)
+            if v is None:
+                continue
+            shown = "(not shown: secret)" if _FIELDS[name][0] in SECRET_KEYS else repr(v)
+            if kind is bool:
+                if not isinstance(v, bool) and v not in (0, 1):
+                    raise ValueError(f"S3 option {name} must be True or False, got {shown}")
+                object.__setattr__(self, name, bool(v))
+            elif kind is int:
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise ValueError(f"S3 option {name} must be an integer, got {shown}")
+            else:
+                if not isinstance(v, str):
+                    raise ValueError(f"S3 option {name} must be a str, got {type(v).__name__}")
+                if "," in v or "\0" in v:
+                    # engine_args is "key=value,key=value": a comma would split it.
+                    raise ValueError(f"S3 option {name} cannot hold ',' or NUL, got {shown}")
+
+    @classmethod
+    def coerce(cls, value=None, /, **kwargs):
+        """S3Options from an S3Options, a mapping of option names, or None,
+        plus keyword arguments (which win)."""
+        if value is None:
+            base = {}
+        elif isinstance(value, S3Options):
+            if not kwargs:
+                return value
+            base = value.given()
+        elif isinstance(value, Mapping):
+            base = dict(value)
+        else:
+            raise TypeError(f"S3 options must be an S3Options, a mapping or None, "
+                            f"got {type(value).__name__}")
+        merged = {**base, **{k: v for k, v in kwargs.items() if v is not None}}
+        unknown = sorted(set(merged) - set(_FIELDS))
+        if unknown:
+            raise TypeError(f"unknown S3 option(s) {', '.join(map(repr, unknown))}; valid "
+                            f"options: {', '.join(_FIELDS)}")
+        return cls(**merged)
+
+    def given(self):
+        """The options set (not None), by name."""
+        return {name: getattr(self, name) for name in _FIELDS if getattr(self, name) is not None}
+
+    def engine_args(self):
+        """These options as the s3 engine's ``engine_args``."""
+        parts = []
+        for name, v in self.given().items():
+            parts.append(f"{_FIELDS[name][0]}={int(v) if isinstance(v, bool) else v}")
+        return ",".join(parts)
+
+    def __repr__(self):
+        shown = ", ".join(f"{k}={'***' if _FIELDS[k][0] in SECRET_KEYS else repr(v)}"
+                          for k, v in self.given().items())
+        return f"S3Options({shown})"
+
+    __str__ = __repr__
+
+
+def engine_args_for(engine_args="", s3=None):
+    """``engine_args`` with the S3 options appended (later keys win in the
+    engine's parser)."""
+    extra = S3Options.coerce(s3).engine_args() if s3 is not None else ""
+    return ",".join(a for a in (engine_args, extra) if a)
+
+
+def _require():
+    if _s3 is None:
+        raise RuntimeError(f"this fastread has no s3 support: {NOT_BUILT}")
+
+
+def describe():
+    """(True, libcurl's version and features) or (False, why s3 cannot run)."""
+    if _s3 is None:
+        return False, f"not built: {NOT_BUILT}"
+    return _s3.describe()
+
+
+class S3Object(NamedTuple):
+    key: str
+    size: int
+
+
+def _canonical_query(params):
+    """A SigV4 canonical query: sorted by name, names and values
+    URI-encoded (unreserved characters kept, '/' encoded)."""
+    return "&".join(f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
+                    for k, v in sorted(params.items()))
+
+
+_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+def _text(elem, name):
+    child = elem.find(_NS + name)
+    if child is None:
+        child = elem.find(name)  # servers that leave the namespace out
+    return child.text if child is not None and child.text is not None else None
+
+
+def _status_error(url, status, err):
+    code = {404: _errno.ENOENT, 403: _errno.EACCES, 401: _errno.EACCES}.get(status, _errno.EIO)
+    return OSError(code, f"{url}: {err or status}")
+
+
+def list_objects(url, s3=None, *, engine_args="", **options) -> List[S3Object]:
+    """Every object under ``url`` (``s3://bucket/prefix``: keys starting
+    with ``prefix``, as S3 compares them: by bytes, not by directories), in
+    S3's order (UTF-8 byte order of the keys), as :class:`S3Object`\\ s.
+    ListObjectsV2, followed page after page (1,000 keys each) to the end;
+    keys are asked for URL-encoded (``encoding-type=url``) so that any key
+    survives the XML, and decoded. ``s3``: an :class:`S3Options` (or a
+    mapping); keyword arguments are S3 options too. Raises OSError naming
+    the URL and S3's error code (ENOENT for a missing bucket, EACCES for
+    refused credentials)."""
+    _require()
+    bucket, prefix = split_url(url)
+    opts = S3Options.coerce(s3, **options)
+    client = _s3.Client(engine_args_for(engine_args, opts))
+    try:
+        out = []
+        token = None
+        while True:
+            params = {"list-type": "2", "encoding-type": "url", "prefix": prefix}
+            if token is not None:
+                params["continuation-token"] = token
+            status, body, err = client.request("GET", bucket, "", _canonical_query(params))
+            if status != 200:
+                raise _status_error(url, status, err)
+            try:
+                root = ET.fromstring(body)
+            except ET.ParseError as e:
+                raise OSError(_errno.EIO, f"{url}: the listing is not XML ({e})") from None
+            encoded = (_text(root, "EncodingType") or "") == "url"
+            for c in root.iter(_NS + "Contents"):
+                key = _text(c, "Key") or ""
+                # S3 encodes keys as form data: '+' for a space, %2B for '+'.
+                out.append(S3Object(urllib.parse.unquote_plus(key) if encoded else key,
+                                    int(_text(c, "Size") or 0)))
+            if (_text(root, "IsTruncated") or "false") != "true":
+                return out
+            token = _text(root, "NextContinuationToken")
+            if not token:
+                raise OSError(_errno.EIO, f"{url}: a truncated listing without a "
+                                          "NextContinuationToken")
+    finally:
+        client.close()
+
+
+def put_object(url, data, s3=None, *, engine_args="", **options):
+    """Uploads ``data`` (bytes-like) as the object ``url`` in one signed PUT
+    (the body sent as UNSIGNED-PAYLOAD: its integrity rests on TLS). For
+    objects up to 5 GiB (S3's single PUT limit). Raises OSError naming the
+    URL and S3's error code."""
+    _require()
+    bucket, key = split_url(url)
+    if not key:
+        raise ValueError(f"no object key in {url!r}")
+    client = _s3.Client(engine_args_for(engine_args, S3Options.coerce(s3, **options)))
+    try:
+        status, _, err = client.request("PUT", bucket, key, "", data)
+    finally:
+        client.close()
+    if status != 200:
+        raise _status_error(url, status, err)
+
+
+def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None):
+    """``fn.readers.file``'s directory mode over ``s3://bucket/prefix``
+    (:func:`fastread.scan` calls this): classes are the "directories" right
+    under the prefix (keys ``prefix/CLASS/...``; a key ``prefix/CLASS/``,
+    the marker consoles create for an empty folder, makes an empty class),
+    samples the objects directly in a class whose names match ``filters``,
+    byte-sorted as on local disk. Returns ``(paths, counts per class,
+    classes)``."""
+    base = root if root.endswith("/") else root + "/"
+    objects = list_objects(base, s3)
+    matcher = matcher_class(filters, case_sensitive)
+    dir_matcher = matcher_class(dir_filters, case_sensitive) if dir_filters is not None else None
+    _, prefix = split_url(base)
+    classes = {}
+    for obj in objects:
+        rel = obj.key[len(prefix):]
+        cls, slash, name = rel.partition("/")
+        if not slash or not cls:
+            continue  # an object right under the root: not a sample (as on disk)
+        if dir_matcher is not None and not dir_matcher(cls):
+            continue
+        names = classes.setdefault(cls, [])
+        if name and "/" not in name and matcher(name):
+            names.append(name)
+    order = sorted(classes, key=os.fsencode)
+    paths, counts = [], []
+    for cls in order:
+        names = sorted(classes[cls], key=os.fsencode)
+        paths.extend(f"{base}{cls}/{n}" for n in names)
+        counts.append(len(names))
+    return paths, counts, order
