@@ -11,7 +11,8 @@ server (SeaweedFS, tests/s3_server.py) by
 
 at each added delay (--delays, ms; netem in a private namespace where the
 kernel has it, else the delay proxy, bench/s3/latency.py), in ONE run whose
-rounds interleave the readers. Per measurement: objects/s, GB/s and the
+rounds interleave the readers (and the delays; with netem each delay > 0 is a
+run of its own inside its namespace). Per measurement: objects/s, GB/s and the
 client's CPU seconds per GB (the reader's process and its descendants: the
 DataLoader's workers, curl; not the server, not the proxy, which are other
 processes and reported apart).
@@ -455,34 +456,68 @@ def ensure_dataset(args):
 
 
 def ensure_uploaded(server, args):
-    """The tree under s3://bench/<prefix>, uploaded unless every object is
-    already there with its size (a reused --workdir). Sorted keys."""
+    """The tree's samples (not its hidden files) under s3://bench/<prefix>,
+    uploaded unless all are there with their sizes (a reused --workdir);
+    other objects under the prefix are deleted (listing readers would take
+    them for samples). Sorted keys."""
     local = {}
-    for root, _dirs, files in os.walk(args.dataset):
+    for root, dirs, files in os.walk(args.dataset):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
+            if name.startswith("."):
+                continue   # make-dataset's bookkeeping, not a sample
             p = os.path.join(root, name)
             rel = os.path.relpath(p, args.dataset).replace(os.sep, "/")
-            if rel.startswith("."):
-                continue   # make-dataset's own bookkeeping
             local[f"{args.prefix}/{rel}"] = os.path.getsize(p)
     server.make_bucket(BUCKET)
+    client = server.client()
     remote = {}
-    paginator = server.client().get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=BUCKET, Prefix=args.prefix + "/"):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=args.prefix + "/"):
         for o in page.get("Contents", []):
             remote[o["Key"]] = o["Size"]
-    if remote != local:
+    extra = sorted(set(remote) - set(local))
+    for i in range(0, len(extra), 1000):
+        client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in extra[i:i + 1000]]})
+    if any(remote.get(k) != size for k, size in local.items()):
         t0 = time.perf_counter()
         server.upload_tree(args.dataset, BUCKET, args.prefix)
         print(f"# uploaded {len(local)} objects in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return sorted(local)
 
 
+def run_netem_children(args, delays):
+    """Each delay > 0 as a child run of this script inside a namespace whose
+    loopback has netem (server, client and all at that delay; its own server
+    data under --workdir/netem-D). Their measurements, relabelled."""
+    from latency import netem_namespace, run_in_namespace
+    out = []
+    for d in delays:
+        with tempfile.NamedTemporaryFile(suffix=".json") as f, netem_namespace(d) as ns:
+            argv = [sys.executable, os.path.abspath(__file__), "--dataset", args.dataset,
+                    "--workdir", os.path.join(args.workdir, f"netem-{d}"), "--prefix", args.prefix,
+                    "--objects", str(args.objects), "--seconds", str(args.seconds),
+                    "--rounds", str(args.rounds), "--delays", "0", "--latency", "proxy",
+                    "--readers", ",".join(args.readers), "--json", f.name]
+            rc = run_in_namespace(ns, argv, timeout_s=args.rounds * len(args.readers) *
+                                  (args.seconds + 120) + 600)
+            if rc != 0:
+                raise RuntimeError(f"the netem run at {d} ms failed with status {rc}")
+            child = json.load(open(f.name))
+        for m in child["measurements"]:
+            m.update(delay_ms=d, via="netem")
+            out.append(m)
+    return out
+
+
 def run(args):
     ensure_dataset(args)
     from latency import delayed_endpoint, probe_netem
     from s3_server import SeaweedFS
-    netem_ok, netem_why = probe_netem()
+    netem_ok, netem_why = probe_netem() if args.latency != "proxy" else (False, "not asked")
+    if args.latency == "netem" and not netem_ok:
+        raise SystemExit(f"--latency netem: {netem_why}")
+    netem_delays = [d for d in args.delays if d > 0] if netem_ok else []
+    proxy_delays = [d for d in args.delays if d not in netem_delays]
     results = []
     os.makedirs(args.workdir, exist_ok=True)
     with SeaweedFS(os.path.join(args.workdir, "weed")) as server, \
@@ -495,12 +530,12 @@ def run(args):
         workers, stack = {}, []
         try:
             endpoints = {}
-            for d in args.delays:
+            for d in proxy_delays:
                 cm = delayed_endpoint(server.endpoint, d, via="proxy0" if args.proxy_at_zero else "proxy")
                 endpoints[d] = cm.__enter__()
                 stack.append(cm)
-            for d in args.delays:
-                ep, how = endpoints[d]
+            for d in proxy_delays:
+                ep, how, _pid = endpoints[d]
                 env = dict(server.env(), AWS_ENDPOINT_URL=ep, AWS_ENDPOINT_URL_S3=ep)
                 for r in args.readers:
                     workers[(r, d)] = Worker(r, d, dict(base, endpoint=ep, env=env, how=how), tmp)
@@ -509,14 +544,19 @@ def run(args):
                     print(f"# {w.reader} @ {w.delay} ms: skipped: {w.skip}", file=sys.stderr)
             offset = 0
             for rnd in range(args.rounds):
-                for d in args.delays:
+                for d in proxy_delays:
                     for r in args.readers:
                         w = workers[(r, d)]
                         if w.skip:
                             continue
-                        server_cpu0 = tree_cpu(server.proc.pid)
+                        proxy_pid = endpoints[d][2]
+                        table = _proc_table()
+                        server_cpu0 = tree_cpu(server.proc.pid, table)
+                        proxy_cpu0 = tree_cpu(proxy_pid, table) if proxy_pid else 0.0
                         m = w.measure(args.objects, offset, args.seconds)
-                        m["server_cpu_s"] = tree_cpu(server.proc.pid) - server_cpu0
+                        table = _proc_table()
+                        m["server_cpu_s"] = tree_cpu(server.proc.pid, table) - server_cpu0
+                        m["proxy_cpu_s"] = (tree_cpu(proxy_pid, table) - proxy_cpu0) if proxy_pid else 0.0
                         m.update(reader=r, delay_ms=d, round=rnd, via=endpoints[d][1])
                         results.append(m)
                         if "error" in m:
@@ -527,12 +567,16 @@ def run(args):
                 w.close()
             for cm in reversed(stack):
                 cm.__exit__(None, None, None)
+    # netem: its own runs (a namespace each), after the interleaved one.
+    results += run_netem_children(args, netem_delays)
     skips = {f"{w.reader}@{w.delay}": w.skip for w in workers.values() if w.skip}
-    return {"machine": machine(), "versions": versions(),
+    return {"machine": machine(), "load_average": os.getloadavg(), "versions": versions(),
             "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
             "dataset": {"dir": args.dataset, "objects": len(keys), "bytes": nbytes},
             "latency": {"netem": netem_ok, "netem_why": netem_why,
-                        "used": "proxy process (tests/s3_proxy.py) for delays > 0"},
+                        "used": ("netem in a private namespace (runs of their own) for delays > 0"
+                                 if netem_delays else
+                                 "proxy process (tests/s3_proxy.py) for delays > 0")},
             "options": {k: v for k, v in vars(args).items() if k not in ("json",)},
             "skipped": skips, "measurements": results}
 
@@ -544,22 +588,25 @@ def summarize(report):
             continue
         rows.setdefault((m["reader"], m["delay_ms"]), []).append(m)
     lines = [f"machine: {report['machine']['nproc']} CPUs, {report['machine']['cpu']}, "
-             f"kernel {report['machine']['kernel']}",
+             f"kernel {report['machine']['kernel']}; load average at the end "
+             f"{', '.join(f'{x:.1f}' for x in report['load_average'])}",
              f"command: {report['command']}",
              f"dataset: {report['dataset']['objects']} objects, "
              f"{report['dataset']['bytes'] / 1e9:.3f} GB ({report['dataset']['dir']})",
              f"latency: netem {'works' if report['latency']['netem'] else 'unavailable: ' + report['latency']['netem_why']}; "
              f"{report['latency']['used']}",
              "",
-             "| reader | delay ms | objects/s | GB/s | client CPU s/GB | server CPU s/GB | rounds |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| reader | delay ms | objects/s | GB/s | client CPU s/GB | server CPU s/GB | proxy CPU s/GB | rounds |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (reader, delay) in sorted(rows, key=lambda k: (k[1], READERS.index(k[0]))):
         ms = rows[(reader, delay)]
         ops = statistics.median(m["objects"] / m["seconds"] for m in ms)
         gbs = statistics.median(m["bytes"] / m["seconds"] / 1e9 for m in ms)
         cpu = statistics.median(m["cpu_s"] / (m["bytes"] / 1e9) for m in ms)
         scpu = statistics.median(m["server_cpu_s"] / (m["bytes"] / 1e9) for m in ms)
-        lines.append(f"| {reader} | {delay} | {ops:,.0f} | {gbs:.3f} | {cpu:.2f} | {scpu:.2f} | {len(ms)} |")
+        pcpu = statistics.median(m["proxy_cpu_s"] / (m["bytes"] / 1e9) for m in ms)
+        lines.append(f"| {reader} | {delay} | {ops:,.0f} | {gbs:.3f} | {cpu:.2f} | {scpu:.2f} | "
+                     f"{pcpu:.2f} | {len(ms)} |")
     for k, why in sorted(report["skipped"].items()):
         lines.append(f"skipped {k}: {why}")
     errors = [m for m in report["measurements"] if "error" in m]
@@ -585,6 +632,9 @@ def parse_args(argv=None):
     ap.add_argument("--delays", default="0,5,25", help="added latency, ms, comma-separated")
     ap.add_argument("--readers", default=",".join(READERS),
                     help=f"comma-separated subset of {','.join(READERS)}")
+    ap.add_argument("--latency", choices=("auto", "proxy", "netem"), default="auto",
+                    help="how delays are added: netem in a private namespace (auto: when "
+                         "this kernel has it) or the delay proxy")
     ap.add_argument("--proxy-at-zero", action="store_true",
                     help="put the proxy in front at 0 ms too (its own overhead)")
     ap.add_argument("--setup-timeout", type=float, default=180.0)
