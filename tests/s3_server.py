@@ -300,7 +300,9 @@ class SeaweedFS:
 
     def restart(self):
         """Kill and start again on the same ports and data: the endpoint, the
-        buckets and their objects are the same afterwards."""
+        buckets and their objects are the same afterwards. Call it from a
+        thread that outlives the server (the main one): weed dies with the
+        thread that started it."""
         self.kill()
         self._client = None   # its pooled connections point at the dead server
         return self._start(keep_ports=True)
