@@ -298,7 +298,10 @@ class FaultProxy:
         if head is None:
             return False, False, upstream
         first, headers = _parse_head(head)
-        method, target = first.split(" ")[0], first.split(" ")[1]
+        parts = first.split(" ")
+        if len(parts) != 3:
+            raise ValueError(f"not an HTTP/1.1 request line: {first[:100]!r}")
+        method, target = parts[0], parts[1]
         if headers.get("expect", "").lower() == "100-continue":
             # Answer the interim response ourselves so the client sends its body
             # now; the server's own 100 Continue is skipped below.

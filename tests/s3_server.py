@@ -300,7 +300,9 @@ class SeaweedFS:
 
     def restart(self):
         """Kill and start again on the same ports and data: the endpoint, the
-        buckets and their objects are the same afterwards."""
+        buckets and their objects are the same afterwards. Call it from a
+        thread that outlives the server (the main one): weed dies with the
+        thread that started it."""
         self.kill()
         self._client = None   # its pooled connections point at the dead server
         return self._start(keep_ports=True)
@@ -384,13 +386,18 @@ class SeaweedFS:
         self.client().put_object(Bucket=bucket, Key=key, Body=data)
         return f"s3://{bucket}/{key}"
 
-    def upload_tree(self, local_dir, bucket, prefix="", workers=16):
+    def upload_tree(self, local_dir, bucket, prefix="", workers=16, hidden=False):
         """Every file under local_dir to s3://bucket/prefix/<relative path>,
-        `workers` PUTs in flight. Returns {url: size}, sorted by URL."""
+        `workers` PUTs in flight; not files or directories whose names start
+        with "." unless hidden=True (make-dataset's .fastread-dataset.json
+        is no sample). Returns {url: size}, sorted by URL."""
         self.make_bucket(bucket)
         prefix = prefix.strip("/")
         jobs = []
-        for root, _dirs, files in os.walk(local_dir):
+        for root, dirs, files in os.walk(local_dir):
+            if not hidden:
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                files = [f for f in files if not f.startswith(".")]
             for name in files:
                 path = os.path.join(root, name)
                 rel = os.path.relpath(path, local_dir).replace(os.sep, "/")

@@ -34,6 +34,9 @@ def test_upload_tree_puts_every_file_under_the_prefix(s3_server, tmp_path):
         p = tmp_path / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(bytes(i % 251 for i in range(size)))
+    (tmp_path / ".fastread-dataset.json").write_text("{}")   # bookkeeping, not a sample
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "x").write_text("x")
     done = s3_server.upload_tree(str(tmp_path), "srv-tree", "pre/fix")
     assert done == {f"s3://srv-tree/pre/fix/{rel}": size for rel, size in sorted(sizes.items())}
     listed = s3_server.client().list_objects_v2(Bucket="srv-tree", Prefix="pre/fix/")

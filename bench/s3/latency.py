@@ -112,14 +112,15 @@ class ProxyProcess:
 
 @contextlib.contextmanager
 def delayed_endpoint(upstream, delay_ms, via="proxy"):
-    """(endpoint, how) for reaching `upstream` with delay_ms added:
-    0 ms: the server itself ("direct"); otherwise a proxy process ("proxy").
-    via="proxy0" puts the proxy in front even at 0 ms (its own overhead)."""
+    """(endpoint, how, proxy pid or None) for reaching `upstream` with
+    delay_ms added: 0 ms: the server itself ("direct"); otherwise a proxy
+    process ("proxy"). via="proxy0" puts the proxy in front even at 0 ms
+    (to see its own overhead)."""
     if delay_ms == 0 and via != "proxy0":
-        yield upstream, "direct"
+        yield upstream, "direct", None
         return
     with ProxyProcess(upstream, delay_ms) as p:
-        yield p.endpoint, "proxy"
+        yield p.endpoint, "proxy", p.proc.pid
 
 
 if __name__ == "__main__":
@@ -127,7 +128,7 @@ if __name__ == "__main__":
     print("netem in a private namespace:", "works" if ok else f"not here ({why})")
     print("fallback: tests/s3_proxy.py delay per response")
     if len(sys.argv) > 1:   # python latency.py http://127.0.0.1:PORT -> time one GET / via 25 ms
-        with delayed_endpoint(sys.argv[1], 25) as (ep, how):
+        with delayed_endpoint(sys.argv[1], 25) as (ep, how, _pid):
             import urllib.error
             import urllib.request
             t0 = time.perf_counter()
