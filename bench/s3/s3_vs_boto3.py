@@ -3,7 +3,7 @@ here through tests/s3_server.py): fastread's s3 engine (read_files, one
 native call a batch) against boto3 get_object calls in a
 ThreadPoolExecutor, same objects, same run, alternating rounds.
 
-    python bench/s3_vs_boto3.py [--objects 2000] [--size 94208] [--batch 256]
+    python bench/s3/s3_vs_boto3.py [--objects 2000] [--size 94208] [--batch 256]
         [--boto-threads 32] [--rounds 3]
 
 Prints one line per round and engine, then the medians. Both read every
