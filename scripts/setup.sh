@@ -8,15 +8,16 @@ say() { echo "setup: $*"; }
 setup_system() {
     local need=()
     pkg-config --exists liburing 2>/dev/null || need+=(liburing-dev)
+    pkg-config --exists libcurl 2>/dev/null || need+=(libcurl4-openssl-dev)
     command -v pkg-config >/dev/null || need+=(pkg-config)
     command -v cc >/dev/null || need+=(build-essential)
     if [ ${#need[@]} -eq 0 ]; then
-        say "system packages present (liburing $(pkg-config --modversion liburing), pkg-config, a C compiler)"
+        say "system packages present (liburing $(pkg-config --modversion liburing), libcurl $(pkg-config --modversion libcurl), pkg-config, a C compiler)"
         return
     fi
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    say "apt-get: installing ${need[*]} (liburing-dev: the io_uring engine; pkg-config and a C compiler: the build)"
+    say "apt-get: installing ${need[*]} (liburing-dev: the io_uring engine; libcurl4-openssl-dev: the s3 engine; pkg-config and a C compiler: the build)"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 }

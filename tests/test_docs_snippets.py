@@ -141,11 +141,8 @@ def s3_fixture(request):
     """The environment a block marked <!-- fixture: s3 --> runs with: the
     session's S3 server (skipped where it or the s3 engine is missing),
     holding s3://bucket/train/{cat,dog}/N.jpg."""
-    import fastread
-    from fastread.engine import URL_ONLY
-    status = fastread.engines()["s3"]
-    if not str(status.files).startswith(URL_ONLY["s3"]):
-        pytest.skip(f"the s3 engine does not run here: {status.why}")
+    from conftest import s3_engine_reason, skip_unless
+    skip_unless("s3", s3_engine_reason())
     server = request.getfixturevalue("s3_server")
     if "s3" not in _made:
         server.make_bucket("bucket")

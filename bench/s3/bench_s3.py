@@ -235,10 +235,13 @@ class _FastreadBase(Reader):
             import fastread
         except ImportError as e:
             return f"no fastread: {e}"
-        ok = fastread.engines().get("s3")
-        if ok is not True:
-            return f"fastread {getattr(fastread, '__version__', '?')} has no s3 engine" + \
-                   (f" ({ok})" if ok else " yet")
+        status = fastread.engines().get("s3")
+        url_only = getattr(fastread.engine, "URL_ONLY", {}).get("s3")
+        # Where it runs, the s3 engine reports "s3:// URLs only: libcurl ..."
+        # (not True: it reads no local file).
+        if status is None or not url_only or not str(status.files).startswith(url_only):
+            return (f"fastread {getattr(fastread, '__version__', '?')} has no s3 engine"
+                    + (f" ({status.why})" if status is not None else " yet"))
         return None
 
     def engine_args(self):

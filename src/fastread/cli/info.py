@@ -128,8 +128,9 @@ def format_engines(data, width=None):
     if ok:
         out.append(f"  available:    {', '.join(ok)}")
     for n in partial:
-        out += _wrapped(f"  {n:<{name_w}}  ", "byte ranges only; files: " + engines[n]["files"],
-                        width)
+        said = (f"available for {engines[n]['files']}" if n in URL_ONLY
+                else "byte ranges only; files: " + engines[n]["files"])
+        out += _wrapped(f"  {n:<{name_w}}  ", said, width)
     groups = {}
     for n, s in engines.items():
         if s["files"] is not True and n not in partial:
