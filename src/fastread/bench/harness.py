@@ -343,13 +343,26 @@ def _redacted(engine_options):
     return out
 
 
+def _redacted_argv(argv):
+    """The command line with secret values (--engine-option
+    s3.secret_access_key=..., engine_args=...,session_token=...) as ***."""
+    if argv is None:
+        return None
+    import re
+
+    from fastread.s3 import SECRET_KEYS
+
+    secret = re.compile(r"((?:%s)=)[^,]*" % "|".join(SECRET_KEYS))
+    return [secret.sub(r"\1***", a) for a in argv]
+
+
 def _write_json(opts, dataset, cfg, batches, epoch, passes, results, skipped, failed,
                 not_applicable, verdicts, device, cache_note=None):
     import fastread
 
     doc = {
         "fastread": fastread.__version__,
-        "argv": opts.argv,
+        "argv": _redacted_argv(opts.argv),
         "dataset": {"root": (dataset.root if registry.is_url(dataset.root)
                              else os.path.abspath(dataset.root)), "kind": dataset.primary,
                     "kinds": list(dataset.kinds), "image": dataset.image,

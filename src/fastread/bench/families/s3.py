@@ -109,18 +109,28 @@ def detect(path, engine_options=None):
     import fastread
 
     opts = s3_options(engine_options)
+    base = path if path.endswith("/") else path + "/"
     try:
-        s3.split_url(path)
-        paths, labels = fastread.scan(path, s3=opts)
-        base = path if path.endswith("/") else path + "/"
         bucket, _ = s3.split_url(base)
+    except ValueError as e:
+        raise BenchError(f"DATA {path}: {e}") from None
+    # Listed first: a missing bucket or refused credentials say so here,
+    # before scan's "no files" could hide them.
+    try:
         sizes = {f"s3://{bucket}/{o.key}": o.size for o in s3.list_objects(base, opts)}
     except (OSError, ValueError, TypeError) as e:
         raise BenchError(f"DATA {path}: cannot list it: {e}") from None
+    try:
+        paths, labels = fastread.scan(path, s3=opts)
+    except OSError as e:
+        raise BenchError(f"DATA {path}: cannot list it: {e}") from None
+    except ValueError as e:  # scan's "no files found ... matching file_filters"
+        paths, why = [], f" ({e})"
+    else:
+        why = ""
     if not paths:
-        raise BenchError(f"DATA {path} holds no samples: expected objects "
-                         f"{base}CLASS/NAME (one prefix per class, as fn.readers.file reads a "
-                         "tree)")
+        raise BenchError(f"DATA {path} holds no samples: expected objects {base}CLASS/NAME "
+                         f"(one prefix per class, as fn.readers.file reads a tree){why}")
     missing = [p for p in paths if p not in sizes]
     if missing:  # the two listings disagree: objects written while we listed
         raise BenchError(f"DATA {path}: {missing[0]} was listed by scan but not by "
