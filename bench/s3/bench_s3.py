@@ -235,10 +235,12 @@ class _FastreadBase(Reader):
             import fastread
         except ImportError as e:
             return f"no fastread: {e}"
-        ok = fastread.engines().get("s3")
-        if ok is not True:
-            return f"fastread {getattr(fastread, '__version__', '?')} has no s3 engine" + \
-                   (f" ({ok})" if ok else " yet")
+        # engines()["s3"] is an EngineStatus (never True: the engine reads no
+        # local file), and its truth value raises: ask s3_version() instead.
+        from fastread.engine import s3_version
+        why = s3_version()[1]
+        if why:
+            return f"fastread {getattr(fastread, '__version__', '?')} has no s3 engine ({why})"
         return None
 
     def engine_args(self):
