@@ -214,7 +214,8 @@ class Dataset:
     page_cache: bool = True
 
     def describe(self):
-        what = {"files": "file tree", "image": "packed image", "npy": ".npy tree"}.get(
+        what = {"files": "file tree", "image": "packed image", "npy": ".npy tree",
+                "s3": "S3 objects"}.get(
             self.primary) or DATASET_KINDS.get(self.primary, self.primary)
         also = [k for k in self.kinds if k != self.primary]
         extra = f" (and its packed image {self.image})" if "image" in also else ""
