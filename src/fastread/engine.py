@@ -178,8 +178,11 @@ def xnvme_version():
 
 def _usable_by_name(name):
     """True if `name` can be opened explicitly (range-only engines included)."""
-    if name in URL_ONLY:  # runs where built and its probe passes (libcurl found)
-        return name in _core.engine_names() and _probe(name)[0]
+    if name in URL_ONLY:
+        # Its status is never True (it reads no local file or image), so
+        # engine="s3" by name was refused even where it runs: built and
+        # probed is what opening it needs.
+        return name in set(_core.engine_names()) and _probe(name)[0]
     if name not in RANGE_ONLY:
         return False
     return _engine_status(name, set(_core.engine_names())).ranges is True

@@ -72,7 +72,8 @@ def list_modes(opts):
     can run here, and why not."""
     env = environment.probe_environment()
     device, _ = _device(opts, env)
-    dataset = registry.detect_dataset(opts.data, opts.image) if opts.data else None
+    dataset = (registry.detect_dataset(opts.data, opts.image, engine_options=opts.engine_options)
+               if opts.data else None)
     cfg = _config(opts, env, dataset, device)
     modes = registry.all_modes(env)
     headline = {m.name for m in registry.defaults(modes, dataset, device)}
@@ -104,8 +105,23 @@ def list_modes(opts):
     return 0
 
 
-def _cache_passes(opts, page_cache):
+#: The one "cache state" of a dataset that is not read through this
+#: machine's page cache (objects on a server).
+NO_PAGE_CACHE = "none"
+
+
+def _cache_passes(opts, page_cache, dataset=None):
     """(passes, note): which cache states to time, and why cold is left out."""
+    if dataset is not None and not dataset.page_cache:
+        # Objects come from a server every time: there is no page cache of
+        # ours to warm or drop (and dropping it would only disturb a server
+        # on this machine). Refused when asked for, not silently warm.
+        if opts.cache in ("cold", "both"):
+            raise BenchError(f"--cache {opts.cache}: {dataset.root} is not read through this "
+                             "machine's page cache (objects come from the server every run); "
+                             "leave --cache out")
+        return [NO_PAGE_CACHE], (f"cache: does not apply to {dataset.root} (objects come from "
+                                 "the server every run)")
     if opts.cache == "warm":
         return ["warm"], None
     why = page_cache.can_drop()
@@ -132,7 +148,7 @@ def run(opts):
             raise BenchError(f"{flag} {path}: directory {parent} does not exist")
     env = environment.probe_environment()
     device, device_note = _device(opts, env)
-    dataset = registry.detect_dataset(opts.data, opts.image)
+    dataset = registry.detect_dataset(opts.data, opts.image, engine_options=opts.engine_options)
     modes = registry.all_modes(env)
     selected, explicit = registry.select(opts.modes, modes, dataset, device)
     cfg = _config(opts, env, dataset, device)
@@ -168,7 +184,7 @@ def run(opts):
         _summarize_others(modes, selected, dataset, cfg)
 
     page_cache = runners.PageCache()
-    passes, cache_note = _cache_passes(opts, page_cache)
+    passes, cache_note = _cache_passes(opts, page_cache, dataset)
     if cache_note:
         _out(cache_note)
     results, failed, verdicts = [], {}, []
@@ -205,7 +221,8 @@ def run(opts):
             if len(passes) > 1:
                 _out(f"{cache} cache:")
             _out(report.format_table(pass_results, rss=opts.rss))
-            v = report.verdict(pass_results, f"{where_base}, {cache} cache")
+            v = report.verdict(pass_results, f"{where_base}, {cache} cache"
+                               if cache != NO_PAGE_CACHE else where_base)
             verdicts.append(v)
             _out(v)
     if not results:
@@ -216,7 +233,9 @@ def run(opts):
                     not_applicable, verdicts, device, cache_note)
         _out(f"wrote {opts.json}")
     if opts.plot and results:
-        title = (f"{os.path.basename(os.path.abspath(dataset.root))}: batch {opts.batch_size}, "
+        name = (dataset.root.rstrip("/") if registry.is_url(dataset.root)
+                else os.path.basename(os.path.abspath(dataset.root)))
+        title = (f"{name}: batch {opts.batch_size}, "
                  f"{batches} batches, {opts.threads} threads, {where_base}"
                  f"{', decode' if opts.decode else ''}"
                  f"{f', median of {opts.repeat}' if opts.repeat > 1 else ''}")
@@ -291,7 +310,7 @@ def _cold_run(mode, cfg, opts, batches, epoch, page_cache, progress, desc):
     seconds = sum(p["seconds"] for p in parts)
     rss = [v for p in parts for v in (p["rss"] or [])] if opts.rss else None
     return {"samples": samples, "bytes": nbytes, "batches": sum(p["batches"] for p in parts),
-            "seconds": seconds,
+            "seconds": seconds, "cpu_seconds": sum(p["cpu_seconds"] for p in parts),
             "img_per_s": samples / seconds if seconds > 0 else math.inf,
             "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else math.inf,
             "rss": rss, "drops": len(parts),
@@ -309,14 +328,43 @@ def _one_run(mode, cfg, warmup, batches, epoch, rss, progress, desc):
         gc.collect()
 
 
+def _redacted(engine_options):
+    from fastread.s3 import SECRET_KEYS
+
+    out = dict(engine_options)
+    if out.get("s3"):
+        s3 = out["s3"]
+        given = s3.given() if hasattr(s3, "given") else dict(s3)
+        # S3Options names (secret_access_key) and engine_args keys alike
+        out["s3"] = {k: "***" if k in SECRET_KEYS else v for k, v in given.items()}
+    if isinstance(out.get("engine_args"), str):
+        from fastread.s3 import redact_engine_args
+        out["engine_args"] = redact_engine_args(out["engine_args"])
+    return out
+
+
+def _redacted_argv(argv):
+    """The command line with secret values (--engine-option
+    s3.secret_access_key=..., engine_args=...,session_token=...) as ***."""
+    if argv is None:
+        return None
+    import re
+
+    from fastread.s3 import SECRET_KEYS
+
+    secret = re.compile(r"((?:%s)=)[^,]*" % "|".join(SECRET_KEYS))
+    return [secret.sub(r"\1***", a) for a in argv]
+
+
 def _write_json(opts, dataset, cfg, batches, epoch, passes, results, skipped, failed,
                 not_applicable, verdicts, device, cache_note=None):
     import fastread
 
     doc = {
         "fastread": fastread.__version__,
-        "argv": opts.argv,
-        "dataset": {"root": os.path.abspath(dataset.root), "kind": dataset.primary,
+        "argv": _redacted_argv(opts.argv),
+        "dataset": {"root": (dataset.root if registry.is_url(dataset.root)
+                             else os.path.abspath(dataset.root)), "kind": dataset.primary,
                     "kinds": list(dataset.kinds), "image": dataset.image,
                     "files": dataset.samples, "bytes": dataset.nbytes,
                     "epoch_batches": epoch},
@@ -330,7 +378,8 @@ def _write_json(opts, dataset, cfg, batches, epoch, passes, results, skipped, fa
                    "cold_note": cache_note,
                    # cold: the page cache is dropped before every timed epoch
                    "cold_drops": "every timed epoch" if "cold" in passes else None,
-                   "engine_options": cfg.engine_options, "mem": opts.mem},
+                   # s3 secrets (--engine-option s3.secret_access_key=...) as ***
+                   "engine_options": _redacted(cfg.engine_options), "mem": opts.mem},
         "results": results,
         "verdicts": verdicts,
         "skipped": skipped,

@@ -120,6 +120,9 @@ class Mode:
     dali: bool = False
     #: extra settings the family's build reads (e.g. xNVMe's async engine)
     params: tuple = ()
+    #: a reference mode whose GB/s is the ceiling the others are a share of
+    #: (the table's "of ceiling" column); modes named ceiling-* are too
+    ceiling: bool = False
 
     def __post_init__(self):
         if self.dataset not in DATASET_KINDS:
@@ -206,9 +209,13 @@ class Dataset:
     samples: int = 0
     nbytes: int = 0
     notes: tuple = ()
+    #: read through this machine's page cache (False for objects on a
+    #: server: --cache cold means nothing for them)
+    page_cache: bool = True
 
     def describe(self):
-        what = {"files": "file tree", "image": "packed image", "npy": ".npy tree"}.get(
+        what = {"files": "file tree", "image": "packed image", "npy": ".npy tree",
+                "s3": "S3 objects"}.get(
             self.primary) or DATASET_KINDS.get(self.primary, self.primary)
         also = [k for k in self.kinds if k != self.primary]
         extra = f" (and its packed image {self.image})" if "image" in also else ""
@@ -216,22 +223,41 @@ class Dataset:
                 f"{extra}")
 
 
-def detect_dataset(path, image=None, package=None):
+def is_url(path):
+    """``scheme://...``: DATA that no local path check applies to (s3://)."""
+    return isinstance(path, str) and "://" in path
+
+
+def detect_dataset(path, image=None, package=None, engine_options=None):
     """The :class:`Dataset` at ``path``: what a family's ``detect`` says it
     is, else a directory of sample files (images, as ``fn.readers.file``
     indexes them), of ``.npy`` arrays, or a packed image file. ``image``
     (else ``$FASTREAD_BENCH_IMAGE``, else ``<path>.img`` if it exists) is a
-    packed image of a file tree, read by the image modes. Raises BenchError
+    packed image of a file tree, read by the image modes. A URL
+    (``s3://bucket/prefix``) is only a family's. ``engine_options`` (the
+    --engine-option mapping) reach a ``detect(path, engine_options=None)``
+    that takes them: an s3:// listing needs the endpoint. Raises BenchError
     naming the path."""
+    import inspect
+
     import fastread
 
-    if not os.path.exists(path):
+    if not is_url(path) and not os.path.exists(path):
         raise BenchError(f"DATA {path!r} does not exist")
     for mod in families(package).values():
         detect = getattr(mod, "detect", None)
-        found = detect(path) if detect is not None else None
+        if detect is None:
+            continue
+        if "engine_options" in inspect.signature(detect).parameters:
+            found = detect(path, engine_options=engine_options)
+        else:
+            found = detect(path)
         if found is not None:
             return found
+    if is_url(path):
+        scheme = path.split("://", 1)[0]
+        raise BenchError(f"DATA {path!r}: no benchmark family reads {scheme}:// URLs "
+                         "(`fastread bench --list-modes` lists the families)")
     if not os.path.isdir(path):
         img = _open_image(path, f"DATA {path!r} is neither a directory nor a packed image")
         return Dataset(root=path, primary="image", kinds=("image",), image=img.path,

@@ -22,7 +22,10 @@ def format_table(results, rss=False):
     and what ran."""
     base = baseline_of(results)
     ceiling = max((r["gb_per_s"] for r in results if r.get("role") == "reference"
-                   and r["mode"].startswith("ceiling-")), default=None)
+                   and (r.get("ceiling") or r["mode"].startswith("ceiling-"))), default=None)
+    # Shown where some mode reports them (the s3 family's context counters).
+    inflight = any((r.get("stats") or {}).get("s3_inflight_max") is not None for r in results)
+    cpu = any(r.get("cpu_s_per_gb") is not None for r in results)
     repeated = any(len(r["runs"]) > 1 for r in results)
     head = ["mode", "img/s", "GB/s", "batches", "seconds"]
     if repeated:
@@ -33,6 +36,10 @@ def format_table(results, rss=False):
         head.append("of ceiling")
     if rss:
         head += ["max RSS MiB", "RSS growth MiB"]
+    if cpu:
+        head.append("CPU s/GB")
+    if inflight:
+        head.append("in flight")
     head.append("what ran")
     rows = []
     for r in results:
@@ -47,6 +54,12 @@ def format_table(results, rss=False):
             row.append(f"{100 * r['gb_per_s'] / ceiling:.0f}%")
         if rss:
             row += [_mb(r.get("rss_max")), _mb(r.get("rss_growth"))]
+        if cpu:
+            v = r.get("cpu_s_per_gb")
+            row.append("n/a" if v is None else f"{v:.2f}")
+        if inflight:
+            v = (r.get("stats") or {}).get("s3_inflight_max")
+            row.append("n/a" if v is None else str(v))
         row.append(r.get("what") or "")
         rows.append(row)
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]

@@ -2,11 +2,15 @@
 
 A runner's ``next()`` returns ``(samples, bytes)`` of one batch, crossing
 epoch ends by itself, and keeps the previous batch referenced until the next
-call, as a training step would; ``close()`` frees what it holds.
+call, as a training step would; ``close()`` frees what it holds. Optional:
+``stats()`` (a dict of the run's counters, e.g. an engine's requests in
+flight, recorded with the run) and ``child_cpu_seconds()`` (CPU of helper
+processes it runs that no rusage counts yet, added to the run's CPU).
 """
 import dataclasses
 import math
 import os
+import resource
 import sys
 import time
 
@@ -263,6 +267,7 @@ def timed_run(runner, *, warmup, batches, epoch_batches, rss=False, progress=Non
             bar.update()
         samples = nbytes = 0
         rss_samples = []
+        cpu0 = client_cpu_seconds(runner)
         t0 = time.perf_counter()
         for i in range(1, batches + 1):
             s, b = runner.next()
@@ -272,12 +277,27 @@ def timed_run(runner, *, warmup, batches, epoch_batches, rss=False, progress=Non
                 rss_samples.append(rss_bytes())
             bar.update()
         seconds = time.perf_counter() - t0
+        cpu = client_cpu_seconds(runner) - cpu0
     finally:
         bar.close()
-    return {"samples": samples, "bytes": nbytes, "batches": batches, "seconds": seconds,
-            "img_per_s": samples / seconds if seconds > 0 else math.inf,
-            "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else math.inf,
-            "rss": rss_samples if rss else None}
+    out = {"samples": samples, "bytes": nbytes, "batches": batches, "seconds": seconds,
+           "img_per_s": samples / seconds if seconds > 0 else math.inf,
+           "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else math.inf,
+           "rss": rss_samples if rss else None, "cpu_seconds": cpu}
+    stats = getattr(runner, "stats", None)
+    if stats is not None:
+        out["stats"] = stats()
+    return out
+
+
+def client_cpu_seconds(runner=None):
+    """CPU seconds of this process (every thread: DALI's, fastread's,
+    boto3's pool), its children that ended, and the runner's live helper
+    processes (``child_cpu_seconds()``, e.g. curl)."""
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    extra = getattr(runner, "child_cpu_seconds", None)
+    return (time.process_time() + ended.ru_utime + ended.ru_stime
+            + (extra() if extra is not None else 0.0))
 
 
 def summarize(mode, runs, rss=False, cache="warm"):
@@ -292,6 +312,14 @@ def summarize(mode, runs, rss=False, cache="warm"):
            "img_per_s": med["img_per_s"], "gb_per_s": med["gb_per_s"],
            "batches": med["batches"], "seconds": med["seconds"], "samples": med["samples"],
            "bytes": med["bytes"], "runs": runs}
+    if mode.ceiling:
+        out["ceiling"] = True
+    if med.get("cpu_seconds") is not None and med["bytes"]:
+        # The client's CPU per GB read (GB = 1e9 bytes): what reading costs
+        # the machine besides the time.
+        out["cpu_s_per_gb"] = med["cpu_seconds"] / (med["bytes"] / 1e9)
+    if med.get("stats"):
+        out["stats"] = med["stats"]
     if rss:
         vals = [v for r in runs for v in (r["rss"] or []) if v is not None]
         growth = [r["rss"][-1] - r["rss"][1] for r in runs

@@ -24,7 +24,9 @@ def add_parser(sub):
                "and can run here, and why not.")
     p.add_argument("data", metavar="DATA", nargs="?",
                    help="dataset: a directory with one directory per class (image files, as "
-                        "fn.readers.file reads it, or .npy arrays), or a packed image")
+                        "fn.readers.file reads it, or .npy arrays), a packed image, or "
+                        "s3://bucket/prefix (objects prefix/CLASS/NAME on an S3 server: the s3 "
+                        "modes; --cache does not apply)")
     p.add_argument("--modes", default=None, metavar="A,B,...",
                    help="modes to run, comma-separated names or globs (reader-*), or 'all' "
                         "(every mode that applies to DATA); default: the headline modes")
@@ -68,7 +70,10 @@ def add_parser(sub):
     p.add_argument("--engine-option", dest="engine_options", type=key_value, action="append",
                    default=[], metavar="KEY=VALUE",
                    help="option for fastread engines (repeatable), e.g. o_direct=1, "
-                        "queue_depth=128, workers=4")
+                        "queue_depth=128, workers=4; s3.NAME=VALUE sets a fastread.S3Options "
+                        "field for s3:// DATA (s3.endpoint_url=http://host:port, s3.region, "
+                        "s3.inflight, ...; default: the AWS_* environment), which the s3 "
+                        "family's other clients (boto3, DALI, curl) are given too")
     p.add_argument("--mem", choices=("cpu", "gpu"), default=None,
                    help="where xnvme-gds reads land: host memory or the GPU")
     p.add_argument("--json", metavar="OUT.json", help="write the results as JSON")
@@ -84,7 +89,11 @@ def _engine_options(args, parser):
 
     opts = {"threads": args.threads}
     reader_opts = {}
+    s3 = {}
     for key, value in args.engine_options:
+        if key.startswith("s3."):  # a field of fastread.S3Options
+            s3[key[3:]] = value
+            continue
         if key in ("workers", "prefetch"):  # Reader options, not an engine's
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 parser.error(f"--engine-option {key}={value}: expected a positive integer")
@@ -98,8 +107,27 @@ def _engine_options(args, parser):
         options("psync", **opts)  # the checks are the same for every engine
     except (TypeError, ValueError) as e:
         parser.error(f"--engine-option: {e}")
+    if s3:
+        from fastread.s3 import S3Options, is_url
+
+        if args.data is not None and not is_url(args.data):
+            parser.error(f"--engine-option s3.*: only for s3:// DATA, not {args.data!r}")
+        # Endpoints and numbers as typed: key_value makes "8333" an int,
+        # and an endpoint or region is a string.
+        s3 = {k: str(v) if k in _S3_STRINGS and not isinstance(v, str) else v
+              for k, v in s3.items()}
+        try:
+            S3Options.coerce(s3)  # names and types now, as one line
+        except (TypeError, ValueError) as e:
+            parser.error(f"--engine-option s3.*: {e}")
+        opts["s3"] = s3  # a mapping: JSON-able (secrets redacted when written)
     opts.update(reader_opts)
     return opts
+
+
+#: S3Options fields that are strings even when they look like numbers.
+_S3_STRINGS = ("endpoint_url", "region", "profile", "addressing", "ca_bundle",
+               "access_key_id", "secret_access_key", "session_token")
 
 
 def run(args):

@@ -122,18 +122,21 @@ def format_engines(data, width=None):
     ok = [n for n, s in engines.items() if s["files"] is True]
     # Engines that read byte ranges (packed images) but not files.
     partial = [n for n, s in engines.items() if s["files"] is not True and s["ranges"] is True]
-    # Engines that read objects at URLs (s3://), where they run.
-    partial += [n for n, s in engines.items()
-                if n in URL_ONLY and isinstance(s["files"], str) and s["files"].startswith(URL_ONLY[n])]
+    # Engines that read objects at URLs (s3://), where they run: not "byte
+    # ranges only" (they read whole objects too), nor unavailable.
+    urls = [n for n, s in engines.items()
+            if n in URL_ONLY and isinstance(s["files"], str) and s["files"].startswith(URL_ONLY[n])]
+    partial = [n for n in partial if n not in urls]
     if ok:
         out.append(f"  available:    {', '.join(ok)}")
     for n in partial:
-        said = (f"available for {engines[n]['files']}" if n in URL_ONLY
-                else "byte ranges only; files: " + engines[n]["files"])
-        out += _wrapped(f"  {n:<{name_w}}  ", said, width)
+        out += _wrapped(f"  {n:<{name_w}}  ", "byte ranges only; files: " + engines[n]["files"],
+                        width)
+    for n in urls:
+        out += _wrapped(f"  {n:<{name_w}}  ", "available for " + engines[n]["files"], width)
     groups = {}
     for n, s in engines.items():
-        if s["files"] is not True and n not in partial:
+        if s["files"] is not True and n not in partial and n not in urls:
             groups.setdefault(s["files"], []).append(n)
     if groups:
         out.append("  unavailable:")
