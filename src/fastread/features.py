@@ -451,7 +451,10 @@ class FeatureStore:
             raise RuntimeError(f"feature store {self.path!r} cannot gather to a GPU: "
                                f"{self._no_gpu}")
         dev = self.device_id
-        for what, d in (("device='cuda:{}' asked for", index), ("ids on GPU {}", ids.device)):
+        # The ids' own GPU first: with device=None the index is taken from
+        # the ids, and "device='cuda:1' asked for" would name an argument the
+        # caller never gave (test_ids_on_another_gpu, 2 GPUs).
+        for what, d in (("ids on GPU {}", ids.device), ("device='cuda:{}' asked for", index)):
             if d is not None and d != dev:
                 raise ValueError(f"{what.format(d)}, but feature store {self.path!r} serves "
                                  f"GPU {dev} (device_id={dev})")
