@@ -10,6 +10,7 @@ from fastread.engine import EngineOptions, warn_if_few_fds
 from fastread.files import raise_failures, s3_detail
 from fastread.image import PackedImage
 from fastread.index import check_flag, epoch_indices
+from fastread.s3 import take_options as take_s3_options
 from fastread.source import FileList, check_source, open_native_reader
 
 
@@ -75,7 +76,8 @@ class Reader:
             raise ValueError(f"ring_depth must be None or an integer >= 1, got {ring_depth!r}")
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
-        opts = EngineOptions.coerce(options, **engine_options)
+        # S3 options as flat keywords too (endpoint_url=, ...), as fastread.s3 takes them.
+        opts = EngineOptions.coerce(options, **take_s3_options(engine_options))
         if device == "gpu":
             opts = opts.replace(device_output=True)
         self.source = _source(file_root, file_list=file_list, files=files, labels=labels,

@@ -182,6 +182,19 @@ class S3Options:
     __str__ = __repr__
 
 
+def take_options(kwargs):
+    """Moves S3 options given as flat keyword arguments (``endpoint_url=``,
+    ``access_key_id=``, ..., the names :func:`list_objects` and
+    :class:`S3Options` take) out of ``kwargs`` into one ``kwargs["s3"]``
+    (merged with an ``s3=`` given there; the flat ones win), so that every
+    reader that takes engine options takes S3 options the way
+    :mod:`fastread.s3`'s own calls do. Returns ``kwargs`` (changed in place)."""
+    flat = {name: kwargs.pop(name) for name in list(kwargs) if name in _FIELDS}
+    if flat or kwargs.get("s3") is not None:
+        kwargs["s3"] = S3Options.coerce(kwargs.get("s3"), **flat)
+    return kwargs
+
+
 def engine_args_for(engine_args="", s3=None):
     """``engine_args`` with the S3 options appended (later keys win in the
     engine's parser)."""
@@ -228,6 +241,18 @@ def _status_error(url, status, err):
     return OSError(code, f"{url}: {err or status}")
 
 
+def _client(url, engine_args):
+    """A client for requests about ``url``; a setting that cannot be
+    resolved (no credentials, a bad option) raises naming the URL, as a
+    failed request does (the C client's message names only the setting)."""
+    try:
+        return _s3.Client(engine_args)
+    except OSError as e:
+        raise OSError(e.errno, f"{url}: {e.strerror}") from None
+    except ValueError as e:
+        raise ValueError(f"{url}: {e}") from None
+
+
 def list_objects(url, s3=None, *, engine_args="", **options) -> List[S3Object]:
     """Every object under ``url`` (``s3://bucket/prefix``: keys starting
     with ``prefix``, as S3 compares them: by bytes, not by directories), in
@@ -241,7 +266,7 @@ def list_objects(url, s3=None, *, engine_args="", **options) -> List[S3Object]:
     _require()
     bucket, prefix = split_url(url)
     opts = S3Options.coerce(s3, **options)
-    client = _s3.Client(engine_args_for(engine_args, opts))
+    client = _client(url, engine_args_for(engine_args, opts))
     try:
         out = []
         token = None
@@ -281,7 +306,7 @@ def put_object(url, data, s3=None, *, engine_args="", **options):
     bucket, key = split_url(url)
     if not key:
         raise ValueError(f"no object key in {url!r}")
-    client = _s3.Client(engine_args_for(engine_args, S3Options.coerce(s3, **options)))
+    client = _client(url, engine_args_for(engine_args, S3Options.coerce(s3, **options)))
     try:
         status, _, err = client.request("PUT", bucket, key, "", data)
     finally:
