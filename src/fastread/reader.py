@@ -343,6 +343,6 @@ def _source(file_root, *, file_list, files, labels, file_filters, image, index, 
     if source is not None:
         return source
     if image is not None:
-        return image if isinstance(image, PackedImage) else PackedImage(image, index)
+        return image if isinstance(image, PackedImage) else PackedImage(image, index, s3=s3)
     return FileList.scan(file_root, file_filters=file_filters, file_list=file_list, files=files,
                          labels=labels, s3=s3)

@@ -49,8 +49,8 @@ from typing import NamedTuple
 import numpy as np
 
 from fastread import _core, _defaults
-from fastread.engine import (RANGE_ONLY, EngineOptions, cached_context, for_paths, open_engine,
-                             resolve)
+from fastread.engine import (RANGE_ONLY, URL_ENGINES, EngineOptions, cached_context, for_paths,
+                             open_engine, resolve)
 from fastread.files import raise_failures
 from fastread.index import scan
 
@@ -104,7 +104,7 @@ class SampleSource(abc.ABC):
             raise IndexError(f"sample index out of range for {n} samples")
         idx = idx % max(n, 1)
         name = check_engine_for(self, engine)
-        opts = EngineOptions.coerce(options, **engine_options)
+        opts = with_source_s3(self, EngineOptions.coerce(options, **engine_options), name)
         self.check_options(opts.resolve(name))
         ctx = cached_context(name, opts)
         batch = self.read_batch(ctx, idx)
@@ -252,11 +252,24 @@ def check_source(source):
 
 
 def _engine_for(source, engine):
-    """``engine``, or 's3' for 'auto' over a list of s3:// URLs
-    (:func:`fastread.engine.for_paths`)."""
+    """``engine``, or 's3' for 'auto' over a list of s3:// URLs or ranges of
+    an s3:// object (:func:`fastread.engine.for_paths`)."""
     if isinstance(source, FileList) and source.names:
         return for_paths(engine, source.names[0])
+    if source.reads_ranges and isinstance(getattr(source, "path", None), str):
+        return for_paths(engine, source.path)
     return engine
+
+
+def with_source_s3(source, options, engine):
+    """``options`` (an EngineOptions) with the S3 options the source was
+    opened with (a PackedImage of an s3:// object keeps those that reached
+    its index), unless the caller gave some or the engine is no URL engine:
+    the samples are then read from the bucket the index came from."""
+    s3 = getattr(source, "s3", None)
+    if s3 is None or options.s3 is not None or str(engine) not in URL_ENGINES:
+        return options
+    return options.replace(s3=s3)
 
 
 def check_engine_for(source, engine):
@@ -316,7 +329,7 @@ def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
     workers = _defaults.reader_workers(workers)
 
     def open_one(n):
-        resolved = options.resolve(n)
+        resolved = with_source_s3(source, options, n).resolve(n)
         source.check_options(resolved)
         return resolved, source.open_native(n, resolved, prefetch=prefetch, workers=workers)
     name, (resolved, native) = open_engine(engine, open_one)

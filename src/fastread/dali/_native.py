@@ -148,6 +148,8 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
     # 'auto' over s3:// samples is the s3 engine (engine.for_paths decides it
     # for every reader): the operator's own 'auto' means io_uring or psync.
     names = samples.names
+    if kwargs.get("s3") is None and getattr(samples, "s3", None) is not None:
+        kwargs = {**kwargs, "s3": samples.s3}   # the options its index was read with
     engine = for_paths(engine, samples.path if samples.reads_ranges else
                        (names[0] if names else None))
     engine = _resolve_for_open(engine)

@@ -1,0 +1,223 @@
+"""Large-object formats in a bucket of a real S3 server (SeaweedFS,
+tests/s3_server.py), read by ranged GETs: packed images
+(``PackedImage("s3://...")``, ``Reader(image=...)``,
+``fastread.dali.readers.image``) give exactly the samples of the local
+image they were uploaded from; a truncated or foreign object is named."""
+import os
+
+import numpy as np
+import pytest
+
+import fastread
+from fastread.image import ImageError
+
+pytestmark = pytest.mark.skipif(
+    not str(fastread.engines().get("s3")).startswith(fastread.engine.URL_ONLY["s3"]),
+    reason=f"s3 engine unavailable: {fastread.engines().get('s3')}")
+
+BUCKET = "formats-s3"
+
+
+def opts(srv, endpoint=None):
+    return fastread.S3Options(endpoint_url=endpoint or srv.endpoint, region=srv.region,
+                              access_key_id=srv.access_key, secret_access_key=srv.secret_key)
+
+
+def upload_file(srv, path, bucket, key):
+    with open(path, "rb") as f:
+        return srv.put(bucket, key, f.read())
+
+
+@pytest.fixture(scope="module")
+def packed(disk_tmp, s3_server):
+    """A tree of 3 classes (sizes 0 B to 20 KiB) packed into an image,
+    uploaded with its index. (local PackedImage, image URL, S3Options)."""
+    root = os.path.join(disk_tmp, "s3-packed-tree")
+    rng = np.random.default_rng(21)
+    for c, n in enumerate((9, 14, 6)):
+        d = os.path.join(root, f"c{c}")
+        os.makedirs(d)
+        for j in range(n):
+            size = 0 if (c, j) == (1, 3) else int(rng.integers(1, 20000))
+            with open(os.path.join(d, f"{j:03d}.jpg"), "wb") as f:
+                f.write(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+    img = fastread.pack(root, os.path.join(disk_tmp, "s3-packed.img"), progress=False)
+    s3_server.make_bucket(BUCKET)
+    url = upload_file(s3_server, img.path, BUCKET, "images/train.img")
+    upload_file(s3_server, img.index_path, BUCKET, "images/train.img.index")
+    return img, url, opts(s3_server)
+
+
+def local_bytes(img):
+    with open(img.path, "rb") as f:
+        data = f.read()
+    return [data[o:o + n] for o, n in zip(img.offsets.tolist(), img.lengths.tolist())]
+
+
+def test_index_and_samples_equal_the_local_image(packed):
+    local, url, o = packed
+    img = fastread.PackedImage(url, s3=o)
+    assert img.index_path == url + ".index"
+    assert img.names == local.names
+    for field in ("labels", "offsets", "lengths", "checksums"):
+        np.testing.assert_array_equal(getattr(img, field), getattr(local, field))
+    assert (img.image_id, img.image_size, img.alignment) == \
+        (local.image_id, local.image_size, local.alignment)
+    want = local_bytes(local)
+    order = np.random.default_rng(0).permutation(len(img))
+    got = img.read(order)   # the options it was opened with reach the reads
+    assert [a.tobytes() for a in got] == [want[i] for i in order]
+    assert got[list(order).index(local.names.index("c1/003.jpg"))].size == 0
+
+
+def test_index_and_image_are_read_by_ranges(packed, s3_server, s3_proxy):
+    """Every GET of the index and of the image is a ranged one (206), none
+    a whole-object GET; no listing is needed either."""
+    local, url, _ = packed
+    img = fastread.PackedImage(url, s3=opts(s3_server, s3_proxy.endpoint))
+    img.read(list(range(len(img))))
+    gets = [(t, status) for method, t, _, status in s3_proxy.log if method == "GET"]
+    assert any(t.endswith("/train.img.index") for t, _ in gets)
+    assert any(t.endswith("/train.img") for t, _ in gets)
+    assert gets and all(status == 206 for _, status in gets), gets
+    assert not any("list-type" in t for t, _ in gets)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(random_shuffle=True, seed=4, num_shards=2,
+                                             shard_id=1)], ids=["plain", "shuffled-shard"])
+def test_reader_batches_equal_the_local_image(packed, kw):
+    local, url, o = packed
+    ours = fastread.Reader(image=url, batch_size=7, s3=o, **kw)
+    want = fastread.Reader(image=local.path, batch_size=7, **kw)
+    assert ours.engine == "s3"
+    for _ in range(2):
+        got = [([a.tobytes() for a in arrays], labels.tolist()) for arrays, labels in ours]
+        exp = [([a.tobytes() for a in arrays], labels.tolist()) for arrays, labels in want]
+        assert got == exp
+
+
+def test_environment_and_flat_options(packed, s3_server, monkeypatch):
+    local, url, o = packed
+    want = [a.tobytes() for a in local.read(range(len(local)))]
+    img = fastread.PackedImage(url, s3=o)
+    assert [a.tobytes() for a in fastread.Reader(image=img, batch_size=100)
+            .__iter__().__next__()[0]] == want
+    r = fastread.Reader(image=url, batch_size=100, **o.given())
+    assert [a.tobytes() for a in next(iter(r))[0]] == want
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    assert [a.tobytes() for a in fastread.PackedImage(url).read(range(len(local)))] == want
+
+
+def test_truncated_missing_and_foreign_objects_are_named(packed, s3_server, disk_tmp):
+    local, url, o = packed
+    with open(local.path, "rb") as f:
+        data = f.read()
+    with open(local.index_path, "rb") as f:
+        index = f.read()
+    # The image cut inside its last sample.
+    s3_server.put(BUCKET, "bad/cut.img", data[:-100])
+    s3_server.put(BUCKET, "bad/cut.img.index", index)
+    with pytest.raises(ImageError, match="truncated") as e:
+        fastread.PackedImage(f"s3://{BUCKET}/bad/cut.img", s3=o)
+    assert f"s3://{BUCKET}/bad/cut.img" in str(e.value)
+    # No index next to the image.
+    s3_server.put(BUCKET, "bad/lonely.img", data)
+    with pytest.raises(FileNotFoundError) as e:
+        fastread.PackedImage(f"s3://{BUCKET}/bad/lonely.img", s3=o)
+    assert f"s3://{BUCKET}/bad/lonely.img.index" in str(e.value)
+    # An index cut short, and one that is not an index.
+    s3_server.put(BUCKET, "bad/short.img.index", index[:len(index) // 2])
+    with pytest.raises(ImageError, match="truncated") as e:
+        fastread.PackedImage(f"s3://{BUCKET}/bad/lonely.img",
+                             index=f"s3://{BUCKET}/bad/short.img.index", s3=o)
+    assert f"s3://{BUCKET}/bad/short.img.index" in str(e.value)
+    s3_server.put(BUCKET, "bad/junk.index", b"hello")
+    with pytest.raises(ImageError, match="not a fastread image index"):
+        fastread.PackedImage(f"s3://{BUCKET}/bad/lonely.img",
+                             index=f"s3://{BUCKET}/bad/junk.index", s3=o)
+    # The index of another image.
+    other_root = os.path.join(disk_tmp, "s3-packed-other")
+    os.makedirs(os.path.join(other_root, "k"))
+    with open(os.path.join(other_root, "k", "a.jpg"), "wb") as f:
+        f.write(b"x" * 10)
+    other = fastread.pack(other_root, os.path.join(disk_tmp, "s3-other.img"), progress=False)
+    upload_file(s3_server, other.index_path, BUCKET, "bad/other.index")
+    with pytest.raises(ImageError, match="does not|malformed"):
+        fastread.PackedImage(url, index=f"s3://{BUCKET}/bad/other.index", s3=o)
+    # A wrong secret: named by URL, the secret nowhere.
+    wrong = fastread.S3Options.coerce(o, secret_access_key="wrong-secret-abc")
+    with pytest.raises(OSError) as e:
+        fastread.PackedImage(url, s3=wrong)
+    assert url in str(e.value) and "wrong-secret-abc" not in str(e.value)
+    assert s3_server.secret_key not in str(e.value)
+
+
+# -- fastread.dali.readers.image ---------------------------------------------------
+
+def dali_paths():
+    dali = pytest.importorskip("nvidia.dali", reason="DALI is not installed")  # noqa: F841
+    from fastread.dali import _plugin
+    return [False] + ([True] if _plugin.load() else [])
+
+
+def dali_run(reader_fn, batch_size, iterations):
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=batch_size, num_threads=2, device_id=None)
+    def pipe():
+        return tuple(reader_fn())
+
+    p = pipe()
+    p.build()
+    out = []
+    for _ in range(iterations):
+        data, labels = p.run()
+        out.append([(np.asarray(data.at(i)).tobytes(), int(np.asarray(labels.at(i))[0]))
+                    for i in range(len(data))])
+    return out
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(num_shards=3, shard_id=2, pad_last_batch=True),
+                                dict(random_shuffle=True, seed=8)],
+                         ids=["plain", "shard-pad", "shuffled"])
+def test_dali_readers_image_equal_to_the_local_image(packed, kw):
+    from fastread.dali import readers
+    local, url, o = packed
+    for native in dali_paths():
+        want = dali_run(lambda: readers.image(image=local.path, native=native, **kw), 8, 9)
+        got = dali_run(lambda: readers.image(image=url, native=native, s3=o, **kw), 8, 9)
+        assert got == want, native
+        got = dali_run(lambda: readers.image(image=url, native=native, **o.given(), **kw), 8, 2)
+        assert got == want[:2], native
+        img = fastread.PackedImage(url, s3=o)   # options kept by the image object
+        got = dali_run(lambda: readers.image(image=img, native=native, **kw), 8, 2)
+        assert got == want[:2], native
+
+
+def test_dali_readers_image_object_cut_after_definition(packed, s3_server):
+    """An image object replaced by a shorter one after the pipeline was
+    defined fails the batch that reaches past its end, naming the sample."""
+    from fastread.dali import readers
+    local, _, o = packed
+    with open(local.path, "rb") as f:
+        data = f.read()
+    for native in dali_paths():
+        url = s3_server.put(BUCKET, f"cut-later/{native}.img", data)
+        upload_file(s3_server, local.index_path, BUCKET, f"cut-later/{native}.img.index")
+
+        def graph():
+            return readers.image(image=url, native=native, s3=o)
+        from nvidia.dali import pipeline_def
+
+        @pipeline_def(batch_size=len(local), num_threads=2, device_id=None)
+        def pipe():
+            return tuple(graph())
+
+        p = pipe()   # index read, image checked
+        s3_server.put(BUCKET, f"cut-later/{native}.img", data[:local.alignment * 2])
+        with pytest.raises(Exception) as e:
+            p.build()
+            p.run()
+        assert url in str(e.value), native
+        assert s3_server.secret_key not in str(e.value)
