@@ -221,3 +221,138 @@ def test_dali_readers_image_object_cut_after_definition(packed, s3_server):
             p.run()
         assert url in str(e.value), native
         assert s3_server.secret_key not in str(e.value)
+
+
+# -- WebDataset shards ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shards(disk_tmp, s3_server):
+    """4 WebDataset shards (jpg, cls, json; 13 samples each) on disk and in
+    s3://formats-s3/wds/. (local paths, URLs, S3Options)."""
+    from fastread.datasets import make_webdataset
+    root = os.path.join(disk_tmp, "s3-wds")
+    make_webdataset(root, shards=4, per_shard=13, width=48, height=32, seed=3)
+    paths = sorted(os.path.join(root, p) for p in os.listdir(root) if p.endswith(".tar"))
+    s3_server.make_bucket(BUCKET)
+    urls = [upload_file(s3_server, p, BUCKET, f"wds/{os.path.basename(p)}") for p in paths]
+    return paths, urls, opts(s3_server)
+
+
+def reader_samples(source, **kw):
+    r = fastread.Reader(source=source, batch_size=5, **kw)
+    try:
+        return [([a.tobytes() for a in arrays], labels.tolist()) for _ in range(2)
+                for arrays, labels in r]
+    finally:
+        r.close()
+
+
+def test_webdataset_index_equals_the_local_one(shards):
+    from fastread.formats import WebDataset
+    paths, urls, o = shards
+    local = WebDataset(paths, ["jpg", "cls"])
+    ours = WebDataset(urls, ["jpg", "cls"], s3=o)
+    assert len(ours) == len(local) == 52
+    np.testing.assert_array_equal(ours.component_offsets, local.component_offsets)
+    np.testing.assert_array_equal(ours.component_lengths, local.component_lengths)
+    assert [f.names for f in ours.files] == [f.names for f in local.files]
+    assert ours.sample_name(0) == f"{urls[0]}[s000000_000000]"
+
+
+@pytest.mark.parametrize("s3_read", [None, "whole", "ranges"])
+@pytest.mark.parametrize("kw", [dict(), dict(random_shuffle=True, seed=2),
+                                dict(random_shuffle=True, shuffle_buffer=6, seed=1),
+                                dict(num_shards=3, shard_id=1, stick_to_shard=False)],
+                         ids=["in-order", "shuffled", "buffer", "shards"])
+def test_webdataset_reader_equals_the_local_shards(shards, s3_read, kw):
+    """Every reading mode gives the local shards' samples, batch for batch
+    over two epochs; None reads whole shards in order and ranges for a
+    global shuffle (webdataset.S3_READ_RULE)."""
+    from fastread.formats import WebDataset
+    from fastread.formats.webdataset import _WholeShards
+    paths, urls, o = shards
+    ours = WebDataset(urls, ["jpg", "cls"], s3=o, s3_read=s3_read)
+    assert reader_samples(ours, **kw) == reader_samples(WebDataset(paths, ["jpg", "cls"]), **kw)
+    r = fastread.Reader(source=ours, batch_size=5, **kw)
+    in_order = not kw.get("random_shuffle") or bool(kw.get("shuffle_buffer"))
+    want_whole = s3_read == "whole" or (s3_read is None and in_order)
+    assert isinstance(r._native, _WholeShards) == want_whole
+    assert r.engine == "s3"
+    r.close()
+
+
+def test_whole_shards_fetch_each_shard_once_an_epoch(shards, s3_server, s3_proxy):
+    """In shard order every shard is one GET an epoch (shards are smaller
+    than part_size), the index one more when built; by ranges one GET per
+    sample."""
+    from fastread.formats import WebDataset
+    paths, urls, _ = shards
+    o = opts(s3_server, s3_proxy.endpoint)
+    whole = WebDataset(urls, ["jpg"], s3=o, s3_read="whole")
+    ranges = WebDataset(urls, ["jpg"], s3=o, s3_read="ranges")
+
+    def gets():
+        n = sum(1 for m, *_ in s3_proxy.log if m == "GET")
+        s3_proxy.log.clear()
+        return n
+
+    gets()
+    for _ in fastread.Reader(source=whole, batch_size=4):
+        pass
+    assert gets() == len(urls)
+    for _ in fastread.Reader(source=ranges, batch_size=4):
+        pass
+    assert gets() == len(ranges)
+
+
+def test_webdataset_errors_name_the_shard(shards, s3_server):
+    from fastread.formats import FormatError, WebDataset
+    paths, urls, o = shards
+    with pytest.raises(OSError) as e:
+        WebDataset(urls + [f"s3://{BUCKET}/wds/missing.tar"], ["jpg"], s3=o)
+    assert f"s3://{BUCKET}/wds/missing.tar" in str(e.value)
+    assert s3_server.secret_key not in str(e.value)
+    with pytest.raises(ValueError, match="all be s3:// URLs or all local"):
+        WebDataset([urls[0], paths[1]], ["jpg"], s3=o)
+    with pytest.raises(ValueError, match="gzip"):
+        WebDataset([f"s3://{BUCKET}/wds/x.tar.gz"], ["jpg"], s3=o)
+    with pytest.raises(ValueError, match="s3_read"):
+        WebDataset(urls, ["jpg"], s3=o, s3_read="stream")
+    s3_server.put(BUCKET, "wds-bad/notatar.tar", b"hello world" * 100)
+    with pytest.raises(FormatError) as e:
+        WebDataset([f"s3://{BUCKET}/wds-bad/notatar.tar"], ["jpg"], s3=o)
+    assert f"s3://{BUCKET}/wds-bad/notatar.tar" in str(e.value)
+    # A shard cut after indexing: the batch that reaches past its end fails,
+    # naming the sample, in both modes.
+    with open(paths[0], "rb") as f:
+        data = f.read()
+    for mode in ("whole", "ranges"):
+        url = s3_server.put(BUCKET, f"wds-bad/cut-{mode}.tar", data)
+        ws = WebDataset([url], ["jpg"], s3=o, s3_read=mode)
+        s3_server.put(BUCKET, f"wds-bad/cut-{mode}.tar", data[:len(data) // 2])
+        with pytest.raises(OSError) as e:
+            for _ in fastread.Reader(source=ws, batch_size=13):
+                pass
+        assert url in str(e.value), mode
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(random_shuffle=True, seed=5),
+                                dict(num_shards=2, shard_id=1, pad_last_batch=True)],
+                         ids=["plain", "shuffled", "shard-pad"])
+def test_dali_readers_webdataset_equal_to_the_local_shards(shards, kw):
+    from fastread.dali import readers
+    paths, urls, o = shards
+    for native in dali_paths():
+        for s3_read in ((None, "ranges") if native else (None, "whole")):
+            want = dali_run(lambda: readers.webdataset(paths=paths, ext=["jpg", "cls"],
+                                                       native=native, **kw), 8, 8)
+            extra = {} if s3_read is None else {"s3_read": s3_read}
+            if native and s3_read is None and not kw.get("random_shuffle"):
+                # In shard order whole shards are the default, which the
+                # operator does not read: the external source serves it.
+                with pytest.raises(ValueError, match="s3_read='ranges'"):
+                    readers.webdataset(paths=urls, ext=["jpg", "cls"], native=True, s3=o, **kw)
+                continue
+            got = dali_run(lambda: readers.webdataset(paths=urls, ext=["jpg", "cls"],
+                                                      native=native, s3=o, **extra, **kw), 8, 8)
+            assert got == want, (native, s3_read)

@@ -100,7 +100,8 @@ class Reader:
         # Validates shard_id/num_shards before any thread starts.
         self._epoch_order(0)
         self.options = opts
-        opened = open_native_reader(self.source, engine, opts, prefetch=prefetch, workers=workers)
+        opened = open_native_reader(self.source, engine, opts, prefetch=prefetch, workers=workers,
+                                    in_order=not self.random_shuffle or self.shuffle_buffer > 0)
         if not self.source.reads_ranges:
             warn_if_few_fds(opened.workers, batch_size)
         self.engine, self.workers, self._native = opened.engine, opened.workers, opened.native

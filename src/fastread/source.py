@@ -256,8 +256,12 @@ def _engine_for(source, engine):
     an s3:// object (:func:`fastread.engine.for_paths`)."""
     if isinstance(source, FileList) and source.names:
         return for_paths(engine, source.names[0])
-    if source.reads_ranges and isinstance(getattr(source, "path", None), str):
-        return for_paths(engine, source.path)
+    if source.reads_ranges:
+        # One file's ranges (a packed image), or several files' (shards).
+        files = getattr(source, "files", None)
+        path = files[0].path if files else getattr(source, "path", None)
+        if isinstance(path, str):
+            return for_paths(engine, path)
     return engine
 
 
@@ -315,11 +319,15 @@ class OpenedReader(NamedTuple):
     workers: int                # reader threads
 
 
-def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
+def open_native_reader(source, engine, options, *, prefetch=None, workers=None, in_order=None):
     """Opens ``source``'s native read-ahead reader: ``engine`` resolved and
     checked against the source, ``options`` (an EngineOptions) resolved for
     it, ``prefetch`` and ``workers`` defaulted from :mod:`fastread._defaults`.
-    Returns an :class:`OpenedReader`."""
+    ``in_order``: whether the reader will go through the samples in order
+    (told to a source that reads differently then: WebDataset shards in
+    S3 streamed whole). Returns an :class:`OpenedReader`."""
+    if in_order is not None and hasattr(source, "reading_in_order"):
+        source.reading_in_order(bool(in_order))
     engine = _engine_for(source, engine)
     name = check_engine_for(source, engine)
     prefetch = _defaults.get("prefetch") if prefetch is None else prefetch
