@@ -220,16 +220,24 @@ def test_bad_root_names_the_url_and_no_secret(tree, s3_server):
 
 
 @pytest.mark.parametrize("native", PATHS)
-def test_object_gone_after_listing_names_it(tree, s3_server, aws_env, native, disk_tmp):
+@pytest.mark.parametrize("via", ["env", "options"])
+def test_object_gone_after_listing_names_it(tree, s3_server, monkeypatch, native, via):
     """An object listed and then deleted fails its batch with an error that
-    names its URL and no secret."""
+    names its URL and no secret (the operator gets explicit options in its
+    engine_args: they must not show in DALI's message either)."""
     s3_server.make_bucket("dali-gone")
     for j in range(4):
         s3_server.put("dali-gone", f"p/c/{j}.jpg", b"x" * (j + 1))
+    extra = {}
+    if via == "env":
+        for k, v in s3_server.env().items():
+            monkeypatch.setenv(k, v)
+    else:
+        extra = {"s3": opts(s3_server)}
 
     @pipeline_def(batch_size=4, num_threads=2, device_id=None)
     def pipe():
-        return readers.file(file_root="s3://dali-gone/p", native=native)
+        return readers.file(file_root="s3://dali-gone/p", native=native, **extra)
 
     p = pipe()   # listed here
     s3_server.client().delete_object(Bucket="dali-gone", Key="p/c/2.jpg")

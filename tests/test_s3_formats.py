@@ -370,3 +370,19 @@ def test_dali_readers_webdataset_equal_to_the_local_shards(shards, kw):
             got = dali_run(lambda: readers.webdataset(paths=urls, ext=["jpg", "cls"],
                                                       native=native, s3=o, **extra, **kw), 8, 8)
             assert got == want, (native, s3_read)
+
+
+def test_torch_webdataset_loader_over_s3_shards(shards):
+    torch = pytest.importorskip("torch", reason="torch is not installed")  # noqa: F841
+    from fastread.torch import WebDatasetLoader
+    paths, urls, o = shards
+    kw = dict(batch_size=6, random_shuffle=True, seed=3)
+    ours = WebDatasetLoader(urls, ["jpg", "cls"], s3=o, **kw)
+    want = WebDatasetLoader(paths, ["jpg", "cls"], **kw)
+    for _ in range(2):
+        got = [[[bytes(t.numpy()) for t in comp] for comp in b] for b in ours]
+        exp = [[[bytes(t.numpy()) for t in comp] for comp in b] for b in want]
+        assert got == exp and len(got) == 9
+    flat = WebDatasetLoader(urls, ["cls"], batch_size=52, s3_read="whole", **o.given())
+    assert [bytes(t.numpy()) for t in next(iter(flat))[0]] == \
+        [bytes(t.numpy()) for t in next(iter(WebDatasetLoader(paths, ["cls"], batch_size=52)))[0]]
