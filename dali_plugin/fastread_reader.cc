@@ -443,6 +443,11 @@ void FileReader<Backend>::SetRanges(const dali::OpSpec &spec, const std::string 
 // its end. An image truncated later fails that batch (FailSample).
 template <typename Backend>
 void FileReader<Backend>::CheckImage() const {
+  // An object in S3 is no local file to stat: fastread.PackedImage checked it
+  // already (its header block and its last byte, by ranged GETs, when the
+  // pipeline was defined), and one truncated since fails its batch with
+  // ENODATA (FailSample) as a local image does.
+  if (image_.rfind("s3://", 0) == 0) return;
   int fd = open(image_.c_str(), O_RDONLY | O_CLOEXEC);
   DALI_ENFORCE(fd >= 0, dali::make_string(kOpName, ": cannot open image '", image_, "': ",
                                           ErrnoText(-errno)));

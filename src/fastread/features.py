@@ -43,6 +43,7 @@ import numpy as np
 from fastread import _core, _defaults, _devarrays as D, _gather, _gather_defaults as G
 from fastread.image import PackedImage, _device_size
 from fastread.npy import MAGIC as NPY_MAGIC, NpyError, parse_header
+from fastread.s3 import S3Options, is_url, take_options as take_s3_options
 from fastread.source import FileRanges
 
 __all__ = ["FeatureStore", "device_include_dir", "device_header", "BACKENDS"]
@@ -109,7 +110,25 @@ def _region_size(path):
     raise ValueError(f"feature store {path!r} is neither a regular file nor a block device")
 
 
-def _pread(path, n, offset):
+def _object_size(url, s3):
+    """Bytes in the object ``url`` (from a listing of its key: no HEAD in
+    the s3 client); errors name the URL."""
+    from fastread.s3 import list_objects, split_url
+
+    _, key = split_url(url)
+    if not key:
+        raise ValueError(f"feature store {url!r}: an s3:// store is one object; give its key")
+    for obj in list_objects(url, s3):
+        if obj.key == key:
+            return obj.size
+    raise FileNotFoundError(errno.ENOENT, "feature object not found", url)
+
+
+def _pread(path, n, offset, s3=None):
+    if is_url(path):
+        # The .npy header probe of an object: one ranged GET.
+        from fastread.image import _url_ranges
+        return _url_ranges(path, [offset], [n], s3, f"feature store {path!r}")[0] if n else b""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.pread(fd, n, offset)
@@ -159,6 +178,9 @@ class FeatureStore:
                  kernel_cache_dir=None, nvrtc_path=None, **engine_options):
         self._store = None
         self._auto_note = None  # why backend "auto" settled for the host backend
+        # S3 options (s3= or flat keywords) for an s3:// store.
+        s3 = take_s3_options(engine_options).pop("s3", None)
+        self.s3 = S3Options.coerce(s3) if s3 is not None else None
         self._args = dict(path=path, dtype=dtype, shape=shape, offset=offset, engine=engine,
                           backend=backend, cache_bytes=cache_bytes, page_bytes=page_bytes,
                           host_bytes=host_bytes, hot_ids=hot_ids, device_id=device_id,
@@ -166,12 +188,20 @@ class FeatureStore:
                           queue_depth=queue_depth, threads=threads, engine_args=engine_args,
                           ring_entries=ring_entries, timeout_ms=timeout_ms,
                           kernel_cache_dir=kernel_cache_dir, nvrtc_path=nvrtc_path,
-                          **engine_options)
+                          s3=self.s3, **engine_options)
         file_path, base, size, what = self._source(path, sample, index)
         self.path = file_path
         offset = _int(offset, "offset")
         self._layout(file_path, base, size, offset, what, dtype, shape)
         backend = self._backend(backend)
+        if is_url(file_path):
+            # Rows of an object are ranged GETs through the s3 engine, which
+            # the host backend issues; the device backends' host threads
+            # read a local file (mappings, RWF_NOWAIT).
+            if backend in DEVICE_BACKENDS:
+                raise ValueError(f"feature store {what}: backend {backend!r} reads local files; "
+                                 "an s3:// object is read by backend='host'")
+            backend = "host"
         self.device_id, self._no_gpu = self._device(device_id, backend)
         page, device_ok = self._page(page_bytes, backend)
         if backend == "auto" and not device_ok:
@@ -203,7 +233,10 @@ class FeatureStore:
     def _source(self, path, sample, index):
         """(file path, base offset, bytes available from there, name for errors)."""
         if isinstance(path, FileRanges) or sample is not None:
-            img = path if isinstance(path, FileRanges) else PackedImage(path, index=index)
+            img = path if isinstance(path, FileRanges) else PackedImage(path, index=index,
+                                                                         s3=self.s3)
+            if self.s3 is None and getattr(img, "s3", None) is not None:
+                self.s3 = img.s3   # the options its index was read with
             if sample is None:
                 raise ValueError(f"a packed image ({img.path!r}) needs sample= (an index or a "
                                  "name) to say which sample holds the array")
@@ -226,11 +259,14 @@ class FeatureStore:
         p = os.fspath(path)
         if isinstance(p, bytes):
             p = os.fsdecode(p)
+        if is_url(p):
+            return p, 0, _object_size(p, self.s3), repr(p)
         return p, 0, _region_size(p), repr(p)
 
     def _layout(self, path, base, size, offset, what, dtype, shape):
         """Sets dtype, shape, rows, row_bytes, offset (absolute) and npy."""
-        head = _pread(path, min(_NPY_PROBE, size), base) if size >= len(NPY_MAGIC) else b""
+        head = (_pread(path, min(_NPY_PROBE, size), base, self.s3)
+                if size >= len(NPY_MAGIC) else b"")
         self.npy = offset == 0 and head[:len(NPY_MAGIC)] == NPY_MAGIC
         if self.npy:
             try:
@@ -349,9 +385,17 @@ class FeatureStore:
                 engine_options):
         from fastread.engine import XNVME_OPTIONS, _fold_xnvme, resolve
 
+        from fastread.engine import URL_ENGINES, for_paths
+        from fastread.s3 import engine_args_for
+
         if engine is None:
             engine = G.get("engine")
+        # 'auto' over an s3:// object is the s3 engine (engine.for_paths).
+        engine = for_paths(engine, self.path)
         engine = resolve(None if engine == "auto" else engine)
+        if self.s3 is not None and engine not in URL_ENGINES:
+            raise TypeError(f"feature store {self.path!r}: S3 options apply only to s3:// "
+                            f"objects (engine 's3'), not to engine {engine!r}")
         unknown = sorted(set(engine_options) - set(XNVME_OPTIONS))
         if unknown:
             raise TypeError(f"FeatureStore got unknown option(s) "
@@ -362,6 +406,8 @@ class FeatureStore:
             raise ValueError(f"engine_args must be a string, got {engine_args!r}")
         engine_args = _fold_xnvme(engine, {k: v for k, v in engine_options.items()
                                            if v is not None}, engine_args)
+        if self.s3 is not None:
+            engine_args = engine_args_for(engine_args, self.s3)
         if o_direct is None:
             o_direct = G.get("o_direct")
         o_direct = -1 if o_direct == "auto" else int(bool(o_direct))

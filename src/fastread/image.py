@@ -42,6 +42,7 @@ import numpy as np
 from fastread.engine import cached_context
 from fastread.errors import ReadError
 from fastread.index import scan
+from fastread.s3 import S3Options, is_url
 from fastread.source import FileList, FileRanges, read_in_order
 
 __all__ = ["PackedImage", "ImageError", "pack", "verify", "index_path"]
@@ -122,13 +123,60 @@ def _encode_index(doc):
     return head + body
 
 
-def _load_index(path):
+# The index's header line ("FASTREAD-INDEX <version> <body bytes> <crc>\n")
+# fits in this many bytes (a 20-digit length and 8 hex digits included).
+_INDEX_HEAD_MAX = 64
+
+
+def _url_ranges(url, offsets, lengths, s3, what):
+    """The byte ranges of the object ``url`` as bytes, read in one call on
+    this thread's s3 context. A range the object does not hold raises
+    ImageError saying ``what`` is truncated; any other failure OSError with
+    the engine's words (URL, HTTP status, S3 code; never a secret)."""
+    from fastread.engine import EngineOptions
+
+    ctx = cached_context("s3", EngineOptions(s3=s3))
+    batch = ctx.read_ranges(url, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64))
+    failures = batch.failures()
+    if failures:
+        i, err = failures[0]
+        said = ctx.sample_error(i) or f"{url}: {os.strerror(err)}"
+        if err == errno.ENODATA:
+            raise ImageError(f"{what} is truncated ({said})")
+        raise OSError(err, said)
+    return [a.tobytes() for a in batch.arrays()]
+
+
+def _read_index(path, s3):
+    """The index's bytes: a local file read whole, or an s3:// object read
+    by ranges (its header line, then the body it announces), so an index
+    is read like the image it describes."""
+    if not is_url(path):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "index of the packed image not found "
+                                    "(pass index= if it lives elsewhere)", path) from None
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, "index of the packed image not found "
-                                "(pass index= if it lives elsewhere)", path) from None
+        head = _url_ranges(path, [0], [_INDEX_HEAD_MAX], s3, f"index {path!r}")[0]
+    except ImageError:
+        head = b""   # shorter than any index: reported as a bad header line below
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise FileNotFoundError(errno.ENOENT, "index of the packed image not found "
+                                    "(pass index= if it lives elsewhere)", path) from None
+        raise
+    nl = head.find(b"\n")
+    parts = head[:nl].decode("ascii", "replace").split(" ") if nl > 0 else []
+    if len(parts) != 4 or parts[0] != INDEX_MAGIC or not parts[2].isdigit():
+        return head   # _load_index names what is wrong with it
+    body = _url_ranges(path, [nl + 1], [int(parts[2])], s3, f"index {path!r}")[0]
+    return head[:nl + 1] + body
+
+
+def _load_index(path, s3=None):
+    data = _read_index(path, s3)
     nl = data.find(b"\n", 0, 200)
     parts = data[:nl].decode("ascii", "replace").split(" ") if nl > 0 else []
     if len(parts) != 4 or parts[0] != INDEX_MAGIC:
@@ -193,16 +241,27 @@ class PackedImage(FileRanges):
 
     A packed image is a sample source (:class:`fastread.source.FileRanges`):
     ``fastread.Reader(source=img)`` or ``image=`` reads it with range reads.
+
+    ``path`` (and ``index``) may be ``s3://bucket/key`` URLs: an image is a
+    large object read by ranges, so the s3 engine reads its samples with
+    ranged GETs; the index is read by ranges too (its header line, then the
+    body it announces) and the image checked by two (its header block and
+    its last byte: no listing). ``s3``: an :class:`fastread.S3Options` (or a
+    mapping) reaching the bucket, kept for reading the samples; None leaves
+    it to the environment.
     """
 
-    def __init__(self, path, index=None):
+    def __init__(self, path, index=None, *, s3=None):
         for name, value in (("path", path), ("index", index)):
             if value is not None and not isinstance(value, (str, bytes, os.PathLike)):
                 raise TypeError(f"PackedImage {name} must be a path (str or os.PathLike), "
                                 f"got {type(value).__name__}")
         self.path = os.fspath(path)
         self.index_path = os.fspath(index) if index is not None else index_path(self.path)
-        doc = _load_index(self.index_path)
+        # How to reach the bucket of an s3:// image or index (None: the
+        # environment); the samples are then read with these options too.
+        self.s3 = S3Options.coerce(s3) if s3 is not None else None
+        doc = _load_index(self.index_path, self.s3)
         where = f"index {self.index_path!r} is malformed"
         try:
             self.alignment = _field_int(doc, "alignment", where, 512)
@@ -242,15 +301,19 @@ class PackedImage(FileRanges):
         super().__init__(self.path, self.offsets, self.lengths, self.labels, self.names)
 
     def _check_image(self):
-        try:
-            size = _size_of(self.path)
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "packed image not found", self.path) from None
-        if size < self.image_size:
-            raise ImageError(f"image {self.path!r} is truncated: {size} bytes, its index "
-                             f"{self.index_path!r} describes {self.image_size}")
-        with open(self.path, "rb") as f:
-            raw = f.read(self.alignment)
+        if is_url(self.path):
+            raw = self._check_object()
+        else:
+            try:
+                size = _size_of(self.path)
+            except FileNotFoundError:
+                raise FileNotFoundError(errno.ENOENT, "packed image not found",
+                                        self.path) from None
+            if size < self.image_size:
+                raise ImageError(f"image {self.path!r} is truncated: {size} bytes, its index "
+                                 f"{self.index_path!r} describes {self.image_size}")
+            with open(self.path, "rb") as f:
+                raw = f.read(self.alignment)
         head = _parse_header(raw, self.path)
         if head["image_id"] != self.image_id:
             raise ImageError(f"index {self.index_path!r} does not belong to image {self.path!r} "
@@ -260,6 +323,22 @@ class PackedImage(FileRanges):
                 len(self.names), self.image_size, self.alignment):
             raise ImageError(f"index {self.index_path!r} does not match image {self.path!r} "
                              "(sample count, size or alignment differ)")
+
+    def _check_object(self):
+        """An s3:// image: its header block and its last byte in one call of
+        two ranged GETs (no listing or HEAD: an object too short for the
+        index's size fails the second range). Returns the header block."""
+        what = (f"image {self.path!r} (its index {self.index_path!r} describes "
+                f"{self.image_size} bytes)")
+        try:
+            raw, _ = _url_ranges(self.path, [0, max(self.image_size, self.alignment) - 1],
+                                 [self.alignment, 1], self.s3, what)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise FileNotFoundError(errno.ENOENT, "packed image not found",
+                                        self.path) from None
+            raise
+        return raw
 
     def __len__(self):
         return len(self.names)

@@ -10,6 +10,7 @@ from fastread.engine import EngineOptions, warn_if_few_fds
 from fastread.files import raise_failures, s3_detail
 from fastread.image import PackedImage
 from fastread.sampling import check_flag, epoch_indices
+from fastread.s3 import take_options as take_s3_options
 from fastread.source import FileList, check_source, open_native_reader
 
 
@@ -87,7 +88,8 @@ class Reader:
                                        isinstance(ring_depth, bool) or ring_depth < 1):
             raise ValueError(f"ring_depth must be None or an integer >= 1, got {ring_depth!r}")
         check_device(device)
-        opts = EngineOptions.coerce(options, **engine_options)
+        # S3 options as flat keywords too (endpoint_url=, ...), as fastread.s3 takes them.
+        opts = EngineOptions.coerce(options, **take_s3_options(engine_options))
         if device == "gpu":
             opts = opts.replace(device_output=True)
         self.source = _source(file_root, file_list=file_list, files=files, labels=labels,
@@ -110,7 +112,8 @@ class Reader:
         # Validates shard_id/num_shards before any thread starts.
         self._epoch_order(0)
         self.options = opts
-        opened = open_native_reader(self.source, engine, opts, prefetch=prefetch, workers=workers)
+        opened = open_native_reader(self.source, engine, opts, prefetch=prefetch, workers=workers,
+                                    in_order=not self.random_shuffle or self.shuffle_buffer > 0)
         if not self.source.reads_ranges:
             warn_if_few_fds(opened.workers, batch_size)
         self.engine, self.workers, self._native = opened.engine, opened.workers, opened.native
@@ -353,6 +356,6 @@ def _source(file_root, *, file_list, files, labels, file_filters, image, index, 
     if source is not None:
         return source
     if image is not None:
-        return image if isinstance(image, PackedImage) else PackedImage(image, index)
+        return image if isinstance(image, PackedImage) else PackedImage(image, index, s3=s3)
     return FileList.scan(file_root, file_filters=file_filters, file_list=file_list, files=files,
                          labels=labels, s3=s3)

@@ -182,6 +182,19 @@ class S3Options:
     __str__ = __repr__
 
 
+def take_options(kwargs):
+    """Moves S3 options given as flat keyword arguments (``endpoint_url=``,
+    ``access_key_id=``, ..., the names :func:`list_objects` and
+    :class:`S3Options` take) out of ``kwargs`` into one ``kwargs["s3"]``
+    (merged with an ``s3=`` given there; the flat ones win), so that every
+    reader that takes engine options takes S3 options the way
+    :mod:`fastread.s3`'s own calls do. Returns ``kwargs`` (changed in place)."""
+    flat = {name: kwargs.pop(name) for name in list(kwargs) if name in _FIELDS}
+    if flat or kwargs.get("s3") is not None:
+        kwargs["s3"] = S3Options.coerce(kwargs.get("s3"), **flat)
+    return kwargs
+
+
 def engine_args_for(engine_args="", s3=None):
     """``engine_args`` with the S3 options appended (later keys win in the
     engine's parser)."""
@@ -228,6 +241,18 @@ def _status_error(url, status, err):
     return OSError(code, f"{url}: {err or status}")
 
 
+def _client(url, engine_args):
+    """A client for requests about ``url``; a setting that cannot be
+    resolved (no credentials, a bad option) raises naming the URL, as a
+    failed request does (the C client's message names only the setting)."""
+    try:
+        return _s3.Client(engine_args)
+    except OSError as e:
+        raise OSError(e.errno, f"{url}: {e.strerror}") from None
+    except ValueError as e:
+        raise ValueError(f"{url}: {e}") from None
+
+
 def list_objects(url, s3=None, *, engine_args="", **options) -> List[S3Object]:
     """Every object under ``url`` (``s3://bucket/prefix``: keys starting
     with ``prefix``, as S3 compares them: by bytes, not by directories), in
@@ -241,7 +266,7 @@ def list_objects(url, s3=None, *, engine_args="", **options) -> List[S3Object]:
     _require()
     bucket, prefix = split_url(url)
     opts = S3Options.coerce(s3, **options)
-    client = _s3.Client(engine_args_for(engine_args, opts))
+    client = _client(url, engine_args_for(engine_args, opts))
     try:
         out = []
         token = None
@@ -281,7 +306,7 @@ def put_object(url, data, s3=None, *, engine_args="", **options):
     bucket, key = split_url(url)
     if not key:
         raise ValueError(f"no object key in {url!r}")
-    client = _s3.Client(engine_args_for(engine_args, S3Options.coerce(s3, **options)))
+    client = _client(url, engine_args_for(engine_args, S3Options.coerce(s3, **options)))
     try:
         status, _, err = client.request("PUT", bucket, key, "", data)
     finally:
@@ -321,3 +346,113 @@ def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None
         paths.extend(f"{base}{cls}/{n}" for n in names)
         counts.append(len(names))
     return paths, counts, order
+
+
+#: S3's limit for one PUT; larger objects need a multipart upload, which
+#: upload() does not do.
+MAX_PUT_BYTES = 5 << 30
+
+
+def _upload_jobs(sources, dest):
+    """(local path, URL, size) for every file of ``sources`` (files, and
+    directories walked in sorted order) under the ``dest`` prefix. A
+    directory's files keep their paths relative to it; a file goes to
+    ``dest`` itself when it is the only source and ``dest`` names a key
+    (no trailing '/'), else to ``dest/<its name>``."""
+    bucket, prefix = split_url(dest)
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    sources = [os.fspath(s) for s in sources]
+    if not sources:
+        raise ValueError("nothing to upload: give at least one file or directory")
+    single_key = len(sources) == 1 and os.path.isfile(sources[0]) and prefix and \
+        not prefix.endswith("/")
+    base = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    jobs = []
+    for src in sources:
+        if os.path.isdir(src):
+            for root, dirs, files in os.walk(src):
+                dirs.sort()
+                for name in sorted(files):
+                    path = os.path.join(root, name)
+                    rel = os.path.relpath(path, src).replace(os.sep, "/")
+                    jobs.append((path, f"{SCHEME}{bucket}/{base}{rel}"))
+        elif os.path.isfile(src):
+            key = prefix if single_key else base + os.path.basename(src)
+            jobs.append((src, f"{SCHEME}{bucket}/{key}"))
+        else:
+            raise FileNotFoundError(_errno.ENOENT, "nothing to upload there (no file or "
+                                    "directory)", src)
+    out = []
+    for path, url in jobs:
+        size = os.path.getsize(path)
+        if size > MAX_PUT_BYTES:
+            raise ValueError(f"{path!r} is {size} bytes: over S3's 5 GiB limit for one PUT "
+                             f"(to {url}); multipart uploads are not supported")
+        out.append((path, url, size))
+    return out
+
+
+def upload(sources, dest, s3=None, *, workers=16, progress=None, engine_args="", **options):
+    """Uploads files and directory trees to ``dest`` (``s3://bucket/prefix``)
+    with ``workers`` PUTs in flight, each thread with its own connection
+    (kept alive between its PUTs). A directory's files land under the prefix
+    at their relative paths (a class tree stays one: ``fastread.scan`` and
+    ``readers.file`` read it back as from disk); a single file goes to
+    ``dest`` itself unless it ends with '/'. ``progress``: a tqdm bar of bytes
+    on stderr (None: when stderr is a terminal). ``s3``: an
+    :class:`S3Options` (or a mapping); keyword arguments are S3 options too.
+    Returns ``[(url, size)]`` in upload order. Raises OSError naming the
+    first URL S3 refused (and S3's code), never a secret."""
+    import concurrent.futures
+    import sys
+    import threading
+
+    _require()
+    jobs = _upload_jobs(sources, dest)
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    args = engine_args_for(engine_args, S3Options.coerce(s3, **options))
+    local = threading.local()
+    clients, lock = [], threading.Lock()
+
+    def client():
+        c = getattr(local, "client", None)
+        if c is None:
+            c = local.client = _client(dest, args)
+            with lock:
+                clients.append(c)
+        return c
+
+    bar = None
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=sum(j[2] for j in jobs), unit="B", unit_scale=True, file=sys.stderr,
+                   desc=f"upload to {dest}", dynamic_ncols=True, leave=False,
+                   disable=None if progress is None else not progress)
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        pass
+
+    def one(job):
+        path, url, size = job
+        bucket, key = split_url(url)
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            status, _, err = client().request("PUT", bucket, key, "", data)
+        except OSError as e:
+            raise OSError(e.errno, f"{url}: {e.strerror or e}") from None
+        if status != 200:
+            raise _status_error(url, status, err)
+        if bar is not None:
+            bar.update(size)
+        return url, size
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(min(workers, max(1, len(jobs)))) as pool:
+            return list(pool.map(one, jobs))
+    finally:
+        if bar is not None:
+            bar.close()
+        for c in clients:
+            c.close()

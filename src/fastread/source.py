@@ -49,8 +49,8 @@ from typing import NamedTuple
 import numpy as np
 
 from fastread import _core, _defaults
-from fastread.engine import (RANGE_ONLY, EngineOptions, cached_context, check_engine, for_paths,
-                             open_engine)
+from fastread.engine import (RANGE_ONLY, URL_ENGINES, EngineOptions, cached_context, check_engine,
+                             for_paths, open_engine)
 from fastread.files import raise_failures
 from fastread.index import scan
 
@@ -104,7 +104,7 @@ class SampleSource(abc.ABC):
             raise IndexError(f"sample index out of range for {n} samples")
         idx = idx % max(n, 1)
         name = check_engine_for(self, engine)
-        opts = EngineOptions.coerce(options, **engine_options)
+        opts = with_source_s3(self, EngineOptions.coerce(options, **engine_options), name)
         self.check_options(opts.resolve(name))
         ctx = cached_context(name, opts)
         batch = self.read_batch(ctx, idx)
@@ -252,11 +252,28 @@ def check_source(source):
 
 
 def _engine_for(source, engine):
-    """``engine``, or 's3' for 'auto' over a list of s3:// URLs
-    (:func:`fastread.engine.for_paths`)."""
+    """``engine``, or 's3' for 'auto' over a list of s3:// URLs or ranges of
+    an s3:// object (:func:`fastread.engine.for_paths`)."""
     if isinstance(source, FileList) and source.names:
         return for_paths(engine, source.names[0])
+    if source.reads_ranges:
+        # One file's ranges (a packed image), or several files' (shards).
+        files = getattr(source, "files", None)
+        path = files[0].path if files else getattr(source, "path", None)
+        if isinstance(path, str):
+            return for_paths(engine, path)
     return engine
+
+
+def with_source_s3(source, options, engine):
+    """``options`` (an EngineOptions) with the S3 options the source was
+    opened with (a PackedImage of an s3:// object keeps those that reached
+    its index), unless the caller gave some or the engine is no URL engine:
+    the samples are then read from the bucket the index came from."""
+    s3 = getattr(source, "s3", None)
+    if s3 is None or options.s3 is not None or str(engine) not in URL_ENGINES:
+        return options
+    return options.replace(s3=s3)
 
 
 def check_engine_for(source, engine):
@@ -303,12 +320,17 @@ class OpenedReader(NamedTuple):
     workers: int                # reader threads
 
 
-def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
+def open_native_reader(source, engine, options, *, prefetch=None, workers=None, in_order=None):
     """Opens ``source``'s native read-ahead reader: ``engine`` checked
-    against the source ('auto' is the core's to resolve), ``options`` (an
-    EngineOptions) resolved for it, ``prefetch`` and ``workers`` defaulted
-    from :mod:`fastread._defaults`. Returns an :class:`OpenedReader`, whose
-    ``engine`` is what the reader reads with."""
+    against the source ('auto' is the core's to resolve, except over s3://
+    samples: 's3'), ``options`` (an EngineOptions) resolved for it,
+    ``prefetch`` and ``workers`` defaulted from :mod:`fastread._defaults`.
+    ``in_order``: whether the reader will go through the samples in order
+    (told to a source that reads differently then: WebDataset shards in S3
+    streamed whole). Returns an :class:`OpenedReader`, whose ``engine`` is
+    what the reader reads with."""
+    if in_order is not None and hasattr(source, "reading_in_order"):
+        source.reading_in_order(bool(in_order))
     engine = _engine_for(source, engine)
     name = check_engine_for(source, engine)
     prefetch = _defaults.get("prefetch") if prefetch is None else prefetch
@@ -317,7 +339,7 @@ def open_native_reader(source, engine, options, *, prefetch=None, workers=None):
                          f"got {prefetch!r}")
     workers = _defaults.reader_workers(workers)
 
-    resolved = options.resolve(name)
+    resolved = with_source_s3(source, options, name).resolve(name)
     source.check_options(resolved)
     _, native = open_engine(name, lambda n: source.open_native(n, resolved, prefetch=prefetch,
                                                                workers=workers))

@@ -13,6 +13,8 @@ Subcommands, one module each:
   image with aligned samples, and its checksums checked (:mod:`fastread.cli.pack`).
 * ``fastread bmap FILE_ROOT -o bmap.json`` -- extent map of the files in place
   (:mod:`fastread.cli.bmap`).
+* ``fastread upload SRC... s3://bucket/prefix`` -- files and dataset trees
+  into a bucket (:mod:`fastread.cli.upload`; ``make-dataset --upload`` too).
 
 Heavy imports (DALI, torch, matplotlib) happen inside the subcommand that
 needs them, so ``fastread --help`` and ``fastread info`` stay quick.
@@ -20,11 +22,11 @@ needs them, so ``fastread --help`` and ``fastread info`` stay quick.
 import argparse
 import sys
 
-from fastread.cli import bench, bmap, info, make_dataset, pack
+from fastread.cli import bench, bmap, info, make_dataset, pack, upload
 
 #: Subcommand modules; each has ``add_parser(subparsers)`` which registers a
 #: parser whose defaults carry ``run(args) -> int``.
-COMMANDS = (make_dataset, info, bench, pack, bmap)
+COMMANDS = (make_dataset, info, bench, pack, bmap, upload)
 
 
 def build_parser():

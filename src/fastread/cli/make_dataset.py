@@ -11,6 +11,7 @@ import re
 import sys
 
 from fastread.cli._args import positive_int, positive_float, nonnegative_int
+from fastread.cli.upload import add_s3_options, upload
 
 # Options of one format only, with the defaults they take when not given
 # (None on the parser, so that giving one with the other format is an error).
@@ -88,6 +89,9 @@ def add_parser(sub):
                    help="generator processes (jpeg), writer threads (npy) or shard writer processes "
                         "(squirrel) (default: one per CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--upload", default=None, metavar="s3://BUCKET/PREFIX",
+                   help="then upload the dataset's files under this prefix (fastread upload)")
+    add_s3_options(p)
     g = p.add_argument_group("--format jpeg")
     g.add_argument("--mean-kb", type=positive_float, default=None, metavar="KB",
                    help="target mean file size in KB of 1000 bytes (default: 92)")
@@ -158,6 +162,17 @@ def _check_format_options(args):
 
 
 def run(args):
+    if args.upload is not None and not args.upload.startswith("s3://"):
+        args._parser.error(f"--upload must be an s3:// URL, got {args.upload!r}")
+    status = _make(args)
+    if status == 0 and args.upload is not None:
+        # The tree as made (its class directories, shards or arrays under
+        # the prefix), so a bucket reads back as the directory does.
+        status = upload("make-dataset", [args.dir], args.upload, args)
+    return status
+
+
+def _make(args):
     from fastread.datasets import MARKER_NAME, make_imagenet_like, make_npy_dataset
 
     _check_format_options(args)

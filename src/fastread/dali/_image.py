@@ -12,6 +12,7 @@ from fastread.dali._common import check_epoch_end, reader_outputs
 from fastread.dali._native import native_reader, use_native
 from fastread.image import PackedImage
 from fastread.reader import check_device
+from fastread.s3 import take_options as take_s3_options
 
 
 def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
@@ -22,7 +23,10 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
     """Like ``readers.file`` but over a packed image: returns ``(data, labels)``.
 
     ``image`` is the image's path (or a :class:`fastread.PackedImage`),
-    ``index`` its index if not ``<image>.index``. Extra keyword arguments are
+    ``index`` its index if not ``<image>.index``. Either may be an
+    ``s3://bucket/key`` URL: the index and the samples are read by ranged
+    GETs (the s3 engine), the bucket reached with ``s3=`` or the same options
+    as keywords (``endpoint_url=``, ...), else the AWS environment. Extra keyword arguments are
     engine options (``o_direct=True`` for O_DIRECT, ``queue_depth``, ...).
     ``epoch_end`` and ``name``: as for readers.file (rolling epochs by
     default, ``reader_name=name`` for the DALI iterators).
@@ -37,16 +41,19 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
     """
     check_epoch_end(epoch_end)
     device = check_device(device)
+    # S3 options (s3= or flat keywords) for an s3:// image: they reach its
+    # index here and the engine reading its samples (either path).
+    s3 = take_s3_options(kwargs).get("s3")
     if use_native("fastread.dali.readers.image", native, epoch_end, device, device_id,
                   last_batch_policy, engine, kwargs, ranges=True):
         return native_reader(
-            _open(image, index), shard_id=shard_id, num_shards=num_shards,
+            _open(image, index, s3), shard_id=shard_id, num_shards=num_shards,
             random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
             pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
             prefetch_queue_depth=prefetch_queue_depth, name=name, engine=engine, device=device,
             device_id=device_id, kwargs=kwargs, what="fastread.dali.readers.image")
     return reader_outputs(
-        "image", lambda: _open(image, index),
+        "image", lambda: _open(image, index, s3),
         shard_id=shard_id, num_shards=num_shards,
         random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
         pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
@@ -55,5 +62,5 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
         device_id=device_id, kwargs=kwargs, epoch_end=epoch_end)
 
 
-def _open(image, index):
-    return image if isinstance(image, PackedImage) else PackedImage(image, index)
+def _open(image, index, s3):
+    return image if isinstance(image, PackedImage) else PackedImage(image, index, s3=s3)

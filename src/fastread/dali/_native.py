@@ -12,11 +12,16 @@ fall back to their external sources, or raise with the reason when
 from fastread import _defaults
 from fastread.dali import _plugin
 from fastread.dali._common import _DALI_ONLY_ARGS
-from fastread.engine import GPU_ENGINES, RANGE_ONLY, EngineOptions, check_engine, check_option
+from fastread.engine import (GPU_ENGINES, RANGE_ONLY, URL_ENGINES, EngineOptions, check_engine,
+                             check_option, for_paths)
+from fastread.s3 import engine_args_for
 
 # Engine and Reader options the operator takes as its own arguments.
+# ``s3`` (S3Options) goes to it folded into engine_args: the s3 engine
+# resolves its settings in C from engine_args and the environment, so the
+# operator reaches a bucket as Python's readers do.
 NATIVE_OPTIONS = {"workers", "queue_depth", "threads", "o_direct", "direct_alignment",
-                  "register_buffers", "register_files", "engine_args"}
+                  "register_buffers", "register_files", "engine_args", "s3"}
 
 
 def obstacle(epoch_end, device, device_id, last_batch_policy, engine, kwargs, ranges=False):
@@ -74,6 +79,9 @@ def operator_args(kwargs, options, name):
     TypeError naming the option), and the reader's name."""
     given = {k: v for k, v in kwargs.items() if k in options and k != "workers"}
     op_args = {k: v for k, v in EngineOptions.coerce(**given)._given().items() if k in given}
+    s3 = op_args.pop("s3", None)
+    if s3 is not None:
+        op_args["engine_args"] = engine_args_for(op_args.get("engine_args", ""), s3)
     workers = kwargs.get("workers")
     if workers is not None:
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
@@ -134,8 +142,18 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
     pipe_device = pipe.device_id
     # Checked here as for the external source: ValueError / TypeError naming
     # the engine or option, before DALI builds anything. "auto" reaches the
-    # operator as it is, and the core resolves it (fr_engine_auto).
+    # operator as it is, and the core resolves it (fr_engine_auto), except
+    # over s3:// samples: the s3 engine (engine.for_paths decides it for
+    # every reader; the core's own 'auto' means io_uring or psync).
+    names = samples.names
+    if kwargs.get("s3") is None and getattr(samples, "s3", None) is not None:
+        kwargs = {**kwargs, "s3": samples.s3}   # the options its index was read with
+    engine = for_paths(engine, samples.path if samples.reads_ranges else
+                       (names[0] if names else None))
     engine = check_engine(engine)
+    if kwargs.get("s3") is not None and engine not in URL_ENGINES:
+        raise TypeError(f"{what}: S3 options apply only to s3:// samples (engine 's3'), "
+                        f"not to engine {engine!r}")
     op_args = operator_args(kwargs, NATIVE_OPTIONS, name)
     # In a pipeline with a GPU the operator's buffers are page-locked through
     # that device (unless pin_memory=False / FASTREAD_PIN_MEMORY=0), so that

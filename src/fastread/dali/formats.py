@@ -15,7 +15,8 @@ from fastread._dlviews import array_view, pack_ranges, range_views
 from fastread.dali._common import reader_outputs
 from fastread.dali.sources import BatchSource
 from fastread.dali._native import operator_args, pin_args, stream_args
-from fastread.engine import EngineOptions
+from fastread.engine import EngineOptions, for_paths
+from fastread.s3 import take_options as take_s3_options
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
 from fastread.formats.in_memory import InMemory
 from fastread.formats.squirrel import SquirrelStore
@@ -244,11 +245,12 @@ def _cut(nodes):
 
 # Engine and Reader options the native WebDataset operator takes as its own
 # arguments (O_DIRECT is not among them: tar members are not aligned).
+# ``s3`` (S3Options) goes to the operator folded into engine_args.
 _WDS_NATIVE_OPTIONS = {"workers", "queue_depth", "threads", "register_buffers",
-                       "register_files", "engine_args"}
+                       "register_files", "engine_args", "s3"}
 
 
-def _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs):
+def _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs, whole_shards=False):
     """Why the native operator cannot serve this call (None if it can)."""
     from fastread.dali._common import _DALI_ONLY_ARGS
     from fastread.engine import GPU_ENGINES, RANGE_ONLY
@@ -260,6 +262,9 @@ def _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs):
         return "last_batch_policy is for epoch_end='stop'"
     if engine in GPU_ENGINES or engine in RANGE_ONLY:
         return f"engine={engine!r}: the operator reads shards into host memory"
+    if whole_shards:
+        return ("s3:// shards read whole (s3_read='whole', or in shard order by default): the "
+                "operator reads members by ranged GETs (pass s3_read='ranges')")
     other = sorted(set(kwargs) - _WDS_NATIVE_OPTIONS - _DALI_ONLY_ARGS -
                    {"pin_memory", "shuffle_buffer"})
     if other:
@@ -267,14 +272,14 @@ def _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs):
     return None
 
 
-def _wds_use_native(native, epoch_end, last_batch_policy, engine, kwargs):
+def _wds_use_native(native, epoch_end, last_batch_policy, engine, kwargs, whole_shards=False):
     from fastread.dali import _plugin
 
     if native is not None and not isinstance(native, bool):
         raise ValueError(f"native must be None (automatic), True or False, got {native!r}")
     if native is False:
         return False
-    obstacle = _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs)
+    obstacle = _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs, whole_shards)
     if native is None:
         return obstacle is None and _plugin.load()
     if obstacle is not None:
@@ -305,7 +310,11 @@ def _native_webdataset(source, *, shard_id, num_shards, random_shuffle, seed, pa
         raise ValueError(f"fastread.dali.readers.webdataset: {len(source)} samples (after "
                          f"missing_component_behavior={source.missing_component_behavior!r}) "
                          f"cannot make {num_shards} shards")
-    engine = check_engine(engine)  # "auto" as it is: the core resolves it
+    # "auto" as it is (the core resolves it), except over s3:// shards: the
+    # s3 engine (engine.for_paths), with the options the shards were indexed with.
+    engine = check_engine(for_paths(engine, source.files[0].path))
+    if kwargs.get("s3") is None and source.s3 is not None:
+        kwargs = {**kwargs, "s3": source.s3}
     op_args = operator_args(kwargs, _WDS_NATIVE_OPTIONS, name)
     if kwargs.get("shuffle_buffer"):  # webdataset(initial_fill=N, random_shuffle=True)
         op_args["initial_fill"] = kwargs["shuffle_buffer"]
@@ -369,6 +378,13 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
     iterators ``reader_name=name``) or ``"stop"`` (StopIteration at each
     epoch's end, ``last_batch_policy`` choosing the last batch; external
     source only). Extra keyword arguments are engine and Reader options.
+
+    ``paths`` may be ``s3://`` URLs of shards in a bucket, reached with
+    ``s3=`` (:class:`fastread.S3Options`) or the same options as keywords
+    (``endpoint_url=``, ...), else the AWS environment: each shard is
+    indexed once from its streamed bytes, then read whole or by member
+    ranges (``s3_read``; by default whole in shard order, ranges for a
+    global shuffle: :data:`fastread.formats.webdataset.S3_READ_RULE`).
     """
     from fastread.dali._common import check_epoch_end
 
@@ -383,11 +399,20 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
             raise ValueError(f"initial_fill must be an integer >= 1, got {initial_fill!r}")
         if random_shuffle:  # without it DALI ignores initial_fill too
             kwargs["shuffle_buffer"] = initial_fill
-    use_native = _wds_use_native(native, epoch_end, last_batch_policy, engine, kwargs)
+    # S3 options (s3= or flat keywords) for s3:// shards: they reach the
+    # shards when indexing here and the engine reading them (either path).
+    s3 = take_s3_options(kwargs).get("s3")
+    s3_read = kwargs.pop("s3_read", None)
     source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
                         case_sensitive_extensions=case_sensitive_extensions, cache_dir=cache_dir,
-                        cache_bytes=cache_bytes,
-                        grouping="dali")
+                        cache_bytes=cache_bytes, grouping="dali", s3=s3, s3_read=s3_read)
+    # The operator reads members by ranges; where s3:// shards are better
+    # streamed whole (read in order: see webdataset.S3_READ_RULE) the
+    # external source's reader does that, so it serves the call.
+    in_order = not random_shuffle or bool(kwargs.get("shuffle_buffer"))
+    whole = source.s3_read_for(in_order) == "whole"
+    use_native = _wds_use_native(native, epoch_end, last_batch_policy, engine, kwargs,
+                                 whole_shards=whole)
     if use_native:
         outputs = _native_webdataset(
             source, shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle,

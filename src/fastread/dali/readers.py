@@ -40,6 +40,7 @@ from fastread.dali._native import native_reader, use_native
 from fastread.dali._image import image
 from fastread.dali._numpy import numpy
 from fastread.reader import check_device
+from fastread.s3 import take_options as take_s3_options
 from fastread.source import FileList
 
 __all__ = ["file", "image", "numpy", "epoch_size"]
@@ -62,6 +63,16 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     (``queue_depth``, ``threads``, ``o_direct``, ...) and Reader options
     (``workers``).
 
+    ``file_root`` may be ``s3://bucket/prefix`` (and ``files`` /
+    ``file_list`` entries ``s3://`` URLs), as with DALI's own reader: the
+    same classes, samples, labels, shards and epochs, read by the s3
+    engine. The bucket is reached with ``s3=`` (a :class:`fastread.S3Options`
+    or a mapping) and/or the same options as flat keywords
+    (``endpoint_url=``, ``region=``, ``access_key_id=``, ...), else the AWS
+    environment and files, as DALI does (``AWS_ENDPOINT_URL``, ...). The
+    native operator gets explicit options in its ``engine_args`` (so a
+    serialized pipeline holds them: prefer the environment for secrets).
+
     ``native``: None (the operator where it serves the call, else the
     external source), True (the operator, or ValueError / RuntimeError saying
     why not) or False (the external source). ``epoch_end``: ``"roll"`` or
@@ -83,12 +94,15 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     """
     check_epoch_end(epoch_end)
     device = check_device(device)
+    # S3 options, as s3=S3Options(...) or flat (endpoint_url=, ...): they list
+    # an s3:// file_root here and reach the engine (either path) as kwargs["s3"].
+    s3 = take_s3_options(kwargs).get("s3")
     if use_native("fastread.dali.readers.file", native, epoch_end, device, device_id,
                   last_batch_policy, engine, kwargs):
         return native_reader(
             FileList.scan(file_root, file_filters=file_filters, file_list=file_list, files=files,
                           labels=labels, dir_filters=dir_filters,
-                          case_sensitive_filter=case_sensitive_filter),
+                          case_sensitive_filter=case_sensitive_filter, s3=s3),
             shard_id=shard_id, num_shards=num_shards,
             random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
             pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
@@ -98,7 +112,7 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
     def open_samples():
         return FileList.scan(file_root, file_filters=file_filters, file_list=file_list,
                              files=files, labels=labels, dir_filters=dir_filters,
-                             case_sensitive_filter=case_sensitive_filter)
+                             case_sensitive_filter=case_sensitive_filter, s3=s3)
 
     return reader_outputs(
         "file", open_samples,

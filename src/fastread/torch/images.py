@@ -49,6 +49,12 @@ class ImageLoader:
     float32 NCHW. With ``decode=False`` ``images`` is a list of uint8 tensors
     holding the files' bytes (zero-copy views of fastread's buffers).
     ``labels`` is an int64 tensor on the same device.
+
+    ``file_root`` may be ``s3://bucket/prefix`` (a class tree in a bucket,
+    listed as :func:`fastread.scan` lists it): the objects are read by the
+    s3 engine, the bucket reached with ``s3=`` (:class:`fastread.S3Options`)
+    or the same options as keywords (``endpoint_url=``, ...), else the AWS
+    environment; samples, labels and shards are those of the local tree.
     """
 
     def __init__(self, file_root=None, batch_size=64, *, device="cpu", decode=True, size=224,

@@ -295,14 +295,20 @@ class WebDatasetLoader(_RecordLoader):
     ``ext``, ``missing_component_behavior``, ``case_sensitive_extensions``
     (default False here, as the webdataset library), ``cache_dir``,
     ``cache_bytes``) as
-    batches: a tuple with one list of uint8 tensors per ``ext`` entry."""
+    batches: a tuple with one list of uint8 tensors per ``ext`` entry.
+    ``paths`` may be ``s3://`` URLs: ``s3=`` or the S3 options as keywords
+    reach the bucket, ``s3_read`` says how shards are read (see
+    :mod:`fastread.formats.webdataset`)."""
 
     def __init__(self, paths, ext, batch_size=64, *, missing_component_behavior="empty",
-                 case_sensitive_extensions=False, cache_dir=None, cache_bytes=None, **kwargs):
+                 case_sensitive_extensions=False, cache_dir=None, cache_bytes=None,
+                 s3_read=None, **kwargs):
         from fastread.formats.webdataset import WebDataset
+        from fastread.s3 import take_options
+        s3 = take_options(kwargs).get("s3")   # kept for the reads too (Reader's options)
         source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
                             case_sensitive_extensions=case_sensitive_extensions,
-                            cache_dir=cache_dir, cache_bytes=cache_bytes)
+                            cache_dir=cache_dir, cache_bytes=cache_bytes, s3=s3, s3_read=s3_read)
         super().__init__(source, batch_size, **kwargs)
 
     def _cut(self, arrays, ids):
