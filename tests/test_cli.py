@@ -319,7 +319,9 @@ def test_bench_modes_json_plot(tiny, tmp_path, capsys):
     head, rows = table_rows(captured.out, len(modes))
     assert head[:7] == ["mode", "img/s", "GB/s", "batches", "seconds", "vs", "dali"]
     assert [row[0] for row in rows] == modes
-    assert rows[0][5] == "1.00x" and rows[0][6] == "fn.readers.file"
+    # then the client's CPU seconds per GB, then what ran
+    assert head[7:9] == ["CPU", "s/GB"] and float(rows[0][6]) > 0
+    assert rows[0][5] == "1.00x" and rows[0][7] == "fn.readers.file"
     verdicts = [line for line in captured.out.splitlines() if line.startswith("verdict (")]
     assert len(verdicts) == 1 and verdicts == doc["verdicts"]
     assert "fn.readers.file" in verdicts[0] and "python-file" in verdicts[0]
@@ -492,7 +494,7 @@ def test_bench_image_modes_against_the_ceiling(tiny, disk_tmp, capsys):
     assert ceiling["bytes"] == 2 * min(32, size // piece) * piece  # whole pieces, wrapping
     assert image_run["bytes"] == sum(sizes_of(tiny)[:8])  # true lengths, not blocks
     head, rows = table_rows(captured.out, 2)
-    assert head[-4:-2] == ["of", "ceiling"]
+    assert head[-6:-2] == ["of", "ceiling", "CPU", "s/GB"]
     assert rows[0][0] == "ceiling-psync" and "100%" in rows[0]
 
 
