@@ -77,6 +77,23 @@ typedef struct fr_config {
      * (io_uring, xnvme-file; auto while on io_uring) and small files
      * (FR_REMEMBER_MAX_MEAN). 0: none. Default FR_REMEMBER_SIZES. */
     unsigned remember_sizes;
+    /* A node-local cache of objects read through a URL engine (s3): with
+     * cache_dir set, an object is kept under it after its first read and
+     * later reads take it from there with a file engine (io_uring, else
+     * psync; a context opened on first use), the rest from the network.
+     * Several processes may share one directory: an object is fetched by
+     * one of them at a time, and a writer killed mid-write leaves no entry.
+     * cache_bytes: the most the entries may hold (0: no limit); past it the
+     * least recently used are removed down to 90%. Entries are checked on
+     * every use (size, and CRC-32 of the bytes; a size hint that differs is
+     * a changed object) and fetched again when they fail; an object
+     * rewritten with the same size is served from the cache until evicted
+     * (the engine gives no ETag yet). With a mix of hits and misses the
+     * samples' bytes are not in list order in the arena (offsets say where
+     * each is), and a dense batch may have a gap between the two. Ignored by file engines.
+     * csrc/core/object_cache.h has the layout, locking and eviction. */
+    const char *cache_dir;
+    uint64_t cache_bytes;
 } fr_config;
 
 /* fr_config.remember_sizes's default: 65536 paths (a 2 MiB table at most).
@@ -305,7 +322,13 @@ int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len);
  * "s3_connections" (opened: far fewer than requests while connections are
  * kept), "s3_repairs" (objects whose known size was wrong, read again) and
  * its settings "inflight", "part_size", "retries", "deadline_ms",
- * "unsigned", "path_style". Returns -1 for an unknown key. */
+ * "unsigned", "path_style"; with a cache_dir "cache_hits" (objects read
+ * from the cache), "cache_misses" (read over the network), "cache_damaged"
+ * (entries that failed their check, fetched again), "cache_bytes_written",
+ * "cache_write_errors" (entries not stored: the bytes were still read),
+ * "cache_evictions", "cache_waits" (objects another process was fetching,
+ * waited for) and "cache_usage" (bytes the cache counts).
+ * Returns -1 for an unknown key. */
 long fr_ctx_stat(const fr_ctx *ctx, const char *key);
 
 /* ---------------------------------------------------------------- shuffle */
