@@ -393,7 +393,7 @@ int fr_ocache_publish_partial(fr_ocache *c, const char *url, const void *bytes, 
 typedef struct scan_item {
     uint64_t stamp, size;
     unsigned stripe;
-    char name[FR_OCACHE_ID_LEN + 3]; /* "XX/ID" */
+    char name[FR_OCACHE_ID_LEN + 4]; /* "XX/ID" and its NUL */
 } scan_item;
 
 static int by_stamp(const void *a, const void *b)
@@ -514,7 +514,8 @@ long fr_ocache_evict(fr_ocache *c)
         rc = scan_folder(c, sub, &items, &n, &cap, &total);
     }
     if (rc == 0) {
-        qsort(items, n, sizeof(*items), by_stamp);
+        if (n > 1)
+            qsort(items, n, sizeof(*items), by_stamp);
         uint64_t target = c->max_bytes / 100 * FR_OCACHE_EVICT_TO_PCT;
         size_t pmax = fr_ocache_path_max(c);
         long evicted = 0;
