@@ -378,6 +378,12 @@ void fr_reader_reset(fr_reader *reader);
 size_t fr_reader_pending(fr_reader *reader); /* submitted and not yet taken */
 const char *fr_reader_path(const fr_reader *reader, size_t index);
 size_t fr_reader_size(const fr_reader *reader);
+/* A counter summed over the reader's workers' contexts (fr_ctx_stat), as of
+ * their last finished batch: "cache_hits", "cache_misses", "cache_damaged",
+ * "cache_bytes_written", "cache_write_errors", "cache_evictions",
+ * "cache_waits", "s3_requests", "s3_bytes", "file_calls"; 0 for a key no
+ * worker's engine has, -1 for any other key. Thread-safe. */
+long fr_reader_stat(fr_reader *reader, const char *key);
 fr_pool *fr_reader_pool(fr_reader *reader);
 struct fr_gpu *fr_reader_gpu(fr_reader *reader); /* borrowed; NULL without GPU work */
 /* Stops the thread. Batches still held by the caller stay valid until they

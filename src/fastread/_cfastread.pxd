@@ -21,6 +21,8 @@ cdef extern from "fastread.h" nogil:
         unsigned spin_us
         int auto_engine
         unsigned remember_sizes
+        const char *cache_dir
+        uint64_t cache_bytes
 
     void fr_config_init(fr_config *cfg)
     const int FR_AUTO_URING
@@ -120,6 +122,7 @@ cdef extern from "fastread.h" nogil:
     size_t fr_reader_pending(fr_reader *reader)
     const char *fr_reader_path(const fr_reader *reader, size_t index)
     size_t fr_reader_size(const fr_reader *reader)
+    long fr_reader_stat(fr_reader *reader, const char *key)
     fr_pool *fr_reader_pool(fr_reader *reader)
     fr_gpu *fr_reader_gpu(fr_reader *reader)
     void fr_reader_close(fr_reader *reader)

@@ -334,6 +334,23 @@ cdef class Batch:
         return out
 
 
+cdef bytes _cache_config(fr_config *cfg, object cache_dir, object cache_bytes):
+    """Sets the object cache of cfg (fr_config.cache_dir, cache_bytes);
+    returns the bytes cfg.cache_dir points into (keep them alive until the
+    C call that copies them)."""
+    if cache_bytes is None:
+        cache_bytes = 0
+    if not isinstance(cache_bytes, int) or cache_bytes < 0 or cache_bytes >= 1 << 63:
+        raise ValueError(f"cache_bytes must be an integer >= 0 (0: no limit), got {cache_bytes!r}")
+    cfg.cache_bytes = cache_bytes
+    if cache_dir is None or cache_dir == "":
+        cfg.cache_dir = NULL
+        return None
+    cdef bytes b = os.fsencode(cache_dir)
+    cfg.cache_dir = PyBytes_AS_STRING(b)
+    return b
+
+
 cdef void _init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsigned threads,
                        bint o_direct, unsigned direct_alignment, bint register_buffers,
                        bint register_files, bytes engine_args, int device_id,
@@ -496,7 +513,7 @@ cdef class Context:
                   bint register_buffers=True, bint register_files=True,
                   str engine_args="", int device_id=-1, bint pin_memory=False,
                   bint device_output=False, unsigned spin_us=50, int auto_engine=0,
-                  remember_sizes=None):
+                  remember_sizes=None, cache_dir=None, cache_bytes=0):
         import threading
         cdef fr_config cfg
         cdef char err[256]
@@ -512,6 +529,8 @@ cdef class Context:
             if not 0 <= remember_sizes <= 1 << 30:
                 raise ValueError(f"remember_sizes must be in 0..2**30, got {remember_sizes!r}")
             cfg.remember_sizes = remember_sizes
+        # Kept alive until fr_ctx_open has copied it.
+        cdef bytes cache_b = _cache_config(&cfg, cache_dir, cache_bytes)
         cdef int rc
         with nogil:
             rc = fr_ctx_open(&cfg, &self.ctx, err, sizeof(err))
@@ -562,6 +581,19 @@ cdef class Context:
         if self.ctx == NULL:
             raise ValueError("context is closed")
         return fr_ctx_stat(self.ctx, key.encode())
+
+    def stats(self):
+        """The object cache's counters (cache_dir; fr_ctx_stat's cache_*
+        keys) and the s3 engine's requests and bytes, where the context has
+        them: a dict of the keys it knows."""
+        if self.ctx == NULL:
+            raise ValueError("context is closed")
+        out = {}
+        for key in STAT_KEYS + ("cache_usage",):
+            v = fr_ctx_stat(self.ctx, key.encode())
+            if v >= 0:
+                out[key] = v
+        return out
 
     def pool_batches(self):
         return fr_pool_batches(self.owner.pool)
@@ -662,6 +694,13 @@ cdef class Context:
             free(ranges)
 
 
+#: The counters a NativeReader sums over its workers (fr_reader_stat) and
+#: Context.stats() reports: the object cache's and the s3 engine's.
+STAT_KEYS = ("cache_hits", "cache_misses", "cache_damaged", "cache_bytes_written",
+             "cache_write_errors", "cache_evictions", "cache_waits", "s3_requests", "s3_bytes",
+             "file_calls")
+
+
 cdef class NativeReader:
     """Native threads reading submitted batches of dataset indices ahead,
     delivered in submission order.
@@ -684,7 +723,8 @@ cdef class NativeReader:
                   str engine_args="", int device_id=-1, bint pin_memory=False,
                   bint device_output=False, unsigned spin_us=50, int auto_engine=0,
                   unsigned prefetch=2,
-                  unsigned workers=1, image=None, offsets=None, lengths=None):
+                  unsigned workers=1, image=None, offsets=None, lengths=None,
+                  cache_dir=None, cache_bytes=0):
         cdef list encoded = [] if image is not None else [_encode_path(p) for p in paths]
         cdef size_t n = len(encoded), i
         cdef bytes image_b = _encode_path(image) if image is not None else None
@@ -704,10 +744,12 @@ cdef class NativeReader:
         cdef bytes eng = _engine_name(engine)
         cdef bytes args = engine_args.encode()
         cdef int rc
+        cdef bytes cache_b
         try:
             _init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
                          register_buffers, register_files, args, device_id, pin_memory,
                          device_output, spin_us, auto_engine)
+            cache_b = _cache_config(&cfg, cache_dir, cache_bytes)
             if ranges != NULL:
                 with nogil:
                     rc = fr_reader_open_ranges(&cfg, cimage, ranges, n, prefetch, workers,
@@ -801,6 +843,15 @@ cdef class NativeReader:
 
     def pool_batches(self):
         return fr_pool_batches(self.owner.pool)
+
+    def stat(self, str key):
+        """A counter summed over the workers' contexts as of their last
+        batch (fr_reader_stat): -1 for a key it does not sum."""
+        return fr_reader_stat(self._get(), key.encode())
+
+    def stats(self):
+        """Every counter fr_reader_stat sums (STAT_KEYS), as a dict."""
+        return {key: self.stat(key) for key in STAT_KEYS}
 
     def pool_idle_bytes(self):
         return fr_pool_bytes(self.owner.pool)
