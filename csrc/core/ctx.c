@@ -631,8 +631,8 @@ static void append_sample(fr_batch *batch, const fr_batch *from, size_t j, fr_sa
  * each against its entry. Those that pass are hits; the rest are added to
  * failed[*nfailed], a read that passed its size but not its checksum
  * marked damaged. */
-static void read_hits(fr_ctx *ctx, const size_t *list, size_t k, fr_batch *into,
-                      fr_batch *batch, size_t *failed, size_t *nfailed)
+static void read_hits(fr_ctx *ctx, const char *const *urls, const size_t *list, size_t k,
+                      fr_batch *into, fr_batch *batch, size_t *failed, size_t *nfailed)
 {
     cache_work *w = &ctx->work;
     if (k == 0)
@@ -664,8 +664,15 @@ static void read_hits(fr_ctx *ctx, const size_t *list, size_t k, fr_batch *into,
     for (size_t j = 0; j < k; j++) {
         size_t i = list[j];
         fr_sample sm = into->samples[j];
-        if (sm.length >= 0 &&
-            fr_ocache_verify(&w->ents[i], into->arena.base + sm.offset, (uint64_t)sm.length)) {
+        fr_ocache_entry *e = &w->ents[i];
+        /* A trusted entry (fr_ocache_lookup): its size; any other: its
+         * size and checksum, and trusted from then on. */
+        int good = sm.length >= 0 && (uint64_t)sm.length == e->size &&
+                   (e->trusted ||
+                    fr_ocache_verify(e, into->arena.base + sm.offset, (uint64_t)sm.length));
+        if (good && !e->trusted)
+            fr_ocache_trust(ctx->cache, urls[i], e);
+        if (good) {
             if (into == batch)
                 w->res[i] = sm;
             else
@@ -676,7 +683,8 @@ static void read_hits(fr_ctx *ctx, const size_t *list, size_t k, fr_batch *into,
         /* Gone since the lookup (evicted) is a miss; read whole but wrong
          * (bit rot, a torn write after a crash, a record of another
          * version) is damaged: fetched again without trusting the entry. */
-        if (sm.length >= 0) {
+        fr_ocache_forget(ctx->cache, urls[i]);
+        if (sm.length >= 0 && !e->trusted) {
             w->flags[i] |= CW_DAMAGED;
             ctx->cache_damaged++;
         }
@@ -776,7 +784,7 @@ static int cached_read(fr_ctx *ctx, const char *const *paths, const int64_t *hin
             w->miss[nmiss++] = i;
         }
     }
-    read_hits(ctx, w->hit, nhit, batch, batch, w->miss, &nmiss);
+    read_hits(ctx, paths, w->hit, nhit, batch, batch, w->miss, &nmiss);
 
     size_t nfetch = 0, nwait = 0, nlate = 0, ndirect = 0, nheld = 0;
     for (size_t m = 0; m < nmiss; m++) {
@@ -830,7 +838,7 @@ static int cached_read(fr_ctx *ctx, const char *const *paths, const int64_t *hin
     if (rc)
         return rc;
 
-    read_hits(ctx, w->late, nlate, &ctx->scratch, batch, w->direct, &ndirect);
+    read_hits(ctx, paths, w->late, nlate, &ctx->scratch, batch, w->direct, &ndirect);
     rc = fetch_objects(ctx, paths, hints, w->direct, ndirect, batch, 0);
     if (rc)
         return rc;

@@ -35,7 +35,19 @@ typedef struct meta_hdr {
     char etag[ETAG_MAX];
 } meta_hdr;
 
+/* A remembered entry (fr_ocache_trust): open addressing on h[0]; a slot
+ * with h[0] == 0 && h[1] == 0 is free; a forgotten one keeps its slot with
+ * size UINT64_MAX (matches nothing). */
+typedef struct known_slot {
+    uint64_t h[2];
+    uint64_t size;
+    uint64_t checked_ns; /* CLOCK_MONOTONIC of the last check */
+    uint32_t crc;
+} known_slot;
+
 struct fr_ocache {
+    known_slot *known;
+    size_t known_cap, known_n;
     char *dir;
     size_t dir_len;
     uint64_t max_bytes;
@@ -151,6 +163,7 @@ void fr_ocache_close(fr_ocache *c)
         return;
     if (c->index_fd >= 0)
         close(c->index_fd); /* drops every lock of this description */
+    free(c->known);
     free(c->url_buf);
     free(c->scratch);
     free(c->dir);
@@ -230,6 +243,85 @@ uint64_t fr_ocache_usage(fr_ocache *c)
 
 int fr_ocache_over(fr_ocache *c) { return c->max_bytes && fr_ocache_usage(c) > c->max_bytes; }
 
+/* ------------------------------------------------------ known entries */
+
+static uint64_t now_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* cannot fail for this clock */
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The slot of hash h, NULL if absent (add: made, unless the table is full
+ * or cannot grow). */
+static known_slot *known_find(fr_ocache *c, const uint64_t h[2], int add)
+{
+    uint64_t key0 = h[0] | (h[0] == 0 && h[1] == 0); /* never the free mark */
+    if (add && 4 * (c->known_n + 1) > 3 * c->known_cap) {
+        if (c->known_n >= FR_OCACHE_KNOWN_MAX)
+            add = 0;
+        else {
+            size_t cap = c->known_cap ? 2 * c->known_cap : 1024;
+            known_slot *t = calloc(cap, sizeof(*t));
+            if (!t)
+                add = 0;
+            else {
+                for (size_t i = 0; i < c->known_cap; i++) {
+                    known_slot *o = &c->known[i];
+                    if (o->h[0] == 0 && o->h[1] == 0)
+                        continue;
+                    size_t j = o->h[0] & (cap - 1);
+                    while (t[j].h[0] || t[j].h[1])
+                        j = (j + 1) & (cap - 1);
+                    t[j] = *o;
+                }
+                free(c->known);
+                c->known = t;
+                c->known_cap = cap;
+            }
+        }
+    }
+    if (c->known_cap == 0)
+        return NULL;
+    size_t j = key0 & (c->known_cap - 1);
+    for (;;) {
+        known_slot *k = &c->known[j];
+        if (k->h[0] == key0 && k->h[1] == h[1])
+            return k;
+        if (k->h[0] == 0 && k->h[1] == 0) {
+            if (!add)
+                return NULL;
+            k->h[0] = key0;
+            k->h[1] = h[1];
+            k->size = UINT64_MAX;
+            c->known_n++;
+            return k;
+        }
+        j = (j + 1) & (c->known_cap - 1);
+    }
+}
+
+void fr_ocache_trust(fr_ocache *c, const char *url, const fr_ocache_entry *e)
+{
+    uint64_t h[2];
+    url_hash(url, h);
+    known_slot *k = known_find(c, h, 1);
+    if (!k)
+        return; /* full: this entry is checked whole at every use */
+    k->size = e->size;
+    k->crc = e->crc;
+    k->checked_ns = now_mono_ns();
+}
+
+void fr_ocache_forget(fr_ocache *c, const char *url)
+{
+    uint64_t h[2];
+    url_hash(url, h);
+    known_slot *k = known_find(c, h, 0);
+    if (k)
+        k->size = UINT64_MAX;
+}
+
 /* -------------------------------------------------------------- lookup */
 
 /* Reads the record at `path` into *h and its URL into c->url_buf. fd: the
@@ -248,24 +340,44 @@ static int read_meta(fr_ocache *c, int fd, meta_hdr *h)
 
 int fr_ocache_lookup(fr_ocache *c, const char *url, int64_t want_size, fr_ocache_entry *e)
 {
+    uint64_t hash[2];
+    url_hash(url, hash);
+    known_slot *k = known_find(c, hash, 0);
+    uint64_t mono = now_mono_ns();
+    if (k && k->size != UINT64_MAX && mono - k->checked_ns < FR_OCACHE_RECHECK_NS &&
+        (want_size < 0 || (uint64_t)want_size == k->size)) {
+        e->size = k->size;
+        e->crc = k->crc;
+        e->trusted = 1;
+        return 1;
+    }
     entry_path(c, url, ".meta", c->scratch);
     int fd = open(c->scratch, O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return 0;
     meta_hdr h;
-    int ok = read_meta(c, fd, &h) == 0 && strcmp(c->url_buf, url) == 0 &&
-             (want_size < 0 || (uint64_t)want_size == h.size);
-    if (ok) {
+    int whole = read_meta(c, fd, &h) == 0 && strcmp(c->url_buf, url) == 0;
+    if (whole) {
         struct stat st;
         entry_path(c, url, ".data", c->scratch);
-        ok = stat(c->scratch, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == h.size;
+        whole = stat(c->scratch, &st) == 0 && S_ISREG(st.st_mode) &&
+                (uint64_t)st.st_size == h.size;
     }
+    /* A size the caller does not expect: another version than the entry's
+     * (stale), though the entry itself is whole. */
+    int ok = whole && (want_size < 0 || (uint64_t)want_size == h.size);
     if (ok) {
         uint64_t now = now_realtime_ns();
         if (now > h.stamp + STAMP_EVERY_NS) /* a failed write only ages the entry */
             (void)!pwrite(fd, &now, sizeof(now), offsetof(meta_hdr, stamp));
         e->size = h.size;
         e->crc = h.crc;
+        /* The version this fr_ocache checked before: trusted again. */
+        e->trusted = k && k->size == h.size && k->crc == h.crc;
+        if (e->trusted)
+            k->checked_ns = mono;
+    } else if (k && !whole) {
+        k->size = UINT64_MAX;
     }
     close(fd);
     return ok;
@@ -339,13 +451,14 @@ static int publish(fr_ocache *c, const char *url, const void *bytes, uint64_t le
         return rc;
     }
     char *rec = NULL;
+    uint32_t crc = 0;
     if (rc == 0) {
         meta_hdr h;
         memset(&h, 0, sizeof(h));
         memcpy(h.magic, META_MAGIC, 8);
         h.size = len;
         h.stamp = now_realtime_ns();
-        h.crc = checksum(bytes, len);
+        h.crc = crc = checksum(bytes, len);
         h.url_len = (uint32_t)url_len;
         if (etag)
             snprintf(h.etag, sizeof(h.etag), "%s", etag);
@@ -370,6 +483,10 @@ static int publish(fr_ocache *c, const char *url, const void *bytes, uint64_t le
         (void)unlink(meta_tmp);
     } else {
         add_counter(c, (int64_t)len - (int64_t)old_size);
+        /* Its checksum was made from these bytes: this fr_ocache need not
+         * check them again. */
+        fr_ocache_entry e = {len, crc, 1};
+        fr_ocache_trust(c, url, &e);
     }
     free(rec);
     free(tmp);

@@ -84,9 +84,10 @@ typedef struct fr_config {
      * Several processes may share one directory: an object is fetched by
      * one of them at a time, and a writer killed mid-write leaves no entry.
      * cache_bytes: the most the entries may hold (0: no limit); past it the
-     * least recently used are removed down to 90%. Entries are checked on
-     * every use (size, and CRC-32 of the bytes; a size hint that differs is
-     * a changed object) and fetched again when they fail; an object
+     * least recently used are removed down to 90%. Entries are checked at
+     * every use by size (a size hint that differs is a changed object), and
+     * the first time a context reads one by the CRC-32 of its bytes too;
+     * one that fails is fetched again; an object
      * rewritten with the same size is served from the cache until evicted
      * (the engine gives no ETag yet). With a mix of hits and misses the
      * samples' bytes are not in list order in the arena (offsets say where

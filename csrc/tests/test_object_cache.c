@@ -63,6 +63,18 @@ static unsigned char *slurp(const char *path, size_t *len)
 
 static int exists(const char *path) { return access(path, F_OK) == 0; }
 
+/* A lookup as another process would make it: by a fresh fr_ocache, which
+ * remembers no entry (fr_ocache_trust) and so reads the record. */
+static int lookup_fresh(const char *dir, const char *url, int64_t want, fr_ocache_entry *e)
+{
+    fr_ocache *f;
+    if (fr_ocache_open(dir, 0, &f, NULL, 0) != 0)
+        return -1;
+    int r = fr_ocache_lookup(f, url, want, e);
+    fr_ocache_close(f);
+    return r;
+}
+
 /* The entry's file with `suffix` instead of ".data". */
 static void sibling(const char *data, const char *suffix, char *out, size_t len)
 {
@@ -109,9 +121,21 @@ static void check_publish_and_damage(void)
     CHECK(fr_ocache_trylock(c, fr_ocache_stripe(url)) == 1);
     CHECK(fr_ocache_publish(c, url, buf, LEN, NULL) == 0);
     fr_ocache_unlock(c, fr_ocache_stripe(url));
-    CHECK(fr_ocache_lookup(c, url, -1, &e) == 1 && e.size == LEN);
-    CHECK(fr_ocache_lookup(c, url, LEN, &e) == 1);
-    CHECK(fr_ocache_lookup(c, url, LEN + 1, &e) == 0); /* a changed size: stale */
+    /* The writer trusts what it wrote: found with no record read. */
+    CHECK(fr_ocache_lookup(c, url, -1, &e) == 1 && e.size == LEN && e.trusted);
+    const char *dir = cache_dir("pub");
+    CHECK(lookup_fresh(dir, url, -1, &e) == 1 && e.size == LEN && !e.trusted);
+    CHECK(lookup_fresh(dir, url, LEN, &e) == 1);
+    CHECK(lookup_fresh(dir, url, LEN + 1, &e) == 0); /* a changed size: stale */
+    CHECK(fr_ocache_lookup(c, url, LEN + 1, &e) == 0);
+    /* A size the caller does not expect leaves the version remembered. */
+    CHECK(fr_ocache_lookup(c, url, LEN, &e) == 1 && e.trusted);
+    /* Trust is by version: forgotten, then found by its record, the
+     * version remembered is no longer trusted without a check. */
+    fr_ocache_forget(c, url);
+    CHECK(fr_ocache_lookup(c, url, LEN, &e) == 1 && !e.trusted);
+    fr_ocache_trust(c, url, &e);
+    CHECK(fr_ocache_lookup(c, url, LEN, &e) == 1 && e.trusted);
     CHECK(fr_ocache_lookup(c, "s3://b/dir/other", -1, &e) == 0);
     CHECK(fr_ocache_usage(c) == LEN);
 
@@ -131,7 +155,7 @@ static void check_publish_and_damage(void)
 
     /* Replaced by a smaller version: the count follows. */
     CHECK(fr_ocache_publish(c, url, buf, LEN / 2, "\"etag\"") == 0);
-    CHECK(fr_ocache_lookup(c, url, -1, &e) == 1 && e.size == LEN / 2);
+    CHECK(lookup_fresh(dir, url, -1, &e) == 1 && e.size == LEN / 2);
     CHECK(fr_ocache_usage(c) == LEN / 2);
 
     /* Other bytes of the same size: found by size, refused by checksum. */
@@ -141,29 +165,29 @@ static void check_publish_and_damage(void)
     CHECK(f && fwrite(other, 1, sizeof(other), f) == sizeof(other));
     if (f)
         fclose(f);
-    CHECK(fr_ocache_lookup(c, url, -1, &e) == 1);
+    CHECK(lookup_fresh(dir, url, -1, &e) == 1 && !e.trusted);
     back = slurp(data, &got);
     CHECK(back && got == LEN / 2 && !fr_ocache_verify(&e, back, got));
     free(back);
     /* Truncated: no entry. */
     CHECK(truncate(data, 100) == 0);
-    CHECK(fr_ocache_lookup(c, url, -1, &e) == 0);
+    CHECK(lookup_fresh(dir, url, -1, &e) == 0);
     /* A broken record: no entry, even with the right data. */
     CHECK(fr_ocache_publish(c, url, buf, LEN, NULL) == 0);
-    CHECK(fr_ocache_lookup(c, url, -1, &e) == 1);
+    CHECK(lookup_fresh(dir, url, -1, &e) == 1);
     f = fopen(meta, "r+b");
     CHECK(f && fwrite("XXXX", 1, 4, f) == 4);
     if (f)
         fclose(f);
-    CHECK(fr_ocache_lookup(c, url, -1, &e) == 0);
+    CHECK(lookup_fresh(dir, url, -1, &e) == 0);
     /* A record cut short (its URL half gone): no entry. */
     CHECK(fr_ocache_publish(c, url, buf, LEN, NULL) == 0);
     struct stat st;
     CHECK(stat(meta, &st) == 0 && truncate(meta, st.st_size - 4) == 0);
-    CHECK(fr_ocache_lookup(c, url, -1, &e) == 0);
+    CHECK(lookup_fresh(dir, url, -1, &e) == 0);
     /* An empty object is an entry like any other. */
     CHECK(fr_ocache_publish(c, "s3://b/empty", buf, 0, NULL) == 0);
-    CHECK(fr_ocache_lookup(c, "s3://b/empty", 0, &e) == 1 && e.size == 0 &&
+    CHECK(lookup_fresh(dir, "s3://b/empty", 0, &e) == 1 && e.size == 0 &&
           fr_ocache_verify(&e, buf, 0));
     fr_ocache_close(c);
 }
@@ -192,7 +216,9 @@ static void check_lru(void)
     nanosleep(&pause, NULL);
     fr_ocache_entry e;
     url_of(url, sizeof(url), 0);
-    CHECK(fr_ocache_lookup(c, url, LEN, &e) == 1); /* 0 is now the most recent */
+    /* Another reader's lookup renews the stamp (the writer's own would not
+     * read the record within FR_OCACHE_RECHECK_NS). */
+    CHECK(lookup_fresh(cache_dir("lru"), url, LEN, &e) == 1); /* 0 is now the most recent */
     url_of(url, sizeof(url), N);
     CHECK(fr_ocache_publish(c, url, buf, LEN, NULL) == 0);
     CHECK(fr_ocache_over(c));
@@ -220,9 +246,9 @@ static void check_lru(void)
     }
     CHECK(fr_ocache_evict(c) == 2);
     url_of(url, sizeof(url), 3);
-    CHECK(fr_ocache_lookup(c, url, LEN, &e) == 1);
+    CHECK(lookup_fresh(cache_dir("lru"), url, LEN, &e) == 1);
     url_of(url, sizeof(url), 4);
-    CHECK(fr_ocache_lookup(c, url, LEN, &e) == 0);
+    CHECK(lookup_fresh(cache_dir("lru"), url, LEN, &e) == 0);
     fr_ocache_close(other); /* drops its lock */
     url_of(url, sizeof(url), 3);
     CHECK(fr_ocache_trylock(c, fr_ocache_stripe(url)) == 1);
@@ -385,7 +411,7 @@ static void check_killed_writer(void)
     CHECK(fr_ocache_evict(c) == 0 && !exists(tmp));
     /* Fetched again: whole. */
     CHECK(fr_ocache_publish(c, url, buf, LEN, NULL) == 0);
-    CHECK(fr_ocache_lookup(c, url, LEN, &e) == 1);
+    CHECK(lookup_fresh(dir, url, LEN, &e) == 1);
     size_t got = 0;
     unsigned char *back = slurp(data, &got);
     CHECK(back && got == LEN && fr_ocache_verify(&e, back, got) && memcmp(back, buf, LEN) == 0);
@@ -395,7 +421,7 @@ static void check_killed_writer(void)
     char meta[2048];
     sibling(data, ".meta", meta, sizeof(meta));
     CHECK(unlink(meta) == 0);
-    CHECK(fr_ocache_lookup(c, url, -1, &e) == 0);
+    CHECK(lookup_fresh(dir, url, -1, &e) == 0);
     CHECK(fr_ocache_evict(c) == 0 && !exists(data));
     CHECK(fr_ocache_usage(c) == 0);
     fr_ocache_close(c);
