@@ -770,6 +770,7 @@ static int cached_read(fr_ctx *ctx, const char *const *paths, const int64_t *hin
         return rc;
     cache_work *w = &ctx->work;
     fr_ocache *c = ctx->cache;
+    long long written_before = ctx->cache_bytes_written;
     w->nnotes = 0;
     size_t nhit = 0, nmiss = 0;
     for (size_t i = 0; i < n; i++) {
@@ -845,7 +846,9 @@ static int cached_read(fr_ctx *ctx, const char *const *paths, const int64_t *hin
 
     memcpy(batch->samples, w->res, n * sizeof(*w->res));
     batch->count = n;
-    if (ctx->cache_misses && fr_ocache_over(c)) {
+    /* Only a call that stored entries can have passed the limit (its
+     * check costs three system calls: not for an epoch of hits). */
+    if (ctx->cache_bytes_written != written_before && fr_ocache_over(c)) {
         long gone = fr_ocache_evict(c);
         if (gone > 0)
             ctx->cache_evictions += gone;
