@@ -9,6 +9,7 @@ setup_system() {
     local need=()
     pkg-config --exists liburing 2>/dev/null || need+=(liburing-dev)
     pkg-config --exists libcurl 2>/dev/null || need+=(libcurl4-openssl-dev)
+    pkg-config --exists zlib 2>/dev/null || need+=(zlib1g-dev)
     command -v pkg-config >/dev/null || need+=(pkg-config)
     command -v cc >/dev/null || need+=(build-essential)
     if [ ${#need[@]} -eq 0 ]; then
@@ -17,7 +18,7 @@ setup_system() {
     fi
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    say "apt-get: installing ${need[*]} (liburing-dev: the io_uring engine; libcurl4-openssl-dev: the s3 engine; pkg-config and a C compiler: the build)"
+    say "apt-get: installing ${need[*]} (liburing-dev: the io_uring engine; libcurl4-openssl-dev: the s3 engine; zlib1g-dev: the object cache's checksums; pkg-config and a C compiler: the build)"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 }

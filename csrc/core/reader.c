@@ -21,6 +21,13 @@
 
 #define MAX_WORKERS 64
 
+/* Context counters a reader sums over its workers (fr_reader_stat). */
+static const char *const summed_keys[] = {
+    "cache_hits",  "cache_misses", "cache_damaged", "cache_bytes_written", "cache_write_errors",
+    "cache_evictions", "cache_waits", "s3_requests", "s3_bytes", "file_calls",
+};
+#define NSUMMED (sizeof(summed_keys) / sizeof(summed_keys[0]))
+
 typedef struct request {
     int64_t *indices;
     size_t n;
@@ -33,6 +40,10 @@ struct fr_reader {
     char opened_engine[32]; /* what the first context opened reads with ("auto" resolved) */
     long auto_fallback;     /* its "auto_fallback" stat */
     char *engine_args;
+    char *cache_dir;
+    /* summed_keys over the workers' contexts, added by each worker after
+     * each batch (under lock): a context is read by its own thread only. */
+    long totals[NSUMMED];
     char *blob;
     const char **paths;
     int64_t *sizes; /* each file's size when last read, -1 before; atomic access */
@@ -179,6 +190,7 @@ static void *worker_main(void *arg)
     }
 
     scratch sc = {NULL, NULL, NULL, 0, 0};
+    long seen[NSUMMED] = {0}; /* this context's counters already in rd->totals */
     while (!rd->stop) {
         if (!may_start(rd)) {
             pthread_cond_wait(&rd->work_cv, &rd->lock);
@@ -205,7 +217,15 @@ static void *worker_main(void *arg)
         free(req->indices);
         free(req);
 
+        long now[NSUMMED];
+        for (size_t k = 0; k < NSUMMED; k++)
+            now[k] = fr_ctx_stat(ctx, summed_keys[k]);
         pthread_mutex_lock(&rd->lock);
+        for (size_t k = 0; k < NSUMMED; k++)
+            if (now[k] >= 0) {
+                rd->totals[k] += now[k] - seen[k];
+                seen[k] = now[k];
+            }
         rd->nbusy--;
         if (gen != rd->generation) {
             pthread_mutex_unlock(&rd->lock);
@@ -244,6 +264,7 @@ static void reader_free(fr_reader *rd)
     free(rd->image);
     free(rd->ranges);
     free(rd->engine_args);
+    free(rd->cache_dir);
     free(rd);
 }
 
@@ -267,12 +288,14 @@ static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers,
     snprintf(rd->engine, sizeof(rd->engine), "%s", cfg->engine ? cfg->engine : "");
     rd->cfg.engine = rd->engine;
     rd->engine_args = strdup(cfg->engine_args ? cfg->engine_args : "");
+    rd->cache_dir = strdup(cfg->cache_dir ? cfg->cache_dir : "");
     rd->pool = fr_pool_new();
-    if (!rd->engine_args || !rd->pool) {
+    if (!rd->engine_args || !rd->cache_dir || !rd->pool) {
         reader_free(rd);
         return -ENOMEM;
     }
     rd->cfg.engine_args = rd->engine_args;
+    rd->cfg.cache_dir = rd->cache_dir;
     if (cfg->device_id >= 0 && !cfg->gpu &&
         (cfg->device_output || cfg->pin_memory || strcmp(rd->engine, "cufile") == 0)) {
         /* One fr_gpu for every worker: one driver load, one cuFile driver. */
@@ -520,6 +543,17 @@ const char *fr_reader_engine(const fr_reader *reader)
 long fr_reader_auto_fallback(const fr_reader *reader) { return reader->auto_fallback; }
 
 size_t fr_reader_size(const fr_reader *rd) { return rd->npaths; }
+
+long fr_reader_stat(fr_reader *rd, const char *key)
+{
+    long v = -1;
+    pthread_mutex_lock(&rd->lock);
+    for (size_t k = 0; k < NSUMMED; k++)
+        if (strcmp(key, summed_keys[k]) == 0)
+            v = rd->totals[k];
+    pthread_mutex_unlock(&rd->lock);
+    return v;
+}
 
 fr_pool *fr_reader_pool(fr_reader *rd) { return rd->pool; }
 

@@ -77,6 +77,24 @@ typedef struct fr_config {
      * (io_uring, xnvme-file; auto while on io_uring) and small files
      * (FR_REMEMBER_MAX_MEAN). 0: none. Default FR_REMEMBER_SIZES. */
     unsigned remember_sizes;
+    /* A node-local cache of objects read through a URL engine (s3): with
+     * cache_dir set, an object is kept under it after its first read and
+     * later reads take it from there with a file engine (io_uring, else
+     * psync; a context opened on first use), the rest from the network.
+     * Several processes may share one directory: an object is fetched by
+     * one of them at a time, and a writer killed mid-write leaves no entry.
+     * cache_bytes: the most the entries may hold (0: no limit); past it the
+     * least recently used are removed down to 90%. Entries are checked at
+     * every use by size (a size hint that differs is a changed object), and
+     * the first time a context reads one by the CRC-32 of its bytes too;
+     * one that fails is fetched again; an object
+     * rewritten with the same size is served from the cache until evicted
+     * (the engine gives no ETag yet). With a mix of hits and misses the
+     * samples' bytes are not in list order in the arena (offsets say where
+     * each is), and a dense batch may have a gap between the two. Ignored by file engines.
+     * csrc/core/object_cache.h has the layout, locking and eviction. */
+    const char *cache_dir;
+    uint64_t cache_bytes;
 } fr_config;
 
 /* fr_config.remember_sizes's default: 65536 paths (a 2 MiB table at most).
@@ -318,7 +336,13 @@ int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len);
  * "s3_connections" (opened: far fewer than requests while connections are
  * kept), "s3_repairs" (objects whose known size was wrong, read again) and
  * its settings "inflight", "part_size", "retries", "deadline_ms",
- * "unsigned", "path_style". Returns -1 for an unknown key. */
+ * "unsigned", "path_style"; with a cache_dir "cache_hits" (objects read
+ * from the cache), "cache_misses" (read over the network), "cache_damaged"
+ * (entries that failed their check, fetched again), "cache_bytes_written",
+ * "cache_write_errors" (entries not stored: the bytes were still read),
+ * "cache_evictions", "cache_waits" (objects another process was fetching,
+ * waited for) and "cache_usage" (bytes the cache counts).
+ * Returns -1 for an unknown key. */
 long fr_ctx_stat(const fr_ctx *ctx, const char *key);
 
 /* ---------------------------------------------------------------- shuffle */
@@ -372,6 +396,12 @@ size_t fr_reader_size(const fr_reader *reader);
  * fr_ctx_engine), and their "auto_fallback" stat (fr_ctx_open). */
 const char *fr_reader_engine(const fr_reader *reader);
 long fr_reader_auto_fallback(const fr_reader *reader);
+/* A counter summed over the reader's workers' contexts (fr_ctx_stat), as of
+ * their last finished batch: "cache_hits", "cache_misses", "cache_damaged",
+ * "cache_bytes_written", "cache_write_errors", "cache_evictions",
+ * "cache_waits", "s3_requests", "s3_bytes", "file_calls"; 0 for a key no
+ * worker's engine has, -1 for any other key. Thread-safe. */
+long fr_reader_stat(fr_reader *reader, const char *key);
 fr_pool *fr_reader_pool(fr_reader *reader);
 struct fr_gpu *fr_reader_gpu(fr_reader *reader); /* borrowed; NULL without GPU work */
 /* Stops the thread. Batches still held by the caller stay valid until they

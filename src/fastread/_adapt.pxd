@@ -16,6 +16,7 @@ cdef void init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsign
                       bint pin_memory, bint device_output, unsigned spin_us,
                       int auto_engine)
 cdef bytes engine_name(engine)
+cdef bytes cache_config(fr_config *cfg, object cache_dir, object cache_bytes)
 cdef bytes encode_path(p)
 cdef raise_errno(int rc, str what)
 cdef fr_range *make_ranges(offsets, lengths, size_t *count) except NULL

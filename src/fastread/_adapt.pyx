@@ -98,3 +98,27 @@ cdef fr_range *make_ranges(offsets, lengths, size_t *count) except NULL:
         r[i].length = <uint64_t>pl[i]
     count[0] = n
     return r
+
+
+#: The counters a NativeReader sums over its workers (fr_reader_stat) and
+#: Context.stats() reports: the object cache's and the s3 engine's.
+STAT_KEYS = ("cache_hits", "cache_misses", "cache_damaged", "cache_bytes_written",
+             "cache_write_errors", "cache_evictions", "cache_waits", "s3_requests", "s3_bytes",
+             "file_calls")
+
+
+cdef bytes cache_config(fr_config *cfg, object cache_dir, object cache_bytes):
+    """Sets the object cache of cfg (fr_config.cache_dir, cache_bytes);
+    returns the bytes cfg.cache_dir points into (keep them alive until the
+    C call that copies them)."""
+    if cache_bytes is None:
+        cache_bytes = 0
+    if not isinstance(cache_bytes, int) or cache_bytes < 0 or cache_bytes >= 1 << 63:
+        raise ValueError(f"cache_bytes must be an integer >= 0 (0: no limit), got {cache_bytes!r}")
+    cfg.cache_bytes = cache_bytes
+    if cache_dir is None or cache_dir == "":
+        cfg.cache_dir = NULL
+        return None
+    cdef bytes b = os.fsencode(cache_dir)
+    cfg.cache_dir = PyBytes_AS_STRING(b)
+    return b

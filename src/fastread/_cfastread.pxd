@@ -23,6 +23,8 @@ cdef extern from "fastread.h" nogil:
         unsigned spin_us
         int auto_engine
         unsigned remember_sizes
+        const char *cache_dir
+        uint64_t cache_bytes
 
     void fr_config_init(fr_config *cfg)
     const int FR_AUTO_URING
@@ -125,6 +127,7 @@ cdef extern from "fastread.h" nogil:
     size_t fr_reader_size(const fr_reader *reader)
     const char *fr_reader_engine(const fr_reader *reader)
     long fr_reader_auto_fallback(const fr_reader *reader)
+    long fr_reader_stat(fr_reader *reader, const char *key)
     fr_pool *fr_reader_pool(fr_reader *reader)
     fr_gpu *fr_reader_gpu(fr_reader *reader)
     void fr_reader_close(fr_reader *reader)

@@ -10,7 +10,8 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memchr
 
 from fastread._adapt cimport (PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_IS_COMPACT_ASCII,
-                              encode_path, engine_name, gpu_error, init_config, make_ranges,
+                              cache_config, encode_path, engine_name, gpu_error, init_config,
+                              make_ranges,
                               raise_errno)
 from fastread._batch cimport Batch, _PoolOwner
 from fastread._cfastread cimport *
@@ -36,7 +37,7 @@ cdef class Context:
                   bint register_buffers=True, bint register_files=True,
                   str engine_args="", int device_id=-1, bint pin_memory=False,
                   bint device_output=False, unsigned spin_us=50, int auto_engine=0,
-                  remember_sizes=None):
+                  remember_sizes=None, cache_dir=None, cache_bytes=0):
         import threading
         cdef fr_config cfg
         cdef char err[256]
@@ -52,6 +53,8 @@ cdef class Context:
             if not 0 <= remember_sizes <= 1 << 30:
                 raise ValueError(f"remember_sizes must be in 0..2**30, got {remember_sizes!r}")
             cfg.remember_sizes = remember_sizes
+        # Kept alive until fr_ctx_open has copied it.
+        cdef bytes cache_b = cache_config(&cfg, cache_dir, cache_bytes)
         cdef int rc
         with nogil:
             rc = fr_ctx_open(&cfg, &self.ctx, err, sizeof(err))
@@ -109,6 +112,20 @@ cdef class Context:
 
     def pool_batches(self):
         return fr_pool_batches(self.owner.pool)
+
+    def stats(self):
+        """The object cache's counters (cache_dir; fr_ctx_stat's cache_*
+        keys) and the s3 engine's requests and bytes, where the context has
+        them: a dict of the keys it knows."""
+        from fastread._adapt import STAT_KEYS
+        if self.ctx == NULL:
+            raise ValueError("context is closed")
+        out = {}
+        for key in STAT_KEYS + ("cache_usage",):
+            v = fr_ctx_stat(self.ctx, key.encode())
+            if v >= 0:
+                out[key] = v
+        return out
 
     def sample_error(self, size_t i):
         """Why sample ``i`` of this context's last read failed, in the

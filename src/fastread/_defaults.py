@@ -30,6 +30,15 @@ _SETTINGS = {
     # costs 4-7% more). A stale size costs time, never bytes. At most this
     # many paths (a table of 32 bytes a path at most); 0: none.
     "remember_sizes": ("FASTREAD_REMEMBER_SIZES", 65536, int),
+    # A node-local cache of objects read over the network (the s3 engine):
+    # objects are kept in this directory after their first read, and later
+    # reads (the next epochs) take them from local disk with io_uring or
+    # psync. Shared safely by every process of a node (ranks, DataLoader
+    # workers): each object is fetched once. "": no cache.
+    "cache_dir": ("FASTREAD_OBJECT_CACHE_DIR", "", str),
+    # The most bytes the cache's entries may hold; past it the least
+    # recently used are removed down to 90%. 0: no limit.
+    "cache_bytes": ("FASTREAD_OBJECT_CACHE_BYTES", 0, int),
     "prefetch": ("FASTREAD_PREFETCH", 2, int),
     # Reader threads, each with its own engine context; 0: one per 2 CPUs.
     "workers": ("FASTREAD_WORKERS", 0, int),

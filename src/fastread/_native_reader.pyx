@@ -9,7 +9,8 @@ from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
-from fastread._adapt cimport encode_path, engine_name, gpu_error, init_config, make_ranges, raise_errno
+from fastread._adapt cimport (cache_config, encode_path, engine_name, gpu_error, init_config,
+                              make_ranges, raise_errno)
 from fastread._batch cimport Batch, _PoolOwner
 from fastread._cfastread cimport *
 
@@ -38,7 +39,8 @@ cdef class NativeReader:
                   str engine_args="", int device_id=-1, bint pin_memory=False,
                   bint device_output=False, unsigned spin_us=50, int auto_engine=0,
                   unsigned prefetch=2,
-                  unsigned workers=1, image=None, offsets=None, lengths=None):
+                  unsigned workers=1, image=None, offsets=None, lengths=None,
+                  cache_dir=None, cache_bytes=0):
         cdef list encoded = [] if image is not None else [encode_path(p) for p in paths]
         cdef size_t n = len(encoded), i
         cdef bytes image_b = encode_path(image) if image is not None else None
@@ -58,10 +60,12 @@ cdef class NativeReader:
         cdef bytes eng = engine_name(engine)
         cdef bytes args = engine_args.encode()
         cdef int rc
+        cdef bytes cache_b  # kept alive until the reader has copied cfg.cache_dir
         try:
             init_config(&cfg, eng, queue_depth, threads, o_direct, direct_alignment,
                          register_buffers, register_files, args, device_id, pin_memory,
                          device_output, spin_us, auto_engine)
+            cache_b = cache_config(&cfg, cache_dir, cache_bytes)
             if ranges != NULL:
                 with nogil:
                     rc = fr_reader_open_ranges(&cfg, cimage, ranges, n, prefetch, workers,
@@ -155,6 +159,16 @@ cdef class NativeReader:
 
     def pool_batches(self):
         return fr_pool_batches(self.owner.pool)
+
+    def stat(self, str key):
+        """A counter summed over the workers' contexts as of their last
+        batch (fr_reader_stat): -1 for a key it does not sum."""
+        return fr_reader_stat(self._get(), key.encode())
+
+    def stats(self):
+        """Every counter fr_reader_stat sums (STAT_KEYS), as a dict."""
+        from fastread._adapt import STAT_KEYS
+        return {key: self.stat(key) for key in STAT_KEYS}
 
     def pool_idle_bytes(self):
         return fr_pool_bytes(self.owner.pool)

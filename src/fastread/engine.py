@@ -112,7 +112,8 @@ XNVME_OPTIONS = {
 
 # Options every engine accepts; an engine ignores those it has no use for.
 OPTION_NAMES = ("queue_depth", "threads", "o_direct", "direct_alignment",
-                "register_buffers", "register_files", "engine_args", "spin_us")
+                "register_buffers", "register_files", "engine_args", "spin_us",
+                "cache_dir", "cache_bytes")
 # Where batches go: device_id (a CUDA device, or None), device_output
 # (batches delivered in GPU memory), pin_memory (page-locked host arenas).
 GPU_OPTION_NAMES = ("device_id", "device_output", "pin_memory")
@@ -324,7 +325,7 @@ def _fold_xnvme(engine, given, engine_args):
 # name neither where a value came from nor, for a wrong type, the option.
 # Integer options: name -> (lowest, highest).
 _INT_RANGES = {"queue_depth": (1, 4096), "threads": (0, 1024), "spin_us": (0, 100000),
-               "remember_sizes": (0, 1 << 30)}
+               "remember_sizes": (0, 1 << 30), "cache_bytes": (0, (1 << 63) - 1)}
 _BOOL_OPTIONS = ("o_direct", "register_buffers", "register_files", "pin_memory", "device_output")
 
 
@@ -361,6 +362,11 @@ def check_option(name, v, from_env=False):
             raise ValueError(f"engine option engine_args must be a string of key=value pairs, "
                              f"got {v!r}{where}")
         return v
+    if name == "cache_dir":
+        if not isinstance(v, (str, os.PathLike)) or (isinstance(v, str) and "\0" in v):
+            raise ValueError(f"engine option cache_dir must be a directory path (\"\": no "
+                             f"cache), got {v!r}{where}")
+        return os.fspath(v)
     if name == "device_id":
         if not _is_int(v) or v < -1:
             raise ValueError(f"device_id must be a CUDA device number (>= 0) or None, "
@@ -398,6 +404,12 @@ class EngineOptions:
       serves, page-locked host arenas, batches delivered in GPU memory.
     - ``xnvme_be``, ``xnvme_async``, ...: the xNVMe engines' options, folded
       into ``engine_args`` (only for the engines that take them).
+    - ``cache_dir``, ``cache_bytes`` (``FASTREAD_OBJECT_CACHE_DIR``,
+      ``FASTREAD_OBJECT_CACHE_BYTES``): a node-local cache of the objects the s3
+      engine reads: kept on local disk after their first read, read from
+      there with io_uring/psync afterwards, shared by every process of the
+      node; at most ``cache_bytes`` (0: no limit), least recently used
+      removed first. File engines ignore them.
     - ``s3``: how the s3 engine reaches a bucket (a
       :class:`fastread.s3.S3Options` or a mapping of its options: endpoint_url,
       region, credentials, ...), folded into ``engine_args``.
@@ -434,6 +446,8 @@ class EngineOptions:
     xnvme_bounce: Union[str, int, None] = None
     xnvme_nsid: Union[str, int, None] = None
     s3: Optional["_s3.S3Options"] = None
+    cache_dir: Optional[str] = None
+    cache_bytes: Optional[int] = None
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -236,6 +236,16 @@ class Reader:
                 self._ring.popleft().release()
         return arrays, self.labels[idx]
 
+    def stats(self):
+        """Counters summed over the reader's native threads, as of their last
+        finished batch: the object cache's (``cache_hits``, ``cache_misses``,
+        ``cache_damaged``, ``cache_bytes_written``, ``cache_write_errors``,
+        ``cache_evictions``, ``cache_waits``: see ``cache_dir``), the s3
+        engine's ``s3_requests`` and ``s3_bytes`` (0 where the engine has no
+        such counter), and ``file_calls`` (batches read). Empty once closed."""
+        with self._lock:
+            return {} if self._native is None else self._native.stats()
+
     # -- lifetime ------------------------------------------------------------
     def close(self):
         """Stops the native threads (waiting for a batch another thread is
