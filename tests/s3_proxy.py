@@ -396,6 +396,18 @@ class FaultProxy:
 
     # -- lifecycle -----------------------------------------------------------------
 
+    def settled_log(self, timeout_s=3.0):
+        """The log once it stops growing: a request is recorded after its
+        response is relayed, so the client can be done first."""
+        deadline = time.monotonic() + timeout_s
+        n = -1
+        while time.monotonic() < deadline:
+            time.sleep(0.15)
+            if len(self.log) == n:
+                break
+            n = len(self.log)
+        return list(self.log)
+
     def close(self, timeout_s=5.0):
         """Stop accepting, end every connection (stalls included), join the
         threads (bounded). Idempotent."""

@@ -16,20 +16,6 @@ pytestmark = pytest.mark.usefixtures("s3_engine")
 BUCKET = "features-s3"
 
 
-def settled_log(proxy, timeout_s=3.0):
-    """The proxy's log once it stops growing: the proxy records a request
-    after relaying its response, so the client can be done first."""
-    import time
-    deadline = time.monotonic() + timeout_s
-    n = -1
-    while time.monotonic() < deadline:
-        time.sleep(0.15)
-        if len(proxy.log) == n:
-            break
-        n = len(proxy.log)
-    return list(proxy.log)
-
-
 @pytest.fixture(scope="module")
 def arrays(disk_tmp, s3_server):
     """A float32 (3000, 24) array as raw bytes and as .npy, on disk and in
@@ -82,7 +68,7 @@ def test_adjacent_rows_coalesce_into_few_gets(arrays, s3_server, s3_proxy):
     s3_proxy.log.clear()
     ids = np.arange(1000, 1200)[::-1]
     np.testing.assert_array_equal(st.gather(ids, device="cpu"), a[ids])
-    gets = [status for m, t, _, status in settled_log(s3_proxy)
+    gets = [status for m, t, _, status in s3_proxy.settled_log()
             if m == "GET" and t.endswith("feat.raw")]
     assert 1 <= len(gets) <= 4 and all(s == 206 for s in gets), gets
 

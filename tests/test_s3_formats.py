@@ -16,20 +16,6 @@ pytestmark = pytest.mark.usefixtures("s3_engine")
 BUCKET = "formats-s3"
 
 
-def settled_log(proxy, timeout_s=3.0):
-    """The proxy's log once it stops growing: the proxy records a request
-    after relaying its response, so the client can be done first."""
-    import time
-    deadline = time.monotonic() + timeout_s
-    n = -1
-    while time.monotonic() < deadline:
-        time.sleep(0.15)
-        if len(proxy.log) == n:
-            break
-        n = len(proxy.log)
-    return list(proxy.log)
-
-
 def opts(srv, endpoint=None):
     return fastread.S3Options(endpoint_url=endpoint or srv.endpoint, region=srv.region,
                               access_key_id=srv.access_key, secret_access_key=srv.secret_key)
@@ -88,7 +74,7 @@ def test_index_and_image_are_read_by_ranges(packed, s3_server, s3_proxy):
     local, url, _ = packed
     img = fastread.PackedImage(url, s3=opts(s3_server, s3_proxy.endpoint))
     img.read(list(range(len(img))))
-    gets = [(t, status) for method, t, _, status in settled_log(s3_proxy) if method == "GET"]
+    gets = [(t, status) for method, t, _, status in s3_proxy.settled_log() if method == "GET"]
     assert any(t.endswith("/train.img.index") for t, _ in gets)
     assert any(t.endswith("/train.img") for t, _ in gets)
     assert gets and all(status == 206 for _, status in gets), gets
@@ -304,7 +290,7 @@ def test_whole_shards_fetch_each_shard_once_an_epoch(shards, s3_server, s3_proxy
     ranges = WebDataset(urls, ["jpg"], s3=o, s3_read="ranges")
 
     def gets():
-        n = sum(1 for m, *_ in settled_log(s3_proxy) if m == "GET")
+        n = sum(1 for m, *_ in s3_proxy.settled_log() if m == "GET")
         s3_proxy.log.clear()
         return n
 
