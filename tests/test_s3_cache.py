@@ -19,9 +19,7 @@ import pytest
 
 import fastread
 
-pytestmark = pytest.mark.skipif(
-    not str(fastread.engines().get("s3")).startswith(fastread.engine.URL_ONLY["s3"]),
-    reason=f"s3 engine unavailable: {fastread.engines().get('s3')}")
+pytestmark = pytest.mark.usefixtures("s3_engine")
 
 
 def opts(endpoint, srv, **extra):

@@ -72,7 +72,7 @@ def main():
         st = cached.stats()
         assert st["cache_misses"] == len(urls), st
         file_engine = "io_uring" if cached.stat("cache_file.fixed_files") >= 0 or \
-            fastread.engines().get("io_uring") is True else "psync"
+            fastread.engines()["io_uring"].files is True else "psync"
         plain = fastread.open_context(file_engine, threads=args.threads)
 
         def one_round(ctx, names):
