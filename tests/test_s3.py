@@ -416,3 +416,36 @@ def test_retries_through_faults(s3_server, many, proxy):
     proxy.fail("status", times=10, match="00011", status=500, code="InternalError")
     batch = strict.read(urls[1:2])
     assert batch.failures() == [(0, errno.EIO)] and "500 InternalError" in strict.sample_error(0)
+
+
+def test_server_killed_mid_epoch_errs_within_the_deadline_and_reads_after_restart(s3_server):
+    """The store dies between two batches of an epoch: the next batch fails
+    with an error naming the URL within its deadline (no hang), and once the
+    server is back the same Reader reads whole, exact epochs again."""
+    import time
+    s3_server.make_bucket("dies")
+    rng = random.Random(11)
+    want = {}
+    for c in ("a", "b"):
+        for i in range(16):
+            url = s3_server.put("dies", f"t/{c}/{i:02d}.jpg", rand_bytes(rng, 20_000 + i))
+            want[url] = None
+    o = opts(s3_server, retries=2, deadline_ms=3000, connect_timeout_ms=500)
+    reader = fastread.Reader("s3://dies/t", batch_size=8, s3=o, workers=1, prefetch=1)
+    try:
+        it = iter(reader)
+        next(it)                      # the epoch has begun
+        s3_server.kill()
+        t0 = time.monotonic()
+        with pytest.raises(fastread.ReadError) as err:
+            for _ in it:              # batches read ahead before the kill may still come
+                pass
+        assert time.monotonic() - t0 < 30, "the dead server was waited on past its deadline"
+        assert "s3://dies/t/" in str(err.value)
+    finally:
+        s3_server.restart()           # later tests share the server
+    for _ in range(2):
+        got = 0
+        for arrays, _labels in reader:
+            got += len(arrays)
+        assert got == len(want)
