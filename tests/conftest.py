@@ -140,6 +140,40 @@ def interruptible_child(script, env=None):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def assert_sigint_interrupts(reader, env=None, settle_s=1.0):
+    """A child iterates ``reader`` (the Python expression of a Reader whose
+    read stalls for far longer than this test waits): SIGINT must reach
+    Python at once (the reader polls for signals while it waits), not when
+    the read ends. Closing afterwards would wait for the read in flight, so
+    the child leaves with os._exit after reporting."""
+    import signal
+    import time
+    script = f"""
+    import os, sys, fastread
+    r = {reader}
+    print("ready", flush=True)
+    n = 0
+    try:
+        for arrays, _ in r:
+            n += 1
+    except KeyboardInterrupt:
+        print("interrupted after", n, "batches", flush=True)
+        os._exit(0)
+    print("finished without interruption", flush=True)
+    os._exit(1)
+    """
+    p = interruptible_child(script, env)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(settle_s)  # let it reach the stalled read
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=20)  # far less than the stall
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("SIGINT did not interrupt the stalled read")
+    assert p.returncode == 0 and out.startswith("interrupted"), (out, err)
+
+
 def write_tar(path, members, fmt=tarfile.USTAR_FORMAT, mode="w"):
     """A tar file at `path` of members [(name, bytes)] in order, mtime 0
     (the bytes of the file depend on the members alone). Its path, a string."""

@@ -21,7 +21,7 @@ import textwrap
 
 import pytest
 
-from conftest import fault_tree, interruptible_child
+from conftest import assert_sigint_interrupts, fault_tree
 
 
 
@@ -138,37 +138,11 @@ def test_stalled_reads_finish(shim, files):
 
 
 def interrupt_stalled_reader(files, reader_args, env=None):
-    """A Reader in a child whose read of "victim" stalls for 60 s: SIGINT
-    must reach Python at once (the reader polls for signals while it
-    waits), not when the read ends. Closing afterwards would wait for the
-    read in flight, so the child leaves with os._exit after reporting."""
-    import signal
-    import time
+    """A Reader over the tree of ``files`` whose read of "victim" stalls for
+    60 s, interrupted by SIGINT (conftest.assert_sigint_interrupts)."""
     root = os.path.dirname(os.path.dirname(files[0]))
-    script = f"""
-    import os, sys, fastread
-    r = fastread.Reader({root!r}, batch_size=1, prefetch=1, workers=1, {reader_args})
-    print("ready", flush=True)
-    n = 0
-    try:
-        for arrays, _ in r:
-            n += 1
-    except KeyboardInterrupt:
-        print("interrupted after", n, "batches", flush=True)
-        os._exit(0)
-    print("finished without interruption", flush=True)
-    os._exit(1)
-    """
-    p = interruptible_child(script, env)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        time.sleep(1.0)  # let it reach the stalled sample
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=20)  # far less than the 60 s stall
-    except subprocess.TimeoutExpired:
-        p.kill()
-        pytest.fail("SIGINT did not interrupt the stalled read")
-    assert p.returncode == 0 and out.startswith("interrupted"), (out, err)
+    assert_sigint_interrupts(
+        f"fastread.Reader({root!r}, batch_size=1, prefetch=1, workers=1, {reader_args})", env)
 
 
 def test_sigint_during_a_stalled_read_interrupts_promptly(shim, files):

@@ -455,38 +455,13 @@ def test_sigint_while_a_request_stalls_interrupts_promptly(s3_server, s3_proxy):
     """A Reader whose request to the store stalls (the proxy holds the
     response back for 60 s): SIGINT reaches Python at once, not when the
     request's deadline ends."""
-    import signal
-    import subprocess
-    import time
-    from conftest import interruptible_child
+    from conftest import assert_sigint_interrupts
     s3_server.make_bucket("stalls")
     for i in range(4):
         s3_server.put("stalls", f"t/c/{i}.jpg", bytes([i]) * 5000)
     s3_proxy.fail("stall", times=10, match="stalls/t/c/2.jpg", seconds=60)
     env = dict(os.environ, AWS_ENDPOINT_URL=s3_proxy.endpoint, AWS_REGION=s3_server.region,
                AWS_ACCESS_KEY_ID=s3_server.access_key, AWS_SECRET_ACCESS_KEY=s3_server.secret_key)
-    script = """
-    import os, fastread
-    o = fastread.S3Options(deadline_ms=120000, low_speed_time_s=120)
-    r = fastread.Reader("s3://stalls/t", batch_size=1, prefetch=1, workers=1, s3=o)
-    print("ready", flush=True)
-    n = 0
-    try:
-        for arrays, _ in r:
-            n += 1
-    except KeyboardInterrupt:
-        print("interrupted after", n, "batches", flush=True)
-        os._exit(0)
-    print("finished without interruption", flush=True)
-    os._exit(1)
-    """
-    p = interruptible_child(script, env)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        time.sleep(2.0)  # the reader reaches the stalled object
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=20)  # far less than the 60 s stall
-    except subprocess.TimeoutExpired:
-        p.kill()
-        pytest.fail("SIGINT did not interrupt the stalled request")
-    assert p.returncode == 0 and out.startswith("interrupted"), (out, err)
+    assert_sigint_interrupts(
+        'fastread.Reader("s3://stalls/t", batch_size=1, prefetch=1, workers=1, '
+        's3=fastread.S3Options(deadline_ms=120000, low_speed_time_s=120))', env, settle_s=2.0)
