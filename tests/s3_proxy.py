@@ -240,6 +240,8 @@ class FaultProxy:
         return None
 
     def _record(self, method, target, action, status):
+        """Called before the first byte of the answer goes to the client, so
+        a client that has its answer always finds the request in the log."""
         with self._lock:
             self.counts[action] += 1
             self.log.append((method, target, action, status))
@@ -322,9 +324,9 @@ class FaultProxy:
                    f"<Message>injected by the test proxy</Message>"
                    f"<Resource>{target}</Resource><RequestId>proxy</RequestId></Error>").encode()
             reason = {503: "Slow Down", 500: "Internal Server Error"}.get(status, "Error")
+            self._record(method, target, mode, status)
             client.sock.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\n"
                                 f"Content-Length: {len(xml)}\r\n\r\n".encode() + xml)
-            self._record(method, target, mode, status)
             return not client_close, False, upstream
         if mode == "reset":
             self._record(method, target, "reset", None)
@@ -359,23 +361,23 @@ class FaultProxy:
         if mode == "truncate":
             full = length if length is not None else 0
             keep = rule.params.get("keep", full // 2)
-            self._send_limited(client.sock, resp_head, resp_body, keep)
             self._record(method, target, "truncate", status)
+            self._send_limited(client.sock, resp_head, resp_body, keep)
             self._drop(upstream)    # the rest of its answer is unread
             return False, False, None
         if mode == "stall":
             after = rule.params.get("after_bytes")
+            self._record(method, target, "stall", status)
             if after is not None:
                 self._send_limited(client.sock, resp_head, resp_body, after)
-            self._record(method, target, "stall", status)
             self._sleep(min(float(rule.params.get("seconds", 10.0)), _MAX_STALL_S))
             self._drop(upstream)
             return False, False, None
 
+        self._record(method, target, "pass", status)
         client.sock.sendall(resp_head)
         for chunk in resp_body:
             client.sock.sendall(chunk)
-        self._record(method, target, "pass", status)
         if upstream_close:
             self._drop(upstream)
             upstream = None
@@ -397,8 +399,8 @@ class FaultProxy:
     # -- lifecycle -----------------------------------------------------------------
 
     def settled_log(self, timeout_s=3.0):
-        """The log once it stops growing: a request is recorded after its
-        response is relayed, so the client can be done first."""
+        """The log once it stops growing: for requests still on their way
+        (a client that gave up on one, or reads from several threads)."""
         deadline = time.monotonic() + timeout_s
         n = -1
         while time.monotonic() < deadline:
