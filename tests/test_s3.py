@@ -17,10 +17,11 @@ pytestmark = pytest.mark.usefixtures("s3_engine")
 
 
 def opts(srv, **extra):
-    """S3Options reaching the test server with its credentials."""
-    return fastread.S3Options(endpoint_url=srv.endpoint, region=srv.region,
-                              access_key_id=srv.access_key, secret_access_key=srv.secret_key,
-                              **extra)
+    """S3Options reaching the test server (or `endpoint_url`: a proxy in
+    front of it) with its credentials."""
+    extra.setdefault("endpoint_url", srv.endpoint)
+    return fastread.S3Options(region=srv.region, access_key_id=srv.access_key,
+                              secret_access_key=srv.secret_key, **extra)
 
 
 def rand_bytes(rng, n):
@@ -465,3 +466,71 @@ def test_sigint_while_a_request_stalls_interrupts_promptly(s3_server, s3_proxy):
     assert_sigint_interrupts(
         'fastread.Reader("s3://stalls/t", batch_size=1, prefetch=1, workers=1, '
         's3=fastread.S3Options(deadline_ms=120000, low_speed_time_s=120))', env, settle_s=2.0)
+
+
+def test_close_cancels_a_stalled_request_at_once(s3_server, s3_proxy):
+    """Closing a Reader whose read-ahead waits on a stalled request (the
+    proxy holds the answer 60 s, the request's own limits are 120 s) returns
+    at once: the reader cancels the batches it drops (fr_ctx_cancel), it
+    does not wait out their deadline. A new epoch after a stall does too."""
+    import time
+    s3_server.make_bucket("cancels")
+    for i in range(6):
+        s3_server.put("cancels", f"t/c/{i}.jpg", bytes([i]) * 5000)
+    o = opts(s3_server, endpoint_url=s3_proxy.endpoint, deadline_ms=120000,
+             low_speed_time_s=120, retries=1)
+    s3_proxy.fail("stall", times=100, match="cancels/t/c/3.jpg", seconds=60)
+    for action in ("new epoch", "close"):
+        reader = fastread.Reader("s3://cancels/t", batch_size=1, prefetch=2, workers=1, s3=o)
+        try:
+            it = iter(reader)
+            for _ in range(3):
+                next(it)                    # objects 0-2; the worker now waits on 3
+            deadline = time.monotonic() + 10
+            while not any("3.jpg" in t for _m, t, a, _s in s3_proxy.log if a == "stall"):
+                assert time.monotonic() < deadline, "the read-ahead never reached the stall"
+                time.sleep(0.05)
+            t0 = time.monotonic()
+            if action == "close":
+                reader.close()
+            else:
+                s3_proxy.clear()            # the new epoch's reads answer
+                got = sum(len(a) for a, _l in reader)
+                assert got == 6
+            took = time.monotonic() - t0
+            assert took < 10, f"{action} waited {took:.1f} s on a stalled request"
+        finally:
+            reader.close()
+        s3_proxy.fail("stall", times=100, match="cancels/t/c/3.jpg", seconds=60)
+    s3_proxy.clear()
+
+
+def test_reader_memory_is_bounded_and_flat_over_20_epochs(s3_server, many):
+    """Reader.memory() over 20 epochs of 403 objects (three of several
+    MiB): the pool's batches, the engine's buffers and the process's
+    resident memory do not grow after the first epochs."""
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    o = opts(s3_server, inflight=32)
+    keys = sorted(many)
+    urls = [f"s3://many/{k}" for k in keys[:400] + [k for k in keys if "big" in k]]
+    with fastread.Reader(files=urls, batch_size=64, s3=o, workers=2, prefetch=2) as reader:
+        seen = []
+        for epoch in range(20):
+            n = sum(len(arrays) for arrays, _labels in reader)
+            assert n == len(urls)
+            seen.append((reader.memory(), rss()))
+    mem2, rss2 = seen[2]
+    for epoch, (mem, r) in enumerate(seen[3:], 3):
+        # The pool: what the threads may read ahead (prefetch + workers)
+        # and the one batch the caller holds, however many epochs.
+        assert mem["batches"] <= 2 + 2 + 1, (epoch, mem)
+        assert mem["engine_buffer_bytes_max"] == mem2["engine_buffer_bytes_max"], (epoch, mem, mem2)
+        assert 0 < mem["engine_buffer_bytes"] <= mem["engine_buffer_bytes_max"]
+        assert r - rss2 < 32 << 20, f"resident memory grew {(r - rss2) >> 20} MiB by epoch {epoch}"
+    # The bound docs/s3.md states, per worker: a receive buffer (and the
+    # transfer's own few KiB) per request in flight, plus the first bytes of
+    # a batch's objects of unknown size (min(part_size, 1 MiB) each).
+    assert mem2["engine_buffer_bytes_max"] <= 2 * (32 * ((64 << 10) + (16 << 10)) + 64 * (1 << 20))

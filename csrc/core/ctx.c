@@ -384,6 +384,14 @@ static int ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_le
     return 0;
 }
 
+void fr_ctx_cancel(fr_ctx *ctx, int on)
+{
+    /* Only the main engine can wait long: the cache tier's file engine and
+     * auto's psync read local files. */
+    if (ctx && ctx->engine->cancel && ctx->pid == getpid())
+        ctx->engine->cancel(ctx->state, on);
+}
+
 void fr_ctx_close(fr_ctx *ctx)
 {
     if (!ctx)
@@ -788,8 +796,10 @@ static int fetch_objects(fr_ctx *ctx, const char *const *paths, const int64_t *h
         if (sm.length < 0) {
             keep_note(ctx, i, j);
         } else if (store && !(w->flags[i] & CW_UNLOCKED)) {
+            const char *version =
+                ctx->engine->sample_version ? ctx->engine->sample_version(ctx->state, j) : NULL;
             if (fr_ocache_publish(ctx->cache, paths[i], sc->arena.base + sm.offset,
-                                  (uint64_t)sm.length, NULL) == 0)
+                                  (uint64_t)sm.length, version) == 0)
                 ctx->cache_bytes_written += sm.length;
             else
                 ctx->cache_write_errors++; /* a full disk: the bytes are read all the same */

@@ -25,6 +25,8 @@
 static const char *const summed_keys[] = {
     "cache_hits",  "cache_misses", "cache_damaged", "cache_bytes_written", "cache_write_errors",
     "cache_evictions", "cache_waits", "s3_requests", "s3_bytes", "file_calls",
+    /* gauges: a worker adds its change, so the total is the sum of now's */
+    "s3_buffer_bytes", "s3_buffer_bytes_max",
 };
 #define NSUMMED (sizeof(summed_keys) / sizeof(summed_keys[0]))
 
@@ -57,6 +59,14 @@ struct fr_reader {
 
     pthread_t threads[MAX_WORKERS];
     unsigned nthreads;
+    /* Each worker's context while it is open, and the generation of the
+     * batch it reads (under lock): fr_reader_reset cancels the reads it
+     * makes stale (fr_ctx_cancel), so a stalled request does not hold a
+     * new epoch, or close, up to its deadline. */
+    fr_ctx *ctxs[MAX_WORKERS];
+    uint64_t reading_gen[MAX_WORKERS];
+    int reading[MAX_WORKERS];
+    unsigned nctxs;
     pthread_mutex_t lock;
     pthread_cond_t work_cv;
     pthread_cond_t ready_cv;
@@ -188,6 +198,8 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&rd->lock);
         return NULL;
     }
+    unsigned me = rd->nctxs++; /* < MAX_WORKERS: one per thread */
+    rd->ctxs[me] = ctx;
 
     scratch sc = {NULL, NULL, NULL, 0, 0};
     long seen[NSUMMED] = {0}; /* this context's counters already in rd->totals */
@@ -203,6 +215,9 @@ static void *worker_main(void *arg)
         uint64_t gen = rd->generation;
         uint64_t seq = rd->next_seq++;
         rd->nbusy++;
+        rd->reading[me] = 1;
+        rd->reading_gen[me] = gen;
+        fr_ctx_cancel(ctx, 0); /* a batch of this generation: read it */
         pthread_mutex_unlock(&rd->lock);
 
         fr_batch *b = fr_pool_get(rd->pool);
@@ -227,6 +242,7 @@ static void *worker_main(void *arg)
                 seen[k] = now[k];
             }
         rd->nbusy--;
+        rd->reading[me] = 0;
         if (gen != rd->generation) {
             pthread_mutex_unlock(&rd->lock);
             fr_batch_recycle(b);
@@ -246,6 +262,7 @@ static void *worker_main(void *arg)
         insert_ready(rd, b);
         pthread_cond_broadcast(&rd->ready_cv);
     }
+    rd->ctxs[me] = NULL; /* reset no longer cancels it: it is closed below */
     pthread_mutex_unlock(&rd->lock);
     free(sc.paths);
     free(sc.hints);
@@ -510,6 +527,9 @@ void fr_reader_reset(fr_reader *rd)
     /* Batches being read now carry older seqs and the old generation: they
      * are dropped when they finish. */
     rd->deliver_seq = rd->next_seq;
+    for (unsigned w = 0; w < rd->nctxs; w++)
+        if (rd->ctxs[w] && rd->reading[w] && rd->reading_gen[w] != rd->generation)
+            fr_ctx_cancel(rd->ctxs[w], 1);
     pthread_cond_broadcast(&rd->work_cv);
     pthread_mutex_unlock(&rd->lock);
     free_requests(reqs);

@@ -41,6 +41,18 @@ typedef struct fr_engine {
      * SignatureDoesNotMatch"), into out[len]: 1, or 0 when there is no
      * message. Never a secret. */
     int (*sample_error)(const void *state, size_t i, char *out, size_t len);
+    /* Optional (NULL: calls run to their end). The one entry point another
+     * thread may call while a call runs on the state's own thread: on != 0
+     * makes the call in progress, and every later call until on == 0, end
+     * soon with a batch-level -ECANCELED. For engines whose calls can wait
+     * long on a network (a stalled request runs to its deadline otherwise);
+     * a reader cancels the batches it will drop (fr_reader_reset, close). */
+    void (*cancel)(void *state, int on);
+    /* Optional (NULL: none). The version the store gave sample i of the
+     * last read_files call (s3: its ETag, quotes and all), or NULL or ""
+     * when it gave none; valid until the next call. The object cache keeps
+     * it in the entry's record (fr_ocache_drop_stale). */
+    const char *(*sample_version)(const void *state, size_t i);
 } fr_engine;
 
 #define FR_HINTS_ANY_SIZE 2

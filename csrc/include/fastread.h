@@ -287,6 +287,12 @@ const char *fr_engine_auto(int *rc, char *why, size_t why_len);
  * failed), 0 when auto read with its first choice. */
 int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len);
 void fr_ctx_close(fr_ctx *ctx);
+/* Thread-safe, unlike the other fr_ctx calls: callable from any thread
+ * while a call runs on the context's own. on != 0 makes the call in
+ * progress, and every later one until on == 0, end soon with -ECANCELED
+ * where the engine can wait long (s3: requests in flight are dropped, a
+ * stalled one included); other engines' calls run to their end. */
+void fr_ctx_cancel(fr_ctx *ctx, int on);
 const char *fr_ctx_engine(const fr_ctx *ctx); /* the engine it reads with ("auto" resolved) */
 /* The context's GPU (borrowed), or NULL when it does no GPU work. Whoever
  * owns the batches' pool pins it through this gpu (fr_pool_set_gpu). */
@@ -344,6 +350,16 @@ int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len);
  * waited for) and "cache_usage" (bytes the cache counts).
  * Returns -1 for an unknown key. */
 long fr_ctx_stat(const fr_ctx *ctx, const char *key);
+
+/* Removes the entries of the object cache at `dir` (fr_config.cache_dir)
+ * whose object the store now holds another version of, as a listing says:
+ * urls[i] with versions[i] (its ETag; NULL, or NULL entries or "":
+ * unknown) and sizes[i] (may be NULL; < 0: unknown). An entry goes when
+ * its size differs, or when it and the listing both have an ETag and they
+ * differ. Safe while other processes use the cache (the entries' locks).
+ * Entries dropped, or -errno and why in err. */
+long fr_cache_drop_stale(const char *dir, const char *const *urls, const char *const *versions,
+                         const int64_t *sizes, size_t n, char *err, size_t err_len);
 
 /* ---------------------------------------------------------------- shuffle */
 /* out[0..n) = a permutation of 0..n-1 drawn from (seed, epoch) alone

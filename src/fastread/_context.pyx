@@ -115,13 +115,15 @@ cdef class Context:
 
     def stats(self):
         """The object cache's counters (cache_dir; fr_ctx_stat's cache_*
-        keys) and the s3 engine's requests and bytes, where the context has
-        them: a dict of the keys it knows."""
-        from fastread._adapt import STAT_KEYS
+        keys) and the s3 engine's requests, bytes and buffers
+        (``s3_buffer_bytes``, ``s3_buffer_bytes_max``: see
+        ``Reader.memory()``), where the context has them: a dict of the keys
+        it knows."""
+        from fastread._adapt import MEMORY_KEYS, STAT_KEYS
         if self.ctx == NULL:
             raise ValueError("context is closed")
         out = {}
-        for key in STAT_KEYS + ("cache_usage",):
+        for key in STAT_KEYS + MEMORY_KEYS + ("cache_usage",):
             v = fr_ctx_stat(self.ctx, key.encode())
             if v >= 0:
                 out[key] = v

@@ -264,10 +264,21 @@ class Reader:
         self.close()
 
     def memory(self):
-        """Batches allocated by this reader's pool so far, and idle arena bytes."""
+        """What this reader holds: ``batches`` allocated by its pool so far
+        (at most prefetch + workers + the ones the caller holds), their idle
+        arena bytes (``idle_bytes``, ``idle_device_bytes``), and the engine's
+        own buffers beyond the arenas, summed over the native threads as of
+        their last batch: ``engine_buffer_bytes`` now and
+        ``engine_buffer_bytes_max`` at most (the s3 engine: per request in
+        flight its libcurl receive buffer, plus the first bytes of objects
+        of unknown size until a batch is laid out; 0 for file engines). All
+        of it is bounded by the options, not by the data set: flat from epoch
+        to epoch."""
         self._check_open()
         return {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes(),
-                "idle_device_bytes": self._native.pool_idle_device_bytes()}
+                "idle_device_bytes": self._native.pool_idle_device_bytes(),
+                "engine_buffer_bytes": max(0, self._native.stat("s3_buffer_bytes")),
+                "engine_buffer_bytes_max": max(0, self._native.stat("s3_buffer_bytes_max"))}
 
 
 class _Epoch:

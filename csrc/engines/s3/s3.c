@@ -40,6 +40,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,15 @@ typedef struct s3_engine {
 
     long requests, retries, repairs, inflight_max, connections;
     long long bytes;
+    /* Memory the engine holds beyond the caller's arenas: the probes'
+     * buffers now and at most (their bound: a call's samples times
+     * min(part_size, PROBE_MAX), KEEP_PROBES between calls), and per
+     * transfer its struct and libcurl's receive buffer (BUFFERSIZE in
+     * s3_http.c). Reported as s3_buffer_bytes and s3_buffer_bytes_max. */
+    uint64_t probe_bytes, probe_bytes_max;
+
+    /* Set by s3_cancel from any thread; read by run_jobs. */
+    atomic_int cancelled;
 } s3_engine;
 
 static long long now_ms(void)
@@ -242,6 +252,7 @@ static int s3_open(const fr_config *cfg, void **state, char *err, size_t err_len
         fr_s3_curl_done();
         return rc;
     }
+    atomic_init(&s->cancelled, 0);
     s->rng = (uint64_t)(uintptr_t)s ^ (uint64_t)now_ms();
     s->nxfers = (size_t)s->cfg.inflight;
     s->xfers = calloc(s->nxfers, sizeof(*s->xfers));
@@ -351,6 +362,7 @@ static void end_call(s3_engine *s)
             kept += sm->buf_cap;
             continue;
         }
+        s->probe_bytes -= sm->buf_cap;
         free(sm->buf);
         sm->buf = NULL;
         sm->buf_cap = 0;
@@ -451,6 +463,9 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata)
             if (!p)
                 return 0; /* CURLE_WRITE_ERROR; the sample fails with ENOMEM */
             sm->buf = p;
+            t->s->probe_bytes += want - sm->buf_cap;
+            if (t->s->probe_bytes > t->s->probe_bytes_max)
+                t->s->probe_bytes_max = t->s->probe_bytes;
             sm->buf_cap = want;
         }
         memcpy(sm->buf + t->got, ptr, n);
@@ -606,6 +621,10 @@ static void judge_ok(s3_engine *s, s3_xfer *t, s3_job *job, long code)
                                    t->overflow || t->got != job->len)) {
             /* 200: the server sent the whole object. */
             size_changed(s, i, "the server sent the whole object, of another size");
+        } else if (!sm->etag[0]) {
+            /* Sizes known, no probe: the first part to arrive names the
+             * version (for the object cache's record). */
+            memcpy(sm->etag, t->resp.etag, sizeof(sm->etag));
         }
         break;
     case JOB_RANGE:
@@ -745,6 +764,10 @@ static int run_jobs(s3_engine *s)
         return -ENOMEM;
     s->retry = retry;
     while (s->jobs_done < s->njobs) {
+        if (atomic_load_explicit(&s->cancelled, memory_order_acquire)) {
+            abort_all(s);
+            return -ECANCELED;
+        }
         long long now = now_ms();
         size_t j;
         while (s->nidle > 0 && next_ready(s, now, &j))
@@ -867,8 +890,8 @@ static int probe_pass(s3_engine *s, const size_t *list, size_t k, int append)
     return rc;
 }
 
-static int s3_read_files(void *state, const char *const *paths, const int64_t *size_hints,
-                         size_t n, fr_batch *batch)
+static int read_files_call(void *state, const char *const *paths, const int64_t *size_hints,
+                           size_t n, fr_batch *batch)
 {
     s3_engine *s = state;
     int rc = begin_call(s, batch, n);
@@ -917,8 +940,15 @@ static int s3_read_files(void *state, const char *const *paths, const int64_t *s
     }
     for (size_t i = 0; i < n; i++)
         batch->samples[i].length = s->samples[i].err ? s->samples[i].err : s->samples[i].size;
-    end_call(s);
     return 0;
+}
+
+static int s3_read_files(void *state, const char *const *paths, const int64_t *size_hints,
+                         size_t n, fr_batch *batch)
+{
+    int rc = read_files_call(state, paths, size_hints, n, batch);
+    end_call(state); /* a failed (or cancelled) call's probes too */
+    return rc;
 }
 
 /* ------------------------------------------------------------ read_ranges */
@@ -967,6 +997,19 @@ static int s3_read_ranges(void *state, const char *path, const fr_range *ranges,
 
 /* ------------------------------------------------------------ diagnostics */
 
+static void s3_cancel(void *state, int on)
+{
+    s3_engine *s = state;
+    atomic_store_explicit(&s->cancelled, on != 0, memory_order_release);
+    /* Ends a curl_multi_poll in progress now rather than at its timeout;
+     * libcurl documents it as callable from any thread. */
+    if (on)
+        (void)curl_multi_wakeup(s->multi);
+}
+
+/* Per transfer: its struct and libcurl's receive buffer (CURLOPT_BUFFERSIZE). */
+#define XFER_BYTES (sizeof(s3_xfer) + FR_S3_RECV_BUFFER)
+
 static long s3_stat(const void *state, const char *key)
 {
     const s3_engine *s = state;
@@ -980,6 +1023,10 @@ static long s3_stat(const void *state, const char *key)
         return s->inflight_max;
     if (strcmp(key, "s3_repairs") == 0)
         return s->repairs;
+    if (strcmp(key, "s3_buffer_bytes") == 0)
+        return (long)(s->probe_bytes + s->nxfers * XFER_BYTES);
+    if (strcmp(key, "s3_buffer_bytes_max") == 0)
+        return (long)(s->probe_bytes_max + s->nxfers * XFER_BYTES);
     if (strcmp(key, "s3_connections") == 0)
         return s->connections;
     if (strcmp(key, "inflight") == 0)
@@ -996,6 +1043,12 @@ static long s3_stat(const void *state, const char *key)
         return s->cfg.addressing == FR_S3_ADDR_PATH ||
                (s->cfg.addressing == FR_S3_ADDR_AUTO && !s->cfg.endpoint_is_aws);
     return -1;
+}
+
+static const char *s3_sample_version(const void *state, size_t i)
+{
+    const s3_engine *s = state;
+    return i < s->n ? s->samples[i].etag : NULL;
 }
 
 static int s3_sample_error(const void *state, size_t i, char *out, size_t len)
@@ -1021,4 +1074,6 @@ const fr_engine fr_engine_s3 = {
     .stat = s3_stat,
     .read_ranges = s3_read_ranges,
     .sample_error = s3_sample_error,
+    .cancel = s3_cancel,
+    .sample_version = s3_sample_version,
 };

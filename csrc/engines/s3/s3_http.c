@@ -124,7 +124,7 @@ CURLcode fr_s3_easy_setup(CURL *h, const fr_s3_config *cfg, char *errbuf)
     /* Fewer, larger reads from the socket for large objects than the 16 KiB
      * default; a buffer per easy handle, so 64 KiB keeps a context of 128
      * requests in flight at 8 MiB of them. */
-    SET(CURLOPT_BUFFERSIZE, 64L * 1024L);
+    SET(CURLOPT_BUFFERSIZE, (long)FR_S3_RECV_BUFFER);
     SET(CURLOPT_SSL_VERIFYPEER, cfg->verify ? 1L : 0L);
     SET(CURLOPT_SSL_VERIFYHOST, cfg->verify ? 2L : 0L);
     if (cfg->ca_bundle[0])

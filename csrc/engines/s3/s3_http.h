@@ -20,6 +20,8 @@
 /* The oldest libcurl with CURLOPT_AWS_SIGV4 (7.75.0) and a thread-safe
  * curl_global_init (7.84.0): the later of the two. */
 #define FR_S3_CURL_MIN 0x075400
+/* libcurl's receive buffer per transfer (CURLOPT_BUFFERSIZE). */
+#define FR_S3_RECV_BUFFER (64u * 1024u)
 
 /* 0 if the libcurl loaded can serve the engine, and what it is in `why`
  * ("libcurl 7.88.1 (OpenSSL/3.0.17; http https; sigv4, keep-alive)");
