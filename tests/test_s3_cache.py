@@ -126,6 +126,42 @@ def test_changed_object_is_fetched_again(s3_server, s3_proxy, tmp_path):
     assert gets(s3_proxy) == before
 
 
+def test_object_rewritten_with_the_same_size_is_fetched_again(s3_server, s3_proxy, tmp_path):
+    """An entry keeps the ETag its object came with; a Reader over the
+    prefix lists the objects first and drops the entries whose ETag the
+    listing contradicts, so an object rewritten in place with the same size
+    (the case a size check cannot see) is fetched again, and only it."""
+    bucket = s3_server.make_bucket("rewrites")
+    for c in ("a", "b"):
+        for i in range(3):
+            s3_server.put(bucket, f"t/{c}/{i}.bin", bytes([ord(c), i]) * 500)
+    o = opts(s3_proxy.endpoint, s3_server)
+    cache = str(tmp_path / "cache")
+
+    def epoch():
+        with fastread.Reader(f"s3://{bucket}/t", file_filters=["*.bin"], batch_size=4, s3=o,
+                             cache_dir=cache) as r:
+            out = {}
+            for arrays, labels in r:
+                out.update((bytes(a[:2]), a.tobytes()) for a in arrays)
+            return out, r.stats()
+
+    first, st = epoch()
+    assert st["cache_misses"] == 6 and len(first) == 6
+    again, st = epoch()
+    assert again == first and st["cache_hits"] == 6 and st["cache_misses"] == 0
+    url = s3_server.put(bucket, "t/b/1.bin", b"Z" * 1000)      # same size, new bytes
+    fresh = {k: v for k, v in first.items() if k != bytes([ord("b"), 1])}
+    fresh[b"ZZ"] = b"Z" * 1000
+    before = gets(s3_proxy)
+    got, st = epoch()
+    assert got == fresh, "the rewritten object was served from the old entry"
+    assert st["cache_misses"] == 1 and st["cache_hits"] == 5
+    gets_now = [t for m, t, *_ in s3_proxy.settled_log()[before:] if m == "GET" and "list-type" not in t]
+    assert len(gets_now) == 1 and gets_now[0].endswith("/t/b/1.bin"), gets_now
+    assert url.endswith("t/b/1.bin")
+
+
 def test_damaged_entry_is_fetched_again(s3_server, s3_proxy, objects, tmp_path):
     urls = list(objects)[2:8]
     o = opts(s3_proxy.endpoint, s3_server)

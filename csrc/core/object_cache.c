@@ -383,6 +383,66 @@ int fr_ocache_lookup(fr_ocache *c, const char *url, int64_t want_size, fr_ocache
     return ok;
 }
 
+/* An ETag's opaque part: without a weak prefix and the quotes. */
+static void etag_core(const char *etag, const char **p, size_t *len)
+{
+    const char *s = etag;
+    if (s[0] == 'W' && s[1] == '/')
+        s += 2;
+    size_t n = strlen(s);
+    if (n >= 2 && s[0] == '"' && s[n - 1] == '"') {
+        s++;
+        n -= 2;
+    }
+    *p = s;
+    *len = n;
+}
+
+static int same_etag(const char *a, const char *b)
+{
+    const char *pa, *pb;
+    size_t na, nb;
+    etag_core(a, &pa, &na);
+    etag_core(b, &pb, &nb);
+    return na == nb && memcmp(pa, pb, na) == 0;
+}
+
+int fr_ocache_drop_stale(fr_ocache *c, const char *url, const char *version, int64_t size)
+{
+    unsigned stripe = fr_ocache_stripe(url);
+    int rc = fr_ocache_lock(c, stripe);
+    if (rc < 0)
+        return rc;
+    entry_path(c, url, ".meta", c->scratch);
+    int fd = open(c->scratch, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = errno == ENOENT ? 0 : -errno;
+        fr_ocache_unlock(c, stripe);
+        return rc;
+    }
+    meta_hdr h;
+    int stale = read_meta(c, fd, &h) == 0 && strcmp(c->url_buf, url) == 0 &&
+                ((size >= 0 && h.size != (uint64_t)size) ||
+                 (version && version[0] && h.etag[0] && !same_etag(h.etag, version)));
+    close(fd);
+    rc = 0;
+    if (stale) {
+        /* The record first: without it the data is no entry (an orphan
+         * eviction removes, should the second unlink fail). */
+        if (unlink(c->scratch) != 0 && errno != ENOENT) {
+            rc = -errno;
+        } else {
+            entry_path(c, url, ".data", c->scratch);
+            (void)unlink(c->scratch);
+            add_counter(c, -(int64_t)h.size);
+            fr_ocache_forget(c, url);
+            rc = 1;
+        }
+    }
+    fr_ocache_unlock(c, stripe);
+    return rc;
+}
+
 static uint32_t checksum(const void *bytes, uint64_t len)
 {
     /* crc32_z takes a size_t length: one call for any size. */
@@ -656,4 +716,27 @@ long fr_ocache_evict(fr_ocache *c)
     (void)range_lock(c, 0, 8, F_UNLCK, 0);
     free(items);
     return rc;
+}
+
+long fr_cache_drop_stale(const char *dir, const char *const *urls, const char *const *versions,
+                         const int64_t *sizes, size_t n, char *err, size_t err_len)
+{
+    fr_ocache *c;
+    int rc = fr_ocache_open(dir, 0, &c, err, err_len);
+    if (rc)
+        return rc;
+    long dropped = 0;
+    for (size_t i = 0; i < n; i++) {
+        rc = fr_ocache_drop_stale(c, urls[i], versions ? versions[i] : NULL,
+                                  sizes ? sizes[i] : -1);
+        if (rc < 0) {
+            fr_set_err(err, err_len, "cache_dir %s: the entry of %s: %s", dir, urls[i],
+                       strerror(-rc));
+            fr_ocache_close(c);
+            return rc;
+        }
+        dropped += rc;
+    }
+    fr_ocache_close(c);
+    return dropped;
 }

@@ -148,6 +148,13 @@ int fr_ocache_publish(fr_ocache *c, const char *url, const void *bytes, uint64_t
 int fr_ocache_publish_partial(fr_ocache *c, const char *url, const void *bytes, uint64_t len,
                               uint64_t stop_after);
 
+/* Removes `url`'s entry if it is of another version than the store names
+ * now (a listing's `version`, its ETag, NULL or "": unknown; `size` < 0:
+ * unknown): the size differs, or both the entry and the listing have an
+ * ETag and they differ (quotes and a W/ prefix aside). Takes the URL's
+ * stripe (waits). 1 removed, 0 kept (or no entry), or -errno. */
+int fr_ocache_drop_stale(fr_ocache *c, const char *url, const char *version, int64_t size);
+
 /* The bytes the cache counts (index.lock's counter). */
 uint64_t fr_ocache_usage(fr_ocache *c);
 /* 1 if the count is over max_bytes (never without a limit). */

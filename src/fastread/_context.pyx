@@ -223,3 +223,48 @@ cdef class Context:
             return Batch.wrap(b, self.owner)
         finally:
             free(ranges)
+
+
+def drop_stale_cache_entries(cache_dir, listing):
+    """Removes the entries of the object cache at ``cache_dir`` whose
+    object a listing names another version of (fr_cache_drop_stale):
+    ``listing`` is ``(url, etag or None, size or -1)`` triples. Returns how
+    many went; OSError naming the directory or the entry otherwise."""
+    cdef list items = list(listing)
+    cdef size_t n = len(items), i
+    if n == 0:
+        return 0
+    cdef bytes cdir = os.fsencode(cache_dir)
+    cdef const char *dir_p = cdir
+    cdef list keep = []
+    cdef const char **urls = <const char **>malloc(n * sizeof(char *))
+    cdef const char **versions = <const char **>malloc(n * sizeof(char *))
+    cdef int64_t *sizes = <int64_t *>malloc(n * sizeof(int64_t))
+    cdef char err[512]
+    cdef long rc
+    cdef bytes u, v
+    err[0] = 0
+    try:
+        if urls == NULL or versions == NULL or sizes == NULL:
+            raise MemoryError()
+        for i in range(n):
+            url, etag, size = items[i]
+            u = os.fsencode(url)
+            keep.append(u)
+            urls[i] = PyBytes_AS_STRING(u)
+            if etag:
+                v = etag.encode()
+                keep.append(v)
+                versions[i] = PyBytes_AS_STRING(v)
+            else:
+                versions[i] = NULL
+            sizes[i] = -1 if size is None else size
+        with nogil:
+            rc = fr_cache_drop_stale(dir_p, urls, versions, sizes, n, err, sizeof(err))
+        if rc < 0:
+            raise OSError(<int>-rc, err.decode(errors="replace"))
+        return rc
+    finally:
+        free(urls)
+        free(versions)
+        free(sizes)

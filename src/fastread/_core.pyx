@@ -18,7 +18,7 @@ from libc.stdint cimport int64_t, uint64_t
 from fastread._cfastread cimport *
 
 from fastread._batch import Batch
-from fastread._context import Context
+from fastread._context import Context, drop_stale_cache_entries
 from fastread._device_arrays import DeviceArray
 from fastread._native_reader import NativeReader
 

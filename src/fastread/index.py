@@ -428,6 +428,8 @@ def scan(file_root: Optional[PathArg],
         lab = np.repeat(np.arange(len(counts), dtype=np.int32), np.asarray(counts, dtype=np.int64))
     else:
         paths, lab = _scan_tree(root, filters, dir_filters, bool(case_sensitive_filter))
+    # An s3:// listing's paths are a ListedURLs (a list with each object's
+    # listed version), which FileList keeps for the node-local cache.
     if not paths:
         extra = f" and dir_filters {dir_filters!r}" if dir_filters is not None else ""
         raise ValueError(f"No files found in class subdirectories of file_root {root!r} "

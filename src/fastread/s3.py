@@ -217,6 +217,31 @@ def describe():
 class S3Object(NamedTuple):
     key: str
     size: int
+    etag: str = ""   # as the listing gives it, quotes and all ("" if none)
+
+
+class ListedURLs(list):
+    """URLs from a listing (:func:`scan_tree`), a plain list that also
+    knows each object's version as listed: ``versions[url] = (etag, size)``.
+    A reader with a node-local cache drops the entries the listing
+    contradicts before it reads (:func:`drop_stale_entries`)."""
+
+    def __init__(self, urls, versions):
+        super().__init__(urls)
+        self.versions = versions
+
+
+def drop_stale_entries(versions, cache_dir):
+    """Removes the entries of the node-local cache at ``cache_dir`` whose
+    object ``versions`` (``{url: (etag, size)}``, from a listing) names
+    another version of: another ETag, or another size. An entry keeps the
+    ETag its object was fetched with, so an object rewritten in place,
+    same size or not, is fetched again by the next reader that lists it.
+    Returns how many went."""
+    if not versions or not cache_dir:
+        return 0
+    from fastread._core import drop_stale_cache_entries
+    return drop_stale_cache_entries(cache_dir, ((u, e, s) for u, (e, s) in versions.items()))
 
 
 def _canonical_query(params):
@@ -286,7 +311,7 @@ def list_objects(url, s3=None, *, engine_args="", **options) -> List[S3Object]:
                 key = _text(c, "Key") or ""
                 # S3 encodes keys as form data: '+' for a space, %2B for '+'.
                 out.append(S3Object(urllib.parse.unquote_plus(key) if encoded else key,
-                                    int(_text(c, "Size") or 0)))
+                                    int(_text(c, "Size") or 0), _text(c, "ETag") or ""))
             if (_text(root, "IsTruncated") or "false") != "true":
                 return out
             token = _text(root, "NextContinuationToken")
@@ -322,13 +347,14 @@ def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None
     the marker consoles create for an empty folder, makes an empty class),
     samples the objects directly in a class whose names match ``filters``,
     byte-sorted as on local disk. Returns ``(paths, counts per class,
-    classes)``."""
+    classes)``, paths a :class:`ListedURLs` (their listed versions)."""
     base = root if root.endswith("/") else root + "/"
     objects = list_objects(base, s3)
     matcher = matcher_class(filters, case_sensitive)
     dir_matcher = matcher_class(dir_filters, case_sensitive) if dir_filters is not None else None
     _, prefix = split_url(base)
     classes = {}
+    listed = {}
     for obj in objects:
         rel = obj.key[len(prefix):]
         cls, slash, name = rel.partition("/")
@@ -339,13 +365,14 @@ def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None
         names = classes.setdefault(cls, [])
         if name and "/" not in name and matcher(name):
             names.append(name)
+            listed[f"{base}{cls}/{name}"] = (obj.etag, obj.size)
     order = sorted(classes, key=os.fsencode)
     paths, counts = [], []
     for cls in order:
         names = sorted(classes[cls], key=os.fsencode)
         paths.extend(f"{base}{cls}/{n}" for n in names)
         counts.append(len(names))
-    return paths, counts, order
+    return ListedURLs(paths, listed), counts, order
 
 
 #: S3's limit for one PUT; larger objects need a multipart upload, which

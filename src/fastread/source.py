@@ -120,6 +120,9 @@ class FileList(SampleSource):
 
     def __init__(self, paths, labels=None):
         self.names = [os.fspath(p) for p in paths]
+        # {url: (etag, size)} when the paths come from an s3:// listing
+        # (fastread.s3.ListedURLs): the node-local cache is checked against it.
+        self.versions = getattr(paths, "versions", None)
         if labels is None:
             labels = np.arange(len(self.names))
         self.labels = _int32_labels(labels, len(self.names), f"FileList of {len(self.names)} files")
@@ -142,6 +145,9 @@ class FileList(SampleSource):
         return f"{type(self).__name__}({len(self)} files)"
 
     def open_native(self, engine, options, *, prefetch, workers):
+        if self.versions and options.get("cache_dir"):
+            from fastread.s3 import drop_stale_entries
+            drop_stale_entries(self.versions, options["cache_dir"])
         return _core.NativeReader(self.names, engine, prefetch=prefetch, workers=workers,
                                   **options)
 
