@@ -19,16 +19,17 @@
  * another object's bytes.
  *
  * Version and validation: an entry stands for one version of an object,
- * its size and the CRC-32 (zlib) of its bytes, plus the ETag when the
- * engine gives one (the s3 engine does not expose it yet: stored empty).
+ * its size and the CRC-32 (zlib) of its bytes, plus the ETag the engine
+ * got it with (fr_engine.sample_version).
  * A lookup checks the record (magic, URL), the data file's size against
  * the record (stat), and the size the caller expects when it knows one (a
  * size hint, e.g. from a listing): a changed size is a stale entry. The
  * reader of a hit checks the bytes it read against the checksum
  * (fr_ocache_verify), once per fr_ocache (see fr_ocache_lookup: later
  * reads check the size). Anything that fails is fetched again. An object
- * rewritten with the same size is not detected without an ETag: the entry
- * serves the old bytes until it is evicted or the cache is cleared.
+ * rewritten with the same size is detected only against a listing
+ * (fr_ocache_drop_stale, before a reader starts): lookups stay free of
+ * requests.
  *
  * Publishing: written to the .tmp names, then the data renamed into place
  * and then the record; the record is the commit (no record, no entry), and

@@ -87,9 +87,10 @@ typedef struct fr_config {
      * least recently used are removed down to 90%. Entries are checked at
      * every use by size (a size hint that differs is a changed object), and
      * the first time a context reads one by the CRC-32 of its bytes too;
-     * one that fails is fetched again; an object
-     * rewritten with the same size is served from the cache until evicted
-     * (the engine gives no ETag yet). With a mix of hits and misses the
+     * one that fails is fetched again. An entry keeps its object's ETag;
+     * an object rewritten with the same size is noticed only where a
+     * listing is compared (fr_cache_drop_stale: readers over an s3://
+     * prefix do it when they open). With a mix of hits and misses the
      * samples' bytes are not in list order in the arena (offsets say where
      * each is), and a dense batch may have a gap between the two. Ignored by file engines.
      * csrc/core/object_cache.h has the layout, locking and eviction. */
