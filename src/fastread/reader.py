@@ -275,10 +275,12 @@ class Reader:
         of it is bounded by the options, not by the data set: flat from epoch
         to epoch."""
         self._check_open()
+        # Sources served from memory (formats.in_memory) have no engine.
+        stat = getattr(self._native, "stat", lambda key: 0)
         return {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes(),
                 "idle_device_bytes": self._native.pool_idle_device_bytes(),
-                "engine_buffer_bytes": max(0, self._native.stat("s3_buffer_bytes")),
-                "engine_buffer_bytes_max": max(0, self._native.stat("s3_buffer_bytes_max"))}
+                "engine_buffer_bytes": max(0, stat("s3_buffer_bytes")),
+                "engine_buffer_bytes_max": max(0, stat("s3_buffer_bytes_max"))}
 
 
 class _Epoch:
