@@ -85,6 +85,10 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     policy = _policy_name(last_batch_policy)
     if pad_last_batch and policy == "PARTIAL":
         policy = "FILL"
+    if kwargs.get("global_batch_size") is not None:
+        _check_elastic(reader_name, kwargs["global_batch_size"], num_shards, pipe, roll,
+                       stick_to_shard)
+        stick_to_shard = True
     if not isinstance(prefetch_queue_depth, int) or prefetch_queue_depth < 1:
         raise ValueError(f"prefetch_queue_depth must be an integer >= 1, got {prefetch_queue_depth!r}")
     gpu = device == "gpu"
@@ -111,6 +115,26 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     reader.rolls = roll
     return _attach(pipe, reader, name, batches, no_copy=True if gpu else no_copy,
                    device=device, num_outputs=num_outputs, layout=layout)
+
+
+def _check_elastic(reader_name, global_batch_size, num_shards, pipe, roll, stick_to_shard):
+    """Elastic sharding (global_batch_size=) in a DALI pipeline: epochs that
+    end (the DALI iterators' shard arithmetic for rolling epochs is DALI's
+    per-shard one, which elastic epochs do not follow) and a pipeline
+    batch size that is the rank's slice of the global batch."""
+    from fastread.sampling import check_global_batch
+
+    if roll:
+        raise ValueError(f"fastread.dali.readers.{reader_name}: global_batch_size (elastic "
+                         "sharding) needs epoch_end='stop' (the DALI iterators count rolling "
+                         "epochs by DALI's per-shard arithmetic, which elastic epochs do not "
+                         "follow); choose the last batch with last_batch_policy")
+    local = check_global_batch(global_batch_size, num_shards)
+    if pipe.max_batch_size != local:
+        raise ValueError(f"fastread.dali.readers.{reader_name}: the pipeline's batch_size "
+                         f"({pipe.max_batch_size}) must be global_batch_size={global_batch_size} "
+                         f"/ num_shards={num_shards} = {local}, the rank's slice of each global "
+                         "batch")
 
 
 def _attach(pipe, reader, name, source, no_copy, device="cpu", num_outputs=2, layout=None):
