@@ -134,8 +134,9 @@ def node_env():
     global shard), ``local_rank`` / ``local_world_size`` (LOCAL_RANK,
     LOCAL_WORLD_SIZE: this node's ranks, which share its CPUs, its GPUs and
     its object cache) and ``group_rank`` (GROUP_RANK: the node's index).
-    Unset: a single process (0, 1, 0, 1, 0). ValueError naming the variable
-    that is not an integer or out of range."""
+    Unset: a single process (0, 1, 0, 1, 0); a rank is checked against its
+    size where both are set (LOCAL_RANK alone may name a GPU). ValueError
+    naming the variable that is not an integer or out of range."""
     got = {key: env_int(var) for key, var in (
         ("rank", "RANK"), ("world_size", "WORLD_SIZE"), ("local_rank", "LOCAL_RANK"),
         ("local_world_size", "LOCAL_WORLD_SIZE"), ("group_rank", "GROUP_RANK"))}
@@ -148,12 +149,12 @@ def node_env():
                                       "LOCAL_WORLD_SIZE")):
         if out[size] < 1:
             raise ValueError(f"environment variable {size_var}={out[size]} must be >= 1")
-        if not 0 <= out[key] < out[size]:
+        if out[key] < 0 or (got[size] is not None and out[key] >= out[size]):
             raise ValueError(f"environment variable {var}={out[key]} must be in "
                              f"[0, {size_var}={out[size]})")
     if out["group_rank"] < 0:
         raise ValueError(f"environment variable GROUP_RANK={out['group_rank']} must be >= 0")
-    if out["local_world_size"] > out["world_size"]:
+    if got["world_size"] is not None and out["local_world_size"] > out["world_size"]:
         raise ValueError(f"environment variable LOCAL_WORLD_SIZE={out['local_world_size']} "
                          f"exceeds WORLD_SIZE={out['world_size']}")
     return out
