@@ -465,7 +465,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def torchrun(script, args, nodes, per_node, tmp_path, tag):
+def torchrun(script, args, nodes, per_node, tmp_path, tag, node_env=None):
+    """`script` under torchrun: `nodes` agents of `per_node` ranks each, one
+    c10d rendezvous on loopback; node_env(node) adds to one agent's
+    environment (what a node's machine would have, e.g. its cache disk)."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EXPECT_LOCAL_WORLD_SIZE": str(per_node),
            "FASTREAD_WORKERS": "0", "PYTHONPATH": HERE}
@@ -473,12 +476,13 @@ def torchrun(script, args, nodes, per_node, tmp_path, tag):
         env.pop(var, None)
     procs = []
     for node in range(nodes):
+        node_vars = {**env, **(node_env(node) if node_env else {})}
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
                f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=elastic-{tag}",
                f"--node-rank={node}", "--max-restarts=0", script, *args]
         log = open(tmp_path / f"{tag}-node{node}.log", "w")
-        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+        procs.append((subprocess.Popen(cmd, env=node_vars, stdout=log, stderr=subprocess.STDOUT,
                                        cwd=str(tmp_path)), log))
     failed = []
     for p, log in procs:
@@ -531,3 +535,77 @@ def test_torchrun_resume_at_another_world_size(tree, tmp_path):
     padded[int(order[-1])] += (-N_FILES) % GLOBAL
     assert seen["reader_pad"] == padded
     assert seen["images"] == collections.Counter(order[:N_FILES // GLOBAL * GLOBAL].tolist())
+
+
+CACHE_CHILD = textwrap.dedent('''
+    import json, os, sys
+    import torch.distributed as dist
+    import fastread
+
+    url, out_dir = sys.argv[1:3]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    reader = fastread.Reader(url, shard_id=rank, num_shards=world, global_batch_size=12,
+                             random_shuffle=True, seed=5, workers=1)
+    names = []
+    for epoch in range(2):
+        reader.set_epoch(epoch)
+        for arrays, labels in reader:
+            pass
+        names.extend(reader.paths[i] for i in reader._epoch_order(epoch))
+    stats = reader.stats()
+    reader.close()
+    dist.barrier()
+    with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+        json.dump({"node": os.environ["NODE_TAG"], "names": names,
+                   "misses": stats["cache_misses"], "hits": stats["cache_hits"],
+                   "cache_dir": os.environ["FASTREAD_OBJECT_CACHE_DIR"]}, f)
+    dist.destroy_process_group()
+''')
+
+
+def test_torchrun_ranks_of_a_node_share_its_object_cache(tree, tmp_path, s3_engine, s3_server,
+                                                        s3_proxy):
+    """2 "nodes" x 2 ranks read 2 elastic epochs of s3:// objects, each node
+    with its own FASTREAD_OBJECT_CACHE_DIR: the ranks of a node fetch each
+    object once between them (the other rank, and the next epoch, hit the
+    node's cache), so no object is fetched more often than there are nodes."""
+    root, _ = tree
+    s3_server.make_bucket("elastic")
+    uploaded = s3_server.upload_tree(root, "elastic", "set")
+    script = tmp_path / "cache_child.py"
+    script.write_text(CACHE_CHILD)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    aws = {**s3_server.env(), "AWS_ENDPOINT_URL": s3_proxy.endpoint,
+           "AWS_ENDPOINT_URL_S3": s3_proxy.endpoint}
+
+    def node_env(node):
+        return {**aws, "NODE_TAG": str(node),
+                "FASTREAD_OBJECT_CACHE_DIR": str(tmp_path / f"cache-node{node}")}
+
+    torchrun(str(script), ["s3://elastic/set", str(out_dir)], 2, 2, tmp_path, "cache",
+             node_env=node_env)
+    per_node = collections.defaultdict(lambda: {"names": set(), "misses": 0, "lookups": 0,
+                                                "reads": 0, "rank_distinct": 0})
+    for rank in range(4):
+        with open(out_dir / f"{rank}.json") as f:
+            got = json.load(f)
+        node = per_node[got["node"]]
+        node["names"].update(got["names"])
+        node["misses"] += got["misses"]
+        node["lookups"] += got["misses"] + got["hits"]
+        node["reads"] += len(got["names"])
+        node["rank_distinct"] += len(set(got["names"]))
+        assert got["cache_dir"].endswith("cache-node" + got["node"])
+    assert sorted(per_node) == ["0", "1"]
+    for node in per_node.values():
+        assert node["lookups"] == node["reads"]  # every read went through the cache
+        # each object this node read was fetched once, by one of its ranks: a
+        # rank found in the cache what the node's other rank read an epoch
+        # before (one cache per rank would have fetched rank_distinct)
+        assert node["misses"] == len(node["names"]) < node["rank_distinct"], node
+    gets = collections.Counter(t.split("?")[0] for m, t, *_ in s3_proxy.log
+                               if m == "GET" and t.split("?")[0].endswith(".jpg"))
+    assert sum(gets.values()) == sum(n["misses"] for n in per_node.values())
+    assert max(gets.values()) <= 2 and len(gets) == len(uploaded)
