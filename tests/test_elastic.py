@@ -335,6 +335,86 @@ def test_image_loader_elastic_resume(tree):
         plain.close()
 
 
+def test_image_loader_decoded_counts_batches_delivered_not_read_ahead(tmp_path):
+    """The decoding ImageLoader's DALI pipeline pulls batches ahead of the
+    loop; its elastic state counts the batches the loop got."""
+    pytest.importorskip("torch")
+    pytest.importorskip("nvidia.dali")
+    from fastread.datasets import make_imagenet_like
+    from fastread.torch import ImageLoader
+
+    root = str(tmp_path / "jpegs")
+    make_imagenet_like(root, classes=2, per_class=13, seed=3, mean_kb=2, width=40, height=32,
+                       workers=1, progress=False)  # 26 images: 3 global batches of 8, 2 left
+
+    def loader(rank, world):
+        return ImageLoader(root, size=16, num_threads=1, shard_id=rank, num_shards=world,
+                           global_batch_size=8, random_shuffle=True, seed=1)
+
+    def key(image):
+        return hashlib.sha1(image.numpy().tobytes()).hexdigest()
+
+    whole = loader(0, 1)
+    expect = collections.Counter(key(img) for images, _ in whole for img in images)
+    whole.close()
+    assert sum(expect.values()) == 26
+    seen = collections.Counter()
+    first = [loader(r, 2) for r in range(2)]
+    for ldr in first:
+        images, _ = next(iter(ldr))
+        assert images.shape == (4, 3, 16, 16)
+        seen.update(key(img) for img in images)
+    state = first[0].state_dict()
+    assert state["samples_consumed"] == 8  # though DALI has read further ahead
+    assert first[0].reader.position()[1] > 1
+    for ldr in first:
+        ldr.close()
+    rest = loader(0, 1)
+    rest.load_state_dict(state)
+    seen.update(key(img) for images, _ in rest for img in images)
+    rest.close()
+    assert seen == expect
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_cifar10_loader_elastic_resume(tmp_path, in_memory):
+    pytest.importorskip("torch")
+    from fastread.datasets import make_cifar10
+    from fastread.torch import Cifar10Loader
+
+    root = str(tmp_path / "cifar")
+    make_cifar10(root, train_per_class=5, test_per_class=1, seed=2)  # 50 train records
+
+    def loader(rank, world):
+        return Cifar10Loader(root, shard_id=rank, num_shards=world, global_batch_size=12,
+                             random_shuffle=True, seed=4, drop_last=True, in_memory=in_memory,
+                             workers=1)
+
+    def keys(images):
+        return [hashlib.sha1(img.numpy().tobytes()).hexdigest() for img in images]
+
+    whole = loader(0, 1)
+    expect = collections.Counter(k for images, _ in whole for k in keys(images))
+    assert sum(expect.values()) == 48
+    seen = collections.Counter()
+    for rank in range(4):
+        ldr = loader(rank, 4)
+        it = iter(ldr)
+        for _ in range(3):
+            images, _ = next(it)
+            assert images.shape[0] == 3
+            seen.update(keys(images))
+        state = ldr.state_dict()
+        ldr.close()
+    assert state["samples_consumed"] == 36
+    for rank in range(2):
+        ldr = loader(rank, 2)
+        ldr.load_state_dict(state)
+        seen.update(k for images, _ in ldr for k in keys(images))
+        ldr.close()
+    assert seen == expect
+
+
 def test_dali_reader_elastic_resume(tree):
     pytest.importorskip("nvidia.dali")
     from nvidia.dali import pipeline_def
