@@ -454,17 +454,165 @@ def test_dali_reader_elastic_resume(tree):
             data, _ = p.run()
             seen.update(sample_ids([np.array(t) for t in data], ids))
     assert seen == collections.Counter(range(N_FILES))
-    with pytest.raises(ValueError, match="needs epoch_end='stop'"):
-        @pipeline_def(batch_size=6, num_threads=1, device_id=None)
-        def rolling():
-            return readers.file(file_root=root, num_shards=2, global_batch_size=GLOBAL)
-        rolling()
-    with pytest.raises(ValueError, match=r"pipeline's batch_size \(5\) must be"):
-        @pipeline_def(batch_size=5, num_threads=1, device_id=None)
-        def wrong():
-            return readers.file(file_root=root, num_shards=2, global_batch_size=GLOBAL,
-                                epoch_end="stop")
-        wrong()
+
+
+def elastic_file_pipe(root, w, r, *, native, checkpoint=None, depth=2, **kw):
+    from nvidia.dali import pipeline_def
+
+    from fastread.dali import readers
+
+    @pipeline_def(batch_size=GLOBAL // w, num_threads=1, device_id=None,
+                  prefetch_queue_depth=depth, enable_checkpointing=True)
+    def p():
+        data, labels = readers.file(file_root=root, shard_id=r, num_shards=w,
+                                    random_shuffle=True, seed=6, pad_last_batch=True,
+                                    global_batch_size=GLOBAL, native=native, name="files", **kw)
+        return data, labels
+    pipe = p(checkpoint=checkpoint) if checkpoint is not None else p()
+    pipe.build()
+    return pipe
+
+
+def run_ids(pipe, count, ids):
+    out = []
+    for _ in range(count):
+        data, _ = pipe.run()
+        out.append(sample_ids([np.array(t) for t in data], ids))
+    return out
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_dali_operator_checkpoint_resumes_at_another_world_size(tree, depth):
+    """fn.fastread.readers.file with global_batch_size: the same batches as
+    the external source, and pipe.checkpoint() taken with 3 shards restores
+    a pipeline of 2 (and 4) shards at the next global batch."""
+    pytest.importorskip("nvidia.dali")
+    from fastread.dali import _plugin
+    if not _plugin.load():
+        pytest.skip(f"the native DALI plugin does not load: {_plugin.reason()}")
+    root, ids = tree
+    batches = elastic_batches(N_FILES, GLOBAL, pad_last_batch=True)  # 5 a epoch
+    native = elastic_file_pipe(root, 3, 1, native=True, depth=depth)
+    external = elastic_file_pipe(root, 3, 1, native=False, depth=depth)
+    assert native.reader_meta("files")["epoch_size_padded"] == batches * GLOBAL
+    assert external.reader_meta("files") == native.reader_meta("files")
+    # rolling epochs: both paths give the same batches, epoch after epoch
+    assert run_ids(native, 2 * batches, ids) == run_ids(external, 2 * batches, ids)
+    del native, external
+    for k in (2, batches + 3):  # mid-epoch, in the second epoch
+        seen = collections.Counter()
+        cps = []
+        for r in range(3):
+            pipe = elastic_file_pipe(root, 3, r, native=True, depth=depth)
+            for batch in run_ids(pipe, k, ids)[(k // batches) * batches:]:
+                seen.update(batch)
+            cps.append(pipe.checkpoint())
+        assert len(set(cps)) == 1, "every rank's checkpoint is the same"
+        for w in (2, 4):
+            rest = collections.Counter(seen)
+            for r in range(w):
+                pipe = elastic_file_pipe(root, w, r, native=True, depth=depth,
+                                         checkpoint=cps[0])
+                for batch in run_ids(pipe, batches - k % batches, ids):
+                    rest.update(batch)
+            order = global_order(N_FILES, shuffle=True, seed=6, epoch=k // batches)
+            expect = collections.Counter(range(N_FILES))
+            expect[int(order[-1])] += batches * GLOBAL - N_FILES
+            assert rest == expect, (k, w)
+    # a per-shard checkpoint does not restore an elastic reader
+    from nvidia.dali import pipeline_def
+
+    from fastread.dali import readers
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None, enable_checkpointing=True)
+    def plain():
+        return readers.file(file_root=root, shard_id=0, num_shards=3, random_shuffle=True,
+                            seed=6, pad_last_batch=True, native=True, name="files")
+    other = plain()
+    other.build()
+    other.run()
+    with pytest.raises(Exception, match="not a checkpoint of an elastic reader with "
+                                        "global_batch_size=12"):
+        elastic_file_pipe(root, 3, 0, native=True, checkpoint=other.checkpoint()).run()
+
+
+def test_dali_webdataset_operator_elastic(tmp_path):
+    """readers.webdataset with global_batch_size: the operator and the
+    external source give the same batches (with initial_fill too: the
+    buffer runs over the whole set), and the operator's checkpoint taken
+    with 3 shards resumes with 2."""
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from fastread.dali import _plugin, readers
+    from fastread.datasets import make_webdataset
+    if not _plugin.load():
+        pytest.skip(f"the native DALI plugin does not load: {_plugin.reason()}")
+    make_webdataset(str(tmp_path / "wds"), shards=3, per_shard=17, width=8, height=8)  # 51
+    paths = sorted(str(p) for p in (tmp_path / "wds").glob("*.tar"))
+
+    def pipe(w, r, native, checkpoint=None, **kw):
+        @pipeline_def(batch_size=GLOBAL // w, num_threads=1, device_id=None,
+                      enable_checkpointing=True)
+        def p():
+            jpg, _cls = readers.webdataset(paths=paths, ext=["jpg", "cls"], shard_id=r,
+                                           num_shards=w, random_shuffle=True, seed=8,
+                                           pad_last_batch=True, global_batch_size=GLOBAL,
+                                           native=native, name="wds", **kw)
+            return jpg
+        out = p(checkpoint=checkpoint) if checkpoint is not None else p()
+        out.build()
+        return out
+
+    def run(p, count):
+        return [[hashlib.sha1(np.array(t).tobytes()).hexdigest() for t in p.run()[0]]
+                for _ in range(count)]
+
+    batches = elastic_batches(51, GLOBAL, pad_last_batch=True)
+    for kw in ({}, {"initial_fill": 7}):
+        assert run(pipe(3, 2, True, **kw), batches + 2) == run(pipe(3, 2, False, **kw),
+                                                               batches + 2)
+    seen = collections.Counter()
+    for r in range(3):
+        p = pipe(3, r, True)
+        for b in run(p, 2):
+            seen.update(b)
+        cp = p.checkpoint()
+    for r in range(2):
+        for b in run(pipe(2, r, True, checkpoint=cp), batches - 2):
+            seen.update(b)
+    whole = collections.Counter()
+    for b in run(pipe(1, 0, False), batches):
+        whole.update(b)
+    assert seen == whole and sum(whole.values()) == batches * GLOBAL
+
+
+def test_dali_elastic_arguments(tree):
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import pipeline_def
+
+    from fastread.dali import readers
+
+    root, _ = tree
+    for native in (False, None):
+        with pytest.raises(ValueError, match="needs pad_last_batch=True"):
+            @pipeline_def(batch_size=6, num_threads=1, device_id=None)
+            def rolling():
+                return readers.file(file_root=root, num_shards=2, global_batch_size=GLOBAL,
+                                    native=native)
+            rolling()
+        with pytest.raises(ValueError, match=r"pipeline's batch_size \(5\) must be"):
+            @pipeline_def(batch_size=5, num_threads=1, device_id=None)
+            def wrong():
+                return readers.file(file_root=root, num_shards=2, global_batch_size=GLOBAL,
+                                    pad_last_batch=True, native=native)
+            wrong()
+        with pytest.raises(ValueError, match="not divisible by the world size"):
+            @pipeline_def(batch_size=2, num_threads=1, device_id=None)
+            def uneven():
+                return readers.file(file_root=root, num_shards=5, global_batch_size=GLOBAL,
+                                    pad_last_batch=True, native=native)
+            uneven()
 
 
 # -- torchrun on loopback ---------------------------------------------------------

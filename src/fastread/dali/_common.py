@@ -86,8 +86,8 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     if pad_last_batch and policy == "PARTIAL":
         policy = "FILL"
     if kwargs.get("global_batch_size") is not None:
-        _check_elastic(reader_name, kwargs["global_batch_size"], num_shards, pipe, roll,
-                       stick_to_shard)
+        check_elastic(f"fastread.dali.readers.{reader_name}", kwargs["global_batch_size"],
+                      num_shards, pipe, roll, policy == "FILL")
         stick_to_shard = True
     if not isinstance(prefetch_queue_depth, int) or prefetch_queue_depth < 1:
         raise ValueError(f"prefetch_queue_depth must be an integer >= 1, got {prefetch_queue_depth!r}")
@@ -117,24 +117,26 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
                    device=device, num_outputs=num_outputs, layout=layout)
 
 
-def _check_elastic(reader_name, global_batch_size, num_shards, pipe, roll, stick_to_shard):
-    """Elastic sharding (global_batch_size=) in a DALI pipeline: epochs that
-    end (the DALI iterators' shard arithmetic for rolling epochs is DALI's
-    per-shard one, which elastic epochs do not follow) and a pipeline
-    batch size that is the rank's slice of the global batch."""
+def check_elastic(what, global_batch_size, num_shards, pipe, roll, pad):
+    """Elastic sharding (global_batch_size=) in a DALI pipeline, either
+    path: a pipeline batch size that is the rank's slice of the global
+    batch, and with rolling epochs (DALI's readers' and the operator's)
+    pad_last_batch, so that every batch is a whole slice of one global batch
+    (a partial last global batch would be filled from the next epoch).
+    With rolling epochs, reader_meta reports the padded elastic epoch, which
+    the DALI iterators count right with last_batch_policy FILL."""
     from fastread.sampling import check_global_batch
 
-    if roll:
-        raise ValueError(f"fastread.dali.readers.{reader_name}: global_batch_size (elastic "
-                         "sharding) needs epoch_end='stop' (the DALI iterators count rolling "
-                         "epochs by DALI's per-shard arithmetic, which elastic epochs do not "
-                         "follow); choose the last batch with last_batch_policy")
+    if roll and not pad:
+        raise ValueError(f"{what}: global_batch_size (elastic sharding) with rolling epochs "
+                         "(epoch_end='roll') needs pad_last_batch=True (a partial last global "
+                         "batch would be filled from the next epoch); or use epoch_end='stop' "
+                         "and choose the last batch with last_batch_policy")
     local = check_global_batch(global_batch_size, num_shards)
     if pipe.max_batch_size != local:
-        raise ValueError(f"fastread.dali.readers.{reader_name}: the pipeline's batch_size "
-                         f"({pipe.max_batch_size}) must be global_batch_size={global_batch_size} "
-                         f"/ num_shards={num_shards} = {local}, the rank's slice of each global "
-                         "batch")
+        raise ValueError(f"{what}: the pipeline's batch_size ({pipe.max_batch_size}) must be "
+                         f"global_batch_size={global_batch_size} / num_shards={num_shards} = "
+                         f"{local}, the rank's slice of each global batch")
 
 
 def _attach(pipe, reader, name, source, no_copy, device="cpu", num_outputs=2, layout=None):
@@ -169,8 +171,12 @@ def reader_meta(reader):
     fastread reader: what the DALI iterators' ``reader_name=`` needs."""
     n = len(reader.paths)
     shards = reader.num_shards
+    if reader.global_batch_size is not None:  # elastic: whole global batches (check_elastic)
+        padded = -(-n // reader.global_batch_size) * reader.global_batch_size
+    else:
+        padded = -(-n // shards) * shards if reader.pad_last_batch else n
     return {"epoch_size": n,
-            "epoch_size_padded": -(-n // shards) * shards if reader.pad_last_batch else n,
+            "epoch_size_padded": padded,
             "number_of_shards": shards, "shard_id": reader.shard_id,
             "pad_last_batch": bool(reader.pad_last_batch),
             "stick_to_shard": bool(reader.stick_to_shard)}

@@ -152,6 +152,11 @@ def state_dict(pipe, batches, index=0):
     so the reader has handed out more than were consumed.
     Load it with :func:`load_state_dict`."""
     reader = _reader(pipe, index)
+    if getattr(reader, "rolls", False):
+        raise ValueError("state_dict(pipe, batches) is for epoch_end='stop' readers: with rolling "
+                         "epochs the source reads across epoch ends ahead of the loop; use the "
+                         "native operator's checkpoints (enable_checkpointing=True, "
+                         "pipe.checkpoint()), elastic with global_batch_size")
     if isinstance(batches, bool) or not isinstance(batches, int) or \
             not 0 <= batches <= len(reader):
         raise ValueError(f"batches must be an integer in [0, {len(reader)}] (this shard's "
