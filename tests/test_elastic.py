@@ -536,6 +536,37 @@ def test_dali_operator_checkpoint_resumes_at_another_world_size(tree, depth):
         elastic_file_pipe(root, 3, 0, native=True, checkpoint=other.checkpoint()).run()
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_dali_iterator_counts_elastic_rolling_epochs_with_fill(tmp_path, native):
+    """DALIGenericIterator(reader_name=..., FILL) over an elastic reader
+    (rolling epochs, pad_last_batch) ends each epoch after its global
+    batches, with this rank's slices of them (the reader_meta it reads is
+    the elastic one)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    from conftest import write_class_tree
+    from fastread.dali import _plugin
+    if native and not _plugin.load():
+        pytest.skip(f"the native DALI plugin does not load: {_plugin.reason()}")
+    # files of one size: the iterator makes tensors of whole batches
+    root, content = write_class_tree(tmp_path / "even", [20, 18, 15], seed=5, sizes=[64],
+                                     max_size=64)
+    ids = {hashlib.sha1(data).hexdigest(): i for i, data in enumerate(content.values())}
+    it = DALIGenericIterator(elastic_file_pipe(root, 3, 1, native=native), ["data", "label"],
+                             reader_name="files", last_batch_policy=LastBatchPolicy.FILL)
+    batches = elastic_batches(N_FILES, GLOBAL, pad_last_batch=True)
+    assert len(it) == batches
+    for epoch in range(2):
+        got = [ids[hashlib.sha1(row.numpy().tobytes()).hexdigest()]
+               for out in it for row in out[0]["data"]]
+        it.reset()
+        assert got == elastic_indices(N_FILES, global_batch_size=GLOBAL, shard_id=1,
+                                      num_shards=3, shuffle=True, seed=6, epoch=epoch,
+                                      pad_last_batch=True).tolist()
+
+
 def test_dali_webdataset_operator_elastic(tmp_path):
     """readers.webdataset with global_batch_size: the operator and the
     external source give the same batches (with initial_fill too: the
