@@ -24,8 +24,8 @@ import numpy as np
 from fastread._core import buffer_shuffle, permutation
 
 __all__ = ["shard_range", "epoch_indices", "check_shard_args", "check_flag", "global_order",
-           "check_global_batch", "elastic_indices", "elastic_batches", "elastic_epoch_samples", "elastic_state",
-           "elastic_resume"]
+           "check_global_batch", "elastic_indices", "elastic_batches", "elastic_epoch_samples",
+           "elastic_state", "elastic_resume"]
 
 
 
