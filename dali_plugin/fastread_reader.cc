@@ -778,6 +778,13 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                     "Pad every shard with its last sample to equal shards and whole batches.",
                     false)
     .AddOptionalArg("stick_to_shard", "Read the same shard every epoch.", false)
+    .AddOptionalArg<int64_t>("global_batch_size",
+                             "Elastic sharding (0: off): each epoch's order of the whole data "
+                             "set, cut into global batches of this size, every rank reading its "
+                             "slice (batch_size = global_batch_size / num_shards); checkpoints "
+                             "then resume at another num_shards. Needs pad_last_batch and "
+                             "stick_to_shard.",
+                             int64_t{0})  // not a bare 0: that would pick the no-default overload
     .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 1)
     .AddOptionalArg("engine", "fastread engine: auto, io_uring, psync, ...", std::string("auto"))
     .AddOptionalArg("workers", "Reader threads, each with its own engine context (0: auto).", 0)

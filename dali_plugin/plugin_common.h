@@ -63,7 +63,50 @@ struct StreamArgs {
   // N > 0, the shard's samples in order through a shuffle buffer of N
   // (fr_buffer_shuffle, DALI's initial_fill).
   int64_t fill = 0;
+  // Elastic sharding (global_batch_size > 0; fastread.sampling.elastic_indices
+  // is the reference): the epoch's order of the whole data set, padded to
+  // whole global batches, each rank reading its slice of every global batch
+  // (batch_size = global_batch / num_shards). Needs pad: epochs roll over,
+  // and a partial last global batch would be filled from the next epoch,
+  // so the batches would no longer be slices of global batches.
+  int64_t global_batch = 0;
 };
+
+// The order of the whole data set in `epoch`, whatever the shards: scan
+// order, the core's permutation, or the whole set through a shuffle buffer
+// (fastread.sampling.global_order).
+inline std::vector<int64_t> GlobalOrder(const StreamArgs &args, int64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(args.n));
+  if (args.shuffle && args.fill > 0) {
+    for (int64_t i = 0; i < args.n; i++) order[static_cast<size_t>(i)] = i;
+    if (fr_buffer_shuffle(static_cast<uint64_t>(seed), static_cast<uint64_t>(epoch), order.data(),
+                          order.size(), static_cast<size_t>(args.fill)) != 0)
+      throw std::bad_alloc();
+  } else if (args.shuffle) {
+    fr_permutation(static_cast<uint64_t>(seed), static_cast<uint64_t>(epoch), order.data(),
+                   order.size());
+  } else {
+    for (int64_t i = 0; i < args.n; i++) order[static_cast<size_t>(i)] = i;
+  }
+  return order;
+}
+
+// Elastic: this rank's slice of every global batch of the padded global
+// order, in turn (fastread.sampling.elastic_indices with pad_last_batch).
+inline std::vector<int64_t> ElasticOrder(const StreamArgs &args, int64_t seed, int64_t epoch) {
+  std::vector<int64_t> order = GlobalOrder(args, seed, epoch);
+  const int64_t g = args.global_batch;
+  const int64_t local = g / args.num_shards;
+  const int64_t batches = (args.n + g - 1) / g;
+  if (!order.empty()) order.resize(static_cast<size_t>(batches * g), order.back());
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(batches * local));
+  for (int64_t k = 0; k < batches; k++) {
+    const auto from = order.begin() + k * g + args.shard_id * local;
+    mine.insert(mine.end(), from, from + local);
+  }
+  return mine;
+}
 
 // The samples shard `args.shard_id` reads in `epoch`, in order. Without
 // stick_to_shard, epoch e reads shard (shard_id + e) % num_shards, as DALI's
@@ -73,6 +116,7 @@ struct StreamArgs {
 // the shard is padded with its last sample to ceil(n / num_shards) samples,
 // then to whole batches (fn.readers.file's padding).
 inline std::vector<int64_t> EpochOrder(const StreamArgs &args, int64_t seed, int64_t epoch) {
+  if (args.global_batch > 0) return ElasticOrder(args, seed, epoch);
   const int64_t n = args.n;
   const int64_t shard = args.stick ? args.shard_id : (args.shard_id + epoch) % args.num_shards;
   const int64_t start = n * shard / args.num_shards;
@@ -156,19 +200,44 @@ class SampleStream {
   StreamPos at_;
 };
 
-// A checkpoint's text form: "<tag> <epoch> <pos> <seed>".
-inline std::string SerializeStreamPos(const char *tag, const StreamPos &at) {
+// A checkpoint's text form: "<tag> <epoch> <pos> <seed>". Elastic streams
+// (args.global_batch > 0) write "<tag>:elastic <epoch> <samples> <seed>
+// <global_batch>" instead: <samples> counts samples of the epoch's global
+// order consumed by all ranks (pos / batch_size global batches of
+// global_batch), which a reader of another number of shards resumes.
+inline std::string SerializeStreamPos(const char *tag, const StreamPos &at,
+                                      const StreamArgs &args) {
+  if (args.global_batch > 0) {
+    const int64_t samples = at.pos / args.batch_size * args.global_batch;
+    return std::string(tag) + ":elastic " + std::to_string(at.epoch) + " " +
+           std::to_string(samples) + " " + std::to_string(at.seed) + " " +
+           std::to_string(args.global_batch);
+  }
   return std::string(tag) + " " + std::to_string(at.epoch) + " " + std::to_string(at.pos) + " " +
          std::to_string(at.seed);
 }
 
-// False if `data` is not one (then `at` is unchanged).
-inline bool ParseStreamPos(const char *tag, const std::string &data, StreamPos *at) {
+// False if `data` is not one of this stream's form (then `at` is
+// unchanged): an elastic stream takes only elastic checkpoints of its
+// global batch (at a global batch boundary), converted to its own shard's
+// position; the others only plain ones.
+inline bool ParseStreamPos(const char *tag, const std::string &data, StreamPos *at,
+                           const StreamArgs &args) {
   std::istringstream in(data);
   std::string got;
   StreamPos p;
   in >> got >> p.epoch >> p.pos >> p.seed;
-  if (in.fail() || got != tag || p.epoch < -1 || p.pos < 0 || p.seed < 0) return false;
+  if (in.fail() || p.epoch < -1 || p.pos < 0 || p.seed < 0) return false;
+  if (args.global_batch > 0) {
+    int64_t g = 0;
+    in >> g;
+    if (in.fail() || got != std::string(tag) + ":elastic" || g != args.global_batch ||
+        p.pos % g != 0)
+      return false;
+    p.pos = p.pos / g * args.batch_size;
+  } else if (got != tag) {
+    return false;
+  }
   *at = p;
   return true;
 }

@@ -35,7 +35,10 @@ class StreamOperator : public dali::Operator<Backend> {
     dali::ReaderMeta meta;
     meta.epoch_size = args.n;
     meta.epoch_size_padded =
-        args.pad ? (args.n + args.num_shards - 1) / args.num_shards * args.num_shards : args.n;
+        args.global_batch > 0
+            ? (args.n + args.global_batch - 1) / args.global_batch * args.global_batch
+        : args.pad ? (args.n + args.num_shards - 1) / args.num_shards * args.num_shards
+                   : args.n;
     meta.number_of_shards = args.num_shards;
     meta.shard_id = args.shard_id;
     meta.pad_last_batch = args.pad;
@@ -64,13 +67,19 @@ class StreamOperator : public dali::Operator<Backend> {
   }
 
   std::string SerializeCheckpoint(const dali::OpCheckpoint &cpt) const override {
-    return SerializeStreamPos(tag_, cpt.CheckpointState<StreamPos>());
+    return SerializeStreamPos(tag_, cpt.CheckpointState<StreamPos>(), stream_.Args());
   }
 
   void DeserializeCheckpoint(dali::OpCheckpoint &cpt, const std::string &data) const override {
     StreamPos at;
-    DALI_ENFORCE(ParseStreamPos(tag_, data, &at),
-                 dali::make_string(op_name_, ": not a checkpoint of this reader: '", data, "'"));
+    const StreamArgs &args = stream_.Args();
+    DALI_ENFORCE(ParseStreamPos(tag_, data, &at, args),
+                 args.global_batch > 0
+                     ? dali::make_string(op_name_, ": not a checkpoint of an elastic reader with "
+                                         "global_batch_size=", args.global_batch, ": '", data,
+                                         "'")
+                     : dali::make_string(op_name_, ": not a checkpoint of this reader: '", data,
+                                         "'"));
     cpt.MutableCheckpointState() = at;
   }
 
@@ -102,6 +111,28 @@ class StreamOperator : public dali::Operator<Backend> {
     args.stick = spec.GetArgument<bool>("stick_to_shard");
     args.batch_size = this->max_batch_size_;
     args.fill = fill;
+    args.global_batch = spec.GetArgument<int64_t>("global_batch_size");
+    if (args.global_batch != 0) {
+      DALI_ENFORCE(args.global_batch > 0,
+                   dali::make_string(op_name_, ": global_batch_size must be >= 0 (0: per-shard "
+                                     "order), got ", args.global_batch));
+      DALI_ENFORCE(args.global_batch % args.num_shards == 0,
+                   dali::make_string(op_name_, ": global_batch_size=", args.global_batch,
+                                     " is not divisible by num_shards=", args.num_shards,
+                                     ": every rank reads an equal slice of each global batch"));
+      DALI_ENFORCE(args.batch_size == args.global_batch / args.num_shards,
+                   dali::make_string(op_name_, ": the pipeline's batch_size (", args.batch_size,
+                                     ") must be global_batch_size=", args.global_batch,
+                                     " / num_shards=", args.num_shards, " = ",
+                                     args.global_batch / args.num_shards));
+      DALI_ENFORCE(args.pad, dali::make_string(op_name_, ": global_batch_size needs "
+                                               "pad_last_batch=True (epochs roll over: a partial "
+                                               "last global batch would be filled from the next "
+                                               "epoch)"));
+      DALI_ENFORCE(args.stick, dali::make_string(op_name_, ": global_batch_size needs "
+                                                 "stick_to_shard=True (each epoch's global order "
+                                                 "is new; no rank moves between shards)"));
+    }
     int64_t seed = spec.GetArgument<int64_t>("seed");
     DALI_ENFORCE(seed >= -1, dali::make_string(op_name_, ": seed must be >= -1, got ", seed));
     if (seed < 0) seed = 0;  // -1: 0, so every rank draws the same permutation

@@ -9,7 +9,8 @@ import numpy as np
 from fastread.engine import EngineOptions, warn_if_few_fds
 from fastread.files import raise_failures, s3_detail
 from fastread.image import PackedImage
-from fastread.sampling import check_flag, epoch_indices
+from fastread.sampling import (check_flag, check_global_batch, check_shard_args, elastic_indices,
+                               elastic_resume, elastic_state, epoch_indices)
 from fastread.s3 import take_options as take_s3_options
 from fastread.source import FileList, check_source, open_native_reader
 
@@ -39,6 +40,16 @@ class Reader:
     ``shuffle_buffer=N`` shuffles instead through a buffer of N samples read
     in order (:func:`fastread.sampling.epoch_indices`), like DALI's
     ``initial_fill``: cheaper for formats of many shards, less random.
+
+    Elastic sharding (``global_batch_size=G``): every epoch's order of the
+    whole data set (by ``seed`` and epoch, whatever the world size) is cut
+    into global batches of G samples, and rank ``shard_id`` of
+    ``num_shards`` reads slice ``shard_id`` of each, batches of
+    ``G // num_shards`` samples (``batch_size`` may be left out; G must be a
+    multiple of ``num_shards``). ``state_dict()`` (the epoch and the global
+    batches consumed) then resumes at any world size that divides G, with
+    every sample of the epoch not yet read read once
+    (:func:`fastread.sampling.elastic_indices`; docs/elastic.md).
 
     ``workers`` native threads (each with its own engine context) read up to
     ``prefetch`` batches ahead, delivered in order. By default a
@@ -72,11 +83,25 @@ class Reader:
     """
 
     def __init__(self, file_root=None, *, file_list=None, files=None, labels=None,
-                 file_filters=None, image=None, index=None, source=None, batch_size=64,
+                 file_filters=None, image=None, index=None, source=None, batch_size=None,
                  shard_id=0, num_shards=1, random_shuffle=False, seed=0, pad_last_batch=False,
                  drop_last=False, stick_to_shard=True, prefetch=None, workers=None,
                  engine="auto", ring_depth=None, device="cpu", options=None, shuffle_buffer=0,
-                 **engine_options):
+                 global_batch_size=None, **engine_options):
+        if global_batch_size is not None:
+            shard_id, num_shards = check_shard_args(shard_id, num_shards)
+            local = check_global_batch(global_batch_size, num_shards)
+            if batch_size is not None and batch_size != local:
+                raise ValueError(f"batch_size={batch_size!r} does not match global_batch_size="
+                                 f"{global_batch_size} over num_shards={num_shards} ranks "
+                                 f"(each rank reads {local}): leave batch_size out")
+            if not stick_to_shard:
+                raise ValueError("stick_to_shard=False does not apply with global_batch_size "
+                                 "(elastic sharding: each epoch's global order is new, and every "
+                                 "rank takes its slice of each global batch)")
+            batch_size = local
+        elif batch_size is None:
+            batch_size = 64
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if pad_last_batch and drop_last:
@@ -107,6 +132,7 @@ class Reader:
         self.shuffle_buffer = shuffle_buffer
         self.pad_last_batch, self.drop_last = bool(pad_last_batch), bool(drop_last)
         self.stick_to_shard = bool(stick_to_shard)
+        self.global_batch_size = None if global_batch_size is None else int(global_batch_size)
         self.ring_depth = ring_depth
         self.device = device
         # Validates shard_id/num_shards before any thread starts.
@@ -121,6 +147,9 @@ class Reader:
         self._ring = collections.deque()
         self.epoch = 0
         self._start_batch = 0
+        # [epoch, batches taken] of the epoch last started by iter() (None:
+        # none since set_epoch): what state_dict() reports.
+        self._position = None
         # The epoch being iterated: its iterator's token and the thread that
         # started it; _pending: the native reader holds batches of an epoch
         # not read to its end (the next iter() must reset it).
@@ -136,6 +165,12 @@ class Reader:
 
     # -- sizes ---------------------------------------------------------------
     def _epoch_order(self, epoch):
+        if self.global_batch_size is not None:
+            return elastic_indices(len(self.paths), global_batch_size=self.global_batch_size,
+                                   shard_id=self.shard_id, num_shards=self.num_shards,
+                                   shuffle=self.random_shuffle, seed=self.seed, epoch=epoch,
+                                   pad_last_batch=self.pad_last_batch, drop_last=self.drop_last,
+                                   shuffle_buffer=self.shuffle_buffer)
         shard = self.shard_id if self.stick_to_shard else (self.shard_id + epoch) % self.num_shards
         return epoch_indices(len(self.paths), shard_id=shard, num_shards=self.num_shards,
                              shuffle=self.random_shuffle, seed=self.seed, epoch=epoch,
@@ -163,6 +198,68 @@ class Reader:
                              f"({len(self)} batches)")
         self.epoch = int(epoch)
         self._start_batch = int(start_batch)
+        self._position = None
+
+    # -- resumable position --------------------------------------------------
+    def position(self):
+        """``(epoch, batches)``: where the next batch delivered comes from
+        (batch ``batches`` of ``epoch``; a finished epoch is ``(e + 1, 0)``).
+        Batches that failed (ReadError) count as delivered."""
+        if self._position is None:
+            return self.epoch, self._start_batch
+        epoch, taken = self._position
+        return (epoch + 1, 0) if taken >= len(self) else (epoch, taken)
+
+    def state_dict(self, epoch=None, batches=None):
+        """The reader's position (:meth:`position`, or ``epoch`` /
+        ``batches`` given, e.g. the batches a pipeline reading ahead of the
+        training loop has really delivered) as a plain dict for
+        :meth:`load_state_dict`. Elastic (``global_batch_size``): the epoch
+        and the samples of its global order consumed by all ranks, which
+        a reader at another world size resumes
+        (:func:`fastread.sampling.elastic_state`); otherwise the epoch and
+        batches of this shard, which only a reader of the same shard
+        layout resumes."""
+        at_epoch, at_batch = self.position()
+        epoch = at_epoch if epoch is None else epoch
+        batches = at_batch if batches is None else batches
+        for name, v in (("epoch", epoch), ("batches", batches)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        if self.global_batch_size is not None:
+            return elastic_state(epoch=epoch, batches=batches, **self._elastic_args())
+        return {"epoch": int(epoch), "batches_delivered": int(batches),
+                "num_samples": len(self.paths), "batch_size": self.batch_size,
+                "seed": self.seed, "shuffle": self.random_shuffle,
+                "shard_id": self.shard_id, "num_shards": self.num_shards}
+
+    def load_state_dict(self, state):
+        """Continues from ``state`` (:meth:`state_dict`): the next iter()
+        reads the rest of its epoch. ValueError if it was taken by a reader
+        whose order differs (another data set, seed, shuffle; elastic: global
+        batch or tail policy; otherwise: batch size or shard layout)."""
+        if self.global_batch_size is not None:
+            epoch, batches = elastic_resume(state, **self._elastic_args())
+        else:
+            if isinstance(state, dict) and "elastic" in state:
+                raise ValueError("state_dict was taken by an elastic reader (global_batch_size="
+                                 f"{state.get('global_batch_size')!r}): give this reader the "
+                                 "same global_batch_size to resume it")
+            mine = self.state_dict(0, 0)
+            for key in ("num_samples", "batch_size", "seed", "shuffle", "shard_id",
+                        "num_shards"):
+                if not isinstance(state, dict) or state.get(key) != mine[key]:
+                    got = state.get(key) if isinstance(state, dict) else state
+                    raise ValueError(f"state_dict was taken with {key}={got!r}, this reader "
+                                     f"has {key}={mine[key]!r}")
+            epoch, batches = state["epoch"], state["batches_delivered"]
+        self.set_epoch(epoch, start_batch=batches)
+
+    def _elastic_args(self):
+        return dict(num_samples=len(self.paths), global_batch_size=self.global_batch_size,
+                    seed=self.seed, shuffle=self.random_shuffle,
+                    shuffle_buffer=self.shuffle_buffer if self.random_shuffle else 0,
+                    pad_last_batch=self.pad_last_batch, drop_last=self.drop_last)
 
     # -- iteration -----------------------------------------------------------
     # Contract: a Reader serves one iteration at a time. A new iter() from the
@@ -202,6 +299,7 @@ class Reader:
                 self._native.reset()  # abandon the unfinished epoch's read-ahead
                 self._pending = False
             order = self._epoch_order(self.epoch)
+            self._position = [self.epoch, self._start_batch]
             self.epoch += 1
             start, self._start_batch = self._start_batch * self.batch_size, 0
             batches = [order[i:i + self.batch_size]
@@ -219,6 +317,10 @@ class Reader:
 
     def _iterate(self, token, count):
         return _Epoch(self, token, count)
+
+    def _took_batch(self, token):
+        if self._active is token and self._position is not None:
+            self._position[1] += 1
 
     def _next_batch(self):
         batch = self._native.next()
@@ -316,8 +418,10 @@ class _Epoch:
                 # while waiting for one leaves it queued for the next call.
                 if taken is None or (r._native is not None and r._native.taken != taken):
                     self._left -= 1
+                    r._took_batch(self._token)
                 raise
             self._left -= 1
+            r._took_batch(self._token)
             return out
         finally:
             r._lock.release()

@@ -3,6 +3,13 @@
 by the core's permutation or shuffle buffer, padded, last batch dropped),
 and the checks of the sharding arguments every reader takes.
 
+Elastic sharding (:func:`elastic_indices`, ``global_batch_size=`` on the
+readers): one order of the whole data set per ``(seed, epoch)``
+(:func:`global_order`), cut into global batches of a fixed size; rank ``r``
+of ``W`` takes slice ``r`` of each, so the order and the global batches do
+not depend on the world size, and a position (:func:`elastic_state`: global
+batches consumed) taken at one world size resumes at another.
+
 Pure arithmetic over sample counts: :mod:`fastread.index` lists the samples
 (``scan``), this module orders and splits them. Below every reader (the
 Python :class:`fastread.Reader`, the DALI readers' external source, the
@@ -16,7 +23,9 @@ import numpy as np
 
 from fastread._core import buffer_shuffle, permutation
 
-__all__ = ["shard_range", "epoch_indices", "check_shard_args", "check_flag"]
+__all__ = ["shard_range", "epoch_indices", "check_shard_args", "check_flag", "global_order",
+           "check_global_batch", "elastic_indices", "elastic_batches", "elastic_epoch_samples",
+           "elastic_state", "elastic_resume"]
 
 
 
@@ -144,3 +153,218 @@ def epoch_indices(num_samples: int, *, shard_id: int = 0, num_shards: int = 1,
     if drop_last:
         idx = idx[: len(idx) // batch_size * batch_size]
     return idx
+
+
+# -- elastic sharding ---------------------------------------------------------
+# The one owner of the elastic order. Everything that reads elastically (the
+# Reader, the torch loaders, the DALI readers' external source) asks these
+# functions for its indices and its resumable position.
+
+ELASTIC_STATE_VERSION = 1
+
+
+def _check_epoch_args(seed, epoch):
+    seed = _as_int(seed, "seed")
+    epoch = _as_int(epoch, "epoch")
+    if seed < 0:
+        raise ValueError(f"``seed`` must be >= 0, got {seed}")
+    if seed >= 1 << 64:
+        raise ValueError(f"``seed`` must be below 2**64, got {seed}")
+    if epoch < 0:
+        raise ValueError(f"``epoch`` must be >= 0, got {epoch}")
+    return seed, epoch
+
+
+def global_order(num_samples: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
+                 shuffle_buffer: int = 0) -> np.ndarray:
+    """The order of the whole data set in ``epoch``, the same whatever the
+    number of ranks: scan order without ``shuffle``; with it the core's
+    permutation for ``(seed, epoch)`` (``fr_permutation``, the one
+    :func:`epoch_indices` slices), or with ``shuffle_buffer=N`` the whole
+    set in order through a shuffle buffer of N (``fr_buffer_shuffle``)."""
+    num_samples = _as_int(num_samples, "num_samples")
+    if num_samples < 0:
+        raise ValueError(f"``num_samples`` must be >= 0, got {num_samples}")
+    if not shuffle:
+        return np.arange(num_samples, dtype=np.int64)
+    seed, epoch = _check_epoch_args(seed, epoch)
+    shuffle_buffer = _as_int(shuffle_buffer, "shuffle_buffer")
+    if shuffle_buffer < 0:
+        raise ValueError(f"``shuffle_buffer`` must be >= 0, got {shuffle_buffer}")
+    if shuffle_buffer:
+        return buffer_shuffle(seed, epoch, np.arange(num_samples, dtype=np.int64),
+                              shuffle_buffer)
+    return permutation(seed, epoch, num_samples)
+
+
+def check_global_batch(global_batch_size, num_shards) -> int:
+    """The per-rank batch size, ``global_batch_size // num_shards``;
+    ValueError naming ``global_batch_size`` unless it is an integer >= 1
+    that ``num_shards`` (the world size) divides: every rank takes an equal
+    slice of each global batch, so a world size that does not divide it
+    cannot read that global order."""
+    g = _as_int(global_batch_size, "global_batch_size")
+    num_shards = _as_int(num_shards, "num_shards")
+    if g < 1:
+        raise ValueError(f"``global_batch_size`` must be >= 1, got {g}")
+    if num_shards < 1:
+        raise ValueError(f"``num_shards`` must be >= 1, got {num_shards}")
+    if g % num_shards:
+        raise ValueError(f"``global_batch_size``={g} is not divisible by the world size "
+                         f"(num_shards={num_shards}): elastic sharding gives every rank an equal "
+                         f"slice of each global batch; choose a global_batch_size that is a "
+                         f"multiple of every world size you will run at (or run at a world size "
+                         f"that divides {g})")
+    return g // num_shards
+
+
+def _tail_policy(pad_last_batch, drop_last):
+    if pad_last_batch and drop_last:
+        raise ValueError("``pad_last_batch`` and ``drop_last`` exclude each other")
+    return "pad" if pad_last_batch else "drop" if drop_last else "partial"
+
+
+def elastic_epoch_samples(num_samples: int, global_batch_size: int, *,
+                          pad_last_batch: bool = False, drop_last: bool = False) -> int:
+    """Samples (padding included) all ranks together read in one elastic
+    epoch: ``num_samples``, rounded up to whole global batches with
+    ``pad_last_batch``, down with ``drop_last``. Independent of the world
+    size."""
+    n, g = _as_int(num_samples, "num_samples"), _as_int(global_batch_size, "global_batch_size")
+    tail = _tail_policy(pad_last_batch, drop_last)
+    if tail == "pad":
+        return -(-n // g) * g
+    if tail == "drop":
+        return n // g * g
+    return n
+
+
+def elastic_batches(num_samples: int, global_batch_size: int, *, pad_last_batch: bool = False,
+                    drop_last: bool = False) -> int:
+    """Global batches in one elastic epoch: also the number of batches every
+    rank reads, whatever the world size."""
+    total = elastic_epoch_samples(num_samples, global_batch_size,
+                                  pad_last_batch=pad_last_batch, drop_last=drop_last)
+    return -(-total // _as_int(global_batch_size, "global_batch_size"))
+
+
+def elastic_indices(num_samples: int, *, global_batch_size: int, shard_id: int = 0,
+                    num_shards: int = 1, shuffle: bool = False, seed: int = 0, epoch: int = 0,
+                    pad_last_batch: bool = False, drop_last: bool = False,
+                    shuffle_buffer: int = 0, start_batch: int = 0) -> np.ndarray:
+    """Indices rank ``shard_id`` of ``num_shards`` reads in ``epoch`` under
+    elastic sharding, from global batch ``start_batch`` on.
+
+    The epoch's :func:`global_order` is cut into global batches of
+    ``global_batch_size`` samples; every rank reads one batch of
+    ``global_batch_size // num_shards`` samples per global batch, its
+    contiguous slice ``shard_id`` of it. Global batch ``k`` therefore holds
+    the same samples at every world size, and rank batch ``k`` is always
+    a slice of global batch ``k``: a run resumed at another world size from
+    global batch ``k`` reads every sample of the epoch not yet read, once.
+
+    The last global batch, when ``num_samples`` is not a multiple of
+    ``global_batch_size`` (``R`` samples left over):
+
+    * ``pad_last_batch``: the order is padded by repeating its last sample up
+      to whole global batches (DALI's ``pad_last_batch``: the sample
+      repeated, so every batch has the same size on every rank);
+    * ``drop_last``: the partial global batch is dropped (the same ``R``
+      samples on every rank, whatever the world size);
+    * neither: its ``R`` samples are split between the ranks as
+      :func:`shard_range` splits a data set (sizes differ by at most one).
+      If ``R < num_shards`` a rank would get an empty last batch, and ranks
+      would then disagree on the number of batches (collectives of a DDP
+      step would hang): ValueError naming ``pad_last_batch`` and
+      ``drop_last``.
+
+    Returns an ``np.int64`` array (every rank's batch for global batches
+    ``start_batch..`` in turn).
+    """
+    shard_id, num_shards = check_shard_args(shard_id, num_shards)
+    local = check_global_batch(global_batch_size, num_shards)
+    g = local * num_shards
+    n = _as_int(num_samples, "num_samples")
+    if n < 1:
+        raise ValueError(f"``num_samples`` must be >= 1 for elastic sharding, got {n}")
+    tail = _tail_policy(pad_last_batch, drop_last)
+    total = elastic_epoch_samples(n, g, pad_last_batch=pad_last_batch, drop_last=drop_last)
+    batches = -(-total // g)
+    start_batch = _as_int(start_batch, "start_batch")
+    if not 0 <= start_batch <= batches:
+        raise ValueError(f"``start_batch`` must be in [0, {batches}] (global batches of the "
+                         f"epoch), got {start_batch}")
+    left = n % g
+    if tail == "partial" and 0 < left < num_shards:
+        raise ValueError(f"elastic sharding: the epoch's last global batch holds {left} of "
+                         f"{n} samples (global_batch_size={g}), fewer than the {num_shards} "
+                         f"ranks, so a rank would get an empty last batch and the ranks would "
+                         f"read different numbers of batches; choose pad_last_batch=True "
+                         f"(repeat the last sample up to a whole global batch) or "
+                         f"drop_last=True (drop the partial global batch)")
+    if tail == "drop" and batches == 0:
+        raise ValueError(f"elastic sharding with drop_last: {n} samples do not fill one global "
+                         f"batch of {g}")
+    order = global_order(n, shuffle=shuffle, seed=seed, epoch=epoch,
+                         shuffle_buffer=shuffle_buffer)
+    if tail == "pad" and total > n:
+        order = np.concatenate([order, np.full(total - n, order[-1], dtype=np.int64)])
+    full = total // g  # whole global batches
+    whole = order[:full * g].reshape(full, num_shards, local)[start_batch:, shard_id]
+    parts = [whole.reshape(-1)]
+    if total > full * g and start_batch <= full:
+        rest = order[full * g:total]
+        lo, hi = len(rest) * shard_id // num_shards, len(rest) * (shard_id + 1) // num_shards
+        parts.append(rest[lo:hi])
+    return np.ascontiguousarray(np.concatenate(parts), dtype=np.int64)
+
+
+def elastic_state(*, num_samples: int, global_batch_size: int, seed: int, shuffle: bool,
+                  epoch: int, batches: int, pad_last_batch: bool = False,
+                  drop_last: bool = False, shuffle_buffer: int = 0) -> dict:
+    """The resumable position of an elastic reader after ``batches`` global
+    batches of ``epoch``: a plain dict (for ``torch.save`` / JSON) that
+    :func:`elastic_resume` reads back at any world size dividing
+    ``global_batch_size``. ``samples_consumed`` counts samples of the
+    epoch's global order consumed by all ranks together (padding included).
+    """
+    total = elastic_epoch_samples(num_samples, global_batch_size,
+                                  pad_last_batch=pad_last_batch, drop_last=drop_last)
+    return {"elastic": ELASTIC_STATE_VERSION, "num_samples": int(num_samples),
+            "global_batch_size": int(global_batch_size), "seed": int(seed),
+            "shuffle": bool(shuffle), "shuffle_buffer": int(shuffle_buffer),
+            "pad_last_batch": bool(pad_last_batch), "drop_last": bool(drop_last),
+            "epoch": int(epoch),
+            "samples_consumed": min(int(batches) * int(global_batch_size), total)}
+
+
+def elastic_resume(state, **mine) -> Tuple[int, int]:
+    """``(epoch, global batches consumed)`` of an :func:`elastic_state`
+    dict, checked against this reader's own arguments ``mine`` (the keys of
+    :func:`elastic_state` but ``epoch`` and ``batches``): ValueError naming
+    the first that differs (another data set, global batch, seed, shuffle
+    or tail policy would not continue the same global order), or saying
+    the state is not an elastic one."""
+    if not isinstance(state, dict) or state.get("elastic") != ELASTIC_STATE_VERSION:
+        raise ValueError("not an elastic state_dict (taken without global_batch_size=, or by "
+                         "another version): it cannot resume an elastic reader; got "
+                         f"{state!r}")
+    ref = elastic_state(epoch=0, batches=0, **mine)
+    for key in ("num_samples", "global_batch_size", "seed", "shuffle", "shuffle_buffer",
+                "pad_last_batch", "drop_last"):
+        if state.get(key) != ref[key]:
+            raise ValueError(f"state_dict was taken with {key}={state.get(key)!r}, this reader "
+                             f"has {key}={ref[key]!r}: it would not continue the same global "
+                             f"order")
+    epoch = _as_int(state["epoch"], "epoch")
+    consumed = _as_int(state["samples_consumed"], "samples_consumed")
+    if epoch < 0:
+        raise ValueError(f"state_dict's epoch must be >= 0, got {epoch}")
+    g = ref["global_batch_size"]
+    total = elastic_epoch_samples(ref["num_samples"], g, pad_last_batch=ref["pad_last_batch"],
+                                  drop_last=ref["drop_last"])
+    batches = -(-consumed // g)
+    if not 0 <= consumed <= total or min(batches * g, total) != consumed:
+        raise ValueError(f"state_dict's samples_consumed={consumed} is not at a global batch "
+                         f"boundary of an epoch of {total} samples in global batches of {g}")
+    return epoch, batches

@@ -85,6 +85,10 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     policy = _policy_name(last_batch_policy)
     if pad_last_batch and policy == "PARTIAL":
         policy = "FILL"
+    if kwargs.get("global_batch_size") is not None:
+        check_elastic(f"fastread.dali.readers.{reader_name}", kwargs["global_batch_size"],
+                      num_shards, pipe, roll, policy == "FILL")
+        stick_to_shard = True
     if not isinstance(prefetch_queue_depth, int) or prefetch_queue_depth < 1:
         raise ValueError(f"prefetch_queue_depth must be an integer >= 1, got {prefetch_queue_depth!r}")
     gpu = device == "gpu"
@@ -111,6 +115,28 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     reader.rolls = roll
     return _attach(pipe, reader, name, batches, no_copy=True if gpu else no_copy,
                    device=device, num_outputs=num_outputs, layout=layout)
+
+
+def check_elastic(what, global_batch_size, num_shards, pipe, roll, pad):
+    """Elastic sharding (global_batch_size=) in a DALI pipeline, either
+    path: a pipeline batch size that is the rank's slice of the global
+    batch, and with rolling epochs (DALI's readers' and the operator's)
+    pad_last_batch, so that every batch is a whole slice of one global batch
+    (a partial last global batch would be filled from the next epoch).
+    With rolling epochs, reader_meta reports the padded elastic epoch, which
+    the DALI iterators count right with last_batch_policy FILL."""
+    from fastread.sampling import check_global_batch
+
+    if roll and not pad:
+        raise ValueError(f"{what}: global_batch_size (elastic sharding) with rolling epochs "
+                         "(epoch_end='roll') needs pad_last_batch=True (a partial last global "
+                         "batch would be filled from the next epoch); or use epoch_end='stop' "
+                         "and choose the last batch with last_batch_policy")
+    local = check_global_batch(global_batch_size, num_shards)
+    if pipe.max_batch_size != local:
+        raise ValueError(f"{what}: the pipeline's batch_size ({pipe.max_batch_size}) must be "
+                         f"global_batch_size={global_batch_size} / num_shards={num_shards} = "
+                         f"{local}, the rank's slice of each global batch")
 
 
 def _attach(pipe, reader, name, source, no_copy, device="cpu", num_outputs=2, layout=None):
@@ -145,8 +171,12 @@ def reader_meta(reader):
     fastread reader: what the DALI iterators' ``reader_name=`` needs."""
     n = len(reader.paths)
     shards = reader.num_shards
+    if reader.global_batch_size is not None:  # elastic: whole global batches (check_elastic)
+        padded = -(-n // reader.global_batch_size) * reader.global_batch_size
+    else:
+        padded = -(-n // shards) * shards if reader.pad_last_batch else n
     return {"epoch_size": n,
-            "epoch_size_padded": -(-n // shards) * shards if reader.pad_last_batch else n,
+            "epoch_size_padded": padded,
             "number_of_shards": shards, "shard_id": reader.shard_id,
             "pad_last_batch": bool(reader.pad_last_batch),
             "stick_to_shard": bool(reader.stick_to_shard)}

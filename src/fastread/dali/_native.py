@@ -11,7 +11,7 @@ fall back to their external sources, or raise with the reason when
 """
 from fastread import _defaults
 from fastread.dali import _plugin
-from fastread.dali._common import _DALI_ONLY_ARGS
+from fastread.dali._common import _DALI_ONLY_ARGS, check_elastic
 from fastread.engine import (GPU_ENGINES, RANGE_ONLY, URL_ENGINES, EngineOptions, check_engine,
                              check_option, for_paths)
 from fastread.s3 import engine_args_for
@@ -48,7 +48,8 @@ def obstacle(epoch_end, device, device_id, last_batch_policy, engine, kwargs, ra
         return f"engine={engine!r}: the operator reads into host memory"
     if engine in RANGE_ONLY and not ranges:
         return f"engine={engine!r} reads byte ranges of an image, not files"
-    other = sorted(set(kwargs) - NATIVE_OPTIONS - _DALI_ONLY_ARGS - {"pin_memory"})
+    other = sorted(set(kwargs) - NATIVE_OPTIONS - _DALI_ONLY_ARGS -
+                   {"pin_memory", "global_batch_size"})
     if other:
         return "the operator does not take " + ", ".join(other)
     return None
@@ -125,6 +126,20 @@ def stream_args(what, *, shard_id, num_shards, random_shuffle, seed, pad_last_ba
                       prefetch_queue_depth=prefetch_queue_depth)
 
 
+def take_elastic(what, kwargs, stream, pipe):
+    """`kwargs` without ``global_batch_size``, which goes (checked) into the
+    operator's `stream` arguments: elastic sharding, whose checkpoints
+    resume at another num_shards (plugin_common.h ElasticOrder: the order
+    of fastread.sampling.elastic_indices, the external source's)."""
+    kwargs = dict(kwargs)
+    global_batch_size = kwargs.pop("global_batch_size", None)
+    if global_batch_size is not None:
+        check_elastic(what, global_batch_size, stream["num_shards"], pipe, True,
+                      stream["pad_last_batch"])
+        stream.update(global_batch_size=int(global_batch_size), stick_to_shard=True)
+    return kwargs
+
+
 def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
                   stick_to_shard, prefetch_queue_depth, name, engine, device, device_id, kwargs,
                   what="fastread.dali.readers.file", layout_args=None):
@@ -139,6 +154,7 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
                                random_shuffle=random_shuffle, seed=seed,
                                pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
                                prefetch_queue_depth=prefetch_queue_depth)
+    kwargs = take_elastic(what, kwargs, stream, pipe)
     pipe_device = pipe.device_id
     # Checked here as for the external source: ValueError / TypeError naming
     # the engine or option, before DALI builds anything. "auto" reaches the

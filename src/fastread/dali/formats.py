@@ -14,7 +14,7 @@ import numpy as np
 from fastread._dlviews import array_view, pack_ranges, range_views
 from fastread.dali._common import reader_outputs
 from fastread.dali.sources import BatchSource
-from fastread.dali._native import operator_args, pin_args, stream_args
+from fastread.dali._native import operator_args, pin_args, stream_args, take_elastic
 from fastread.engine import EngineOptions, for_paths
 from fastread.s3 import take_options as take_s3_options
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
@@ -266,7 +266,7 @@ def _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs, whole_sha
         return ("s3:// shards read whole (s3_read='whole', or in shard order by default): the "
                 "operator reads members by ranged GETs (pass s3_read='ranges')")
     other = sorted(set(kwargs) - _WDS_NATIVE_OPTIONS - _DALI_ONLY_ARGS -
-                   {"pin_memory", "shuffle_buffer"})
+                   {"pin_memory", "shuffle_buffer", "global_batch_size"})
     if other:
         return "the operator does not take " + ", ".join(other)
     return None
@@ -305,6 +305,7 @@ def _native_webdataset(source, *, shard_id, num_shards, random_shuffle, seed, pa
                                num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
                                pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
                                prefetch_queue_depth=prefetch_queue_depth)
+    kwargs = take_elastic("fastread.dali.readers.webdataset", kwargs, stream, pipe)
     num_shards = stream["num_shards"]
     if len(source) < num_shards:
         raise ValueError(f"fastread.dali.readers.webdataset: {len(source)} samples (after "

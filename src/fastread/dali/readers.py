@@ -43,7 +43,7 @@ from fastread.reader import check_device
 from fastread.s3 import take_options as take_s3_options
 from fastread.source import FileList
 
-__all__ = ["file", "image", "numpy", "epoch_size"]
+__all__ = ["file", "image", "numpy", "epoch_size", "state_dict", "load_state_dict"]
 
 
 def file(*, file_root=None, file_list=None, files=None, labels=None, file_filters=None,
@@ -131,6 +131,55 @@ def epoch_size(pipe, index=0):
     if not readers:
         raise ValueError("this pipeline has no fastread reader")
     return readers[index].num_samples
+
+
+def _reader(pipe, index):
+    readers = getattr(pipe, "_fastread_readers", [])
+    if not readers:
+        raise ValueError("this pipeline has no fastread reader")
+    if not isinstance(index, int) or not 0 <= index < len(readers):
+        raise ValueError(f"index must be in [0, {len(readers)}) (the pipeline's fastread "
+                         f"readers), got {index!r}")
+    return readers[index]
+
+
+def state_dict(pipe, batches, index=0):
+    """The position of the pipeline's ``index``-th fastread reader after
+    ``batches`` batches of the epoch being read reached the training loop,
+    as :meth:`fastread.Reader.state_dict` gives it (elastic with
+    ``global_batch_size=``: resumable at another world size). The count is
+    the caller's: DALI pulls batches ahead of the loop (its prefetch queue),
+    so the reader has handed out more than were consumed.
+    Load it with :func:`load_state_dict`."""
+    reader = _reader(pipe, index)
+    if getattr(reader, "rolls", False):
+        raise ValueError("state_dict(pipe, batches) is for epoch_end='stop' readers: with rolling "
+                         "epochs the source reads across epoch ends ahead of the loop; use the "
+                         "native operator's checkpoints (enable_checkpointing=True, "
+                         "pipe.checkpoint()), elastic with global_batch_size")
+    if isinstance(batches, bool) or not isinstance(batches, int) or \
+            not 0 <= batches <= len(reader):
+        raise ValueError(f"batches must be an integer in [0, {len(reader)}] (this shard's "
+                         f"batches per epoch), got {batches!r}")
+    pos = reader._position
+    epoch = pos[0] if pos is not None else reader.epoch
+    if batches == len(reader):
+        epoch, batches = epoch + 1, 0
+    return reader.state_dict(epoch, batches)
+
+
+def load_state_dict(pipe, state, index=0):
+    """Makes the pipeline's ``index``-th fastread reader continue from
+    ``state`` (:func:`state_dict`, or a :class:`fastread.Reader`'s or
+    loader's of the same arguments): call it after defining the pipeline
+    and before building it (DALI reads ahead from the start of the epoch
+    as soon as it is built)."""
+    reader = _reader(pipe, index)
+    if reader._position is not None:
+        raise RuntimeError("load_state_dict: the pipeline has already read from this fastread "
+                           "reader (DALI reads ahead once it is built); load the state right "
+                           "after defining the pipeline, before build() or an iterator")
+    reader.load_state_dict(state)
 
 
 # Row gathers from a FeatureStore (fastread.dali.gather), beside the file readers.

@@ -13,14 +13,16 @@ out (:class:`ImageLoader`).
 
 Shards come from torchrun's environment (RANK, WORLD_SIZE; LOCAL_RANK picks
 the GPU) unless given. ``state_dict()`` taken mid-epoch and loaded into a new
-loader resumes with exactly the samples that epoch had not yet delivered.
+loader resumes with exactly the samples that epoch had not yet delivered;
+with ``global_batch_size=`` (elastic sharding, docs/elastic.md) also at
+another world size.
 """
 
 import numpy as np
 
 from fastread import _core
-from fastread._defaults import env_int
-from fastread.sampling import check_flag
+from fastread._defaults import node_env
+from fastread.sampling import check_flag, elastic_resume
 from fastread.reader import Reader
 
 __all__ = ["ImageLoader", "IMAGENET_MEAN", "IMAGENET_STD"]
@@ -55,13 +57,18 @@ class ImageLoader:
     s3 engine, the bucket reached with ``s3=`` (:class:`fastread.S3Options`)
     or the same options as keywords (``endpoint_url=``, ...), else the AWS
     environment; samples, labels and shards are those of the local tree.
+
+    ``global_batch_size=G``: elastic sharding (:class:`fastread.Reader`'s):
+    each rank delivers batches of ``G // WORLD_SIZE`` samples, its slice of
+    each global batch of one order of the whole set per ``(seed, epoch)``,
+    and ``state_dict()`` resumes at another world size (one dividing G).
     """
 
-    def __init__(self, file_root=None, batch_size=64, *, device="cpu", decode=True, size=224,
+    def __init__(self, file_root=None, batch_size=None, *, device="cpu", decode=True, size=224,
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, file_list=None, files=None, labels=None,
                  file_filters=None, shard_id=None, num_shards=None, random_shuffle=False, seed=0,
                  drop_last=False, num_threads=4, device_id=None, prefetch_queue_depth=2,
-                 engine="auto", **engine_options):
+                 engine="auto", global_batch_size=None, **engine_options):
         import torch  # noqa: F401  (fail early, with the real import error)
 
         if device not in ("cpu", "cuda"):
@@ -80,17 +87,18 @@ class ImageLoader:
         if any(float(v) == 0 for v in std):
             raise ValueError(f"std must not contain 0, got {std!r}")
         check_flag("decode", decode)
+        node = node_env()
         if num_shards is None:
-            num_shards = env_int("WORLD_SIZE") or 1
+            num_shards = node["world_size"]
         if shard_id is None:
-            shard_id = env_int("RANK") or 0
+            shard_id = node["rank"]
         if device == "cuda" and device_id is None:
-            device_id = env_int("LOCAL_RANK") or 0
+            device_id = node["local_rank"]
         if device == "cuda":
             _require_gpu(device_id)
         self.device, self.decode, self.size = device, bool(decode), int(size)
         self.mean, self.std = tuple(mean), tuple(std)
-        self.batch_size, self.num_threads = batch_size, num_threads
+        self.num_threads = num_threads
         self.device_id = device_id if device == "cuda" else None
         self.prefetch_queue_depth = prefetch_queue_depth
         # Every rank keeps its own shard; with shuffling each epoch draws one
@@ -101,7 +109,9 @@ class ImageLoader:
                              random_shuffle=random_shuffle, seed=seed, drop_last=drop_last,
                              stick_to_shard=True, engine=engine,
                              ring_depth=prefetch_queue_depth + 2 if decode else None,
-                             **engine_options)
+                             global_batch_size=global_batch_size, **engine_options)
+        # The batches the loader delivers (elastic: the rank's slice).
+        self.batch_size = self.reader.batch_size
         self.epoch = 0
         self._start_batch = 0
         self._delivered = 0
@@ -118,13 +128,26 @@ class ImageLoader:
 
     def state_dict(self):
         """Where the loader stands: load it into a loader built with the same
-        arguments to continue with exactly the samples not yet delivered."""
+        arguments to continue with exactly the samples not yet delivered
+        (elastic: built with the same ``global_batch_size``, at any world
+        size dividing it)."""
+        if self.reader.global_batch_size is not None:
+            return self.reader.state_dict(self.epoch, self._delivered)
         return {"epoch": self.epoch, "batches_delivered": self._delivered,
                 "num_samples": len(self.reader.paths), "batch_size": self.batch_size,
                 "seed": self.reader.seed, "shard_id": self.reader.shard_id,
                 "num_shards": self.reader.num_shards}
 
     def load_state_dict(self, state):
+        if self.reader.global_batch_size is not None:
+            self.epoch, self._start_batch = elastic_resume(state, **self.reader._elastic_args())
+            self._delivered = self._start_batch
+            self._teardown()
+            return
+        if isinstance(state, dict) and "elastic" in state:
+            raise ValueError("state_dict was taken by an elastic loader (global_batch_size="
+                             f"{state.get('global_batch_size')!r}): give this loader the same "
+                             "global_batch_size to resume it")
         for key in ("num_samples", "batch_size", "seed", "shard_id", "num_shards"):
             mine = self.state_dict()[key]
             if state.get(key) != mine:

@@ -19,10 +19,11 @@ new loader resumes with exactly the batches that epoch had not delivered.
 
 import numpy as np
 
-from fastread._defaults import env_int
+from fastread._defaults import node_env
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
 from fastread.formats.in_memory import InMemory
 from fastread.reader import Reader
+from fastread.sampling import elastic_resume
 
 __all__ = ["Cifar10Loader", "WebDatasetLoader", "SquirrelLoader", "CIFAR10_MEAN", "CIFAR10_STD",
            "augment_batch"]
@@ -117,20 +118,24 @@ class Cifar10Loader:
     and epoch on one device.
     """
 
-    def __init__(self, root, batch_size=256, *, train=True, device="cpu", augment=False,
+    def __init__(self, root, batch_size=None, *, train=True, device="cpu", augment=False,
                  normalize=False, shard_id=None, num_shards=None, random_shuffle=False, seed=0,
-                 drop_last=False, device_id=None, engine="auto", in_memory=True, **engine_options):
+                 drop_last=False, device_id=None, engine="auto", in_memory=True,
+                 global_batch_size=None, **engine_options):
         import torch
 
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if batch_size is None and global_batch_size is None:
+            batch_size = 256
+        node = node_env()
         if num_shards is None:
-            num_shards = env_int("WORLD_SIZE") or 1
+            num_shards = node["world_size"]
         if shard_id is None:
-            shard_id = env_int("RANK") or 0
+            shard_id = node["rank"]
         if device == "cuda":
             if device_id is None:
-                device_id = env_int("LOCAL_RANK") or 0
+                device_id = node["local_rank"]
             if not torch.cuda.is_available():
                 raise RuntimeError("Cifar10Loader(device='cuda'): no usable CUDA device; use "
                                    "device='cpu'")
@@ -140,7 +145,6 @@ class Cifar10Loader:
         self.device = "cpu" if device == "cpu" else f"cuda:{device_id}"
         self.augment, self.normalize = bool(augment), bool(normalize)
         self.in_memory = bool(in_memory)
-        self.batch_size = batch_size
         self.seed = seed
         self.source = Cifar10(root, train=train)
         # The Reader checks the arguments and gives the epochs' order in both
@@ -148,7 +152,8 @@ class Cifar10Loader:
         self.reader = Reader(source=self.source, batch_size=batch_size, shard_id=shard_id,
                              num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
                              drop_last=drop_last, stick_to_shard=True, engine=engine,
-                             ring_depth=2, **engine_options)
+                             ring_depth=2, global_batch_size=global_batch_size, **engine_options)
+        self.batch_size = self.reader.batch_size  # elastic: the rank's slice
         self._images = self._labels = None
         if self.in_memory:
             self._images, self._labels = _load_records(self.source, engine, engine_options,
@@ -167,12 +172,23 @@ class Cifar10Loader:
         self._start_batch = 0
 
     def state_dict(self):
+        """Where the loader stands (elastic, with ``global_batch_size``:
+        resumable at another world size dividing it; docs/elastic.md)."""
+        if self.reader.global_batch_size is not None:
+            return self.reader.state_dict(self.epoch, self._delivered)
         return {"epoch": self.epoch, "batches_delivered": self._delivered,
                 "num_samples": len(self.source), "batch_size": self.batch_size,
                 "seed": self.seed, "shard_id": self.reader.shard_id,
                 "num_shards": self.reader.num_shards}
 
     def load_state_dict(self, state):
+        if self.reader.global_batch_size is not None:
+            self.epoch, self._start_batch = elastic_resume(state, **self.reader._elastic_args())
+            return
+        if isinstance(state, dict) and "elastic" in state:
+            raise ValueError("state_dict was taken by an elastic loader (global_batch_size="
+                             f"{state.get('global_batch_size')!r}): give this loader the same "
+                             "global_batch_size to resume it")
         mine = self.state_dict()
         for key in ("num_samples", "batch_size", "seed", "shard_id", "num_shards"):
             if state.get(key) != mine[key]:
@@ -255,18 +271,24 @@ class _RecordLoader:
     batches were delivered); epochs, shards and resume as Cifar10Loader."""
 
     def __init__(self, source, batch_size, *, shard_id=None, num_shards=None,
-                 random_shuffle=False, seed=0, drop_last=False, engine="auto", **engine_options):
+                 random_shuffle=False, seed=0, drop_last=False, engine="auto",
+                 global_batch_size=None, **engine_options):
         import torch  # noqa: F401  (fail early, with the real import error)
 
+        if batch_size is None and global_batch_size is None:
+            batch_size = 64
+        node = node_env()
         if num_shards is None:
-            num_shards = env_int("WORLD_SIZE") or 1
+            num_shards = node["world_size"]
         if shard_id is None:
-            shard_id = env_int("RANK") or 0
-        self.source, self.batch_size, self.seed = source, batch_size, seed
+            shard_id = node["rank"]
+        self.source, self.seed = source, seed
         self.reader = Reader(source=source, batch_size=batch_size, shard_id=shard_id,
                              num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
                              drop_last=drop_last, stick_to_shard=True, engine=engine,
-                             ring_depth=2, **engine_options)
+                             ring_depth=2, global_batch_size=global_batch_size,
+                             **engine_options)
+        self.batch_size = self.reader.batch_size
         self.epoch = 0
         self._start_batch = 0
         self._delivered = 0
@@ -300,7 +322,7 @@ class WebDatasetLoader(_RecordLoader):
     reach the bucket, ``s3_read`` says how shards are read (see
     :mod:`fastread.formats.webdataset`)."""
 
-    def __init__(self, paths, ext, batch_size=64, *, missing_component_behavior="empty",
+    def __init__(self, paths, ext, batch_size=None, *, missing_component_behavior="empty",
                  case_sensitive_extensions=False, cache_dir=None, cache_bytes=None,
                  s3_read=None, **kwargs):
         from fastread.formats.webdataset import WebDataset
@@ -323,7 +345,7 @@ class SquirrelLoader(_RecordLoader):
     batch's arrays when they share a shape (``stack=True``; one copy), else
     a list of tensors (views)."""
 
-    def __init__(self, url, keys=("image", "label"), batch_size=64, *, stack=True,
+    def __init__(self, url, keys=("image", "label"), batch_size=None, *, stack=True,
                  cache_dir=None, cache_bytes=None, **kwargs):
         from fastread.formats.squirrel import SquirrelStore
         self.stack = bool(stack)
