@@ -83,10 +83,11 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
         layout = ["HWC", ""]
         if img.sample_shape is not None and device == "cpu":
             kwargs["dense"] = True   # one (N, H, W, C) array per batch
+            make_batch_source = lambda reader, gpu: _DenseSource(reader)  # noqa: E731
         else:
             make_batch_source = lambda reader, gpu: _PixelSource(reader, img, gpu)  # noqa: E731
     return reader_outputs(
-        "image", lambda: (_by_index(img) if make_batch_source else img) if decoded
+        "image", lambda: (img if "dense" in kwargs else _by_index(img)) if decoded
         else _open(image, index, s3),
         shard_id=shard_id, num_shards=num_shards,
         random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
@@ -118,6 +119,18 @@ def _layout_args(img):
     return dict(npy_ndim=3, npy_dtype=types.to_dali_type(img.dtype),
                 npy_data_offsets=[0] * len(img),
                 npy_shapes=[int(x) for x in img.shapes.reshape(-1).tolist()])
+
+
+class _DenseSource(BatchSource):
+    """Dense batches as DALI takes them: the (N, H, W, C) array itself where
+    it is contiguous (buffered reads); O_DIRECT's slot-strided array as one
+    view per sample (DALI refuses strided batches), still without a copy."""
+
+    def __next__(self):
+        arrays, labels = super().__next__()
+        if isinstance(arrays, np.ndarray) and not arrays.flags.c_contiguous:
+            arrays = list(arrays)
+        return arrays, labels
 
 
 class _PixelSource(BatchSource):
