@@ -3,7 +3,7 @@ labels and order, bad inputs, atomicity, integrity, and the index versions.
 
 Pixel tolerance: the pack runs :func:`fastread.decode.preprocess_file`; its
 output is compared exactly with that function (the same code path) and with
-a reference written here from plain Pillow calls (open, RGB, resize to
+a reference written here from plain Pillow calls (open, EXIF orientation, RGB, resize to
 torchvision's ``Resize(S)`` size with the antialiased bilinear filter,
 center crop as torchvision's ``CenterCrop``), which must also match exactly:
 the same library on the same decoded pixels. Re-encoded JPEG is compared
@@ -42,8 +42,10 @@ def tree(tmp_path_factory):
 
 def reference(path, resize=None, crop=None):
     """Plain Pillow: torchvision's Resize(resize) + CenterCrop(crop) on a PIL image."""
+    from PIL import ImageOps
+
     with Image.open(path) as im:
-        im = im.convert("RGB")
+        im = ImageOps.exif_transpose(im).convert("RGB")
     w, h = im.size
     if resize is not None:
         if w <= h:
@@ -286,3 +288,20 @@ def test_decode_options_need_decode(tree, tmp_path, capsys):
         cli_main(["pack", tree, str(tmp_path / "x.img"), "--resize", "32"])
     assert e.value.code == 2 and "apply only with --decode" in capsys.readouterr().err
     assert not (tmp_path / "x.img").exists()
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    """A JPEG tagged 'rotate 90' (EXIF orientation 6) is stored upright, as
+    DALI's decoders show it (adjust_orientation=True by default)."""
+    (tmp_path / "t" / "c").mkdir(parents=True)
+    rng = np.random.default_rng(2)
+    px = rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(px).save(tmp_path / "t" / "c" / "r.jpg", quality=95, exif=exif)
+    img = fastread.pack(str(tmp_path / "t"), str(tmp_path / "o.img"), decode=True,
+                        decode_workers=0, progress=False)
+    assert tuple(img.shapes[0]) == (60, 40, 3)   # width and height swapped
+    with Image.open(tmp_path / "t" / "c" / "r.jpg") as im:
+        want = np.asarray(im.convert("RGB").transpose(Image.Transpose.ROTATE_270))
+    np.testing.assert_array_equal(img.pixels(img.read([0])[0], 0), want)

@@ -1,7 +1,8 @@
 """Decoding once, at pack time: the preprocessing of ``fastread pack
 --decode`` (:func:`fastread.pack` with ``decode=True``).
 
-Each source image is decoded with Pillow, converted to RGB, resized and
+Each source image is decoded with Pillow, turned upright by its EXIF
+orientation, converted to RGB, resized and
 optionally center-cropped (:class:`Preprocess`), then stored as raw uint8
 HWC pixels or re-encoded as JPEG. The work runs in a process pool (Pillow's
 decoders hold the GIL for part of their work, so threads would not use all
@@ -15,7 +16,6 @@ and tests compare against it (exact) and against a plain Pillow reference
 import collections
 import io
 import os
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
@@ -99,11 +99,13 @@ def preprocess_image(img, pre):
 def preprocess_file(path, pre):
     """``(payload bytes, (H, W, C))`` for one source image; raises what
     Pillow raises for a file it cannot decode (OSError, ValueError, ...)."""
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     with Image.open(path) as src:
         src.load()   # decode now: a truncated or corrupt file fails here, not later
-        img = preprocess_image(src, pre)
+        # EXIF orientation applied, as DALI's decoders do by default
+        # (adjust_orientation=True): the pixels the image shows.
+        img = preprocess_image(ImageOps.exif_transpose(src), pre)
     shape = (img.size[1], img.size[0], 3)
     if pre.encode == "raw":
         return np.asarray(img, dtype=np.uint8).tobytes(), shape
@@ -145,13 +147,11 @@ def decoded_batches(paths, pre, *, workers=None, chunk=16):
         for c in chunks:
             yield _work(c, pre)
         return
-    import multiprocessing
+    from fastread.datasets._shared import make_pool
 
-    # forkserver/spawn, not fork: the caller may hold native reader threads
-    # (fork would copy their locks, held or not, into the children).
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in
-                                      multiprocessing.get_all_start_methods() else "spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    # fork where this process runs no other thread (scripts need no
+    # __main__ guard), else a forkserver: the datasets' one rule for pools.
+    with make_pool(workers) as pool:
         pending = collections.deque()
         try:
             for c in chunks:

@@ -28,7 +28,7 @@ from fastread.bench.registry import Mode
 from fastread.bench.runners import DaliRunner
 
 NAME = "decoded"
-ORDER = 25
+ORDER = 45
 
 #: Output side of the shared augmentation.
 CROP = 128
