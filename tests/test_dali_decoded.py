@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from dali_helpers import make_pipe
+from dali_helpers import make_gpu_pipe, make_pipe, needs_gpu
 from nvidia.dali import fn, types  # noqa: E402 (dali_helpers skips without DALI)
 
 import fastread  # noqa: E402
@@ -108,3 +108,21 @@ def test_images_that_are_not_pixels_are_refused(packs, which, match):
     img = packs[which]
     with pytest.raises(ValueError, match=match):
         make_pipe(lambda: readers.image(image=img.path, decoded=True), 4)
+
+
+@needs_gpu
+@pytest.mark.parametrize("which", ["crop", "var"])
+def test_gpu_output_equals_the_stored_arrays(packs, which):
+    """device="gpu": the external source (the operator's GPU path does not
+    take decoded samples yet), each sample its HWC array in GPU memory."""
+    img = packs[which]
+    want = expected(img)
+    p = make_gpu_pipe(lambda: readers.image(image=img.path, decoded=True, device="gpu",
+                                            name="R"), 4)
+    flat = []
+    for _ in range(5):
+        data, labels = p.run()
+        data = data.as_cpu()
+        flat += [np.array(data[i]) for i in range(len(data))]
+    for k, a in enumerate(flat):
+        np.testing.assert_array_equal(a, want[k % len(img)])

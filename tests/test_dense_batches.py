@@ -112,3 +112,9 @@ def test_bad_dense_argument(packs, dense):
     _root, img, _ = packs
     with pytest.raises(ValueError, match="dense must be"):
         fastread.Reader(image=img, batch_size=4, dense=dense)
+
+
+def test_dense_is_host_output_for_now(packs):
+    _root, img, _ = packs
+    with pytest.raises(ValueError, match="dense=True is for host output"):
+        fastread.Reader(image=img, batch_size=4, dense=True, device="gpu")

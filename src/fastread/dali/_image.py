@@ -148,6 +148,9 @@ class _PixelSource(BatchSource):
         self._shapes = [tuple(s) for s in img.shapes.tolist()]
         self._typestr = img.dtype.str
         self._itemsize = img.dtype.itemsize
+        if gpu:
+            import cupy
+            self._cupy = cupy
 
     def __next__(self):
         arrays, ids = super().__next__()
@@ -159,12 +162,18 @@ class _PixelSource(BatchSource):
                 out.append(a.view(0, shape, self._typestr, self._itemsize))
             else:
                 out.append(a.view(self.img.dtype).reshape(shape))
-        return (gpu_batch(out, self.device_id) if self.gpu else out), self._labels[ids]
+        labels = self._labels[ids]
+        if self.gpu:   # both outputs of a GPU external source in GPU memory
+            with self._cupy.cuda.Device(self.device_id):
+                return gpu_batch(out, self.device_id), self._cupy.asarray(labels)
+        return out, labels
 
 
 def _by_index(img):
     """The image's samples with their indices as labels (for _PixelSource)."""
-    return FileRanges(img.path, img.offsets, img.lengths, np.arange(len(img)), img.names)
+    ranges = FileRanges(img.path, img.offsets, img.lengths, np.arange(len(img)), img.names)
+    ranges.s3 = img.s3   # an s3:// image's samples come from the bucket its index came from
+    return ranges
 
 
 def _open(image, index, s3):
