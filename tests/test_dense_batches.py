@@ -114,7 +114,49 @@ def test_bad_dense_argument(packs, dense):
         fastread.Reader(image=img, batch_size=4, dense=dense)
 
 
-def test_dense_is_host_output_for_now(packs):
+def test_dense_device_batches_on_the_mock_gpu(mock_cuda_dir, packs):
+    """Reader(device="gpu", dense=True), on the mock CUDA driver (device
+    memory is host memory): one DeviceArray (N, H, W, C) per batch over the
+    batch's device buffer, C-ordered when buffered, strided by the slot with
+    O_DIRECT, its bytes (through the CUDA array interface and DLPack's
+    strides) those of the host dense batches."""
+    import subprocess
+    import sys
+    import textwrap
+
     _root, img, _ = packs
-    with pytest.raises(ValueError, match="dense=True is for host output"):
-        fastread.Reader(image=img, batch_size=4, dense=True, device="gpu")
+    code = textwrap.dedent(f"""
+        import ctypes, numpy as np, fastread
+
+        def host_copy(a):
+            cai = a.__cuda_array_interface__
+            shape, strides = cai["shape"], cai["strides"]
+            itemsize = np.dtype(cai["typestr"]).itemsize
+            span = (shape[0] - 1) * (strides[0] if strides else a.nbytes // shape[0]) + \\
+                int(np.prod(shape[1:])) * itemsize
+            raw = np.frombuffer(ctypes.string_at(cai["data"][0], span), np.uint8)
+            return np.lib.stride_tricks.as_strided(
+                raw, shape=shape, strides=strides or np.empty(shape, np.uint8).strides).copy()
+
+        img = fastread.PackedImage({img.path!r})
+        for o_direct in (False, True):
+            with fastread.Reader(image=img, batch_size=4, dense=True, device="gpu",
+                                 o_direct=o_direct) as gpu, \\
+                    fastread.Reader(image=img, batch_size=4, dense=True) as host:
+                n = 0
+                for (g, gl), (h, hl) in zip(gpu, host):
+                    assert isinstance(g, fastread.DeviceArray) and g.shape == h.shape
+                    cai = g.__cuda_array_interface__
+                    if len(h) > 1:
+                        assert (cai["strides"] is None) == (not o_direct), cai["strides"]
+                    np.testing.assert_array_equal(host_copy(g), h)
+                    np.testing.assert_array_equal(gl, hl)
+                    g.__dlpack__()   # a capsule with the strides (freed unconsumed)
+                    n += len(h)
+                assert n == len(img)
+        print("ok")
+    """)
+    path = os.pathsep.join(p for p in (mock_cuda_dir, os.environ.get("LD_LIBRARY_PATH")) if p)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, LD_LIBRARY_PATH=path))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr

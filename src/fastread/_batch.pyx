@@ -201,6 +201,42 @@ cdef class Batch:
                                                strides=(<Py_ssize_t>stride,) +
                                                np.empty(shape, dt).strides)
 
+    def dense_device_view(self, shape, dtype=None, int device_id=0):
+        """:meth:`dense_view` over the batch's device buffer (device output
+        only): one :class:`DeviceArray` ``(len(batch),) + shape``, strided
+        by the slot where the samples are not back to back (O_DIRECT), or
+        None where they do not lie one per fixed stride."""
+        import numpy as np
+
+        cdef fr_batch *b = self._get()
+        if not (b.where & FR_ON_DEVICE):
+            raise ValueError("this batch is in host memory only (read it with device output)")
+        dt = np.dtype(np.uint8 if dtype is None else dtype)
+        shape = tuple(int(x) for x in shape)
+        cdef int64_t nbytes = dt.itemsize
+        for x in shape:
+            nbytes *= x
+        cdef size_t i, n = b.count
+        if n == 0:
+            return None
+        cdef uint64_t first = b.samples[0].offset
+        cdef uint64_t stride = b.samples[1].offset - first if n > 1 else <uint64_t>nbytes
+        if n > 1 and b.samples[1].offset < first:
+            return None
+        for i in range(n):
+            if b.samples[i].length != nbytes or b.samples[i].offset != first + i * stride:
+                return None
+        if stride < <uint64_t>nbytes or stride % dt.itemsize:
+            return None
+        cdef DeviceArray out = DeviceArray.wrap(b.device.ptr + first,
+                                                <size_t>(stride * (n - 1) + <uint64_t>nbytes),
+                                                device_id, self, b)
+        out.shape = (n,) + shape
+        out.typestr = dt.str
+        if stride != <uint64_t>nbytes:
+            out.strides = (<Py_ssize_t>stride,) + np.empty(shape, dt).strides
+        return out
+
     @property
     def dense(self):
         """Whether the batch was laid out back to back (fr_batch.dense)."""

@@ -8,9 +8,11 @@ every sample in an aligned slot, and the array is then strided by the slot.
 Only where the samples do not lie at one stride (the object cache's hits and
 misses mixed in one batch) is the batch copied into a fresh array.
 
-Host memory only for now: a device batch mirrors the arena's layout
-(``fr_batch.device``), so the same view over the device buffer is the
-device path's next step.
+Device output (``Reader(device="gpu", dense=True)``): the batch's device
+buffer mirrors the arena's layout (``fr_batch.device``), so the batch is one
+:class:`fastread.DeviceArray` ``(N, ...)`` over it in the same way (strided
+by the slot with O_DIRECT: ``__cuda_array_interface__`` and DLPack carry
+the strides).
 """
 import numpy as np
 
@@ -57,10 +59,12 @@ def dense_layout(source, dense):
                      f"got {dense!r}")
 
 
-def dense_batch(batch, layout, name_of):
-    """The host ``batch`` (its failures already raised) as one array
-    ``(len(batch),) + shape``. ``name_of(i)`` names the batch's i-th sample
-    in the error for one whose size does not fit."""
+def dense_batch(batch, layout, name_of, device_id=None):
+    """The ``batch`` (its failures already raised) as one array
+    ``(len(batch),) + shape``: a NumPy array, or with ``device_id`` a
+    :class:`fastread.DeviceArray` over the batch's device buffer.
+    ``name_of(i)`` names the batch's i-th sample in the error for one whose
+    size does not fit."""
     lengths = batch.lengths()
     if layout.shape is None:
         nbytes = int(lengths[0]) if len(lengths) else 0
@@ -74,6 +78,13 @@ def dense_batch(batch, layout, name_of):
         raise ValueError(f"dense batch: sample {name_of(i)} has {int(lengths[i])} bytes, the "
                          f"batch's samples {nbytes} (shape {shape}, {layout.dtype}): dense "
                          "output needs samples of one size")
+    if device_id is not None:
+        view = batch.dense_device_view(shape, layout.dtype, device_id)
+        if view is None:
+            raise ValueError("dense batch: the samples do not lie one per fixed stride in the "
+                             "batch's device buffer (object-cache hits and misses in one "
+                             "batch); read without dense=True")
+        return view
     view = batch.dense_view(shape, layout.dtype)
     if view is not None:
         return view

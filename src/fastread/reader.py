@@ -71,9 +71,10 @@ class Reader:
     ``device_id`` with ``device="cpu"`` pins the host arenas only, for
     copies the caller makes.
 
-    ``dense=True`` (host output) yields each batch's samples as one array
+    ``dense=True`` yields each batch's samples as one array
     ``(N, ...)`` instead of a list: the arena as the engine wrote it, no
-    per-sample objects (:mod:`fastread.dense`). The shape is a decoded packed
+    per-sample objects (:mod:`fastread.dense`); with ``device="gpu"`` one
+    :class:`fastread.DeviceArray` over the batch's device buffer. The shape is a decoded packed
     image's one sample shape (``fastread pack --decode --crop``), else
     ``(nbytes,)`` for samples of one byte size; ``dense=(d0, d1, ...)``
     gives the bytes that shape. A sample of another size raises ValueError
@@ -106,8 +107,6 @@ class Reader:
                               s3=opts.s3)
         self.labels = check_source(self.source)
         self.dense = dense_layout(self.source, dense)
-        if self.dense is not None and device != "cpu":
-            raise ValueError("dense=True is for host output (device='cpu') for now")
         # Names of the samples (paths, or names inside an image), for len() and errors.
         self.paths = self.source.names
         self.batch_size = batch_size
@@ -244,7 +243,8 @@ class Reader:
                        detail_of=(lambda url: s3_detail(self.options, url))
                        if self.engine == "s3" else None)
         if self.dense is not None:
-            arrays = dense_batch(batch, self.dense, lambda i: self.source.sample_name(int(idx[i])))
+            arrays = dense_batch(batch, self.dense, lambda i: self.source.sample_name(int(idx[i])),
+                                 self.device_id if self.device == "gpu" else None)
         elif self.device == "gpu":
             arrays = batch.device_arrays(self.device_id)
         else:
