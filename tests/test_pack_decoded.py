@@ -52,7 +52,7 @@ def reference(path, resize=None, crop=None):
             size = (resize, int(resize * h / w))
         else:
             size = (int(resize * w / h), resize)
-        im = im.resize(size, Image.Resampling.BILINEAR)
+        im = im.resize(size, Image.BILINEAR)
     if crop is not None:
         w, h = im.size
         top, left = int(round((h - crop) / 2.0)), int(round((w - crop) / 2.0))
@@ -303,5 +303,32 @@ def test_exif_orientation_is_applied(tmp_path):
                         decode_workers=0, progress=False)
     assert tuple(img.shapes[0]) == (60, 40, 3)   # width and height swapped
     with Image.open(tmp_path / "t" / "c" / "r.jpg") as im:
-        want = np.asarray(im.convert("RGB").transpose(Image.Transpose.ROTATE_270))
+        want = np.asarray(im.convert("RGB").transpose(Image.ROTATE_270))
     np.testing.assert_array_equal(img.pixels(img.read([0])[0], 0), want)
+
+
+class _Probe(list):
+    """A list of paths that records how far into it slices have reached."""
+    reached = 0
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            _Probe.reached = max(_Probe.reached, min(key.stop, len(self)))
+            return list(super().__getitem__(key))
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_decoding_streams_a_bounded_window(tree, workers):
+    """Memory stays bounded: while the first chunk is consumed, at most
+    2 * workers chunks (one with workers=0) have been handed to the pool."""
+    from fastread.decode import decoded_batches
+
+    paths = _Probe(fastread.scan(tree)[0])
+    _Probe.reached = 0
+    gen = decoded_batches(paths, Preprocess(resize=16), workers=workers, chunk=2)
+    first = next(gen)
+    assert len(first) == 2 and all(why is None for _, _, why in first)
+    assert _Probe.reached <= 2 * max(2 * workers, 1) < len(paths)
+    rest = [item for chunk in gen for item in chunk]
+    assert len(first) + len(rest) == len(paths)

@@ -87,7 +87,7 @@ def preprocess_image(img, pre):
     img = img.convert("RGB")
     size = pre.target_size(*img.size)
     if size != img.size:
-        img = img.resize(size, Image.Resampling.BILINEAR)
+        img = img.resize(size, Image.BILINEAR)
     if pre.crop is not None:
         c = pre.crop
         w, h = img.size
