@@ -332,3 +332,40 @@ def test_decoding_streams_a_bounded_window(tree, workers):
     assert _Probe.reached <= 2 * max(2 * workers, 1) < len(paths)
     rest = [item for chunk in gen for item in chunk]
     assert len(first) + len(rest) == len(paths)
+
+
+def test_interrupted_pack_leaves_nothing(tree, tmp_path):
+    """SIGINT while the decoding pool works: KeyboardInterrupt, the pool's
+    processes gone, no image, index or temporary file left."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    out = tmp_path / "out"
+    out.mkdir()
+    code = textwrap.dedent(f"""
+        import sys, time, fastread
+        def slow(b):
+            print("batch", b, flush=True)
+            time.sleep(60)
+        try:
+            fastread.pack({tree!r}, {str(out / "x.img")!r}, decode=True, resize=40,
+                          decode_workers=2, progress=False, on_batch=slow)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().startswith("batch 0")
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        rest, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "interrupted" in rest
+    assert time.monotonic() - t0 < 30
+    assert os.listdir(out) == []
