@@ -369,3 +369,28 @@ def test_interrupted_pack_leaves_nothing(tree, tmp_path):
     assert p.returncode == 130 and "interrupted" in rest
     assert time.monotonic() - t0 < 30
     assert os.listdir(out) == []
+
+
+@pytest.mark.parametrize("change", [
+    lambda d: d.update(skipped=[1, 2]),
+    lambda d: d.update(skipped=[["a"]]),
+    lambda d: d.update(preprocess=[]),
+    lambda d: d.update(dtype="object"),
+    lambda d: d.update(dtype=[1]),
+    lambda d: d.update(dtype="no such type"),
+    lambda d: d.update(encoding=7),
+    lambda d: d.update(encoding="png"),
+    lambda d: d.update(shapes=[[0, 1, 3]] * len(d["shapes"])),
+    lambda d: d.pop("shapes"),
+], ids=["skipped-ints", "skipped-short", "preprocess-list", "dtype-object", "dtype-list",
+        "dtype-unknown", "encoding-int", "encoding-unknown", "shape-zero", "no-shapes"])
+def test_malformed_version_2_fields_are_named(cropped, tmp_path, change):
+    import shutil
+
+    out = str(tmp_path / "m.img")
+    shutil.copy(cropped.path, out)
+    shutil.copy(cropped.index_path, out + ".index")
+    rewrite_index(out + ".index", change)
+    with pytest.raises(ImageError) as e:
+        fastread.PackedImage(out)
+    assert out + ".index" in str(e.value)

@@ -325,7 +325,15 @@ class PackedImage(FileRanges):
         self.version = doc.get("version", INDEX_VERSION)
         self.encoding = doc.get("encoding", "file")
         self.preprocess = doc.get("preprocess")
-        self.skipped = [tuple(x) for x in doc.get("skipped", [])]
+        skipped = doc.get("skipped", [])
+        if not isinstance(self.version, int) or not isinstance(self.encoding, str) or (
+                self.preprocess is not None and not isinstance(self.preprocess, dict)) or (
+                not isinstance(skipped, list) or not all(
+                    isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x)
+                    for x in skipped)):
+            raise ImageError(f"{where}: version, encoding, preprocess or skipped is not of "
+                             "its type")
+        self.skipped = [tuple(x) for x in skipped]
         self.dtype = None
         self.shapes = None
         if self.encoding not in ENCODINGS:
@@ -341,8 +349,10 @@ class PackedImage(FileRanges):
             shapes = doc["shapes"]
         except KeyError as e:
             raise ImageError(f"{where}: no {e.args[0]!r} field") from None
-        except TypeError:
+        except (TypeError, ValueError):
             raise ImageError(f"{where}: dtype {doc['dtype']!r:.40} is not a NumPy dtype") from None
+        if self.dtype.kind not in "uif" or self.dtype.itemsize > 8:
+            raise ImageError(f"{where}: dtype {self.dtype} is not a pixel type")
         if (not isinstance(shapes, list) or len(shapes) != n or not all(
                 isinstance(s, list) and len(s) == 3 and all(
                     isinstance(x, int) and not isinstance(x, bool) and 0 < x < 2**31 for x in s)

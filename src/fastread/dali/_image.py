@@ -72,7 +72,7 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
                   last_batch_policy, engine, kwargs, ranges=True,
                   extra_obstacle=(lambda: _decoded_obstacle(device)) if decoded else None):
         return native_reader(
-            img or _open(image, index, s3), shard_id=shard_id, num_shards=num_shards,
+            img if img is not None else _open(image, index, s3), shard_id=shard_id, num_shards=num_shards,
             random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
             pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
             prefetch_queue_depth=prefetch_queue_depth, name=name, engine=engine, device=device,
