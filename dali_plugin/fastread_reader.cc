@@ -165,6 +165,9 @@ class FileReader : public StreamOperator<Backend> {
   std::vector<int64_t> array_offset_;
   std::vector<int64_t> array_bytes_;
   std::vector<int64_t> array_shape_;  // n_ x array_ndim_
+  // Every array is its whole sample (no header before it): a dense batch of
+  // them is one block, shared with DALI as it lies.
+  bool arrays_whole_ = false;
   // GPU outputs: the device (also the reader's, for page-locking) and the
   // ring of batches whose copies are in flight. Declared so that the ring is
   // closed (its copies waited for) before the reader, and the device last.
@@ -216,10 +219,9 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
   }
   n_ = static_cast<int64_t>(paths_.size());
 
+  // With image=, each range holding one array (a decoded packed image's
+  // pixels, fastread pack --decode): npy_data_offsets are then all 0.
   array_ndim_ = spec.GetArgument<int>("npy_ndim");
-  DALI_ENFORCE(array_ndim_ < 0 || image_.empty(),
-               dali::make_string(kOpName, ": npy_ndim with image='", image_,
-                                 "': arrays are read from .npy files, not from an image's ranges"));
   if (array_ndim_ >= 0) {
     array_dtype_ = spec.GetArgument<dali::DALIDataType>("npy_dtype");
     array_offset_ = spec.GetRepeatedArgument<int64_t>("npy_data_offsets");
@@ -245,6 +247,8 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
       }
       array_bytes_[i] = elems * item;
     }
+    arrays_whole_ = std::all_of(array_offset_.begin(), array_offset_.end(),
+                                [](int64_t o) { return o == 0; });
   } else {
     DALI_ENFORCE(spec.GetRepeatedArgument<int64_t>("npy_data_offsets").empty(),
                  dali::make_string(kOpName, ": npy_data_offsets needs npy_ndim >= 0"));
@@ -382,8 +386,9 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
   // out again): mark the batches the reader will read into before it reads
   // any. It needs about `ahead_` plus those DALI still holds; more only if
   // outputs are kept longer (TakeBatch marks those as they come).
-  // Arrays sit between their headers: a batch of them is never one block.
-  dense_ = spec.GetArgument<bool>("dense") && array_ndim_ < 0;
+  // .npy arrays sit between their headers: a batch of them is never one
+  // block; whole arrays (an image's ranges) are.
+  dense_ = spec.GetArgument<bool>("dense") && (array_ndim_ < 0 || arrays_whole_);
   if (dense_) {
     fr_pool *pool = fr_reader_pool(reader_.get());
     std::vector<BatchPtr> seeded;
@@ -660,7 +665,21 @@ void FileReader<Backend>::RunHost(dali::Workspace &ws) {
   // with a GPU, whose CPU outputs DALI would otherwise take for pinned
   // memory and copy to the device as such.
   data.set_pinned(pinned_);
-  if (array_ndim_ >= 0) {
+  if (array_ndim_ >= 0 && arrays_whole_ && Contiguous(b) && n > 0) {
+    // Whole arrays back to back (a dense batch of an image's ranges): the
+    // batch as one buffer of the arrays' shapes, passed on without a copy.
+    dali::TensorListShape<> shape(n, array_ndim_);
+    for (int i = 0; i < n; i++) {
+      const size_t idx = static_cast<size_t>(b->indices[i]);
+      const int64_t *dims = array_shape_.data() + idx * static_cast<size_t>(array_ndim_);
+      shape.set_tensor_shape(i, dali::TensorShape<>(dims, dims + array_ndim_));
+    }
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) bytes += static_cast<size_t>(b->samples[i].length);
+    data.SetContiguity(dali::BatchContiguity::Contiguous);
+    data.ShareData(std::shared_ptr<void>(batch, b->arena.base + b->samples[0].offset), bytes,
+                   pinned_, shape, array_dtype_, data.device_id(), dali::AccessOrder::host());
+  } else if (array_ndim_ >= 0) {
     // Arrays: each sample a view of its file's data part (past the header).
     data.SetContiguity(dali::BatchContiguity::Noncontiguous);
     data.set_type(array_dtype_);
@@ -710,6 +729,10 @@ void FileReader<Backend>::CheckArrayFile(const fr_batch *b, int i) const {
   const size_t idx = static_cast<size_t>(b->indices[i]);
   const int64_t expected = array_offset_[idx] + array_bytes_[idx];
   if (b->samples[i].length != expected) {
+    DALI_ENFORCE(image_.empty(),
+                 dali::make_string(kOpName, ": sample ", paths_[idx], " is ",
+                                   b->samples[i].length, " bytes, its shape in npy_shapes needs ",
+                                   expected));
     const char *path = fr_reader_path(reader_.get(), idx);
     DALI_FAIL(dali::make_string(kOpName, ": '", path ? path : "?", "' is ", b->samples[i].length,
                                 " bytes now, ", expected,

@@ -13,7 +13,7 @@ import pytest
 
 from dali_helpers import (COUNTS, assert_checkpoint_resumes, batches, case_id, image_ranges,
                           make_pipe, packed_class_tree)
-from nvidia.dali import fn  # noqa: E402 (dali_helpers skips without DALI)
+from nvidia.dali import fn, types  # noqa: E402 (dali_helpers skips without DALI)
 
 import fastread  # noqa: E402
 from fastread.dali import readers  # noqa: E402
@@ -191,7 +191,10 @@ def test_bad_range_arguments_name_themselves(packed, tmp_path):
         (dict(image=None), "give image= too"),
         (dict(range_offsets=[offsets[0] + 1] + offsets[1:], o_direct=True),
          r"o_direct=True needs range offsets .*\[" + img.names[0] + r"\]"),
-        (dict(npy_ndim=1), "npy_ndim with image="),
+        # Arrays in an image's ranges (decoded packs) need one shape per range.
+        (dict(npy_ndim=1), "npy_dtype must be a fixed-size type"),
+        (dict(npy_ndim=1, npy_dtype=types.UINT8),
+         r"npy_data_offsets \(0\) and npy_shapes \(0\) must give one"),
     ]
     for changes, match in cases:
         with pytest.raises(RuntimeError, match=match):

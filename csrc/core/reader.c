@@ -78,6 +78,7 @@ struct fr_reader {
     uint64_t generation;  /* bumped by reset: older work is dropped */
     uint64_t next_seq;    /* seq of the next request a worker takes */
     uint64_t deliver_seq; /* seq the consumer gets next */
+    int dense;            /* fr_reader_set_dense: 0, 1, or -1 (not set: each batch's own) */
     int stop;
 
     unsigned started;
@@ -214,6 +215,7 @@ static void *worker_main(void *arg)
             rd->req_tail = NULL;
         uint64_t gen = rd->generation;
         uint64_t seq = rd->next_seq++;
+        int dense = rd->dense;
         rd->nbusy++;
         rd->reading[me] = 1;
         rd->reading_gen[me] = gen;
@@ -223,6 +225,8 @@ static void *worker_main(void *arg)
         fr_batch *b = fr_pool_get(rd->pool);
         if (b) {
             b->seq = seq;
+            if (dense >= 0)
+                b->dense = dense; /* the batch is this worker's alone until it is ready */
             rc = read_request(rd, ctx, req, b, &sc);
             if (rc) {
                 b->count = 0;
@@ -302,6 +306,7 @@ static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers,
     if (!rd)
         return -ENOMEM;
     rd->cfg = *cfg;
+    rd->dense = -1;
     snprintf(rd->engine, sizeof(rd->engine), "%s", cfg->engine ? cfg->engine : "");
     rd->cfg.engine = rd->engine;
     rd->engine_args = strdup(cfg->engine_args ? cfg->engine_args : "");
@@ -578,6 +583,13 @@ long fr_reader_stat(fr_reader *rd, const char *key)
 fr_pool *fr_reader_pool(fr_reader *rd) { return rd->pool; }
 
 fr_gpu *fr_reader_gpu(fr_reader *rd) { return rd->gpu; }
+
+void fr_reader_set_dense(fr_reader *rd, int dense)
+{
+    pthread_mutex_lock(&rd->lock);
+    rd->dense = dense ? 1 : 0;
+    pthread_mutex_unlock(&rd->lock);
+}
 
 void fr_reader_close(fr_reader *rd)
 {

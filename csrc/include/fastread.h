@@ -420,6 +420,13 @@ long fr_reader_auto_fallback(const fr_reader *reader);
  * worker's engine has, -1 for any other key. Thread-safe. */
 long fr_reader_stat(fr_reader *reader, const char *key);
 fr_pool *fr_reader_pool(fr_reader *reader);
+/* dense 1: every batch the workers start reading from now on is laid out
+ * dense (fr_batch.dense), so a batch of samples of one size read without
+ * incident is one block, an array (N, ...) as it lies; 0 (the default)
+ * leaves each batch's own flag, which an owner may set per batch (the DALI
+ * operator does). Thread-safe; call it before the first submit to have
+ * every batch dense. */
+void fr_reader_set_dense(fr_reader *reader, int dense);
 struct fr_gpu *fr_reader_gpu(fr_reader *reader); /* borrowed; NULL without GPU work */
 /* Stops the thread. Batches still held by the caller stay valid until they
  * are recycled. */

@@ -235,8 +235,57 @@ static void test_engine(fr_pool *pool, const char *engine, int with_hints)
         free(paths[i]);
 }
 
+/* fr_reader_set_dense: every batch a reader's workers read after it is
+ * dense (samples of one size back to back), the pool's first batches
+ * included; set_dense(0) turns it off again for later batches. */
+static void test_reader_dense(void)
+{
+    char *path = fr_test_write("reader-dense", 40 * 24, 5);
+    fr_range ranges[24];
+    for (size_t i = 0; i < 24; i++)
+        ranges[i] = (fr_range){i * 40, 40};
+    fr_config cfg;
+    fr_config_init(&cfg);
+    cfg.engine = "psync";
+    cfg.threads = 2;
+    fr_reader *rd = NULL;
+    char err[FR_ERRLEN] = "";
+    int rc = fr_reader_open_ranges(&cfg, path, ranges, 24, 2, 2, &rd, err, sizeof(err));
+    CHECK(rc == 0);
+    if (rc != 0) {
+        fprintf(stderr, "test_dense: reader: %s\n", err);
+        free(path);
+        return;
+    }
+    fr_reader_set_dense(rd, 1);
+    for (int round = 0; round < 2; round++) {
+        int64_t idx[6];
+        for (int k = 0; k < 4; k++) { /* more batches than the pool has at first */
+            for (int j = 0; j < 6; j++)
+                idx[j] = k * 6 + j;
+            CHECK(fr_reader_submit(rd, idx, 6) == 0);
+        }
+        for (int k = 0; k < 4; k++) {
+            fr_batch *b = NULL;
+            CHECK(fr_reader_next(rd, &b) == 0);
+            if (!b)
+                break;
+            CHECK(b->dense == (round == 0));
+            if (round == 0)
+                CHECK(back_to_back(b, 0, b->count) && b->samples[0].length == 40);
+            else
+                CHECK(b->samples[1].offset >= b->samples[0].offset + 64);  /* aligned slots */
+            fr_batch_recycle(b);
+        }
+        fr_reader_set_dense(rd, 0);
+    }
+    fr_reader_close(rd);
+    free(path);
+}
+
 int main(void)
 {
+    test_reader_dense();
     fr_pool *pool = fr_pool_new();
     CHECK(pool != NULL);
     test_layout(pool);

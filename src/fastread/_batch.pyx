@@ -5,7 +5,7 @@ stays mapped while anything can reach it (_PoolOwner)."""
 cimport numpy as cnp
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 
 from fastread._cfastread cimport *
 from fastread._device_arrays cimport DeviceArray
@@ -157,3 +157,87 @@ cdef class Batch:
             Py_INCREF(arr)  # the list's reference (PyList_SET_ITEM steals one)
             PyList_SET_ITEM(out, <Py_ssize_t>i, arr)
         return out
+
+    def dense_view(self, shape, dtype=None):
+        """The batch as one array ``(len(batch),) + shape`` of ``dtype``
+        (default uint8) over the arena, without a copy, or None where the
+        samples do not lie one per fixed stride (a sample failed or has
+        another size; object-cache hits and misses mixed). Dense batches
+        (``NativeReader.set_dense``) give a C-contiguous array; O_DIRECT
+        reads keep each sample in its aligned slot, so the array is strided
+        by the slot then (each sample still contiguous). The array keeps
+        the batch alive."""
+        import numpy as np
+
+        cdef fr_batch *b = self._get()
+        if not (b.where & FR_ON_HOST):
+            raise ValueError("this batch is in GPU memory only")
+        dt = np.dtype(np.uint8 if dtype is None else dtype)
+        shape = tuple(int(x) for x in shape)
+        cdef int64_t nbytes = dt.itemsize
+        for x in shape:
+            nbytes *= x
+        cdef size_t i, n = b.count
+        if n == 0:
+            return np.empty((0,) + shape, dt)
+        cdef uint64_t first = b.samples[0].offset
+        cdef uint64_t stride = b.samples[1].offset - first if n > 1 else <uint64_t>nbytes
+        if b.samples[0].length != nbytes or stride < <uint64_t>nbytes or \
+                (n > 1 and b.samples[1].offset < first):
+            return None
+        for i in range(n):
+            if b.samples[i].length != nbytes or b.samples[i].offset != first + i * stride:
+                return None
+        if stride % dt.itemsize or first % dt.alignment:
+            return None
+        cdef cnp.npy_intp dim = <cnp.npy_intp>(stride * (n - 1) + <uint64_t>nbytes)
+        flat = cnp.PyArray_SimpleNewFromData(1, &dim, cnp.NPY_UINT8, b.arena.base + first)
+        Py_INCREF(self)
+        cnp.PyArray_SetBaseObject(<cnp.ndarray>flat, self)
+        if stride == <uint64_t>nbytes:
+            return flat.view(dt).reshape((n,) + shape)
+        # Each sample C-ordered, `stride` bytes after the one before.
+        return np.lib.stride_tricks.as_strided(flat.view(dt), shape=(n,) + shape,
+                                               strides=(<Py_ssize_t>stride,) +
+                                               np.empty(shape, dt).strides)
+
+    def dense_device_view(self, shape, dtype=None, int device_id=0):
+        """:meth:`dense_view` over the batch's device buffer (device output
+        only): one :class:`DeviceArray` ``(len(batch),) + shape``, strided
+        by the slot where the samples are not back to back (O_DIRECT), or
+        None where they do not lie one per fixed stride."""
+        import numpy as np
+
+        cdef fr_batch *b = self._get()
+        if not (b.where & FR_ON_DEVICE):
+            raise ValueError("this batch is in host memory only (read it with device output)")
+        dt = np.dtype(np.uint8 if dtype is None else dtype)
+        shape = tuple(int(x) for x in shape)
+        cdef int64_t nbytes = dt.itemsize
+        for x in shape:
+            nbytes *= x
+        cdef size_t i, n = b.count
+        if n == 0:
+            return None
+        cdef uint64_t first = b.samples[0].offset
+        cdef uint64_t stride = b.samples[1].offset - first if n > 1 else <uint64_t>nbytes
+        if n > 1 and b.samples[1].offset < first:
+            return None
+        for i in range(n):
+            if b.samples[i].length != nbytes or b.samples[i].offset != first + i * stride:
+                return None
+        if stride < <uint64_t>nbytes or stride % dt.itemsize:
+            return None
+        cdef DeviceArray out = DeviceArray.wrap(b.device.ptr + first,
+                                                <size_t>(stride * (n - 1) + <uint64_t>nbytes),
+                                                device_id, self, b)
+        out.shape = (n,) + shape
+        out.typestr = dt.str
+        if stride != <uint64_t>nbytes:
+            out.strides = (<Py_ssize_t>stride,) + np.empty(shape, dt).strides
+        return out
+
+    @property
+    def dense(self):
+        """Whether the batch was laid out back to back (fr_batch.dense)."""
+        return bool(self._get().dense)

@@ -69,9 +69,12 @@ cdef extern from "fastread.h" nogil:
         int status
         uint64_t seq
         int64_t *indices
+        int dense
+        int dense_spill
         fr_pool *pool
 
     int fr_batch_prepare(fr_batch *batch, size_t count)
+    int fr_batch_reread_first_byte(fr_batch *batch, size_t i, const char *path) nogil
 
     fr_pool *fr_pool_new()
     fr_batch *fr_pool_get(fr_pool *pool)
@@ -133,6 +136,7 @@ cdef extern from "fastread.h" nogil:
     long fr_reader_stat(fr_reader *reader, const char *key)
     fr_pool *fr_reader_pool(fr_reader *reader)
     fr_gpu *fr_reader_gpu(fr_reader *reader)
+    void fr_reader_set_dense(fr_reader *reader, int dense)
     void fr_reader_close(fr_reader *reader)
 
 

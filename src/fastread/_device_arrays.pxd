@@ -11,6 +11,7 @@ cdef class DeviceArray:
     cdef readonly int device_id
     cdef readonly tuple shape
     cdef readonly str typestr
+    cdef readonly tuple strides  # bytes per step of each dimension; None: C order
     cdef object owner  # the Batch, kept alive; its `released` is checked before export
     cdef fr_batch *batch
 

@@ -30,6 +30,7 @@ cdef class DeviceArray:
         a.owner = owner
         a.shape = (nbytes,)
         a.typestr = "|u1"
+        a.strides = None
         return a
 
     def view(self, size_t offset, tuple shape, str typestr, size_t itemsize):
@@ -56,7 +57,7 @@ cdef class DeviceArray:
         # stream to wait on.
         return {"shape": self.shape, "typestr": self.typestr,
                 "data": (self.ptr if self.nbytes else 0, False), "version": 3,
-                "strides": None, "stream": None}
+                "strides": self.strides, "stream": None}
 
     def __dlpack_device__(self):
         return (kDLCUDA, self.device_id)
@@ -118,8 +119,12 @@ cdef object _dlpack_capsule(DeviceArray a):
     cdef fr_batch *b = a.batch
     cdef DLDataType dtype = _dl_dtype(a.typestr)
     cdef int ndim = len(a.shape), d
+    cdef size_t item = dtype.bits // 8
+    if a.strides is not None and any(s % item for s in a.strides):
+        raise BufferError(f"strides {a.strides} are not whole items of {a.typestr}")
+    # shape, then strides (DLPack counts them in items), after the tensor.
     cdef DLManagedTensor *m = <DLManagedTensor *>malloc(sizeof(DLManagedTensor)
-                                                      + (ndim if ndim else 1) * sizeof(int64_t))
+                                                      + 2 * (ndim if ndim else 1) * sizeof(int64_t))
     if m == NULL:
         raise MemoryError()
     m.dl_tensor.data = <void *>a.ptr
@@ -130,7 +135,12 @@ cdef object _dlpack_capsule(DeviceArray a):
     m.dl_tensor.shape = <int64_t *>(<char *>m + sizeof(DLManagedTensor))
     for d in range(ndim):
         m.dl_tensor.shape[d] = a.shape[d]
-    m.dl_tensor.strides = NULL  # C order
+    if a.strides is None:
+        m.dl_tensor.strides = NULL  # C order
+    else:
+        m.dl_tensor.strides = m.dl_tensor.shape + ndim
+        for d in range(ndim):
+            m.dl_tensor.strides[d] = a.strides[d] // item
     m.dl_tensor.byte_offset = 0
     m.manager_ctx = b
     m.deleter = _dlpack_release

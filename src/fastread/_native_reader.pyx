@@ -32,6 +32,7 @@ cdef class NativeReader:
 
     cdef readonly int device_id
     cdef readonly bint device_output
+    cdef bint files  # samples are files (not ranges of an image)
 
     def __cinit__(self, paths, object engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
                   bint o_direct=False, unsigned direct_alignment=4096,
@@ -89,6 +90,7 @@ cdef class NativeReader:
         self.size = n
         self.device_id = device_id
         self.device_output = device_output
+        self.files = image is None
 
     def __dealloc__(self):
         self._close()
@@ -125,6 +127,7 @@ cdef class NativeReader:
         cdef fr_reader *rd = self._get()
         cdef fr_batch *b = NULL
         cdef int rc
+        cdef size_t i
         while True:
             with nogil:
                 rc = fr_reader_next_timed(rd, &b, 100)
@@ -142,7 +145,22 @@ cdef class NativeReader:
             fr_batch_recycle(b)
             raise_errno(rc, f"engine {self.engine!r} failed a batch"
                          + gpu_error(fr_reader_gpu(rd)))
+        if b.dense_spill and self.files:
+            # A file of a dense batch took the slow path: the growth check
+            # byte of its first read may sit on the next sample's first byte
+            # (fastread.h, fr_batch.dense_spill). Failures become the
+            # samples' own errors.
+            with nogil:
+                for i in range(b.count):
+                    if b.samples[i].length > 0:
+                        fr_batch_reread_first_byte(b, i, fr_reader_path(rd, <size_t>b.indices[i]))
         return Batch.wrap(b, self.owner)
+
+    def set_dense(self, bint dense):
+        """Lays out every batch the workers start from now on back to back
+        (``Batch.dense_view`` is then one block for samples of one size),
+        or not. O_DIRECT reads keep aligned slots either way."""
+        fr_reader_set_dense(self._get(), dense)
 
     def reset(self):
         fr_reader_reset(self._get())

@@ -15,7 +15,12 @@ The index is a separate file (``<image>.index`` unless named): one ASCII
 header line ``FASTREAD-INDEX <version> <body bytes> <crc32 of body, hex>``,
 then a JSON body with the format version, the image id and size, the
 alignment, the checksum algorithm and, per sample, name (path relative to
-FILE_ROOT), label, offset, length and checksum. A damaged index fails its
+FILE_ROOT), label, offset, length and checksum. Index version 2 (written by
+decoded packs, ``pack(decode=True)``) adds ``encoding`` (``"raw"``: uint8
+pixels; ``"jpeg"``: re-encoded), ``dtype``, per-sample ``shapes`` (H, W, C),
+the ``preprocess`` that made them and the source files left out
+(``skipped``: name and why); version 1 (plain packs, the files' bytes) has
+none of them, and both read. A damaged index fails its
 CRC; an index of another image fails the image id; a truncated image fails
 the size check -- each with an error that says so.
 
@@ -48,7 +53,17 @@ from fastread.source import FileList, FileRanges, read_in_order
 __all__ = ["PackedImage", "ImageError", "pack", "verify", "index_path"]
 
 MAGIC = b"FRIMAGE\0"
+#: The image's header block layout (unchanged by index version 2).
 VERSION = 1
+#: Index versions: 1, samples are the source files' bytes; 2, decoded packs
+#: (encoding, dtype, shapes, preprocess, skipped). Plain packs still write 1,
+#: so older fastread reads them; a decoded pack is refused there by version.
+INDEX_VERSION = 1
+INDEX_VERSION_DECODED = 2
+INDEX_VERSIONS = (INDEX_VERSION, INDEX_VERSION_DECODED)
+#: What a sample's bytes are: the source file ("file", index version 1), raw
+#: pixels or a re-encoded JPEG (decoded packs).
+ENCODINGS = ("file", "raw", "jpeg")
 INDEX_MAGIC = "FASTREAD-INDEX"
 INDEX_FORMAT = "fastread-packed-image"
 CHECKSUM = "crc32"
@@ -119,7 +134,7 @@ def _parse_header(raw, path):
 
 def _encode_index(doc):
     body = json.dumps(doc, separators=(",", ":")).encode()
-    head = f"{INDEX_MAGIC} {VERSION} {len(body)} {zlib.crc32(body):08x}\n".encode()
+    head = f"{INDEX_MAGIC} {doc['version']} {len(body)} {zlib.crc32(body):08x}\n".encode()
     return head + body
 
 
@@ -190,9 +205,9 @@ def _load_index(path, s3=None):
     # flipped case bit) or a sign, so a damaged header could still parse.
     if parts[1:] != [str(version), str(length), f"{crc:08x}"]:
         raise ImageError(f"index {path!r} is corrupt (bad header line)")
-    if version != VERSION:
+    if version not in INDEX_VERSIONS:
         raise ImageError(f"index {path!r} has format version {version}; this fastread reads "
-                         f"version {VERSION}")
+                         f"versions {', '.join(map(str, INDEX_VERSIONS))}")
     body = data[nl + 1:]
     if len(body) != length:
         raise ImageError(f"index {path!r} is corrupt: {len(body)} bytes of body, its header "
@@ -205,6 +220,9 @@ def _load_index(path, s3=None):
         raise ImageError(f"index {path!r} is corrupt (invalid JSON: {e})") from None
     if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
         raise ImageError(f"index {path!r} is not a fastread image index")
+    if doc.get("version", version) != version:
+        raise ImageError(f"index {path!r} is corrupt: its header line says version {version}, "
+                         f"its body {doc.get('version')!r}")
     return doc
 
 
@@ -295,10 +313,83 @@ class PackedImage(FileRanges):
                   or (self.offsets + self.lengths).max() > self.image_size):
             raise ImageError(f"index {self.index_path!r} is malformed: a sample lies outside "
                              "the image or off its alignment")
+        self._decoded_fields(doc, n)
         self._check_image()
         # The checks above are the image's own (with their ImageError
         # messages); FileRanges adds the range-source behaviour.
         super().__init__(self.path, self.offsets, self.lengths, self.labels, self.names)
+
+    def _decoded_fields(self, doc, n):
+        """Index version 2's fields (a version 1 index: the files' bytes)."""
+        where = f"index {self.index_path!r} is malformed"
+        self.version = doc.get("version", INDEX_VERSION)
+        self.encoding = doc.get("encoding", "file")
+        self.preprocess = doc.get("preprocess")
+        skipped = doc.get("skipped", [])
+        if not isinstance(self.version, int) or not isinstance(self.encoding, str) or (
+                self.preprocess is not None and not isinstance(self.preprocess, dict)) or (
+                not isinstance(skipped, list) or not all(
+                    isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x)
+                    for x in skipped)):
+            raise ImageError(f"{where}: version, encoding, preprocess or skipped is not of "
+                             "its type")
+        self.skipped = [tuple(x) for x in skipped]
+        self.dtype = None
+        self.shapes = None
+        if self.encoding not in ENCODINGS:
+            raise ImageError(f"index {self.index_path!r}: samples encoded as {self.encoding!r}; "
+                             f"this fastread knows {', '.join(ENCODINGS)}")
+        if self.encoding == "file":
+            return
+        if self.version < INDEX_VERSION_DECODED:
+            raise ImageError(f"{where}: encoding {self.encoding!r} in a version "
+                             f"{self.version} index")
+        try:
+            self.dtype = np.dtype(doc["dtype"])
+            shapes = doc["shapes"]
+        except KeyError as e:
+            raise ImageError(f"{where}: no {e.args[0]!r} field") from None
+        except (TypeError, ValueError):
+            raise ImageError(f"{where}: dtype {doc['dtype']!r:.40} is not a NumPy dtype") from None
+        if self.dtype.kind not in "uif" or self.dtype.itemsize > 8:
+            raise ImageError(f"{where}: dtype {self.dtype} is not a pixel type")
+        if (not isinstance(shapes, list) or len(shapes) != n or not all(
+                isinstance(s, list) and len(s) == 3 and all(
+                    isinstance(x, int) and not isinstance(x, bool) and 0 < x < 2**31 for x in s)
+                for s in shapes)):
+            raise ImageError(f"{where}: shapes must be one [H, W, C] of positive integers per "
+                             "sample")
+        self.shapes = np.asarray(shapes, dtype=np.int64).reshape(n, 3)
+        if self.encoding == "raw" and n and (
+                self.shapes.prod(axis=1) * self.dtype.itemsize != self.lengths).any():
+            i = int(np.flatnonzero(self.shapes.prod(axis=1) * self.dtype.itemsize
+                                   != self.lengths)[0])
+            raise ImageError(f"{where}: sample {self.names[i]!r} has {int(self.lengths[i])} "
+                             f"bytes, its shape {self.shapes[i].tolist()} of {self.dtype} "
+                             "needs another number")
+
+    @property
+    def decoded(self):
+        """True when the samples are pixels (raw) or re-encoded images
+        (jpeg) made at pack time, not the source files' bytes."""
+        return self.encoding != "file"
+
+    @property
+    def sample_shape(self):
+        """The one (H, W, C) every sample has, or None (shapes differ, or
+        the samples are not decoded)."""
+        if self.shapes is None or not len(self.shapes):
+            return None
+        first = self.shapes[0]
+        return tuple(int(x) for x in first) if (self.shapes == first).all() else None
+
+    def pixels(self, data, i):
+        """Sample ``i``'s bytes ``data`` (as read) viewed as its (H, W, C)
+        array of ``dtype``: no copy. Raw decoded images only."""
+        if self.encoding != "raw":
+            raise ValueError(f"image {self.path!r} holds {self.encoding!r} samples, not raw "
+                             "pixels (pack with decode=True, encode='raw')")
+        return np.asarray(data).view(self.dtype).reshape(tuple(self.shapes[i]))
 
     def _check_image(self):
         if is_url(self.path):
@@ -393,7 +484,8 @@ def _progress(total, enabled, desc):
 
 def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batch_size=256,
          engine="auto", workers=None, prefetch=None, progress=None, file_filters=None,
-         on_batch=None, **engine_options):
+         on_batch=None, decode=False, resize=None, max_side=None, crop=None, encode="raw",
+         quality=90, skip_bad=False, decode_workers=None, **engine_options):
     """Packs the samples of ``file_root`` (fastread.scan order and labels)
     into the image ``out`` and writes its index (``<out>.index`` unless
     ``index`` is given). Returns the :class:`PackedImage`.
@@ -405,9 +497,31 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
     is written under a temporary name and renamed when complete.
     ``progress``: None shows a bar when stderr is a terminal. ``on_batch(i)``
     is called after batch ``i`` is written (for tests and progress hooks).
+
+    ``decode=True`` decodes every image once, here, instead of storing the
+    files' bytes (:mod:`fastread.decode`; ``decode_workers`` processes,
+    default one per CPU): RGB, resized (``resize``: shorter side; or
+    ``max_side``: longer side at most), center-cropped to ``crop`` x
+    ``crop`` if given, stored as ``encode="raw"`` uint8 HWC pixels or
+    ``"jpeg"`` at ``quality``; the index (version 2) records each sample's
+    shape. A file that cannot be decoded fails the pack with ImageError
+    naming it, or with ``skip_bad=True`` is left out and listed in the
+    index (``PackedImage.skipped``).
     """
     if not isinstance(alignment, int) or alignment < 512 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two >= 512, got {alignment!r}")
+    pre = None
+    if decode:
+        from fastread.decode import Preprocess
+        pre = Preprocess(resize=resize, max_side=max_side, crop=crop, encode=encode,
+                         quality=quality)
+    else:
+        given = [k for k, v in (("resize", resize), ("max_side", max_side), ("crop", crop),
+                                ("skip_bad", skip_bad or None),
+                                ("decode_workers", decode_workers)) if v is not None]
+        if given or encode != "raw" or quality != 90:
+            raise ValueError(f"{', '.join(given) or 'encode/quality'} apply only with "
+                             "decode=True (--decode)")
     out = os.fspath(out)
     root = os.fspath(file_root)
     paths, labels = scan(root, file_filters=file_filters)
@@ -430,6 +544,7 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
     tmp_index = _tmp_name(index)
     fd = -1
     done = False
+    batches = None
     try:
         if is_dev:
             fd = os.open(out, os.O_WRONLY | os.O_CLOEXEC)
@@ -443,50 +558,78 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
         offsets = np.empty(len(paths), dtype=np.int64)
         lengths = np.empty(len(paths), dtype=np.int64)
         sums = np.empty(len(paths), dtype=np.uint32)
+        kept = np.empty(len(paths), dtype=np.int64)   # source index of each stored sample
+        shapes = []
+        skipped = []
         pos = alignment
         bar = _progress(len(paths), progress, f"pack {os.path.basename(out)}")
-        k = 0
-        batches = read_in_order(FileList(paths, labels), batch_size, engine, workers=workers,
-                                prefetch=prefetch, **engine_options)
+        k = 0   # samples stored
+        i = 0   # source files done
+        if pre is None:
+            batches = read_in_order(FileList(paths, labels), batch_size, engine, workers=workers,
+                                    prefetch=prefetch, **engine_options)
+            chunks = ([(a, None, None) for a in arrays] for arrays, _labels in batches)
+        else:
+            from fastread.decode import decoded_batches
+            batches = decoded_batches(paths, pre, workers=decode_workers)
+            chunks = batches
         try:
-            for b, (arrays, _labels) in enumerate(batches):
+            for b, items in enumerate(chunks):
                 start = pos
                 chunk = bytearray()
-                for a in arrays:
-                    n = a.nbytes
-                    offsets[k], lengths[k], sums[k] = pos, n, zlib.crc32(a)
-                    chunk += a.data
+                for data, shape, why in items:
+                    if why is not None:
+                        if not skip_bad:
+                            raise ImageError(f"cannot decode {paths[i]!r}: {why} (skip_bad=True "
+                                             "/ --skip-bad leaves such files out)")
+                        skipped.append((names[i], why))
+                        i += 1
+                        continue
+                    view = memoryview(data).cast("B")
+                    n = len(view)
+                    offsets[k], lengths[k], sums[k] = pos, n, zlib.crc32(view)
+                    kept[k] = i
+                    if shape is not None:
+                        shapes.append(list(shape))
+                    chunk += view
                     pad = _round_up(n, alignment) - n
                     if pad:
                         chunk += bytes(pad)
                     pos += n + pad
                     k += 1
+                    i += 1
                 if capacity is not None and pos > capacity:
                     raise OSError(errno.ENOSPC, f"the samples need more than the device's "
                                   f"{capacity} bytes", out)
                 _pwrite_all(fd, chunk, start)
                 if bar is not None:
-                    bar.update(len(arrays))
+                    bar.update(len(items))
                 if on_batch is not None:
                     on_batch(b)
         finally:
-            batches.close()  # stops the native reader now, also on an error
+            batches.close()  # stops the native reader or the decoding pool now, also on an error
         if bar is not None:
             bar.close()
         image_size = max(pos, alignment)
         if not is_dev:
             os.ftruncate(fd, image_size)
         os.fsync(fd)
-        _pwrite_all(fd, _header_block(alignment, len(paths), image_size, image_id), 0)
+        _pwrite_all(fd, _header_block(alignment, k, image_size, image_id), 0)
         os.fsync(fd)
         os.close(fd)
         fd = -1
 
-        doc = {"format": INDEX_FORMAT, "version": VERSION, "image_id": image_id.hex(),
+        kept = kept[:k]
+        doc = {"format": INDEX_FORMAT, "version": INDEX_VERSION, "image_id": image_id.hex(),
                "image_size": image_size, "alignment": alignment, "checksum": CHECKSUM,
-               "count": len(paths), "file_root": os.path.abspath(root),
-               "names": names, "labels": labels.tolist(), "offsets": offsets.tolist(),
-               "lengths": lengths.tolist(), "checksums": sums.tolist()}
+               "count": k, "file_root": os.path.abspath(root),
+               "names": [names[j] for j in kept], "labels": labels[kept].tolist(),
+               "offsets": offsets[:k].tolist(), "lengths": lengths[:k].tolist(),
+               "checksums": sums[:k].tolist()}
+        if pre is not None:
+            doc.update(version=INDEX_VERSION_DECODED, encoding=pre.encode, dtype="uint8",
+                       shapes=shapes, preprocess=pre.as_dict(),
+                       skipped=[list(x) for x in skipped])
         with open(tmp_index, "xb") as f:
             f.write(_encode_index(doc))
             f.flush()

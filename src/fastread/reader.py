@@ -6,6 +6,7 @@ import weakref
 
 import numpy as np
 
+from fastread.dense import dense_batch, dense_layout
 from fastread.engine import EngineOptions, warn_if_few_fds
 from fastread.files import raise_failures, s3_detail
 from fastread.image import PackedImage
@@ -80,6 +81,15 @@ class Reader:
     without a copy). The ``cufile`` engine reads into GPU memory itself.
     ``device_id`` with ``device="cpu"`` pins the host arenas only, for
     copies the caller makes.
+
+    ``dense=True`` yields each batch's samples as one array
+    ``(N, ...)`` instead of a list: the arena as the engine wrote it, no
+    per-sample objects (:mod:`fastread.dense`); with ``device="gpu"`` one
+    :class:`fastread.DeviceArray` over the batch's device buffer. The shape is a decoded packed
+    image's one sample shape (``fastread pack --decode --crop``), else
+    ``(nbytes,)`` for samples of one byte size; ``dense=(d0, d1, ...)``
+    gives the bytes that shape. A sample of another size raises ValueError
+    naming it.
     """
 
     def __init__(self, file_root=None, *, file_list=None, files=None, labels=None,
@@ -87,7 +97,7 @@ class Reader:
                  shard_id=0, num_shards=1, random_shuffle=False, seed=0, pad_last_batch=False,
                  drop_last=False, stick_to_shard=True, prefetch=None, workers=None,
                  engine="auto", ring_depth=None, device="cpu", options=None, shuffle_buffer=0,
-                 global_batch_size=None, **engine_options):
+                 global_batch_size=None, dense=False, **engine_options):
         if global_batch_size is not None:
             shard_id, num_shards = check_shard_args(shard_id, num_shards)
             local = check_global_batch(global_batch_size, num_shards)
@@ -121,6 +131,7 @@ class Reader:
                               file_filters=file_filters, image=image, index=index, source=source,
                               s3=opts.s3)
         self.labels = check_source(self.source)
+        self.dense = dense_layout(self.source, dense)
         # Names of the samples (paths, or names inside an image), for len() and errors.
         self.paths = self.source.names
         self.batch_size = batch_size
@@ -143,6 +154,8 @@ class Reader:
         if not self.source.reads_ranges:
             warn_if_few_fds(opened.workers, batch_size)
         self.engine, self.workers, self._native = opened.engine, opened.workers, opened.native
+        if self.dense is not None:
+            self._native.set_dense(True)
         self.device_id = opened.options["device_id"]
         self._ring = collections.deque()
         self.epoch = 0
@@ -331,7 +344,13 @@ class Reader:
                        paths=isinstance(self.source, FileList),
                        detail_of=(lambda url: s3_detail(self.options, url))
                        if self.engine == "s3" else None)
-        arrays = batch.device_arrays(self.device_id) if self.device == "gpu" else batch.arrays()
+        if self.dense is not None:
+            arrays = dense_batch(batch, self.dense, lambda i: self.source.sample_name(int(idx[i])),
+                                 self.device_id if self.device == "gpu" else None)
+        elif self.device == "gpu":
+            arrays = batch.device_arrays(self.device_id)
+        else:
+            arrays = batch.arrays()
         if self.ring_depth is not None:
             self._ring.append(batch)
             while len(self._ring) > self.ring_depth:

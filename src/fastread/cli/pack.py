@@ -45,6 +45,29 @@ def add_parser(sub):
                    help="sample alignment, a power of two >= 512 (default: 4096)")
     p.add_argument("--block-device", action="store_true",
                    help="OUT is a block device: overwrite it (its data is lost)")
+    d = p.add_argument_group(
+        "decoding once (--decode)",
+        "Decode every image here (Pillow, a process per CPU), resize it, optionally "
+        "center-crop it, and store pixels (or a re-encoded JPEG): training then reads "
+        "without decoding. docs/decoded.md says what this changes.")
+    d.add_argument("--decode", action="store_true",
+                   help="store decoded images instead of the files' bytes")
+    size = d.add_mutually_exclusive_group()
+    size.add_argument("--resize", type=positive_int, metavar="S",
+                      help="shorter side to S pixels (aspect kept; up- or downscaled)")
+    size.add_argument("--max-side", type=positive_int, metavar="M",
+                      help="longer side at most M pixels (aspect kept; never enlarged)")
+    d.add_argument("--crop", type=positive_int, metavar="S",
+                   help="then a center crop of S x S (needs --resize >= S): one shape for all")
+    d.add_argument("--encode", choices=("raw", "jpeg"), default="raw",
+                   help="raw: uint8 HWC pixels (default); jpeg: re-encoded at --quality")
+    d.add_argument("--quality", type=positive_int, default=90, metavar="Q",
+                   help="JPEG quality 1..100 for --encode jpeg (default: 90)")
+    d.add_argument("--skip-bad", action="store_true",
+                   help="leave out files that cannot be decoded (listed here and in the "
+                        "index) instead of failing")
+    d.add_argument("--decode-workers", type=positive_int, metavar="N",
+                   help="decoding processes (default: one per CPU)")
     _common(p)
     p.set_defaults(run=run_pack, _parser=p)
 
@@ -63,11 +86,25 @@ def run_pack(args):
     from fastread.image import pack
 
     opts = _engine_opts(args, args._parser)
+    decode = {}
+    if args.decode:
+        decode = dict(decode=True, resize=args.resize, max_side=args.max_side, crop=args.crop,
+                      encode=args.encode, quality=args.quality, skip_bad=args.skip_bad,
+                      decode_workers=args.decode_workers)
+    else:
+        given = [f"--{k.replace('_', '-')}" for k in ("resize", "max_side", "crop",
+                                                      "decode_workers")
+                 if getattr(args, k) is not None]
+        given += ["--skip-bad"] if args.skip_bad else []
+        given += ["--encode/--quality"] if (args.encode, args.quality) != ("raw", 90) else []
+        if given:
+            args._parser.error(f"{', '.join(given)} apply only with --decode")
     t0 = time.perf_counter()
     try:
         img = pack(args.file_root, args.out, index=args.index, alignment=args.alignment,
                    block_device=args.block_device, batch_size=args.batch_size,
-                   engine=args.engine, progress=False if args.quiet else None, **opts)
+                   engine=args.engine, progress=False if args.quiet else None, **decode,
+                   **opts)
     except (OSError, ValueError, TypeError) as e:
         print(f"fastread pack: error: {e}", file=sys.stderr)
         return 1
@@ -76,6 +113,16 @@ def run_pack(args):
     print(f"{img.path}: {len(img)} samples, {data / 1e9:.3f} GB of data in "
           f"{img.image_size / 1e9:.3f} GB (alignment {img.alignment}), index "
           f"{img.index_path}; {dt:.1f} s, {data / 1e6 / max(dt, 1e-9):.0f} MB/s")
+    if img.decoded:
+        shape = img.sample_shape
+        print(f"decoded ({img.encoding}): {len(img) / max(dt, 1e-9):.0f} images/s, "
+              f"{data / max(len(img), 1):.0f} bytes per image, "
+              + (f"shape {shape}" if shape else "shapes vary (no --crop)"))
+        for name, why in img.skipped:
+            print(f"SKIPPED {name}: {why}")
+        if img.skipped:
+            print(f"{len(img.skipped)} file(s) could not be decoded and were left out",
+                  file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,128 @@
+"""``readers.image(decoded=True)`` (issue 33) on CPU-only DALI: each sample
+is its stored uint8 HWC array, through the native operator and the external
+source alike, for one shape (``--crop``: one block per batch) and several;
+followed by DALI's augmentation without a decoder; images that are not raw
+pixels refused saying why."""
+import os
+
+import numpy as np
+import pytest
+
+from dali_helpers import make_gpu_pipe, make_pipe, needs_gpu
+from nvidia.dali import fn, types  # noqa: E402 (dali_helpers skips without DALI)
+
+import fastread  # noqa: E402
+from fastread.dali import readers  # noqa: E402
+from fastread.datasets import make_imagenet_like  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def packs(disk_tmp):
+    root = os.path.join(disk_tmp, "dali_decoded_tree")
+    make_imagenet_like(root, classes=3, per_class=6, width=80, height=60, mean_kb=3,
+                       workers=1, progress=False)
+    crop = fastread.pack(root, os.path.join(disk_tmp, "dd_crop.img"), decode=True, resize=24,
+                         crop=20, decode_workers=0, progress=False)
+    var = fastread.pack(root, os.path.join(disk_tmp, "dd_var.img"), decode=True, resize=24,
+                        decode_workers=0, progress=False)
+    jpeg = fastread.pack(root, os.path.join(disk_tmp, "dd_jpeg.img"), decode=True,
+                         max_side=64, encode="jpeg", decode_workers=0, progress=False)
+    plain = fastread.pack(root, os.path.join(disk_tmp, "dd_plain.img"), progress=False)
+    return dict(crop=crop, var=var, jpeg=jpeg, plain=plain)
+
+
+def expected(img):
+    return [img.pixels(a, i) for i, a in enumerate(img.read(np.arange(len(img))))]
+
+
+def run(pipe, iterations):
+    out = []
+    for _ in range(iterations):
+        data, labels = pipe.run()
+        out.append(([np.array(data[i]) for i in range(len(data))],
+                    [int(np.array(labels[i])[0]) for i in range(len(labels))],
+                    data.layout()))
+    return out
+
+
+@pytest.mark.parametrize("which", ["crop", "var"])
+@pytest.mark.parametrize("native", [True, False], ids=["operator", "external"])
+@pytest.mark.parametrize("kw", [dict(), dict(o_direct=True), dict(num_shards=2, shard_id=1, stick_to_shard=True)],
+                         ids=["plain", "o_direct", "shard"])
+def test_outputs_equal_the_stored_arrays(packs, which, native, kw):
+    img = packs[which]
+    want = expected(img)
+    shard = range(len(img)) if "num_shards" not in kw else range(9, 18)
+    p = make_pipe(lambda: readers.image(image=img.path, decoded=True, native=native,
+                                        name="R", **kw), 4)
+    assert bool(getattr(p, "_fastread_readers", [])) is not native
+    got = run(p, 6)
+    # Rolling epochs: the shard's samples round and round.
+    flat = [a for data, _, _ in got for a in data]
+    labels = [x for _, lab, _ in got for x in lab]
+    order = [shard[i % len(shard)] for i in range(len(flat))]
+    for a, i in zip(flat, order):
+        assert a.dtype == np.uint8 and a.shape == want[i].shape
+        np.testing.assert_array_equal(a, want[i])
+    assert labels == [int(img.labels[i]) for i in order]
+    if not native:
+        assert got[0][2] == "HWC"
+
+
+def test_followed_by_dali_augmentation_without_a_decoder(packs):
+    img = packs["crop"]
+
+    def graph():
+        images, labels = readers.image(image=img.path, decoded=True, random_shuffle=True,
+                                       seed=1, name="R")
+        images = fn.random_resized_crop(images, size=(16, 16), seed=2)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+                                          std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+                                          mirror=fn.random.coin_flip(seed=3))
+        return images, labels
+
+    p = make_pipe(graph, 8)
+    for _ in range(3):
+        images, labels = p.run()
+        arr = np.array(images.as_tensor())
+        assert arr.shape == (8, 3, 16, 16) and arr.dtype == np.float32
+        assert np.isfinite(arr).all() and arr.std() > 0.1
+
+
+def test_native_dense_batch_is_one_block(packs):
+    """Decoded samples of one shape: the operator hands DALI a batch as one
+    block of the reader's arena (samples back to back), not per-sample
+    copies."""
+    img = packs["crop"]
+    p = make_pipe(lambda: readers.image(image=img.path, decoded=True, native=True), 5)
+    for _ in range(5):
+        data, _ = p.run()
+        ptrs = [data[i].data_ptr() for i in range(len(data))]
+        assert all(ptrs[i] + 20 * 20 * 3 == ptrs[i + 1] for i in range(len(data) - 1))
+
+
+@pytest.mark.parametrize("which, match", [("plain", "the source files' bytes"),
+                                          ("jpeg", "decode them with fn.decoders.image")])
+def test_images_that_are_not_pixels_are_refused(packs, which, match):
+    img = packs[which]
+    with pytest.raises(ValueError, match=match):
+        make_pipe(lambda: readers.image(image=img.path, decoded=True), 4)
+
+
+@needs_gpu
+@pytest.mark.parametrize("which", ["crop", "var"])
+def test_gpu_output_equals_the_stored_arrays(packs, which):
+    """device="gpu": the external source (the operator's GPU path does not
+    take decoded samples yet), each sample its HWC array in GPU memory."""
+    img = packs[which]
+    want = expected(img)
+    p = make_gpu_pipe(lambda: readers.image(image=img.path, decoded=True, device="gpu",
+                                            name="R"), 4)
+    flat = []
+    for _ in range(5):
+        data, labels = p.run()
+        data = data.as_cpu()
+        flat += [np.array(data[i]) for i in range(len(data))]
+    for k, a in enumerate(flat):
+        np.testing.assert_array_equal(a, want[k % len(img)])
