@@ -4,6 +4,7 @@ server (SeaweedFS, tests/s3_server.py) by
 
   boto3      get_object in a ThreadPoolExecutor(32)
   dali       fn.readers.file(file_root="s3://bucket/prefix"), CPU-only pipeline
+  fastread-dali  fastread.dali.readers.file over the same root, same pipeline
   s3torch    s3torchconnector S3MapDataset in a DataLoader with workers
   fastread   fastread.read_files over lists of 64 URLs, engine="s3"
   reader     fastread.Reader(file_root="s3://...", engine="s3")
@@ -48,7 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "tests")))
 sys.path.insert(0, HERE)
 
-READERS = ("boto3", "dali", "s3torch", "fastread", "reader", "curl")
+READERS = ("boto3", "dali", "fastread-dali", "s3torch", "fastread", "reader", "curl")
 BUCKET = "bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -173,6 +174,28 @@ class DaliReader(Reader):
             objects += len(jpegs)
             nbytes += sum(jpegs.at(i).nbytes for i in range(len(jpegs)))
         return objects, nbytes
+
+
+class FastreadDaliReader(DaliReader):
+    """fastread.dali.readers.file over the same s3:// root, in the same
+    CPU-only pipeline at DALI's batch: the drop-in for DALI's own reader
+    (the native operator where the plugin loads, else the external source)."""
+
+    def skip_reason(self):
+        return super().skip_reason() or _FastreadBase.skip_reason(self)
+
+    def setup(self):
+        from nvidia.dali import pipeline_def
+        from fastread.dali import readers
+
+        @pipeline_def(batch_size=self.BATCH, num_threads=os.cpu_count(), device_id=None,
+                      prefetch_queue_depth=2)
+        def pipe():
+            jpegs, labels = readers.file(file_root=f"s3://{BUCKET}/{self.cfg['prefix']}",
+                                         name="files")
+            return jpegs, labels
+        self.pipe = pipe()
+        self.pipe.build()
 
 
 def _s3torch_len(reader):
@@ -329,7 +352,8 @@ class CurlReader(Reader):
         return len(lines), sum(int(size) for _, size in lines)
 
 
-READER_CLASSES = {"boto3": Boto3Reader, "dali": DaliReader, "s3torch": S3TorchReader,
+READER_CLASSES = {"boto3": Boto3Reader, "dali": DaliReader, "fastread-dali": FastreadDaliReader,
+                  "s3torch": S3TorchReader,
                   "fastread": FastreadReader, "reader": FastreadReaderReader, "curl": CurlReader}
 
 
