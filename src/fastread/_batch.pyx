@@ -30,6 +30,23 @@ cdef class _PoolOwner:
             self.pool = NULL
 
 
+cdef bint _one_stride(fr_batch *b, int64_t nbytes, uint64_t *first, uint64_t *stride):
+    """Whether every sample of b (count >= 1) is `nbytes` long and lies
+    `stride` bytes after the one before (back to back, or one per O_DIRECT
+    slot), with *first and *stride set: the layout a dense view needs."""
+    cdef size_t i, n = b.count
+    first[0] = b.samples[0].offset
+    if n > 1 and b.samples[1].offset < first[0]:
+        return False
+    stride[0] = b.samples[1].offset - first[0] if n > 1 else <uint64_t>nbytes
+    if stride[0] < <uint64_t>nbytes:
+        return False
+    for i in range(n):
+        if b.samples[i].length != nbytes or b.samples[i].offset != first[0] + i * stride[0]:
+            return False
+    return True
+
+
 cdef class Batch:
     """One batch of samples in one arena. Views made by arrays() keep it
     alive; it returns to its pool when released or collected."""
@@ -177,18 +194,12 @@ cdef class Batch:
         cdef int64_t nbytes = dt.itemsize
         for x in shape:
             nbytes *= x
-        cdef size_t i, n = b.count
+        cdef size_t n = b.count
         if n == 0:
             return np.empty((0,) + shape, dt)
-        cdef uint64_t first = b.samples[0].offset
-        cdef uint64_t stride = b.samples[1].offset - first if n > 1 else <uint64_t>nbytes
-        if b.samples[0].length != nbytes or stride < <uint64_t>nbytes or \
-                (n > 1 and b.samples[1].offset < first):
-            return None
-        for i in range(n):
-            if b.samples[i].length != nbytes or b.samples[i].offset != first + i * stride:
-                return None
-        if stride % dt.itemsize or first % dt.alignment:
+        cdef uint64_t first = 0, stride = 0
+        if not _one_stride(b, nbytes, &first, &stride) or stride % dt.itemsize or \
+                first % dt.alignment:
             return None
         cdef cnp.npy_intp dim = <cnp.npy_intp>(stride * (n - 1) + <uint64_t>nbytes)
         flat = cnp.PyArray_SimpleNewFromData(1, &dim, cnp.NPY_UINT8, b.arena.base + first)
@@ -216,17 +227,11 @@ cdef class Batch:
         cdef int64_t nbytes = dt.itemsize
         for x in shape:
             nbytes *= x
-        cdef size_t i, n = b.count
+        cdef size_t n = b.count
         if n == 0:
             return None
-        cdef uint64_t first = b.samples[0].offset
-        cdef uint64_t stride = b.samples[1].offset - first if n > 1 else <uint64_t>nbytes
-        if n > 1 and b.samples[1].offset < first:
-            return None
-        for i in range(n):
-            if b.samples[i].length != nbytes or b.samples[i].offset != first + i * stride:
-                return None
-        if stride < <uint64_t>nbytes or stride % dt.itemsize:
+        cdef uint64_t first = 0, stride = 0
+        if not _one_stride(b, nbytes, &first, &stride) or stride % dt.itemsize:
             return None
         cdef DeviceArray out = DeviceArray.wrap(b.device.ptr + first,
                                                 <size_t>(stride * (n - 1) + <uint64_t>nbytes),
