@@ -25,6 +25,8 @@ that the proxy's CPU is not counted as the client's.
 """
 
 import argparse
+import json
+import os
 import collections
 import socket
 import socketserver
@@ -170,6 +172,13 @@ class FaultProxy:
         self.io_timeout_s = io_timeout_s
         self.counts = collections.Counter()
         self.log = []           # (method, target, action, status) per request
+        # Requests in flight (a request's head read, its answer not yet all
+        # sent): now, at most, and integrated over time (request-seconds),
+        # so that a caller reads the mean over any window (inflight()).
+        self._active = 0
+        self._active_max = 0
+        self._active_area = 0.0
+        self._active_since = time.monotonic()
         self._rules = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -238,6 +247,23 @@ class FaultProxy:
                     rule.remaining -= 1
                     return rule
         return None
+
+    def _count_active(self, delta):
+        with self._lock:
+            now = time.monotonic()
+            self._active_area += self._active * (now - self._active_since)
+            self._active_since = now
+            self._active += delta
+            self._active_max = max(self._active_max, self._active)
+
+    def inflight(self):
+        """{"now", "max", "area_s", "at"}: requests in flight now and at
+        most so far, and their integral over time up to monotonic time "at";
+        (area_s2 - area_s1) / (at2 - at1) is the mean between two calls."""
+        with self._lock:
+            now = time.monotonic()
+            area = self._active_area + self._active * (now - self._active_since)
+            return {"now": self._active, "max": self._active_max, "area_s": area, "at": now}
 
     def _record(self, method, target, action, status):
         """Called before the first byte of the answer goes to the client, so
@@ -312,6 +338,14 @@ class FaultProxy:
         body = b"".join(body_iter) if body_iter is not None else b""
         client_close = headers.get("connection", "").lower() == "close"
 
+        self._count_active(+1)
+        try:
+            return self._answer(client, upstream, head, body, method, target, client_close)
+        finally:
+            self._count_active(-1)
+
+    def _answer(self, client, upstream, head, body, method, target, client_close):
+        """_one_request's answer to a request read whole."""
         rule = self._take_rule(method, target)
         mode = rule.mode if rule else "pass"
         if not self._sleep(self.delay_ms / 1000.0):
@@ -446,10 +480,20 @@ def main(argv=None):
     ap.add_argument("--upstream", required=True, help="http://host:port of the S3 server")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="added to every response")
     ap.add_argument("--seconds", type=float, default=3600.0, help="exit after this long")
+    ap.add_argument("--stats", help="rewrite this JSON file with inflight() every 0.2 s")
     args = ap.parse_args(argv)
     with FaultProxy(args.upstream, delay_ms=args.delay_ms) as proxy:
         print(proxy.endpoint, flush=True)
         done = threading.Event()
+
+        def write_stats():
+            while not done.wait(0.2):
+                tmp = args.stats + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump(proxy.inflight(), f)
+                os.replace(tmp, args.stats)   # readers never see half a file
+        if args.stats:
+            threading.Thread(target=write_stats, daemon=True).start()
 
         def watch_stdin():
             sys.stdin.read()     # returns when the parent closes our stdin or dies

@@ -3,6 +3,7 @@ server, checked with boto3 and urllib alone: what the S3 engine's tests rely
 on it to do, it does."""
 
 import http.client
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -74,6 +75,27 @@ def test_delay_is_added_to_every_response(s3_server, s3_proxy, objects, delay_ms
         t0 = time.perf_counter()
         assert c.get_object(Bucket="proxy-objs", Key="obj/4096.bin")["Body"].read() == objects["obj/4096.bin"]
         assert time.perf_counter() - t0 >= delay_ms / 1000.0
+
+
+def test_requests_in_flight_are_counted(s3_server, s3_proxy, objects):
+    """inflight(): 8 requests held 1 s each, sent at once, are 8 in flight
+    at most and 8 request-seconds at least over the window they spanned;
+    none once they are answered."""
+    import concurrent.futures
+    clients = [client(s3_server, s3_proxy) for _ in range(8)]   # made before: slow on 2 cores
+    s3_proxy.delay_ms = 1000
+    before = s3_proxy.inflight()
+    assert before["now"] == 0
+    start = threading.Barrier(8)
+
+    def get(c):
+        start.wait()
+        return c.get_object(Bucket="proxy-objs", Key="obj/1.bin")["Body"].read()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(get, clients)) == [objects["obj/1.bin"]] * 8
+    after = s3_proxy.inflight()
+    assert after["now"] == 0 and after["max"] == 8
+    assert after["area_s"] - before["area_s"] >= 8 * 1.0
 
 
 def test_slowdown_answers_503_the_given_number_of_times(s3_server, s3_proxy, objects):
