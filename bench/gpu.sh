@@ -33,6 +33,11 @@
 #   bash bench/gpu.sh scaling  decoded input on 1, 2, 4 GPUs (as many as there are), one torchrun
 #                              rank per GPU: ImageLoader(device="cuda") and readers.file + mixed
 #                              decode, img/s in all and per rank (bench/gpu/scaling.py)
+#   bash bench/gpu.sh ray      Ray Data's read_binary_files / read_images against fastread.ray.read_files
+#                              (bytes, decoded) on a local cluster of every CPU (bench/ray/bench_ray.py;
+#                              Ray's wheels staged)
+#   bash bench/gpu.sh read-batches  read_batches() against a Reader, 4 KiB / 92 KiB files, lists of
+#                              64 / 256 (bench/engines/read_batches.py)
 #   bash bench/gpu.sh engines  engine matrix (bench/engines/engines.py): 4 KiB / 92 KiB / 1 MiB files,
 #                              read_files() and Reader, io_uring / psync / auto, batch 64/256
 #                              (ENGINES_CACHES=warm or cold, one per call; ENGINES_SIZES=4k,92k,1m;
@@ -322,6 +327,24 @@ scaling)
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
     ;;
+ray)
+    # Ray Data's readers against fastread.ray on one local cluster of all this machine's CPUs
+    # (bench/ray/bench_ray.py; Ray's cp312 wheels and their needs staged in /tmp/site).
+    python3 -c "import ray.data" || { echo "ray: Ray Data does not import (stage its wheels)"; exit 1; }
+    ray_tree=/tmp/fastread-ray-tree
+    [ -d "$ray_tree" ] || python3 -m fastread.cli make-dataset "$ray_tree" --classes 10 \
+        --per-class "${RAY_PER_CLASS:-1000}" --mean-kb 92 --seed 0 --workers 16 --quiet
+    timeout 540 python3 bench/ray/bench_ray.py "$ray_tree" --cpus "$(nproc)" --rounds "${RAY_ROUNDS:-3}" \
+        --json "$json/ray.json" || echo "(bench_ray.py ended with status $?)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
+read-batches)
+    # read_batches() against a Reader over the same files, 4 KiB and 92 KiB, lists of 64 and 256
+    # (bench/engines/read_batches.py; issue 31's 0.9x target on 16+ cores).
+    timeout 540 python3 bench/engines/read_batches.py --data-root /tmp --rounds "${RB_ROUNDS:-3}" \
+        --out "$json" || echo "(read_batches.py ended with status $?)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 engines)
     make_jpegs
     for cache in ${ENGINES_CACHES:-warm}; do
@@ -448,7 +471,7 @@ s3)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, files, native, numpy, image, feed, tune, ddp, scaling, engines, delivery, colddiag, gather, formats, s3, s3-peers)" >&2
+    echo "unknown section '$section' (stage, tests, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, formats, s3, s3-peers)" >&2
     exit 2
     ;;
 esac
