@@ -37,6 +37,30 @@ def test_fastread_imports_without_ray_and_says_how_to_get_it(monkeypatch):
         fastread.ray.read_files(["/x.jpg"])
 
 
+def test_info_says_whether_ray_data_is_here(monkeypatch):
+    from fastread.cli import info
+
+    why = ray_reason()
+    got = info.collect()["ray"]
+    assert (got["version"] is None) == (why is not None) and got["reason"] == why
+    for mod in ("ray", "ray.data"):
+        monkeypatch.setitem(sys.modules, mod, None)
+    got = info.collect()["ray"]
+    assert got["version"] is None and "pip install fastread[ray]" in got["reason"]
+
+
+def test_read_error_survives_pickling():
+    # Ray ships a task's exception to the driver pickled; OSError's own
+    # pickling would make the strerror the path.
+    import pickle
+
+    err = fastread.ReadError(2, "/d/c/x.jpg", [("/d/c/x.jpg", 2), ("/d/c/y.jpg", 13)], detail="")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is fastread.ReadError
+    assert (back.errno, back.filename, back.failures, str(back)) == \
+        (2, "/d/c/x.jpg", err.failures, str(err))
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray cluster of 2 CPUs for this module. Its workers can

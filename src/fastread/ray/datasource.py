@@ -38,14 +38,17 @@ def read(datasource, ray_remote_args=None):
     batch as the datasource cut them (``override_num_blocks``: Ray would
     otherwise merge or split them to its own idea of parallelism)."""
     args = dict(ray_remote_args or {})
-    return ray.data.read_datasource(datasource, override_num_blocks=datasource.num_tasks,
-                                    **args)
+    # override_num_blocks is parallelism's name since Ray 2.10.
+    key = "override_num_blocks" if "override_num_blocks" in _READ_PARAMS else "parallelism"
+    args[key] = datasource.num_tasks
+    return ray.data.read_datasource(datasource, **args)
 
 
 # -- Ray API differences between versions ------------------------------------------
 
 _META_PARAMS = frozenset(inspect.signature(BlockMetadata).parameters)
 _TASK_PARAMS = frozenset(inspect.signature(ray.data.ReadTask.__init__).parameters)
+_READ_PARAMS = frozenset(inspect.signature(ray.data.read_datasource).parameters)
 
 
 def _read_task(read_fn, num_rows, size_bytes, input_files, per_task_row_limit=None):
