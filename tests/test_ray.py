@@ -289,3 +289,27 @@ def test_s3_prefix(ray_cluster, s3_server, s3_engine, tmp_path):
     with pytest.raises(fastread.ReadError) as e:
         fastread.ray.read_files(urls[:2] + [missing], s3=opts).materialize()
     assert missing in str(e.value) and e.value.cause.filename == missing
+
+
+def test_bench_family_reads_every_file_each_epoch(ray_cluster, tree):
+    # The `fastread bench` family's runner on this module's cluster (it
+    # starts none where one is up): epochs of the tree, batch after batch.
+    from fastread.bench import environment, registry
+    from fastread.bench.runners import Config
+
+    root, content = tree
+    env = environment.probe_environment()
+    modes = {m.name: m for m in registry.all_modes(env) if m.family == "ray"}
+    data = registry.detect_dataset(root)
+    engine = registry.default_engine(env)
+    cfg = Config(env=env, dataset=data, batch_size=8)
+    assert modes["ray-binary"].unavailable(cfg) is None
+    assert "--decode" in modes["ray-images"].unavailable(cfg)
+    assert "drop --decode" in modes["ray-binary"].unavailable(Config(env=env, dataset=data,
+                                                                     decode=True))
+    runner = modes[f"ray-fastread-{engine}"].build(modes[f"ray-fastread-{engine}"], cfg)
+    try:
+        rows = [runner.next()[0] for _ in range(8)]   # 28 files: 4 batches an epoch
+    finally:
+        runner.close()
+    assert rows == [8, 8, 8, 4] * 2
