@@ -128,7 +128,9 @@ def test_tree_every_file_once_with_scan_labels_and_exact_bytes(ray_cluster, tree
 def test_streaming_split_is_disjoint_and_complete(ray_cluster, tree):
     root, content = tree
     paths, _ = fastread.scan(root)
-    splits = fastread.ray.read_files(root, batch_size=4).streaming_split(2, equal=False)
+    # (ray_remote_args reach the read tasks: half a CPU each leaves room.)
+    splits = fastread.ray.read_files(root, batch_size=4, ray_remote_args={"num_cpus": 0.5}) \
+        .streaming_split(2, equal=False)
     seen = [[], []]
     errors = []
 

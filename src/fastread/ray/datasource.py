@@ -37,11 +37,21 @@ def read(datasource, ray_remote_args=None):
     """``ray.data.read_datasource`` over ``datasource``: one read task per
     batch as the datasource cut them (``override_num_blocks``: Ray would
     otherwise merge or split them to its own idea of parallelism)."""
-    args = dict(ray_remote_args or {})
     # override_num_blocks is parallelism's name since Ray 2.10.
     key = "override_num_blocks" if "override_num_blocks" in _READ_PARAMS else "parallelism"
-    args[key] = datasource.num_tasks
-    return ray.data.read_datasource(datasource, **args)
+    kwargs = {key: datasource.num_tasks}
+    # Remote arguments read_datasource names (num_cpus, memory, ...) go by
+    # name: Ray 2.60 deprecates its ray_remote_args dict, which older ones
+    # need for everything (and this one still for the rest).
+    rest = {}
+    for name, value in (ray_remote_args or {}).items():
+        if name in _READ_PARAMS and name not in ("datasource", "ray_remote_args"):
+            kwargs[name] = value
+        else:
+            rest[name] = value
+    if rest:
+        kwargs["ray_remote_args"] = rest
+    return ray.data.read_datasource(datasource, **kwargs)
 
 
 # -- Ray API differences between versions ------------------------------------------
@@ -84,7 +94,8 @@ def decode_image(data, name):
 
     try:
         with Image.open(io.BytesIO(data)) as im:
-            return np.asarray(im.convert("RGB"))
+            # convert() copies even an RGB image: only other modes need it.
+            return np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise ValueError(f"{name}: cannot decode as an image ({e})") from None
 
