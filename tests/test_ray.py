@@ -315,3 +315,20 @@ def test_bench_family_reads_every_file_each_epoch(ray_cluster, tree):
     finally:
         runner.close()
     assert rows == [8, 8, 8, 4] * 2
+
+
+def test_s3_packed_image(ray_cluster, s3_server, s3_engine, tmp_path):
+    root, content = write_class_tree(tmp_path / "img", [5, 4], seed=11, max_size=30_000, tag=True)
+    out = str(tmp_path / "t.img")
+    fastread.pack(root, out, progress=False)
+    s3_server.make_bucket("rayimg")
+    for name in (out, out + ".index"):
+        with open(name, "rb") as f:
+            s3_server.put("rayimg", os.path.basename(name), f.read())
+    opts = fastread.S3Options(endpoint_url=s3_server.endpoint, region=s3_server.region,
+                              access_key_id=s3_server.access_key,
+                              secret_access_key=s3_server.secret_key)
+    img = fastread.PackedImage("s3://rayimg/t.img", s3=opts)
+    got = rows_of(fastread.ray.read_image("s3://rayimg/t.img", s3=opts, batch_size=4))
+    assert got == {n: (int(lab), content[os.path.join(root, n)])
+                   for n, lab in zip(img.names, img.labels)}
