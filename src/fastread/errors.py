@@ -40,6 +40,13 @@ class ReadError(OSError):
         self.failures = list(failures) if failures else [(filename, err)]
         self.detail = describe(filename, err) if detail is None else detail
 
+    def __reduce__(self):
+        # OSError pickles as cls(errno, strerror, filename), which this
+        # __init__ would take as (err, filename, failures): a ReadError sent
+        # from another process (a Ray task, a DataLoader worker) came back
+        # naming its strerror as the path.
+        return (type(self), (self.errno, self.filename, self.failures, self.detail))
+
     def __str__(self):
         msg = f"cannot read {self.filename!r}: {self.strerror}"
         if self.detail:

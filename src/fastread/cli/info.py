@@ -38,6 +38,7 @@ def collect():
     from fastread.dali import _plugin
     # The native DALI operator (fn.fastread.readers.file): loaded, or why not.
     dali_plugin = _plugin.info()
+    ray_version, ray_why = ray_data()
     settings = {}
     for name, value in _defaults.all_settings().items():
         var = _defaults.env_var(name)
@@ -56,10 +57,24 @@ def collect():
         # The libcurl behind the s3 engine (version, TLS, features), or why it is absent.
         "s3": {"libcurl": s3ver, "reason": s3why},
         "dali_plugin": dali_plugin,
+        # Ray Data, which fastread.ray needs (pip install fastread[ray]), or why it is absent.
+        "ray": {"version": ray_version, "reason": ray_why},
         "cuda_devices": devices,
         "cuda_reason": why,
         "defaults": settings,
     }
+
+
+def ray_data():
+    """(Ray's version, None) where Ray Data imports (fastread.ray works),
+    else (None, why not)."""
+    from fastread.ray import ray_reason
+
+    why = ray_reason()
+    if why is not None:
+        return None, why
+    import ray
+    return str(getattr(ray, "__version__", "unknown version")), None
 
 
 def run(args):
@@ -75,7 +90,7 @@ def run(args):
     out += format_engines(data)
     out += ["", "packages:"]
     width = max(max(map(len, data["packages"])), len("libxnvme"), len("DALI plugin"),
-                len("libcurl (s3)"))
+                len("libcurl (s3)"), len("Ray Data"))
     for label, ver in data["packages"].items():
         out.append(f"  {label:<{width}}  {ver}")
     x = data["xnvme"]
@@ -88,6 +103,9 @@ def run(args):
     out.append(f"  {'DALI plugin':<{width}}  " + (
         f"loaded: {', '.join(d['operators'])} ({d['path']}, built against DALI "
         f"{d['built_against']})" if d["loaded"] else f"unavailable: {d['reason']}"))
+    r = data["ray"]
+    out.append(f"  {'Ray Data':<{width}}  " + (
+        f"{r['version']} (fastread.ray)" if r["version"] else f"unavailable: {r['reason']}"))
     out += ["", "CUDA devices:"]
     if data["cuda_devices"]:
         out += [f"  {d}" for d in data["cuda_devices"]]

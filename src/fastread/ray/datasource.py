@@ -1,0 +1,357 @@
+"""Ray Data datasources over fastread's sources (see :mod:`fastread.ray`).
+
+The driver lists the samples (or the shards) and cuts them into read tasks;
+each task reads its batch in one native call and returns one block (a
+pyarrow Table). A task's function is a module-level function bound with
+:func:`functools.partial`, so what travels to the workers is the batch's
+paths or ranges and the engine options, never the whole listing.
+"""
+import functools
+import glob
+import inspect
+import io
+import os
+
+import numpy as np
+import pyarrow as pa
+import ray.data
+from ray.data.block import BlockAccessor, BlockMetadata
+
+import fastread
+from fastread.engine import EngineOptions, check_engine
+from fastread.formats.squirrel import store_shards
+from fastread.s3 import S3Options, is_url
+from fastread.sampling import epoch_indices
+from fastread.source import FileRanges, check_engine_for
+
+__all__ = ["FilesDatasource", "ImageDatasource", "WebDatasetDatasource", "SquirrelDatasource",
+           "read"]
+
+# The column types of read_files()/read_image() blocks. large_binary: one
+# block's bytes may pass 2 GiB (256 samples of 8 MiB), which binary's
+# 32-bit offsets cannot hold.
+_BYTES = pa.large_binary()
+
+
+def read(datasource, ray_remote_args=None):
+    """``ray.data.read_datasource`` over ``datasource``: one read task per
+    batch as the datasource cut them (``override_num_blocks``: Ray would
+    otherwise merge or split them to its own idea of parallelism)."""
+    # override_num_blocks is parallelism's name since Ray 2.10.
+    key = "override_num_blocks" if "override_num_blocks" in _READ_PARAMS else "parallelism"
+    kwargs = {key: datasource.num_tasks}
+    # Remote arguments read_datasource names (num_cpus, memory, ...) go by
+    # name: Ray 2.60 deprecates its ray_remote_args dict, which older ones
+    # need for everything (and this one still for the rest).
+    rest = {}
+    for name, value in (ray_remote_args or {}).items():
+        if name in _READ_PARAMS and name not in ("datasource", "ray_remote_args"):
+            kwargs[name] = value
+        else:
+            rest[name] = value
+    if rest:
+        kwargs["ray_remote_args"] = rest
+    return ray.data.read_datasource(datasource, **kwargs)
+
+
+# -- Ray API differences between versions ------------------------------------------
+
+_META_PARAMS = frozenset(inspect.signature(BlockMetadata).parameters)
+_TASK_PARAMS = frozenset(inspect.signature(ray.data.ReadTask.__init__).parameters)
+_READ_PARAMS = frozenset(inspect.signature(ray.data.read_datasource).parameters)
+
+
+def _read_task(read_fn, num_rows, size_bytes, input_files, per_task_row_limit=None):
+    """A ReadTask with its metadata, in the shape this Ray takes: the schema
+    moved from BlockMetadata to ReadTask (2.44+), exec_stats became
+    required, per_task_row_limit came later."""
+    meta = {"num_rows": num_rows, "size_bytes": size_bytes, "input_files": input_files,
+            "exec_stats": None, "schema": None}
+    meta = BlockMetadata(**{k: v for k, v in meta.items() if k in _META_PARAMS})
+    kwargs = {}
+    if per_task_row_limit is not None and "per_task_row_limit" in _TASK_PARAMS:
+        kwargs["per_task_row_limit"] = per_task_row_limit
+    return ray.data.ReadTask(read_fn, meta, **kwargs)
+
+
+# -- blocks ---------------------------------------------------------------------
+
+def _binary_column(arrays):
+    """A large_binary Arrow array of the samples' bytes: one copy into one
+    buffer, offsets from the lengths (no Python bytes object per sample)."""
+    lengths = np.fromiter((a.size for a in arrays), np.int64, len(arrays))
+    offsets = np.zeros(len(arrays) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = np.concatenate(arrays) if arrays else np.zeros(0, np.uint8)
+    return pa.Array.from_buffers(_BYTES, len(arrays),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def decode_image(data, name):
+    """One sample's bytes decoded by Pillow as RGB, uint8 HWC; ValueError
+    naming the sample if they are no image Pillow can read."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            # convert() copies even an RGB image: only other modes need it.
+            return np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"{name}: cannot decode as an image ({e})") from None
+
+
+def _block(arrays, labels, names, decode):
+    if decode:
+        images = [decode_image(a, n) for a, n in zip(arrays, names)]
+        return BlockAccessor.batch_to_block({
+            "image": images, "label": np.asarray(labels, np.int32),
+            "path": np.asarray(names, dtype=object)})
+    return pa.table({"bytes": _binary_column(arrays),
+                     "label": pa.array(np.asarray(labels, np.int32)),
+                     "path": pa.array(list(names), pa.string())})
+
+
+def _engine_args(engine, options, s3, engine_options):
+    """(engine, EngineOptions) checked on the driver, where a bad option
+    raises at once, naming it; what the tasks pass to fastread."""
+    opts = EngineOptions.coerce(options, **dict(engine_options))
+    if s3 is not None:
+        opts = opts.replace(s3=S3Options.coerce(s3))
+    check_engine(engine)
+    return engine, opts
+
+
+def _batches(n, batch_size, shuffle, seed):
+    """Lists of sample numbers, one per read task: in order, or cut from a
+    permutation drawn from ``seed`` (fastread's own, the one the Reader and
+    the DALI operators draw)."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if shuffle:
+        if seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1)[0])
+        order = epoch_indices(n, shuffle=True, seed=int(seed))
+    else:
+        order = np.arange(n, dtype=np.int64)
+    return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+class _Batched(ray.data.Datasource):
+    """A datasource whose tasks are fixed up front (``self._tasks``: one
+    (read_fn, num_rows, size_bytes, input_files) per task)."""
+
+    @property
+    def num_tasks(self):
+        return max(1, len(self._tasks))
+
+    def estimate_inmemory_data_size(self):
+        sizes = [t[2] for t in self._tasks]
+        return None if any(s is None for s in sizes) else int(sum(sizes))
+
+    def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None, **_):
+        # ``parallelism`` is Ray's hint; the batches are ours (read tasks
+        # sized to batches, each one native call), so it is not followed.
+        return [_read_task(fn, rows, size, files, per_task_row_limit)
+                for fn, rows, size, files in self._tasks]
+
+
+# -- whole files ----------------------------------------------------------------------
+
+def _read_file_batch(paths, labels, decode, engine, opts):
+    arrays = fastread.read_files(paths, engine, opts)
+    return [_block(arrays, labels, paths, decode)]
+
+
+class FilesDatasource(_Batched):
+    """Whole files (see :func:`fastread.ray.read_files`)."""
+
+    def __init__(self, source, *, file_filters=None, labels=None, shuffle=False, seed=None,
+                 batch_size=256, decode=False, engine="auto", options=None, s3=None,
+                 engine_options=None):
+        self._engine, self._opts = _engine_args(engine, options, s3, engine_options or {})
+        if isinstance(source, fastread.FileList):
+            paths, labs = list(source.paths), np.asarray(source.labels, np.int32)
+        elif isinstance(source, (str, bytes, os.PathLike)):
+            if labels is not None:
+                raise ValueError("labels= goes with a list of paths; a directory's labels are "
+                                 "its class subdirectories'")
+            paths, labs = fastread.scan(source, file_filters=file_filters, s3=s3)
+        else:
+            paths, labs = fastread.scan(None, files=list(source), labels=labels)
+        self.paths, self.labels = paths, np.asarray(labs, np.int32)
+        self._source = source
+        self._tasks = []
+        for idx in _batches(len(paths), batch_size, shuffle, seed):
+            part = [paths[i] for i in idx.tolist()]
+            fn = functools.partial(_read_file_batch, part, self.labels[idx], bool(decode),
+                                   self._engine, self._opts)
+            self._tasks.append((fn, len(part), None, tuple(part)))
+
+    def get_name(self):
+        return "fastread.read_files"
+
+    def __repr__(self):
+        return f"FilesDatasource({len(self.paths)} files, {len(self._tasks)} tasks)"
+
+
+# -- packed images -------------------------------------------------------------------
+
+def _read_range_batch(path, offsets, lengths, labels, names, decode, engine, opts):
+    part = FileRanges(path, offsets, lengths, labels, names)
+    arrays = part.read(np.arange(len(part)), engine, opts)
+    return [_block(arrays, labels, names, decode)]
+
+
+class ImageDatasource(_Batched):
+    """A packed image's samples (see :func:`fastread.ray.read_image`)."""
+
+    def __init__(self, image, *, index=None, shuffle=False, seed=None, batch_size=256,
+                 decode=False, engine="auto", options=None, s3=None, engine_options=None):
+        if not isinstance(image, fastread.PackedImage):
+            image = fastread.PackedImage(image, index, s3=s3)
+        if s3 is None:
+            s3 = image.s3
+        self._engine, self._opts = _engine_args(engine, options, s3, engine_options or {})
+        image.check_options(self._opts.resolve(self._engine_name(image)))
+        self.image = image
+        self._tasks = []
+        for idx in _batches(len(image), batch_size, shuffle, seed):
+            names = [image.names[i] for i in idx.tolist()]
+            fn = functools.partial(_read_range_batch, image.path, image.offsets[idx],
+                                   image.lengths[idx], image.labels[idx], names, bool(decode),
+                                   self._engine, self._opts)
+            self._tasks.append((fn, len(idx), int(image.lengths[idx].sum()), (image.path,)))
+
+    def _engine_name(self, image):
+        return check_engine_for(image, self._engine)
+
+    def get_name(self):
+        return "fastread.read_image"
+
+    def __repr__(self):
+        return f"ImageDatasource({self.image!r}, {len(self._tasks)} tasks)"
+
+
+# -- record shards -------------------------------------------------------------------
+
+_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+
+def _shard_list(shards):
+    """The shards a WebDataset read takes: a list as given; one string: a
+    directory (its tar files, sorted), a glob, or one shard."""
+    if isinstance(shards, (str, os.PathLike)):
+        one = os.fspath(shards)
+        if not is_url(one) and os.path.isdir(one):
+            found = sorted(os.path.join(one, n) for n in os.listdir(one)
+                           if n.endswith(_TAR_SUFFIXES))
+            if not found:
+                raise FileNotFoundError(f"no tar shards ({', '.join(_TAR_SUFFIXES)}) in {one!r}")
+            return found
+        if not is_url(one) and glob.has_magic(one):
+            found = sorted(glob.glob(one))
+            if not found:
+                raise FileNotFoundError(f"no shards match {one!r}")
+            return found
+        return [one]
+    out = [os.fspath(s) for s in shards]
+    if not out:
+        raise ValueError("read_webdataset needs at least one shard")
+    return out
+
+
+def _shard_size(path):
+    if is_url(path):
+        return None
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        raise FileNotFoundError(f"shard {path!r} does not exist") from None
+
+
+def _chunks(n, batch_size):
+    return [np.arange(i, min(n, i + batch_size), dtype=np.int64) for i in range(0, n, batch_size)]
+
+
+def _read_wds_shard(shard, ext, batch_size, wds_args, engine, opts):
+    src = fastread.WebDataset([shard], ext, **wds_args)
+    keys = src.files[0].names if src.files else []
+    for idx in _chunks(len(src), batch_size):
+        arrays = src.read(idx, engine, opts)
+        cols = {str(e): _binary_column(c) for e, c in zip(src.ext, src.components(arrays, idx))}
+        cols["key"] = pa.array([keys[i] for i in idx.tolist()], pa.string())
+        cols["path"] = pa.array([shard] * len(idx), pa.string())
+        yield pa.table(cols)
+
+
+class WebDatasetDatasource(_Batched):
+    """WebDataset tar shards, one task each (see
+    :func:`fastread.ray.read_webdataset`)."""
+
+    def __init__(self, shards, ext, *, batch_size=256, missing_component_behavior="empty",
+                 case_sensitive_extensions=True, cache_dir=None, engine="auto", options=None,
+                 s3=None, engine_options=None):
+        self._engine, self._opts = _engine_args(engine, options, s3, engine_options or {})
+        _batches(0, batch_size, False, None)   # checks batch_size
+        self.shards = _shard_list(shards)
+        ext = [ext] if isinstance(ext, str) else list(ext)
+        if not ext:
+            raise ValueError("ext must name at least one component")
+        names = {str(e) for e in ext}
+        if names & {"key", "path"} or len(names) != len(ext):
+            raise ValueError(f"ext entries must be distinct and not 'key' or 'path' (the "
+                             f"other columns), got {ext!r}")
+        args = {"missing_component_behavior": missing_component_behavior,
+                "case_sensitive_extensions": case_sensitive_extensions,
+                "cache_dir": cache_dir, "s3": self._opts.s3}
+        self._tasks = [(functools.partial(_read_wds_shard, s, ext, batch_size, args,
+                                          self._engine, self._opts),
+                        None, _shard_size(s), (s,)) for s in self.shards]
+
+    def get_name(self):
+        return "fastread.read_webdataset"
+
+
+def _squirrel_column(values):
+    if values and all(isinstance(v, np.ndarray) and v.ndim for v in values) \
+            and len({(v.dtype, v.shape) for v in values}) == 1:
+        return np.stack(values)
+    if values and all(isinstance(v, np.ndarray) and v.ndim == 0 for v in values):
+        return np.array([v.item() for v in values])
+    return values
+
+
+def _read_squirrel_shard(shard, keys, batch_size, cache_dir, engine, opts):
+    src = fastread.SquirrelStore(keys=keys, shards=[shard], cache_dir=cache_dir)
+    for idx in _chunks(len(src), batch_size):
+        arrays = src.read(idx, engine, opts)
+        cols = {k: _squirrel_column(v) for k, v in zip(src.keys, src.fields(arrays, idx))}
+        cols["path"] = np.array([shard] * len(idx), dtype=object)
+        yield BlockAccessor.batch_to_block(cols)
+
+
+class SquirrelDatasource(_Batched):
+    """A squirrel MessagePack store, one task per shard (see
+    :func:`fastread.ray.read_squirrel`)."""
+
+    def __init__(self, url=None, keys=("image", "label"), *, shards=None, batch_size=256,
+                 cache_dir=None, engine="auto", options=None, engine_options=None):
+        self._engine, self._opts = _engine_args(engine, options, None, engine_options or {})
+        _batches(0, batch_size, False, None)
+        if shards is None:
+            if url is None:
+                raise ValueError("read_squirrel needs a store url or shards=")
+            shards = store_shards(url)
+        self.shards = [os.fspath(s) for s in shards]
+        if not self.shards:
+            raise ValueError(f"squirrel store {url!r} has no shards")
+        keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        if not keys or "path" in keys:
+            raise ValueError(f"keys must name at least one field, and not 'path' (the shard "
+                             f"column), got {keys!r}")
+        self._tasks = [(functools.partial(_read_squirrel_shard, s, keys, batch_size, cache_dir,
+                                          self._engine, self._opts),
+                        None, _shard_size(s), (s,)) for s in self.shards]
+
+    def get_name(self):
+        return "fastread.read_squirrel"

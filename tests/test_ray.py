@@ -1,0 +1,334 @@
+"""fastread.ray: Ray Data datasets read by fastread's engines, on a local
+Ray cluster this module starts (ray.init(num_cpus=2)) and shuts down.
+
+What is checked: every file once with fastread.scan's labels and its exact
+bytes (trees, file lists, s3:// prefixes, packed images, WebDataset and
+Squirrel shards); read tasks cut to batches; streaming_split(2) disjoint
+and complete; Ray Train's TorchTrainer (the example) with 2 CPU workers
+trains on every sample once; errors (a missing file, a bad root, a bad
+option, an undecodable image) raised on the driver naming the path.
+"""
+import io
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import fastread
+from conftest import skip_unless, write_class_tree
+from fastread.ray import ray_reason
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "..", "examples")
+
+
+def test_fastread_imports_without_ray_and_says_how_to_get_it(monkeypatch):
+    # `import fastread` never imports Ray (it is an optional extra) ...
+    code = "import sys, fastread, fastread.ray; assert 'ray' not in sys.modules, 'ray imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    # ... and fastread.ray, used without Ray, names the extra to install.
+    for mod in ("ray", "ray.data"):
+        monkeypatch.setitem(sys.modules, mod, None)
+    monkeypatch.delitem(sys.modules, "fastread.ray.datasource", raising=False)
+    with pytest.raises(ImportError, match=r"pip install fastread\[ray\]"):
+        fastread.ray.read_files(["/x.jpg"])
+
+
+def test_info_says_whether_ray_data_is_here(monkeypatch):
+    from fastread.cli import info
+
+    why = ray_reason()
+    got = info.collect()["ray"]
+    assert (got["version"] is None) == (why is not None) and got["reason"] == why
+    for mod in ("ray", "ray.data"):
+        monkeypatch.setitem(sys.modules, mod, None)
+    got = info.collect()["ray"]
+    assert got["version"] is None and "pip install fastread[ray]" in got["reason"]
+
+
+def test_read_error_survives_pickling():
+    # Ray ships a task's exception to the driver pickled; OSError's own
+    # pickling would make the strerror the path.
+    import pickle
+
+    err = fastread.ReadError(2, "/d/c/x.jpg", [("/d/c/x.jpg", 2), ("/d/c/y.jpg", 13)], detail="")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is fastread.ReadError
+    assert (back.errno, back.filename, back.failures, str(back)) == \
+        (2, "/d/c/x.jpg", err.failures, str(err))
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for this module. Its workers can
+    import examples/ (the TorchTrainer example's functions travel by name)."""
+    skip_unless("ray", ray_reason())
+    import ray
+    import ray.data
+
+    path = os.pathsep.join(p for p in (os.path.abspath(EXAMPLES), os.environ.get("PYTHONPATH"))
+                           if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """4 classes (one empty: it still takes a label) of tagged files,
+    0 bytes to 150 KB, and a stray file at the root scan() ignores."""
+    root = tmp_path_factory.mktemp("ray") / "train"
+    root, content = write_class_tree(root, [9, 0, 13, 6], seed=7, max_size=150_000, tag=True)
+    with open(os.path.join(root, "stray.jpg"), "wb") as f:
+        f.write(b"not a sample")
+    return root, content
+
+
+def rows_of(ds):
+    """{path: (label, bytes)}, asserting that no path comes twice."""
+    out = {}
+    for r in ds.iter_rows():
+        assert r["path"] not in out, f"{r['path']} read twice"
+        out[r["path"]] = (int(r["label"]), bytes(r["bytes"]))
+    return out
+
+
+def expected(paths, labels, content):
+    return {p: (int(lab), content[p]) for p, lab in zip(paths, labels)}
+
+
+def test_tree_every_file_once_with_scan_labels_and_exact_bytes(ray_cluster, tree):
+    root, content = tree
+    paths, labels = fastread.scan(root)
+    ds = fastread.ray.read_files(root, batch_size=5)
+    # Read tasks are batches (28 files / 5), one block each, not one per file.
+    assert ds.materialize().num_blocks() == 6
+    assert set(ds.columns()) == {"bytes", "label", "path"}
+    assert rows_of(ds) == expected(paths, labels, content)
+    # Shuffled: the same rows, another order (the permutation of the seed).
+    shuffled = fastread.ray.read_files(root, batch_size=5, shuffle=True, seed=3)
+    order = [r["path"] for r in shuffled.iter_rows()]
+    assert sorted(order) == sorted(paths) and order != paths
+    # A file list: labels given, or their positions (scan's files= rule).
+    sub = paths[::3]
+    assert rows_of(fastread.ray.read_files(sub, labels=list(range(100, 100 + len(sub))))) == \
+        {p: (100 + i, content[p]) for i, p in enumerate(sub)}
+    assert rows_of(fastread.ray.read_files(sub, batch_size=2, engine="psync")) == \
+        {p: (i, content[p]) for i, p in enumerate(sub)}
+
+
+def test_streaming_split_is_disjoint_and_complete(ray_cluster, tree):
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    # (ray_remote_args reach the read tasks: half a CPU each leaves room.)
+    splits = fastread.ray.read_files(root, batch_size=4, ray_remote_args={"num_cpus": 0.5}) \
+        .streaming_split(2, equal=False)
+    seen = [[], []]
+    errors = []
+
+    def consume(i):
+        # The splits are consumed together (as Ray Train's workers do): a
+        # split read alone would wait for the other.
+        try:
+            for batch in splits[i].iter_batches(batch_size=3, batch_format="numpy"):
+                seen[i].extend((p, bytes(b)) for p, b in zip(batch["path"], batch["bytes"]))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a streaming_split consumer hung"
+    assert not errors, errors
+    a, b = ({p for p, _ in s} for s in seen)
+    assert a and b, "one split got nothing"
+    assert not a & b
+    assert len(seen[0]) + len(seen[1]) == len(paths) and a | b == set(paths)
+    assert all(content[p] == data for p, data in seen[0] + seen[1])
+
+
+def test_torch_trainer_example_trains_every_sample_once_on_two_cpu_workers(
+        ray_cluster, tree, tmp_path):
+    pytest.importorskip("torch", reason="the TorchTrainer example needs torch")
+    pytest.importorskip("ray.train.torch", reason="ray[train] is not installed")
+    sys.path.insert(0, os.path.abspath(EXAMPLES))
+    try:
+        import ray_train_torch
+    finally:
+        sys.path.remove(os.path.abspath(EXAMPLES))
+    root, _ = tree
+    paths, _ = fastread.scan(root)
+    record = tmp_path / "seen"
+    record.mkdir()
+    ray_train_torch.run(root, workers=2, batch_size=4, storage_path=str(tmp_path / "results"),
+                        record_dir=str(record))
+    ranks = [(record / f"rank{r}.txt").read_text().split("\n")[:-1] for r in range(2)]
+    assert all(ranks), "a worker trained on nothing"
+    assert not set(ranks[0]) & set(ranks[1])
+    assert sorted(ranks[0] + ranks[1]) == sorted(paths)
+
+
+def test_errors_are_raised_on_the_driver_naming_the_path(ray_cluster, tree, tmp_path):
+    root, _ = tree
+    paths, _ = fastread.scan(root)
+    missing = os.path.join(root, "c0", "gone.jpg")
+    with pytest.raises(fastread.ReadError) as e:
+        fastread.ray.read_files(paths[:3] + [missing], batch_size=2).materialize()
+    # Ray raises RayTaskError(ReadError): a ReadError whose message names
+    # the path, with the task's own ReadError (filename, failures) as cause.
+    assert missing in str(e.value)
+    assert e.value.cause.filename == missing and e.value.cause.failures == [(missing, 2)]
+    # Found while planning, before any task runs: a bad root, a bad option.
+    with pytest.raises(FileNotFoundError, match="no/such/root"):
+        fastread.ray.read_files(str(tmp_path / "no/such/root"))
+    with pytest.raises(TypeError, match="no_such_option"):
+        fastread.ray.read_files(root, no_such_option=1)
+    with pytest.raises(ValueError, match="no_such_engine"):
+        fastread.ray.read_files(root, engine="no_such_engine")
+    with pytest.raises(ValueError, match="batch_size"):
+        fastread.ray.read_files(root, batch_size=0)
+    # Bytes that are no image, decoded: the error names the file.
+    with pytest.raises(ValueError, match=r"c0/000\.jpg: cannot decode as an image"):
+        fastread.ray.read_files(paths[:2], decode=True).materialize()
+
+
+def test_decode_gives_rgb_hwc_uint8_as_pillow_decodes(ray_cluster, tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    want = {}
+    for c, (fmt, mode, size) in enumerate([("JPEG", "RGB", (40, 30)), ("PNG", "L", (17, 9)),
+                                           ("PNG", "RGBA", (8, 21))]):
+        d = tmp_path / "img" / f"k{c}"
+        d.mkdir(parents=True)
+        for j in range(3):
+            bands = len(mode)
+            pixels = rng.integers(0, 256, (size[1], size[0], bands), np.uint8).squeeze()
+            buf = io.BytesIO()
+            Image.fromarray(pixels, mode).save(buf, fmt)
+            p = d / f"{j}.{fmt.lower()}"
+            p.write_bytes(buf.getvalue())
+            want[str(p)] = (c, np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB")))
+    ds = fastread.ray.read_files(str(tmp_path / "img"), batch_size=4, decode=True)
+    assert set(ds.columns()) == {"image", "label", "path"}
+    got = {r["path"]: (int(r["label"]), r["image"]) for r in ds.iter_rows()}
+    assert got.keys() == want.keys()
+    for p, (label, image) in want.items():
+        assert got[p][0] == label
+        assert got[p][1].dtype == np.uint8 and got[p][1].shape == image.shape
+        np.testing.assert_array_equal(got[p][1], image)
+
+
+def test_packed_image_samples_by_range(ray_cluster, tree, tmp_path):
+    root, content = tree
+    out = str(tmp_path / "train.img")
+    fastread.pack(root, out, progress=False)
+    img = fastread.PackedImage(out)
+    ds = fastread.ray.read_image(out, batch_size=8)
+    assert ds.materialize().num_blocks() == 4
+    got = rows_of(ds)
+    assert got == {n: (int(lab), content[os.path.join(root, n)])
+                   for n, lab in zip(img.names, img.labels)}
+    assert rows_of(fastread.ray.read_image(img, batch_size=8, shuffle=True, seed=1)) == got
+    with pytest.raises(FileNotFoundError, match="absent.img"):
+        fastread.ray.read_image(str(tmp_path / "absent.img"))
+
+
+def test_webdataset_shards_are_tasks(ray_cluster, tmp_path):
+    from fastread.datasets import make_webdataset
+
+    make_webdataset(str(tmp_path / "wds"), shards=3, per_shard=7, width=16, height=16)
+    shards = sorted(str(p) for p in (tmp_path / "wds").glob("*.tar"))
+    ref = fastread.WebDataset(shards, ["jpg", "cls"])
+    idx = np.arange(len(ref))
+    jpg, cls = ref.components(ref.read(idx), idx)
+    want = {(ref.sample_name(i)): (bytes(jpg[i]), bytes(cls[i])) for i in idx.tolist()}
+    ds = fastread.ray.read_webdataset(str(tmp_path / "wds"), ["jpg", "cls"], batch_size=3)
+    assert ds.materialize().num_blocks() == 3 and set(ds.columns()) == {"jpg", "cls", "key", "path"}
+    got = {f"{r['path']}[{r['key']}]": (bytes(r["jpg"]), bytes(r["cls"])) for r in ds.iter_rows()}
+    assert got == want
+
+
+def test_squirrel_shards_are_tasks(ray_cluster, tmp_path):
+    pytest.importorskip("squirrel", reason="writing a store needs squirrel-core")
+    from fastread.datasets import make_squirrel
+
+    make_squirrel(str(tmp_path / "sq"), samples=25, per_shard=10, shape=(3, 4, 5), workers=1)
+    ref = fastread.SquirrelStore(str(tmp_path / "sq"))
+    idx = np.arange(len(ref))
+    images, labels = ref.fields(ref.read(idx), idx)
+    ds = fastread.ray.read_squirrel(str(tmp_path / "sq"), batch_size=4)
+    assert ds.materialize().num_blocks() == 3
+    got = sorted(((r["path"], r["image"].tobytes(), int(r["label"])) for r in ds.iter_rows()))
+    want = sorted((ref.sample_name(i).rsplit("[", 1)[0], images[i].tobytes(), int(labels[i]))
+                  for i in idx.tolist())
+    assert got == want
+    assert all(r["image"].shape == (3, 4, 5) for r in ds.take(3))
+
+
+def test_s3_prefix(ray_cluster, s3_server, s3_engine, tmp_path):
+    root, content = write_class_tree(tmp_path / "up", [4, 3], seed=9, max_size=40_000, tag=True)
+    s3_server.make_bucket("ray")
+    s3_server.upload_tree(root, "ray", "train")
+    opts = fastread.S3Options(endpoint_url=s3_server.endpoint, region=s3_server.region,
+                              access_key_id=s3_server.access_key,
+                              secret_access_key=s3_server.secret_key)
+    urls, labels = fastread.scan("s3://ray/train", s3=opts)
+    ds = fastread.ray.read_files("s3://ray/train", batch_size=3, s3=opts)
+    assert rows_of(ds) == {u: (int(lab), content[os.path.join(root, u[len("s3://ray/train/"):])])
+                           for u, lab in zip(urls, labels)}
+    missing = "s3://ray/train/c0/absent.jpg"
+    with pytest.raises(fastread.ReadError) as e:
+        fastread.ray.read_files(urls[:2] + [missing], s3=opts).materialize()
+    assert missing in str(e.value) and e.value.cause.filename == missing
+
+
+def test_bench_family_reads_every_file_each_epoch(ray_cluster, tree):
+    # The `fastread bench` family's runner on this module's cluster (it
+    # starts none where one is up): epochs of the tree, batch after batch.
+    from fastread.bench import environment, registry
+    from fastread.bench.runners import Config
+
+    root, content = tree
+    env = environment.probe_environment()
+    modes = {m.name: m for m in registry.all_modes(env) if m.family == "ray"}
+    data = registry.detect_dataset(root)
+    engine = registry.default_engine(env)
+    cfg = Config(env=env, dataset=data, batch_size=8)
+    assert modes["ray-binary"].unavailable(cfg) is None
+    assert "--decode" in modes["ray-images"].unavailable(cfg)
+    assert "drop --decode" in modes["ray-binary"].unavailable(Config(env=env, dataset=data,
+                                                                     decode=True))
+    runner = modes[f"ray-fastread-{engine}"].build(modes[f"ray-fastread-{engine}"], cfg)
+    try:
+        rows = [runner.next()[0] for _ in range(8)]   # 28 files: 4 batches an epoch
+    finally:
+        runner.close()
+    assert rows == [8, 8, 8, 4] * 2
+
+
+def test_s3_packed_image(ray_cluster, s3_server, s3_engine, tmp_path):
+    root, content = write_class_tree(tmp_path / "img", [5, 4], seed=11, max_size=30_000, tag=True)
+    out = str(tmp_path / "t.img")
+    fastread.pack(root, out, progress=False)
+    s3_server.make_bucket("rayimg")
+    for name in (out, out + ".index"):
+        with open(name, "rb") as f:
+            s3_server.put("rayimg", os.path.basename(name), f.read())
+    opts = fastread.S3Options(endpoint_url=s3_server.endpoint, region=s3_server.region,
+                              access_key_id=s3_server.access_key,
+                              secret_access_key=s3_server.secret_key)
+    img = fastread.PackedImage("s3://rayimg/t.img", s3=opts)
+    got = rows_of(fastread.ray.read_image("s3://rayimg/t.img", s3=opts, batch_size=4))
+    assert got == {n: (int(lab), content[os.path.join(root, n)])
+                   for n, lab in zip(img.names, img.labels)}
