@@ -573,7 +573,9 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         return rc;
     }
     d->row_cache_bytes = (uint64_t)d->row_slots * d->row_bytes;
-    d->seen_words = d->row_slots / 4 > 64 ? d->row_slots / 4 : 64;
+    /* One seen word a slot: fewer made rows of one gather collide, and a
+     * row that collides is listed a gather later. */
+    d->seen_words = d->row_slots > 64 ? d->row_slots : 64;
     /* The cache: no more slots than pages, at least 64 (two per lane of a
      * warp) unless the array has fewer pages. */
     uint64_t slots = (cfg->cache_bytes - d->row_cache_bytes) / pb;
@@ -593,9 +595,9 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
     d->nslots = (uint32_t)slots;
     d->cache_bytes = slots * pb;
     d->meta_bytes = d->npages * 4 + slots * 24 + 4 + sizeof(fr_dev_result) + sizeof(fr_dev_store);
-    /* Row cache: per slot a tag (8), two sketch counters (8), half an
-     * admission entry (16 / 2); a seen word per 4 slots. */
-    d->meta_bytes += (uint64_t)d->row_slots * 24 + (d->row_slots ? (uint64_t)d->seen_words * 4 : 0);
+    /* Row cache: per slot a tag (8), four sketch counters (16), half an
+     * admission entry (16 / 2), a seen word (4). */
+    d->meta_bytes += (uint64_t)d->row_slots * 32 + (d->row_slots ? (uint64_t)d->seen_words * 4 : 0);
     size_t free_b = 0, total_b = 0;
     if ((rc = fr_gpu_mem_info(d->gpu, &free_b, &total_b))) {
         rc = gpu_err(d, rc, "cuMemGetInfo", err, err_len);
@@ -624,10 +626,10 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         (d->row_slots &&
          ((rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 8, &d->rtags_d)) ||
           (rc = fr_gpu_alloc(d->gpu, d->row_cache_bytes, &d->rdata_d)) ||
-          (rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 8, &d->sketch_d)) ||
+          (rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 16, &d->sketch_d)) ||
           (rc = fr_gpu_alloc(d->gpu, (size_t)d->seen_words * 4, &d->seen_d)) ||
           (rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 8, &d->adm_d)) ||
-          (rc = fr_gpu_memset8(d->gpu, d->sketch_d, 0, (size_t)d->row_slots * 8)) ||
+          (rc = fr_gpu_memset8(d->gpu, d->sketch_d, 0, (size_t)d->row_slots * 16)) ||
           (rc = fr_gpu_memset8(d->gpu, d->seen_d, 0, (size_t)d->seen_words * 4)))) ||
         (rc = reset_cache(d))) {
         rc = gpu_err(d, rc, "allocating the device cache", err, err_len);
@@ -716,7 +718,7 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         v.rowc.adm_n = (uint64_t *)(uintptr_t)(d->result_d + offsetof(fr_dev_result, adm_n));
         v.rowc.adm_cap = d->row_slots / 2;
         v.rowc.slot_mask = d->row_slots - 1;
-        v.rowc.width_mask = d->row_slots - 1;
+        v.rowc.width_mask = 2 * d->row_slots - 1;
         v.rowc.seen_mask = d->seen_words - 1;
         v.rowc.threshold = 2;
         d->rows_view = v.rowc;

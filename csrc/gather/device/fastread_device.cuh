@@ -887,27 +887,28 @@ FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_c
  * are scattered, one per page, and a 1 GiB cache of 64 KiB pages holds the
  * pages of at most 90% of such a batch. So hot rows are kept by row, in a
  * row cache beside the page cache, with TinyLFU's admission policy:
- *   - Frequency: a count-min sketch (2 rows of 32-bit counters, as many
- *     per row as the row cache has slots) counts every row fetched, by the
- *     owner of the fetch (the warp's lanes wanting one row count once,
- *     with their number). The host halves every counter after 10 x slots
- *     counts (TinyLFU's reset), so the sketch follows what is hot now.
+ *   - Frequency: a count-min sketch (2 rows of 32-bit counters, twice as
+ *     many per row as the row cache has slots, saturating at 255) counts
+ *     every request of a row that is fetched or hit in the row cache (the
+ *     warp's lanes wanting one row count once, with their number). The
+ *     host halves every counter after 10 x slots fetched rows (TinyLFU's
+ *     reset), so the sketch follows what is hot now.
  *   - Admission: a fetched row whose estimate reaches `threshold` (2: seen
  *     before) is listed, once per gather (`seen`, by epoch), with its
  *     position in the output (adm, adm_n; at most adm_cap per gather).
  *     After the gather, fr_rows_admit (a kernel on the same stream, so no
  *     gather of ours reads the row cache meanwhile) copies each listed row
- *     from the output into one of its two slots: an empty one, else the
- *     one whose row is estimated less frequent, and only when the new row
+ *     from the output into one of its set's 4 slots: an empty one, else the
+ *     one whose row is estimated least frequent, and only when the new row
  *     is estimated more frequent than that one (a row seen once never
  *     evicts a hot one).
- *   - Lookup: 2-way set associative (slots h, h ^ 1 of a hash): fastread's
+ *   - Lookup: 4-way set associative (4 tags in one 32-byte sector): fastread's
  *     gathers look there first, after the host tier, with plain loads and
  *     no atomics: the tags change only in fr_rows_admit, between gathers.
  *     Users' kernels (epoch 0) never read it (they may run while
  *     fr_rows_admit does).
  * Memory: slots * row_bytes of HBM (a quarter of cache_bytes by default),
- * plus 8 (tag) + 8 (sketch) + 4 (admission list) + 1 (seen) bytes a slot. */
+ * plus 8 (tag) + 16 (sketch) + 8 (admission list) + 4 (seen) bytes a slot. */
 #define FR_RTAG_BUSY 0xFFFFFFFFFFFFFFFFull
 
 FR_DEV fr_u64 fr_mix64(fr_u64 x)
@@ -920,10 +921,13 @@ FR_DEV fr_u64 fr_mix64(fr_u64 x)
     return x;
 }
 
-/* The first of row id's two slots (an even slot; the other is it + 1). */
+/* Ways of a set: 4 tags, 32 bytes, one sector of memory. */
+#define FR_ROWS_WAYS 4u
+
+/* The first of row id's FR_ROWS_WAYS slots (the set's). */
 FR_DEV fr_u32 fr_rows_set(const fr_dev_rows *r, fr_u64 id)
 {
-    return (fr_u32)fr_mix64(id) & r->slot_mask & ~1u;
+    return (fr_u32)fr_mix64(id) & r->slot_mask & ~(FR_ROWS_WAYS - 1);
 }
 
 FR_DEV fr_u64 fr_rows_tag(const fr_dev_rows *r, fr_u32 slot)
@@ -939,10 +943,9 @@ FR_DEV fr_u64 fr_rows_tag(const fr_dev_rows *r, fr_u32 slot)
 FR_DEV fr_i64 fr_rows_find(const fr_dev_rows *r, fr_u64 id)
 {
     fr_u32 w = fr_rows_set(r, id);
-    if (fr_rows_tag(r, w) == id + 1)
-        return (fr_i64)w;
-    if (fr_rows_tag(r, w + 1) == id + 1)
-        return (fr_i64)w + 1;
+    for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++)
+        if (fr_rows_tag(r, w + k) == id + 1)
+            return (fr_i64)(w + k);
     return -1;
 }
 
@@ -962,12 +965,24 @@ FR_DEV fr_u32 fr_rows_estimate(const fr_dev_rows *r, fr_u64 id)
     return a < b ? a : b;
 }
 
-/* Counts k requests of row id; its estimate after them. */
+/* Counters saturate here (TinyLFU's small counters): a row this hot is
+ * kept until aging halves it, and its hits stop costing atomics. */
+#define FR_ROWS_COUNT_MAX 255u
+
+FR_DEV fr_u32 fr_rows_bump(fr_u32 *c, fr_u32 k)
+{
+    fr_u32 v = fr_load32(c);
+    if (v >= FR_ROWS_COUNT_MAX)
+        return v;
+    return fr_atom_add32(c, k) + k; /* racing adds may pass the cap a little */
+}
+
+/* Counts k requests of row id (fetched or hit); its estimate after them. */
 FR_DEV fr_u32 fr_rows_note(const fr_dev_rows *r, fr_u64 id, fr_u32 k)
 {
     fr_u32 *c0, *c1;
     fr_rows_counters(r, id, &c0, &c1);
-    fr_u32 a = fr_atom_add32(c0, k) + k, b = fr_atom_add32(c1, k) + k;
+    fr_u32 a = fr_rows_bump(c0, k), b = fr_rows_bump(c1, k);
     return a < b ? a : b;
 }
 
@@ -979,7 +994,10 @@ FR_DEV int fr_rows_want(const fr_dev_rows *r, fr_u64 id, fr_u64 pos, fr_u32 est,
 {
     if (est < r->threshold || !epoch)
         return 0;
-    fr_u32 *w = &r->seen[fr_mix64(id ^ 0xD1B54A32D192ED03ull) & r->seen_mask];
+    /* Hashed with the epoch: two rows that collide in one gather do not
+     * collide in the next, so neither waits for good. */
+    fr_u32 *w = &r->seen[fr_mix64(id ^ ((fr_u64)epoch << 40) ^ 0xD1B54A32D192ED03ull) &
+                         r->seen_mask];
     if (fr_load32(w) == epoch || fr_atom_xchg32(w, epoch) == epoch)
         return 0;
     fr_u64 i = fr_atom_add64(r->adm_n, 1);
@@ -995,26 +1013,31 @@ FR_DEV int fr_rows_want(const fr_dev_rows *r, fr_u64 id, fr_u64 pos, fr_u32 est,
 FR_DEV int fr_rows_admit_one(const fr_dev_rows *r, fr_u64 row_bytes, fr_u64 id, const fr_u8 *src)
 {
     fr_u32 w = fr_rows_set(r, id);
-    fr_u64 t0 = fr_load64(&r->tags[w]), t1 = fr_load64(&r->tags[w + 1]);
-    if (t0 == id + 1 || t1 == id + 1)
-        return 0; /* already in (listed twice, or by another gather) */
-    fr_u32 v;
-    fr_u64 old;
-    if (t0 == 0) {
-        v = w;
-        old = 0;
-    } else if (t1 == 0) {
-        v = w + 1;
-        old = 0;
-    } else {
-        if (t0 == FR_RTAG_BUSY || t1 == FR_RTAG_BUSY)
+    fr_u64 t[FR_ROWS_WAYS];
+    fr_u32 v = FR_ROWS_WAYS; /* an empty way, if any */
+    for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
+        t[k] = fr_load64(&r->tags[w + k]);
+        if (t[k] == id + 1)
+            return 0; /* already in (listed twice, or by another gather) */
+        if (t[k] == FR_RTAG_BUSY)
             return 0; /* another thread fills this set now */
-        fr_u32 e0 = fr_rows_estimate(r, t0 - 1), e1 = fr_rows_estimate(r, t1 - 1);
-        v = e0 <= e1 ? w : w + 1;
-        old = e0 <= e1 ? t0 : t1;
-        if (fr_rows_estimate(r, id) <= (e0 <= e1 ? e0 : e1))
+        if (t[k] == 0 && v == FR_ROWS_WAYS)
+            v = k;
+    }
+    if (v == FR_ROWS_WAYS) { /* full: the least frequent way is the victim */
+        fr_u32 least = 0xFFFFFFFFu;
+        for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
+            fr_u32 e = fr_rows_estimate(r, t[k] - 1);
+            if (e < least) {
+                least = e;
+                v = k;
+            }
+        }
+        if (fr_rows_estimate(r, id) <= least)
             return 0; /* TinyLFU: only a more frequent row replaces one */
     }
+    fr_u64 old = t[v];
+    v += w;
     if (fr_atom_cas64(&r->tags[v], old, FR_RTAG_BUSY) != old)
         return 0; /* another thread took the slot */
     fr_copy_bytes(r->data + (fr_u64)v * row_bytes, src, row_bytes);
@@ -1273,11 +1296,22 @@ FR_DEV void fr_dev_gather_warp_e(const fr_dev_store *s, fr_i64 id, int active, f
         }
     }
     int pending = valid && !src;
-    if (pending && epoch && s->rowc.tags) { /* hot rows (see "Hot rows") */
-        src = fr_dev_row_cached(s, (fr_u64)id, epoch);
-        if (src) {
-            cnt->c[FR_CNT_ROW_HITS]++;
-            pending = 0;
+    if (epoch && s->rowc.tags) { /* hot rows (see "Hot rows") */
+        int rowhit = 0;
+        if (pending) {
+            src = fr_dev_row_cached(s, (fr_u64)id, epoch);
+            if (src) {
+                cnt->c[FR_CNT_ROW_HITS]++;
+                pending = 0;
+                rowhit = 1;
+            }
+        }
+        /* Hits count in the sketch too (else a cached row's count falls
+         * behind newcomers'): once per row per warp. */
+        if (__any_sync(full, rowhit)) {
+            unsigned same = __match_any_sync(full, rowhit ? (unsigned long long)id : ~0ull - lane);
+            if (rowhit && lane == (unsigned)(__ffs(same) - 1))
+                fr_rows_note(&s->rowc, (fr_u64)id, (fr_u32)__popc(same));
         }
     }
     fr_u64 page = pending ? (fr_u64)id / s->rows_per_page : 0;

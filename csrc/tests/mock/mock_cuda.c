@@ -538,6 +538,7 @@ static void *emu_thread(void *p)
         if (hot) {
             memcpy(e->out + pos * s->row_bytes, hot, s->row_bytes);
             cnt.c[FR_CNT_ROW_HITS]++;
+            fr_rows_note(&s->rowc, (uint64_t)id, 1);
             continue;
         }
         /* Row fetches as the kernel does them: rows of absent pages that the
