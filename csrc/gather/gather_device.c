@@ -91,9 +91,6 @@ struct fr_gdev {
     fr_dev_rows rows_view;
     uint64_t row_notes;
     int age_pending;
-    /* Routing of backend "auto" (gather_route.h): the last device gather
-     * was served >= 90% from HBM or the host tier. */
-    int last_hot;
 };
 
 static uint64_t avail_ram(void);
@@ -908,9 +905,6 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
             d->age_pending = 1;
             d->row_notes = 0;
         }
-        uint64_t served = res.counters[FR_CNT_HITS] + res.counters[FR_CNT_ROW_HITS] +
-                          res.counters[FR_CNT_HOST_TIER];
-        d->last_hot = !failed && served * 10 >= (uint64_t)n * 9;
     }
     if (launch_rc) {
         fr_set_err(err, err_len, "store %s: the gather kernel failed: %s", d->path, launch_err);
@@ -963,10 +957,9 @@ int fr_gdev_route(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, void *stream
     f.data_bytes = d->rows * d->row_bytes;
     f.cache_bytes = d->cache_bytes + d->row_cache_bytes;
     f.all_in_tier = d->tier_bytes && !d->host_slot_d;
-    f.last_hot = d->last_hot;
     f.cached_asked = -1;
     /* Cheap facts first: no sample of pages where they decide. */
-    if (f.data_bytes > f.cache_bytes && !f.all_in_tier && !f.last_hot) {
+    if (f.data_bytes > f.cache_bytes && !f.all_in_tier) {
         unsigned asked = 0;
         f.resident_in = (int)fr_resident_sample(d->res_map, d->res_len, 16, &d->res_seed, &asked);
         f.resident_asked = (int)asked;

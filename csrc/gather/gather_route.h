@@ -27,7 +27,6 @@ typedef struct fr_route_facts {
     uint64_t data_bytes;  /* rows * row_bytes */
     uint64_t cache_bytes; /* the HBM caches (pages and rows) */
     int all_in_tier;      /* the host tier holds every row */
-    int last_hot;         /* the last device gather was served >= 90% from HBM or the tier */
     int resident_asked;   /* pages sampled with mincore (0: unknown, counts as warm) */
     int resident_in;      /* of those, held by the page cache */
     int cached_asked;     /* ids of this batch sampled against the HBM caches (-1: not yet) */
@@ -37,8 +36,8 @@ typedef struct fr_route_facts {
 #define FR_ROUTE_RULE                                                                        \
     "backend 'auto' gathers on the host (backend 'host' path) when the array is larger "  \
     "than the HBM cache, not all in the host tier, under half of a mincore sample of its " \
-    "pages is in the page cache (cold), the last gather was not served from HBM, and "      \
-    "under half of a sample of the batch's ids are in the HBM caches; else on the device"
+    "pages is in the page cache (cold), and under half of a sample of the batch's ids "     \
+    "are in the HBM caches; else on the device"
 
 enum { FR_ROUTE_DEVICE = 0, FR_ROUTE_HOST = 1, FR_ROUTE_NEED_SAMPLE = 2 };
 
@@ -53,10 +52,6 @@ static inline int fr_route_decide(const fr_route_facts *f, char *why, size_t why
     }
     if (f->all_in_tier) {
         snprintf(why, why_len, "device: every row is in the host tier");
-        return FR_ROUTE_DEVICE;
-    }
-    if (f->last_hot) {
-        snprintf(why, why_len, "device: the last gather was served from HBM or the host tier");
         return FR_ROUTE_DEVICE;
     }
     if (f->resident_asked <= 0) {
