@@ -990,7 +990,9 @@ FR_DEV fr_u32 fr_rows_note(const fr_dev_rows *r, fr_u64 id, fr_u32 k)
  * when its estimate `est` reaches the threshold, at most once per gather
  * `epoch` (a collision in `seen` skips a row until a later gather). 1 if
  * listed. */
-FR_DEV int fr_rows_want(const fr_dev_rows *r, fr_u64 id, fr_u64 pos, fr_u32 est, fr_u32 epoch)
+/* The first half of fr_rows_want: 1 when this caller lists row id (its
+ * estimate reached the threshold, and no one listed it in this gather). */
+FR_DEV int fr_rows_mark(const fr_dev_rows *r, fr_u64 id, fr_u32 est, fr_u32 epoch)
 {
     if (est < r->threshold || !epoch)
         return 0;
@@ -998,14 +1000,25 @@ FR_DEV int fr_rows_want(const fr_dev_rows *r, fr_u64 id, fr_u64 pos, fr_u32 est,
      * collide in the next, so neither waits for good. */
     fr_u32 *w = &r->seen[fr_mix64(id ^ ((fr_u64)epoch << 40) ^ 0xD1B54A32D192ED03ull) &
                          r->seen_mask];
-    if (fr_load32(w) == epoch || fr_atom_xchg32(w, epoch) == epoch)
-        return 0;
-    fr_u64 i = fr_atom_add64(r->adm_n, 1);
+    return fr_load32(w) != epoch && fr_atom_xchg32(w, epoch) != epoch;
+}
+
+/* The second half: entry i (claimed from adm_n) is row id at output
+ * position pos; entries past adm_cap are dropped. 1 if written. */
+FR_DEV int fr_rows_put(const fr_dev_rows *r, fr_u64 i, fr_u64 id, fr_u64 pos)
+{
     if (i >= r->adm_cap)
         return 0;
     fr_store64(&r->adm[2 * i], id);
     fr_store64(&r->adm[2 * i + 1], pos);
     return 1;
+}
+
+FR_DEV int fr_rows_want(const fr_dev_rows *r, fr_u64 id, fr_u64 pos, fr_u32 est, fr_u32 epoch)
+{
+    if (!fr_rows_mark(r, id, est, epoch))
+        return 0;
+    return fr_rows_put(r, fr_atom_add64(r->adm_n, 1), id, pos);
 }
 
 /* Admits row id, whose bytes are at src, if the policy says so (one
@@ -1238,12 +1251,27 @@ FR_DEV void fr_dev_fetch_rows_warp(const fr_dev_store *s, fr_i64 id, int direct,
     const fr_u8 *src = direct && r == 0 ? fr_ring_staging(ring, t) + (fr_u64)sl * rb : 0;
     fr_warp_copy_rows<true>(out, src, pos, rb, lane);
     __syncwarp();
+    int listed = 0;
     if (own && crc == 0) {
         cnt->c[FR_CNT_DIRECT_ROWS] += __popc(group);
         cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
         /* Its row is at out + pos * rb now (this warp wrote it): listed
-         * there for the row cache when it is hot. */
-        fr_dev_row_fetched(s, (fr_u64)id, (fr_u32)__popc(group), pos, epoch);
+         * there for the row cache when it is hot (fr_dev_row_fetched, with
+         * one atomic on the list's counter per warp). */
+        if (epoch && s->rowc.tags)
+            listed = fr_rows_mark(&s->rowc, (fr_u64)id,
+                                  fr_rows_note(&s->rowc, (fr_u64)id, (fr_u32)__popc(group)), epoch);
+    }
+    unsigned lists = __ballot_sync(full, listed);
+    if (lists) {
+        int fl = __ffs(lists) - 1;
+        unsigned long long lbase = 0;
+        if (lane == (unsigned)fl)
+            lbase = fr_atom_add64(s->rowc.adm_n, (fr_u64)__popc(lists));
+        lbase = __shfl_sync(full, lbase, fl);
+        if (listed)
+            fr_rows_put(&s->rowc, lbase + (fr_u64)__popc(lists & ((1u << lane) - 1)), (fr_u64)id,
+                        pos);
     }
     if (lead) {
         if (rc)
