@@ -5,7 +5,9 @@
  * fr_store_memory_get): the cache pages (nslots * page_bytes, nslots =
  * cache_bytes / page_bytes, at most the array's page count) and their
  * metadata (page table: 4 bytes per page of the array; per slot: tag 8,
- * refs 4, clock bit 4), the result block and the device view; the host tier
+ * refs 4, clock bit 4), the row cache where row fetches can happen (a
+ * quarter of cache_bytes, with 36 bytes of metadata a slot:
+ * fastread_device.cuh, "Hot rows"), the result block and the device view; the host tier
  * (page-locked, mapped: the whole array, or hot rows plus a 4-byte row->slot
  * map in device memory); the backend's rings and staging; one page-locked
  * page for the abort flag.

@@ -21,12 +21,16 @@ from a CUDA kernel: an HBM page cache in front, a page-locked host tier
 misses served by native host threads through rings in mapped memory.
 A miss loads the row's page into the cache, except in sparse batches over
 an array larger than the cache, whose rows are read on their own
-(``stats()["direct_rows"]``; ``FASTREAD_GATHER_FETCH=auto|pages|rows``).
+(``stats()["direct_rows"]``; ``FASTREAD_GATHER_FETCH=auto|pages|rows``);
+such rows asked for again are kept in a row cache beside the page cache,
+admitted by frequency (TinyLFU; ``stats()["admission"]``,
+``FASTREAD_GATHER_ADMIT=auto|off``).
 Gathers from a host tier over 1 GiB sort their ids by region first, which
 keeps the GPU's address translation within reach
 (``FASTREAD_GATHER_ORDER=auto|on|off``). ``"xnvme-cuda"`` does the same with xNVMe's GPU-resident NVMe queues.
 ``"auto"``: proxy where a GPU, NVRTC and a row size that divides a cache page
-allow, else host.
+allow, else host; and then, per gather, the host backend's path for cold
+gathers over an array larger than the cache (``stats()["route_rule"]``).
 
 Settings not given come from the environment (``fastread._gather_defaults``:
 ``FASTREAD_GATHER_BACKEND``, ``FASTREAD_GATHER_CACHE_BYTES``,
