@@ -507,7 +507,7 @@ def test_repeated_rows_are_admitted_and_hit(big_table, monkeypatch):
         assert first["admitted"] >= 0.7 * 1500, first
         gather_checked(s, arr, ids)
         second = s.stats()
-        assert second["admitted"] >= 0.95 * 1500, second
+        assert second["admitted"] >= 0.9 * 1500, second
         gather_checked(s, arr, ids)
         third = s.stats()
         assert hbm_share(second, third, len(ids)) >= 0.9, third
@@ -556,6 +556,7 @@ def test_auto_routes_cold_gathers_to_the_host_path(big_table, monkeypatch):
     def drop():
         fd = os.open(path, os.O_RDONLY)
         try:
+            os.fsync(fd)  # dirty pages would stay
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
