@@ -3,7 +3,11 @@ ring fetch, as gather_kernel.c does at run time) with NVRTC on a machine
 without a GPU: NVRTC is a compiler library and needs no driver. Catches
 compile errors in the device header before a GPU run.
 
-    python3 bench/gather/nvrtc_compile_check.py [--arch 90]
+    python3 bench/gather/nvrtc_compile_check.py [--arch 90] [--ptxas]
+
+--ptxas: compile to the architecture's machine code and print ptxas's
+registers and spills per kernel (the gather kernel is held to 128
+registers by its launch bounds; spills there cost the hot path).
 
 NVRTC from FASTREAD_NVRTC or an installed ``nvidia-cuda-nvrtc`` wheel.
 Exits 77 where neither is found."""
@@ -52,6 +56,7 @@ def compile_source(nvrtc, src, opts):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--arch", default="90")
+    p.add_argument("--ptxas", action="store_true", help="print registers and spills per kernel")
     a = p.parse_args()
     path = find_nvrtc()
     if not path:
@@ -65,6 +70,8 @@ def main():
     with open(HEADER) as f:
         hdr = f.read()
     opts = [f"--gpu-architecture=sm_{a.arch}", "--std=c++17", "-default-device", "-diag-suppress=177"]
+    if a.ptxas:
+        opts.append("--ptxas-options=-v")
     failed = 0
     for name, src in (
         ("fastread's gather kernel (proxy)",
