@@ -969,21 +969,29 @@ int fr_gdev_route(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, void *stream
     int r = fr_route_decide(&f, why, why_len);
     if (r != FR_ROUTE_NEED_SAMPLE)
         return r == FR_ROUTE_HOST;
-    /* Cold: are this batch's rows in HBM anyway? Its first 32 ids, each
-     * against the row cache, the page table and the hot-row host tier (a
-     * few small copies: tens of microseconds against a cold gather's
-     * milliseconds). A failed copy counts as not cached. */
+    /* Cold: are this batch's rows in HBM anyway? 32 of its ids, spread
+     * over the batch (a sorted batch's first ids say little of the rest),
+     * each against the row cache, the page table and the hot-row host tier:
+     * about a hundred small copies, under a millisecond against a cold
+     * gather's tens or hundreds. The first waits for the caller's stream
+     * (the ids may come from its kernels). A failed copy counts as not
+     * cached. */
     int64_t sample[32];
     size_t k = n < 32 ? n : 32;
     f.cached_asked = 0;
-    if (id_bytes == 4) {
-        int32_t s32[32];
-        if (fr_gpu_copy_dtoh_wait(d->gpu, s32, ids, k * 4, (fr_CUstream)stream))
-            k = 0;
-        for (size_t i = 0; i < k; i++)
-            sample[i] = s32[i];
-    } else if (fr_gpu_copy_dtoh_wait(d->gpu, sample, ids, k * 8, (fr_CUstream)stream)) {
-        k = 0;
+    for (size_t i = 0; i < k; i++) {
+        uint64_t at = ids + (uint64_t)(i * (n / k)) * (uint64_t)id_bytes;
+        int32_t v32 = 0;
+        void *dst = id_bytes == 4 ? (void *)&v32 : (void *)&sample[i];
+        int crc = i == 0 ? fr_gpu_copy_dtoh_wait(d->gpu, dst, at, (size_t)id_bytes,
+                                                 (fr_CUstream)stream)
+                         : fr_gpu_copy_from_device(d->gpu, dst, at, (size_t)id_bytes);
+        if (crc) {
+            k = i;
+            break;
+        }
+        if (id_bytes == 4)
+            sample[i] = v32;
     }
     for (size_t i = 0; i < k; i++) {
         if (sample[i] < 0 || (uint64_t)sample[i] >= d->rows)
