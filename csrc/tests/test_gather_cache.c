@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "gather/device/fastread_device.cuh"
+#include "gather/gather_route.h"
 #include "harness.h"
 
 #define ROW 256u
@@ -583,6 +584,222 @@ static void test_pins(void)
     env_free(e);
 }
 
+
+/* ------------------------------------------------------------- hot rows */
+
+typedef struct rows_env {
+    fr_dev_rows r;
+    uint64_t adm_n;
+    uint8_t *src; /* the "gather output": row i's bytes at i * RROW */
+} rows_env;
+
+#define RROW 64u
+#define RSLOTS 256u
+
+static void rows_env_init(rows_env *e, uint32_t width, uint64_t cap)
+{
+    memset(e, 0, sizeof(*e));
+    e->r.tags = calloc(RSLOTS, 8);
+    e->r.data = calloc(RSLOTS, RROW);
+    e->r.sketch = calloc(2 * (size_t)width, 4);
+    e->r.seen = calloc(RSLOTS, 4);
+    e->r.adm = calloc(2 * cap, 8);
+    e->r.adm_n = &e->adm_n;
+    e->r.adm_cap = cap;
+    e->r.slot_mask = RSLOTS - 1;
+    e->r.width_mask = width - 1;
+    e->r.seen_mask = RSLOTS - 1;
+    e->r.threshold = 2;
+    e->src = malloc(4096 * (size_t)RROW);
+    for (uint32_t i = 0; i < 4096 * RROW; i++)
+        e->src[i] = (uint8_t)(i / RROW * 13u + i % RROW);
+}
+
+static void rows_env_free(rows_env *e)
+{
+    free(e->r.tags);
+    free(e->r.data);
+    free(e->r.sketch);
+    free(e->r.seen);
+    free(e->r.adm);
+    free(e->src);
+}
+
+/* Admits every listed row, as fr_rows_admit does; how many went in. */
+static unsigned rows_admit_all(rows_env *e)
+{
+    unsigned in = 0;
+    uint64_t n = e->adm_n < e->r.adm_cap ? e->adm_n : e->r.adm_cap;
+    for (uint64_t i = 0; i < n; i++)
+        in += (unsigned)fr_rows_admit_one(&e->r, RROW, e->r.adm[2 * i],
+                                          e->src + e->r.adm[2 * i + 1] * RROW);
+    e->adm_n = 0;
+    return in;
+}
+
+static int cached_row_ok(const rows_env *e, uint64_t id)
+{
+    fr_i64 slot = fr_rows_find(&e->r, id);
+    return slot >= 0 && memcmp(e->r.data + (uint64_t)slot * RROW, e->src + id * RROW, RROW) == 0;
+}
+
+/* The sketch counts, saturates and halves; rows are listed at the
+ * threshold, once per gather, at most adm_cap a gather. */
+static void test_rows_sketch(void)
+{
+    rows_env e;
+    rows_env_init(&e, 1u << 16, 4); /* wide: no collisions among a few ids */
+    CHECK(fr_rows_estimate(&e.r, 7) == 0);
+    CHECK(fr_rows_note(&e.r, 7, 1) == 1);
+    CHECK(fr_rows_want(&e.r, 7, 7, 1, 1) == 0); /* seen once: not listed */
+    CHECK(fr_rows_note(&e.r, 7, 2) == 3);
+    CHECK(fr_rows_estimate(&e.r, 7) == 3);
+    CHECK(fr_rows_want(&e.r, 7, 7, 3, 1) == 1);
+    CHECK(fr_rows_want(&e.r, 7, 7, 3, 1) == 0); /* once per gather */
+    CHECK(fr_rows_want(&e.r, 7, 7, 3, 0) == 0); /* users' kernels never list */
+    CHECK(e.adm_n == 1 && e.r.adm[0] == 7 && e.r.adm[1] == 7);
+    CHECK(fr_rows_want(&e.r, 7, 9, 3, 2) == 1); /* the next gather may */
+    for (uint64_t id = 100; id < 110; id++)
+        fr_rows_want(&e.r, id, id, 5, 2);
+    CHECK(e.adm_n == 12); /* claims go on past the cap... */
+    CHECK(e.r.adm[2 * 3] == 101); /* ...but only adm_cap entries are written */
+    for (int i = 0; i < 1000; i++)
+        fr_rows_note(&e.r, 8, 1);
+    CHECK(fr_rows_estimate(&e.r, 8) == FR_ROWS_COUNT_MAX);
+    for (uint64_t i = 0; i < 2u << 16; i++)
+        fr_rows_age_one(&e.r, i);
+    CHECK(fr_rows_estimate(&e.r, 8) == FR_ROWS_COUNT_MAX / 2);
+    CHECK(fr_rows_estimate(&e.r, 7) == 1);
+    rows_env_free(&e);
+}
+
+/* Admission: empty ways first, a row already in is left alone, a full set
+ * takes a row only over a less frequent one (TinyLFU); rows read back
+ * byte for byte. */
+static void test_rows_admission(void)
+{
+    rows_env e;
+    rows_env_init(&e, 1u << 16, 1024);
+    /* Five rows of one set (found by hashing), plus a stranger. */
+    uint64_t set_ids[5];
+    unsigned found = 0;
+    uint32_t want_set = fr_rows_set(&e.r, 1);
+    set_ids[found++] = 1;
+    for (uint64_t id = 2; id < 4096 && found < 5; id++)
+        if (fr_rows_set(&e.r, id) == want_set)
+            set_ids[found++] = id;
+    CHECK(found == 5);
+    if (found < 5) {
+        rows_env_free(&e);
+        return;
+    }
+    /* Four hot rows (count 10) fill the set. */
+    for (unsigned k = 0; k < 4; k++) {
+        fr_rows_note(&e.r, set_ids[k], 10);
+        CHECK(fr_rows_want(&e.r, set_ids[k], set_ids[k], 10, 1) == 1);
+    }
+    CHECK(rows_admit_all(&e) == 4);
+    for (unsigned k = 0; k < 4; k++)
+        CHECK(cached_row_ok(&e, set_ids[k]));
+    CHECK(fr_rows_admit_one(&e.r, RROW, set_ids[0], e.src + set_ids[0] * RROW) == 0);
+    /* A row seen 3 times cannot replace any of them... */
+    fr_rows_note(&e.r, set_ids[4], 3);
+    CHECK(fr_rows_admit_one(&e.r, RROW, set_ids[4], e.src + set_ids[4] * RROW) == 0);
+    CHECK(fr_rows_find(&e.r, set_ids[4]) < 0);
+    /* ...one seen more often than the least of them replaces that one. */
+    fr_rows_note(&e.r, set_ids[2], 5); /* set_ids[3] is now the least (10) */
+    fr_rows_note(&e.r, set_ids[0], 5);
+    fr_rows_note(&e.r, set_ids[1], 5);
+    fr_rows_note(&e.r, set_ids[4], 9); /* 12 > 10 */
+    CHECK(fr_rows_admit_one(&e.r, RROW, set_ids[4], e.src + set_ids[4] * RROW) == 1);
+    CHECK(cached_row_ok(&e, set_ids[4]));
+    CHECK(fr_rows_find(&e.r, set_ids[3]) < 0);
+    for (unsigned k = 0; k < 3; k++)
+        CHECK(cached_row_ok(&e, set_ids[k]));
+    CHECK(fr_rows_find(&e.r, 4095) < 0 || cached_row_ok(&e, 4095));
+    rows_env_free(&e);
+}
+
+/* fr_rows_admit's threads race on sets: each admitted row holds its own
+ * bytes, and no slot is left BUSY. */
+typedef struct admit_arg {
+    rows_env *e;
+    unsigned k;
+    unsigned in;
+} admit_arg;
+
+static void *admit_thread(void *p)
+{
+    admit_arg *a = p;
+    for (uint64_t i = a->k; i < 2048; i += 2) /* each id twice, by both threads */
+        a->in += (unsigned)fr_rows_admit_one(&a->e->r, RROW, i % 1024,
+                                             a->e->src + (i % 1024) * RROW);
+    return NULL;
+}
+
+static void test_rows_concurrent_admission(void)
+{
+    rows_env e;
+    rows_env_init(&e, 1u << 12, 16);
+    for (uint64_t id = 0; id < 1024; id++)
+        fr_rows_note(&e.r, id, 1 + (unsigned)(id % 7));
+    pthread_t th[2];
+    admit_arg a[2] = {{&e, 0, 0}, {&e, 1, 0}};
+    for (int k = 0; k < 2; k++)
+        CHECK(pthread_create(&th[k], NULL, admit_thread, &a[k]) == 0);
+    for (int k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    unsigned held = 0;
+    for (uint32_t sl = 0; sl < RSLOTS; sl++) {
+        uint64_t t = e.r.tags[sl];
+        CHECK(t != FR_RTAG_BUSY);
+        if (t && t != FR_RTAG_BUSY) {
+            held++;
+            CHECK(memcmp(e.r.data + (uint64_t)sl * RROW, e.src + (t - 1) * RROW, RROW) == 0);
+            CHECK(fr_rows_set(&e.r, t - 1) == (sl & ~(FR_ROWS_WAYS - 1)));
+        }
+    }
+    CHECK(held == RSLOTS); /* 1024 rows for 256 slots: every set filled */
+    CHECK(a[0].in + a[1].in >= RSLOTS);
+    rows_env_free(&e);
+}
+
+/* The route of backend "auto" (gather_route.h), case by case. */
+static void test_route_rule(void)
+{
+    char why[256];
+    fr_route_facts f = {0};
+    f.data_bytes = 8ull << 30;
+    f.cache_bytes = 1ull << 30;
+    f.resident_asked = 16;
+    f.resident_in = 1;
+    f.cached_asked = -1;
+    CHECK(fr_route_decide(&f, why, sizeof(why)) == FR_ROUTE_NEED_SAMPLE);
+    f.cached_asked = 32;
+    f.cached_in = 3;
+    CHECK(fr_route_decide(&f, why, sizeof(why)) == FR_ROUTE_HOST);
+    CHECK(strncmp(why, "host: cold (1 of 16", 19) == 0);
+    f.cached_in = 16; /* half the batch in HBM: stay */
+    CHECK(fr_route_decide(&f, why, sizeof(why)) == FR_ROUTE_DEVICE);
+    CHECK(strstr(why, "16 of 32 sampled ids") != NULL);
+    f.cached_in = 0;
+    f.cached_asked = 0; /* no valid id sampled: host */
+    CHECK(fr_route_decide(&f, why, sizeof(why)) == FR_ROUTE_HOST);
+    f.resident_in = 8; /* warm */
+    CHECK(fr_route_decide(&f, why, sizeof(why)) == FR_ROUTE_DEVICE);
+    CHECK(strncmp(why, "device: warm (8 of 16", 21) == 0);
+    f.resident_in = 0;
+    f.resident_asked = 0; /* no mapping: unknown counts as warm */
+    CHECK(fr_route_decide(&f, why, sizeof(why)) == FR_ROUTE_DEVICE);
+    f.resident_asked = 16;
+    f.all_in_tier = 1;
+    CHECK(fr_route_decide(&f, why, sizeof(why)) == FR_ROUTE_DEVICE);
+    f.all_in_tier = 0;
+    f.cache_bytes = f.data_bytes; /* fits: page loads are kept */
+    CHECK(fr_route_decide(&f, why, sizeof(why)) == FR_ROUTE_DEVICE);
+    CHECK(strstr(why, "fits the HBM cache") != NULL);
+}
+
 int main(void)
 {
     test_hits_and_evictions();
@@ -592,5 +809,9 @@ int main(void)
     test_timeout_abort_and_errors();
     test_stress();
     test_pins();
+    test_rows_sketch();
+    test_rows_admission();
+    test_rows_concurrent_admission();
+    test_route_rule();
     return fr_test_finish("test_gather_cache");
 }

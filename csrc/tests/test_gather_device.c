@@ -512,6 +512,187 @@ static void test_mapped_copies(const char *path)
     load_file(path);
 }
 
+/* n ids: `hot` distinct rows spread over the array, each `reps` times, in
+ * a scrambled order (a power law in miniature: the rows a batch asks for
+ * again). */
+static int64_t *repeated_ids(size_t hot, unsigned reps, unsigned seed)
+{
+    int64_t *ids = malloc(hot * reps * sizeof(int64_t));
+    for (size_t i = 0; i < hot * reps; i++)
+        ids[i] = (int64_t)(((i % hot) * 7919u + seed * 104729u) % ROWS);
+    uint64_t x = seed;
+    for (size_t i = hot * reps - 1; i > 0; i--) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        size_t j = (size_t)((x >> 33) % (i + 1));
+        int64_t t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+    return ids;
+}
+
+/* Hot rows stay hot (fastread_device.cuh, "Hot rows"): rows that row
+ * fetches bring again and again go into the row cache after a gather and
+ * are served from HBM by the next; rows asked for once do not push them
+ * out; FASTREAD_GATHER_ADMIT=off turns it off; the sketch is halved after
+ * 10 x slots counts. Every gather's rows are checked byte for byte. */
+static void test_hot_rows(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    c.cache_bytes = 256 * PAGE; /* 1 MiB: 1024 rows (256 KiB) + 192 pages */
+    char err[FR_ERRLEN];
+    size_t bad = 0;
+    fr_store_stats st0, st;
+    fr_store_memory m;
+    unsetenv("FASTREAD_GATHER_FETCH");
+    unsetenv("FASTREAD_GATHER_ADMIT");
+    int64_t *hot = repeated_ids(300, 3, 5); /* 900 ids, 0.7 a page: row fetches */
+    fr_store *s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        fr_store_memory_get(s, &m);
+        CHECK(m.device_cache == 256 * PAGE);
+        CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0);
+        fr_store_stats_get(s, &st0);
+        CHECK(st0.direct_rows == 900 && st0.row_hits == 0);
+        /* Listed once their second request is counted; a few wait for a
+         * later gather (two rows on one seen word). */
+        CHECK(st0.admitted >= 240 && st0.admitted <= 300);
+        CHECK(gather_check(s, hot, 900, 4, err, &bad) == 0); /* the same ids again */
+        fr_store_stats_get(s, &st);
+        CHECK(st.row_hits - st0.row_hits >= 3 * st0.admitted - 3);
+        CHECK(st.direct_rows - st0.direct_rows <= 3 * (300 - st0.admitted) + 3);
+        CHECK(st.admitted >= 295); /* the rest, listed by the second gather */
+        /* A scan of rows asked for once each: admitted only into free
+         * slots, never over the hot rows (which a count of 1 cannot beat). */
+        int64_t *once = random_ids(3000, 41);
+        CHECK(gather_check(s, once, 3000, 8, err, &bad) == 0);
+        fr_store_stats_get(s, &st0);
+        CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0);
+        fr_store_stats_get(s, &st);
+        CHECK(st.row_hits - st0.row_hits >= 850);
+        /* Aging: 10 x 1024 counts halve the sketch (the next gather's
+         * first kernel). */
+        long aged = live("age_launches");
+        for (unsigned k = 0; k < 4; k++) {
+            int64_t *more = random_ids(3000, 50 + k);
+            CHECK(gather_check(s, more, 3000, 8, err, &bad) == 0);
+            free(more);
+        }
+        CHECK(live("age_launches") > aged);
+        CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0); /* still right after aging */
+        free(once);
+        fr_store_close(s);
+    }
+    /* Off: every gather fetches its rows again. */
+    setenv("FASTREAD_GATHER_ADMIT", "off", 1);
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        long admits = live("admit_launches");
+        CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0);
+        CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0);
+        fr_store_stats_get(s, &st);
+        CHECK(st.row_hits == 0 && st.admitted == 0 && st.direct_rows == 1800);
+        CHECK(live("admit_launches") == admits);
+        fr_store_close(s);
+    }
+    setenv("FASTREAD_GATHER_ADMIT", "sometimes", 1);
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == -EINVAL);
+    CHECK(strstr(err, "FASTREAD_GATHER_ADMIT must be auto or off") != NULL);
+    unsetenv("FASTREAD_GATHER_ADMIT");
+    /* No row cache where row fetches cannot happen: the array fits. */
+    c.cache_bytes = (uint64_t)(ROWS * ROW / PAGE + 1) * PAGE;
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0);
+        CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0);
+        fr_store_stats_get(s, &st);
+        CHECK(st.row_hits == 0 && st.admitted == 0 && st.direct_rows == 0);
+        fr_store_close(s);
+    }
+    free(hot);
+}
+
+/* Backend "auto" routes per gather (gather_route.h): warm stays on the
+ * device; cold over an array larger than the cache goes to the host path;
+ * cold whose rows are in HBM stays; an explicit backend is honoured. */
+static void test_auto_route(const char *path)
+{
+    fr_store_config c;
+    base_config(&c, path);
+    c.cache_bytes = 256 * PAGE;
+    char err[FR_ERRLEN];
+    char route[FR_ERRLEN];
+    size_t bad = 0;
+    fr_store_stats st;
+    unsetenv("FASTREAD_GATHER_FETCH");
+    unsetenv("FASTREAD_GATHER_ADMIT");
+    CHECK(strstr(fr_store_route_rule(), "cold") != NULL);
+    int64_t *hot = repeated_ids(300, 3, 9);
+    int64_t *ids = random_ids(2000, 61);
+    /* preadv2, not copies from a mapping: pages mapped by the proxy would
+     * stay in the page cache. */
+    setenv("FASTREAD_PROXY_MAPPED", "0", 1);
+    c.backend = "auto";
+    fr_store *s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        CHECK(strcmp(fr_store_backend(s), "proxy") == 0);
+        fr_store_route_get(s, route, sizeof(route));
+        CHECK(route[0] == 0);
+        CHECK(gather_check(s, ids, 2000, 8, err, &bad) == 0);
+        fr_store_stats_get(s, &st);
+        fr_store_route_get(s, route, sizeof(route));
+        CHECK(st.host_routed == 0 && st.direct_rows == 2000);
+        CHECK(strncmp(route, "device: warm", 12) == 0);
+        /* Hot rows into HBM, then the file leaves the page cache. */
+        CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0);
+        CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0);
+        if (drop_from_page_cache(path)) {
+            CHECK(gather_check(s, hot, 900, 8, err, &bad) == 0);
+            fr_store_stats_get(s, &st);
+            fr_store_route_get(s, route, sizeof(route));
+            CHECK(st.host_routed == 0);
+            CHECK(strncmp(route, "device: ", 8) == 0 && strstr(route, "HBM") != NULL);
+            CHECK(drop_from_page_cache(path));
+            CHECK(gather_check(s, ids, 2000, 8, err, &bad) == 0);
+            fr_store_stats_get(s, &st);
+            fr_store_route_get(s, route, sizeof(route));
+            CHECK(st.host_routed == 1);
+            CHECK(strncmp(route, "host: cold", 10) == 0);
+            /* An id out of range on the host path names its position. */
+            ids[33] = ROWS + 5;
+            CHECK(drop_from_page_cache(path));
+            CHECK(gather_check(s, ids, 2000, 8, err, &bad) == -ERANGE);
+            CHECK(bad == 33);
+            ids[33] = 1;
+        } else {
+            fprintf(stderr, "test_gather_device: %s stays in the page cache: cold routes not "
+                            "tested\n", path);
+        }
+        fr_store_close(s);
+    }
+    c.backend = "proxy"; /* explicit: never routed */
+    s = NULL;
+    CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
+    if (s) {
+        if (drop_from_page_cache(path)) {
+            CHECK(gather_check(s, ids, 2000, 8, err, &bad) == 0);
+            fr_store_stats_get(s, &st);
+            CHECK(st.host_routed == 0 && st.direct_rows + st.cache_hits + st.coalesced > 0);
+            fr_store_route_get(s, route, sizeof(route));
+            CHECK(route[0] == 0);
+        }
+        fr_store_close(s);
+    }
+    unsetenv("FASTREAD_PROXY_MAPPED");
+    free(hot);
+    free(ids);
+}
+
 /* Row fetches: sparse batches over an array larger than the cache read
  * their rows on their own (auto), the cache left alone; "pages" forces page
  * loads, "rows" row reads, and a cache that holds the whole array keeps
@@ -1045,6 +1226,8 @@ int main(void)
     test_host_tier(path);
     test_locality_order(path);
     test_row_fetches(path);
+    test_hot_rows(path);
+    test_auto_route(path);
     setenv("FASTREAD_GATHER_FETCH", "pages", 1);
     test_user_kernels(path);
     test_malformed_requests(path);
