@@ -36,9 +36,6 @@ Modes (``--modes``; unavailable ones are reported with the reason):
   (``FASTREAD_GATHER_ORDER=off``): rows read in the ids' own order.
 * ``proxy-smallcache``: proxy with an HBM cache of ``--small-cache`` (the
   table larger than the cache).
-* ``default``: ``FeatureStore(path, device_id=0)``, every other setting its
-  default (backend "auto": per-gather routing; a 1 GiB cache with its row
-  cache): what a user gets.
 
 Reported per (state, distribution, batch, mode): rows/s and GB/s of the
 median of ``--repeat`` timed gathers after ``--warmup`` untimed ones, plus
@@ -58,13 +55,10 @@ import time
 import numpy as np
 
 MODES = ("memmap", "uva", "hbm", "kvikio", "host", "proxy", "proxy-hosttier",
-         "proxy-hosttier-idorder", "proxy-smallcache", "default")
+         "proxy-hosttier-idorder", "proxy-smallcache")
 GPU_ONLY = {"uva", "hbm", "kvikio", "proxy", "proxy-hosttier", "proxy-hosttier-idorder",
-            "proxy-smallcache", "default"}
-STORE_MODES = {"host", "proxy", "proxy-hosttier", "proxy-hosttier-idorder", "proxy-smallcache",
-               "default"}
-# Modes with an HBM cache that a "hot" state can fill.
-HOT_MODES = ("proxy", "proxy-hosttier", "proxy-hosttier-idorder", "proxy-smallcache", "default")
+            "proxy-smallcache"}
+STORE_MODES = {"host", "proxy", "proxy-hosttier", "proxy-hosttier-idorder", "proxy-smallcache"}
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
@@ -396,14 +390,12 @@ def open_mode(mode, args, path, gpu):
         return r
     if mode in STORE_MODES:
         from fastread.features import FeatureStore
-        kw = {} if mode == "default" else {"backend": "host" if mode == "host" else "proxy"}
+        kw = {"backend": "host" if mode == "host" else "proxy"}
         if args.device == "cpu":
             kw["device_id"] = -1
         else:
             kw["device_id"] = 0
-            if mode != "default":
-                kw["cache_bytes"] = (args.small_cache if mode == "proxy-smallcache"
-                                     else args.cache_bytes)
+            kw["cache_bytes"] = args.small_cache if mode == "proxy-smallcache" else args.cache_bytes
         if mode.startswith("proxy-hosttier"):
             kw["host_bytes"] = "auto"
         order = os.environ.get("FASTREAD_GATHER_ORDER")
@@ -467,7 +459,7 @@ def measure(args, path, gpu, mode, state, dist, n, rng, perm, shared):
                 if why:
                     raise Skip(why)
                 runner = open_mode(mode, args, path, gpu)
-            elif state == "warm" and mode in ("proxy", "proxy-smallcache", "default") and i > 0:
+            elif state == "warm" and mode in ("proxy", "proxy-smallcache") and i > 0:
                 runner.close()  # an empty HBM cache each time: storage -> GPU, not cache hits
                 runner = open_mode(mode, args, path, gpu)
             h = fixed if state == "hot" else draw_ids(rng, dist, n, args.rows, perm)
@@ -489,8 +481,7 @@ def measure(args, path, gpu, mode, state, dist, n, rng, perm, shared):
             st = runner.store.stats()
             if before is not None:  # this measurement's share of a shared store's counts
                 st = {k: v - before[k] if isinstance(v, int) else
-                      {t: c - before[k][t] for t, c in v.items()} if isinstance(v, dict) else v
-                      for k, v in st.items()}
+                      {t: c - before[k][t] for t, c in v.items()} for k, v in st.items()}
             info["stats"] = st
             info["memory"] = runner.store.memory()
             info["backend"] = runner.store.backend
@@ -507,7 +498,7 @@ def measure(args, path, gpu, mode, state, dist, n, rng, perm, shared):
 def states_for(mode, states):
     out = []
     for s in states:
-        if s == "hot" and mode not in HOT_MODES:
+        if s == "hot" and not mode.startswith("proxy"):
             continue  # only the GPU cache has a "hot"
         if s == "cold" and mode in ("uva", "hbm", "proxy-hosttier", "proxy-hosttier-idorder"):
             continue  # the table is in memory (loaded at open) before the clock starts

@@ -157,16 +157,8 @@ typedef struct fr_store_stats {
                                 of a file the page cache held (proxy; gather_proxy.c) */
     uint64_t bytes_read;     /* bytes read from storage */
     uint64_t evictions;      /* cache pages replaced */
-    uint64_t row_hits;       /* rows served from the HBM row cache (hot rows) */
-    uint64_t admitted;       /* rows admitted into the row cache */
-    uint64_t host_routed;    /* gathers of backend "auto" sent to the host path (cold) */
 } fr_store_stats;
 void fr_store_stats_get(fr_store *store, fr_store_stats *out);
-
-/* Backend "auto": where the last device gather went and why (one line;
- * "" before any), into buf. The rule, in words: fr_store_route_rule(). */
-void fr_store_route_get(fr_store *store, char *buf, size_t len);
-const char *fr_store_route_rule(void);
 
 /* Calls running inside the store now (gathers, device serves). */
 unsigned fr_store_calls_in_flight(fr_store *store);

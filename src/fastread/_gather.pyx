@@ -262,16 +262,6 @@ cdef class Store:
                 fr_store_stats_get(s, &st)
         return st
 
-    def route(self):
-        """Backend "auto": where the last device gather went and why ("" before any)."""
-        cdef char buf[512]
-        cdef fr_store *s
-        with self._cv:  # close() waits for it
-            s = self._get()
-            with nogil:
-                fr_store_route_get(s, buf, sizeof(buf))
-        return buf.decode(errors="replace")
-
     def memory(self):
         cdef fr_store_memory m
         cdef fr_store *s
@@ -290,8 +280,3 @@ cdef class Store:
             with nogil:
                 v = fr_store_device_view(s)
         return v
-
-
-def route_rule():
-    """How backend "auto" picks the device or the host path per gather."""
-    return fr_store_route_rule().decode()

@@ -132,11 +132,6 @@ FR_DEV fr_u64 fr_atom_add64(fr_u64 *p, fr_u64 v)
 {
     return atomicAdd((unsigned long long *)p, (unsigned long long)v);
 }
-FR_DEV fr_u64 fr_atom_cas64(fr_u64 *p, fr_u64 e, fr_u64 d)
-{
-    return atomicCAS((unsigned long long *)p, (unsigned long long)e, (unsigned long long)d);
-}
-FR_DEV fr_u32 fr_atom_xchg32(fr_u32 *p, fr_u32 v) { return atomicExch((unsigned int *)p, v); }
 FR_DEV fr_u32 fr_load32(const fr_u32 *p) { return *(const volatile fr_u32 *)p; }
 FR_DEV void fr_store32(fr_u32 *p, fr_u32 v) { *(volatile fr_u32 *)p = v; }
 FR_DEV fr_u64 fr_load64(const fr_u64 *p) { return *(const volatile fr_u64 *)p; }
@@ -183,15 +178,6 @@ FR_DEV fr_u32 fr_atom_cas32(fr_u32 *p, fr_u32 e, fr_u32 d)
 FR_DEV fr_u64 fr_atom_add64(fr_u64 *p, fr_u64 v)
 {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
-}
-FR_DEV fr_u64 fr_atom_cas64(fr_u64 *p, fr_u64 e, fr_u64 d)
-{
-    __atomic_compare_exchange_n(p, &e, d, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    return e; /* the old value, as CUDA's atomicCAS returns it */
-}
-FR_DEV fr_u32 fr_atom_xchg32(fr_u32 *p, fr_u32 v)
-{
-    return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);
 }
 FR_DEV fr_u32 fr_load32(const fr_u32 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 FR_DEV void fr_store32(fr_u32 *p, fr_u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
@@ -287,9 +273,7 @@ enum {
     FR_CNT_RING_FULL,   /* submissions that waited for a free ring cell */
     FR_CNT_PINNED,      /* slots pinned by this gather (kept in the result only) */
     FR_CNT_DIRECT_ROWS, /* rows read from storage straight to the output (row fetches) */
-    FR_CNT_ROW_HITS,    /* rows served from the row cache (fr_dev_rows) */
-    FR_CNT_ADMITTED,    /* rows admitted into the row cache (fr_rows_admit) */
-    FR_NCOUNTERS = 10
+    FR_NCOUNTERS = 8
 };
 
 /* Written by the kernel (device memory), read back by the host. */
@@ -305,30 +289,11 @@ typedef struct fr_dev_result {
      * read on their own, unless many lanes of a warp want the page (1), or
      * always (2). 0: pages are loaded. See fr_dev_fetch_rows_warp. */
     fr_u32 fetch_rows;
-    /* Entries of the row cache's admission list claimed by this gather
-     * (fr_dev_rows.adm_n points here: reset with the result block). */
-    fr_u64 adm_n;
 } fr_dev_result;
 
 typedef struct fr_dev_counts {
     fr_u64 c[FR_NCOUNTERS];
 } fr_dev_counts;
-
-/* The row cache (see "Hot rows" below): rows that row fetches brought
- * and that are asked for again, kept in HBM by row. */
-typedef struct fr_dev_rows {
-    fr_u64 *tags;      /* per slot: row id + 1; 0 empty; FR_RTAG_BUSY while fr_rows_admit writes it */
-    fr_u8 *data;       /* (slot_mask + 1) * row_bytes */
-    fr_u32 *sketch;    /* count-min sketch: 2 rows of width_mask + 1 counters */
-    fr_u32 *seen;      /* seen_mask + 1 words: the epoch of the gather that last listed a row */
-    fr_u64 *adm;       /* admission list: (id, pos) pairs, adm_cap of them */
-    fr_u64 *adm_n;     /* pairs claimed by this gather (fr_dev_result.adm_n) */
-    fr_u64 adm_cap;
-    fr_u32 slot_mask;  /* slots - 1 (a power of two, >= 2) */
-    fr_u32 width_mask; /* counters per sketch row - 1 (a power of two) */
-    fr_u32 seen_mask;
-    fr_u32 threshold;  /* rows are listed once their estimate reaches this */
-} fr_dev_rows;
 
 typedef struct fr_dev_store {
     fr_u64 rows, row_bytes;
@@ -343,7 +308,6 @@ typedef struct fr_dev_store {
     fr_u32 *abort;          /* mapped host memory: nonzero, the host cancels */
     fr_dev_result *result;
     fr_dev_fetch fetch;
-    fr_dev_rows rowc; /* the row cache and its admission policy (tags NULL: none) */
 } fr_dev_store;
 
 /* --------------------------------------------------------------- helpers */
@@ -876,215 +840,6 @@ FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_c
     return fr_dev_read_row_e(s, id, dst, cnt, 0);
 }
 
-/* ------------------------------------------------------------ hot rows
- * Row fetches (fr_dev_fetch_rows_warp) read the rows of sparse batches over
- * an array larger than the page cache on their own and leave the cache
- * alone: a 64 KiB page brought for one row would evict pages that other
- * rows need. But rows asked for again (power-law ids: neighbour sampling,
- * embedding lookups) were then read from storage every time (1M zipf ids
- * gathered again: 2.1M hits, 3.0M row fetches, 0 evictions). Caching their
- * pages cannot fix it: the hot rows of a power law over a shuffled table
- * are scattered, one per page, and a 1 GiB cache of 64 KiB pages holds the
- * pages of at most 90% of such a batch. So hot rows are kept by row, in a
- * row cache beside the page cache, with TinyLFU's admission policy:
- *   - Frequency: a count-min sketch (2 rows of 32-bit counters, twice as
- *     many per row as the row cache has slots, saturating at 255) counts
- *     every request of a row that is fetched or hit in the row cache (the
- *     warp's lanes wanting one row count once, with their number). The
- *     host halves every counter after 10 x slots fetched rows (TinyLFU's
- *     reset), so the sketch follows what is hot now.
- *   - Admission: a fetched row whose estimate reaches `threshold` (2: seen
- *     before) is listed, once per gather (`seen`, by epoch), with its
- *     position in the output (adm, adm_n; at most adm_cap per gather).
- *     After the gather, fr_rows_admit (a kernel on the same stream, so no
- *     gather of ours reads the row cache meanwhile) copies each listed row
- *     from the output into one of its set's 4 slots: an empty one, else the
- *     one whose row is estimated least frequent, and only when the new row
- *     is estimated more frequent than that one (a row seen once never
- *     evicts a hot one).
- *   - Lookup: 4-way set associative (4 tags in one 32-byte sector): fastread's
- *     gathers look there first, after the host tier, with plain loads and
- *     no atomics: the tags change only in fr_rows_admit, between gathers.
- *     Users' kernels (epoch 0) never read it (they may run while
- *     fr_rows_admit does).
- * Memory: slots * row_bytes of HBM (a quarter of cache_bytes by default),
- * plus 8 (tag) + 16 (sketch) + 8 (admission list) + 4 (seen) bytes a slot. */
-#define FR_RTAG_BUSY 0xFFFFFFFFFFFFFFFFull
-
-FR_DEV fr_u64 fr_mix64(fr_u64 x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
-/* Ways of a set: 4 tags, 32 bytes, one sector of memory. */
-#define FR_ROWS_WAYS 4u
-
-/* The first of row id's FR_ROWS_WAYS slots (the set's). */
-FR_DEV fr_u32 fr_rows_set(const fr_dev_rows *r, fr_u64 id)
-{
-    return (fr_u32)fr_mix64(id) & r->slot_mask & ~(FR_ROWS_WAYS - 1);
-}
-
-FR_DEV fr_u64 fr_rows_tag(const fr_dev_rows *r, fr_u32 slot)
-{
-#ifdef FR_GPU
-    return r->tags[slot]; /* written only between our gathers (fr_rows_admit) */
-#else
-    return fr_load64(&r->tags[slot]);
-#endif
-}
-
-/* The slot holding row id, or -1. */
-FR_DEV fr_i64 fr_rows_find(const fr_dev_rows *r, fr_u64 id)
-{
-    fr_u32 w = fr_rows_set(r, id);
-    for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++)
-        if (fr_rows_tag(r, w + k) == id + 1)
-            return (fr_i64)(w + k);
-    return -1;
-}
-
-FR_DEV void fr_rows_counters(const fr_dev_rows *r, fr_u64 id, fr_u32 **c0, fr_u32 **c1)
-{
-    fr_u64 h = fr_mix64(id ^ 0x9E3779B97F4A7C15ull);
-    *c0 = &r->sketch[h & r->width_mask];
-    *c1 = &r->sketch[(fr_u64)r->width_mask + 1 + ((h >> 32) & r->width_mask)];
-}
-
-/* Row id's estimated count (the smaller of its two counters). */
-FR_DEV fr_u32 fr_rows_estimate(const fr_dev_rows *r, fr_u64 id)
-{
-    fr_u32 *c0, *c1;
-    fr_rows_counters(r, id, &c0, &c1);
-    fr_u32 a = fr_load32(c0), b = fr_load32(c1);
-    return a < b ? a : b;
-}
-
-/* Counters saturate here (TinyLFU's small counters): a row this hot is
- * kept until aging halves it, and its hits stop costing atomics. */
-#define FR_ROWS_COUNT_MAX 255u
-
-FR_DEV fr_u32 fr_rows_bump(fr_u32 *c, fr_u32 k)
-{
-    fr_u32 v = fr_load32(c);
-    if (v >= FR_ROWS_COUNT_MAX)
-        return v;
-    return fr_atom_add32(c, k) + k; /* racing adds may pass the cap a little */
-}
-
-/* Counts k requests of row id (fetched or hit); its estimate after them. */
-FR_DEV fr_u32 fr_rows_note(const fr_dev_rows *r, fr_u64 id, fr_u32 k)
-{
-    fr_u32 *c0, *c1;
-    fr_rows_counters(r, id, &c0, &c1);
-    fr_u32 a = fr_rows_bump(c0, k), b = fr_rows_bump(c1, k);
-    return a < b ? a : b;
-}
-
-/* Lists row id (its bytes at position pos of the output) for admission
- * when its estimate `est` reaches the threshold, at most once per gather
- * `epoch` (a collision in `seen` skips a row until a later gather). 1 if
- * listed. */
-/* The first half of fr_rows_want: 1 when this caller lists row id (its
- * estimate reached the threshold, and no one listed it in this gather). */
-FR_DEV int fr_rows_mark(const fr_dev_rows *r, fr_u64 id, fr_u32 est, fr_u32 epoch)
-{
-    if (est < r->threshold || !epoch)
-        return 0;
-    /* Hashed with the epoch: two rows that collide in one gather do not
-     * collide in the next, so neither waits for good. */
-    fr_u32 *w = &r->seen[fr_mix64(id ^ ((fr_u64)epoch << 40) ^ 0xD1B54A32D192ED03ull) &
-                         r->seen_mask];
-    return fr_load32(w) != epoch && fr_atom_xchg32(w, epoch) != epoch;
-}
-
-/* The second half: entry i (claimed from adm_n) is row id at output
- * position pos; entries past adm_cap are dropped. 1 if written. */
-FR_DEV int fr_rows_put(const fr_dev_rows *r, fr_u64 i, fr_u64 id, fr_u64 pos)
-{
-    if (i >= r->adm_cap)
-        return 0;
-    fr_store64(&r->adm[2 * i], id);
-    fr_store64(&r->adm[2 * i + 1], pos);
-    return 1;
-}
-
-FR_DEV int fr_rows_want(const fr_dev_rows *r, fr_u64 id, fr_u64 pos, fr_u32 est, fr_u32 epoch)
-{
-    if (!fr_rows_mark(r, id, est, epoch))
-        return 0;
-    return fr_rows_put(r, fr_atom_add64(r->adm_n, 1), id, pos);
-}
-
-/* Admits row id, whose bytes are at src, if the policy says so (one
- * thread; no gather of ours runs). 1 when it went in. */
-FR_DEV int fr_rows_admit_one(const fr_dev_rows *r, fr_u64 row_bytes, fr_u64 id, const fr_u8 *src)
-{
-    fr_u32 w = fr_rows_set(r, id);
-    fr_u64 t[FR_ROWS_WAYS];
-    fr_u32 v = FR_ROWS_WAYS; /* an empty way, if any */
-    for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
-        t[k] = fr_load64(&r->tags[w + k]);
-        if (t[k] == id + 1)
-            return 0; /* already in (listed twice, or by another gather) */
-        if (t[k] == FR_RTAG_BUSY)
-            return 0; /* another thread fills this set now */
-        if (t[k] == 0 && v == FR_ROWS_WAYS)
-            v = k;
-    }
-    if (v == FR_ROWS_WAYS) { /* full: the least frequent way is the victim */
-        fr_u32 least = 0xFFFFFFFFu;
-        for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
-            fr_u32 e = fr_rows_estimate(r, t[k] - 1);
-            if (e < least) {
-                least = e;
-                v = k;
-            }
-        }
-        if (fr_rows_estimate(r, id) <= least)
-            return 0; /* TinyLFU: only a more frequent row replaces one */
-    }
-    fr_u64 old = t[v];
-    v += w;
-    if (fr_atom_cas64(&r->tags[v], old, FR_RTAG_BUSY) != old)
-        return 0; /* another thread took the slot */
-    fr_copy_bytes(r->data + (fr_u64)v * row_bytes, src, row_bytes);
-    fr_fence();
-    fr_store64(&r->tags[v], id + 1);
-    return 1;
-}
-
-/* TinyLFU's reset: counter i halved (no gather of ours runs). */
-FR_DEV void fr_rows_age_one(const fr_dev_rows *r, fr_u64 i)
-{
-    fr_store32(&r->sketch[i], fr_load32(&r->sketch[i]) >> 1);
-}
-
-/* Where fastread's gather `epoch` finds row id in the row cache: its bytes,
- * or NULL (not there, no row cache, or a user's kernel: epoch 0). */
-FR_DEV const fr_u8 *fr_dev_row_cached(const fr_dev_store *s, fr_u64 id, fr_u32 epoch)
-{
-    if (!epoch || !s->rowc.tags)
-        return 0;
-    fr_i64 slot = fr_rows_find(&s->rowc, id);
-    return slot < 0 ? 0 : s->rowc.data + (fr_u64)slot * s->row_bytes;
-}
-
-/* A row fetch of row id (k lanes or threads wanted it) delivered to output
- * position pos: counted, and listed for admission when hot. */
-FR_DEV void fr_dev_row_fetched(const fr_dev_store *s, fr_u64 id, fr_u32 k, fr_u64 pos,
-                               fr_u32 epoch)
-{
-    if (!epoch || !s->rowc.tags)
-        return;
-    fr_rows_want(&s->rowc, id, pos, fr_rows_note(&s->rowc, id, k), epoch);
-}
-
 /* ------------------------------------------------------- locality order
  * GPU threads reading page-locked host memory over PCIe go through an
  * address translation whose reach is about 1 GiB (measured on an H100 with
@@ -1198,7 +953,7 @@ FR_DEV void fr_warp_copy_rows(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64 r
  * brings a few useful rows and many bytes that will be evicted unread
  * (fr_dev_result.fetch_rows). */
 FR_DEV void fr_dev_fetch_rows_warp(const fr_dev_store *s, fr_i64 id, int direct, fr_u64 pos,
-                                   fr_u8 *out, fr_dev_counts *cnt, fr_u32 epoch)
+                                   fr_u8 *out, fr_dev_counts *cnt)
 {
     const unsigned full = 0xffffffffu;
     unsigned lane = threadIdx.x & 31;
@@ -1251,27 +1006,9 @@ FR_DEV void fr_dev_fetch_rows_warp(const fr_dev_store *s, fr_i64 id, int direct,
     const fr_u8 *src = direct && r == 0 ? fr_ring_staging(ring, t) + (fr_u64)sl * rb : 0;
     fr_warp_copy_rows<true>(out, src, pos, rb, lane);
     __syncwarp();
-    int listed = 0;
     if (own && crc == 0) {
         cnt->c[FR_CNT_DIRECT_ROWS] += __popc(group);
         cnt->c[FR_CNT_COALESCED] += __popc(group) - 1;
-        /* Its row is at out + pos * rb now (this warp wrote it): listed
-         * there for the row cache when it is hot (fr_dev_row_fetched, with
-         * one atomic on the list's counter per warp). */
-        if (epoch && s->rowc.tags)
-            listed = fr_rows_mark(&s->rowc, (fr_u64)id,
-                                  fr_rows_note(&s->rowc, (fr_u64)id, (fr_u32)__popc(group)), epoch);
-    }
-    unsigned lists = __ballot_sync(full, listed);
-    if (lists) {
-        int fl = __ffs(lists) - 1;
-        unsigned long long lbase = 0;
-        if (lane == (unsigned)fl)
-            lbase = fr_atom_add64(s->rowc.adm_n, (fr_u64)__popc(lists));
-        lbase = __shfl_sync(full, lbase, fl);
-        if (listed)
-            fr_rows_put(&s->rowc, lbase + (fr_u64)__popc(lists & ((1u << lane) - 1)), (fr_u64)id,
-                        pos);
     }
     if (lead) {
         if (rc)
@@ -1324,24 +1061,6 @@ FR_DEV void fr_dev_gather_warp_e(const fr_dev_store *s, fr_i64 id, int active, f
         }
     }
     int pending = valid && !src;
-    if (epoch && s->rowc.tags) { /* hot rows (see "Hot rows") */
-        int rowhit = 0;
-        if (pending) {
-            src = fr_dev_row_cached(s, (fr_u64)id, epoch);
-            if (src) {
-                cnt->c[FR_CNT_ROW_HITS]++;
-                pending = 0;
-                rowhit = 1;
-            }
-        }
-        /* Hits count in the sketch too (else a cached row's count falls
-         * behind newcomers'): once per row per warp. */
-        if (__any_sync(full, rowhit)) {
-            unsigned same = __match_any_sync(full, rowhit ? (unsigned long long)id : ~0ull - lane);
-            if (rowhit && lane == (unsigned)(__ffs(same) - 1))
-                fr_rows_note(&s->rowc, (fr_u64)id, (fr_u32)__popc(same));
-        }
-    }
     fr_u64 page = pending ? (fr_u64)id / s->rows_per_page : 0;
     if (pending && epoch) {
         fr_u32 sl;
@@ -1384,7 +1103,7 @@ static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *
         if (fetch_rows == 1 && (fr_u32)__popc(same) * 4 >= dense)
             direct = 0;
         if (__any_sync(full, direct)) {
-            fr_dev_fetch_rows_warp(s, id, direct, pos, out, cnt, epoch);
+            fr_dev_fetch_rows_warp(s, id, direct, pos, out, cnt);
             pending = pending && !direct;
         }
     }
@@ -1574,42 +1293,6 @@ fr_order_count(const void *ids, int id_bytes, unsigned long long n, unsigned lon
     for (unsigned b = threadIdx.x; b < nbuckets; b += blockDim.x)
         if (hist[b])
             atomicAdd(&counts[b], hist[b]);
-}
-
-/* The row cache's admissions after gather `s->result->epoch` (same
- * stream, so no gather of ours runs): each listed row from the gather's
- * output `out` into the row cache, where the policy lets it in (see "Hot
- * rows"). Nothing after a failed gather (the host resets the cache). */
-extern "C" __global__ void __launch_bounds__(256)
-fr_rows_admit(const fr_dev_store *s, const fr_u8 *out)
-{
-    const fr_dev_rows *r = &s->rowc;
-    if (!r->tags || *(volatile fr_i32 *)&s->result->error != 0)
-        return;
-    fr_u64 n = *(volatile fr_u64 *)r->adm_n;
-    if (n > r->adm_cap)
-        n = r->adm_cap;
-    unsigned long long mine = 0;
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        fr_u64 id = r->adm[2 * i], pos = r->adm[2 * i + 1];
-        mine += (unsigned long long)fr_rows_admit_one(r, s->row_bytes, id,
-                                                      out + pos * s->row_bytes);
-    }
-    if (mine)
-        atomicAdd((unsigned long long *)&s->result->counters[FR_CNT_ADMITTED], mine);
-}
-
-/* TinyLFU's reset: every counter of the sketch halved (between gathers). */
-extern "C" __global__ void __launch_bounds__(256) fr_rows_age(const fr_dev_store *s)
-{
-    const fr_dev_rows *r = &s->rowc;
-    if (!r->sketch)
-        return;
-    unsigned long long n = 2ull * ((unsigned long long)r->width_mask + 1);
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x)
-        fr_rows_age_one(r, i);
 }
 
 /* Pass 2: order[k] = the positions of ids, bucket by bucket. Each block

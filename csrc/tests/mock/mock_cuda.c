@@ -40,7 +40,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pin *pins;
 static pin *allocs; /* device allocations, for cuPointerGetAttribute */
 static long live_allocs, live_pins, live_streams, live_handles, live_bufregs, ctx_refs;
-static long live_hostallocs, live_modules, launches, orders, admit_launches, age_launches;
+static long live_hostallocs, live_modules, launches, orders;
 static long register_attempts;
 static long pageable_copies, pinned_copies;
 static _Thread_local int ctx_depth;
@@ -61,8 +61,6 @@ EXPORT long mock_cuda_live(const char *what)
              : !strcmp(what, "modules")       ? live_modules
              : !strcmp(what, "launches")      ? launches
              : !strcmp(what, "orders")        ? orders
-             : !strcmp(what, "admit_launches") ? admit_launches
-             : !strcmp(what, "age_launches")  ? age_launches
                                               : -1;
     pthread_mutex_unlock(&lock);
     return v;
@@ -281,8 +279,6 @@ EXPORT int cuGetErrorString(int r, const char **s)
 static int fr_gather_rows_host(void **params, unsigned threads);
 static int fr_order_count_host(void **params, unsigned threads);
 static int fr_order_place_host(void **params, unsigned threads);
-static int fr_rows_admit_host(void **params, unsigned threads);
-static int fr_rows_age_host(void **params, unsigned threads);
 
 EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
 {
@@ -358,10 +354,6 @@ EXPORT int cuModuleGetFunction(void **f, void *m, const char *name)
         *f = (void *)fr_order_count_host;
     else if (strcmp(name, "fr_order_place") == 0)
         *f = (void *)fr_order_place_host;
-    else if (strcmp(name, "fr_rows_admit") == 0)
-        *f = (void *)fr_rows_admit_host;
-    else if (strcmp(name, "fr_rows_age") == 0)
-        *f = (void *)fr_rows_age_host;
     else
         return 500; /* CUDA_ERROR_NOT_FOUND */
     return 0;
@@ -516,7 +508,7 @@ static void *emu_thread(void *p)
     memset(&cnt, 0, sizeof(cnt));
     /* Row fetches go as row lists of up to 5 rows (as a warp's do, with a
      * count that exercises partial and full lists of the host's side). */
-    uint64_t fids[5], fpos[5];
+    uint64_t fids[5];
     uint8_t *fdst[5];
     uint32_t nf = 0, maxf = 5;
     if (fr_ring_rows_per_request(&s->fetch.ring, s->row_bytes) < maxf)
@@ -530,17 +522,6 @@ static void *emu_thread(void *p)
         unsigned long long pos = e->order ? e->order[i] : i;
         int64_t id = fr_load_id(e->ids, e->id_bytes, pos);
         int rc;
-        /* Hot rows first, as the kernel looks (after the host tier). */
-        const uint8_t *hot = id >= 0 && (uint64_t)id < s->rows &&
-                                     !(s->host_rows && (!s->host_slot || s->host_slot[id] >= 0))
-                                 ? fr_dev_row_cached(s, (uint64_t)id, epoch)
-                                 : NULL;
-        if (hot) {
-            memcpy(e->out + pos * s->row_bytes, hot, s->row_bytes);
-            cnt.c[FR_CNT_ROW_HITS]++;
-            fr_rows_note(&s->rowc, (uint64_t)id, 1);
-            continue;
-        }
         /* Row fetches as the kernel does them: rows of absent pages that the
          * host tier does not hold. */
         if (fetch_rows && id >= 0 && (uint64_t)id < s->rows &&
@@ -549,13 +530,10 @@ static void *emu_thread(void *p)
                             __ATOMIC_ACQUIRE) == 0)
         {
             fids[nf] = (uint64_t)id;
-            fpos[nf] = pos;
             fdst[nf++] = e->out + pos * s->row_bytes;
             rc = 0;
             if (nf == maxf) {
                 rc = fr_dev_fetch_rows(s, fids, nf, fdst, &cnt);
-                for (uint32_t j = 0; rc == 0 && j < nf; j++)
-                    fr_dev_row_fetched(s, fids[j], 1, fpos[j], epoch);
                 nf = 0;
             }
         } else
@@ -571,8 +549,6 @@ static void *emu_thread(void *p)
     }
     if (nf) {
         int rc = fr_dev_fetch_rows(s, fids, nf, fdst, &cnt);
-        for (uint32_t j = 0; rc == 0 && j < nf; j++)
-            fr_dev_row_fetched(s, fids[j], 1, fpos[j], epoch);
         if (rc)
             emu_error(s, rc);
     }
@@ -670,44 +646,6 @@ static int fr_order_place_host(void **params, unsigned threads)
     return 0;
 }
 
-/* The row cache's kernels (fr_rows_admit, fr_rows_age), serially, through
- * the header's own functions. */
-static int fr_rows_admit_host(void **params, unsigned threads)
-{
-    (void)threads;
-    const fr_dev_store *s = (const fr_dev_store *)(uintptr_t)*(uint64_t *)params[0];
-    const uint8_t *out = (const uint8_t *)(uintptr_t)*(uint64_t *)params[1];
-    const fr_dev_rows *r = &s->rowc;
-    if (!r->tags || __atomic_load_n(&s->result->error, __ATOMIC_ACQUIRE))
-        return 0;
-    uint64_t n = __atomic_load_n(r->adm_n, __ATOMIC_ACQUIRE);
-    if (n > r->adm_cap)
-        n = r->adm_cap;
-    uint64_t in = 0;
-    for (uint64_t i = 0; i < n; i++)
-        in += (uint64_t)fr_rows_admit_one(r, s->row_bytes, r->adm[2 * i],
-                                          out + r->adm[2 * i + 1] * s->row_bytes);
-    __atomic_fetch_add(&s->result->counters[FR_CNT_ADMITTED], in, __ATOMIC_SEQ_CST);
-    pthread_mutex_lock(&lock);
-    admit_launches++;
-    pthread_mutex_unlock(&lock);
-    return 0;
-}
-
-static int fr_rows_age_host(void **params, unsigned threads)
-{
-    (void)threads;
-    const fr_dev_store *s = (const fr_dev_store *)(uintptr_t)*(uint64_t *)params[0];
-    if (!s->rowc.sketch)
-        return 0;
-    for (uint64_t i = 0; i < 2ull * ((uint64_t)s->rowc.width_mask + 1); i++)
-        fr_rows_age_one(&s->rowc, i);
-    pthread_mutex_lock(&lock);
-    age_launches++;
-    pthread_mutex_unlock(&lock);
-    return 0;
-}
-
 EXPORT int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                           unsigned bz, unsigned shmem, void *stream, void **params, void **extra)
 {
@@ -720,10 +658,6 @@ EXPORT int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsign
         return fr_order_count_host(params, gx * bx);
     if (f == (void *)fr_order_place_host)
         return fr_order_place_host(params, gx * bx);
-    if (f == (void *)fr_rows_admit_host)
-        return fr_rows_admit_host(params, gx * bx);
-    if (f == (void *)fr_rows_age_host)
-        return fr_rows_age_host(params, gx * bx);
     if (f != (void *)fr_gather_rows_host || bx % 32 != 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
