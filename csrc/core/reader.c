@@ -28,11 +28,24 @@ static const char *const summed_keys[] = {
 };
 #define NSUMMED (sizeof(summed_keys) / sizeof(summed_keys[0]))
 
+/* A submitted batch: dataset indices (fr_reader_submit), or a list of
+ * paths of its own (fr_reader_submit_paths: indices NULL, `paths` pointing
+ * into `blob`, both owned by the request). */
 typedef struct request {
     int64_t *indices;
+    const char **paths;
+    char *blob;
     size_t n;
     struct request *next;
 } request;
+
+static void free_request(request *r)
+{
+    free(r->indices);
+    free(r->paths);
+    free(r->blob);
+    free(r);
+}
 
 struct fr_reader {
     fr_config cfg;
@@ -79,8 +92,7 @@ static void free_requests(request *r)
 {
     while (r) {
         request *next = r->next;
-        free(r->indices);
-        free(r);
+        free_request(r);
         r = next;
     }
 }
@@ -116,6 +128,13 @@ static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch
         return rc;
     if (rd->image)
         return read_ranges_request(rd, ctx, req, b, sc);
+    if (req->paths) {
+        /* An explicit list: sample i is its i-th path. No size hints: the
+         * context remembers the sizes of what it read (remember_sizes). */
+        for (size_t i = 0; i < req->n; i++)
+            b->indices[i] = (int64_t)i;
+        return fr_read_files(ctx, req->paths, NULL, req->n, b);
+    }
     if (req->n > sc->cap) {
         const char **p = realloc(sc->paths, req->n * sizeof(*p));
         if (!p)
@@ -214,8 +233,7 @@ static void *worker_main(void *arg)
                 b->status = rc;
             }
         }
-        free(req->indices);
-        free(req);
+        free_request(req);
 
         long now[NSUMMED];
         for (size_t k = 0; k < NSUMMED; k++)
@@ -416,6 +434,8 @@ int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_rang
     return reader_start(rd, out, err, err_len);
 }
 
+static void enqueue(fr_reader *rd, request *req);
+
 int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -429,9 +449,41 @@ int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
         return -ENOMEM;
     }
     memcpy(copy, indices, n * sizeof(*copy));
-    req->indices = copy;
-    req->n = n;
-    req->next = NULL;
+    *req = (request){.indices = copy, .n = n};
+    enqueue(rd, req);
+    return 0;
+}
+
+int fr_reader_submit_paths(fr_reader *rd, const char *const *paths, size_t n)
+{
+    if (rd->image)
+        return -EINVAL; /* a range reader reads ranges of its image only */
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += strlen(paths[i]) + 1;
+    request *req = calloc(1, sizeof(*req));
+    char *blob = malloc(total ? total : 1);
+    const char **copy = malloc((n ? n : 1) * sizeof(*copy));
+    if (!req || !blob || !copy) {
+        free(req);
+        free(blob);
+        free(copy);
+        return -ENOMEM;
+    }
+    char *p = blob;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(paths[i]) + 1;
+        memcpy(p, paths[i], len);
+        copy[i] = p;
+        p += len;
+    }
+    *req = (request){.paths = copy, .blob = blob, .n = n};
+    enqueue(rd, req);
+    return 0;
+}
+
+static void enqueue(fr_reader *rd, request *req)
+{
     pthread_mutex_lock(&rd->lock);
     if (rd->req_tail)
         rd->req_tail->next = req;
@@ -441,7 +493,6 @@ int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
     rd->outstanding++;
     pthread_cond_signal(&rd->work_cv);
     pthread_mutex_unlock(&rd->lock);
-    return 0;
 }
 
 /* timeout_ms < 0: wait as long as it takes. */

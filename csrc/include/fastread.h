@@ -382,6 +382,12 @@ int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_rang
                           char *err, size_t err_len);
 /* Queues one batch of dataset indices (copied); 0, -EINVAL or -ENOMEM. */
 int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n);
+/* Queues one batch of explicit paths (copied): sample i of its batch is
+ * paths[i] (its index i), whatever paths the reader was opened with (a
+ * reader opened over no paths reads only such lists). Read without size
+ * hints (each worker's context remembers sizes: cfg.remember_sizes).
+ * 0, -EINVAL for a range reader, -ENOMEM. */
+int fr_reader_submit_paths(fr_reader *reader, const char *const *paths, size_t n);
 /* Blocks until the oldest submitted batch is read. -ENODATA if none is queued. */
 int fr_reader_next(fr_reader *reader, fr_batch **out);
 /* fr_reader_next waiting at most timeout_ms: -ETIMEDOUT if the batch is not

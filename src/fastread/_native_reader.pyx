@@ -8,8 +8,10 @@ from cpython.bytes cimport PyBytes_AS_STRING
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memchr
 
-from fastread._adapt cimport (cache_config, encode_path, engine_name, gpu_error, init_config,
+from fastread._adapt cimport (PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_IS_COMPACT_ASCII,
+                              cache_config, encode_path, engine_name, gpu_error, init_config,
                               make_ranges, raise_errno)
 from fastread._batch cimport Batch, _PoolOwner
 from fastread._cfastread cimport *
@@ -116,6 +118,42 @@ cdef class NativeReader:
             raise IndexError(f"sample index out of range 0..{self.size - 1}")
         if rc != 0:
             raise_errno(rc, "cannot queue a batch")
+
+    def submit_paths(self, list paths):
+        """Queues one batch of explicit paths (fr_reader_submit_paths):
+        sample i is ``paths[i]``, read by the next free worker; its batch
+        comes out of next() in submission order like any other."""
+        cdef fr_reader *rd = self._get()
+        cdef size_t n = len(paths), i
+        cdef list encoded = []  # bytes made for items that are not ASCII str
+        cdef object p
+        cdef const char *c
+        cdef bytes enc
+        cdef int rc
+        cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
+        if cpaths == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                p = paths[i]
+                if type(p) is str and PyUnicode_IS_COMPACT_ASCII(p):
+                    # As Context.read: an ASCII str is its own encoding and
+                    # NUL-terminated; the reader copies it before returning.
+                    c = <const char *>PyUnicode_DATA(p)
+                    if memchr(c, 0, <size_t>PyUnicode_GET_LENGTH(p)) != NULL:
+                        raise ValueError(f"path contains a NUL byte: {p!r}")
+                    cpaths[i] = c
+                else:
+                    enc = encode_path(p)
+                    encoded.append(enc)
+                    cpaths[i] = PyBytes_AS_STRING(enc)
+            rc = fr_reader_submit_paths(rd, cpaths, n)
+        finally:
+            free(cpaths)
+        if rc == -22:
+            raise ValueError("a range reader reads ranges of its image, not lists of paths")
+        if rc != 0:
+            raise_errno(rc, "cannot queue a list of paths")
 
     def next(self):
         """The oldest submitted batch, waiting for it with the GIL released;
