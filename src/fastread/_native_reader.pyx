@@ -31,6 +31,9 @@ cdef class NativeReader:
     cdef readonly str engine
     cdef readonly size_t size
     cdef readonly unsigned long long taken  # next() calls that took a batch (or an error)
+    # A batch taken from the native queue whose return a signal interrupted
+    # (see next()): handed out first by the next call.
+    cdef object held
 
     cdef readonly int device_id
     cdef readonly bint device_output
@@ -96,6 +99,7 @@ cdef class NativeReader:
         self._close()
 
     cdef void _close(self) noexcept:
+        self.held = None
         if self.rd != NULL:
             with nogil:
                 fr_reader_close(self.rd)
@@ -119,10 +123,13 @@ cdef class NativeReader:
         if rc != 0:
             raise_errno(rc, "cannot queue a batch")
 
-    def submit_paths(self, list paths):
+    def submit_paths(self, list paths, queue=None, entry=None):
         """Queues one batch of explicit paths (fr_reader_submit_paths):
         sample i is ``paths[i]``, read by the next free worker; its batch
-        comes out of next() in submission order like any other."""
+        comes out of next() in submission order like any other. With
+        ``queue``, ``entry`` is appended to it once the batch is queued, in
+        the same call (a caller's own record of what it submitted, kept
+        right across KeyboardInterrupt)."""
         cdef fr_reader *rd = self._get()
         cdef size_t n = len(paths), i
         cdef list encoded = []  # bytes made for items that are not ASCII str
@@ -154,40 +161,76 @@ cdef class NativeReader:
             raise ValueError("a range reader reads ranges of its image, not lists of paths")
         if rc != 0:
             raise_errno(rc, "cannot queue a list of paths")
+        if queue is not None:
+            queue.append(entry)
 
     def next(self):
         """The oldest submitted batch, waiting for it with the GIL released;
-        None when nothing is queued. Signals are handled while it waits (a
-        KeyboardInterrupt leaves the batch queued: ``taken`` counts the
-        batches this call and earlier ones took)."""
+        None when nothing is queued. Signals are handled while it waits, and
+        once more when the batch has come: a KeyboardInterrupt (any exception
+        a signal handler raises) leaves the batch queued, for the next call,
+        whether it came while waiting or as the batch arrived. ``taken``
+        counts the batches (and failed batches) this call and earlier ones
+        handed out."""
+        return self._take()
+
+    def next_into(self, list out):
+        """next(), appending the batch to ``out`` instead of returning it:
+        True, or False when nothing is queued. The batch is in ``out`` or
+        still queued when this returns or raises, with no moment between
+        (a caller keeping parts of a batch across KeyboardInterrupt)."""
+        cdef object b = self._take()
+        if b is None:
+            return False
+        out.append(b)
+        return True
+
+    cdef object _take(self):
         cdef fr_reader *rd = self._get()
         cdef fr_batch *b = NULL
         cdef int rc
-        while True:
-            with nogil:
-                rc = fr_reader_next_timed(rd, &b, 100)
-            if rc != -110:  # ETIMEDOUT
-                break
-            PyErr_CheckSignals()  # raises what a signal handler raised
-            rd = self._get()  # a handler may have closed the reader
+        cdef Batch batch
+        if self.held is not None:
+            batch, self.held = self.held, None
+        else:
+            while True:
+                with nogil:
+                    rc = fr_reader_next_timed(rd, &b, 100)
+                if rc != -110:  # ETIMEDOUT
+                    break
+                PyErr_CheckSignals()  # raises what a signal handler raised
+                rd = self._get()  # a handler may have closed the reader
+            if rc == -61:  # ENODATA
+                self.taken += 1
+                return None
+            if rc != 0:
+                self.taken += 1
+                raise_errno(rc, f"reader thread ({self.engine}) stopped")
+            if b.status != 0:
+                rc = b.status
+                fr_batch_recycle(b)
+                self.taken += 1
+                raise_errno(rc, f"engine {self.engine!r} failed a batch"
+                             + gpu_error(fr_reader_gpu(rd)))
+            batch = Batch.wrap(b, self.owner)
+        # A signal that came while the batch arrived: its exception now,
+        # with the batch kept (raised by the caller's next bytecode, it
+        # would lose the batch).
+        try:
+            PyErr_CheckSignals()
+        except BaseException:
+            self.held = batch
+            raise
         self.taken += 1
-        if rc == -61:  # ENODATA
-            return None
-        if rc != 0:
-            raise_errno(rc, f"reader thread ({self.engine}) stopped")
-        if b.status != 0:
-            rc = b.status
-            fr_batch_recycle(b)
-            raise_errno(rc, f"engine {self.engine!r} failed a batch"
-                         + gpu_error(fr_reader_gpu(rd)))
-        return Batch.wrap(b, self.owner)
+        return batch
 
     def reset(self):
         fr_reader_reset(self._get())
+        self.held = None
 
     @property
     def pending(self):
-        return fr_reader_pending(self._get())
+        return fr_reader_pending(self._get()) + (self.held is not None)
 
     def path(self, size_t index):
         cdef const char *p = fr_reader_path(self._get(), index)

@@ -1,11 +1,13 @@
 """Lists of files read ahead on native threads (:func:`read_batches`)."""
 import collections
+import itertools
 import os
 import threading
 import weakref
 
 from fastread import _core, _defaults
 from fastread.engine import EngineOptions, for_paths, open_engine, warn_if_few_fds
+from fastread.errors import ReadError
 from fastread.files import raise_failures, s3_detail
 from fastread.s3 import S3Options
 
@@ -82,16 +84,17 @@ class BatchIterator:
         self._engine_arg = engine
         self.engine = None  # what the native reader reads with, once open
         self._lists = iter(lists)
-        # Lists submitted and not yet yielded, oldest first (their paths name
-        # failures); an empty list is never submitted and yields [] in turn.
+        # Lists submitted and not yet yielded, oldest first, each as [paths]
+        # or [paths, its batch] (see _next); an empty list is never submitted
+        # and yields [] in turn.
         self._queued = collections.deque()
-        self._held = None       # a batch taken but not yet yielded (a signal came)
         self._error = None      # what iterating `lists` raised, after _queued
         self._exhausted = False
+        self._pulled = []       # the next list, taken from `lists`, not yet queued (_fill)
         self._native = None
         self._checked_fds = 0
         self._pid = os.getpid()
-        self._lock = threading.Lock()
+        self._inside = None  # the thread inside __next__ (see there)
         _LIVE.add(self)
         self._fill()
         if self._error is not None and not self._queued:
@@ -119,47 +122,84 @@ class BatchIterator:
         _, self._native = open_engine(name, open_one)
         self.engine = self._native.engine
 
-    def _fill(self):
-        """Submits lists until ``_ahead`` are queued or ``lists`` ends. What
+    def _fill(self, taken=0):
+        """Submits lists until ``_ahead`` are queued (besides ``taken``, the
+        entry at the head whose batch is taken) or ``lists`` ends. What
         goes wrong with a list (``lists`` raising, a list that is one path, a
         path with a NUL byte, the engine not opening) is kept for that list's
-        turn: the lists before it are yielded first."""
-        while not self._exhausted and len(self._queued) < self._ahead:
+        turn: the lists before it are yielded first.
+
+        Each list goes from ``lists`` into ``_pulled`` (list.extend, in C),
+        then off it and into the native queue and ``_queued`` together
+        (submit_paths appends the entry in the same native call): a
+        KeyboardInterrupt at any call here neither loses a list nor submits
+        one twice."""
+        pulled = self._pulled
+        while not self._exhausted and len(self._queued) - taken < self._ahead:
             try:
-                paths = _as_list(next(self._lists))
+                if not pulled:
+                    pulled.extend(itertools.islice(self._lists, 1))
+                    if not pulled:
+                        self._exhausted = True
+                        break
+                if type(pulled[0]) is not list:
+                    pulled[0] = _as_list(pulled[0])
+                paths = pulled[0]
                 if paths:
                     if self._native is None:
                         self._open(paths[0])
                     if len(paths) > self._checked_fds:
                         warn_if_few_fds(self.workers, len(paths))
                         self._checked_fds = len(paths)
-                    self._native.submit_paths(paths)
-            except StopIteration:
-                self._exhausted = True
-                break
+                    del pulled[0]
+                    self._native.submit_paths(paths, self._queued, [paths])
+                else:
+                    del pulled[0]
+                    self._queued.append([paths])
             except Exception as e:  # noqa: BLE001 - raised at its position, in order
+                pulled.clear()
                 self._exhausted = True
                 self._error = e
                 break
-            self._queued.append(paths)
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if not self._lock.acquire(blocking=False):
+        # One thread at a time: the thread inside, marked and unmarked by
+        # plain assignments (no lock: a signal that interrupts a lock's
+        # acquire after it succeeded would leave it held for good). Under
+        # the GIL the test and the mark run with no call between them, so
+        # no other thread runs there.
+        me = threading.get_ident()
+        inside = self._inside
+        if inside is not None and inside != me:
             raise RuntimeError("read_batches: the iterator is in use by another thread "
                                "(one thread at a time)")
+        self._inside = me
         try:
-            return self._next()
-        finally:
-            self._lock.release()
+            arrays, taken = self._next()
+        except BaseException:
+            self._inside = None
+            raise
+        # A signal is seen by Python only at a call (or a loop's jump): from
+        # here to the return there is none. The list leaves the queue, its
+        # batch with it, right before its arrays are returned; a
+        # KeyboardInterrupt anywhere before leaves it for the next call.
+        self._inside = None
+        if taken:
+            del self._queued[0]
+        return arrays
 
     def _next(self):
+        """(the next list's arrays, whether its entry is still to leave the
+        queue)."""
         if self._pid != os.getpid():
             raise RuntimeError(f"this read_batches iterator was made in process {self._pid} and "
                                f"cannot be used after fork() (pid {os.getpid()}): its native "
                                "threads stay in the parent")
+        if not self._queued:
+            self._fill()  # a fill a signal cut short
         if not self._queued:
             if self._error is not None:
                 e, self._error = self._error, None
@@ -167,34 +207,36 @@ class BatchIterator:
                 raise e
             self.close()
             raise StopIteration
-        paths = self._queued[0]
+        # The entry is [paths], then [paths, batch] once its batch is taken:
+        # next_into puts the batch there in the native call that takes it,
+        # and the entry leaves the queue in one step, after the arrays are
+        # made. A KeyboardInterrupt anywhere in between (while waiting, as
+        # the batch comes, in the caller's iterator, while the arrays are
+        # made) leaves the list queued: the next call returns it.
+        entry = self._queued[0]
+        paths = entry[0]
         if not paths:
-            self._queued.popleft()
-            self._fill()
-            return []
-        batch, self._held = self._held, None
-        if batch is None:
-            # A KeyboardInterrupt here leaves the list queued (natively too).
-            batch = self._native.next()
-        self._queued.popleft()
-        try:
+            self._fill(1)
+            return [], True
+        if len(entry) == 1:
+            self._native.next_into(entry)
             # The freed slot goes to the next list before this one's Python
             # work (checks, views), which then overlaps its reading.
-            self._fill()
-        except BaseException:  # a signal in the caller's iterator: keep the batch
-            self._queued.appendleft(paths)
-            self._held = batch
-            raise
+            self._fill(1)
+        batch = entry[1]
         detail = (lambda url: s3_detail(self.options, url)) if self.engine == "s3" else None
-        raise_failures(batch, paths.__getitem__, detail_of=detail)
-        return batch.arrays()
+        try:
+            raise_failures(batch, paths.__getitem__, detail_of=detail)
+        except ReadError:
+            self._queued.popleft()  # a failed list is used up
+            raise
+        return batch.arrays(), True  # the caller (__next__) takes the entry off the queue
 
     def close(self):
         """Stops the native threads; lists not yet yielded are dropped.
         Arrays already yielded stay valid. Closing twice is fine."""
         native, self._native = self._native, None
         self._queued.clear()
-        self._held = None
         self._exhausted = True
         if native is not None:
             if self._pid != os.getpid():
@@ -223,7 +265,7 @@ _FORKED_NATIVE = []
 
 def _after_fork_in_child():
     for it in list(_LIVE):
-        it._lock = threading.Lock()
+        it._inside = None  # a parent thread may have been inside
 
 
 if hasattr(os, "register_at_fork"):
