@@ -134,6 +134,19 @@ def test_reads_the_next_lists_while_the_caller_holds_one(tree):
     assert len(rest) == 19 and len(pulled) == 20
 
 
+def test_a_second_pass_reads_with_the_sizes_every_worker_learnt(tree):
+    """The workers share the sizes of the files they read: on a second pass
+    over the same lists every list is read with all its sizes known,
+    whichever worker reads it (as a Reader's second epoch), exact bytes."""
+    paths, content = tree
+    lists = lists_of(paths, [20] * 10)
+    it = fastread.read_batches(lists * 2, prefetch=2, workers=3)
+    for lst in lists * 2:
+        assert [a.tobytes() for a in next(it)] == [content[p] for p in lst]
+    assert it._native.stat("hinted_lists") == 10
+    assert list(it) == []
+
+
 def test_a_failed_list_raises_at_its_position_and_iteration_goes_on(tree, tmp_path):
     paths, content = tree
     missing = str(tmp_path / "missing.bin")

@@ -127,6 +127,29 @@ int main(void)
             fr_batch_recycle(b);
         }
         CHECK(fr_reader_next(rd, &b) == -ENODATA);
+        CHECK(fr_reader_stat(rd, "hinted_lists") == 0); /* no size known yet */
+        /* The same lists again, whichever worker reads each: every size is
+         * known now (shared by the workers), but for the list with the
+         * missing file (a failed path is forgotten) and the empty ones. A
+         * file that grew since is read whole all the same (a stale hint
+         * costs time, never bytes). */
+        free(fr_test_write("r05.bin", 30000, 99)); /* paths[5], in list 1 */
+        for (int k = 0; k < 12; k++) {
+            const char *list[4];
+            size_t n = (size_t)(k % 5 == 4 ? 0 : 4);
+            for (size_t j = 0; j < n; j++)
+                list[j] = k == 7 && j == 2 ? missing : paths[(k * 4 + (int)j) % NFILES];
+            CHECK(fr_reader_submit_paths(rd, list, n) == 0);
+        }
+        for (int k = 0; k < 12; k++) {
+            CHECK(fr_reader_next(rd, &b) == 0);
+            for (size_t j = 0; j < b->count; j++)
+                if (!(k == 7 && j == 2))
+                    CHECK(fr_test_same(b, j, paths[(k * 4 + (int)j) % NFILES]));
+            fr_batch_recycle(b);
+        }
+        CHECK(fr_reader_stat(rd, "hinted_lists") == 9);
+        free(fr_test_write("r05.bin", (size_t)(5 * 997), 5)); /* as it was */
         /* Dropped by reset like any batch; then read again. */
         const char *two[] = {paths[1], paths[2]};
         CHECK(fr_reader_submit_paths(rd, two, 2) == 0);
