@@ -4,8 +4,9 @@ or stall for chosen paths. The psync engine does all its I/O through libc;
 io_uring's openat and reads are kernel requests the shim cannot reach (only
 its libc repair path sees it), so the shim tests use psync, and io_uring's
 own test-only hook (engine_args "fault_mode=...,fault_op=...,fault_path=...,
-fault_count=...,fault_stall_ms=...", which rewrites the ring's completions)
-runs the same cases on io_uring (the io_uring tests below).
+fault_count=...,fault_stall_ms=...", which rewrites the ring's completions
+-- EIO, EINTR, EAGAIN, ECANCELED, short, late -- or makes its submits fail:
+fault_op=submit) runs the same cases on io_uring (the io_uring tests below).
 
 Each run is a fresh interpreter with a timeout: a retry loop that never
 ends fails the test instead of hanging. Every error must surface per sample
@@ -204,7 +205,8 @@ def test_uring_eio_fails_that_sample_only_and_the_next_batch_is_exact(files, op)
 @uring
 @pytest.mark.parametrize("op,mode", [("open", "eintr"), ("open", "eagain"), ("read", "eintr"),
                                      ("read", "eagain"), ("read", "short"), ("read", "stall"),
-                                     ("open", "stall")])
+                                     ("open", "stall"), ("open", "ecanceled"),
+                                     ("read", "ecanceled")])
 def test_uring_retryable_faults_give_exact_bytes(files, op, mode):
     first, second = run_uring(files, f"fault_mode={mode},fault_op={op},fault_path=victim,"
                                      "fault_count=3,fault_stall_ms=50")
@@ -213,7 +215,7 @@ def test_uring_retryable_faults_give_exact_bytes(files, op, mode):
 
 @uring
 def test_uring_every_completion_short_or_interrupted_still_digests(files):
-    for mode in ("short", "eintr", "eagain"):
+    for mode in ("short", "eintr", "eagain", "ecanceled"):
         first, second = run_uring(files, f"fault_mode={mode},fault_path=victim,fault_count=-1")
         assert first == digests(files) and second == digests(files), mode
 
@@ -228,6 +230,58 @@ def test_uring_endless_eintr_or_eagain_is_an_error_not_a_hang(shim, files, mode)
                               FR_FAULT_COUNT="-1")
     for r in (first, second):
         assert r[0] == "err" and r[2] == files[1] and r[4] == [files[1]], r
+
+
+@uring
+@pytest.mark.parametrize("mode", ["eintr", "eagain", "ebusy"])
+def test_uring_submit_refused_for_a_moment_gives_exact_bytes(files, mode):
+    """io_uring_enter made to return EINTR, EAGAIN or EBUSY (without
+    submitting) three times: waited out, exact bytes, both calls."""
+    first, second = run_uring(files, f"fault_mode={mode},fault_op=submit,fault_count=3")
+    assert first == digests(files) and second == digests(files)
+
+
+URING_BATCH_ERROR_SCRIPT = """
+import hashlib, json, os, sys, fastread
+paths = json.loads(sys.argv[1])
+args = os.environ["FR_TEST_ENGINE_ARGS"]
+def digest(a):
+    return hashlib.sha256(a.tobytes()).hexdigest()
+def fds():  # descriptors of the data files (not the context's rings)
+    here = os.path.dirname(paths[0])
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith(here)
+        except OSError:
+            pass
+    return n
+def attempt():
+    try:
+        got = fastread.read_files(paths, engine="io_uring", threads=2, engine_args=args)
+        return ["ok", [digest(a) for a in got]]
+    except fastread.ReadError as e:
+        return ["readerror", e.errno]
+    except OSError as e:
+        return ["oserror", e.errno, str(e)]
+before = fds()
+out = [attempt(), attempt(), attempt()]
+print(json.dumps(out + [fds() - before]))
+"""
+
+
+@uring
+@pytest.mark.parametrize("way", ["", "open=linked,", "unsized=windows,"])
+def test_uring_broken_submit_fails_the_batch_and_the_next_is_exact(files, way):
+    """io_uring_enter made to fail with EIO once: that call raises OSError
+    (EIO, naming the engine), nothing hangs (the requests the kernel never
+    took are taken back), no descriptor leaks, and the same context reads
+    the next calls exactly (the requests of the broken submit are gone)."""
+    first, second, third, leaked = run_uring(files, f"{way}fault_mode=eio,fault_op=submit",
+                                             script=URING_BATCH_ERROR_SCRIPT)
+    assert first[:2] == ["oserror", 5] and "io_uring" in first[2], first
+    assert second == digests(files) and third == digests(files)
+    assert leaked == 0
 
 
 @uring
@@ -291,7 +345,12 @@ def test_uring_sigint_during_a_stalled_completion_interrupts_promptly(files):
 @uring
 @pytest.mark.parametrize("args,word", [("fault_mode=boom", "fault_mode='boom'"),
                                        ("fault_path=victim", "need fault_mode"),
-                                       ("fault_mode=eio,fault_count=x", "fault_count='x'")])
+                                       ("fault_mode=eio,fault_count=x", "fault_count='x'"),
+                                       ("fault_mode=ebusy", "does not apply to fault_op=read"),
+                                       ("fault_mode=short,fault_op=submit",
+                                        "does not apply to fault_op=submit"),
+                                       ("fault_mode=eagain,fault_op=submit,fault_count=-1",
+                                        "fault_count=-1 does not apply")])
 def test_uring_bad_fault_args_name_the_item(files, args, word):
     import fastread
     with pytest.raises(ValueError, match=word):

@@ -59,6 +59,13 @@ class _FlakyNative:
             raise exc
         return self.native.next()
 
+    def next_into(self, out):
+        batch = self.next()
+        if batch is None:
+            return False
+        out.append(batch)
+        return True
+
     def __getattr__(self, name):
         return getattr(self.native, name)
 
@@ -207,3 +214,79 @@ def test_sigint_during_a_stalled_part_keeps_the_batch(shim, tmp_path):
     assert p.returncode == 0, err
     interrupts, exact, count = json.loads(out.strip().splitlines()[-1])
     assert (interrupts, exact, count) == (1, True, 5), err
+
+
+STORM_PARENT_TIMEOUT_S = 120
+
+
+def _storm(script, env=None):
+    """Runs ``script`` in a child and sends it SIGINT every 0.3-3 ms until it
+    exits; returns the JSON it printed last. The child catches
+    KeyboardInterrupt around each call and goes on."""
+    import random
+    p = interruptible_child(script, env)
+    sent = 0
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        rng = random.Random(0)
+        deadline = time.monotonic() + STORM_PARENT_TIMEOUT_S
+        while p.poll() is None and time.monotonic() < deadline:
+            p.send_signal(signal.SIGINT)
+            sent += 1
+            time.sleep(rng.uniform(0.0003, 0.003))
+        out, err = p.communicate(timeout=30)
+    except BaseException:
+        p.kill()
+        raise
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1]), sent
+
+
+def test_sigint_storm_loses_no_part_and_mixes_no_batches(tmp_path):
+    """SIGINT every few milliseconds while 300 batches of samples spread
+    over four files are taken (each call either returns the batch whole or
+    raises KeyboardInterrupt): every batch comes once, in order, with its
+    own samples' bytes -- a part taken as a signal came is never lost, nor
+    given to the next batch."""
+    paths = _files(tmp_path, count=4, per_file=300)
+    script = f"""
+    import json, os, signal, numpy as np, fastread
+    from fastread.formats import MultiFileRanges
+    paths = {paths!r}
+    src = MultiFileRanges([fastread.FileRanges(p, np.arange(300) * 4, [4] * 300) for p in paths])
+    rng = np.random.default_rng(5)
+    batches = [rng.choice(1200, size=int(rng.integers(1, 12)), replace=False) for _ in range(300)]
+    native = src.open_native("psync", fastread.EngineOptions().resolve("psync"), prefetch=2,
+                             workers=2)
+    for b in batches:
+        native.submit(b)
+    # KeyboardInterrupt only while armed: inside the try around the calls
+    # under test (the loop's own jumps back, outside it, only count).
+    armed, interrupts = [False], 0
+    def on_sigint(signum, frame):
+        if armed[0]:
+            raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, on_sigint)
+    got = []
+    print("ready", flush=True)
+    while True:
+        try:
+            armed[0] = True
+            while len(got) < len(batches):
+                native.next_into(got)
+            armed[0] = False
+            break
+        except KeyboardInterrupt:
+            armed[0] = False
+            interrupts += 1
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # and at exit (Python restores SIG_DFL then)
+    exact = all(g.indices().tolist() == b.tolist() and
+                [a.tobytes() for a in g.arrays()] == [a.tobytes() for a in src.read(b)]
+                for g, b in zip(got, batches))
+    print(json.dumps([interrupts, exact, len(got), native.taken, native.next() is None]),
+          flush=True)
+    os._exit(0)
+    """
+    (interrupts, exact, count, taken, empty), sent = _storm(script)
+    assert (exact, count, taken, empty) == (True, 300, 300, True)
+    assert interrupts >= 10, (interrupts, sent)  # the signals did land mid-call

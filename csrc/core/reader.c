@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/size_memo.h"
 #include "engines/engine.h"
 #include "gpu/gpu.h"
 #include "engines/range_io.h"
@@ -30,11 +31,24 @@ static const char *const summed_keys[] = {
 };
 #define NSUMMED (sizeof(summed_keys) / sizeof(summed_keys[0]))
 
+/* A submitted batch: dataset indices (fr_reader_submit), or a list of
+ * paths of its own (fr_reader_submit_paths: indices NULL, `paths` pointing
+ * into `blob`, both owned by the request). */
 typedef struct request {
     int64_t *indices;
+    const char **paths;
+    char *blob;
     size_t n;
     struct request *next;
 } request;
+
+static void free_request(request *r)
+{
+    free(r->indices);
+    free(r->paths);
+    free(r->blob);
+    free(r);
+}
 
 struct fr_reader {
     fr_config cfg;
@@ -84,14 +98,25 @@ struct fr_reader {
     unsigned started;
     int open_rc;
     char open_err[FR_ERRLEN];
+
+    /* The sizes of the files of explicit lists (fr_reader_submit_paths),
+     * shared by the workers as `sizes` is for a path table: a list read by
+     * one worker gives the sizes to whichever worker reads it next, so a
+     * second pass over the lists reads with every size known, as a
+     * Reader's second epoch does (each worker's context would know only the
+     * lists it happened to read). Made at the first such list; lookups
+     * share memo_lock, stores (only when a size changed) hold it alone. */
+    fr_size_memo *memo;
+    pthread_rwlock_t memo_lock;
+    int memo_made; /* 1: memo_lock initialised */
+    long hinted_lists; /* lists read with every size known (under lock) */
 };
 
 static void free_requests(request *r)
 {
     while (r) {
         request *next = r->next;
-        free(r->indices);
-        free(r);
+        free_request(r);
         r = next;
     }
 }
@@ -99,6 +124,7 @@ static void free_requests(request *r)
 typedef struct scratch {
     const char **paths;
     int64_t *hints;
+    uint64_t *hashes; /* explicit lists: the paths' hashes in the memo */
     fr_range *ranges;
     size_t cap, rcap;
 } scratch;
@@ -120,6 +146,74 @@ static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, f
     return fr_read_ranges(ctx, rd->image, sc->ranges, req->n, b);
 }
 
+static int grow_scratch(scratch *sc, size_t n)
+{
+    if (n <= sc->cap)
+        return 0;
+    const char **p = realloc(sc->paths, n * sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    sc->paths = p;
+    int64_t *h = realloc(sc->hints, n * sizeof(*h));
+    if (!h)
+        return -ENOMEM;
+    sc->hints = h;
+    uint64_t *x = realloc(sc->hashes, n * sizeof(*x));
+    if (!x)
+        return -ENOMEM;
+    sc->hashes = x;
+    sc->cap = n;
+    return 0;
+}
+
+/* The shared memo of explicit lists' sizes, made on first use; NULL when
+ * sizes are not remembered (cfg.remember_sizes 0) or out of memory. */
+static fr_size_memo *list_memo(fr_reader *rd)
+{
+    if (!rd->cfg.remember_sizes)
+        return NULL;
+    pthread_mutex_lock(&rd->lock);
+    if (!rd->memo && rd->memo_made)
+        rd->memo = fr_size_memo_new(rd->cfg.remember_sizes);
+    fr_size_memo *m = rd->memo;
+    pthread_mutex_unlock(&rd->lock);
+    return m;
+}
+
+/* An explicit list: sample i is its i-th path, read with the sizes a
+ * worker learnt from an earlier read of its files (as hints: a stale one
+ * costs time, never bytes), or without hints the first time. */
+static int read_list_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
+                             scratch *sc)
+{
+    size_t n = req->n;
+    for (size_t i = 0; i < n; i++)
+        b->indices[i] = (int64_t)i;
+    fr_size_memo *memo = n ? list_memo(rd) : NULL;
+    if (!memo || grow_scratch(sc, n) != 0)
+        return fr_read_files(ctx, req->paths, NULL, n, b);
+    pthread_rwlock_rdlock(&rd->memo_lock);
+    size_t found = fr_size_memo_lookup(memo, req->paths, n, sc->hashes, sc->hints);
+    pthread_rwlock_unlock(&rd->memo_lock);
+    int rc = fr_read_files(ctx, req->paths, found == n ? sc->hints : NULL, n, b);
+    if (rc)
+        return rc;
+    int changed = found != n;
+    for (size_t i = 0; i < n && !changed; i++)
+        changed = b->samples[i].length != sc->hints[i];
+    if (changed) {
+        pthread_rwlock_wrlock(&rd->memo_lock);
+        fr_size_memo_store(memo, sc->hashes, b->samples, sc->hints, n);
+        pthread_rwlock_unlock(&rd->memo_lock);
+    }
+    if (found == n) {
+        pthread_mutex_lock(&rd->lock);
+        rd->hinted_lists++;
+        pthread_mutex_unlock(&rd->lock);
+    }
+    return 0;
+}
+
 static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b, scratch *sc)
 {
     int rc = fr_batch_prepare(b, req->n);
@@ -127,17 +221,10 @@ static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch
         return rc;
     if (rd->image)
         return read_ranges_request(rd, ctx, req, b, sc);
-    if (req->n > sc->cap) {
-        const char **p = realloc(sc->paths, req->n * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        sc->paths = p;
-        int64_t *h = realloc(sc->hints, req->n * sizeof(*h));
-        if (!h)
-            return -ENOMEM;
-        sc->hints = h;
-        sc->cap = req->n;
-    }
+    if (req->paths)
+        return read_list_request(rd, ctx, req, b, sc);
+    if ((rc = grow_scratch(sc, req->n)) != 0)
+        return rc;
     for (size_t i = 0; i < req->n; i++) {
         int64_t idx = req->indices[i];
         b->indices[i] = idx;
@@ -202,7 +289,7 @@ static void *worker_main(void *arg)
     unsigned me = rd->nctxs++; /* < MAX_WORKERS: one per thread */
     rd->ctxs[me] = ctx;
 
-    scratch sc = {NULL, NULL, NULL, 0, 0};
+    scratch sc = {NULL, NULL, NULL, NULL, 0, 0};
     long seen[NSUMMED] = {0}; /* this context's counters already in rd->totals */
     while (!rd->stop) {
         if (!may_start(rd)) {
@@ -233,8 +320,7 @@ static void *worker_main(void *arg)
                 b->status = rc;
             }
         }
-        free(req->indices);
-        free(req);
+        free_request(req);
 
         long now[NSUMMED];
         for (size_t k = 0; k < NSUMMED; k++)
@@ -270,6 +356,7 @@ static void *worker_main(void *arg)
     pthread_mutex_unlock(&rd->lock);
     free(sc.paths);
     free(sc.hints);
+    free(sc.hashes);
     free(sc.ranges);
     fr_ctx_close(ctx);
     return NULL;
@@ -277,6 +364,9 @@ static void *worker_main(void *arg)
 
 static void reader_free(fr_reader *rd)
 {
+    fr_size_memo_free(rd->memo);
+    if (rd->memo_made)
+        pthread_rwlock_destroy(&rd->memo_lock);
     fr_pool_close(rd->pool);
     fr_gpu_close(rd->gpu);
     free(rd->blob);
@@ -343,6 +433,8 @@ static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers,
 static int reader_start(fr_reader *rd, fr_reader **out, char *err, size_t err_len)
 {
     pthread_mutex_init(&rd->lock, NULL);
+    /* Without it the lists are read without shared sizes (list_memo). */
+    rd->memo_made = pthread_rwlock_init(&rd->memo_lock, NULL) == 0;
     pthread_cond_init(&rd->work_cv, NULL);
     pthread_cond_init(&rd->ready_cv, NULL);
 
@@ -438,6 +530,8 @@ int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_rang
     return reader_start(rd, out, err, err_len);
 }
 
+static void enqueue(fr_reader *rd, request *req);
+
 int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -451,9 +545,41 @@ int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
         return -ENOMEM;
     }
     memcpy(copy, indices, n * sizeof(*copy));
-    req->indices = copy;
-    req->n = n;
-    req->next = NULL;
+    *req = (request){.indices = copy, .n = n};
+    enqueue(rd, req);
+    return 0;
+}
+
+int fr_reader_submit_paths(fr_reader *rd, const char *const *paths, size_t n)
+{
+    if (rd->image)
+        return -EINVAL; /* a range reader reads ranges of its image only */
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += strlen(paths[i]) + 1;
+    request *req = calloc(1, sizeof(*req));
+    char *blob = malloc(total ? total : 1);
+    const char **copy = malloc((n ? n : 1) * sizeof(*copy));
+    if (!req || !blob || !copy) {
+        free(req);
+        free(blob);
+        free(copy);
+        return -ENOMEM;
+    }
+    char *p = blob;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(paths[i]) + 1;
+        memcpy(p, paths[i], len);
+        copy[i] = p;
+        p += len;
+    }
+    *req = (request){.paths = copy, .blob = blob, .n = n};
+    enqueue(rd, req);
+    return 0;
+}
+
+static void enqueue(fr_reader *rd, request *req)
+{
     pthread_mutex_lock(&rd->lock);
     if (rd->req_tail)
         rd->req_tail->next = req;
@@ -463,7 +589,6 @@ int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
     rd->outstanding++;
     pthread_cond_signal(&rd->work_cv);
     pthread_mutex_unlock(&rd->lock);
-    return 0;
 }
 
 /* timeout_ms < 0: wait as long as it takes. */
@@ -573,6 +698,8 @@ long fr_reader_stat(fr_reader *rd, const char *key)
 {
     long v = -1;
     pthread_mutex_lock(&rd->lock);
+    if (strcmp(key, "hinted_lists") == 0)
+        v = rd->hinted_lists;
     for (size_t k = 0; k < NSUMMED; k++)
         if (strcmp(key, summed_keys[k]) == 0)
             v = rd->totals[k];

@@ -109,6 +109,10 @@ typedef struct sym {
 
 struct fr_gpu {
     pthread_mutex_t lock;
+    /* Held while libcufile is loaded (fr_gpu_cufile): one loader at a time,
+     * the others wait for its outcome. Not `lock`: loading takes it to
+     * record a driver error (record_error). */
+    pthread_mutex_t cufile_lock;
     unsigned refs;
     int device;
     CUdevice dev;
@@ -190,6 +194,7 @@ static void gpu_free(fr_gpu *g)
      * its own threads is not safe. */
     if (g->libcuda)
         dlclose(g->libcuda);
+    pthread_mutex_destroy(&g->cufile_lock);
     pthread_mutex_destroy(&g->lock);
     free(g);
 }
@@ -205,6 +210,11 @@ static int gpu_load(int device, fr_gpu **out, char *err, size_t err_len)
     if (!g)
         return -ENOMEM;
     if (pthread_mutex_init(&g->lock, NULL) != 0) {
+        free(g);
+        return -ENOMEM;
+    }
+    if (pthread_mutex_init(&g->cufile_lock, NULL) != 0) {
+        pthread_mutex_destroy(&g->lock);
         free(g);
         return -ENOMEM;
     }
@@ -817,16 +827,21 @@ static int cufile_load(fr_gpu *g)
 
 int fr_gpu_cufile(fr_gpu *g, const char **mode, char *why, size_t why_len)
 {
+    /* One loader at a time (cufile_lock): two workers opening their cufile
+     * contexts at once both loaded it, writing g->cf's function pointers,
+     * g->libcufile and cufile_why while the other wrote or read them (a
+     * data race ThreadSanitizer reported in test_gpu). */
+    pthread_mutex_lock(&g->cufile_lock);
     pthread_mutex_lock(&g->lock);
     if (g->cufile_rc == 1) {
         pthread_mutex_unlock(&g->lock);
-        /* Loading takes a while and calls back into the driver: not under the
-         * lock. A racing caller may load twice; dlopen and cuFileDriverOpen
-         * are reference counted, so that is harmless. */
+        /* Loading takes a while and calls back into the driver: not under
+         * `lock`. */
         int rc = cufile_load(g);
         pthread_mutex_lock(&g->lock);
         g->cufile_rc = rc;
     }
+    pthread_mutex_unlock(&g->cufile_lock);
     int rc = g->cufile_rc;
     if (rc)
         fr_set_err(why, why_len, "%s", g->cufile_why);

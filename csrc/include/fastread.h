@@ -399,6 +399,14 @@ int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_rang
                           char *err, size_t err_len);
 /* Queues one batch of dataset indices (copied); 0, -EINVAL or -ENOMEM. */
 int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n);
+/* Queues one batch of explicit paths (copied): sample i of its batch is
+ * paths[i] (its index i), whatever paths the reader was opened with (a
+ * reader opened over no paths reads only such lists). The workers share
+ * the sizes of the files they read (at most cfg.remember_sizes paths): a
+ * list whose every size is known is read with them as hints (fr_reader_stat
+ * "hinted_lists" counts those), else without.
+ * 0, -EINVAL for a range reader, -ENOMEM. */
+int fr_reader_submit_paths(fr_reader *reader, const char *const *paths, size_t n);
 /* Blocks until the oldest submitted batch is read. -ENODATA if none is queued. */
 int fr_reader_next(fr_reader *reader, fr_batch **out);
 /* fr_reader_next waiting at most timeout_ms: -ETIMEDOUT if the batch is not
@@ -417,7 +425,8 @@ long fr_reader_auto_fallback(const fr_reader *reader);
  * their last finished batch: "cache_hits", "cache_misses", "cache_damaged",
  * "cache_bytes_written", "cache_write_errors", "cache_evictions",
  * "cache_waits", "s3_requests", "s3_bytes", "file_calls"; 0 for a key no
- * worker's engine has, -1 for any other key. Thread-safe. */
+ * worker's engine has; "hinted_lists" (explicit lists read with every size
+ * known, fr_reader_submit_paths); -1 for any other key. Thread-safe. */
 long fr_reader_stat(fr_reader *reader, const char *key);
 fr_pool *fr_reader_pool(fr_reader *reader);
 /* dense 1: every batch the workers start reading from now on is laid out

@@ -166,6 +166,29 @@ int fr_test_unmake_files(const char *gone, const char *dir, const char *fifo)
     return rc ? -1 : 0;
 }
 
+static unsigned env_factor(const char *name, unsigned dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    unsigned long n = strtoul(v, &end, 10);
+    if (*end || n < 1 || n > 1000) {
+        fprintf(stderr, "%s=%s: expected an integer in 1..1000; using %u\n", name, v, dflt);
+        return dflt;
+    }
+    return (unsigned)n;
+}
+
+unsigned fr_test_slowdown(void)
+{
+#if defined(__SANITIZE_THREAD__)
+    return env_factor("FASTREAD_TEST_SLOWDOWN", 20);
+#else
+    return env_factor("FASTREAD_TEST_SLOWDOWN", 1);
+#endif
+}
+
 int fr_test_finish(const char *name)
 {
     fr_test_cleanup();

@@ -52,6 +52,12 @@ int fr_test_unmake_files(const char *gone, const char *dir, const char *fifo);
  * with their current bytes, then ENOENT, EISDIR and EINVAL (a FIFO). */
 int fr_test_read_as_now(const fr_batch *batch, char *const paths[CH_COUNT]);
 
+/* How many times slower than a plain build this one runs: the variable
+ * FASTREAD_TEST_SLOWDOWN if set (>= 1), else 20 under ThreadSanitizer
+ * (__SANITIZE_THREAD__), else 1. Tests multiply the timeouts they expect
+ * work to finish within by it (not those they expect to run out). */
+unsigned fr_test_slowdown(void);
+
 int fr_test_finish(const char *name);
 
 #endif

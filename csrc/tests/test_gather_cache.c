@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,10 @@ typedef struct env {
     /* service threads */
     pthread_t svc[4];
     unsigned nsvc;
-    volatile int running;
+    /* Written by the test's thread, read by the service threads: atomic, not
+     * volatile (a plain int there is a data race, which ThreadSanitizer
+     * reports, and the compiler may hoist the load out of the loop). */
+    atomic_int running;
     unsigned delay_ms;      /* before serving anything */
     int64_t fail_page;      /* page whose reads fail with -EIO; -1 none */
     uint32_t reads[1024];   /* reads served, per page */
@@ -61,7 +65,7 @@ static void *service(void *p)
     if (e->delay_ms)
         sleep_ms(e->delay_ms);
     uint64_t pos = a->shard;
-    while (e->running) {
+    while (atomic_load_explicit(&e->running, memory_order_acquire)) {
         if (!fr_ring_host_submitted(r, pos)) {
             sched_yield();
             continue;
@@ -121,7 +125,7 @@ static env *env_new(uint64_t rows, uint32_t nslots, unsigned log2_ring, unsigned
 
 static void env_start(env *e)
 {
-    e->running = 1;
+    atomic_store_explicit(&e->running, 1, memory_order_release);
     for (unsigned i = 0; i < e->nsvc; i++) {
         svc_args[i].e = e;
         svc_args[i].shard = i;
@@ -131,7 +135,7 @@ static void env_start(env *e)
 
 static void env_stop(env *e)
 {
-    e->running = 0;
+    atomic_store_explicit(&e->running, 0, memory_order_release);
     for (unsigned i = 0; i < e->nsvc; i++)
         pthread_join(e->svc[i], NULL);
 }

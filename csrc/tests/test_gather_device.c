@@ -63,7 +63,7 @@ static void base_config(fr_store_config *c, const char *path)
     c->cache_bytes = 64 * PAGE; /* 64 pages of 1250: evictions */
     c->ring_entries = 16;
     c->threads = 2;
-    c->timeout_ms = 5000;
+    c->timeout_ms = 5000 * fr_test_slowdown();
     c->cache_dir = fr_test_dir();
 }
 
@@ -678,7 +678,7 @@ static void test_faults(const char *dir)
     }
 
     /* Close while a gather waits on the slow service: cancelled. */
-    c.timeout_ms = 20000;
+    c.timeout_ms = 20000 * fr_test_slowdown();
     s = NULL;
     CHECK(fr_store_open(&c, &s, err, sizeof(err)) == 0);
     if (!s) {
@@ -751,7 +751,9 @@ static void test_user_kernels(const char *path)
 {
     fr_store_config c;
     base_config(&c, path);
-    c.timeout_ms = 300;
+    /* Long enough for the served reads under a slow build, short enough
+     * for the read that must run out below. */
+    c.timeout_ms = 300 * fr_test_slowdown();
     fr_store *s = NULL;
     char err[FR_ERRLEN];
     size_t bad;

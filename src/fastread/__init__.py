@@ -3,7 +3,8 @@
 The per-sample work (open, read, close; many I/Os in flight) happens in a C
 core with the GIL released. This package adapts it:
 
-- :func:`read_files` reads a list of files into NumPy arrays in one call.
+- :func:`read_files` reads a list of files into NumPy arrays in one call;
+  :func:`read_batches` reads an iterable of such lists ahead on native threads.
 - :func:`scan` indexes a dataset exactly as DALI's ``fn.readers.file`` does.
 - :class:`Reader` iterates over sharded, shuffled batches read ahead on a
   native thread, from a sample source (:class:`SampleSource`: a
@@ -18,6 +19,7 @@ from fastread._core import Batch, Context, DeviceArray, NativeReader
 from fastread.engine import EngineOptions, EngineStatus, engines, open_context
 from fastread.errors import ReadError
 from fastread.features import FeatureStore
+from fastread.batches import BatchIterator, read_batches
 from fastread.files import read_files
 from fastread.formats import Cifar10, FormatError, MultiFileRanges, SquirrelStore, WebDataset
 from fastread.bmap import build_bmap, load_bmap
@@ -30,8 +32,8 @@ from fastread.source import FileList, FileRanges, SampleSource
 __version__ = "0.1.0"
 
 __all__ = [
-    "Batch", "Cifar10", "Context", "DeviceArray", "FeatureStore", "FormatError", "MultiFileRanges",
+    "Batch", "BatchIterator", "Cifar10", "Context", "DeviceArray", "FeatureStore", "FormatError", "MultiFileRanges",
     "SquirrelStore", "WebDataset", "EngineOptions", "EngineStatus", "FileList", "FileRanges", "ImageError",
-    "NativeReader", "PackedImage", "ReadError", "Reader", "S3Options", "SampleSource", "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_files", "scan", "verify",
+    "NativeReader", "PackedImage", "ReadError", "Reader", "S3Options", "SampleSource", "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_batches", "read_files", "scan", "verify",
     "__version__",
 ]

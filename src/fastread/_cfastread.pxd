@@ -125,6 +125,7 @@ cdef extern from "fastread.h" nogil:
                               size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
                               char *err, size_t err_len)
     int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n)
+    int fr_reader_submit_paths(fr_reader *reader, const char *const *paths, size_t n)
     int fr_reader_next(fr_reader *reader, fr_batch **out)
     int fr_reader_next_timed(fr_reader *reader, fr_batch **out, unsigned timeout_ms)
     void fr_reader_reset(fr_reader *reader)

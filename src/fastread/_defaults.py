@@ -39,6 +39,12 @@ _SETTINGS = {
     # The most bytes the cache's entries may hold; past it the least
     # recently used are removed down to 90%. 0: no limit.
     "cache_bytes": ("FASTREAD_OBJECT_CACHE_BYTES", 0, int),
+    # The most bytes the record formats' decompressed copies of compressed
+    # shards (.tar.gz WebDataset, gzip'd Squirrel) may hold in their cache
+    # directory; least recently used copies of other shards are deleted past
+    # it. A byte count or a size such as 20GiB (fastread.formats._cache
+    # parses it). The formats' cache_bytes= argument wins.
+    "formats_cache_bytes": ("FASTREAD_FORMATS_CACHE_BYTES", 16 << 30, str),
     "prefetch": ("FASTREAD_PREFETCH", 2, int),
     # Reader threads, each with its own engine context; 0: one per 2 CPUs.
     "workers": ("FASTREAD_WORKERS", 0, int),
@@ -82,6 +88,11 @@ def get(name):
     var, default, kind = _SETTINGS[name]
     raw = os.environ.get(var)
     return default if raw is None else _parse(name, raw, kind)
+
+
+def default(name):
+    """The setting's default, when its environment variable is unset."""
+    return _SETTINGS[name][1]
 
 
 def env_var(name):

@@ -8,8 +8,10 @@ from cpython.bytes cimport PyBytes_AS_STRING
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memchr
 
-from fastread._adapt cimport (cache_config, encode_path, engine_name, gpu_error, init_config,
+from fastread._adapt cimport (PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_IS_COMPACT_ASCII,
+                              cache_config, encode_path, engine_name, gpu_error, init_config,
                               make_ranges, raise_errno)
 from fastread._batch cimport Batch, _PoolOwner
 from fastread._cfastread cimport *
@@ -29,6 +31,9 @@ cdef class NativeReader:
     cdef readonly str engine
     cdef readonly size_t size
     cdef readonly unsigned long long taken  # next() calls that took a batch (or an error)
+    # A batch taken from the native queue whose return a signal interrupted
+    # (see next()): handed out first by the next call.
+    cdef object held
 
     cdef readonly int device_id
     cdef readonly bint device_output
@@ -96,6 +101,7 @@ cdef class NativeReader:
         self._close()
 
     cdef void _close(self) noexcept:
+        self.held = None
         if self.rd != NULL:
             with nogil:
                 fr_reader_close(self.rd)
@@ -119,42 +125,117 @@ cdef class NativeReader:
         if rc != 0:
             raise_errno(rc, "cannot queue a batch")
 
+    def submit_paths(self, list paths, queue=None, entry=None):
+        """Queues one batch of explicit paths (fr_reader_submit_paths):
+        sample i is ``paths[i]``, read by the next free worker; its batch
+        comes out of next() in submission order like any other. With
+        ``queue``, ``entry`` is appended to it once the batch is queued, in
+        the same call (a caller's own record of what it submitted, kept
+        right across KeyboardInterrupt)."""
+        cdef fr_reader *rd = self._get()
+        cdef size_t n = len(paths), i
+        cdef list encoded = []  # bytes made for items that are not ASCII str
+        cdef object p
+        cdef const char *c
+        cdef bytes enc
+        cdef int rc
+        cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
+        if cpaths == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                p = paths[i]
+                if type(p) is str and PyUnicode_IS_COMPACT_ASCII(p):
+                    # As Context.read: an ASCII str is its own encoding and
+                    # NUL-terminated; the reader copies it before returning.
+                    c = <const char *>PyUnicode_DATA(p)
+                    if memchr(c, 0, <size_t>PyUnicode_GET_LENGTH(p)) != NULL:
+                        raise ValueError(f"path contains a NUL byte: {p!r}")
+                    cpaths[i] = c
+                else:
+                    enc = encode_path(p)
+                    encoded.append(enc)
+                    cpaths[i] = PyBytes_AS_STRING(enc)
+            rc = fr_reader_submit_paths(rd, cpaths, n)
+        finally:
+            free(cpaths)
+        if rc == -22:
+            raise ValueError("a range reader reads ranges of its image, not lists of paths")
+        if rc != 0:
+            raise_errno(rc, "cannot queue a list of paths")
+        if queue is not None:
+            queue.append(entry)
+
     def next(self):
         """The oldest submitted batch, waiting for it with the GIL released;
-        None when nothing is queued. Signals are handled while it waits (a
-        KeyboardInterrupt leaves the batch queued: ``taken`` counts the
-        batches this call and earlier ones took)."""
+        None when nothing is queued. Signals are handled while it waits, and
+        once more when the batch has come: a KeyboardInterrupt (any exception
+        a signal handler raises) leaves the batch queued, for the next call,
+        whether it came while waiting or as the batch arrived. ``taken``
+        counts the batches (and failed batches) this call and earlier ones
+        handed out."""
+        return self._take()
+
+    def next_into(self, list out):
+        """next(), appending the batch to ``out`` instead of returning it:
+        True, or False when nothing is queued. The batch is in ``out`` or
+        still queued when this returns or raises, with no moment between
+        (a caller keeping parts of a batch across KeyboardInterrupt)."""
+        cdef object b = self._take()
+        if b is None:
+            return False
+        out.append(b)
+        return True
+
+    cdef object _take(self):
         cdef fr_reader *rd = self._get()
         cdef fr_batch *b = NULL
         cdef int rc
+        cdef Batch batch
         cdef size_t i
-        while True:
-            with nogil:
-                rc = fr_reader_next_timed(rd, &b, 100)
-            if rc != -110:  # ETIMEDOUT
-                break
-            PyErr_CheckSignals()  # raises what a signal handler raised
-            rd = self._get()  # a handler may have closed the reader
+        if self.held is not None:
+            batch, self.held = self.held, None
+        else:
+            while True:
+                with nogil:
+                    rc = fr_reader_next_timed(rd, &b, 100)
+                if rc != -110:  # ETIMEDOUT
+                    break
+                PyErr_CheckSignals()  # raises what a signal handler raised
+                rd = self._get()  # a handler may have closed the reader
+            if rc == -61:  # ENODATA
+                self.taken += 1
+                return None
+            if rc != 0:
+                self.taken += 1
+                raise_errno(rc, f"reader thread ({self.engine}) stopped")
+            if b.status != 0:
+                rc = b.status
+                fr_batch_recycle(b)
+                self.taken += 1
+                raise_errno(rc, f"engine {self.engine!r} failed a batch"
+                             + gpu_error(fr_reader_gpu(rd)))
+            if b.dense_spill and self.files:
+                # A file of a dense batch took the slow path: the growth
+                # check byte of its first read may sit on the next sample's
+                # first byte (fastread.h, fr_batch.dense_spill). Failures
+                # become the samples' own errors.
+                with nogil:
+                    for i in range(b.count):
+                        if b.samples[i].length > 0:
+                            fr_batch_reread_first_byte(b, i,
+                                                       fr_reader_path(rd, <size_t>b.indices[i]))
+            batch = Batch.wrap(b, self.owner)
+        # A signal that came while the batch arrived: its exception now,
+        # with the batch kept (raised by the caller's next bytecode, it
+        # would lose the batch).
+        try:
+            PyErr_CheckSignals()
+        except BaseException:
+            self.held = batch
+            raise
         self.taken += 1
-        if rc == -61:  # ENODATA
-            return None
-        if rc != 0:
-            raise_errno(rc, f"reader thread ({self.engine}) stopped")
-        if b.status != 0:
-            rc = b.status
-            fr_batch_recycle(b)
-            raise_errno(rc, f"engine {self.engine!r} failed a batch"
-                         + gpu_error(fr_reader_gpu(rd)))
-        if b.dense_spill and self.files:
-            # A file of a dense batch took the slow path: the growth check
-            # byte of its first read may sit on the next sample's first byte
-            # (fastread.h, fr_batch.dense_spill). Failures become the
-            # samples' own errors.
-            with nogil:
-                for i in range(b.count):
-                    if b.samples[i].length > 0:
-                        fr_batch_reread_first_byte(b, i, fr_reader_path(rd, <size_t>b.indices[i]))
-        return Batch.wrap(b, self.owner)
+        return batch
 
     def set_dense(self, bint dense):
         """Lays out every batch the workers start from now on back to back
@@ -164,10 +245,11 @@ cdef class NativeReader:
 
     def reset(self):
         fr_reader_reset(self._get())
+        self.held = None
 
     @property
     def pending(self):
-        return fr_reader_pending(self._get())
+        return fr_reader_pending(self._get()) + (self.held is not None)
 
     def path(self, size_t index):
         cdef const char *p = fr_reader_path(self._get(), index)

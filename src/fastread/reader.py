@@ -8,6 +8,7 @@ import numpy as np
 
 from fastread.dense import dense_batch, dense_layout
 from fastread.engine import EngineOptions, warn_if_few_fds
+from fastread.errors import ReadError
 from fastread.files import raise_failures, s3_detail
 from fastread.image import PackedImage
 from fastread.sampling import (check_flag, check_global_batch, check_shard_args, elastic_indices,
@@ -158,6 +159,7 @@ class Reader:
             self._native.set_dense(True)
         self.device_id = opened.options["device_id"]
         self._ring = collections.deque()
+        self._held = []  # a batch taken from the native reader, not yet returned (_next_batch)
         self.epoch = 0
         self._start_batch = 0
         # [epoch, batches taken] of the epoch last started by iter() (None:
@@ -310,6 +312,7 @@ class Reader:
                                    "e.g. its own shard_id)")
             if self._pending:
                 self._native.reset()  # abandon the unfinished epoch's read-ahead
+                self._held.clear()
                 self._pending = False
             order = self._epoch_order(self.epoch)
             self._position = [self.epoch, self._start_batch]
@@ -336,14 +339,36 @@ class Reader:
             self._position[1] += 1
 
     def _next_batch(self):
-        batch = self._native.next()
-        if batch is None:  # cannot happen while the contract above holds
-            raise RuntimeError("Reader: no batch queued (the epoch was reset by another caller)")
+        """The next batch's (arrays, labels), its batch left in _held for the
+        caller to drop once nothing can interrupt it any more (_Epoch).
+
+        The batch is in _held from the native call that takes it (next_into,
+        where the native reader has it) until then: a KeyboardInterrupt in
+        between (while its arrays are made) leaves it for the next call
+        rather than losing it."""
+        held = self._held
+        if not held:
+            take = getattr(self._native, "next_into", None)
+            if take is not None:
+                got = take(held)
+            else:
+                batch = self._native.next()
+                got = batch is not None
+                if got:
+                    held.append(batch)
+            if not got:  # cannot happen while the contract above holds
+                raise RuntimeError("Reader: no batch queued (the epoch was reset by another "
+                                   "caller)")
+        batch = held[0]
         idx = batch.indices()
-        raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])),
-                       paths=isinstance(self.source, FileList),
-                       detail_of=(lambda url: s3_detail(self.options, url))
-                       if self.engine == "s3" else None)
+        try:
+            raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])),
+                           paths=isinstance(self.source, FileList),
+                           detail_of=(lambda url: s3_detail(self.options, url))
+                           if self.engine == "s3" else None)
+        except ReadError:
+            held.clear()  # a failed batch is used up
+            raise
         if self.dense is not None:
             arrays = dense_batch(batch, self.dense, lambda i: self.source.sample_name(int(idx[i])),
                                  self.device_id if self.device == "gpu" else None)
@@ -351,11 +376,13 @@ class Reader:
             arrays = batch.device_arrays(self.device_id)
         else:
             arrays = batch.arrays()
+        labels = self.labels[idx]
         if self.ring_depth is not None:
-            self._ring.append(batch)
+            if not self._ring or self._ring[-1] is not batch:
+                self._ring.append(batch)
             while len(self._ring) > self.ring_depth:
                 self._ring.popleft().release()
-        return arrays, self.labels[idx]
+        return arrays, labels
 
     def stats(self):
         """Counters summed over the reader's native threads, as of their last
@@ -376,6 +403,7 @@ class Reader:
                 self._native.close()
                 self._native = None
             self._ring.clear()
+            self._held.clear()
             self._active, self._owner, self._pending = None, None, False
 
     def __enter__(self):
@@ -434,16 +462,28 @@ class _Epoch:
                 out = r._next_batch()
             except BaseException:
                 # A batch that failed is used up; a signal (KeyboardInterrupt)
-                # while waiting for one leaves it queued for the next call.
-                if taken is None or (r._native is not None and r._native.taken != taken):
+                # while waiting for one, or while its arrays are made, leaves
+                # it queued (or held) for the next call.
+                if not r._held and (taken is None or
+                                    (r._native is not None and r._native.taken != taken)):
                     self._left -= 1
                     r._took_batch(self._token)
                 raise
-            self._left -= 1
-            r._took_batch(self._token)
-            return out
-        finally:
+        except BaseException:
             r._lock.release()
+            raise
+        # A signal is seen by Python only at a call (or a loop's jump): the
+        # batch stays held across this last call, and leaves _held by a
+        # statement that makes none, right before it is returned (a
+        # KeyboardInterrupt at the release returns it on the next call).
+        # The position (state_dict) counts it by statements too.
+        r._lock.release()
+        del r._held[0]
+        self._left -= 1
+        position = r._position
+        if r._active is self._token and position is not None:
+            position[1] += 1
+        return out
 
     def _finish(self, complete):
         r, self._reader = self._reader, None
@@ -479,6 +519,8 @@ def _after_fork_in_child():
         # thread may have held at fork(): keep them too.
         _FORKED_NATIVE.append(r._ring)
         r._ring = collections.deque()
+        _FORKED_NATIVE.append(r._held)
+        r._held = []
         r._active, r._owner, r._pending = None, None, False
 
 

@@ -85,13 +85,20 @@ static void uring_close(void *state)
  * and for testing the fallback).
  *
  * For tests only, fault injection (fault_plan): "fault_mode=eio|eintr|eagain|
- * short|stall" turns it on; "fault_op=open|read" (default read: file and
- * range reads), "fault_path=<substring>" (default: every path; a range's
- * path is its image's), "fault_count=<n>" (default 1; -1: every matching
- * completion; counted per context, over all its rings) and
- * "fault_stall_ms=<ms>" (default 200) choose where. eio/eintr/eagain replace
- * the completion's result with that -errno, short halves a read's byte
- * count, stall holds the completion back in the ring's thread. */
+ * short|stall|ecanceled|ebusy" turns it on; "fault_op=open|read|submit"
+ * (default read: file and range reads), "fault_path=<substring>" (default:
+ * every path; a range's path is its image's; submits have no path),
+ * "fault_count=<n>" (default 1; -1: every matching completion; counted per
+ * context, over all its rings) and "fault_stall_ms=<ms>" (default 200)
+ * choose where. eio/eintr/eagain/ecanceled replace the completion's result
+ * with that -errno, short halves a read's byte count, stall holds the
+ * completion back in the ring's thread; with fault_op=submit, eio/eintr/
+ * eagain/ebusy are what io_uring_enter returns instead of submitting (a
+ * count of -1 would refuse every submit: only 1.. is taken). */
+/* enum fault_mode's names, for messages. */
+static const char *const fault_mode_names[] = {"off",   "eio",       "eintr", "eagain",
+                                               "short", "stall",     "ecanceled", "ebusy"};
+
 static int parse_args(uring *u, const char *args, char *err, size_t err_len)
 {
     /* Defaults first: each output is left alone when its key is absent.
@@ -111,8 +118,8 @@ static int parse_args(uring *u, const char *args, char *err, size_t err_len)
         {.key = "setup_extra", .kind = FR_ARG_INT, .out = &extra, .min = 0, .max = 0xFFFFFFFFLL},
         /* For tests only: the fault plan. */
         {.key = "fault_mode", .kind = FR_ARG_CHOICE, .out = &mode,
-         .choices = "eio|eintr|eagain|short|stall", .given = &mode_given},
-        {.key = "fault_op", .kind = FR_ARG_CHOICE, .out = &op, .choices = "open|read",
+         .choices = "eio|eintr|eagain|short|stall|ecanceled|ebusy", .given = &mode_given},
+        {.key = "fault_op", .kind = FR_ARG_CHOICE, .out = &op, .choices = "open|read|submit",
          .given = &op_given},
         {.key = "fault_path", .kind = FR_ARG_STR, .out = u->fault.path,
          .max = sizeof(u->fault.path), .given = &path_given},
@@ -129,7 +136,27 @@ static int parse_args(uring *u, const char *args, char *err, size_t err_len)
      * that thinks it injects faults must not pass for that reason. */
     if (!mode_given && (op_given || path_given || count_given || stall_given)) {
         fr_set_err(err, err_len,
-                   "io_uring: engine_args fault_* items need fault_mode=eio|eintr|eagain|short|stall");
+                   "io_uring: engine_args fault_* items need "
+                   "fault_mode=eio|eintr|eagain|short|stall|ecanceled|ebusy");
+        return -EINVAL;
+    }
+    /* What each event can be made to do (mode: counted from FAULT_EIO). */
+    enum fault_mode fmode = mode_given ? (enum fault_mode)(FAULT_EIO + mode) : FAULT_OFF;
+    int submit = op == 2;
+    if (mode_given &&
+        (submit ? fmode == FAULT_SHORT || fmode == FAULT_STALL || fmode == FAULT_ECANCELED
+                : fmode == FAULT_EBUSY)) {
+        fr_set_err(err, err_len,
+                   "io_uring: engine_args fault_mode=%s does not apply to fault_op=%s (a "
+                   "submit fails with eio|eintr|eagain|ebusy; a completion with "
+                   "eio|eintr|eagain|ecanceled, or comes back short or stalled)",
+                   fault_mode_names[fmode], submit ? "submit" : op == 0 ? "open" : "read");
+        return -EINVAL;
+    }
+    if (submit && count < 0) {
+        /* Every submit refused: the ring could never make progress. */
+        fr_set_err(err, err_len, "io_uring: engine_args fault_count=-1 does not apply to "
+                                 "fault_op=submit (give a count of faults)");
         return -EINVAL;
     }
     u->first_choice = (unsigned)taskrun;
@@ -140,8 +167,8 @@ static int parse_args(uring *u, const char *args, char *err, size_t err_len)
             u->unsized_fds = unsized == UNSIZED_FDS;
     }
     u->extra_flags = (unsigned)extra;
-    u->fault.mode = mode_given ? (enum fault_mode)(FAULT_EIO + mode) : FAULT_OFF;
-    u->fault.op = op == 0 ? OP_OPEN : OP_READ;
+    u->fault.mode = fmode;
+    u->fault.op = op == 0 ? OP_OPEN : submit ? OP_SUBMIT : OP_READ;
     u->fault.stall_ms = (long)stall_ms;
     atomic_store(&u->fault.left, (long)count);
     return 0;

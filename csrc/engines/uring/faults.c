@@ -1,7 +1,7 @@
 /*
  * io_uring engine, tests only: the fault plan of engine_args fault_*=
  * (fault_plan in uring_internal.h), applied to copies of completions as
- * each ring reaps them.
+ * each ring reaps them, and to a ring's submits (fault_op=submit).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -14,7 +14,7 @@
 /* 1 if this completion is to be faulted (takes one of the plan's faults). */
 static int fault_take(fault_plan *f, const char *path)
 {
-    if (f->path[0] && (!path || !strstr(path, f->path)))
+    if (f->op != OP_SUBMIT && f->path[0] && (!path || !strstr(path, f->path)))
         return 0;
     long left = atomic_load(&f->left);
     while (left != 0) {
@@ -60,5 +60,20 @@ void fr_uring_fault_inject(uring *u, struct io_uring_cqe *cqe)
      * slot replaces it or the ring closes. */
     if (op == OP_OPEN && cqe->res >= 0 && (u->phase == PH_OPEN || u->phase == PH_PIPELINED))
         close(cqe->res);
-    cqe->res = f->mode == FAULT_EIO ? -EIO : f->mode == FAULT_EINTR ? -EINTR : -EAGAIN;
+    cqe->res = f->mode == FAULT_EIO      ? -EIO
+               : f->mode == FAULT_EINTR  ? -EINTR
+               : f->mode == FAULT_EAGAIN ? -EAGAIN
+                                         : -ECANCELED;
+}
+
+int fr_uring_fault_submit(uring *u)
+{
+    fault_plan *f = &u->fault;
+    if (f->mode == FAULT_OFF || f->op != OP_SUBMIT || !fault_take(f, NULL))
+        return 0;
+    atomic_fetch_add(&f->done, 1);
+    return f->mode == FAULT_EIO      ? -EIO
+           : f->mode == FAULT_EINTR  ? -EINTR
+           : f->mode == FAULT_EAGAIN ? -EAGAIN
+                                     : -EBUSY;
 }

@@ -113,12 +113,21 @@ int fr_uring_buffer_index(uring_ring *r, const fr_arena *arena)
     return lru;
 }
 
+/* The -errno a test's fault plan makes this submit fail with instead of
+ * being made (fault_op=submit), or 0. */
+static inline int submit_fault(uring *u)
+{
+    return u->fault.mode == FAULT_OFF ? 0 : fr_uring_fault_submit(u);
+}
+
 /* Submits what is queued and waits for at least one completion. Returns 0 or
  * a -errno the ring cannot recover from. */
-static int submit_wait(uring_ring *r)
+static int submit_wait(uring *u, uring_ring *r)
 {
     for (;;) {
-        int rc = io_uring_submit_and_wait(&r->ring, 1);
+        int rc = submit_fault(u);
+        if (rc == 0)
+            rc = io_uring_submit_and_wait(&r->ring, 1);
         if (rc >= 0 || rc == -EAGAIN || rc == -EBUSY)
             return 0; /* EAGAIN/EBUSY: completions must be reaped first */
         if (rc != -EINTR)
@@ -128,15 +137,17 @@ static int submit_wait(uring_ring *r)
 
 /* submit_wait, but -ETIME after STUCK_CHECK_MS without a completion where
  * the kernel can time a wait (IORING_FEAT_EXT_ARG, Linux 5.11). */
-static int submit_wait_timed(uring_ring *r)
+static int submit_wait_timed(uring *u, uring_ring *r)
 {
     if (!(r->ring.features & IORING_FEAT_EXT_ARG))
-        return submit_wait(r);
+        return submit_wait(u, r);
     struct __kernel_timespec ts = {.tv_sec = STUCK_CHECK_MS / 1000,
                                    .tv_nsec = (STUCK_CHECK_MS % 1000) * 1000000L};
     for (;;) {
         struct io_uring_cqe *cqe;
-        int rc = io_uring_submit_and_wait_timeout(&r->ring, &cqe, 1, &ts, NULL);
+        int rc = submit_fault(u);
+        if (rc == 0)
+            rc = io_uring_submit_and_wait_timeout(&r->ring, &cqe, 1, &ts, NULL);
         if (rc >= 0 || rc == -EAGAIN || rc == -EBUSY)
             return 0;
         if (rc != -EINTR)
@@ -203,6 +214,22 @@ static size_t reap(uring *u, uring_ring *r, cqe_fn fn)
     return seen;
 }
 
+/* After a broken submit: the requests the kernel did not take (a failed
+ * io_uring_enter leaves them in the submission queue) are taken back, so the
+ * next call's first submit does not send them with this call's user data
+ * and buffers, and no drain waits for their completions. The ring is used
+ * by its own thread only, without SQPOLL: the kernel reads the queue only
+ * inside io_uring_enter, so moving its tail back is safe. Returns how many. */
+static size_t discard_unsubmitted(uring_ring *r)
+{
+    struct io_uring_sq *sq = &r->ring.sq;
+    unsigned head = io_uring_smp_load_acquire(sq->khead);
+    size_t pending = (size_t)(sq->sqe_tail - head);
+    sq->sqe_head = sq->sqe_tail = head;
+    io_uring_smp_store_release(sq->ktail, head);
+    return pending;
+}
+
 /* After a broken submit, waits for everything in flight so no completion can
  * land in memory the caller is about to reuse, and still hands each to fn
  * (an open that succeeded must have its descriptor closed). */
@@ -231,13 +258,13 @@ static void fail_phase(uring *u, int rc)
  * when broken. */
 size_t fr_uring_turn(uring *u, uring_ring *r, size_t *inflight, cqe_fn fn)
 {
-    int rc = submit_wait_timed(r);
+    int rc = submit_wait_timed(u, r);
     if (rc == -ETIME) {
         *inflight += cancel_stuck(u, r);
         return 0;
     }
     if (rc < 0) {
-        drain(u, r, *inflight, fn);
+        drain(u, r, *inflight - discard_unsubmitted(r), fn);
         fail_phase(u, rc);
         return (size_t)-1;
     }

@@ -90,7 +90,8 @@
 
 #define NBUF_SLOTS 16
 
-enum op { OP_OPEN = 1, OP_READ, OP_CLOSE, OP_CANCEL };
+enum op { OP_OPEN = 1, OP_READ, OP_CLOSE, OP_CANCEL,
+          OP_SUBMIT /* fault_plan only: io_uring_enter's submit, no request */ };
 
 /* What the pool's threads are asked to do. */
 enum phase {
@@ -141,15 +142,28 @@ typedef struct uring_ring {
 } uring_ring;
 
 /* Test-only fault injection (engine_args fault_*=, see parse_args): makes
- * chosen completions of this context's rings fail, come back short or late,
- * as a disk, a network file system or a signal would, so tests can prove
- * every such completion surfaces per sample or is retried. Off (mode
- * FAULT_OFF) it costs one predictable branch per completion. */
-enum fault_mode { FAULT_OFF = 0, FAULT_EIO, FAULT_EINTR, FAULT_EAGAIN, FAULT_SHORT, FAULT_STALL };
+ * chosen completions of this context's rings fail (EIO, EINTR, EAGAIN,
+ * ECANCELED), come back short or late, as a disk, a network file system, a
+ * cancellation or a signal would, or makes a ring's submit (io_uring_enter)
+ * fail (fault_op=submit: EIO, EINTR, EAGAIN, EBUSY) without submitting, so
+ * tests can prove every such event surfaces per sample (or per batch, for a
+ * broken submit) or is retried, never hangs and never leaks. Off (mode
+ * FAULT_OFF) it costs one predictable branch per completion and per
+ * submit. */
+enum fault_mode {
+    FAULT_OFF = 0,
+    FAULT_EIO,
+    FAULT_EINTR,
+    FAULT_EAGAIN,
+    FAULT_SHORT,
+    FAULT_STALL,
+    FAULT_ECANCELED,
+    FAULT_EBUSY
+};
 
 typedef struct fault_plan {
     enum fault_mode mode;
-    enum op op;       /* OP_OPEN or OP_READ (range reads are reads) */
+    enum op op;       /* OP_OPEN, OP_READ (range reads are reads) or OP_SUBMIT */
     char path[64];    /* substring of the paths to fault; empty: every path */
     long stall_ms;    /* how long FAULT_STALL holds a completion back */
     atomic_long left; /* faults still to inject: -1 every one, shared by the rings */
@@ -242,8 +256,14 @@ static inline void set_live(uring *u, size_t i, uring_ring *r, unsigned slot)
     u->live_slot[i] = slot;
 }
 
-/* Errors the repair path retries (EINTR, EAGAIN), not the sample's error. */
-static inline int retryable(int64_t res) { return res == -EINTR || res == -EAGAIN; }
+/* Results that are no sample's error: the repair path reads the sample again
+ * (EINTR, EAGAIN; ECANCELED, a request the kernel cancelled and we did not:
+ * ours, of paths that stopped being files, are told by u->stuck, and a
+ * linked read cancelled by its failed open has the open's error). */
+static inline int retryable(int64_t res)
+{
+    return res == -EINTR || res == -EAGAIN || res == -ECANCELED;
+}
 
 typedef void (*cqe_fn)(uring *u, uring_ring *r, const struct io_uring_cqe *cqe);
 
@@ -279,6 +299,9 @@ size_t fr_uring_turn(uring *u, uring_ring *r, size_t *inflight, cqe_fn fn);
 
 /* Applies u->fault to a copy of one completion (mode not FAULT_OFF). */
 void fr_uring_fault_inject(uring *u, struct io_uring_cqe *cqe);
+/* The -errno a submit is made to fail with instead of being made
+ * (fault_op=submit), or 0: submit for real. */
+int fr_uring_fault_submit(uring *u);
 
 /* ---- strategies.c: how a ring reads a phase ---- */
 

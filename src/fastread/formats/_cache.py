@@ -28,11 +28,14 @@ import re
 import time
 import warnings
 
+from fastread import _defaults
+
 __all__ = ["CACHE_BYTES_VAR", "DEFAULT_CACHE_BYTES", "cache_bytes", "cache_dir_for",
            "cached_copy", "prune"]
 
-CACHE_BYTES_VAR = "FASTREAD_FORMATS_CACHE_BYTES"
-DEFAULT_CACHE_BYTES = 16 << 30
+# The environment default is a fastread._defaults setting (fastread info lists it).
+CACHE_BYTES_VAR = _defaults.env_var("formats_cache_bytes")
+DEFAULT_CACHE_BYTES = _defaults.default("formats_cache_bytes")
 # A copy: "<16 hex digits>-<shard's base name><suffix>"; only these are pruned.
 _COPY_RE = re.compile(r"^[0-9a-f]{16}-.+\.(tar|msgpack)$")
 _TMP_RE = re.compile(r"^[0-9a-f]{16}-.+\.(tar|msgpack)\.\d+\.tmp$")
@@ -67,8 +70,7 @@ def cache_bytes(value=None):
     ValueError naming the argument or the variable."""
     if value is not None:
         return _parse_bytes(value, "cache_bytes")
-    raw = os.environ.get(CACHE_BYTES_VAR)
-    return DEFAULT_CACHE_BYTES if raw is None else _parse_bytes(raw, CACHE_BYTES_VAR)
+    return _parse_bytes(_defaults.get("formats_cache_bytes"), CACHE_BYTES_VAR)
 
 
 def cache_dir_for(fmt, cache_dir=None):

@@ -68,27 +68,43 @@ class _MultiNative:
     (submit, next, reset, close, size, taken, pool_*).
 
     A batch is one native batch from each file it touches, taken in turn.
-    A signal (KeyboardInterrupt) while waiting for one of them loses
-    nothing: the parts already taken are kept and the batch stays first in
-    the queue, so the next call finishes it and returns it whole. A part
-    that fails (its native reader used it up) fails the whole batch: the
-    call raises, ``taken`` counts the batch, and its parts still queued in
-    the other files' readers are dropped before the next batch is taken.
+    Each part is known by its number in its file's reader (``seq``: that
+    reader's ``taken`` once the part is handed out), so a part never goes to
+    the wrong batch whatever was interrupted or failed before: parts of
+    batches that failed or were dropped are skipped by number.
+
+    KeyboardInterrupt (any exception a signal handler raises) loses nothing:
+    while waiting for a part, or as a part arrives, the part stays queued in
+    its file's reader (NativeReader.next keeps it); a part taken goes into
+    the batch's own list in the same native call (NativeReader.next_into),
+    and the batch leaves the queue in one step (``taken`` is counted by that
+    same step). The next call finishes the batch and returns it whole. A
+    part that fails (its native reader used it up) fails the whole batch:
+    the call raises, ``taken`` counts the batch, and its parts still queued
+    in the other files' readers are skipped when their turn comes.
     """
 
     def __init__(self, source, natives):
         self._file_of = source.file_index
         self._local = source.local_index
         self._natives = natives
-        self._queue = collections.deque()   # (indices, [(file, positions)]) not yet returned
-        self._partial = []                  # parts of the first queued batch already taken
-        self._discard = collections.deque() # files whose part of a failed batch is still queued
+        # Batches submitted and not yet returned, oldest first:
+        # (indices, [(file, positions, seq)], [parts taken so far]).
+        self._queue = collections.deque()
+        # Per file: the seq (1-based number) of the last part submitted to it.
+        self._seq = [n.taken for n in natives]
+        self._submitted = 0   # batches queued here, ever (less those reset)
         self.size = len(source)
         self.engine = natives[0].engine if natives else None
         self.auto_fallback = natives[0].auto_fallback if natives else 0
-        # Batches handed out or failed (as NativeReader.taken): the Reader
-        # tells a batch that failed from a wait a signal interrupted by it.
-        self.taken = 0
+
+    @property
+    def taken(self):
+        """Batches handed out or failed (as NativeReader.taken): the Reader
+        tells a batch that failed from a wait a signal interrupted by it.
+        Counted by the queue itself, so it changes in the one step that
+        removes a batch."""
+        return self._submitted - len(self._queue)
 
     def submit(self, indices):
         idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
@@ -102,80 +118,77 @@ class _MultiNative:
             if len(idx) else np.empty(0, np.int64)
         bounds = np.r_[starts, len(idx)]
         plan = []
-        submitted = []
-        try:
-            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                f = int(sorted_files[a])
-                pos = order[a:b]
-                self._natives[f].submit(self._local[idx[pos]])
-                submitted.append(f)
-                plan.append((f, pos))
-        except BaseException:
-            # Parts queued in some files only: they must never be taken as
-            # parts of a later batch.
-            self._discard.extend(submitted)
-            raise
-        self._queue.append((idx, plan))
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            f = int(sorted_files[a])
+            pos = order[a:b]
+            self._natives[f].submit(self._local[idx[pos]])
+            # Queued in that file's reader: its number there is taken, even
+            # if a later file's submit fails (the part is then skipped).
+            self._seq[f] += 1
+            plan.append((f, pos, self._seq[f]))
+        self._queue.append((idx, plan, []))
+        self._submitted += 1
 
-    def _drop_discarded(self):
-        """Takes and releases the queued parts of batches that failed. A
-        signal while waiting leaves the rest to drop on the next call."""
-        while self._discard:
-            native = self._natives[self._discard[0]]
+    def _skip_to(self, native, seq):
+        """Takes and releases the parts queued in ``native`` before part
+        ``seq`` (parts of batches that failed or were dropped). A signal
+        while waiting leaves the rest for the next call."""
+        while native.taken < seq - 1:
             before = native.taken
             try:
                 part = native.next()
             except BaseException:
                 if native.taken == before:  # interrupted: that part is still queued
                     raise
-                part = None                 # it failed: used up all the same
-            self._discard.popleft()
-            if part is not None:
-                part.release()
+                continue                    # it failed: used up all the same
+            if part is None:
+                raise RuntimeError("a file's native reader has no part queued (reset outside "
+                                   "this reader?)")
+            part.release()
 
     def next(self):
-        self._drop_discarded()
+        out = []
+        return out[0] if self.next_into(out) else None
+
+    def next_into(self, out):
+        """next(), appending the batch to ``out``: True, or False when
+        nothing is queued. The batch leaves the queue by a statement that
+        Python checks no signal at, and goes into ``out`` by the one call
+        after it (a KeyboardInterrupt at that call finds it in ``out``)."""
         if not self._queue:
-            return None
-        idx, plan = self._queue[0]
-        while len(self._partial) < len(plan):
-            f, _pos = plan[len(self._partial)]
+            return False
+        idx, plan, parts = self._queue[0]
+        while len(parts) < len(plan):
+            f, _pos, seq = plan[len(parts)]
             native = self._natives[f]
+            self._skip_to(native, seq)
             before = native.taken
             try:
-                part = native.next()
+                got = native.next_into(parts)
             except BaseException:
                 if native.taken != before:
                     # The part was used up (a failed read of the batch): the
-                    # batch fails; its other files' parts are dropped later.
-                    self._fail_first(len(self._partial) + 1)
+                    # batch fails; its other files' parts are skipped later.
+                    self._queue.popleft()
+                    for p in parts:
+                        p.release()
                 raise                       # else interrupted: kept for the next call
-            if part is None:  # the file's reader lost its queue: ours no longer matches
-                self._fail_first(len(self._partial) + 1)
+            if not got:  # the file's reader lost its queue: ours no longer matches
+                self._queue.popleft()
                 raise RuntimeError(f"the native reader of file {f} has no batch queued "
                                    "(reset outside this reader?)")
-            self._partial.append(part)
-        self._queue.popleft()
-        parts, self._partial = self._partial, []
-        self.taken += 1
-        return MultiBatch(parts, [pos for _f, pos in plan], idx)
-
-    def _fail_first(self, used):
-        """The first queued batch failed after ``used`` of its parts were
-        taken: releases those, queues the rest for dropping."""
-        _idx, plan = self._queue.popleft()
-        for p in self._partial:
-            p.release()
-        self._partial = []
-        self._discard.extend(f for f, _pos in plan[used:])
-        self.taken += 1
+        batch = MultiBatch(parts, [pos for _f, pos, _seq in plan], idx)
+        del self._queue[0]
+        out.append(batch)
+        return True
 
     def _clear(self):
-        for p in self._partial:
-            p.release()
-        self._partial = []
+        for _idx, _plan, parts in self._queue:
+            for p in parts:
+                p.release()
+        self._submitted -= len(self._queue)
         self._queue.clear()
-        self._discard.clear()
+        self._seq = [n.taken for n in self._natives]
 
     def reset(self):
         for n in self._natives:
@@ -185,7 +198,7 @@ class _MultiNative:
     def close(self):
         for n in self._natives:
             n.close()
-        self._clear()
+        self._queue.clear()
 
     @property
     def pending(self):
