@@ -295,9 +295,15 @@ def test_whole_shards_fetch_each_shard_once_an_epoch(shards, s3_server, s3_proxy
         return n
 
     gets()
-    for _ in fastread.Reader(source=whole, batch_size=4):
-        pass
+    with fastread.Reader(source=whole, batch_size=4) as r:
+        for _ in r:
+            pass
+        # Reader.stats() of whole shards: the context's counters (it raised
+        # AttributeError before).
+        stats = r.stats()
     assert gets() == len(urls)
+    assert stats["s3_requests"] == len(urls)
+    assert stats["s3_bytes"] == sum(os.path.getsize(p) for p in paths)
     for _ in fastread.Reader(source=ranges, batch_size=4):
         pass
     assert gets() == len(ranges)

@@ -603,6 +603,7 @@ class _WholeShards:
         self._gen = 0
         self._submitted = self._next = 0            # positions, for delivery in order
         self._closed = False
+        self._stats = {}                            # the context's counters, last read
         self._thread = threading.Thread(target=self._run, name="fastread-wds-whole",
                                         daemon=True)
         self._thread.start()
@@ -642,6 +643,9 @@ class _WholeShards:
         if missing:
             urls = [src.files[f].path for f in missing]
             batch = self._ctx.read(urls)
+            # Taken here, by the one thread that reads with the context, for
+            # stats() (Reader.stats()) to hand out without touching it.
+            self._stats = self._ctx.stats()
             errs = dict(batch.failures())
             for i, (f, a) in enumerate(zip(missing, batch.arrays())):
                 if i in errs:
@@ -683,6 +687,11 @@ class _WholeShards:
         if isinstance(out, BaseException):
             raise out
         return out
+
+    def stats(self):
+        """The context's counters (``s3_requests``, ``s3_bytes``, ...) as of
+        its last read, as NativeReader.stats() gives a Reader's."""
+        return dict(self._stats)
 
     def reset(self):
         with self._cv:
