@@ -45,11 +45,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "tests")))
 sys.path.insert(0, HERE)
 
-from _harness import (Worker, curl_skip_reason, ensure_dataset, ensure_uploaded, machine,  # noqa: E402
-                      proc_table, tree_cpu, versions, worker_main)
-
 READERS = ("boto3", "dali", "s3torch", "fastread", "reader", "curl")
 BUCKET = "bench"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# The client's CPU, the worker processes, the report's machine and versions,
+# the tree and its upload: shared with bench_shards.py.
+from _harness import (Worker, curl_skip_reason, ensure_dataset, ensure_uploaded,  # noqa: E402
+                      machine, proc_table, tree_cpu, versions, worker_main)
 
 
 # -- the readers (each in a worker process) ---------------------------------------
@@ -282,7 +286,6 @@ class CurlReader(Reader):
 
 READER_CLASSES = {"boto3": Boto3Reader, "dali": DaliReader, "s3torch": S3TorchReader,
                   "fastread": FastreadReader, "reader": FastreadReaderReader, "curl": CurlReader}
-
 
 
 # -- the run ----------------------------------------------------------------------
