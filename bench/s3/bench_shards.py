@@ -212,8 +212,11 @@ def ensure_formats(args, samples):
 # -- the readers (each in a worker process) ---------------------------------------
 
 class Reader:
-    """setup() once; measure(passes) -> (samples, bytes, {more}) of
-    `passes` whole passes; a pass that misses samples is an error."""
+    """setup() once; measure(passes, seconds) -> (samples, bytes, {more}) of
+    `passes` whole passes; a pass that misses samples is an error, unless
+    the reader stopped it at the time bound (`seconds`, readers of batches
+    only: then the samples it delivered, the bytes in proportion, and
+    "partial" in the report)."""
 
     fmt = "wds"
 
@@ -231,17 +234,33 @@ class Reader:
     def setup(self):
         pass
 
-    def one_pass(self):
-        """Samples delivered and more to report."""
+    def one_pass(self, deadline):
+        """Samples delivered and more to report; a reader of batches stops
+        after the batch that passes `deadline` (time.perf_counter())."""
         raise NotImplementedError
 
-    def measure(self, passes):
-        more = {}
+    def measure(self, passes, seconds=None):
+        deadline = time.perf_counter() + seconds if seconds else float("inf")
+        more, total = {}, 0
         for _ in range(passes):
-            n, more = self.one_pass()
+            n, more = self.one_pass(deadline)
+            total += n
             if n != self.samples:
+                if n < self.samples and time.perf_counter() > deadline:
+                    more = dict(more, partial=True)
+                    break
                 raise RuntimeError(f"a pass delivered {n} samples, not {self.samples}")
-        return self.samples * passes, self.pass_bytes * passes, more
+        return total, self.pass_bytes * total // self.samples, more
+
+
+def _count(batches, deadline):
+    """Samples in batches (counts), stopping after the one that passes deadline."""
+    n = 0
+    for count in batches:
+        n += count
+        if time.perf_counter() > deadline:
+            break
+    return n
 
 
 class _Fastread(Reader):
@@ -267,16 +286,14 @@ class FastreadWdsReader(_Fastread):
         import fastread
         from fastread.formats import WebDataset
         # Indexed here, once (every shard streamed): setup, not measured.
-        self.source = WebDataset(self.urls, ["jpg", "cls"], s3=self.options())
-        self.fastread = fastread
+        source = WebDataset(self.urls, ["jpg", "cls"], s3=self.options())
+        # One Reader, an epoch per pass, as a training loop uses it.
+        self.reader = fastread.Reader(source=source, batch_size=BATCH)
 
-    def one_pass(self):
-        n = 0
-        with self.fastread.Reader(source=self.source, batch_size=BATCH) as r:
-            for arrays, _labels in r:
-                n += len(arrays)
-            stats = r.stats()
-        return n, {"s3_requests": stats.get("s3_requests")}
+    def one_pass(self, deadline):
+        before = self.reader.stats().get("s3_requests", 0)
+        n = _count((len(arrays) for arrays, _labels in self.reader), deadline)
+        return n, {"s3_requests": self.reader.stats().get("s3_requests", 0) - before}
 
 
 class FastreadDaliReader(_Fastread):
@@ -301,7 +318,7 @@ class FastreadDaliReader(_Fastread):
         self.pipe = pipe()
         self.pipe.build()
 
-    def one_pass(self):
+    def one_pass(self, deadline):
         # The reader rolls over epochs (as DALI's do): a pass is one epoch's
         # worth of samples, counted from the batches (the last one padded
         # from the next epoch: at most BATCH - 1 samples of it).
@@ -309,6 +326,8 @@ class FastreadDaliReader(_Fastread):
         while n < self.samples:
             jpg, _cls = self.pipe.run()
             n += len(jpg)
+            if time.perf_counter() > deadline:
+                return n, {}
         return self.samples if n - self.samples < BATCH else n, {}
 
 
@@ -322,7 +341,7 @@ class ReadFilesReader(_Fastread):
         # The context read_files() reads with (its cache's), for its counters.
         self.ctx = cached_context("s3", None, all_cpus=True, s3=self.opts)
 
-    def one_pass(self):
+    def one_pass(self, deadline):
         before = self.ctx.stats()
         arrays = self.fastread.read_files(self.urls, s3=self.opts)
         got = sum(a.nbytes for a in arrays)
@@ -382,8 +401,8 @@ class S3TorchReader(Reader):
             Samples(shards), batch_size=BATCH, num_workers=self.cfg["loader_workers"],
             persistent_workers=True, collate_fn=_count_samples, prefetch_factor=2)
 
-    def one_pass(self):
-        return sum(self.loader), {}
+    def one_pass(self, deadline):
+        return _count(self.loader, deadline), {}
 
 
 class DaliWdsReader(Reader):
@@ -424,7 +443,7 @@ class Boto3Reader(Reader):
     def _get(self, key):
         return len(self.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
 
-    def one_pass(self):
+    def one_pass(self, deadline):
         got = sum(self.pool.map(self._get, self.keys))
         if got != self.pass_bytes:
             raise RuntimeError(f"read {got} bytes, the shards hold {self.pass_bytes}")
@@ -455,7 +474,7 @@ class MosaicReader(_Cached):
             return f"mosaicml-streaming does not import: {type(e).__name__}: {str(e)[:300]}"
         return None
 
-    def one_pass(self):
+    def one_pass(self, deadline):
         import torch.utils.data
         from streaming import StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
@@ -466,7 +485,7 @@ class MosaicReader(_Cached):
             loader = torch.utils.data.DataLoader(ds, batch_size=BATCH,
                                                  num_workers=self.cfg["loader_workers"],
                                                  collate_fn=_count_samples)
-            n = sum(loader)
+            n = _count(loader, deadline)
         finally:
             del ds
             self.drop_cache()
@@ -495,7 +514,7 @@ class LitdataReader(_Cached):
         else:
             self.note = ""
 
-    def one_pass(self):
+    def one_pass(self, deadline):
         from litdata import StreamingDataLoader, StreamingDataset
         ds = StreamingDataset(f"s3://{BUCKET}/{PREFIX['litdata']}", cache_dir=self.cache_dir(),
                               storage_options={"endpoint_url": self.endpoint,
@@ -506,7 +525,7 @@ class LitdataReader(_Cached):
             loader = StreamingDataLoader(ds, batch_size=BATCH,
                                          num_workers=self.cfg["loader_workers"],
                                          collate_fn=_count_samples)
-            n = sum(loader)
+            n = _count(loader, deadline)
         finally:
             del ds
             self.drop_cache()
@@ -529,7 +548,7 @@ class CurlReader(Reader):
             out += [(k, f"{a}-{min(a + self.RANGE, size) - 1}") for a in range(0, size, self.RANGE)]
         return out
 
-    def one_pass(self):
+    def one_pass(self, deadline):
         jobs = self.jobs()
         # One block per transfer, `next` between them: a range (like the
         # signing and the output) is an option of its transfer.
@@ -620,6 +639,16 @@ def run(args):
                 if not w.wait_ready(args.setup_timeout):
                     skips[f"{w.reader}@{w.delay}"] = w.skip
                     print(f"# {w.reader} @ {w.delay} ms: skipped: {w.skip}", file=sys.stderr)
+            # Untimed passes first: connections, arenas, DataLoader workers
+            # and pipelines in their steady state (a first epoch's costs,
+            # such as the kernel zeroing fresh arena pages, are not).
+            for _ in range(args.warmup):
+                for w in workers.values():
+                    if not w.skip:
+                        m = w.measure(args.timeout, passes=1, seconds=args.seconds)
+                        if "error" in m:
+                            print(f"# warm-up {w.reader} @ {w.delay} ms: {m['error']}",
+                                  file=sys.stderr)
             for rnd in range(args.rounds):
                 for d in args.delays:
                     for r in args.readers:
@@ -630,7 +659,7 @@ def run(args):
                         table = proc_table()
                         server_cpu0 = tree_cpu(server.proc.pid, table)
                         proxy_cpu0 = tree_cpu(proxy_pid, table) if proxy_pid else 0.0
-                        m = w.measure(args.timeout, passes=args.passes)
+                        m = w.measure(args.timeout, passes=args.passes, seconds=args.seconds)
                         table = proc_table()
                         m["server_cpu_s"] = tree_cpu(server.proc.pid, table) - server_cpu0
                         m["proxy_cpu_s"] = (tree_cpu(proxy_pid, table) - proxy_cpu0) if proxy_pid else 0.0
@@ -701,9 +730,10 @@ def summarize(report):
         scpu = _median(ms, lambda m: m["server_cpu_s"] / (m["bytes"] / 1e9))
         pcpu = _median(ms, lambda m: m["proxy_cpu_s"] / (m["bytes"] / 1e9))
         inflight = max((m.get("inflight_max") or 0) for m in ms) or "?"
+        partial = "*" if any(m.get("partial") for m in ms) else ""
         pct = f"{100 * gbs / ceiling[delay]:.0f}%" if ceiling.get(delay) else "?"
         lines.append(f"| {reader} | {delay} | {sps:,.0f} | {gbs:.3f} | {pct} | {cpu:.2f} | "
-                     f"{scpu:.2f} | {pcpu:.2f} | {inflight} | {len(ms)} |")
+                     f"{scpu:.2f} | {pcpu:.2f} | {inflight} | {len(ms)}{partial} |")
     for k, why in sorted(report["skipped"].items()):
         lines.append(f"skipped {k}: {why}")
     errors = [m for m in report["measurements"] if "error" in m]
@@ -711,7 +741,8 @@ def summarize(report):
         lines.append(f"error {m['reader']}@{m['delay_ms']} round {m['round']}: {m['error']}")
     notes = sorted({m["note"] for m in report["measurements"] if m.get("note")})
     lines += [f"note: {n}" for n in notes]
-    lines.append("medians over rounds; GB = 1e9 bytes of the format's shards per pass; "
+    lines.append("medians over rounds (*: partial passes, stopped at --seconds); GB = 1e9 bytes "
+                 "of the format's shards per pass; "
                  "% of ceiling: of the faster curl row at that delay; client CPU = the reader's "
                  "process tree")
     return "\n".join(lines)
@@ -729,6 +760,10 @@ def parse_args(argv=None):
     ap.add_argument("--workdir", default="/var/tmp/fastread-s3shards",
                     help="the shards and the server's data (reused: no second write or upload)")
     ap.add_argument("--passes", type=int, default=1, help="whole passes per measurement")
+    ap.add_argument("--seconds", type=float, default=60.0,
+                    help="time bound of one measurement: a reader of batches stops there "
+                         "(a partial pass, marked so)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed passes per reader first")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--delays", default="0,25", help="added latency, ms, comma-separated")
     ap.add_argument("--readers", default=",".join(READERS),
