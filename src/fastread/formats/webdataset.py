@@ -585,7 +585,11 @@ class _WholeShards:
     them: the s3 engine fetches each in ``part_size`` ranged GETs in
     parallel, the GIL released) and cuts the samples out as views. It
     holds the shards of the batch being cut plus ``keep`` more, so reading
-    in shard order fetches every shard once per epoch."""
+    in shard order fetches every shard once per epoch. It cuts at most
+    ``prefetch`` batches ahead of the one next() hands out: Reader submits
+    a whole epoch at once, and a cut batch pins its shards, so without the
+    bound it would hold every shard of the epoch in memory (a DALI
+    pipeline between epochs read the next one whole while idle)."""
 
     def __init__(self, source, engine, options, prefetch, keep=2):
         from fastread import _core
@@ -596,6 +600,7 @@ class _WholeShards:
         self._source = source
         self._ctx = _core.Context(self.engine, **options)
         self._keep = keep
+        self._prefetch = max(1, int(prefetch))
         self._shards = collections.OrderedDict()   # shard number -> uint8 array (LRU)
         self._cv = threading.Condition()
         self._todo = collections.deque()            # (generation, indices)
@@ -620,7 +625,8 @@ class _WholeShards:
     def _run(self):
         while True:
             with self._cv:
-                while not self._todo and not self._closed:
+                while not self._closed and (not self._todo or
+                                            self._todo[0][1] - self._next >= self._prefetch):
                     self._cv.wait()
                 if self._closed:
                     return
@@ -684,6 +690,7 @@ class _WholeShards:
             out = self._done.pop(self._next)
             self._next += 1
             self.taken += 1
+            self._cv.notify_all()   # room for the thread to cut one more
         if isinstance(out, BaseException):
             raise out
         return out
