@@ -7,6 +7,8 @@ S3 server (SeaweedFS, tests/s3_server.py), and read whole, once per pass, by
   fastread-wds   fastread.Reader(source=fastread.formats.WebDataset(shard URLs,
                  ["jpg", "cls"])): whole shards in order (s3_read's default),
                  batch 64: what a PyTorch/NumPy user of fastread writes
+  fastread-wds-noahead  the same without its next-shard read-ahead (an A/B,
+                 only when asked for in --readers)
   fastread-dali  fastread.dali.readers.webdataset(paths=shard URLs) in a DALI
                  pipeline (CPU), batch 64: what a DALI user of fastread writes
   read_files     fastread.read_files(shard URLs): each shard one object, which
@@ -67,8 +69,10 @@ sys.path.insert(0, HERE)
 from _harness import (Worker, curl_skip_reason, ensure_dataset, ensure_uploaded, machine,  # noqa: E402
                       proc_table, tree_cpu, versions, worker_main)
 
-READERS = ("fastread-wds", "fastread-dali", "read_files", "s3torch", "dali-wds", "boto3",
-           "mosaic", "litdata", "curl", "curl-ranges")
+READERS = ("fastread-wds", "fastread-wds-noahead", "fastread-dali", "read_files", "s3torch",
+           "dali-wds", "boto3", "mosaic", "litdata", "curl", "curl-ranges")
+#: What a plain run measures (fastread-wds-noahead: an A/B, asked by name).
+DEFAULT_READERS = tuple(r for r in READERS if r != "fastread-wds-noahead")
 CEILINGS = ("curl", "curl-ranges")
 BUCKET = "bench"
 #: The formats and where each lives under the bucket.
@@ -294,6 +298,16 @@ class FastreadWdsReader(_Fastread):
         before = self.reader.stats().get("s3_requests", 0)
         n = _count((len(arrays) for arrays, _labels in self.reader), deadline)
         return n, {"s3_requests": self.reader.stats().get("s3_requests", 0) - before}
+
+
+class FastreadWdsNoAheadReader(FastreadWdsReader):
+    """fastread-wds without the next-shard read-ahead (an A/B of
+    _WholeShards.AHEAD_SCAN, a private knob: 0 turns it off)."""
+
+    def setup(self):
+        from fastread.formats import webdataset
+        webdataset._WholeShards.AHEAD_SCAN = 0
+        super().setup()
 
 
 class FastreadDaliReader(_Fastread):
@@ -584,7 +598,8 @@ class CurlRangesReader(CurlReader):
     RANGE = 8 << 20
 
 
-READER_CLASSES = {"fastread-wds": FastreadWdsReader, "fastread-dali": FastreadDaliReader,
+READER_CLASSES = {"fastread-wds": FastreadWdsReader, "fastread-wds-noahead": FastreadWdsNoAheadReader,
+                  "fastread-dali": FastreadDaliReader,
                   "read_files": ReadFilesReader, "s3torch": S3TorchReader,
                   "dali-wds": DaliWdsReader, "boto3": Boto3Reader, "mosaic": MosaicReader,
                   "litdata": LitdataReader, "curl": CurlReader, "curl-ranges": CurlRangesReader}
@@ -766,7 +781,7 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=1, help="untimed passes per reader first")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--delays", default="0,25", help="added latency, ms, comma-separated")
-    ap.add_argument("--readers", default=",".join(READERS),
+    ap.add_argument("--readers", default=",".join(DEFAULT_READERS),
                     help=f"comma-separated subset of {','.join(READERS)}")
     ap.add_argument("--loader-workers", type=int, default=2,
                     help="DataLoader workers of s3torch, mosaic, litdata")
