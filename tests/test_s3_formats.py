@@ -4,6 +4,7 @@ tests/s3_server.py), read by ranged GETs: packed images
 ``fastread.dali.readers.image``) give exactly the samples of the local
 image they were uploaded from; a truncated or foreign object is named."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -295,12 +296,40 @@ def test_whole_shards_fetch_each_shard_once_an_epoch(shards, s3_server, s3_proxy
         return n
 
     gets()
-    for _ in fastread.Reader(source=whole, batch_size=4):
-        pass
+    with fastread.Reader(source=whole, batch_size=4) as r:
+        for _ in r:
+            pass
+        # Reader.stats() of whole shards: the context's counters (it raised
+        # AttributeError before).
+        stats = r.stats()
     assert gets() == len(urls)
+    assert stats["s3_requests"] == len(urls)
+    assert stats["s3_bytes"] == sum(os.path.getsize(p) for p in paths)
     for _ in fastread.Reader(source=ranges, batch_size=4):
         pass
     assert gets() == len(ranges)
+
+
+def test_whole_shards_read_at_most_prefetch_batches_ahead(shards):
+    """Reader submits a whole epoch at once; whole shards are still read
+    only `prefetch` batches ahead of the consumer (a cut batch pins its
+    shard: unbounded, an idle reader held the epoch's every shard)."""
+    from fastread.formats import WebDataset
+    paths, urls, o = shards
+    src = WebDataset(urls, ["jpg"], s3=o, s3_read="whole")
+    per_shard = len(src) // len(urls)
+    # batch = a shard's samples: each batch needs one shard (shards < part_size: one GET).
+    with fastread.Reader(source=src, batch_size=per_shard, prefetch=1) as r:
+        it = iter(r)
+        next(it)
+        time.sleep(1.0)   # idle: the reader may cut the next batch, no more
+        assert r.stats()["s3_requests"] <= 2
+        assert sum(1 for _ in it) == len(urls) - 1
+        stats = r.stats()
+    # Each call that fetches a shard fetches the next one along: one GET per
+    # shard, half as many calls.
+    assert stats["s3_requests"] == len(urls)
+    assert stats["file_calls"] == (len(urls) + 1) // 2
 
 
 def test_webdataset_errors_name_the_shard(shards, s3_server):

@@ -35,9 +35,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import platform
-import resource
-import select
 import shlex
 import statistics
 import subprocess
@@ -54,45 +51,10 @@ BUCKET = "bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-# -- CPU of a process tree --------------------------------------------------------
-
-def _proc_table():
-    """{pid: (ppid, utime+stime seconds)} of every process now."""
-    table = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        # fields[1] is ppid; utime, stime are fields 14, 15 of stat (11, 12 here)
-        table[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK)
-    return table
-
-
-def tree_cpu(root_pid, table=None):
-    """CPU seconds of root_pid and its live descendants."""
-    table = table or _proc_table()
-    children = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root_pid]
-    while todo:
-        pid = todo.pop()
-        if pid in table:
-            total += table[pid][1]
-        todo.extend(children.get(pid, ()))
-    return total
-
-
-def own_cpu():
-    """This process, its live descendants (DataLoader workers), and its
-    children that ended and were reaped (curl)."""
-    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return tree_cpu(os.getpid()) + ended.ru_utime + ended.ru_stime
+# The client's CPU, the worker processes, the report's machine and versions,
+# the tree and its upload: shared with bench_shards.py.
+from _harness import (Worker, curl_skip_reason, ensure_dataset, ensure_uploaded,  # noqa: E402
+                      machine, proc_table, tree_cpu, versions, worker_main)
 
 
 # -- the readers (each in a worker process) ---------------------------------------
@@ -322,14 +284,7 @@ class CurlReader(Reader):
     PARALLEL = 64
 
     def skip_reason(self):
-        try:
-            out = subprocess.run(["curl", "--help", "all"], capture_output=True, text=True,
-                                 timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"no curl: {e}"
-        if "--aws-sigv4" not in out or "--parallel-max" not in out:
-            return "this curl lacks --aws-sigv4 or --parallel-max (needs 7.75+)"
-        return None
+        return curl_skip_reason()
 
     def measure(self, n, offset, seconds):
         with tempfile.NamedTemporaryFile("w", suffix=".curl", delete=False) as f:
@@ -357,159 +312,7 @@ READER_CLASSES = {"boto3": Boto3Reader, "dali": DaliReader, "fastread-dali": Fas
                   "fastread": FastreadReader, "reader": FastreadReaderReader, "curl": CurlReader}
 
 
-def worker_main(config_path):
-    """A worker: set up one reader, then answer "measure" lines on stdin with
-    one JSON line each on stdout, until stdin closes."""
-    with open(config_path) as f:
-        cfg = json.load(f)
-    os.environ.update(cfg["env"])   # before DALI or the CRT read them
-    out = sys.stdout
-    sys.stdout = sys.stderr        # libraries' prints must not break the protocol
-    reader = READER_CLASSES[cfg["reader"]](cfg)
-
-    def reply(obj):
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
-
-    reason = reader.skip_reason()
-    if reason:
-        reply({"skip": reason})
-        return
-    try:
-        reader.setup()
-    except Exception as e:
-        reply({"skip": f"setup failed: {type(e).__name__}: {str(e)[:400]}"})
-        return
-    reply({"ready": True})
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            cpu0, t0 = own_cpu(), time.perf_counter()
-            objects, nbytes = reader.measure(req["objects"], req["offset"], req["seconds"])
-            seconds, cpu = time.perf_counter() - t0, own_cpu() - cpu0
-            reply({"objects": objects, "bytes": nbytes, "seconds": seconds, "cpu_s": cpu})
-        except Exception as e:
-            reply({"error": f"{type(e).__name__}: {str(e)[:600]}"})
-
-
-class Worker:
-    """The parent's handle on one worker process."""
-
-    def __init__(self, reader, delay, cfg, workdir):
-        self.reader, self.delay = reader, delay
-        path = os.path.join(workdir, f"worker-{reader}-{delay}.json")
-        with open(path, "w") as f:
-            json.dump(dict(cfg, reader=reader), f)
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", path],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=open(os.path.join(workdir, f"worker-{reader}-{delay}.log"), "w"),
-                                     text=True)
-        self.skip = None
-
-    def read_reply(self, timeout_s):
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            return {"error": f"no answer within {timeout_s:.0f} s (exit status {self.proc.poll()})"}
-        return json.loads(line)
-
-    def wait_ready(self, timeout_s):
-        r = self.read_reply(timeout_s)
-        if not r.get("ready"):
-            self.skip = r.get("skip") or r.get("error")
-        return self.skip is None
-
-    def measure(self, objects, offset, seconds):
-        self.proc.stdin.write(json.dumps({"objects": objects, "offset": offset,
-                                          "seconds": seconds}) + "\n")
-        self.proc.stdin.flush()
-        return self.read_reply(seconds + 120)
-
-    def close(self):
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
 # -- the run ----------------------------------------------------------------------
-
-def machine():
-    model = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu": model, "kernel": platform.release(),
-            "python": platform.python_version()}
-
-
-def versions():
-    out = {}
-    for mod in ("fastread", "boto3", "nvidia.dali", "s3torchconnector", "torch"):
-        try:
-            m = __import__(mod, fromlist=["_"])
-            out[mod] = getattr(m, "__version__", "?")
-        except ImportError:
-            out[mod] = None
-    try:
-        out["curl"] = subprocess.run(["curl", "--version"], capture_output=True, text=True,
-                                     timeout=10).stdout.split("\n")[0].split()[1]
-    except (OSError, IndexError, subprocess.TimeoutExpired):
-        out["curl"] = None
-    return out
-
-
-def ensure_dataset(args):
-    """The tree of `fastread make-dataset` (made, or reused when complete)."""
-    from fastread.cli import main as fastread_cli
-    argv = ["make-dataset", args.dataset, "--classes", str(args.classes),
-            "--per-class", str(args.per_class), "--seed", "0", "--quiet"]
-    saved = sys.argv
-    try:
-        sys.argv = ["fastread"] + argv
-        rc = fastread_cli()
-    finally:
-        sys.argv = saved
-    if rc not in (None, 0):
-        raise SystemExit(f"fastread {' '.join(argv)} failed with {rc}")
-
-
-def ensure_uploaded(server, args):
-    """The tree's samples (not its hidden files) under s3://bench/<prefix>,
-    uploaded unless all are there with their sizes (a reused --workdir);
-    other objects under the prefix are deleted (listing readers would take
-    them for samples). Sorted keys."""
-    local = {}
-    for root, dirs, files in os.walk(args.dataset):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            if name.startswith("."):
-                continue   # make-dataset's bookkeeping, not a sample
-            p = os.path.join(root, name)
-            rel = os.path.relpath(p, args.dataset).replace(os.sep, "/")
-            local[f"{args.prefix}/{rel}"] = os.path.getsize(p)
-    server.make_bucket(BUCKET)
-    client = server.client()
-    remote = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=args.prefix + "/"):
-        for o in page.get("Contents", []):
-            remote[o["Key"]] = o["Size"]
-    extra = sorted(set(remote) - set(local))
-    for i in range(0, len(extra), 1000):
-        client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in extra[i:i + 1000]]})
-    if any(remote.get(k) != size for k, size in local.items()):
-        t0 = time.perf_counter()
-        server.upload_tree(args.dataset, BUCKET, args.prefix)
-        print(f"# uploaded {len(local)} objects in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return sorted(local)
-
 
 def run_netem_children(args, delays):
     """Each delay > 0 as a child run of this script inside a namespace whose
@@ -536,7 +339,7 @@ def run_netem_children(args, delays):
 
 
 def run(args):
-    ensure_dataset(args)
+    ensure_dataset(args.dataset, args.classes, args.per_class)
     from latency import delayed_endpoint, probe_netem
     from s3_server import SeaweedFS
     netem_ok, netem_why = probe_netem() if args.latency != "proxy" else (False, "not asked")
@@ -548,7 +351,7 @@ def run(args):
     os.makedirs(args.workdir, exist_ok=True)
     with SeaweedFS(os.path.join(args.workdir, "weed")) as server, \
             tempfile.TemporaryDirectory(prefix="s3bench-") as tmp:
-        keys = ensure_uploaded(server, args)
+        keys = ensure_uploaded(server, BUCKET, args.dataset, args.prefix)
         nbytes = sum(os.path.getsize(os.path.join(args.dataset, k[len(args.prefix) + 1:]))
                      for k in keys)
         base = {"keys": keys, "prefix": args.prefix, "region": server.region,
@@ -564,7 +367,8 @@ def run(args):
                 ep, how, _pid = endpoints[d]
                 env = dict(server.env(), AWS_ENDPOINT_URL=ep, AWS_ENDPOINT_URL_S3=ep)
                 for r in args.readers:
-                    workers[(r, d)] = Worker(r, d, dict(base, endpoint=ep, env=env, how=how), tmp)
+                    workers[(r, d)] = Worker(__file__, r, d, dict(base, endpoint=ep, env=env, how=how),
+                                             tmp)
             for w in workers.values():
                 if not w.wait_ready(args.setup_timeout):
                     print(f"# {w.reader} @ {w.delay} ms: skipped: {w.skip}", file=sys.stderr)
@@ -576,11 +380,12 @@ def run(args):
                         if w.skip:
                             continue
                         proxy_pid = endpoints[d][2]
-                        table = _proc_table()
+                        table = proc_table()
                         server_cpu0 = tree_cpu(server.proc.pid, table)
                         proxy_cpu0 = tree_cpu(proxy_pid, table) if proxy_pid else 0.0
-                        m = w.measure(args.objects, offset, args.seconds)
-                        table = _proc_table()
+                        m = w.measure(args.seconds + 120, n=args.objects, offset=offset,
+                                      seconds=args.seconds)
+                        table = proc_table()
                         m["server_cpu_s"] = tree_cpu(server.proc.pid, table) - server_cpu0
                         m["proxy_cpu_s"] = (tree_cpu(proxy_pid, table) - proxy_cpu0) if proxy_pid else 0.0
                         m.update(reader=r, delay_ms=d, round=rnd, via=endpoints[d][1])
@@ -596,7 +401,8 @@ def run(args):
     # netem: its own runs (a namespace each), after the interleaved one.
     results += run_netem_children(args, netem_delays)
     skips = {f"{w.reader}@{w.delay}": w.skip for w in workers.values() if w.skip}
-    return {"machine": machine(), "load_average": os.getloadavg(), "versions": versions(),
+    mods = ("fastread", "boto3", "nvidia.dali", "s3torchconnector", "torch")
+    return {"machine": machine(), "load_average": os.getloadavg(), "versions": versions(mods),
             "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
             "dataset": {"dir": args.dataset, "objects": len(keys), "bytes": nbytes},
             "latency": {"netem": netem_ok, "netem_why": netem_why,
@@ -681,7 +487,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
-        return worker_main(args.worker)
+        return worker_main(args.worker, READER_CLASSES)
     report = run(args)
     if args.json:
         with open(args.json, "w") as f:

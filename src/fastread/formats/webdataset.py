@@ -585,7 +585,17 @@ class _WholeShards:
     them: the s3 engine fetches each in ``part_size`` ranged GETs in
     parallel, the GIL released) and cuts the samples out as views. It
     holds the shards of the batch being cut plus ``keep`` more, so reading
-    in shard order fetches every shard once per epoch."""
+    in shard order fetches every shard once per epoch. It cuts at most
+    ``prefetch`` batches ahead of the one next() hands out: Reader submits
+    a whole epoch at once, and a cut batch pins its shards, so without the
+    bound it would hold every shard of the epoch in memory (a DALI
+    pipeline between epochs read the next one whole while idle). A call
+    that fetches shards also fetches the next shard a queued batch will
+    need (looking ``AHEAD_SCAN`` batches ahead), so reading in shard order
+    stalls at every other shard boundary, with twice the requests in
+    flight (held: one shard more)."""
+
+    AHEAD_SCAN = 64
 
     def __init__(self, source, engine, options, prefetch, keep=2):
         from fastread import _core
@@ -596,6 +606,7 @@ class _WholeShards:
         self._source = source
         self._ctx = _core.Context(self.engine, **options)
         self._keep = keep
+        self._prefetch = max(1, int(prefetch))
         self._shards = collections.OrderedDict()   # shard number -> uint8 array (LRU)
         self._cv = threading.Condition()
         self._todo = collections.deque()            # (generation, indices)
@@ -603,6 +614,7 @@ class _WholeShards:
         self._gen = 0
         self._submitted = self._next = 0            # positions, for delivery in order
         self._closed = False
+        self._stats = {}                            # the context's counters, last read
         self._thread = threading.Thread(target=self._run, name="fastread-wds-whole",
                                         daemon=True)
         self._thread.start()
@@ -619,13 +631,15 @@ class _WholeShards:
     def _run(self):
         while True:
             with self._cv:
-                while not self._todo and not self._closed:
+                while not self._closed and (not self._todo or
+                                            self._todo[0][1] - self._next >= self._prefetch):
                     self._cv.wait()
                 if self._closed:
                     return
                 gen, pos, idx = self._todo.popleft()
+                ahead = self._upcoming_shard(idx)
             try:
-                out = self._cut(idx)
+                out = self._cut(idx, ahead)
             except BaseException as e:  # handed to next(), raised there
                 out = e
             with self._cv:
@@ -633,25 +647,44 @@ class _WholeShards:
                     self._done[pos] = out
                     self._cv.notify_all()
 
-    def _cut(self, idx):
+    def _upcoming_shard(self, idx):
+        """The first shard that a batch queued after ``idx`` needs and
+        ``idx`` does not (within AHEAD_SCAN batches), else None. Called with
+        the lock held."""
+        src = self._source
+        now = set(src.file_index[idx].tolist())
+        for k, (gen, _pos, later) in enumerate(self._todo):
+            if k >= self.AHEAD_SCAN or gen != self._gen:
+                break
+            for f in src.file_index[later].tolist():
+                if f not in now:
+                    return f
+        return None
+
+    def _cut(self, idx, ahead=None):
         src = self._source
         files = src.file_index[idx]
         need = list(dict.fromkeys(files.tolist()))
         missing = [f for f in need if f not in self._shards]
         failed = {}
         if missing:
-            urls = [src.files[f].path for f in missing]
-            batch = self._ctx.read(urls)
+            fetch = missing + ([ahead] if ahead is not None and ahead not in self._shards
+                               and ahead not in missing else [])
+            batch = self._ctx.read([src.files[f].path for f in fetch])
+            # Taken here, by the one thread that reads with the context, for
+            # stats() (Reader.stats()) to hand out without touching it.
+            self._stats = self._ctx.stats()
             errs = dict(batch.failures())
-            for i, (f, a) in enumerate(zip(missing, batch.arrays())):
-                if i in errs:
-                    failed[f] = (errs[i], self._ctx.sample_error(i))
-                else:
+            for i, (f, a) in enumerate(zip(fetch, batch.arrays())):
+                if i not in errs:
                     self._shards[f] = a
+                elif i < len(missing):   # a read-ahead shard that failed is fetched again when needed
+                    failed[f] = (errs[i], self._ctx.sample_error(i))
         for f in need:
             if f in self._shards:
                 self._shards.move_to_end(f)
-        while len(self._shards) > len(need) + self._keep:
+        # The read-ahead shard is newer than the ones left behind: LRU keeps it.
+        while len(self._shards) > len(need) + self._keep + 1:
             self._shards.popitem(last=False)
         arrays, failures = [], []
         local = src.local_index[idx]
@@ -680,9 +713,15 @@ class _WholeShards:
             out = self._done.pop(self._next)
             self._next += 1
             self.taken += 1
+            self._cv.notify_all()   # room for the thread to cut one more
         if isinstance(out, BaseException):
             raise out
         return out
+
+    def stats(self):
+        """The context's counters (``s3_requests``, ``s3_bytes``, ...) as of
+        its last read, as NativeReader.stats() gives a Reader's."""
+        return dict(self._stats)
 
     def reset(self):
         with self._cv:

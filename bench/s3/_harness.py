@@ -1,0 +1,249 @@
+"""What the interleaved S3 benchmarks share (bench_s3.py: 92 KB objects;
+bench_shards.py: 64 MB shards): the client's CPU (a process tree's, from
+/proc), one worker process per (reader, delay) driven over a pipe, the
+machine and versions for the report, the `fastread make-dataset` tree, and
+a local directory uploaded once to the SeaweedFS of --workdir.
+
+Worker protocol: the parent starts `SCRIPT --worker CONFIG.json`; the
+worker sets up its reader and says {"ready": true} (or {"skip": why}) on
+stdout, then answers each request line (a JSON object of keyword
+arguments for the reader's measure()) with one JSON line: count, bytes,
+seconds, the tree's CPU seconds, and what else the reader reported.
+"""
+
+import json
+import os
+import platform
+import resource
+import select
+import subprocess
+import sys
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- CPU of a process tree --------------------------------------------------------
+
+def proc_table():
+    """{pid: (ppid, utime+stime seconds)} of every process now."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        # fields[1] is ppid; utime, stime are fields 14, 15 of stat (11, 12 here)
+        table[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK)
+    return table
+
+
+def tree_cpu(root_pid, table=None):
+    """CPU seconds of root_pid and its live descendants."""
+    table = table or proc_table()
+    children = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid in table:
+            total += table[pid][1]
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+def own_cpu():
+    """This process, its live descendants (DataLoader workers), and its
+    children that ended and were reaped (curl, workers of past epochs)."""
+    ended = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return tree_cpu(os.getpid()) + ended.ru_utime + ended.ru_stime
+
+
+# -- worker processes -------------------------------------------------------------
+
+def worker_main(config_path, reader_classes):
+    """A worker: set up one reader (reader_classes[cfg["reader"]](cfg)),
+    then answer request lines on stdin with one JSON line each on stdout,
+    until stdin closes. measure(**request) returns (count, bytes) or
+    (count, bytes, {more to report})."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+    os.environ.update(cfg["env"])   # before DALI, the CRT or boto3 read them
+    out = sys.stdout
+    sys.stdout = sys.stderr        # libraries' prints must not break the protocol
+    reader = reader_classes[cfg["reader"]](cfg)
+
+    def reply(obj):
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    reason = reader.skip_reason()
+    if reason:
+        reply({"skip": reason})
+        return
+    try:
+        reader.setup()
+    except Exception as e:
+        reply({"skip": f"setup failed: {type(e).__name__}: {str(e)[:400]}"})
+        return
+    reply({"ready": True})
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            cpu0, t0 = own_cpu(), time.perf_counter()
+            got = reader.measure(**req)
+            seconds, cpu = time.perf_counter() - t0, own_cpu() - cpu0
+            m = {"objects": got[0], "bytes": got[1], "seconds": seconds, "cpu_s": cpu}
+            if len(got) > 2:
+                m.update(got[2])
+            reply(m)
+        except Exception as e:
+            text = str(e)   # the head says what, the tail (a worker's traceback) where
+            text = text if len(text) <= 1500 else f"{text[:500]} ... {text[-1000:]}"
+            reply({"error": f"{type(e).__name__}: {text}"})
+
+
+class Worker:
+    """The parent's handle on one worker process (`script --worker CFG`)."""
+
+    def __init__(self, script, reader, delay, cfg, workdir):
+        self.reader, self.delay = reader, delay
+        path = os.path.join(workdir, f"worker-{reader}-{delay}.json")
+        with open(path, "w") as f:
+            json.dump(dict(cfg, reader=reader), f)
+        self.log = os.path.join(workdir, f"worker-{reader}-{delay}.log")
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(script), "--worker", path],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=log, text=True)
+        self.skip = None
+
+    def read_reply(self, timeout_s):
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            return {"error": f"no answer within {timeout_s:.0f} s (exit status {self.proc.poll()})"}
+        return json.loads(line)
+
+    def wait_ready(self, timeout_s):
+        r = self.read_reply(timeout_s)
+        if not r.get("ready"):
+            self.skip = r.get("skip") or r.get("error")
+        return self.skip is None
+
+    def measure(self, timeout_s, **request):
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self.read_reply(timeout_s)
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+# -- the report -------------------------------------------------------------------
+
+def machine():
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu": model, "kernel": platform.release(),
+            "python": platform.python_version()}
+
+
+def versions(modules):
+    """{module: __version__ or None} for each importable module, and curl's."""
+    out = {}
+    for mod in modules:
+        try:
+            m = __import__(mod, fromlist=["_"])
+            out[mod] = getattr(m, "__version__", "?")
+        except Exception:   # ImportError, or a package that fails importing
+            out[mod] = None
+    try:
+        out["curl"] = subprocess.run(["curl", "--version"], capture_output=True, text=True,
+                                     timeout=10).stdout.split("\n")[0].split()[1]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        out["curl"] = None
+    return out
+
+
+def curl_skip_reason():
+    """None where this curl has --aws-sigv4 and --parallel-max, else why not."""
+    try:
+        out = subprocess.run(["curl", "--help", "all"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"no curl: {e}"
+    if "--aws-sigv4" not in out or "--parallel-max" not in out:
+        return "this curl lacks --aws-sigv4 or --parallel-max (needs 7.75+)"
+    return None
+
+
+# -- the data ---------------------------------------------------------------------
+
+def ensure_dataset(dataset, classes, per_class):
+    """The JPEG tree of `fastread make-dataset` (made, or reused when complete)."""
+    from fastread.cli import main as fastread_cli
+    argv = ["make-dataset", dataset, "--classes", str(classes),
+            "--per-class", str(per_class), "--seed", "0", "--quiet"]
+    saved = sys.argv
+    try:
+        sys.argv = ["fastread"] + argv
+        rc = fastread_cli()
+    finally:
+        sys.argv = saved
+    if rc not in (None, 0):
+        raise SystemExit(f"fastread {' '.join(argv)} failed with {rc}")
+
+
+def tree_files(local_dir):
+    """{relative path: size} of the files under local_dir, hidden files and
+    directories left out (make-dataset's bookkeeping, not samples)."""
+    local = {}
+    for root, dirs, files in os.walk(local_dir):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            if name.startswith("."):
+                continue
+            p = os.path.join(root, name)
+            local[os.path.relpath(p, local_dir).replace(os.sep, "/")] = os.path.getsize(p)
+    return local
+
+
+def ensure_uploaded(server, bucket, local_dir, prefix):
+    """The files of local_dir (tree_files) under s3://bucket/prefix, uploaded
+    unless all are there with their sizes (a reused server directory);
+    other objects under the prefix are deleted (listing readers would take
+    them for samples). Sorted keys."""
+    local = {f"{prefix}/{rel}": size for rel, size in tree_files(local_dir).items()}
+    server.make_bucket(bucket)
+    client = server.client()
+    remote = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for o in page.get("Contents", []):
+            remote[o["Key"]] = o["Size"]
+    extra = sorted(set(remote) - set(local))
+    for i in range(0, len(extra), 1000):
+        client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in extra[i:i + 1000]]})
+    if any(remote.get(k) != size for k, size in local.items()):
+        t0 = time.perf_counter()
+        server.upload_tree(local_dir, bucket, prefix)
+        print(f"# uploaded {len(local)} objects under s3://{bucket}/{prefix} in "
+              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return sorted(local)
