@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: the C core under ASan + UBSan (ctest), then the Python
-# suite. Installs everything it needs first.
+# The test command: the C core under ASan + UBSan, in the optimised build and
+# under ThreadSanitizer (ctest), then the Python suite. Installs everything it needs first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/setup.sh
@@ -21,6 +21,13 @@ cmake --build build/warnings
 # sanitizers' allocator never hands a freed block straight back, which hid an
 # arena that reused a freed one's address from io_uring's buffer cache.
 ctest --test-dir build/warnings --output-on-failure
+# And under ThreadSanitizer: the reader's workers, the engines' threads and
+# the gather proxy share state across threads; a report fails the test
+# (csrc/tests/tsan.supp holds the one suppression, with its reason).
+cmake -S . -B build/tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFASTREAD_TSAN=ON \
+      -DFASTREAD_BUILD_TESTS=ON >/dev/null
+cmake --build build/tsan
+ctest --test-dir build/tsan --output-on-failure --timeout 900
 
 # Run from outside the checkout so `import fastread` is the installed build.
 # The S3 engine, its server and the fixture's client were installed above:
