@@ -16,6 +16,7 @@ import os
 import platform
 import resource
 import select
+import shlex
 import subprocess
 import sys
 import time
@@ -247,3 +248,99 @@ def ensure_uploaded(server, bucket, local_dir, prefix):
         print(f"# uploaded {len(local)} objects under s3://{bucket}/{prefix} in "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return sorted(local)
+
+
+# -- what both scripts' run(), summarize() and main() do alike -------------------
+
+def readers_arg(ap, text, known):
+    """--readers (comma-separated) as a list; ap.error on a name not in known."""
+    readers = [r for r in text.split(",") if r]
+    unknown = set(readers) - set(known)
+    if unknown:
+        ap.error(f"unknown readers {sorted(unknown)}; known: {known}")
+    return readers
+
+
+def open_endpoints(stack, upstream, delays, **how):
+    """{delay: (endpoint, how, proxy pid or None)} from latency.delayed_endpoint
+    (keyword arguments `how`), each entered and pushed on stack (the caller
+    exits them in reverse)."""
+    from latency import delayed_endpoint
+    endpoints = {}
+    for d in delays:
+        cm = delayed_endpoint(upstream, d, **how)
+        endpoints[d] = cm.__enter__()
+        stack.append(cm)
+    return endpoints
+
+
+def measure_round(worker, server, endpoint, timeout_s, **request):
+    """One measurement of worker, with the server's and the delay proxy's
+    CPU seconds over it (server_cpu_s, proxy_cpu_s); endpoint is an
+    open_endpoints value."""
+    proxy_pid = endpoint[2]
+    table = proc_table()
+    server_cpu0 = tree_cpu(server.proc.pid, table)
+    proxy_cpu0 = tree_cpu(proxy_pid, table) if proxy_pid else 0.0
+    m = worker.measure(timeout_s, **request)
+    table = proc_table()
+    m["server_cpu_s"] = tree_cpu(server.proc.pid, table) - server_cpu0
+    m["proxy_cpu_s"] = (tree_cpu(proxy_pid, table) - proxy_cpu0) if proxy_pid else 0.0
+    return m
+
+
+def close_all(workers, stack):
+    """Each worker closed, then each open_endpoints context exited (last first)."""
+    for w in workers.values():
+        w.close()
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
+
+
+def report_base(args, vers):
+    """The report's machine, load average, versions, command line and options."""
+    return {"machine": machine(), "load_average": os.getloadavg(), "versions": vers,
+            "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
+            "options": {k: v for k, v in vars(args).items() if k not in ("json",)}}
+
+
+def rows_by_reader(report):
+    """{(reader, delay_ms): [measurements]} of the measurements without error
+    that read something."""
+    rows = {}
+    for m in report["measurements"]:
+        if "error" in m or not m.get("objects"):
+            continue
+        rows.setdefault((m["reader"], m["delay_ms"]), []).append(m)
+    return rows
+
+
+def summary_head(report):
+    """The summary's machine and command lines."""
+    mc = report["machine"]
+    return [f"machine: {mc['nproc']} CPUs, {mc['cpu']}, kernel {mc['kernel']}; load average "
+            f"at the end {', '.join(f'{x:.1f}' for x in report['load_average'])}",
+            f"command: {report['command']}"]
+
+
+def summary_problems(report):
+    """The summary's lines of skipped readers and of (the first ten) errors."""
+    lines = [f"skipped {k}: {why}" for k, why in sorted(report["skipped"].items())]
+    errors = [m for m in report["measurements"] if "error" in m]
+    for m in errors[:10]:
+        lines.append(f"error {m['reader']}@{m['delay_ms']} round {m['round']}: {m['error']}")
+    return lines
+
+
+def main(argv, parse_args, run, summarize, reader_classes):
+    """A benchmark script's main: a worker (--worker) or the run, its report
+    written to --json and summarized on stdout."""
+    args = parse_args(argv)
+    if args.worker:
+        return worker_main(args.worker, reader_classes)
+    report = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    print(summarize(report))
+    return 0

@@ -53,7 +53,6 @@ import concurrent.futures
 import io
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -66,8 +65,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "tests")))
 sys.path.insert(0, HERE)
 
-from _harness import (Worker, curl_skip_reason, ensure_dataset, ensure_uploaded, machine,  # noqa: E402
-                      proc_table, tree_cpu, versions, worker_main)
+import _harness  # noqa: E402
+from _harness import (Worker, close_all, curl_skip_reason, ensure_dataset,  # noqa: E402
+                      ensure_uploaded, measure_round, open_endpoints, readers_arg, report_base,
+                      rows_by_reader, summary_head, summary_problems, versions)
 
 READERS = ("fastread-wds", "fastread-wds-noahead", "fastread-dali", "read_files", "s3torch",
            "dali-wds", "boto3", "mosaic", "litdata", "curl", "curl-ranges")
@@ -608,7 +609,6 @@ READER_CLASSES = {"fastread-wds": FastreadWdsReader, "fastread-wds-noahead": Fas
 # -- the run ----------------------------------------------------------------------
 
 def run(args):
-    from latency import delayed_endpoint
     from s3_server import SeaweedFS
     ensure_dataset(args.dataset, args.classes, args.per_class)
     samples = tree_samples(args.dataset)
@@ -634,11 +634,7 @@ def run(args):
                 "scratch": tmp}
         stack = []
         try:
-            endpoints = {}
-            for d in args.delays:
-                cm = delayed_endpoint(server.endpoint, d)
-                endpoints[d] = cm.__enter__()
-                stack.append(cm)
+            endpoints = open_endpoints(stack, server.endpoint, args.delays)
             for d in args.delays:
                 ep, how, _pid = endpoints[d]
                 env = dict(server.env(), AWS_ENDPOINT_URL=ep, AWS_ENDPOINT_URL_S3=ep,
@@ -670,14 +666,8 @@ def run(args):
                         w = workers.get((r, d))
                         if w is None or w.skip:
                             continue
-                        proxy_pid = endpoints[d][2]
-                        table = proc_table()
-                        server_cpu0 = tree_cpu(server.proc.pid, table)
-                        proxy_cpu0 = tree_cpu(proxy_pid, table) if proxy_pid else 0.0
-                        m = w.measure(args.timeout, passes=args.passes, seconds=args.seconds)
-                        table = proc_table()
-                        m["server_cpu_s"] = tree_cpu(server.proc.pid, table) - server_cpu0
-                        m["proxy_cpu_s"] = (tree_cpu(proxy_pid, table) - proxy_cpu0) if proxy_pid else 0.0
+                        m = measure_round(w, server, endpoints[d], args.timeout,
+                                          passes=args.passes, seconds=args.seconds)
                         m.update(reader=r, delay_ms=d, round=rnd, via=endpoints[d][1])
                         results.append(m)
                         if "error" in m:
@@ -686,10 +676,7 @@ def run(args):
                             print(f"# round {rnd} {r} @ {d} ms: {m['bytes'] / m['seconds'] / 1e9:.3f} GB/s",
                                   file=sys.stderr)
         finally:
-            for w in workers.values():
-                w.close()
-            for cm in reversed(stack):
-                cm.__exit__(None, None, None)
+            close_all(workers, stack)
     mods = ("fastread", "boto3", "nvidia.dali", "s3torchconnector", "torch", "webdataset",
             "litdata")
     vers = versions(mods)
@@ -699,14 +686,12 @@ def run(args):
         vers["streaming"] = streaming.__version__
     except Exception:
         vers["streaming"] = None
-    return {"machine": machine(), "load_average": os.getloadavg(), "versions": vers,
-            "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
-            "dataset": {"dir": args.dataset, "samples": len(samples),
-                        "formats": {f: {"objects": len(keys.get(f, [])),
-                                        "bytes": format_bytes.get(f, 0)} for f in PREFIX}},
-            "latency": "delays > 0: the delay proxy (tests/s3_proxy.py in a process of its own)",
-            "options": {k: v for k, v in vars(args).items() if k not in ("json",)},
-            "skipped": skips, "measurements": results}
+    return dict(report_base(args, vers),
+                dataset={"dir": args.dataset, "samples": len(samples),
+                         "formats": {f: {"objects": len(keys.get(f, [])),
+                                         "bytes": format_bytes.get(f, 0)} for f in PREFIX}},
+                latency="delays > 0: the delay proxy (tests/s3_proxy.py in a process of its own)",
+                skipped=skips, measurements=results)
 
 
 def _median(ms, f):
@@ -714,18 +699,11 @@ def _median(ms, f):
 
 
 def summarize(report):
-    rows = {}
-    for m in report["measurements"]:
-        if "error" in m or not m.get("objects"):
-            continue
-        rows.setdefault((m["reader"], m["delay_ms"]), []).append(m)
+    rows = rows_by_reader(report)
     ds = report["dataset"]
     fm = ", ".join(f"{f} {v['objects']} objects {v['bytes'] / 1e9:.3f} GB"
                    for f, v in ds["formats"].items())
-    lines = [f"machine: {report['machine']['nproc']} CPUs, {report['machine']['cpu']}, "
-             f"kernel {report['machine']['kernel']}; load average at the end "
-             f"{', '.join(f'{x:.1f}' for x in report['load_average'])}",
-             f"command: {report['command']}",
+    lines = summary_head(report) + [
              f"dataset: {ds['samples']} samples ({ds['dir']}); shards: {fm}",
              f"latency: {report['latency']}",
              "",
@@ -749,11 +727,7 @@ def summarize(report):
         pct = f"{100 * gbs / ceiling[delay]:.0f}%" if ceiling.get(delay) else "?"
         lines.append(f"| {reader} | {delay} | {sps:,.0f} | {gbs:.3f} | {pct} | {cpu:.2f} | "
                      f"{scpu:.2f} | {pcpu:.2f} | {inflight} | {len(ms)}{partial} |")
-    for k, why in sorted(report["skipped"].items()):
-        lines.append(f"skipped {k}: {why}")
-    errors = [m for m in report["measurements"] if "error" in m]
-    for m in errors[:10]:
-        lines.append(f"error {m['reader']}@{m['delay_ms']} round {m['round']}: {m['error']}")
+    lines += summary_problems(report)
     notes = sorted({m["note"] for m in report["measurements"] if m.get("note")})
     lines += [f"note: {n}" for n in notes]
     lines.append("medians over rounds (*: partial passes, stopped at --seconds); GB = 1e9 bytes "
@@ -793,23 +767,12 @@ def parse_args(argv=None):
     if args.worker:
         return args
     args.delays = [int(d) for d in args.delays.split(",") if d != ""]
-    args.readers = [r for r in args.readers.split(",") if r]
-    unknown = set(args.readers) - set(READERS)
-    if unknown:
-        ap.error(f"unknown readers {sorted(unknown)}; known: {READERS}")
+    args.readers = readers_arg(ap, args.readers, READERS)
     return args
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        return worker_main(args.worker, READER_CLASSES)
-    report = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    print(summarize(report))
-    return 0
+    return _harness.main(argv, parse_args, run, summarize, READER_CLASSES)
 
 
 if __name__ == "__main__":
