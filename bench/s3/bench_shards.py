@@ -311,27 +311,37 @@ class FastreadWdsNoAheadReader(FastreadWdsReader):
         super().setup()
 
 
+def _no_dali():
+    """Why DALI cannot be used here, or None."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError as e:
+        return f"no DALI: {e}"
+    return None
+
+
+def _wds_pipe(webdataset, urls, **kwargs):
+    """A built CPU pipeline of batches of BATCH (jpg, cls) from a DALI
+    webdataset reader op (DALI's or fastread's) over the shard URLs."""
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=BATCH, num_threads=os.cpu_count(), device_id=None,
+                  prefetch_queue_depth=2)
+    def pipe():
+        jpg, cls = webdataset(paths=urls, ext=["jpg", "cls"], name="wds", **kwargs)
+        return jpg, cls
+    built = pipe()
+    built.build()
+    return built
+
+
 class FastreadDaliReader(_Fastread):
     def skip_reason(self):
-        try:
-            import nvidia.dali  # noqa: F401
-        except ImportError as e:
-            return f"no DALI: {e}"
-        return super().skip_reason()
+        return _no_dali() or super().skip_reason()
 
     def setup(self):
-        from nvidia.dali import pipeline_def
         from fastread.dali import readers
-        opts = self.options()
-
-        @pipeline_def(batch_size=BATCH, num_threads=os.cpu_count(), device_id=None,
-                      prefetch_queue_depth=2)
-        def pipe():
-            jpg, cls = readers.webdataset(paths=self.urls, ext=["jpg", "cls"], s3=opts,
-                                          name="wds")
-            return jpg, cls
-        self.pipe = pipe()
-        self.pipe.build()
+        self.pipe = _wds_pipe(readers.webdataset, self.urls, s3=self.options())
 
     def one_pass(self, deadline):
         # The reader rolls over epochs (as DALI's do): a pass is one epoch's
@@ -422,22 +432,11 @@ class S3TorchReader(Reader):
 
 class DaliWdsReader(Reader):
     def skip_reason(self):
-        try:
-            import nvidia.dali  # noqa: F401
-        except ImportError as e:
-            return f"no DALI: {e}"
-        return None
+        return _no_dali()
 
     def setup(self):
-        from nvidia.dali import fn, pipeline_def
-
-        @pipeline_def(batch_size=BATCH, num_threads=os.cpu_count(), device_id=None,
-                      prefetch_queue_depth=2)
-        def pipe():
-            jpg, cls = fn.readers.webdataset(paths=self.urls, ext=["jpg", "cls"], name="wds")
-            return jpg, cls
-        self.pipe = pipe()
-        self.pipe.build()
+        from nvidia.dali import fn
+        self.pipe = _wds_pipe(fn.readers.webdataset, self.urls)
 
     one_pass = FastreadDaliReader.one_pass
 
@@ -478,6 +477,18 @@ class _Cached(Reader):
     def drop_cache(self):
         shutil.rmtree(self._made, ignore_errors=True)
 
+    def count_pass(self, ds, loader_class, deadline):
+        """One pass of loader_class over ds (a dataset on cache_dir()): its
+        samples, the dataset and its cache dropped after, and the note."""
+        try:
+            loader = loader_class(ds, batch_size=BATCH, num_workers=self.cfg["loader_workers"],
+                                  collate_fn=_count_samples)
+            n = _count(loader, deadline)
+        finally:
+            del ds
+            self.drop_cache()
+        return n, {"note": self.note} if self.note else {}
+
 
 class MosaicReader(_Cached):
     fmt = "mds"
@@ -494,17 +505,10 @@ class MosaicReader(_Cached):
         from streaming import StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
         clean_stale_shared_memory()
-        ds = StreamingDataset(remote=f"s3://{BUCKET}/{PREFIX['mds']}", local=self.cache_dir(),
-                              batch_size=BATCH, shuffle=False)
-        try:
-            loader = torch.utils.data.DataLoader(ds, batch_size=BATCH,
-                                                 num_workers=self.cfg["loader_workers"],
-                                                 collate_fn=_count_samples)
-            n = _count(loader, deadline)
-        finally:
-            del ds
-            self.drop_cache()
-        return n, {"note": self.note} if self.note else {}
+        return self.count_pass(
+            StreamingDataset(remote=f"s3://{BUCKET}/{PREFIX['mds']}", local=self.cache_dir(),
+                             batch_size=BATCH, shuffle=False),
+            torch.utils.data.DataLoader, deadline)
 
 
 class LitdataReader(_Cached):
@@ -531,20 +535,13 @@ class LitdataReader(_Cached):
 
     def one_pass(self, deadline):
         from litdata import StreamingDataLoader, StreamingDataset
-        ds = StreamingDataset(f"s3://{BUCKET}/{PREFIX['litdata']}", cache_dir=self.cache_dir(),
-                              storage_options={"endpoint_url": self.endpoint,
-                                               "aws_access_key_id": self.cfg["access_key"],
-                                               "aws_secret_access_key": self.cfg["secret_key"],
-                                               "region_name": self.cfg["region"]})
-        try:
-            loader = StreamingDataLoader(ds, batch_size=BATCH,
-                                         num_workers=self.cfg["loader_workers"],
-                                         collate_fn=_count_samples)
-            n = _count(loader, deadline)
-        finally:
-            del ds
-            self.drop_cache()
-        return n, {"note": self.note} if self.note else {}
+        return self.count_pass(
+            StreamingDataset(f"s3://{BUCKET}/{PREFIX['litdata']}", cache_dir=self.cache_dir(),
+                             storage_options={"endpoint_url": self.endpoint,
+                                              "aws_access_key_id": self.cfg["access_key"],
+                                              "aws_secret_access_key": self.cfg["secret_key"],
+                                              "region_name": self.cfg["region"]}),
+            StreamingDataLoader, deadline)
 
 
 class CurlReader(Reader):
