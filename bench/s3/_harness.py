@@ -11,6 +11,7 @@ arguments for the reader's measure()) with one JSON line: count, bytes,
 seconds, the tree's CPU seconds, and what else the reader reported.
 """
 
+import argparse
 import json
 import os
 import platform
@@ -151,6 +152,33 @@ class Worker:
             self.proc.wait(timeout=10)
 
 
+# -- a reader both scripts have ---------------------------------------------------
+
+class Boto3Gets:
+    """A reader's boto3 side (mixed in before the script's Reader, which
+    sets cfg and endpoint): setup() makes a client of the server (path
+    style, THREADS pooled connections, 3 attempts) and a
+    ThreadPoolExecutor(THREADS); _get(key) reads one object of BUCKET
+    whole and returns its size."""
+    THREADS = 32
+    BUCKET = "bench"
+
+    def setup(self):
+        import concurrent.futures
+
+        import boto3
+        from botocore.config import Config
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint, region_name=self.cfg["region"],
+            aws_access_key_id=self.cfg["access_key"], aws_secret_access_key=self.cfg["secret_key"],
+            config=Config(s3={"addressing_style": "path"}, max_pool_connections=self.THREADS,
+                          retries={"total_max_attempts": 3, "mode": "standard"}))
+        self.pool = concurrent.futures.ThreadPoolExecutor(self.THREADS)
+
+    def _get(self, key):
+        return len(self.client.get_object(Bucket=self.BUCKET, Key=key)["Body"].read())
+
+
 # -- the report -------------------------------------------------------------------
 
 def machine():
@@ -252,13 +280,22 @@ def ensure_uploaded(server, bucket, local_dir, prefix):
 
 # -- what both scripts' run(), summarize() and main() do alike -------------------
 
-def readers_arg(ap, text, known):
-    """--readers (comma-separated) as a list; ap.error on a name not in known."""
-    readers = [r for r in text.split(",") if r]
-    unknown = set(readers) - set(known)
+def parse_tail(ap, argv, known, delay):
+    """The options both scripts end with (--json, --worker), then argv
+    parsed: --delays (comma-separated, each through delay()) and --readers
+    (comma-separated; ap.error on a name not in known) as lists, unless
+    this is a worker (--worker: the rest is not used)."""
+    ap.add_argument("--json", help="write the full report here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return args
+    args.delays = [delay(d) for d in args.delays.split(",") if d != ""]
+    args.readers = [r for r in args.readers.split(",") if r]
+    unknown = set(args.readers) - set(known)
     if unknown:
         ap.error(f"unknown readers {sorted(unknown)}; known: {known}")
-    return readers
+    return args
 
 
 def open_endpoints(stack, upstream, delays, **how):

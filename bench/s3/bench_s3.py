@@ -32,7 +32,6 @@ fastread rows say "skipped" until the installed fastread has the s3 engine.
 """
 
 import argparse
-import concurrent.futures
 import json
 import os
 import statistics
@@ -54,8 +53,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # the tree and its upload: shared with bench_shards.py.
 # (tree_cpu: tests/test_bench_s3.py reaches it as bench_s3.tree_cpu.)
 import _harness  # noqa: E402
-from _harness import (Worker, close_all, curl_skip_reason, ensure_dataset,  # noqa: E402
-                      ensure_uploaded, measure_round, open_endpoints, readers_arg, report_base,
+from _harness import (Boto3Gets, Worker, close_all, curl_skip_reason, ensure_dataset,  # noqa: E402
+                      ensure_uploaded, measure_round, open_endpoints, parse_tail, report_base,
                       rows_by_reader, summary_head, summary_problems, tree_cpu, versions)
 
 
@@ -80,21 +79,8 @@ class Reader:
         return [k[(offset + i) % len(k)] for i in range(n)]
 
 
-class Boto3Reader(Reader):
-    THREADS = 32
-
-    def setup(self):
-        import boto3
-        from botocore.config import Config
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint, region_name=self.cfg["region"],
-            aws_access_key_id=self.cfg["access_key"], aws_secret_access_key=self.cfg["secret_key"],
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=self.THREADS,
-                          retries={"total_max_attempts": 3, "mode": "standard"}))
-        self.pool = concurrent.futures.ThreadPoolExecutor(self.THREADS)
-
-    def _get(self, key):
-        return len(self.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+class Boto3Reader(Boto3Gets, Reader):
+    """get_object of each key in a ThreadPoolExecutor(THREADS) (_harness.Boto3Gets)."""
 
     def measure(self, n, offset, seconds):
         deadline = time.perf_counter() + seconds
@@ -424,6 +410,11 @@ def summarize(report):
     return "\n".join(lines)
 
 
+def _delay(text):
+    """A --delays item: ms, whole where it is."""
+    return int(float(text)) if float(text).is_integer() else float(text)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -446,15 +437,7 @@ def parse_args(argv=None):
     ap.add_argument("--proxy-at-zero", action="store_true",
                     help="put the proxy in front at 0 ms too (its own overhead)")
     ap.add_argument("--setup-timeout", type=float, default=180.0)
-    ap.add_argument("--json", help="write the full report here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        return args
-    args.delays = [int(float(d)) if float(d).is_integer() else float(d)
-                   for d in args.delays.split(",") if d != ""]
-    args.readers = readers_arg(ap, args.readers, READERS)
-    return args
+    return parse_tail(ap, argv, READERS, delay=_delay)
 
 
 def main(argv=None):

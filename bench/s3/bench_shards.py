@@ -49,7 +49,6 @@ set up once and measured every round.
 """
 
 import argparse
-import concurrent.futures
 import io
 import json
 import os
@@ -66,8 +65,8 @@ sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "tests")))
 sys.path.insert(0, HERE)
 
 import _harness  # noqa: E402
-from _harness import (Worker, close_all, curl_skip_reason, ensure_dataset,  # noqa: E402
-                      ensure_uploaded, measure_round, open_endpoints, readers_arg, report_base,
+from _harness import (Boto3Gets, Worker, close_all, curl_skip_reason, ensure_dataset,  # noqa: E402
+                      ensure_uploaded, measure_round, open_endpoints, parse_tail, report_base,
                       rows_by_reader, summary_head, summary_problems, versions)
 
 READERS = ("fastread-wds", "fastread-wds-noahead", "fastread-dali", "read_files", "s3torch",
@@ -441,21 +440,8 @@ class DaliWdsReader(Reader):
     one_pass = FastreadDaliReader.one_pass
 
 
-class Boto3Reader(Reader):
-    THREADS = 32
-
-    def setup(self):
-        import boto3
-        from botocore.config import Config
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint, region_name=self.cfg["region"],
-            aws_access_key_id=self.cfg["access_key"], aws_secret_access_key=self.cfg["secret_key"],
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=self.THREADS,
-                          retries={"total_max_attempts": 3, "mode": "standard"}))
-        self.pool = concurrent.futures.ThreadPoolExecutor(self.THREADS)
-
-    def _get(self, key):
-        return len(self.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+class Boto3Reader(Boto3Gets, Reader):
+    """get_object of each key in a ThreadPoolExecutor(THREADS) (_harness.Boto3Gets)."""
 
     def one_pass(self, deadline):
         got = sum(self.pool.map(self._get, self.keys))
@@ -758,14 +744,7 @@ def parse_args(argv=None):
                     help="DataLoader workers of s3torch, mosaic, litdata")
     ap.add_argument("--setup-timeout", type=float, default=300.0)
     ap.add_argument("--timeout", type=float, default=600.0, help="bound of one measurement, s")
-    ap.add_argument("--json", help="write the full report here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        return args
-    args.delays = [int(d) for d in args.delays.split(",") if d != ""]
-    args.readers = readers_arg(ap, args.readers, READERS)
-    return args
+    return parse_tail(ap, argv, READERS, delay=int)
 
 
 def main(argv=None):
