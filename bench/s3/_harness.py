@@ -11,11 +11,13 @@ arguments for the reader's measure()) with one JSON line: count, bytes,
 seconds, the tree's CPU seconds, and what else the reader reported.
 """
 
+import argparse
 import json
 import os
 import platform
 import resource
 import select
+import shlex
 import subprocess
 import sys
 import time
@@ -150,6 +152,33 @@ class Worker:
             self.proc.wait(timeout=10)
 
 
+# -- a reader both scripts have ---------------------------------------------------
+
+class Boto3Gets:
+    """A reader's boto3 side (mixed in before the script's Reader, which
+    sets cfg and endpoint): setup() makes a client of the server (path
+    style, THREADS pooled connections, 3 attempts) and a
+    ThreadPoolExecutor(THREADS); _get(key) reads one object of BUCKET
+    whole and returns its size."""
+    THREADS = 32
+    BUCKET = "bench"
+
+    def setup(self):
+        import concurrent.futures
+
+        import boto3
+        from botocore.config import Config
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint, region_name=self.cfg["region"],
+            aws_access_key_id=self.cfg["access_key"], aws_secret_access_key=self.cfg["secret_key"],
+            config=Config(s3={"addressing_style": "path"}, max_pool_connections=self.THREADS,
+                          retries={"total_max_attempts": 3, "mode": "standard"}))
+        self.pool = concurrent.futures.ThreadPoolExecutor(self.THREADS)
+
+    def _get(self, key):
+        return len(self.client.get_object(Bucket=self.BUCKET, Key=key)["Body"].read())
+
+
 # -- the report -------------------------------------------------------------------
 
 def machine():
@@ -247,3 +276,108 @@ def ensure_uploaded(server, bucket, local_dir, prefix):
         print(f"# uploaded {len(local)} objects under s3://{bucket}/{prefix} in "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return sorted(local)
+
+
+# -- what both scripts' run(), summarize() and main() do alike -------------------
+
+def parse_tail(ap, argv, known, delay):
+    """The options both scripts end with (--json, --worker), then argv
+    parsed: --delays (comma-separated, each through delay()) and --readers
+    (comma-separated; ap.error on a name not in known) as lists, unless
+    this is a worker (--worker: the rest is not used)."""
+    ap.add_argument("--json", help="write the full report here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return args
+    args.delays = [delay(d) for d in args.delays.split(",") if d != ""]
+    args.readers = [r for r in args.readers.split(",") if r]
+    unknown = set(args.readers) - set(known)
+    if unknown:
+        ap.error(f"unknown readers {sorted(unknown)}; known: {known}")
+    return args
+
+
+def open_endpoints(stack, upstream, delays, **how):
+    """{delay: (endpoint, how, proxy pid or None)} from latency.delayed_endpoint
+    (keyword arguments `how`), each entered and pushed on stack (the caller
+    exits them in reverse)."""
+    from latency import delayed_endpoint
+    endpoints = {}
+    for d in delays:
+        cm = delayed_endpoint(upstream, d, **how)
+        endpoints[d] = cm.__enter__()
+        stack.append(cm)
+    return endpoints
+
+
+def measure_round(worker, server, endpoint, timeout_s, **request):
+    """One measurement of worker, with the server's and the delay proxy's
+    CPU seconds over it (server_cpu_s, proxy_cpu_s); endpoint is an
+    open_endpoints value."""
+    proxy_pid = endpoint[2]
+    table = proc_table()
+    server_cpu0 = tree_cpu(server.proc.pid, table)
+    proxy_cpu0 = tree_cpu(proxy_pid, table) if proxy_pid else 0.0
+    m = worker.measure(timeout_s, **request)
+    table = proc_table()
+    m["server_cpu_s"] = tree_cpu(server.proc.pid, table) - server_cpu0
+    m["proxy_cpu_s"] = (tree_cpu(proxy_pid, table) - proxy_cpu0) if proxy_pid else 0.0
+    return m
+
+
+def close_all(workers, stack):
+    """Each worker closed, then each open_endpoints context exited (last first)."""
+    for w in workers.values():
+        w.close()
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
+
+
+def report_base(args, vers):
+    """The report's machine, load average, versions, command line and options."""
+    return {"machine": machine(), "load_average": os.getloadavg(), "versions": vers,
+            "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
+            "options": {k: v for k, v in vars(args).items() if k not in ("json",)}}
+
+
+def rows_by_reader(report):
+    """{(reader, delay_ms): [measurements]} of the measurements without error
+    that read something."""
+    rows = {}
+    for m in report["measurements"]:
+        if "error" in m or not m.get("objects"):
+            continue
+        rows.setdefault((m["reader"], m["delay_ms"]), []).append(m)
+    return rows
+
+
+def summary_head(report):
+    """The summary's machine and command lines."""
+    mc = report["machine"]
+    return [f"machine: {mc['nproc']} CPUs, {mc['cpu']}, kernel {mc['kernel']}; load average "
+            f"at the end {', '.join(f'{x:.1f}' for x in report['load_average'])}",
+            f"command: {report['command']}"]
+
+
+def summary_problems(report):
+    """The summary's lines of skipped readers and of (the first ten) errors."""
+    lines = [f"skipped {k}: {why}" for k, why in sorted(report["skipped"].items())]
+    errors = [m for m in report["measurements"] if "error" in m]
+    for m in errors[:10]:
+        lines.append(f"error {m['reader']}@{m['delay_ms']} round {m['round']}: {m['error']}")
+    return lines
+
+
+def main(argv, parse_args, run, summarize, reader_classes):
+    """A benchmark script's main: a worker (--worker) or the run, its report
+    written to --json and summarized on stdout."""
+    args = parse_args(argv)
+    if args.worker:
+        return worker_main(args.worker, reader_classes)
+    report = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    print(summarize(report))
+    return 0

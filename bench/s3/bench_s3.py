@@ -32,10 +32,8 @@ fastread rows say "skipped" until the installed fastread has the s3 engine.
 """
 
 import argparse
-import concurrent.futures
 import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -53,8 +51,11 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # The client's CPU, the worker processes, the report's machine and versions,
 # the tree and its upload: shared with bench_shards.py.
-from _harness import (Worker, curl_skip_reason, ensure_dataset, ensure_uploaded,  # noqa: E402
-                      machine, proc_table, tree_cpu, versions, worker_main)
+# (tree_cpu: tests/test_bench_s3.py reaches it as bench_s3.tree_cpu.)
+import _harness  # noqa: E402
+from _harness import (Boto3Gets, Worker, close_all, curl_skip_reason, ensure_dataset,  # noqa: E402
+                      ensure_uploaded, measure_round, open_endpoints, parse_tail, report_base,
+                      rows_by_reader, summary_head, summary_problems, tree_cpu, versions)
 
 
 # -- the readers (each in a worker process) ---------------------------------------
@@ -78,21 +79,8 @@ class Reader:
         return [k[(offset + i) % len(k)] for i in range(n)]
 
 
-class Boto3Reader(Reader):
-    THREADS = 32
-
-    def setup(self):
-        import boto3
-        from botocore.config import Config
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint, region_name=self.cfg["region"],
-            aws_access_key_id=self.cfg["access_key"], aws_secret_access_key=self.cfg["secret_key"],
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=self.THREADS,
-                          retries={"total_max_attempts": 3, "mode": "standard"}))
-        self.pool = concurrent.futures.ThreadPoolExecutor(self.THREADS)
-
-    def _get(self, key):
-        return len(self.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+class Boto3Reader(Boto3Gets, Reader):
+    """get_object of each key in a ThreadPoolExecutor(THREADS) (_harness.Boto3Gets)."""
 
     def measure(self, n, offset, seconds):
         deadline = time.perf_counter() + seconds
@@ -340,7 +328,7 @@ def run_netem_children(args, delays):
 
 def run(args):
     ensure_dataset(args.dataset, args.classes, args.per_class)
-    from latency import delayed_endpoint, probe_netem
+    from latency import probe_netem
     from s3_server import SeaweedFS
     netem_ok, netem_why = probe_netem() if args.latency != "proxy" else (False, "not asked")
     if args.latency == "netem" and not netem_ok:
@@ -358,11 +346,8 @@ def run(args):
                 "access_key": server.access_key, "secret_key": server.secret_key}
         workers, stack = {}, []
         try:
-            endpoints = {}
-            for d in proxy_delays:
-                cm = delayed_endpoint(server.endpoint, d, via="proxy0" if args.proxy_at_zero else "proxy")
-                endpoints[d] = cm.__enter__()
-                stack.append(cm)
+            endpoints = open_endpoints(stack, server.endpoint, proxy_delays,
+                                       via="proxy0" if args.proxy_at_zero else "proxy")
             for d in proxy_delays:
                 ep, how, _pid = endpoints[d]
                 env = dict(server.env(), AWS_ENDPOINT_URL=ep, AWS_ENDPOINT_URL_S3=ep)
@@ -379,50 +364,31 @@ def run(args):
                         w = workers[(r, d)]
                         if w.skip:
                             continue
-                        proxy_pid = endpoints[d][2]
-                        table = proc_table()
-                        server_cpu0 = tree_cpu(server.proc.pid, table)
-                        proxy_cpu0 = tree_cpu(proxy_pid, table) if proxy_pid else 0.0
-                        m = w.measure(args.seconds + 120, n=args.objects, offset=offset,
-                                      seconds=args.seconds)
-                        table = proc_table()
-                        m["server_cpu_s"] = tree_cpu(server.proc.pid, table) - server_cpu0
-                        m["proxy_cpu_s"] = (tree_cpu(proxy_pid, table) - proxy_cpu0) if proxy_pid else 0.0
+                        m = measure_round(w, server, endpoints[d], args.seconds + 120,
+                                          n=args.objects, offset=offset, seconds=args.seconds)
                         m.update(reader=r, delay_ms=d, round=rnd, via=endpoints[d][1])
                         results.append(m)
                         if "error" in m:
                             print(f"# {r} @ {d} ms round {rnd}: {m['error']}", file=sys.stderr)
                         offset = (offset + args.objects) % len(keys)
         finally:
-            for w in workers.values():
-                w.close()
-            for cm in reversed(stack):
-                cm.__exit__(None, None, None)
+            close_all(workers, stack)
     # netem: its own runs (a namespace each), after the interleaved one.
     results += run_netem_children(args, netem_delays)
     skips = {f"{w.reader}@{w.delay}": w.skip for w in workers.values() if w.skip}
     mods = ("fastread", "boto3", "nvidia.dali", "s3torchconnector", "torch")
-    return {"machine": machine(), "load_average": os.getloadavg(), "versions": versions(mods),
-            "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
-            "dataset": {"dir": args.dataset, "objects": len(keys), "bytes": nbytes},
-            "latency": {"netem": netem_ok, "netem_why": netem_why,
-                        "used": ("netem in a private namespace (runs of their own) for delays > 0"
-                                 if netem_delays else
-                                 "proxy process (tests/s3_proxy.py) for delays > 0")},
-            "options": {k: v for k, v in vars(args).items() if k not in ("json",)},
-            "skipped": skips, "measurements": results}
+    return dict(report_base(args, versions(mods)),
+                dataset={"dir": args.dataset, "objects": len(keys), "bytes": nbytes},
+                latency={"netem": netem_ok, "netem_why": netem_why,
+                         "used": ("netem in a private namespace (runs of their own) for delays > 0"
+                                  if netem_delays else
+                                  "proxy process (tests/s3_proxy.py) for delays > 0")},
+                skipped=skips, measurements=results)
 
 
 def summarize(report):
-    rows = {}
-    for m in report["measurements"]:
-        if "error" in m or not m.get("objects"):
-            continue
-        rows.setdefault((m["reader"], m["delay_ms"]), []).append(m)
-    lines = [f"machine: {report['machine']['nproc']} CPUs, {report['machine']['cpu']}, "
-             f"kernel {report['machine']['kernel']}; load average at the end "
-             f"{', '.join(f'{x:.1f}' for x in report['load_average'])}",
-             f"command: {report['command']}",
+    rows = rows_by_reader(report)
+    lines = summary_head(report) + [
              f"dataset: {report['dataset']['objects']} objects, "
              f"{report['dataset']['bytes'] / 1e9:.3f} GB ({report['dataset']['dir']})",
              f"latency: netem {'works' if report['latency']['netem'] else 'unavailable: ' + report['latency']['netem_why']}; "
@@ -439,13 +405,14 @@ def summarize(report):
         pcpu = statistics.median(m["proxy_cpu_s"] / (m["bytes"] / 1e9) for m in ms)
         lines.append(f"| {reader} | {delay} | {ops:,.0f} | {gbs:.3f} | {cpu:.2f} | {scpu:.2f} | "
                      f"{pcpu:.2f} | {len(ms)} |")
-    for k, why in sorted(report["skipped"].items()):
-        lines.append(f"skipped {k}: {why}")
-    errors = [m for m in report["measurements"] if "error" in m]
-    for m in errors[:10]:
-        lines.append(f"error {m['reader']}@{m['delay_ms']} round {m['round']}: {m['error']}")
+    lines += summary_problems(report)
     lines.append("medians over rounds; GB = 1e9 bytes; client CPU = the reader's process tree")
     return "\n".join(lines)
+
+
+def _delay(text):
+    """A --delays item: ms, whole where it is."""
+    return int(float(text)) if float(text).is_integer() else float(text)
 
 
 def parse_args(argv=None):
@@ -470,30 +437,11 @@ def parse_args(argv=None):
     ap.add_argument("--proxy-at-zero", action="store_true",
                     help="put the proxy in front at 0 ms too (its own overhead)")
     ap.add_argument("--setup-timeout", type=float, default=180.0)
-    ap.add_argument("--json", help="write the full report here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        return args
-    args.delays = [int(float(d)) if float(d).is_integer() else float(d)
-                   for d in args.delays.split(",") if d != ""]
-    args.readers = [r for r in args.readers.split(",") if r]
-    unknown = set(args.readers) - set(READERS)
-    if unknown:
-        ap.error(f"unknown readers {sorted(unknown)}; known: {READERS}")
-    return args
+    return parse_tail(ap, argv, READERS, delay=_delay)
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        return worker_main(args.worker, READER_CLASSES)
-    report = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    print(summarize(report))
-    return 0
+    return _harness.main(argv, parse_args, run, summarize, READER_CLASSES)
 
 
 if __name__ == "__main__":

@@ -49,11 +49,9 @@ set up once and measured every round.
 """
 
 import argparse
-import concurrent.futures
 import io
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -66,8 +64,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "tests")))
 sys.path.insert(0, HERE)
 
-from _harness import (Worker, curl_skip_reason, ensure_dataset, ensure_uploaded, machine,  # noqa: E402
-                      proc_table, tree_cpu, versions, worker_main)
+import _harness  # noqa: E402
+from _harness import (Boto3Gets, Worker, close_all, curl_skip_reason, ensure_dataset,  # noqa: E402
+                      ensure_uploaded, measure_round, open_endpoints, parse_tail, report_base,
+                      rows_by_reader, summary_head, summary_problems, versions)
 
 READERS = ("fastread-wds", "fastread-wds-noahead", "fastread-dali", "read_files", "s3torch",
            "dali-wds", "boto3", "mosaic", "litdata", "curl", "curl-ranges")
@@ -310,27 +310,37 @@ class FastreadWdsNoAheadReader(FastreadWdsReader):
         super().setup()
 
 
+def _no_dali():
+    """Why DALI cannot be used here, or None."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError as e:
+        return f"no DALI: {e}"
+    return None
+
+
+def _wds_pipe(webdataset, urls, **kwargs):
+    """A built CPU pipeline of batches of BATCH (jpg, cls) from a DALI
+    webdataset reader op (DALI's or fastread's) over the shard URLs."""
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=BATCH, num_threads=os.cpu_count(), device_id=None,
+                  prefetch_queue_depth=2)
+    def pipe():
+        jpg, cls = webdataset(paths=urls, ext=["jpg", "cls"], name="wds", **kwargs)
+        return jpg, cls
+    built = pipe()
+    built.build()
+    return built
+
+
 class FastreadDaliReader(_Fastread):
     def skip_reason(self):
-        try:
-            import nvidia.dali  # noqa: F401
-        except ImportError as e:
-            return f"no DALI: {e}"
-        return super().skip_reason()
+        return _no_dali() or super().skip_reason()
 
     def setup(self):
-        from nvidia.dali import pipeline_def
         from fastread.dali import readers
-        opts = self.options()
-
-        @pipeline_def(batch_size=BATCH, num_threads=os.cpu_count(), device_id=None,
-                      prefetch_queue_depth=2)
-        def pipe():
-            jpg, cls = readers.webdataset(paths=self.urls, ext=["jpg", "cls"], s3=opts,
-                                          name="wds")
-            return jpg, cls
-        self.pipe = pipe()
-        self.pipe.build()
+        self.pipe = _wds_pipe(readers.webdataset, self.urls, s3=self.options())
 
     def one_pass(self, deadline):
         # The reader rolls over epochs (as DALI's do): a pass is one epoch's
@@ -421,41 +431,17 @@ class S3TorchReader(Reader):
 
 class DaliWdsReader(Reader):
     def skip_reason(self):
-        try:
-            import nvidia.dali  # noqa: F401
-        except ImportError as e:
-            return f"no DALI: {e}"
-        return None
+        return _no_dali()
 
     def setup(self):
-        from nvidia.dali import fn, pipeline_def
-
-        @pipeline_def(batch_size=BATCH, num_threads=os.cpu_count(), device_id=None,
-                      prefetch_queue_depth=2)
-        def pipe():
-            jpg, cls = fn.readers.webdataset(paths=self.urls, ext=["jpg", "cls"], name="wds")
-            return jpg, cls
-        self.pipe = pipe()
-        self.pipe.build()
+        from nvidia.dali import fn
+        self.pipe = _wds_pipe(fn.readers.webdataset, self.urls)
 
     one_pass = FastreadDaliReader.one_pass
 
 
-class Boto3Reader(Reader):
-    THREADS = 32
-
-    def setup(self):
-        import boto3
-        from botocore.config import Config
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint, region_name=self.cfg["region"],
-            aws_access_key_id=self.cfg["access_key"], aws_secret_access_key=self.cfg["secret_key"],
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=self.THREADS,
-                          retries={"total_max_attempts": 3, "mode": "standard"}))
-        self.pool = concurrent.futures.ThreadPoolExecutor(self.THREADS)
-
-    def _get(self, key):
-        return len(self.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+class Boto3Reader(Boto3Gets, Reader):
+    """get_object of each key in a ThreadPoolExecutor(THREADS) (_harness.Boto3Gets)."""
 
     def one_pass(self, deadline):
         got = sum(self.pool.map(self._get, self.keys))
@@ -477,6 +463,18 @@ class _Cached(Reader):
     def drop_cache(self):
         shutil.rmtree(self._made, ignore_errors=True)
 
+    def count_pass(self, ds, loader_class, deadline):
+        """One pass of loader_class over ds (a dataset on cache_dir()): its
+        samples, the dataset and its cache dropped after, and the note."""
+        try:
+            loader = loader_class(ds, batch_size=BATCH, num_workers=self.cfg["loader_workers"],
+                                  collate_fn=_count_samples)
+            n = _count(loader, deadline)
+        finally:
+            del ds
+            self.drop_cache()
+        return n, {"note": self.note} if self.note else {}
+
 
 class MosaicReader(_Cached):
     fmt = "mds"
@@ -493,17 +491,10 @@ class MosaicReader(_Cached):
         from streaming import StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
         clean_stale_shared_memory()
-        ds = StreamingDataset(remote=f"s3://{BUCKET}/{PREFIX['mds']}", local=self.cache_dir(),
-                              batch_size=BATCH, shuffle=False)
-        try:
-            loader = torch.utils.data.DataLoader(ds, batch_size=BATCH,
-                                                 num_workers=self.cfg["loader_workers"],
-                                                 collate_fn=_count_samples)
-            n = _count(loader, deadline)
-        finally:
-            del ds
-            self.drop_cache()
-        return n, {"note": self.note} if self.note else {}
+        return self.count_pass(
+            StreamingDataset(remote=f"s3://{BUCKET}/{PREFIX['mds']}", local=self.cache_dir(),
+                             batch_size=BATCH, shuffle=False),
+            torch.utils.data.DataLoader, deadline)
 
 
 class LitdataReader(_Cached):
@@ -530,20 +521,13 @@ class LitdataReader(_Cached):
 
     def one_pass(self, deadline):
         from litdata import StreamingDataLoader, StreamingDataset
-        ds = StreamingDataset(f"s3://{BUCKET}/{PREFIX['litdata']}", cache_dir=self.cache_dir(),
-                              storage_options={"endpoint_url": self.endpoint,
-                                               "aws_access_key_id": self.cfg["access_key"],
-                                               "aws_secret_access_key": self.cfg["secret_key"],
-                                               "region_name": self.cfg["region"]})
-        try:
-            loader = StreamingDataLoader(ds, batch_size=BATCH,
-                                         num_workers=self.cfg["loader_workers"],
-                                         collate_fn=_count_samples)
-            n = _count(loader, deadline)
-        finally:
-            del ds
-            self.drop_cache()
-        return n, {"note": self.note} if self.note else {}
+        return self.count_pass(
+            StreamingDataset(f"s3://{BUCKET}/{PREFIX['litdata']}", cache_dir=self.cache_dir(),
+                             storage_options={"endpoint_url": self.endpoint,
+                                              "aws_access_key_id": self.cfg["access_key"],
+                                              "aws_secret_access_key": self.cfg["secret_key"],
+                                              "region_name": self.cfg["region"]}),
+            StreamingDataLoader, deadline)
 
 
 class CurlReader(Reader):
@@ -608,7 +592,6 @@ READER_CLASSES = {"fastread-wds": FastreadWdsReader, "fastread-wds-noahead": Fas
 # -- the run ----------------------------------------------------------------------
 
 def run(args):
-    from latency import delayed_endpoint
     from s3_server import SeaweedFS
     ensure_dataset(args.dataset, args.classes, args.per_class)
     samples = tree_samples(args.dataset)
@@ -634,11 +617,7 @@ def run(args):
                 "scratch": tmp}
         stack = []
         try:
-            endpoints = {}
-            for d in args.delays:
-                cm = delayed_endpoint(server.endpoint, d)
-                endpoints[d] = cm.__enter__()
-                stack.append(cm)
+            endpoints = open_endpoints(stack, server.endpoint, args.delays)
             for d in args.delays:
                 ep, how, _pid = endpoints[d]
                 env = dict(server.env(), AWS_ENDPOINT_URL=ep, AWS_ENDPOINT_URL_S3=ep,
@@ -670,14 +649,8 @@ def run(args):
                         w = workers.get((r, d))
                         if w is None or w.skip:
                             continue
-                        proxy_pid = endpoints[d][2]
-                        table = proc_table()
-                        server_cpu0 = tree_cpu(server.proc.pid, table)
-                        proxy_cpu0 = tree_cpu(proxy_pid, table) if proxy_pid else 0.0
-                        m = w.measure(args.timeout, passes=args.passes, seconds=args.seconds)
-                        table = proc_table()
-                        m["server_cpu_s"] = tree_cpu(server.proc.pid, table) - server_cpu0
-                        m["proxy_cpu_s"] = (tree_cpu(proxy_pid, table) - proxy_cpu0) if proxy_pid else 0.0
+                        m = measure_round(w, server, endpoints[d], args.timeout,
+                                          passes=args.passes, seconds=args.seconds)
                         m.update(reader=r, delay_ms=d, round=rnd, via=endpoints[d][1])
                         results.append(m)
                         if "error" in m:
@@ -686,10 +659,7 @@ def run(args):
                             print(f"# round {rnd} {r} @ {d} ms: {m['bytes'] / m['seconds'] / 1e9:.3f} GB/s",
                                   file=sys.stderr)
         finally:
-            for w in workers.values():
-                w.close()
-            for cm in reversed(stack):
-                cm.__exit__(None, None, None)
+            close_all(workers, stack)
     mods = ("fastread", "boto3", "nvidia.dali", "s3torchconnector", "torch", "webdataset",
             "litdata")
     vers = versions(mods)
@@ -699,14 +669,12 @@ def run(args):
         vers["streaming"] = streaming.__version__
     except Exception:
         vers["streaming"] = None
-    return {"machine": machine(), "load_average": os.getloadavg(), "versions": vers,
-            "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv),
-            "dataset": {"dir": args.dataset, "samples": len(samples),
-                        "formats": {f: {"objects": len(keys.get(f, [])),
-                                        "bytes": format_bytes.get(f, 0)} for f in PREFIX}},
-            "latency": "delays > 0: the delay proxy (tests/s3_proxy.py in a process of its own)",
-            "options": {k: v for k, v in vars(args).items() if k not in ("json",)},
-            "skipped": skips, "measurements": results}
+    return dict(report_base(args, vers),
+                dataset={"dir": args.dataset, "samples": len(samples),
+                         "formats": {f: {"objects": len(keys.get(f, [])),
+                                         "bytes": format_bytes.get(f, 0)} for f in PREFIX}},
+                latency="delays > 0: the delay proxy (tests/s3_proxy.py in a process of its own)",
+                skipped=skips, measurements=results)
 
 
 def _median(ms, f):
@@ -714,18 +682,11 @@ def _median(ms, f):
 
 
 def summarize(report):
-    rows = {}
-    for m in report["measurements"]:
-        if "error" in m or not m.get("objects"):
-            continue
-        rows.setdefault((m["reader"], m["delay_ms"]), []).append(m)
+    rows = rows_by_reader(report)
     ds = report["dataset"]
     fm = ", ".join(f"{f} {v['objects']} objects {v['bytes'] / 1e9:.3f} GB"
                    for f, v in ds["formats"].items())
-    lines = [f"machine: {report['machine']['nproc']} CPUs, {report['machine']['cpu']}, "
-             f"kernel {report['machine']['kernel']}; load average at the end "
-             f"{', '.join(f'{x:.1f}' for x in report['load_average'])}",
-             f"command: {report['command']}",
+    lines = summary_head(report) + [
              f"dataset: {ds['samples']} samples ({ds['dir']}); shards: {fm}",
              f"latency: {report['latency']}",
              "",
@@ -749,11 +710,7 @@ def summarize(report):
         pct = f"{100 * gbs / ceiling[delay]:.0f}%" if ceiling.get(delay) else "?"
         lines.append(f"| {reader} | {delay} | {sps:,.0f} | {gbs:.3f} | {pct} | {cpu:.2f} | "
                      f"{scpu:.2f} | {pcpu:.2f} | {inflight} | {len(ms)}{partial} |")
-    for k, why in sorted(report["skipped"].items()):
-        lines.append(f"skipped {k}: {why}")
-    errors = [m for m in report["measurements"] if "error" in m]
-    for m in errors[:10]:
-        lines.append(f"error {m['reader']}@{m['delay_ms']} round {m['round']}: {m['error']}")
+    lines += summary_problems(report)
     notes = sorted({m["note"] for m in report["measurements"] if m.get("note")})
     lines += [f"note: {n}" for n in notes]
     lines.append("medians over rounds (*: partial passes, stopped at --seconds); GB = 1e9 bytes "
@@ -787,29 +744,11 @@ def parse_args(argv=None):
                     help="DataLoader workers of s3torch, mosaic, litdata")
     ap.add_argument("--setup-timeout", type=float, default=300.0)
     ap.add_argument("--timeout", type=float, default=600.0, help="bound of one measurement, s")
-    ap.add_argument("--json", help="write the full report here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.worker:
-        return args
-    args.delays = [int(d) for d in args.delays.split(",") if d != ""]
-    args.readers = [r for r in args.readers.split(",") if r]
-    unknown = set(args.readers) - set(READERS)
-    if unknown:
-        ap.error(f"unknown readers {sorted(unknown)}; known: {READERS}")
-    return args
+    return parse_tail(ap, argv, READERS, delay=int)
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        return worker_main(args.worker, READER_CLASSES)
-    report = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    print(summarize(report))
-    return 0
+    return _harness.main(argv, parse_args, run, summarize, READER_CLASSES)
 
 
 if __name__ == "__main__":

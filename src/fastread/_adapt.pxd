@@ -18,5 +18,6 @@ cdef void init_config(fr_config *cfg, bytes engine, unsigned queue_depth, unsign
 cdef bytes engine_name(engine)
 cdef bytes cache_config(fr_config *cfg, object cache_dir, object cache_bytes)
 cdef bytes encode_path(p)
+cdef int path_pointers(list items, const char **cpaths, list encoded) except -1
 cdef raise_errno(int rc, str what)
 cdef fr_range *make_ranges(offsets, lengths, size_t *count) except NULL

@@ -47,6 +47,18 @@ cdef bint _one_stride(fr_batch *b, int64_t nbytes, uint64_t *first, uint64_t *st
     return True
 
 
+cdef tuple _dense_layout(dtype, shape, int64_t *nbytes):
+    # A dense view's (dtype, shape as a tuple of ints), dtype None meaning
+    # uint8; *nbytes: the bytes of one sample of that shape.
+    import numpy as np
+    dt = np.dtype(np.uint8 if dtype is None else dtype)
+    shape = tuple(int(x) for x in shape)
+    nbytes[0] = dt.itemsize
+    for x in shape:
+        nbytes[0] *= x
+    return dt, shape
+
+
 cdef class Batch:
     """One batch of samples in one arena. Views made by arrays() keep it
     alive; it returns to its pool when released or collected."""
@@ -189,11 +201,8 @@ cdef class Batch:
         cdef fr_batch *b = self._get()
         if not (b.where & FR_ON_HOST):
             raise ValueError("this batch is in GPU memory only")
-        dt = np.dtype(np.uint8 if dtype is None else dtype)
-        shape = tuple(int(x) for x in shape)
-        cdef int64_t nbytes = dt.itemsize
-        for x in shape:
-            nbytes *= x
+        cdef int64_t nbytes
+        dt, shape = _dense_layout(dtype, shape, &nbytes)
         cdef size_t n = b.count
         if n == 0:
             return np.empty((0,) + shape, dt)
@@ -222,11 +231,8 @@ cdef class Batch:
         cdef fr_batch *b = self._get()
         if not (b.where & FR_ON_DEVICE):
             raise ValueError("this batch is in host memory only (read it with device output)")
-        dt = np.dtype(np.uint8 if dtype is None else dtype)
-        shape = tuple(int(x) for x in shape)
-        cdef int64_t nbytes = dt.itemsize
-        for x in shape:
-            nbytes *= x
+        cdef int64_t nbytes
+        dt, shape = _dense_layout(dtype, shape, &nbytes)
         cdef size_t n = b.count
         if n == 0:
             return None

@@ -7,12 +7,9 @@ cimport numpy as cnp
 from cpython.bytes cimport PyBytes_AS_STRING
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memchr
 
-from fastread._adapt cimport (PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_IS_COMPACT_ASCII,
-                              cache_config, encode_path, engine_name, gpu_error, init_config,
-                              make_ranges,
-                              raise_errno)
+from fastread._adapt cimport (cache_config, encode_path, engine_name, gpu_error, init_config,
+                              make_ranges, path_pointers, raise_errno)
 from fastread._batch cimport Batch, _PoolOwner
 from fastread._cfastread cimport *
 
@@ -148,11 +145,8 @@ cdef class Context:
         # Our own list: its items stay alive while the GIL is released,
         # whatever the caller does to theirs.
         cdef list items = list(paths)
-        cdef size_t n = len(items), i
+        cdef size_t n = len(items)
         cdef list encoded = []  # bytes made for items that are not ASCII str
-        cdef object p
-        cdef const char *c
-        cdef bytes enc
         cdef cnp.ndarray[cnp.int64_t, ndim=1, mode="c"] hints
         cdef const int64_t *hint_ptr = NULL
         if sizes is not None:
@@ -166,22 +160,7 @@ cdef class Context:
         cdef fr_batch *b = NULL
         cdef int rc
         try:
-            for i in range(n):
-                p = items[i]
-                if type(p) is str and PyUnicode_IS_COMPACT_ASCII(p):
-                    # An ASCII str is its own file system encoding (every
-                    # encoding Python runs with on POSIX is ASCII-compatible)
-                    # and holds a NUL-terminated copy: passed as it is. Encoding
-                    # cost ~100 ns a path, a fifth of a 64-file call's Python
-                    # time on the 2-core VM.
-                    c = <const char *>PyUnicode_DATA(p)
-                    if memchr(c, 0, <size_t>PyUnicode_GET_LENGTH(p)) != NULL:
-                        raise ValueError(f"path contains a NUL byte: {p!r}")
-                    cpaths[i] = c
-                else:
-                    enc = encode_path(p)
-                    encoded.append(enc)
-                    cpaths[i] = PyBytes_AS_STRING(enc)
+            path_pointers(items, cpaths, encoded)
             with self.lock:
                 b = self._take_batch(n)
                 rc = b.status

@@ -8,11 +8,9 @@ from cpython.bytes cimport PyBytes_AS_STRING
 from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memchr
 
-from fastread._adapt cimport (PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_IS_COMPACT_ASCII,
-                              cache_config, encode_path, engine_name, gpu_error, init_config,
-                              make_ranges, raise_errno)
+from fastread._adapt cimport (cache_config, encode_path, engine_name, gpu_error, init_config,
+                              make_ranges, path_pointers, raise_errno)
 from fastread._batch cimport Batch, _PoolOwner
 from fastread._cfastread cimport *
 
@@ -133,29 +131,15 @@ cdef class NativeReader:
         the same call (a caller's own record of what it submitted, kept
         right across KeyboardInterrupt)."""
         cdef fr_reader *rd = self._get()
-        cdef size_t n = len(paths), i
+        cdef size_t n = len(paths)
         cdef list encoded = []  # bytes made for items that are not ASCII str
-        cdef object p
-        cdef const char *c
-        cdef bytes enc
         cdef int rc
         cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
         if cpaths == NULL:
             raise MemoryError()
         try:
-            for i in range(n):
-                p = paths[i]
-                if type(p) is str and PyUnicode_IS_COMPACT_ASCII(p):
-                    # As Context.read: an ASCII str is its own encoding and
-                    # NUL-terminated; the reader copies it before returning.
-                    c = <const char *>PyUnicode_DATA(p)
-                    if memchr(c, 0, <size_t>PyUnicode_GET_LENGTH(p)) != NULL:
-                        raise ValueError(f"path contains a NUL byte: {p!r}")
-                    cpaths[i] = c
-                else:
-                    enc = encode_path(p)
-                    encoded.append(enc)
-                    cpaths[i] = PyBytes_AS_STRING(enc)
+            # The reader copies the paths before returning.
+            path_pointers(paths, cpaths, encoded)
             rc = fr_reader_submit_paths(rd, cpaths, n)
         finally:
             free(cpaths)
