@@ -240,8 +240,13 @@ class SeaweedFS:
             # Its unix socket defaults to /tmp/seaweedfs-filer-<port>.sock.
             f"-filer.localSocket={os.path.join(self.workdir, 'filer.sock')}",
             "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.datadir}",
-            # Small volumes (grown on demand) instead of 30 GB ones; many of them.
-            "-master.volumeSizeLimitMB=256", "-volume.max=200",
+            # Small volumes (grown on demand) instead of 30 GB ones; many of
+            # them: every bucket is a collection that grows 7 volumes at once,
+            # and a session's tests make more than 80 buckets (at 200, the
+            # late ones were refused: "No writable volumes and no free
+            # volumes left", a 500 to every PUT). Empty volumes cost a few
+            # small files each.
+            "-master.volumeSizeLimitMB=256", "-volume.max=2000",
             # SIGTERM otherwise waits 10 s before the volume server stops.
             "-volume.preStopSeconds=0",
             "-master.telemetry=false",
