@@ -589,13 +589,11 @@ class _WholeShards:
     ``prefetch`` batches ahead of the one next() hands out: Reader submits
     a whole epoch at once, and a cut batch pins its shards, so without the
     bound it would hold every shard of the epoch in memory (a DALI
-    pipeline between epochs read the next one whole while idle). The next
-    shard a queued batch will need (looking ``AHEAD_SCAN`` batches ahead) is
-    fetched in the background, on a context of its own, while this one's
-    batches are cut and handed out, so reading in shard order does not stop
-    at shard boundaries for a store's round trips (held: one shard more; a
-    read-ahead that fails is fetched again when needed, and its error
-    reported then)."""
+    pipeline between epochs read the next one whole while idle). A call
+    that fetches shards also fetches the next shard a queued batch will
+    need (looking ``AHEAD_SCAN`` batches ahead), so reading in shard order
+    stalls at every other shard boundary, with twice the requests in
+    flight (held: one shard more)."""
 
     AHEAD_SCAN = 64
 
@@ -607,16 +605,6 @@ class _WholeShards:
         self.taken = 0
         self._source = source
         self._ctx = _core.Context(self.engine, **options)
-        self._options = options
-        # The background read-ahead of one shard (_start_ahead): its shard
-        # number, and once done its array or exception; its own context.
-        self._ahead_lock = threading.Lock()
-        self._ahead_shard = None
-        self._ahead_done = threading.Event()
-        self._ahead_result = None
-        self._ahead_thread = None
-        self._ahead_ctx = None
-        self._ahead_stats = {}
         self._keep = keep
         self._prefetch = max(1, int(prefetch))
         self._shards = collections.OrderedDict()   # shard number -> uint8 array (LRU)
@@ -673,73 +661,30 @@ class _WholeShards:
                     return f
         return None
 
-    def _start_ahead(self, f):
-        """Fetches shard f in the background unless a read-ahead is still
-        running (one at a time: one shard more held, at most)."""
-        if self._ahead_thread is not None and not self._ahead_done.is_set():
-            return
-        with self._ahead_lock:
-            self._ahead_shard, self._ahead_result = f, None
-            self._ahead_done.clear()
-        self._ahead_thread = threading.Thread(target=self._fetch_ahead, args=(f,),
-                                              name="fastread-wds-ahead", daemon=True)
-        self._ahead_thread.start()
-
-    def _fetch_ahead(self, f):
-        try:
-            if self._ahead_ctx is None:
-                from fastread import _core
-                self._ahead_ctx = _core.Context(self.engine, **self._options)
-            batch = self._ahead_ctx.read([self._source.files[f].path])
-            self._ahead_stats = self._ahead_ctx.stats()
-            out = None if batch.failures() else batch.arrays()[0]
-        except BaseException:   # fetched again, and reported, when needed
-            out = None
-        with self._ahead_lock:
-            self._ahead_result = out
-        self._ahead_done.set()
-
-    def _take_ahead(self, f):
-        """Shard f's array if the read-ahead fetched it (waiting for it if it
-        is on its way), else None."""
-        with self._ahead_lock:
-            if self._ahead_shard != f or self._ahead_thread is None:
-                return None
-        self._ahead_done.wait()
-        with self._ahead_lock:
-            out, self._ahead_result, self._ahead_shard = self._ahead_result, None, None
-        return out
-
     def _cut(self, idx, ahead=None):
         src = self._source
         files = src.file_index[idx]
         need = list(dict.fromkeys(files.tolist()))
-        missing = []
-        for f in need:
-            if f not in self._shards:
-                got = self._take_ahead(f)
-                if got is None:
-                    missing.append(f)
-                else:
-                    self._shards[f] = got
+        missing = [f for f in need if f not in self._shards]
         failed = {}
         if missing:
-            batch = self._ctx.read([src.files[f].path for f in missing])
+            fetch = missing + ([ahead] if ahead is not None and ahead not in self._shards
+                               and ahead not in missing else [])
+            batch = self._ctx.read([src.files[f].path for f in fetch])
             # Taken here, by the one thread that reads with the context, for
             # stats() (Reader.stats()) to hand out without touching it.
             self._stats = self._ctx.stats()
             errs = dict(batch.failures())
-            for i, (f, a) in enumerate(zip(missing, batch.arrays())):
+            for i, (f, a) in enumerate(zip(fetch, batch.arrays())):
                 if i not in errs:
                     self._shards[f] = a
-                else:
+                elif i < len(missing):   # a read-ahead shard that failed is fetched again when needed
                     failed[f] = (errs[i], self._ctx.sample_error(i))
-        if ahead is not None and ahead not in self._shards:
-            self._start_ahead(ahead)
         for f in need:
             if f in self._shards:
                 self._shards.move_to_end(f)
-        while len(self._shards) > len(need) + self._keep:
+        # The read-ahead shard is newer than the ones left behind: LRU keeps it.
+        while len(self._shards) > len(need) + self._keep + 1:
             self._shards.popitem(last=False)
         arrays, failures = [], []
         local = src.local_index[idx]
@@ -774,13 +719,9 @@ class _WholeShards:
         return out
 
     def stats(self):
-        """The contexts' counters (``s3_requests``, ``s3_bytes``, ...), the
-        cutting one's and the read-ahead's summed, as of their last reads,
-        as NativeReader.stats() gives a Reader's."""
-        out = dict(self._stats)
-        for k, v in dict(self._ahead_stats).items():
-            out[k] = out.get(k, 0) + v
-        return out
+        """The context's counters (``s3_requests``, ``s3_bytes``, ...) as of
+        its last read, as NativeReader.stats() gives a Reader's."""
+        return dict(self._stats)
 
     def reset(self):
         with self._cv:
@@ -795,12 +736,7 @@ class _WholeShards:
             self._closed = True
             self._cv.notify_all()
         self._thread.join()
-        if self._ahead_thread is not None:
-            self._ahead_thread.join()   # one shard's fetch at most
-        if self._ahead_ctx is not None:
-            self._ahead_ctx.close()
         self._shards.clear()
-        self._ahead_result = None
         self._ctx.close()
 
     @property
