@@ -9,6 +9,7 @@ S3 server (SeaweedFS, tests/s3_server.py), and read whole, once per pass, by
                  batch 64: what a PyTorch/NumPy user of fastread writes
   fastread-wds-noahead  the same without its next-shard read-ahead (an A/B,
                  only when asked for in --readers)
+  fastread-wds-ahead1  the same reading one shard ahead, not AHEAD_SHARDS (an A/B)
   fastread-dali  fastread.dali.readers.webdataset(paths=shard URLs) in a DALI
                  pipeline (CPU), batch 64: what a DALI user of fastread writes
   read_files     fastread.read_files(shard URLs): each shard one object, which
@@ -69,10 +70,11 @@ from _harness import (Boto3Gets, Worker, close_all, curl_skip_reason, ensure_dat
                       ensure_uploaded, measure_round, open_endpoints, parse_tail, report_base,
                       rows_by_reader, summary_head, summary_problems, versions)
 
-READERS = ("fastread-wds", "fastread-wds-noahead", "fastread-dali", "read_files", "s3torch",
+READERS = ("fastread-wds", "fastread-wds-noahead", "fastread-wds-ahead1", "fastread-dali", "read_files", "s3torch",
            "dali-wds", "boto3", "mosaic", "litdata", "curl", "curl-ranges")
 #: What a plain run measures (fastread-wds-noahead: an A/B, asked by name).
-DEFAULT_READERS = tuple(r for r in READERS if r != "fastread-wds-noahead")
+DEFAULT_READERS = tuple(r for r in READERS
+                        if r not in ("fastread-wds-noahead", "fastread-wds-ahead1"))
 CEILINGS = ("curl", "curl-ranges")
 BUCKET = "bench"
 #: The formats and where each lives under the bucket.
@@ -334,6 +336,16 @@ def _wds_pipe(webdataset, urls, **kwargs):
     return built
 
 
+class FastreadWdsAhead1Reader(FastreadWdsReader):
+    """fastread-wds reading one shard ahead instead of _WholeShards.AHEAD_SHARDS
+    (an A/B of that private knob)."""
+
+    def setup(self):
+        from fastread.formats import webdataset
+        webdataset._WholeShards.AHEAD_SHARDS = 1
+        super().setup()
+
+
 class FastreadDaliReader(_Fastread):
     def skip_reason(self):
         return _no_dali() or super().skip_reason()
@@ -583,6 +595,7 @@ class CurlRangesReader(CurlReader):
 
 
 READER_CLASSES = {"fastread-wds": FastreadWdsReader, "fastread-wds-noahead": FastreadWdsNoAheadReader,
+                  "fastread-wds-ahead1": FastreadWdsAhead1Reader,
                   "fastread-dali": FastreadDaliReader,
                   "read_files": ReadFilesReader, "s3torch": S3TorchReader,
                   "dali-wds": DaliWdsReader, "boto3": Boto3Reader, "mosaic": MosaicReader,

@@ -590,12 +590,15 @@ class _WholeShards:
     a whole epoch at once, and a cut batch pins its shards, so without the
     bound it would hold every shard of the epoch in memory (a DALI
     pipeline between epochs read the next one whole while idle). A call
-    that fetches shards also fetches the next shard a queued batch will
-    need (looking ``AHEAD_SCAN`` batches ahead), so reading in shard order
-    stalls at every other shard boundary, with twice the requests in
-    flight (held: one shard more)."""
+    that fetches shards also fetches the next ``AHEAD_SHARDS`` shards queued
+    batches will need (looking ``AHEAD_SCAN`` batches ahead), so reading in
+    shard order stalls at one shard boundary in AHEAD_SHARDS + 1, with that
+    many times the requests in flight (held: AHEAD_SHARDS shards more). Two:
+    one (two shards a call) reached 88% of the server's ceiling at 25 ms on
+    the 2-core VM, short of issue 30's 90%."""
 
     AHEAD_SCAN = 64
+    AHEAD_SHARDS = 2
 
     def __init__(self, source, engine, options, prefetch, keep=2):
         from fastread import _core
@@ -637,7 +640,7 @@ class _WholeShards:
                 if self._closed:
                     return
                 gen, pos, idx = self._todo.popleft()
-                ahead = self._upcoming_shard(idx)
+                ahead = self._upcoming_shards(idx)
             try:
                 out = self._cut(idx, ahead)
             except BaseException as e:  # handed to next(), raised there
@@ -647,29 +650,31 @@ class _WholeShards:
                     self._done[pos] = out
                     self._cv.notify_all()
 
-    def _upcoming_shard(self, idx):
-        """The first shard that a batch queued after ``idx`` needs and
-        ``idx`` does not (within AHEAD_SCAN batches), else None. Called with
-        the lock held."""
+    def _upcoming_shards(self, idx):
+        """The first AHEAD_SHARDS shards that batches queued after ``idx``
+        need and ``idx`` does not (within AHEAD_SCAN batches), in order.
+        Called with the lock held."""
         src = self._source
         now = set(src.file_index[idx].tolist())
+        out = []
         for k, (gen, _pos, later) in enumerate(self._todo):
-            if k >= self.AHEAD_SCAN or gen != self._gen:
+            if k >= self.AHEAD_SCAN or gen != self._gen or len(out) >= self.AHEAD_SHARDS:
                 break
             for f in src.file_index[later].tolist():
-                if f not in now:
-                    return f
-        return None
+                if f not in now and f not in out:
+                    out.append(f)
+                    if len(out) >= self.AHEAD_SHARDS:
+                        break
+        return out
 
-    def _cut(self, idx, ahead=None):
+    def _cut(self, idx, ahead=()):
         src = self._source
         files = src.file_index[idx]
         need = list(dict.fromkeys(files.tolist()))
         missing = [f for f in need if f not in self._shards]
         failed = {}
         if missing:
-            fetch = missing + ([ahead] if ahead is not None and ahead not in self._shards
-                               and ahead not in missing else [])
+            fetch = missing + [f for f in ahead if f not in self._shards and f not in missing]
             batch = self._ctx.read([src.files[f].path for f in fetch])
             # Taken here, by the one thread that reads with the context, for
             # stats() (Reader.stats()) to hand out without touching it.
@@ -683,8 +688,8 @@ class _WholeShards:
         for f in need:
             if f in self._shards:
                 self._shards.move_to_end(f)
-        # The read-ahead shard is newer than the ones left behind: LRU keeps it.
-        while len(self._shards) > len(need) + self._keep + 1:
+        # The read-ahead shards are newer than the ones left behind: LRU keeps them.
+        while len(self._shards) > len(need) + self._keep + self.AHEAD_SHARDS:
             self._shards.popitem(last=False)
         arrays, failures = [], []
         local = src.local_index[idx]
