@@ -480,14 +480,14 @@ def main(argv=None):
     ap.add_argument("--upstream", required=True, help="http://host:port of the S3 server")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="added to every response")
     ap.add_argument("--seconds", type=float, default=3600.0, help="exit after this long")
-    ap.add_argument("--stats", help="rewrite this JSON file with inflight() every 0.2 s")
+    ap.add_argument("--stats", help="rewrite this JSON file with inflight() every 50 ms")
     args = ap.parse_args(argv)
     with FaultProxy(args.upstream, delay_ms=args.delay_ms) as proxy:
         print(proxy.endpoint, flush=True)
         done = threading.Event()
 
         def write_stats():
-            while not done.wait(0.2):
+            while not done.wait(0.05):
                 tmp = args.stats + ".tmp"
                 with open(tmp, "w") as f:
                     json.dump(proxy.inflight(), f)

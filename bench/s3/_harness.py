@@ -315,15 +315,34 @@ def measure_round(worker, server, endpoint, timeout_s, **request):
     """One measurement of worker, with the server's and the delay proxy's
     CPU seconds over it (server_cpu_s, proxy_cpu_s); endpoint is an
     open_endpoints value."""
+    from latency import proxy_inflight
     proxy_pid = endpoint[2]
     table = proc_table()
     server_cpu0 = tree_cpu(server.proc.pid, table)
     proxy_cpu0 = tree_cpu(proxy_pid, table) if proxy_pid else 0.0
+    flight0 = proxy_inflight(proxy_pid) if proxy_pid else None
     m = worker.measure(timeout_s, **request)
+    flight1 = proxy_inflight(proxy_pid) if proxy_pid else None
     table = proc_table()
     m["server_cpu_s"] = tree_cpu(server.proc.pid, table) - server_cpu0
     m["proxy_cpu_s"] = (tree_cpu(proxy_pid, table) - proxy_cpu0) if proxy_pid else 0.0
+    if flight0 and flight1 and flight1["at"] > flight0["at"]:
+        # Requests in flight through the proxy, on average over the
+        # measurement (its file is rewritten every 50 ms).
+        m["proxy_inflight_mean"] = ((flight1["area_s"] - flight0["area_s"])
+                                    / (flight1["at"] - flight0["at"]))
     return m
+
+
+def inflight_cell(ms):
+    """A table cell for the requests a reader kept in flight over its
+    measurements ms: measured at the delay proxy (the median of their means,
+    "~N"), else what the reader says of itself (its most, "<=N"), else "?"."""
+    means = sorted(m["proxy_inflight_mean"] for m in ms if "proxy_inflight_mean" in m)
+    if means:
+        return f"~{means[len(means) // 2]:.0f}"
+    most = max((m.get("inflight_max") or 0) for m in ms)
+    return f"<={most}" if most else "?"
 
 
 def close_all(workers, stack):

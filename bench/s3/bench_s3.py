@@ -54,7 +54,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # (tree_cpu: tests/test_bench_s3.py reaches it as bench_s3.tree_cpu.)
 import _harness  # noqa: E402
 from _harness import (Boto3Gets, Worker, close_all, curl_skip_reason, ensure_dataset,  # noqa: E402
-                      ensure_uploaded, measure_round, open_endpoints, parse_tail, report_base,
+                      ensure_uploaded, inflight_cell, measure_round, open_endpoints, parse_tail,
+                      report_base,
                       rows_by_reader, summary_head, summary_problems, tree_cpu, versions)
 
 
@@ -394,8 +395,9 @@ def summarize(report):
              f"latency: netem {'works' if report['latency']['netem'] else 'unavailable: ' + report['latency']['netem_why']}; "
              f"{report['latency']['used']}",
              "",
-             "| reader | delay ms | objects/s | GB/s | client CPU s/GB | server CPU s/GB | proxy CPU s/GB | rounds |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| reader | delay ms | objects/s | GB/s | client CPU s/GB | server CPU s/GB | "
+             "proxy CPU s/GB | requests in flight | rounds |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (reader, delay) in sorted(rows, key=lambda k: (k[1], READERS.index(k[0]))):
         ms = rows[(reader, delay)]
         ops = statistics.median(m["objects"] / m["seconds"] for m in ms)
@@ -404,9 +406,11 @@ def summarize(report):
         scpu = statistics.median(m["server_cpu_s"] / (m["bytes"] / 1e9) for m in ms)
         pcpu = statistics.median(m["proxy_cpu_s"] / (m["bytes"] / 1e9) for m in ms)
         lines.append(f"| {reader} | {delay} | {ops:,.0f} | {gbs:.3f} | {cpu:.2f} | {scpu:.2f} | "
-                     f"{pcpu:.2f} | {len(ms)} |")
+                     f"{pcpu:.2f} | {inflight_cell(ms)} | {len(ms)} |")
     lines += summary_problems(report)
-    lines.append("medians over rounds; GB = 1e9 bytes; client CPU = the reader's process tree")
+    lines.append("medians over rounds; GB = 1e9 bytes; client CPU = the reader's process tree; "
+                 "requests in flight: ~ the mean the delay proxy counted, <= what the reader "
+                 "says of itself, ? where neither is known")
     return "\n".join(lines)
 
 

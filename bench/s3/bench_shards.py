@@ -67,8 +67,8 @@ sys.path.insert(0, HERE)
 
 import _harness  # noqa: E402
 from _harness import (Boto3Gets, Worker, close_all, curl_skip_reason, ensure_dataset,  # noqa: E402
-                      ensure_uploaded, measure_round, open_endpoints, parse_tail, report_base,
-                      rows_by_reader, summary_head, summary_problems, versions)
+                      ensure_uploaded, inflight_cell, measure_round, open_endpoints, parse_tail,
+                      report_base, rows_by_reader, summary_head, summary_problems, versions)
 
 READERS = ("fastread-wds", "fastread-wds-noahead", "fastread-wds-ahead1", "fastread-dali", "read_files", "s3torch",
            "dali-wds", "boto3", "mosaic", "litdata", "curl", "curl-ranges")
@@ -704,7 +704,7 @@ def summarize(report):
              f"latency: {report['latency']}",
              "",
              "| reader | delay ms | samples/s | GB/s | % of ceiling | client CPU s/GB | "
-             "server CPU s/GB | proxy CPU s/GB | in flight | rounds |",
+             "server CPU s/GB | proxy CPU s/GB | requests in flight | rounds |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ceiling = {}
     for (reader, delay), ms in rows.items():
@@ -718,7 +718,7 @@ def summarize(report):
         cpu = _median(ms, lambda m: m["cpu_s"] / (m["bytes"] / 1e9))
         scpu = _median(ms, lambda m: m["server_cpu_s"] / (m["bytes"] / 1e9))
         pcpu = _median(ms, lambda m: m["proxy_cpu_s"] / (m["bytes"] / 1e9))
-        inflight = max((m.get("inflight_max") or 0) for m in ms) or "?"
+        inflight = inflight_cell(ms)
         partial = "*" if any(m.get("partial") for m in ms) else ""
         pct = f"{100 * gbs / ceiling[delay]:.0f}%" if ceiling.get(delay) else "?"
         lines.append(f"| {reader} | {delay} | {sps:,.0f} | {gbs:.3f} | {pct} | {cpu:.2f} | "

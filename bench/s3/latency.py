@@ -15,11 +15,13 @@ Two ways, the first that works:
 """
 
 import contextlib
+import json
 import os
 import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -75,19 +77,38 @@ def run_in_namespace(ns, argv, timeout_s):
     return subprocess.run(["ip", "netns", "exec", ns] + list(argv), timeout=timeout_s).returncode
 
 
+#: {proxy pid: the JSON file it rewrites with its requests in flight}
+#: (s3_proxy.py --stats; proxy_inflight() reads it).
+_STATS = {}
+
+
+def proxy_inflight(pid):
+    """The ProxyProcess `pid`'s inflight() as last written (now, max,
+    area_s, at: see tests/s3_proxy.py), or None."""
+    path = _STATS.get(pid)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (TypeError, OSError, ValueError):
+        return None
+
+
 class ProxyProcess:
     """tests/s3_proxy.py in a process of its own, in front of `upstream`, with
-    delay_ms on every response. Ends when we close its stdin (or die)."""
+    delay_ms on every response. Ends when we close its stdin (or die). It
+    counts the requests in flight through it (proxy_inflight(pid))."""
 
     def __init__(self, upstream, delay_ms):
         self.upstream, self.delay_ms = upstream, delay_ms
         self.proc = None
         self.endpoint = None
+        fd, self.stats_path = tempfile.mkstemp(prefix="fastread-proxy-", suffix=".json")
+        os.close(fd)
 
     def __enter__(self):
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(TESTS, "s3_proxy.py"), "--upstream", self.upstream,
-             "--delay-ms", str(self.delay_ms), "--seconds", "3600"],
+             "--delay-ms", str(self.delay_ms), "--seconds", "3600", "--stats", self.stats_path],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], PROXY_START_TIMEOUT_S)
         line = self.proc.stdout.readline().strip() if ready else ""
@@ -96,11 +117,18 @@ class ProxyProcess:
             raise RuntimeError(f"proxy did not start within {PROXY_START_TIMEOUT_S} s: "
                                f"{line!r} {self.proc.stderr.read()[-2000:]}")
         self.endpoint = line
+        _STATS[self.proc.pid] = self.stats_path
         return self
 
     def __exit__(self, *exc):
         if self.proc is None:
             return
+        _STATS.pop(self.proc.pid, None)
+        for p in (self.stats_path, self.stats_path + ".tmp"):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
         try:
             self.proc.stdin.close()     # its watch thread sees EOF and it exits
             self.proc.wait(timeout=10)
