@@ -174,6 +174,34 @@ def assert_sigint_interrupts(reader, env=None, settle_s=1.0):
     assert p.returncode == 0 and out.startswith("interrupted"), (out, err)
 
 
+def sigint_storm(script, env=None, seed=0, timeout_s=120):
+    """Runs ``script`` in a child (interruptible_child; it prints "ready",
+    then its result as JSON on its last line) and sends it SIGINT every
+    0.3-3 ms until it exits, for at most ``timeout_s``. The child catches
+    KeyboardInterrupt around each call and goes on. Returns (its JSON,
+    signals sent)."""
+    import json
+    import random
+    import signal
+    import time
+    p = interruptible_child(script, env)
+    sent = 0
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        rng = random.Random(seed)
+        deadline = time.monotonic() + timeout_s
+        while p.poll() is None and time.monotonic() < deadline:
+            p.send_signal(signal.SIGINT)
+            sent += 1
+            time.sleep(rng.uniform(0.0003, 0.003))
+        out, err = p.communicate(timeout=30)
+    except BaseException:
+        p.kill()
+        raise
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1]), sent
+
+
 def write_tar(path, members, fmt=tarfile.USTAR_FORMAT, mode="w"):
     """A tar file at `path` of members [(name, bytes)] in order, mtime 0
     (the bytes of the file depend on the members alone). Its path, a string."""

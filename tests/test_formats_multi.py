@@ -13,7 +13,7 @@ import pytest
 import fastread
 from fastread.formats import MultiFileRanges
 
-from conftest import interruptible_child
+from conftest import interruptible_child, sigint_storm
 
 
 def _files(tmp_path, count=3, per_file=8, name=lambda k: f"f{k}"):
@@ -216,32 +216,6 @@ def test_sigint_during_a_stalled_part_keeps_the_batch(shim, tmp_path):
     assert (interrupts, exact, count) == (1, True, 5), err
 
 
-STORM_PARENT_TIMEOUT_S = 120
-
-
-def _storm(script, env=None):
-    """Runs ``script`` in a child and sends it SIGINT every 0.3-3 ms until it
-    exits; returns the JSON it printed last. The child catches
-    KeyboardInterrupt around each call and goes on."""
-    import random
-    p = interruptible_child(script, env)
-    sent = 0
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        rng = random.Random(0)
-        deadline = time.monotonic() + STORM_PARENT_TIMEOUT_S
-        while p.poll() is None and time.monotonic() < deadline:
-            p.send_signal(signal.SIGINT)
-            sent += 1
-            time.sleep(rng.uniform(0.0003, 0.003))
-        out, err = p.communicate(timeout=30)
-    except BaseException:
-        p.kill()
-        raise
-    assert p.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1]), sent
-
-
 def test_sigint_storm_loses_no_part_and_mixes_no_batches(tmp_path):
     """SIGINT every few milliseconds while 300 batches of samples spread
     over four files are taken (each call either returns the batch whole or
@@ -287,6 +261,6 @@ def test_sigint_storm_loses_no_part_and_mixes_no_batches(tmp_path):
           flush=True)
     os._exit(0)
     """
-    (interrupts, exact, count, taken, empty), sent = _storm(script)
+    (interrupts, exact, count, taken, empty), sent = sigint_storm(script)
     assert (exact, count, taken, empty) == (True, 300, 300, True)
     assert interrupts >= 10, (interrupts, sent)  # the signals did land mid-call

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fastread
-from conftest import engine_params, interruptible_child
+from conftest import engine_params, interruptible_child, sigint_storm
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 
@@ -344,8 +344,6 @@ def test_sigint_storm_loses_no_list(tree):
     """SIGINT every few milliseconds while 400 lists are read: the loop
     catches KeyboardInterrupt and goes on, and gets every list once, in
     order, exact."""
-    import json
-    import random
     paths, _ = tree
     script = f"""
     import json, os, signal, fastread
@@ -378,21 +376,6 @@ def test_sigint_storm_loses_no_list(tree):
     print(json.dumps([interrupts, exact, len(got)]), flush=True)
     os._exit(0)
     """
-    p = interruptible_child(script)
-    sent = 0
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        rng = random.Random(1)
-        deadline = time.monotonic() + 120
-        while p.poll() is None and time.monotonic() < deadline:
-            p.send_signal(signal.SIGINT)
-            sent += 1
-            time.sleep(rng.uniform(0.0003, 0.003))
-        out, err = p.communicate(timeout=30)
-    except BaseException:
-        p.kill()
-        raise
-    assert p.returncode == 0, err
-    interrupts, exact, count = json.loads(out.strip().splitlines()[-1])
+    (interrupts, exact, count), sent = sigint_storm(script, seed=1)
     assert (exact, count) == (True, 400)
     assert interrupts >= 10, (interrupts, sent)
