@@ -317,12 +317,20 @@ ddp)
 scaling)
     # Decoded input on 1, 2 and 4 GPUs (as many as this machine has): ImageLoader(device="cuda")
     # and fastread.dali.readers.file + mixed decode, one rank per GPU (bench/gpu/scaling.py).
-    make_jpegs
+    # SCALING_PER_CLASS (x 20 classes; default 1000, the 20,000-image tree): at 4 ranks a
+    # 20,000-image epoch is ~0.2 s a rank, short enough for epoch ends to weigh; 4000 gives
+    # each rank 20,000 images at 4 ranks. SCALING_HW: the mixed decoder's hw_decoder_load.
+    per_class=${SCALING_PER_CLASS:-1000}
+    tree=$jpegs
+    if [ "$per_class" != 1000 ]; then tree=/tmp/fastread-scaling-$per_class; fi
+    [ -d "$tree" ] || python3 -m fastread.cli make-dataset "$tree" --classes 20 --per-class "$per_class" \
+        --seed 0 --workers "$(nproc)"
     gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
     for n in 1 2 4; do
         if [ "$n" -gt "$gpus" ]; then echo "scaling: $n ranks need $n GPUs; this machine has $gpus"; continue; fi
-        python3 -m torch.distributed.run --standalone --nproc_per_node "$n" bench/gpu/scaling.py "$jpegs" \
+        python3 -m torch.distributed.run --standalone --nproc_per_node "$n" bench/gpu/scaling.py "$tree" \
             --loaders "${SCALING_LOADERS:-imageloader,dali}" --epochs "${SCALING_EPOCHS:-3}" \
+            ${SCALING_HW:+--hw-decoder-load "$SCALING_HW"} \
             --json "$json/scaling-$n.json" || echo "(scaling with $n ranks ended with status $?)"
         tar -cf "$out/results-$section.tar" -C "$json" .
     done

@@ -92,6 +92,19 @@ def test_bad_device(jpegs):
             del os.environ["RANK"]
 
 
+@pytest.mark.parametrize("load", [-0.1, 1.5, "1", True])
+def test_bad_hw_decoder_load_is_refused_naming_it(jpegs, load):
+    with pytest.raises(ValueError, match="hw_decoder_load"):
+        ImageLoader(jpegs, batch_size=8, hw_decoder_load=load)
+
+
+def test_hw_decoder_load_reaches_the_cpu_pipeline_harmlessly(jpegs):
+    # Only the mixed (GPU) decoder takes it; on the CPU the batches are the same.
+    plain = ImageLoader(jpegs, batch_size=8, size=32, num_threads=2)
+    loaded = ImageLoader(jpegs, batch_size=8, size=32, num_threads=2, hw_decoder_load=1.0)
+    assert labels_of(plain) == labels_of(loaded)
+
+
 def test_labels_are_dali_labels(jpegs):
     import fastread
     _, labels = fastread.scan(jpegs)

@@ -32,6 +32,8 @@ def parse():
     p.add_argument("--epochs", type=int, default=3, help="epochs per loader, the first untimed")
     p.add_argument("--threads", type=int, default=8, help="DALI CPU threads per rank")
     p.add_argument("--size", type=int, default=224)
+    p.add_argument("--hw-decoder-load", type=float, default=None,
+                   help="the mixed decoder's hw_decoder_load, both loaders (default: DALI's)")
     p.add_argument("--json")
     return p.parse_args()
 
@@ -41,7 +43,8 @@ def imageloader_epochs(args, rank, world, device_id):
     from fastread.torch import ImageLoader
     loader = ImageLoader(args.data, args.batch_size, device="cuda", decode=True, size=args.size,
                          random_shuffle=True, seed=0, num_threads=args.threads,
-                         device_id=device_id, shard_id=rank, num_shards=world)
+                         device_id=device_id, shard_id=rank, num_shards=world,
+                         hw_decoder_load=args.hw_decoder_load)
     out = []
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
@@ -68,7 +71,8 @@ def dali_epochs(args, rank, world, device_id):
     def pipe():
         jpegs, labels = readers.file(file_root=args.data, shard_id=rank, num_shards=world,
                                      random_shuffle=True, seed=0, name="Reader")
-        images = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB)
+        hw = {} if args.hw_decoder_load is None else {"hw_decoder_load": args.hw_decoder_load}
+        images = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB, **hw)
         images = fn.random_resized_crop(images, size=args.size)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                           mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
