@@ -587,7 +587,11 @@ static void enqueue(fr_reader *rd, request *req)
         rd->req_head = req;
     rd->req_tail = req;
     rd->outstanding++;
-    pthread_cond_signal(&rd->work_cv);
+    /* One worker, and only if one may start now: a wake that finds the
+     * read-ahead full puts the worker straight back to sleep (see
+     * next_batch). */
+    if (may_start(rd))
+        pthread_cond_signal(&rd->work_cv);
     pthread_mutex_unlock(&rd->lock);
 }
 
@@ -631,7 +635,14 @@ static int next_batch(fr_reader *rd, fr_batch **out, long timeout_ms)
     rd->outstanding--;
     rd->deliver_seq++;
     b->next = NULL;
-    pthread_cond_broadcast(&rd->work_cv);
+    /* Taking a batch frees one place in the read-ahead: one worker may
+     * start, if a request waits. A broadcast here woke every idle worker
+     * per batch, all but one to sleep again, and read_batches (whose lists
+     * come one per next) paid it with nothing queued: on 16 cores, where
+     * the consumer's thread is the limit, those wakes are its time. A
+     * worker that is busy now checks may_start before it waits. */
+    if (may_start(rd))
+        pthread_cond_signal(&rd->work_cv);
     pthread_mutex_unlock(&rd->lock);
     *out = b;
     return 0;
