@@ -459,3 +459,28 @@ def test_loader_resumes_mid_epoch(aug_packs):
     assert len(rest) == len(full) - 3
     for (a, la), (b, lb) in zip(full[3:], rest):
         assert np.array_equal(a, b) and np.array_equal(la, lb)
+
+
+def test_loader_reads_o_direct_slots_and_elastic_shards(aug_packs):
+    """O_DIRECT batches lie one sample per 4 KiB slot (a strided dense
+    array); elastic sharding slices each global batch: the crops still
+    follow the samples."""
+    gpu_or_skip()
+    from fastread.torch import ImageLoader
+    kw = dict(image=aug_packs["raw"], device="cuda", device_id=0, size=16, augment=True,
+              random_shuffle=True, seed=9)
+    one = loader_outputs(ImageLoader(batch_size=8, **kw))
+    direct = loader_outputs(ImageLoader(batch_size=8, o_direct=True, **kw))
+    assert direct.keys() == one.keys()
+    for key in one:
+        assert np.array_equal(one[key][0], direct[key][0]) and one[key][1] == direct[key][1]
+    whole = loader_outputs(ImageLoader(global_batch_size=8, **kw))
+    elastic = {}
+    for rank in (0, 1):
+        elastic.update(loader_outputs(ImageLoader(global_batch_size=8, shard_id=rank,
+                                                  num_shards=2, **kw)))
+    assert elastic.keys() == whole.keys() and len(whole) >= 24
+    for key in whole:
+        assert np.array_equal(whole[key][0], elastic[key][0])
+        # The same sample as without elastic sharding, too.
+        assert np.array_equal(whole[key][0], one[key][0])
