@@ -76,7 +76,8 @@
 #                              the same (b), ImageLoader(image=) on raw packs at 160 and 224, the
 #                              fused augmentation kernel (c), readers.image on a JPEG q90 max side
 #                              256 pack + the same (d); AUG_IMAGES JPEGs (default 10000), packed
-#                              once per machine; (a), (b), (d) skip, saying so, without DALI staged
+#                              once per machine; AUG_HW: DALI's hw_decoder_load for (a), (b), (d)
+#                              (default DALI's 0.65); (a), (b), (d) skip, saying so, without DALI staged
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
@@ -404,6 +405,7 @@ decoded)
     python3 bench/gpu/augment_bench.py "$aug/train" --raw160 "$aug/raw160.img" \
         --raw224 "$aug/raw224.img" --jpeg "$aug/jpeg256.img" --batch 256 --threads 8 \
         --rounds "${AUG_ROUNDS:-3}" --seconds "${AUG_SECONDS:-4}" --json "$json/decoded.json" \
+        ${AUG_HW:+--hw-decoder-load "$AUG_HW"} \
         2>&1 | tee "$json/decoded.txt"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;

@@ -17,7 +17,7 @@ each; the table gives img/s (median of the rounds) and the ratio to (a) at
 the same output size.
 
     python3 bench/gpu/augment_bench.py TREE --raw160 P --raw224 P --jpeg P \
-        [--batch 256] [--threads 8] [--rounds 3] [--seconds 4] [--json OUT]
+        [--batch 256] [--threads 8] [--rounds 3] [--seconds 4] [--hw-decoder-load F] [--json OUT]
 """
 import argparse
 import json
@@ -49,7 +49,8 @@ def dali_stream(args, size, source):
         else:
             data, labels = readers.image(image=args.jpeg, random_shuffle=True, seed=0,
                                          name="Reader")
-        images = fn.decoders.image(data, device="mixed", output_type=types.RGB)
+        hw = {} if args.hw_decoder_load is None else {"hw_decoder_load": args.hw_decoder_load}
+        images = fn.decoders.image(data, device="mixed", output_type=types.RGB, **hw)
         images = fn.random_resized_crop(images, size=(size, size), seed=1)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                           mirror=fn.random.coin_flip(seed=2), mean=MEAN, std=STD)
@@ -100,6 +101,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--modes", default="a160,a224,b224,c160,c224,d224")
+    ap.add_argument("--hw-decoder-load", type=float, default=None,
+                    help="the mixed decoder's share for the hardware JPEG decoder in (a), (b), "
+                         "(d) (default: DALI's, 0.65)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -155,7 +159,8 @@ def main():
                          vs_a=ratio))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(batch=args.batch, threads=args.threads, rows=rows), f, indent=1)
+            json.dump(dict(batch=args.batch, threads=args.threads,
+                           hw_decoder_load=args.hw_decoder_load, rows=rows), f, indent=1)
     return 0
 
 
