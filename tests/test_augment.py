@@ -484,3 +484,21 @@ def test_loader_reads_o_direct_slots_and_elastic_shards(aug_packs):
         assert np.array_equal(whole[key][0], elastic[key][0])
         # The same sample as without elastic sharding, too.
         assert np.array_equal(whole[key][0], one[key][0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "uint8"])
+def test_tree_loader_augments_with_dali_too(aug_packs, dtype):
+    """On a JPEG tree, augment= and dtype= mean the same through DALI's
+    operators (random_resized_crop, coin_flip, crop_mirror_normalize)."""
+    pytest.importorskip("nvidia.dali")
+    torch = pytest.importorskip("torch")
+    from fastread.torch import ImageLoader
+    loader = ImageLoader(aug_packs["root"], batch_size=9, size=24, augment=True, dtype=dtype,
+                         num_threads=1)
+    images, labels = next(iter(loader))
+    assert images.shape == (9, 3, 24, 24) and images.dtype == getattr(torch, dtype)
+    plain = ImageLoader(aug_packs["root"], batch_size=9, size=24, dtype=dtype, num_threads=1)
+    same, _ = next(iter(plain))
+    assert not torch.equal(images, same)            # cropped, not the whole image resized
+    if dtype == "uint8":
+        assert int(same.max()) > 1                   # pixels, not normalized values
