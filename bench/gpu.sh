@@ -70,6 +70,14 @@
 #                              DataLoader, boto3 x32 and curl --parallel (the ceiling), interleaved,
 #                              at S3_DELAYS ms (default "0,25") through the delay proxy; DALI,
 #                              s3torchconnector and boto3 from the staged wheels
+#   bash bench/gpu.sh decoded  decode-free training input (issue 33), warm, one interleaved run
+#                              (bench/gpu/augment_bench.py): DALI's readers.file + mixed decode +
+#                              random resized crop + flip + normalize (a), fastread's readers.file +
+#                              the same (b), ImageLoader(image=) on raw packs at 160 and 224, the
+#                              fused augmentation kernel (c), readers.image on a JPEG q90 max side
+#                              256 pack + the same (d); AUG_IMAGES JPEGs (default 10000), packed
+#                              once per machine; AUG_HW: DALI's hw_decoder_load for (a), (b), (d)
+#                              (default DALI's 0.65); (a), (b), (d) skip, saying so, without DALI staged
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
@@ -386,6 +394,27 @@ gather)
         --states "${GATHER_STATES:-warm,hot,cold}" ${GATHER_MODES:+--modes "$GATHER_MODES"} --repeat 3 --cold-repeat 2 --small-cache 1G \
         --time-budget "${GATHER_BUDGET:-420}" --json "$json/gather.json" --plot "$json/gather.png" ||
         echo "(bench/gather/gather.py stopped early; the JSON has what ran)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
+decoded)
+    aug=/tmp/fastread-augment; n="${AUG_IMAGES:-10000}"
+    python3 -m fastread.cli make-dataset "$aug/train" --classes 10 --per-class $((n / 10)) \
+        --seed 0 --workers "$(nproc)" --quiet >/dev/null
+    for p in "raw160 --resize 160 --crop 160" "raw224 --resize 224 --crop 224" \
+             "jpeg256 --max-side 256 --encode jpeg --quality 90"; do
+        set -- $p; name=$1; shift
+        if [ ! -e "$aug/$name.img" ]; then
+            t0=$SECONDS
+            python3 -m fastread.cli pack "$aug/train" "$aug/$name.img" --decode "$@" --quiet >/dev/null
+            echo "packed $name ($*): $(du -sh "$aug/$name.img" | cut -f1) in $((SECONDS - t0)) s"
+        fi
+    done
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    python3 bench/gpu/augment_bench.py "$aug/train" --raw160 "$aug/raw160.img" \
+        --raw224 "$aug/raw224.img" --jpeg "$aug/jpeg256.img" --batch 256 --threads 8 \
+        --rounds "${AUG_ROUNDS:-3}" --seconds "${AUG_SECONDS:-4}" --json "$json/decoded.json" \
+        ${AUG_HW:+--hw-decoder-load "$AUG_HW"} \
+        2>&1 | tee "$json/decoded.txt"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 formats)

@@ -663,7 +663,7 @@ int fr_gpu_module_load(fr_gpu *g, const void *image, void **module)
     fr_CUresult r = g->cg.cuModuleLoadData(&m, image);
     pop(g);
     if (r)
-        return cu_fail(g, r, "cuModuleLoadData (loading the gather kernel)");
+        return cu_fail(g, r, "cuModuleLoadData (loading a kernel)");
     *module = m;
     return 0;
 }
@@ -699,7 +699,7 @@ int fr_gpu_launch(fr_gpu *g, void *fn, unsigned grid, unsigned block, fr_CUstrea
     fr_CUresult r = g->cg.cuLaunchKernel((CUfunction)fn, grid, 1, 1, block, 1, 1, 0, stream,
                                          params, NULL);
     pop(g);
-    return r ? cu_fail(g, r, "cuLaunchKernel (the gather kernel)") : 0;
+    return r ? cu_fail(g, r, "cuLaunchKernel") : 0;
 }
 
 int fr_gpu_stream_wait(fr_gpu *g, fr_CUstream stream)
@@ -709,7 +709,7 @@ int fr_gpu_stream_wait(fr_gpu *g, fr_CUstream stream)
         return rc;
     fr_CUresult r = g->cu.cuStreamSynchronize(stream);
     pop(g);
-    return r ? cu_fail(g, r, "waiting for the gather kernel") : 0;
+    return r ? cu_fail(g, r, "cuStreamSynchronize (waiting for a kernel)") : 0;
 }
 
 int fr_gpu_event_create(fr_gpu *g, void **ev)

@@ -1,11 +1,15 @@
 """PyTorch over image trees: fastread reads, DALI decodes, torch tensors come
-out (:class:`ImageLoader`).
+out (:class:`ImageLoader`); or over a decoded pack (``image=``), no decoder:
+fastread reads the pixels into GPU memory and one fused kernel crops,
+flips and normalizes each batch (:mod:`fastread.augment`).
 
 ::
 
     from fastread.torch import ImageLoader
 
     loader = ImageLoader("/data/train", batch_size=256, device="cuda", random_shuffle=True)
+    # or: ImageLoader(image="/data/train-160.img", batch_size=256, device="cuda", size=160,
+    #                 augment=True, random_shuffle=True)
     for epoch in range(90):
         loader.set_epoch(epoch)
         for images, labels in loader:
@@ -18,10 +22,14 @@ with ``global_batch_size=`` (elastic sharding, docs/elastic.md) also at
 another world size.
 """
 
+import collections
+
 import numpy as np
 
 from fastread import _core
 from fastread._defaults import node_env
+from fastread.augment import OUTPUT_DTYPES, RATIO, SCALE, check_crop
+from fastread.image import PackedImage
 from fastread.sampling import check_flag, elastic_resume
 from fastread.reader import Reader
 
@@ -52,6 +60,25 @@ class ImageLoader:
     holding the files' bytes (zero-copy views of fastread's buffers).
     ``labels`` is an int64 tensor on the same device.
 
+    ``image=`` a decoded pack of raw pixels of one shape (``fastread pack
+    --decode --resize S --crop S``; a path or :class:`fastread.PackedImage`)
+    instead of a tree: no decoder and no DALI. ``device="cuda"`` only: the
+    reader writes each batch into GPU memory, and one fused CUDA kernel
+    (:class:`fastread.augment.Augmenter`) makes the same (N, 3, size, size)
+    batch from it, queued on torch's current stream.
+
+    ``augment=True``: torchvision's RandomResizedCrop (``scale``, ``ratio``)
+    to ``size`` x ``size`` and a horizontal flip with probability ``flip``
+    instead of resizing the whole image. On a pack each sample's crop and
+    flip follow from (``seed``, epoch, its index in the data set) alone
+    (:func:`fastread.augment.crop_params`): a seed gives the same batches
+    whatever the world size or batch size. On a tree DALI draws them
+    (``fn.random_resized_crop``, ``fn.random.coin_flip``).
+
+    ``dtype``: ``"float32"`` (default) or ``"float16"``, normalized with
+    ``mean`` / ``std`` (of pixels scaled to [0, 1]); ``"uint8"``: the
+    resampled pixels, not normalized.
+
     ``file_root`` may be ``s3://bucket/prefix`` (a class tree in a bucket,
     listed as :func:`fastread.scan` lists it): the objects are read by the
     s3 engine, the bucket reached with ``s3=`` (:class:`fastread.S3Options`)
@@ -74,11 +101,16 @@ class ImageLoader:
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, file_list=None, files=None, labels=None,
                  file_filters=None, shard_id=None, num_shards=None, random_shuffle=False, seed=0,
                  drop_last=False, num_threads=4, device_id=None, prefetch_queue_depth=2,
-                 engine="auto", global_batch_size=None, hw_decoder_load=None, **engine_options):
+                 engine="auto", global_batch_size=None, image=None, augment=False,
+                 scale=SCALE, ratio=RATIO, flip=0.5, dtype="float32", hw_decoder_load=None,
+                 **engine_options):
         import torch  # noqa: F401  (fail early, with the real import error)
 
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        check_flag("augment", augment)
+        self.scale, self.ratio, self.flip = check_crop(scale, ratio, flip)
+        self.dtype = _output_dtype(dtype)
         for opt, value, low in (("size", size, 1), ("num_threads", num_threads, 1),
                                 ("prefetch_queue_depth", prefetch_queue_depth, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -98,6 +130,16 @@ class ImageLoader:
                                             not 0 <= hw_decoder_load <= 1):
             raise ValueError(f"hw_decoder_load must be a number in [0, 1] (the share of images "
                              f"the GPU's hardware JPEG decoder takes), got {hw_decoder_load!r}")
+        pack = None
+        if image is not None:
+            pack = _pixel_pack(image)
+            if not decode:
+                raise ValueError(f"decode=False applies to file trees; image={pack.path!r} "
+                                 "holds decoded pixels already")
+            if device != "cuda":
+                raise ValueError(f"image={pack.path!r}: a decoded pack is cropped, flipped and "
+                                 "normalized by a CUDA kernel: use device='cuda' (or "
+                                 "fastread.dali.readers.image(decoded=True) with DALI on the CPU)")
         node = node_env()
         if num_shards is None:
             num_shards = node["world_size"]
@@ -108,20 +150,33 @@ class ImageLoader:
         if device == "cuda":
             _require_gpu(device_id)
         self.device, self.decode, self.size = device, bool(decode), int(size)
+        self.augment = bool(augment)
         self.mean, self.std = tuple(mean), tuple(std)
+        self.image = pack
         self.num_threads = num_threads
         self.hw_decoder_load = hw_decoder_load
         self.device_id = device_id if device == "cuda" else None
         self.prefetch_queue_depth = prefetch_queue_depth
         # Every rank keeps its own shard; with shuffling each epoch draws one
         # permutation of the whole set, the same on every rank.
-        self.reader = Reader(file_root, file_list=file_list, files=files, labels=labels,
-                             file_filters=file_filters, batch_size=batch_size,
-                             shard_id=shard_id, num_shards=num_shards,
-                             random_shuffle=random_shuffle, seed=seed, drop_last=drop_last,
-                             stick_to_shard=True, engine=engine,
-                             ring_depth=prefetch_queue_depth + 2 if decode else None,
-                             global_batch_size=global_batch_size, **engine_options)
+        if pack is not None:
+            # Each batch one (N, H, W, 3) array in GPU memory, as the engine
+            # wrote it; a batch's memory is reused only once its arrays are
+            # gone, and _iter_fused keeps them until the kernel has read them.
+            engine_options.setdefault("device_id", device_id)
+            self.reader = Reader(image=pack, batch_size=batch_size, shard_id=shard_id,
+                                 num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
+                                 drop_last=drop_last, stick_to_shard=True, engine=engine,
+                                 device="gpu", dense=True, global_batch_size=global_batch_size,
+                                 **engine_options)
+        else:
+            self.reader = Reader(file_root, file_list=file_list, files=files, labels=labels,
+                                 file_filters=file_filters, batch_size=batch_size,
+                                 shard_id=shard_id, num_shards=num_shards,
+                                 random_shuffle=random_shuffle, seed=seed, drop_last=drop_last,
+                                 stick_to_shard=True, engine=engine,
+                                 ring_depth=prefetch_queue_depth + 2 if decode else None,
+                                 global_batch_size=global_batch_size, **engine_options)
         # The batches the loader delivers (elastic: the rank's slice).
         self.batch_size = self.reader.batch_size
         self.epoch = 0
@@ -129,6 +184,7 @@ class ImageLoader:
         self._delivered = 0
         self._dali = None
         self._dali_used = False
+        self._kernel = None
 
     def __len__(self):
         return len(self.reader)
@@ -174,6 +230,8 @@ class ImageLoader:
     def __iter__(self):
         self.reader.set_epoch(self.epoch, start_batch=self._start_batch)
         self._delivered, self._start_batch = self._start_batch, 0
+        if self.image is not None:
+            return self._iter_fused()
         if not self.decode:
             return self._iter_bytes()
         return self._iter_dali()
@@ -201,6 +259,56 @@ class ImageLoader:
             yield out[0]["images"], out[0]["labels"].reshape(-1).long()
         self._finish_epoch()
 
+    def _iter_fused(self):
+        import torch
+
+        from fastread.augment import Augmenter, crop_params
+
+        if self._kernel is None:
+            self._kernel = Augmenter(self.device_id)
+        reader, epoch, first = self.reader, self.epoch, self._delivered
+        # The samples of each batch, as the reader reads them: the crops
+        # follow the samples, not the batches.
+        order = reader._epoch_order(epoch)
+        height, width = self.image.sample_shape[:2]
+        dev = torch.device("cuda", self.device_id)
+        tdtype = getattr(torch, self.dtype)
+        if self.dtype == "uint8":
+            mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+        else:
+            mean = [m * 255 for m in self.mean]
+            std = [s * 255 for s in self.std]
+        # Batches whose kernel may not have run yet, with their input: the
+        # reader reuses a batch's GPU memory only once its array is gone.
+        queued = collections.deque()
+        try:
+            for k, (images, labels) in enumerate(reader, start=first):
+                n = len(labels)
+                start = k * self.batch_size
+                if self.augment:
+                    boxes, flips = crop_params(order[start:start + n], height, width,
+                                               seed=reader.seed, epoch=epoch, scale=self.scale,
+                                               ratio=self.ratio, flip=self.flip)
+                else:
+                    boxes = np.tile(np.array([0, 0, height, width], np.int32), (n, 1))
+                    flips = None
+                out = torch.empty((n, 3, self.size, self.size), dtype=tdtype, device=dev)
+                stream = torch.cuda.current_stream(dev)
+                self._kernel(images, out, boxes, flips, mean=mean, std=std,
+                             stream=stream.cuda_stream)
+                done = torch.cuda.Event()
+                done.record(stream)
+                queued.append((done, images))
+                while queued and (len(queued) > self.prefetch_queue_depth or queued[0][0].query()):
+                    queued.popleft()[0].synchronize()
+                labels = torch.from_numpy(labels.astype(np.int64)).to(dev, non_blocking=True)
+                self._delivered += 1
+                yield out, labels
+        finally:
+            for done, _ in queued:  # an epoch left early: its inputs outlive the kernels
+                done.synchronize()
+        self._finish_epoch()
+
     def _finish_epoch(self):
         self.epoch += 1
         self._delivered = 0
@@ -226,10 +334,23 @@ class ImageLoader:
                   if gpu and loader.hw_decoder_load is not None else {})
             images = fn.decoders.image(data, device="mixed" if gpu else "cpu",
                                        output_type=types.RGB, **hw)
-            images = fn.resize(images, resize_x=loader.size, resize_y=loader.size)
+            mirror = 0
+            if loader.augment:
+                images = fn.random_resized_crop(images, size=(loader.size, loader.size),
+                                                random_area=list(loader.scale),
+                                                random_aspect_ratio=list(loader.ratio))
+                mirror = fn.random.coin_flip(probability=loader.flip)
+            else:
+                images = fn.resize(images, resize_x=loader.size, resize_y=loader.size)
+            if loader.dtype == "uint8":
+                mean, std = [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]
+            else:
+                mean = [m * 255 for m in loader.mean]
+                std = [s * 255 for s in loader.std]
             images = fn.crop_mirror_normalize(
-                images, dtype=types.FLOAT, output_layout="CHW",
-                mean=[m * 255 for m in loader.mean], std=[s * 255 for s in loader.std])
+                images, dtype={"float32": types.FLOAT, "float16": types.FLOAT16,
+                               "uint8": types.UINT8}[loader.dtype],
+                output_layout="CHW", mirror=mirror, mean=mean, std=std)
             if loader.device == "cuda":
                 labels = labels.gpu()
             return images, labels
@@ -244,3 +365,34 @@ class ImageLoader:
         self._teardown()
         self.reader.close()
 
+
+def _output_dtype(dtype):
+    """``dtype`` (a name or a torch dtype) as one of OUTPUT_DTYPES."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in OUTPUT_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(OUTPUT_DTYPES)} (or the torch "
+                         f"dtype), got {dtype!r}")
+    return name
+
+
+def _pixel_pack(image):
+    """``image`` (a path or PackedImage) if it holds raw uint8 RGB pixels
+    of one shape, else ValueError naming it and how to pack it."""
+    pack = image if isinstance(image, PackedImage) else PackedImage(image)
+    how = "pack it with fastread pack --decode --resize S --crop S (raw pixels, one shape)"
+    if not pack.decoded:
+        raise ValueError(f"image={pack.path!r} holds the source files' bytes, not decoded "
+                         f"pixels: {how}, or give the tree as file_root")
+    if pack.encoding != "raw":
+        raise ValueError(f"image={pack.path!r} holds {pack.encoding!r} samples; the fused "
+                         f"augmentation reads raw pixels: {how} (or read it with "
+                         "fastread.dali.readers.image(decoded=True) and DALI's decoder)")
+    shape = pack.sample_shape
+    if shape is None:
+        kinds = len({tuple(s) for s in pack.shapes.tolist()})
+        raise ValueError(f"image={pack.path!r} holds images of {kinds} shapes; a batch on the "
+                         f"GPU is one array of one shape: {how}")
+    if len(shape) != 3 or shape[2] != 3 or np.dtype(pack.dtype) != np.uint8:
+        raise ValueError(f"image={pack.path!r} holds {shape} {pack.dtype} samples; the fused "
+                         "augmentation takes (H, W, 3) uint8 (RGB)")
+    return pack
