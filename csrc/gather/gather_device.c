@@ -570,7 +570,7 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
     }
     d->row_cache_bytes = (uint64_t)d->row_slots * d->row_bytes;
     /* One seen word a slot: few rows of one gather collide there, and one
-     * that does is listed a gather later. */
+     * that does is listed twice (the pass skips the second). */
     d->seen_words = d->row_slots > 64 ? d->row_slots : 64;
     /* The cache: no more slots than pages, at least 64 (two per lane of a
      * warp) unless the array has fewer pages. */

@@ -892,8 +892,9 @@ FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_c
  *     gather costs no atomics; recency is the tag's reference bit.
  *   - Candidates: a fetched row whose estimate reaches `threshold` (2: asked
  *     for before, in this gather or an earlier one) is listed with its
- *     output position, once per gather (`seen`, by epoch; a collision there
- *     postpones a row by a gather), at most adm_cap a gather. Listing
+ *     output position, about once per gather (`seen`: epoch and row hash
+ *     per word; a collision lists a row twice, never holds it back), at
+ *     most adm_cap a gather. Listing
  *     happens after the warp's ring cell is released, and a row seen once
  *     costs two counter atomics and nothing else: a stream of rows that
  *     never repeat (uniform ids) pays about nothing.
@@ -987,15 +988,18 @@ FR_DEV fr_u32 fr_rows_note(const fr_dev_rows *r, fr_u64 id, fr_u32 k)
 }
 
 /* 1 when the caller lists row id in gather `epoch`: its estimate `est`
- * reached the threshold and no one listed it in this gather yet. */
+ * reached the threshold and, as far as `seen` knows, no one listed it in
+ * this gather yet. A seen word holds the low 16 bits of the epoch and 16
+ * bits of the row's hash: a row whose word another row took is listed
+ * again (a duplicate the pass skips), never held back. */
 FR_DEV int fr_rows_mark(const fr_dev_rows *r, fr_u64 id, fr_u32 est, fr_u32 epoch)
 {
     if (est < r->threshold || !epoch)
         return 0;
-    /* Hashed with the epoch: rows that collide in one gather do not in the next. */
-    fr_u32 *w = &r->seen[fr_mix64(id ^ ((fr_u64)epoch << 40) ^ 0xD1B54A32D192ED03ull) &
-                         r->seen_mask];
-    return fr_load32(w) != epoch && fr_atom_xchg32(w, epoch) != epoch;
+    fr_u64 h = fr_mix64(id ^ 0xD1B54A32D192ED03ull);
+    fr_u32 *w = &r->seen[h & r->seen_mask];
+    fr_u32 v = (epoch << 16) | (fr_u32)(h >> 48);
+    return fr_load32(w) != v && fr_atom_xchg32(w, v) != v;
 }
 
 /* Candidate i (claimed from adm_n): row id at output position pos;
