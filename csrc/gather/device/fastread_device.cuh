@@ -1013,46 +1013,60 @@ FR_DEV void fr_rows_put(const fr_dev_rows *r, fr_u64 i, fr_u64 id, fr_u64 pos)
 }
 
 /* Admits row id, its bytes at src, if the policy lets it in (one thread,
- * while no gather of ours runs). 1 when it went in. */
+ * while no gather of ours runs; other threads of the pass admit other rows
+ * at the same time). 1 when it went in.
+ * A way another thread is filling (BUSY) or a slot taken under this
+ * thread's feet is retried, not given up: the pass runs every candidate at
+ * once, and at a million rows over 128k sets over half the candidates
+ * share a set with another, so giving up (as a first version did) left a
+ * third of a gather's candidates for later gathers. */
+#define FR_ROWS_ADMIT_TRIES 64
 FR_DEV int fr_rows_admit_one(const fr_dev_rows *r, fr_u64 row_bytes, fr_u64 id, const fr_u8 *src)
 {
     fr_u32 w = fr_rows_set(r, id);
-    fr_u64 t[FR_ROWS_WAYS];
-    fr_u32 v = FR_ROWS_WAYS;
-    for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
-        t[k] = fr_load64(&r->tags[w + k]);
-        if ((t[k] & ~FR_RTAG_REF) == id + 1 || t[k] == FR_RTAG_BUSY)
-            return 0; /* already in, or another thread fills this set now */
-        if (t[k] == 0 && v == FR_ROWS_WAYS)
-            v = k;
-    }
-    if (v == FR_ROWS_WAYS) { /* full: the least frequent way not hit lately */
-        fr_u32 least = 0xFFFFFFFFu;
+    for (int attempt = 0; attempt < FR_ROWS_ADMIT_TRIES; attempt++) {
+        fr_u64 t[FR_ROWS_WAYS];
+        fr_u32 v = FR_ROWS_WAYS;
+        int busy = 0;
         for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
-            if (t[k] & FR_RTAG_REF)
-                continue;
-            fr_u32 e = fr_rows_estimate(r, t[k] - 1);
-            if (e < least) {
-                least = e;
+            t[k] = fr_load64(&r->tags[w + k]);
+            if ((t[k] & ~FR_RTAG_REF) == id + 1)
+                return 0; /* already in */
+            busy |= t[k] == FR_RTAG_BUSY;
+            if (t[k] == 0 && v == FR_ROWS_WAYS)
                 v = k;
+        }
+        if (v == FR_ROWS_WAYS && busy) {
+            fr_pause(); /* a way is being filled: it may be this row; look again */
+            continue;
+        }
+        if (v == FR_ROWS_WAYS) { /* full: the least frequent way not hit lately */
+            fr_u32 least = 0xFFFFFFFFu;
+            for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
+                if (t[k] & FR_RTAG_REF)
+                    continue;
+                fr_u32 e = fr_rows_estimate(r, t[k] - 1);
+                if (e < least) {
+                    least = e;
+                    v = k;
+                }
             }
+            if (v == FR_ROWS_WAYS) { /* every way hit since the last pass: second chance */
+                for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++)
+                    fr_atom_cas64(&r->tags[w + k], t[k], t[k] & ~FR_RTAG_REF);
+                return 0;
+            }
+            if (fr_rows_estimate(r, id) <= least)
+                return 0; /* TinyLFU: only a more frequent row replaces one */
         }
-        if (v == FR_ROWS_WAYS) { /* every way hit since the last pass: second chance */
-            for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++)
-                fr_atom_cas64(&r->tags[w + k], t[k], t[k] & ~FR_RTAG_REF);
-            return 0;
-        }
-        if (fr_rows_estimate(r, id) <= least)
-            return 0; /* TinyLFU: only a more frequent row replaces one */
+        if (fr_atom_cas64(&r->tags[w + v], t[v], FR_RTAG_BUSY) != t[v])
+            continue; /* another thread took the way first: look again */
+        fr_copy_bytes(r->data + (fr_u64)(w + v) * row_bytes, src, row_bytes);
+        fr_fence();
+        fr_store64(&r->tags[w + v], id + 1);
+        return 1;
     }
-    fr_u64 old = t[v];
-    v += w;
-    if (fr_atom_cas64(&r->tags[v], old, FR_RTAG_BUSY) != old)
-        return 0; /* another thread took the slot */
-    fr_copy_bytes(r->data + (fr_u64)v * row_bytes, src, row_bytes);
-    fr_fence();
-    fr_store64(&r->tags[v], id + 1);
-    return 1;
+    return 0; /* a set this contended waits for the next pass */
 }
 
 /* ------------------------------------------------------- locality order
