@@ -174,8 +174,8 @@ unsigned fr_store_calls_in_flight(fr_store *store);
 
 /* Memory held, by part (bytes). */
 typedef struct fr_store_memory {
-    uint64_t device_cache;   /* HBM cache pages */
-    uint64_t device_meta;    /* page table, slot tags and counters */
+    uint64_t device_cache;   /* HBM cache: pages and hot rows */
+    uint64_t device_meta;    /* page table, slot tags and counters, hot-row tags and sketch */
     uint64_t host_tier;      /* page-locked host tier */
     uint64_t rings;          /* submission/completion rings (page-locked, mapped) */
     uint64_t staging;        /* page-locked staging pages the host reads into */
