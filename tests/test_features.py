@@ -371,6 +371,12 @@ def test_stats_and_memory(feats):
         assert 1 <= st["storage_reads"] < 102 and st["coalesced"] >= 99
         assert st["hits"] == st["misses"] == st["host_tier_rows"] == st["evictions"] == 0
         assert st["tiers"] == {"device_cache": 0, "host_tier": 0, "storage": 102}
+        # The row cache and the route of backend "auto" are the device path's:
+        # nothing here, but the keys and the rules in words are.
+        assert st["row_hits"] == st["admitted"] == st["host_routed"] == 0
+        assert st["route"] == ""
+        assert "cold" in st["route_rule"] and "page cache" in st["route_rule"]
+        assert "TinyLFU" in st["admission"] and "FASTREAD_GATHER_ADMIT" in st["admission"]
         with pytest.raises(IndexError):
             s.gather([1, 99999], device="cpu")
         assert s.stats()["rows"] == 102  # a failed gather returns no rows

@@ -23,6 +23,7 @@
 #include "gather/gather_device.h"
 #include "gather/gather_host.h"
 #include "gather/gather_kernel.h"
+#include "gather/gather_route.h"
 #include "gpu/gpu.h"
 
 struct fr_store {
@@ -42,6 +43,8 @@ struct fr_store {
     unsigned users;
     atomic_int closing;
     fr_store_stats stats;
+    char route[FR_ERRLEN]; /* backend "auto": where the last device-id gather ran, why */
+    int auto_route;        /* backend "auto" was asked for: each gather picks its path */
 
     pthread_mutex_t gather_lock;
     /* Host backend with device ids/output: page-locked bounce buffers. */
@@ -208,6 +211,8 @@ int fr_store_open(const fr_store_config *cfg, fr_store **out, char *err, size_t 
         return rc;
     }
     const char *b = cfg->backend ? cfg->backend : "auto";
+    s->cfg.backend = NULL; /* the caller's string: not kept */
+    s->auto_route = strcmp(b, "auto") == 0;
     if (cfg->device_id >= 0) {
         rc = fr_gpu_open(cfg->device_id, &s->gpu, err, err_len);
         if (rc) {
@@ -396,9 +401,20 @@ int fr_store_gather_device(fr_store *s, uint64_t ids, int id_bytes, size_t n, ui
     if (rc)
         return rc;
     pthread_mutex_lock(&s->gather_lock);
+    /* Backend "auto" picks a path per gather (gather_route.h); an explicit
+     * backend runs as given. */
+    int to_host = 0;
+    if (n > 0 && s->dev && s->auto_route) {
+        char why[FR_ERRLEN];
+        to_host = fr_gdev_route(s->dev, ids, id_bytes, n, stream, why, sizeof(why));
+        pthread_mutex_lock(&s->state_lock);
+        snprintf(s->route, sizeof(s->route), "%s", why);
+        s->stats.host_routed += (uint64_t)to_host;
+        pthread_mutex_unlock(&s->state_lock);
+    }
     if (n == 0) {
         rc = 0;
-    } else if (s->dev) {
+    } else if (s->dev && !to_host) {
         fr_store_stats d;
         memset(&d, 0, sizeof(d));
         rc = fr_gdev_gather(s->dev, ids, id_bytes, n, out, stream, bad_index, &d, err, err_len);
@@ -415,6 +431,8 @@ int fr_store_gather_device(fr_store *s, uint64_t ids, int id_bytes, size_t n, ui
         s->stats.mapped_reads += d.mapped_reads;
         s->stats.bytes_read += d.bytes_read;
         s->stats.evictions += d.evictions;
+        s->stats.row_hits += d.row_hits;
+        s->stats.admitted += d.admitted;
         pthread_mutex_unlock(&s->state_lock);
     } else {
         rc = host_gather_device(s, ids, id_bytes, n, out, stream, bad_index, err, err_len);
@@ -430,6 +448,17 @@ void fr_store_stats_get(fr_store *s, fr_store_stats *out)
     *out = s->stats;
     pthread_mutex_unlock(&s->state_lock);
 }
+
+void fr_store_route_get(fr_store *s, char *buf, size_t len)
+{
+    if (!len)
+        return;
+    pthread_mutex_lock(&s->state_lock);
+    snprintf(buf, len, "%s", s->route);
+    pthread_mutex_unlock(&s->state_lock);
+}
+
+const char *fr_store_route_rule(void) { return FR_ROUTE_RULE; }
 
 unsigned fr_store_calls_in_flight(fr_store *s)
 {

@@ -5,7 +5,9 @@
  * fr_store_memory_get): the cache pages (nslots * page_bytes, nslots =
  * cache_bytes / page_bytes, at most the array's page count) and their
  * metadata (page table: 4 bytes per page of the array; per slot: tag 8,
- * refs 4, clock bit 4), the result block and the device view; the host tier
+ * refs 4, clock bit 4), the hot-row cache where row fetches can happen (a
+ * quarter of cache_bytes, taken from the pages, plus 52 bytes a slot:
+ * fastread_device.cuh, "Hot rows"), the result block and the device view; the host tier
  * (page-locked, mapped: the whole array, or hot rows plus a 4-byte row->slot
  * map in device memory); the backend's rings and staging; one page-locked
  * page for the abort flag.
@@ -32,6 +34,7 @@
 #include "core/base.h"
 #include "gather/gather_device.h"
 #include "gather/gather_kernel.h"
+#include "gather/gather_route.h"
 #include "gpu/gpu.h"
 
 /* Device memory kept free beyond the cache, for the caller's own work and
@@ -73,6 +76,15 @@ struct fr_gdev {
     void *res_map;
     size_t res_len;
     uint64_t res_seed;
+    /* Hot rows (fastread_device.cuh, "Hot rows"; row_slots 0: none): the
+     * arrays, the pass run after each gather, the view's part (hashing for
+     * the route's sample), and the counts since the sketch was last halved. */
+    uint32_t row_slots, seen_words;
+    uint64_t rtags_d, rdata_d, sketch_d, seen_d, adm_d, row_cache_bytes;
+    void *fn_admit;
+    fr_dev_rows rows_view;
+    uint64_t row_notes;
+    int age_pending;
     char kernel_source[512];
     atomic_int cancelled;
     /* $FASTREAD_GATHER_TIMELINE=1: each gather prints where its time went
@@ -100,8 +112,10 @@ void fr_gdev_close(fr_gdev *d)
     fr_gpu_module_unload(d->gpu, d->module);
     fr_gpu_event_destroy(d->gpu, d->ev_start);
     fr_gpu_event_destroy(d->gpu, d->ev_end);
-    uint64_t *dev[] = {&d->data_d, &d->pt_d, &d->tags_d, &d->refs_d, &d->clock_d,
-                       &d->hand_d, &d->result_d, &d->view_d, &d->host_slot_d, &d->pins_d};
+    uint64_t *dev[] = {&d->data_d,   &d->pt_d,      &d->tags_d,   &d->refs_d,
+                       &d->clock_d,  &d->hand_d,    &d->result_d, &d->view_d,
+                       &d->host_slot_d, &d->pins_d, &d->rtags_d,  &d->rdata_d,
+                       &d->sketch_d, &d->seen_d,    &d->adm_d};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         fr_gpu_free(d->gpu, *dev[i]);
     fr_gpu_free(d->gpu, d->order_d);
@@ -188,10 +202,11 @@ static int open_fetch(fr_gdev *d, const fr_gather_backend *be, char *err, size_t
     static const char *const modes[] = {"auto", "pages", "rows"};
     d->can_fetch_rows = be->fetch_define && strcmp(be->fetch_define, "FR_FETCH_PROXY") == 0;
     int rc = env_choice("FASTREAD_GATHER_FETCH", modes, 3, &d->fetch_mode, err, err_len);
-    if (rc || !d->can_fetch_rows || d->fetch_mode != 0)
+    if (rc)
         return rc;
-    /* For the residency sample; without it (a mapping refused) arrays count
-     * as warm, which only costs the cold-dense case its page loads. */
+    /* For the residency sample (choose_fetch, and backend "auto"'s route:
+     * fr_gdev_route); without it (a mapping refused) arrays count as warm,
+     * which only costs the cold cases their best path. */
     int fd = open(d->path, O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
         uint64_t lo = d->offset & ~(uint64_t)4095;
@@ -327,6 +342,8 @@ static int reset_cache(fr_gdev *d)
         rc = fr_gpu_memset8(d->gpu, d->hand_d, 0, 4);
     if (rc == 0)
         rc = fr_gpu_memset8(d->gpu, d->pins_d, 0, (size_t)d->nslots * 8);
+    if (rc == 0 && d->row_slots) /* a failed pass may have left slots BUSY */
+        rc = fr_gpu_memset8(d->gpu, d->rtags_d, 0, (size_t)d->row_slots * 8);
     return rc;
 }
 
@@ -456,6 +473,39 @@ static int open_tier(fr_gdev *d, const fr_store_config *cfg, fr_gdev_fill_fn fil
     return rc;
 }
 
+/* The hot-row cache's slots (fastread_device.cuh, "Hot rows"), 0 for none.
+ * $FASTREAD_GATHER_ADMIT: auto (default) or off. Auto: where row fetches
+ * can happen (the proxy backend, FASTREAD_GATHER_FETCH not "pages", an
+ * array larger than the cache and not all in the host tier, 2 rows a page
+ * or more, pins on: the pass runs for fastread's own gathers only), a
+ * quarter of cache_bytes in a power-of-two number of rows, when that
+ * leaves the page cache 64 pages. */
+static int plan_row_cache(fr_gdev *d, const fr_store_config *cfg, const fr_gather_backend *be,
+                          uint32_t *slots_out, char *err, size_t err_len)
+{
+    static const char *const modes[] = {"auto", "off"};
+    int mode;
+    *slots_out = 0;
+    int rc = env_choice("FASTREAD_GATHER_ADMIT", modes, 2, &mode, err, err_len);
+    if (rc || mode == 1)
+        return rc;
+    const char *fetch = getenv("FASTREAD_GATHER_FETCH");
+    uint64_t data = d->rows * d->row_bytes;
+    uint64_t budget = cfg->host_bytes == UINT64_MAX ? avail_ram() / 2 : cfg->host_bytes;
+    if (!be->fetch_define || strcmp(be->fetch_define, "FR_FETCH_PROXY") != 0 ||
+        (fetch && strcmp(fetch, "pages") == 0) || data <= cfg->cache_bytes ||
+        (budget && data <= budget) || d->page_bytes / d->row_bytes < 2 ||
+        d->npages > 0xFFFFFFFFull)
+        return 0;
+    uint64_t want = cfg->cache_bytes / 4 / d->row_bytes, slots = 1;
+    while (slots * 2 <= want && slots < (1ull << 30))
+        slots *= 2;
+    if (slots < 64 || (cfg->cache_bytes - slots * d->row_bytes) / d->page_bytes < 64)
+        return 0;
+    *slots_out = (uint32_t)slots;
+    return 0;
+}
+
 int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
                  const fr_gather_backend *be, fr_gdev_fill_fn fill, void *fill_arg, fr_gdev **out,
                  char *err, size_t err_len)
@@ -514,9 +564,17 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
     }
     d->sm_count = sms > 0 ? (unsigned)sms : 1;
 
+    if ((rc = plan_row_cache(d, cfg, be, &d->row_slots, err, err_len))) {
+        fr_gdev_close(d);
+        return rc;
+    }
+    d->row_cache_bytes = (uint64_t)d->row_slots * d->row_bytes;
+    /* One seen word a slot: few rows of one gather collide there, and one
+     * that does is listed twice (the pass skips the second). */
+    d->seen_words = d->row_slots > 64 ? d->row_slots : 64;
     /* The cache: no more slots than pages, at least 64 (two per lane of a
      * warp) unless the array has fewer pages. */
-    uint64_t slots = cfg->cache_bytes / pb;
+    uint64_t slots = (cfg->cache_bytes - d->row_cache_bytes) / pb;
     if (slots > d->npages)
         slots = d->npages;
     if (slots < 64 && slots < d->npages) {
@@ -533,13 +591,18 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
     d->nslots = (uint32_t)slots;
     d->cache_bytes = slots * pb;
     d->meta_bytes = d->npages * 4 + slots * 24 + 4 + sizeof(fr_dev_result) + sizeof(fr_dev_store);
+    /* Hot rows: per slot a tag (8), eight sketch counters (32: two rows of
+     * four, so a miss stream as long as the cache seldom reads as repeats),
+     * half a candidate (16 / 2), a seen word (4). */
+    if (d->row_slots)
+        d->meta_bytes += (uint64_t)d->row_slots * 48 + (uint64_t)d->seen_words * 4;
     size_t free_b = 0, total_b = 0;
     if ((rc = fr_gpu_mem_info(d->gpu, &free_b, &total_b))) {
         rc = gpu_err(d, rc, "cuMemGetInfo", err, err_len);
         fr_gdev_close(d);
         return rc;
     }
-    if (d->cache_bytes + d->meta_bytes + DEVICE_HEADROOM > free_b) {
+    if (d->cache_bytes + d->row_cache_bytes + d->meta_bytes + DEVICE_HEADROOM > free_b) {
         fr_set_err(err, err_len,
                    "store %s: a cache of %llu bytes (+%llu of metadata) does not fit in GPU %d's "
                    "%llu free bytes (keeping %llu free): lower cache_bytes",
@@ -558,6 +621,14 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         (rc = fr_gpu_alloc(d->gpu, slots * 8, &d->pins_d)) ||
         (rc = fr_gpu_alloc(d->gpu, sizeof(fr_dev_result), &d->result_d)) ||
         (rc = fr_gpu_alloc(d->gpu, sizeof(fr_dev_store), &d->view_d)) ||
+        (d->row_slots &&
+         ((rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 8, &d->rtags_d)) ||
+          (rc = fr_gpu_alloc(d->gpu, d->row_cache_bytes, &d->rdata_d)) ||
+          (rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 32, &d->sketch_d)) ||
+          (rc = fr_gpu_alloc(d->gpu, (size_t)d->seen_words * 4, &d->seen_d)) ||
+          (rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 8, &d->adm_d)) ||
+          (rc = fr_gpu_memset8(d->gpu, d->sketch_d, 0, (size_t)d->row_slots * 32)) ||
+          (rc = fr_gpu_memset8(d->gpu, d->seen_d, 0, (size_t)d->seen_words * 4)))) ||
         (rc = reset_cache(d))) {
         rc = gpu_err(d, rc, "allocating the device cache", err, err_len);
         fr_gdev_close(d);
@@ -600,6 +671,12 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
         fr_gdev_close(d);
         return rc;
     }
+    if (d->row_slots &&
+        (rc = fr_gpu_module_function(d->gpu, d->module, "fr_rows_admit", &d->fn_admit))) {
+        rc = gpu_err(d, rc, "the hot-row cache's kernel", err, err_len);
+        fr_gdev_close(d);
+        return rc;
+    }
     /* The view the kernel reads: device addresses throughout. */
     fr_dev_store v;
     memset(&v, 0, sizeof(v));
@@ -629,6 +706,20 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
     v.host_slot = (const int32_t *)(uintptr_t)d->host_slot_d;
     v.abort = (uint32_t *)(uintptr_t)d->abort_d;
     v.result = (fr_dev_result *)(uintptr_t)d->result_d;
+    if (d->row_slots) {
+        v.rowc.tags = (uint64_t *)(uintptr_t)d->rtags_d;
+        v.rowc.data = (uint8_t *)(uintptr_t)d->rdata_d;
+        v.rowc.sketch = (uint32_t *)(uintptr_t)d->sketch_d;
+        v.rowc.seen = (uint32_t *)(uintptr_t)d->seen_d;
+        v.rowc.adm = (uint64_t *)(uintptr_t)d->adm_d;
+        v.rowc.adm_n = (uint64_t *)(uintptr_t)(d->result_d + offsetof(fr_dev_result, adm_n));
+        v.rowc.adm_cap = d->row_slots / 2;
+        v.rowc.slot_mask = d->row_slots - 1;
+        v.rowc.width_mask = 4 * d->row_slots - 1;
+        v.rowc.seen_mask = d->seen_words - 1;
+        v.rowc.threshold = 2;
+        d->rows_view = v.rowc;
+    }
     be->fill_view(d->bstate, &v.fetch);
     if ((rc = fr_gpu_copy_to_device(d->gpu, d->view_d, &v, sizeof(v)))) {
         rc = gpu_err(d, rc, "copying the device view", err, err_len);
@@ -738,6 +829,16 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
     void *params[] = {&view, &ids, &id_bytes, &nn, &out, &order};
     if (launch_rc == 0)
         launch_rc = fr_gpu_launch(d->gpu, d->fn, grid, block, (fr_CUstream)stream, params);
+    /* Hot rows: the admission pass on the same stream, so nothing of ours
+     * reads the row cache while it changes (fastread_device.cuh, "Hot rows"). */
+    if (launch_rc == 0 && d->row_slots) {
+        unsigned age = (unsigned)d->age_pending;
+        void *admit_params[] = {&view, &out, &age};
+        launch_rc = fr_gpu_launch(d->gpu, d->fn_admit, d->sm_count * 4, 256, (fr_CUstream)stream,
+                                  admit_params);
+        if (launch_rc == 0)
+            d->age_pending = 0;
+    }
     if (timed && launch_rc == 0)
         timed = fr_gpu_event_record(d->gpu, d->ev_end, (fr_CUstream)stream) == 0;
     if (d->timeline)
@@ -792,6 +893,14 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
         delta->host_tier_rows += res.counters[FR_CNT_HOST_TIER];
         delta->direct_rows += res.counters[FR_CNT_DIRECT_ROWS];
         delta->evictions += res.counters[FR_CNT_EVICTIONS];
+        delta->row_hits += res.counters[FR_CNT_ROW_HITS];
+        delta->admitted += res.counters[FR_CNT_ADMITTED];
+        /* TinyLFU's reset: the sketch halved after 10 x slots counts. */
+        d->row_notes += res.counters[FR_CNT_DIRECT_ROWS];
+        if (d->row_slots && d->row_notes >= 10ull * d->row_slots) {
+            d->age_pending = 1;
+            d->row_notes = 0;
+        }
     }
     if (launch_rc) {
         fr_set_err(err, err_len, "store %s: the gather kernel failed: %s", d->path, launch_err);
@@ -835,9 +944,90 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
     return 0;
 }
 
+/* Whether this gather of backend "auto" goes to the host path (1) or stays
+ * on the device (0); why, in one line (gather_route.h). */
+int fr_gdev_route(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, void *stream, char *why,
+                  size_t why_len)
+{
+    fr_route_facts f;
+    memset(&f, 0, sizeof(f));
+    f.data_bytes = d->rows * d->row_bytes;
+    f.cache_bytes = d->cache_bytes + d->row_cache_bytes;
+    f.all_in_tier = d->tier_bytes && !d->host_slot_d;
+    f.cached_asked = -1;
+    /* Cheap facts first: no page sample where they decide. */
+    if (f.data_bytes > f.cache_bytes && !f.all_in_tier) {
+        unsigned asked = 0;
+        f.resident_in = (int)fr_resident_sample(d->res_map, d->res_len, 16, &d->res_seed, &asked);
+        f.resident_asked = (int)asked;
+    }
+    int r = fr_route_decide(&f, why, why_len);
+    if (r != FR_ROUTE_NEED_SAMPLE) {
+        if (r == FR_ROUTE_DEVICE) {
+            int fetch = choose_fetch(d, n);
+            size_t used = strlen(why);
+            snprintf(why + used, why_len - used, "; %s",
+                     fetch == 0 ? "absent pages loaded whole"
+                                : "rows of absent pages read on their own (sparse batch)");
+        }
+        return r == FR_ROUTE_HOST;
+    }
+    /* Cold: are this batch's rows in HBM anyway? 32 of its ids, spread over
+     * the batch, each against the hot-row cache, the page table and the
+     * hot-row host tier: about a hundred small copies, under a millisecond
+     * against a cold gather's tens or hundreds. The first waits for the
+     * caller's stream (the ids may come from its kernels). A failed copy
+     * counts as not cached. */
+    int64_t sample[32];
+    size_t k = n < 32 ? n : 32;
+    f.cached_asked = 0;
+    for (size_t i = 0; i < k; i++) {
+        uint64_t at = ids + (uint64_t)(i * (n / k)) * (uint64_t)id_bytes;
+        int32_t v32 = 0;
+        void *dst = id_bytes == 4 ? (void *)&v32 : (void *)&sample[i];
+        int crc = i == 0 ? fr_gpu_copy_dtoh_wait(d->gpu, dst, at, (size_t)id_bytes,
+                                                 (fr_CUstream)stream)
+                         : fr_gpu_copy_from_device(d->gpu, dst, at, (size_t)id_bytes);
+        if (crc) {
+            k = i;
+            break;
+        }
+        if (id_bytes == 4)
+            sample[i] = v32;
+    }
+    for (size_t i = 0; i < k; i++) {
+        if (sample[i] < 0 || (uint64_t)sample[i] >= d->rows)
+            continue; /* the gather reports it */
+        uint64_t id = (uint64_t)sample[i];
+        f.cached_asked++;
+        int in = 0;
+        if (d->row_slots) {
+            uint64_t tags[FR_ROWS_WAYS];
+            uint32_t set = fr_rows_set(&d->rows_view, id);
+            if (fr_gpu_copy_from_device(d->gpu, tags, d->rtags_d + (uint64_t)set * 8,
+                                        sizeof(tags)) == 0)
+                for (unsigned w = 0; w < FR_ROWS_WAYS; w++)
+                    in |= (tags[w] & ~FR_RTAG_REF) == id + 1;
+        }
+        if (!in) {
+            uint32_t e = 0;
+            uint64_t page = id / (d->page_bytes / d->row_bytes);
+            if (fr_gpu_copy_from_device(d->gpu, &e, d->pt_d + page * 4, 4) == 0)
+                in = e != 0 && e != FR_PT_LOADING;
+        }
+        if (!in && d->host_slot_d) {
+            int32_t hs = -1;
+            if (fr_gpu_copy_from_device(d->gpu, &hs, d->host_slot_d + id * 4, 4) == 0)
+                in = hs >= 0;
+        }
+        f.cached_in += in;
+    }
+    return fr_route_decide(&f, why, why_len) == FR_ROUTE_HOST;
+}
+
 void fr_gdev_memory(fr_gdev *d, fr_store_memory *add)
 {
-    add->device_cache += d->cache_bytes;
+    add->device_cache += d->cache_bytes + d->row_cache_bytes;
     add->device_meta += d->meta_bytes + (d->host_slot_d ? d->rows * 4 : 0) + d->order_cap;
     add->host_tier += d->tier_bytes;
     add->rings += 4096; /* the abort flag's page */

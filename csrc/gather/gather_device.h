@@ -31,6 +31,11 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
 /* Any thread: makes a gather in flight end with -ECANCELED, now and for good. */
 void fr_gdev_cancel(fr_gdev *d);
 void fr_gdev_memory(fr_gdev *d, fr_store_memory *add);
+/* Backend "auto": 1 when this gather should run on the host path, 0 on the
+ * device; why in one line (gather_route.h). Waits for `stream` when it has
+ * to look at the ids. */
+int fr_gdev_route(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, void *stream, char *why,
+                  size_t why_len);
 /* Users' kernels: on opens a serving session (the backend serves misses),
  * off closes one; sessions nest with gathers. Closing the last one resets
  * the backend's rings (a user kernel's wait may have given up) and, if a

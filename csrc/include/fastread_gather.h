@@ -157,16 +157,25 @@ typedef struct fr_store_stats {
                                 of a file the page cache held (proxy; gather_proxy.c) */
     uint64_t bytes_read;     /* bytes read from storage */
     uint64_t evictions;      /* cache pages replaced */
+    /* Added after the first version (additive, at the end): */
+    uint64_t row_hits;       /* rows served from the hot-row cache (HBM, by row) */
+    uint64_t admitted;       /* rows let into the hot-row cache by its admission policy */
+    uint64_t host_routed;    /* gathers of backend "auto" run on the host path */
 } fr_store_stats;
 void fr_store_stats_get(fr_store *store, fr_store_stats *out);
+
+/* Backend "auto": where the last gather with device ids ran and why (one
+ * line; "" before the first), and the rule it follows (a constant). */
+void fr_store_route_get(fr_store *store, char *buf, size_t len);
+const char *fr_store_route_rule(void);
 
 /* Calls running inside the store now (gathers, device serves). */
 unsigned fr_store_calls_in_flight(fr_store *store);
 
 /* Memory held, by part (bytes). */
 typedef struct fr_store_memory {
-    uint64_t device_cache;   /* HBM cache pages */
-    uint64_t device_meta;    /* page table, slot tags and counters */
+    uint64_t device_cache;   /* HBM cache: pages and hot rows */
+    uint64_t device_meta;    /* page table, slot tags and counters, hot-row tags and sketch */
     uint64_t host_tier;      /* page-locked host tier */
     uint64_t rings;          /* submission/completion rings (page-locked, mapped) */
     uint64_t staging;        /* page-locked staging pages the host reads into */

@@ -54,8 +54,13 @@ cdef extern from "fastread_gather.h" nogil:
         uint64_t mapped_reads
         uint64_t bytes_read
         uint64_t evictions
+        uint64_t row_hits
+        uint64_t admitted
+        uint64_t host_routed
 
     void fr_store_stats_get(fr_store *store, fr_store_stats *out)
+    void fr_store_route_get(fr_store *store, char *buf, size_t len)
+    const char *fr_store_route_rule()
 
     ctypedef struct fr_store_memory:
         uint64_t device_cache

@@ -51,6 +51,11 @@ def _error(int rc, str msg):
     return OSError(e, msg)
 
 
+def route_rule():
+    """The rule backend "auto" picks each gather's path by, in words."""
+    return fr_store_route_rule().decode()
+
+
 def device_header():
     """The source of fastread_device.cuh compiled into the library."""
     cdef const char *src
@@ -261,6 +266,16 @@ cdef class Store:
             with nogil:
                 fr_store_stats_get(s, &st)
         return st
+
+    def route(self):
+        """Where the last gather of backend "auto" ran, and why ("" before one)."""
+        cdef char buf[512]
+        cdef fr_store *s
+        with self._cv:  # close() waits for it
+            s = self._get()
+            with nogil:
+                fr_store_route_get(s, buf, sizeof(buf))
+        return buf.decode(errors="replace")
 
     def memory(self):
         cdef fr_store_memory m

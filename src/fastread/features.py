@@ -21,12 +21,15 @@ from a CUDA kernel: an HBM page cache in front, a page-locked host tier
 misses served by native host threads through rings in mapped memory.
 A miss loads the row's page into the cache, except in sparse batches over
 an array larger than the cache, whose rows are read on their own
-(``stats()["direct_rows"]``; ``FASTREAD_GATHER_FETCH=auto|pages|rows``).
+(``stats()["direct_rows"]``; ``FASTREAD_GATHER_FETCH=auto|pages|rows``);
+such rows asked for again are kept by row in a hot-row cache, admitted by
+frequency (TinyLFU; ``stats()["admission"]``, ``FASTREAD_GATHER_ADMIT=auto|off``).
 Gathers from a host tier over 1 GiB sort their ids by region first, which
 keeps the GPU's address translation within reach
 (``FASTREAD_GATHER_ORDER=auto|on|off``). ``"xnvme-cuda"`` does the same with xNVMe's GPU-resident NVMe queues.
 ``"auto"``: proxy where a GPU, NVRTC and a row size that divides a cache page
-allow, else host.
+allow, else host; then, per gather, the host backend's path for cold gathers
+over an array larger than the cache (``stats()["route_rule"]``).
 
 Settings not given come from the environment (``fastread._gather_defaults``:
 ``FASTREAD_GATHER_BACKEND``, ``FASTREAD_GATHER_CACHE_BYTES``,
@@ -49,6 +52,13 @@ from fastread.source import FileRanges
 __all__ = ["FeatureStore", "device_include_dir", "device_header", "BACKENDS"]
 
 BACKENDS = ("auto", "host", "proxy", "xnvme-cuda")
+#: The hot-row cache's admission policy, in words (fastread_device.cuh, "Hot rows").
+ADMISSION_RULE = ("rows read on their own (row fetches) are counted in a count-min sketch "
+                  "(halved every 10 x slots counts); a row counted twice or more is a "
+                  "candidate, and after the gather it goes into its 4-way set of the hot-row "
+                  "cache (a quarter of cache_bytes): into a free way, else over the least "
+                  "frequent way not hit since the last pass, and only when it is counted more "
+                  "often (TinyLFU). FASTREAD_GATHER_ADMIT=off turns it off")
 DEVICE_BACKENDS = ("proxy", "xnvme-cuda")
 MIN_PAGE, MAX_PAGE = 4 << 10, 1 << 20
 _NPY_PROBE = 64 << 10  # enough for any header np.load accepts
@@ -557,15 +567,29 @@ class FeatureStore:
         storage), ``mapped_reads`` (of those, copied by the proxy from a
         read-only mapping of a file the page cache held), ``bytes_read``,
         ``evictions``, ``gathers``, ``rows``, and ``tiers``: rows served by
-        each tier (device_cache, host_tier, storage)."""
-        st = self._live().stats()
+        each tier (device_cache, host_tier, storage).
+
+        Hot rows (see docs/gathers.md): ``row_hits`` (rows served from the
+        hot-row cache, counted in ``tiers["device_cache"]``), ``admitted``
+        (rows let in), ``admission`` (the policy, in words). Backend "auto"
+        picks a path per gather: ``host_routed`` (gathers run on the host
+        path), ``route`` (where the last gather with CUDA ids ran, and why;
+        "" before one) and ``route_rule`` (the rule, in words)."""
+        store = self._live()
+        st = store.stats()
         out = {"gathers": st["gathers"], "rows": st["rows"], "hits": st["cache_hits"],
                "misses": st["cache_misses"], "coalesced": st["coalesced"],
                "host_tier_rows": st["host_tier_rows"], "direct_rows": st["direct_rows"],
                "storage_reads": st["storage_reads"], "mapped_reads": st["mapped_reads"],
-               "bytes_read": st["bytes_read"], "evictions": st["evictions"]}
-        out["tiers"] = {"device_cache": out["hits"], "host_tier": out["host_tier_rows"],
-                        "storage": out["rows"] - out["hits"] - out["host_tier_rows"]}
+               "bytes_read": st["bytes_read"], "evictions": st["evictions"],
+               "row_hits": st["row_hits"], "admitted": st["admitted"],
+               "host_routed": st["host_routed"]}
+        hbm = out["hits"] + out["row_hits"]
+        out["tiers"] = {"device_cache": hbm, "host_tier": out["host_tier_rows"],
+                        "storage": out["rows"] - hbm - out["host_tier_rows"]}
+        out["route"] = store.route()
+        out["route_rule"] = _gather.route_rule()
+        out["admission"] = ADMISSION_RULE
         return out
 
     def memory(self):

@@ -132,6 +132,11 @@ FR_DEV fr_u64 fr_atom_add64(fr_u64 *p, fr_u64 v)
 {
     return atomicAdd((unsigned long long *)p, (unsigned long long)v);
 }
+FR_DEV fr_u64 fr_atom_cas64(fr_u64 *p, fr_u64 e, fr_u64 d)
+{
+    return atomicCAS((unsigned long long *)p, (unsigned long long)e, (unsigned long long)d);
+}
+FR_DEV fr_u32 fr_atom_xchg32(fr_u32 *p, fr_u32 v) { return atomicExch((unsigned int *)p, v); }
 FR_DEV fr_u32 fr_load32(const fr_u32 *p) { return *(const volatile fr_u32 *)p; }
 FR_DEV void fr_store32(fr_u32 *p, fr_u32 v) { *(volatile fr_u32 *)p = v; }
 FR_DEV fr_u64 fr_load64(const fr_u64 *p) { return *(const volatile fr_u64 *)p; }
@@ -178,6 +183,15 @@ FR_DEV fr_u32 fr_atom_cas32(fr_u32 *p, fr_u32 e, fr_u32 d)
 FR_DEV fr_u64 fr_atom_add64(fr_u64 *p, fr_u64 v)
 {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+FR_DEV fr_u64 fr_atom_cas64(fr_u64 *p, fr_u64 e, fr_u64 d)
+{
+    __atomic_compare_exchange_n(p, &e, d, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return e; /* the old value, as CUDA's atomicCAS returns it */
+}
+FR_DEV fr_u32 fr_atom_xchg32(fr_u32 *p, fr_u32 v)
+{
+    return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);
 }
 FR_DEV fr_u32 fr_load32(const fr_u32 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 FR_DEV void fr_store32(fr_u32 *p, fr_u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
@@ -273,7 +287,9 @@ enum {
     FR_CNT_RING_FULL,   /* submissions that waited for a free ring cell */
     FR_CNT_PINNED,      /* slots pinned by this gather (kept in the result only) */
     FR_CNT_DIRECT_ROWS, /* rows read from storage straight to the output (row fetches) */
-    FR_NCOUNTERS = 8
+    FR_CNT_ROW_HITS,    /* rows served from the hot-row cache (fr_dev_rows) */
+    FR_CNT_ADMITTED,    /* rows let into it (fr_rows_admit; never counted by the gather) */
+    FR_NCOUNTERS = 10
 };
 
 /* Written by the kernel (device memory), read back by the host. */
@@ -289,11 +305,29 @@ typedef struct fr_dev_result {
      * read on their own, unless many lanes of a warp want the page (1), or
      * always (2). 0: pages are loaded. See fr_dev_fetch_rows_warp. */
     fr_u32 fetch_rows;
+    /* Hot-row candidates listed by this gather (fr_dev_rows.adm_n points
+     * here, so the host's reset of the result block empties the list). */
+    fr_u64 adm_n;
 } fr_dev_result;
 
 typedef struct fr_dev_counts {
     fr_u64 c[FR_NCOUNTERS];
 } fr_dev_counts;
+
+/* The hot-row cache and its admission (see "Hot rows" below). */
+typedef struct fr_dev_rows {
+    fr_u64 *tags;      /* per slot: row id + 1 (| FR_RTAG_REF once hit); 0 empty */
+    fr_u8 *data;       /* slots * row_bytes */
+    fr_u32 *sketch;    /* count-min sketch: 2 rows of width_mask + 1 counters */
+    fr_u32 *seen;      /* seen_mask + 1 words: the epoch of the gather that last listed a row */
+    fr_u64 *adm;       /* candidates: (id, output position) pairs, adm_cap of them */
+    fr_u64 *adm_n;     /* pairs claimed by the running gather (fr_dev_result.adm_n) */
+    fr_u64 adm_cap;
+    fr_u32 slot_mask;  /* slots - 1 (a power of two, >= FR_ROWS_WAYS) */
+    fr_u32 width_mask; /* counters per sketch row - 1 (a power of two) */
+    fr_u32 seen_mask;
+    fr_u32 threshold;  /* a fetched row is listed once its estimate reaches this */
+} fr_dev_rows;
 
 typedef struct fr_dev_store {
     fr_u64 rows, row_bytes;
@@ -308,6 +342,7 @@ typedef struct fr_dev_store {
     fr_u32 *abort;          /* mapped host memory: nonzero, the host cancels */
     fr_dev_result *result;
     fr_dev_fetch fetch;
+    fr_dev_rows rowc; /* hot rows kept by row ("Hot rows"; tags NULL: none) */
 } fr_dev_store;
 
 /* --------------------------------------------------------------- helpers */
@@ -840,6 +875,204 @@ FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_c
     return fr_dev_read_row_e(s, id, dst, cnt, 0);
 }
 
+/* ------------------------------------------------------------ hot rows
+ * Sparse batches over an array larger than the page cache read their rows
+ * on their own (row fetches, fr_dev_fetch_rows_warp) and leave the page
+ * cache alone: a 64 KiB page brought for one row would evict pages other
+ * rows need. Rows asked for again (power-law ids: neighbour sampling,
+ * embedding lookups) were then read from storage every time, and their
+ * pages cannot simply be cached instead: the hot rows of a power law over a
+ * shuffled table are one or two per page (1M zipf(1.2) ids over 16M rows
+ * touch 82k 64 KiB pages; a 1 GiB cache holds 16k). So rows hit again are
+ * kept by row, TinyLFU-style:
+ *   - Frequency: a count-min sketch (2 rows of 32-bit counters, 4 per slot
+ *     each) counts the rows row fetches bring, a warp's lanes wanting one
+ *     row counting once with their number. The host halves every counter
+ *     after 10 x slots counts (TinyLFU's reset). Hits do not count: a hot
+ *     gather costs no atomics; recency is the tag's reference bit.
+ *   - Candidates: a fetched row whose estimate reaches `threshold` (2: asked
+ *     for before, in this gather or an earlier one) is listed with its
+ *     output position, about once per gather (`seen`: epoch and row hash
+ *     per word; a collision lists a row twice, never holds it back), at
+ *     most adm_cap a gather. Listing
+ *     happens after the warp's ring cell is released, and a row seen once
+ *     costs two counter atomics and nothing else: a stream of rows that
+ *     never repeat (uniform ids) pays about nothing.
+ *   - Admission: after the gather, fr_rows_admit (on the same stream: no
+ *     gather of ours reads these arrays meanwhile) copies each candidate
+ *     from the output into its 4-way set: a free way; else a way not hit
+ *     since the last admission pass (second chance: the pass clears the
+ *     reference bits of a full set it cannot enter) holding the least
+ *     frequent row, replaced only by a row estimated more frequent
+ *     (TinyLFU: a row seen twice never pushes out a hotter one).
+ *   - Lookup: fastread's gathers look there after the host tier, with plain
+ *     loads (one 32-byte sector: the set's 4 tags); the first hit of a row
+ *     since the last pass sets its reference bit (one store). Users' kernels
+ *     (epoch 0) never read it: they may run while fr_rows_admit does.
+ * Memory: a quarter of cache_bytes for the rows (taken from the page
+ * cache), plus per slot 8 (tag) + 32 (sketch) + 8 (half a candidate) + 4
+ * (seen) bytes. Only where row fetches can happen (backend proxy, an array
+ * larger than the cache, not all in the host tier); FASTREAD_GATHER_ADMIT=off
+ * turns it off. */
+#define FR_ROWS_WAYS 4u
+#define FR_RTAG_REF 0x8000000000000000ull  /* hit since the last admission pass */
+#define FR_RTAG_BUSY 0x7FFFFFFFFFFFFFFFull /* fr_rows_admit is filling the slot */
+#define FR_ROWS_COUNT_MAX 255u             /* counters saturate (TinyLFU's small counters) */
+
+FR_DEV fr_u64 fr_mix64(fr_u64 x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+/* The first of row id's FR_ROWS_WAYS slots. */
+FR_DEV fr_u32 fr_rows_set(const fr_dev_rows *r, fr_u64 id)
+{
+    return (fr_u32)fr_mix64(id) & r->slot_mask & ~(FR_ROWS_WAYS - 1);
+}
+
+/* The slot holding row id, or -1 (plain loads: tags change only between
+ * fastread's gathers). *tag: what the slot's tag word holds. */
+FR_DEV fr_i64 fr_rows_find(const fr_dev_rows *r, fr_u64 id, fr_u64 *tag)
+{
+    fr_u32 w = fr_rows_set(r, id);
+    for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
+#ifdef FR_GPU
+        fr_u64 t = r->tags[w + k];
+#else
+        fr_u64 t = fr_load64(&r->tags[w + k]);
+#endif
+        if ((t & ~FR_RTAG_REF) == id + 1) {
+            *tag = t;
+            return (fr_i64)(w + k);
+        }
+    }
+    return -1;
+}
+
+FR_DEV void fr_rows_counters(const fr_dev_rows *r, fr_u64 id, fr_u32 **c0, fr_u32 **c1)
+{
+    fr_u64 h = fr_mix64(id ^ 0x9E3779B97F4A7C15ull);
+    *c0 = &r->sketch[h & r->width_mask];
+    *c1 = &r->sketch[(fr_u64)r->width_mask + 1 + ((h >> 32) & r->width_mask)];
+}
+
+/* Row id's estimated count: the smaller of its two counters. */
+FR_DEV fr_u32 fr_rows_estimate(const fr_dev_rows *r, fr_u64 id)
+{
+    fr_u32 *c0, *c1;
+    fr_rows_counters(r, id, &c0, &c1);
+    fr_u32 a = fr_load32(c0), b = fr_load32(c1);
+    return a < b ? a : b;
+}
+
+FR_DEV fr_u32 fr_rows_bump(fr_u32 *c, fr_u32 k)
+{
+    fr_u32 v = fr_load32(c);
+    if (v >= FR_ROWS_COUNT_MAX)
+        return v; /* saturated: no atomic */
+    return fr_atom_add32(c, k) + k;
+}
+
+/* Counts k requests of row id; its estimate after them. */
+FR_DEV fr_u32 fr_rows_note(const fr_dev_rows *r, fr_u64 id, fr_u32 k)
+{
+    fr_u32 *c0, *c1;
+    fr_rows_counters(r, id, &c0, &c1);
+    fr_u32 a = fr_rows_bump(c0, k), b = fr_rows_bump(c1, k);
+    return a < b ? a : b;
+}
+
+/* 1 when the caller lists row id in gather `epoch`: its estimate `est`
+ * reached the threshold and, as far as `seen` knows, no one listed it in
+ * this gather yet. A seen word holds the low 16 bits of the epoch and 16
+ * bits of the row's hash: a row whose word another row took is listed
+ * again (a duplicate the pass skips), never held back. */
+FR_DEV int fr_rows_mark(const fr_dev_rows *r, fr_u64 id, fr_u32 est, fr_u32 epoch)
+{
+    if (est < r->threshold || !epoch)
+        return 0;
+    fr_u64 h = fr_mix64(id ^ 0xD1B54A32D192ED03ull);
+    fr_u32 *w = &r->seen[h & r->seen_mask];
+    fr_u32 v = (epoch << 16) | (fr_u32)(h >> 48);
+    return fr_load32(w) != v && fr_atom_xchg32(w, v) != v;
+}
+
+/* Candidate i (claimed from adm_n): row id at output position pos;
+ * past adm_cap, dropped. */
+FR_DEV void fr_rows_put(const fr_dev_rows *r, fr_u64 i, fr_u64 id, fr_u64 pos)
+{
+    if (i >= r->adm_cap)
+        return;
+    fr_store64(&r->adm[2 * i], id);
+    fr_store64(&r->adm[2 * i + 1], pos);
+}
+
+/* Admits row id, its bytes at src, if the policy lets it in (one thread,
+ * while no gather of ours runs; other threads of the pass admit other rows
+ * at the same time). 1 when it went in.
+ * A set with a way another thread is filling (BUSY), or a way taken under
+ * this thread's feet, is looked at again, not given up: the pass runs
+ * every candidate at once, and with a gather's ~110k candidates over 131k
+ * sets over half share a set with another, so giving up (a first version)
+ * left a third of the candidates for later gathers. Waiting on BUSY rather
+ * than taking another free way keeps a row listed twice from going in
+ * twice (a second version did that: 1,814 admitted of 1,500 rows). */
+#define FR_ROWS_ADMIT_TRIES 64
+FR_DEV int fr_rows_admit_one(const fr_dev_rows *r, fr_u64 row_bytes, fr_u64 id, const fr_u8 *src)
+{
+    fr_u32 w = fr_rows_set(r, id);
+    for (int attempt = 0; attempt < FR_ROWS_ADMIT_TRIES; attempt++) {
+        fr_u64 t[FR_ROWS_WAYS];
+        fr_u32 v = FR_ROWS_WAYS;
+        int busy = 0;
+        for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
+            t[k] = fr_load64(&r->tags[w + k]);
+            if ((t[k] & ~FR_RTAG_REF) == id + 1)
+                return 0; /* already in */
+            busy |= t[k] == FR_RTAG_BUSY;
+            if (t[k] == 0 && v == FR_ROWS_WAYS)
+                v = k;
+        }
+        if (busy) {
+            /* A way is being filled, maybe with this very row (listed twice):
+             * taking another free way could keep it twice. Look again. */
+            fr_pause();
+            continue;
+        }
+        if (v == FR_ROWS_WAYS) { /* full: the least frequent way not hit lately */
+            fr_u32 least = 0xFFFFFFFFu;
+            for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
+                if (t[k] & FR_RTAG_REF)
+                    continue;
+                fr_u32 e = fr_rows_estimate(r, t[k] - 1);
+                if (e < least) {
+                    least = e;
+                    v = k;
+                }
+            }
+            if (v == FR_ROWS_WAYS) { /* every way hit since the last pass: second chance */
+                for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++)
+                    fr_atom_cas64(&r->tags[w + k], t[k], t[k] & ~FR_RTAG_REF);
+                return 0;
+            }
+            if (fr_rows_estimate(r, id) <= least)
+                return 0; /* TinyLFU: only a more frequent row replaces one */
+        }
+        if (fr_atom_cas64(&r->tags[w + v], t[v], FR_RTAG_BUSY) != t[v])
+            continue; /* another thread took the way first: look again */
+        fr_copy_bytes(r->data + (fr_u64)(w + v) * row_bytes, src, row_bytes);
+        fr_fence();
+        fr_store64(&r->tags[w + v], id + 1);
+        return 1;
+    }
+    return 0; /* a set this contended waits for the next pass */
+}
+
 /* ------------------------------------------------------- locality order
  * GPU threads reading page-locked host memory over PCIe go through an
  * address translation whose reach is about 1 GiB (measured on an H100 with
@@ -953,7 +1186,7 @@ FR_DEV void fr_warp_copy_rows(fr_u8 *out, const fr_u8 *src, fr_u64 pos, fr_u64 r
  * brings a few useful rows and many bytes that will be evicted unread
  * (fr_dev_result.fetch_rows). */
 FR_DEV void fr_dev_fetch_rows_warp(const fr_dev_store *s, fr_i64 id, int direct, fr_u64 pos,
-                                   fr_u8 *out, fr_dev_counts *cnt)
+                                   fr_u8 *out, fr_dev_counts *cnt, fr_u32 epoch)
 {
     const unsigned full = 0xffffffffu;
     unsigned lane = threadIdx.x & 31;
@@ -1017,6 +1250,26 @@ FR_DEV void fr_dev_fetch_rows_warp(const fr_dev_store *s, fr_i64 id, int direct,
         if (submitted && rc != FR_DEV_ETIMEDOUT && rc != FR_DEV_ECANCELED)
             fr_ring_release(ring, ticket);
     }
+    /* Hot rows (see "Hot rows"), after the cell is free: each fetched row
+     * counted once per warp with its lanes' number; one that reaches the
+     * threshold is listed with the owner's output position (where the warp
+     * just wrote it), one atomic per warp on the list's counter. */
+    if (epoch && s->rowc.tags) {
+        int listed = own && crc == 0 &&
+                     fr_rows_mark(&s->rowc, (fr_u64)id,
+                                  fr_rows_note(&s->rowc, (fr_u64)id, (fr_u32)__popc(group)), epoch);
+        unsigned lists = __ballot_sync(full, listed);
+        if (lists) {
+            int fl = __ffs(lists) - 1;
+            unsigned long long lbase = 0;
+            if (lane == (unsigned)fl)
+                lbase = fr_atom_add64(s->rowc.adm_n, (fr_u64)__popc(lists));
+            lbase = __shfl_sync(full, lbase, fl);
+            if (listed)
+                fr_rows_put(&s->rowc, lbase + (fr_u64)__popc(lists & ((1u << lane) - 1)),
+                            (fr_u64)id, pos);
+        }
+    }
 }
 #endif
 
@@ -1061,6 +1314,17 @@ FR_DEV void fr_dev_gather_warp_e(const fr_dev_store *s, fr_i64 id, int active, f
         }
     }
     int pending = valid && !src;
+    if (pending && epoch && s->rowc.tags) { /* hot rows (see "Hot rows") */
+        fr_u64 tag;
+        fr_i64 rs = fr_rows_find(&s->rowc, (fr_u64)id, &tag);
+        if (rs >= 0) {
+            src = s->rowc.data + (fr_u64)rs * rb;
+            if (!(tag & FR_RTAG_REF))
+                s->rowc.tags[rs] = tag | FR_RTAG_REF; /* read only by our gathers */
+            cnt->c[FR_CNT_ROW_HITS]++;
+            pending = 0;
+        }
+    }
     fr_u64 page = pending ? (fr_u64)id / s->rows_per_page : 0;
     if (pending && epoch) {
         fr_u32 sl;
@@ -1103,7 +1367,7 @@ static __device__ __noinline__ void fr_dev_gather_warp_slow(const fr_dev_store *
         if (fetch_rows == 1 && (fr_u32)__popc(same) * 4 >= dense)
             direct = 0;
         if (__any_sync(full, direct)) {
-            fr_dev_fetch_rows_warp(s, id, direct, pos, out, cnt);
+            fr_dev_fetch_rows_warp(s, id, direct, pos, out, cnt, epoch);
             pending = pending && !direct;
         }
     }
@@ -1293,6 +1557,36 @@ fr_order_count(const void *ids, int id_bytes, unsigned long long n, unsigned lon
     for (unsigned b = threadIdx.x; b < nbuckets; b += blockDim.x)
         if (hist[b])
             atomicAdd(&counts[b], hist[b]);
+}
+
+/* The hot-row cache's pass after gather `s->result->epoch` (same stream:
+ * no gather of ours runs): with `age`, every sketch counter halved first
+ * (TinyLFU's reset); then each listed candidate copied from the gather's
+ * output `out` into the cache where the policy lets it in ("Hot rows").
+ * Nothing is admitted after a failed gather (the host resets the cache). */
+extern "C" __global__ void __launch_bounds__(256)
+fr_rows_admit(const fr_dev_store *s, const fr_u8 *out, unsigned age)
+{
+    const fr_dev_rows *r = &s->rowc;
+    if (!r->tags)
+        return;
+    unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
+    if (age)
+        for (unsigned long long i = tid; i < 2ull * ((fr_u64)r->width_mask + 1); i += nth)
+            r->sketch[i] >>= 1;
+    if (*(volatile fr_i32 *)&s->result->error != 0)
+        return;
+    fr_u64 n = *(volatile fr_u64 *)r->adm_n;
+    if (n > r->adm_cap)
+        n = r->adm_cap;
+    unsigned long long mine = 0;
+    for (unsigned long long i = tid; i < n; i += nth) {
+        fr_u64 id = r->adm[2 * i], pos = r->adm[2 * i + 1];
+        mine += (unsigned long long)fr_rows_admit_one(r, s->row_bytes, id, out + pos * s->row_bytes);
+    }
+    if (mine)
+        atomicAdd((unsigned long long *)&s->result->counters[FR_CNT_ADMITTED], mine);
 }
 
 /* Pass 2: order[k] = the positions of ids, bucket by bucket. Each block

@@ -40,7 +40,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pin *pins;
 static pin *allocs; /* device allocations, for cuPointerGetAttribute */
 static long live_allocs, live_pins, live_streams, live_handles, live_bufregs, ctx_refs;
-static long live_hostallocs, live_modules, launches, orders;
+static long live_hostallocs, live_modules, launches, orders, admits;
 static long register_attempts;
 static long pageable_copies, pinned_copies;
 static _Thread_local int ctx_depth;
@@ -61,6 +61,7 @@ EXPORT long mock_cuda_live(const char *what)
              : !strcmp(what, "modules")       ? live_modules
              : !strcmp(what, "launches")      ? launches
              : !strcmp(what, "orders")        ? orders
+             : !strcmp(what, "admits")        ? admits
                                               : -1;
     pthread_mutex_unlock(&lock);
     return v;
@@ -303,6 +304,7 @@ EXPORT int cuGetErrorString(int r, const char **s)
 static int fr_gather_rows_host(void **params, unsigned threads);
 static int fr_order_count_host(void **params, unsigned threads);
 static int fr_order_place_host(void **params, unsigned threads);
+static int fr_rows_admit_host(void **params, unsigned threads);
 
 EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
 {
@@ -378,6 +380,8 @@ EXPORT int cuModuleGetFunction(void **f, void *m, const char *name)
         *f = (void *)fr_order_count_host;
     else if (strcmp(name, "fr_order_place") == 0)
         *f = (void *)fr_order_place_host;
+    else if (strcmp(name, "fr_rows_admit") == 0)
+        *f = (void *)fr_rows_admit_host;
     else
         return 500; /* CUDA_ERROR_NOT_FOUND */
     return 0;
@@ -524,6 +528,20 @@ static void emu_error(const fr_dev_store *s, int rc)
                                 __ATOMIC_SEQ_CST);
 }
 
+/* Fetched rows counted and listed for the hot-row cache, as the kernel's
+ * fr_dev_fetch_rows_warp does once its cell is released (one row at a time:
+ * no warp here groups lanes wanting one row). */
+static void emu_list(const fr_dev_store *s, const uint64_t *ids, const uint64_t *pos, uint32_t n,
+                     uint32_t epoch)
+{
+    if (!epoch || !s->rowc.tags)
+        return;
+    for (uint32_t i = 0; i < n; i++)
+        if (fr_rows_mark(&s->rowc, ids[i], fr_rows_note(&s->rowc, ids[i], 1), epoch))
+            fr_rows_put(&s->rowc, __atomic_fetch_add(s->rowc.adm_n, 1, __ATOMIC_SEQ_CST), ids[i],
+                        pos[i]);
+}
+
 static void *emu_thread(void *p)
 {
     emu *e = p;
@@ -532,7 +550,7 @@ static void *emu_thread(void *p)
     memset(&cnt, 0, sizeof(cnt));
     /* Row fetches go as row lists of up to 5 rows (as a warp's do, with a
      * count that exercises partial and full lists of the host's side). */
-    uint64_t fids[5];
+    uint64_t fids[5], fpos[5];
     uint8_t *fdst[5];
     uint32_t nf = 0, maxf = 5;
     if (fr_ring_rows_per_request(&s->fetch.ring, s->row_bytes) < maxf)
@@ -546,6 +564,21 @@ static void *emu_thread(void *p)
         unsigned long long pos = e->order ? e->order[i] : i;
         int64_t id = fr_load_id(e->ids, e->id_bytes, pos);
         int rc;
+        /* Hot rows, as the kernel looks them up: after the host tier, for
+         * fastread's own gathers (epoch), plain loads, the reference bit. */
+        if (epoch && s->rowc.tags && id >= 0 && (uint64_t)id < s->rows &&
+            !(s->host_rows && (!s->host_slot || s->host_slot[id] >= 0))) {
+            uint64_t tag;
+            int64_t rs = fr_rows_find(&s->rowc, (uint64_t)id, &tag);
+            if (rs >= 0) {
+                memcpy(e->out + pos * s->row_bytes, s->rowc.data + (uint64_t)rs * s->row_bytes,
+                       s->row_bytes);
+                if (!(tag & FR_RTAG_REF))
+                    __atomic_store_n(&s->rowc.tags[rs], tag | FR_RTAG_REF, __ATOMIC_RELAXED);
+                cnt.c[FR_CNT_ROW_HITS]++;
+                continue;
+            }
+        }
         /* Row fetches as the kernel does them: rows of absent pages that the
          * host tier does not hold. */
         if (fetch_rows && id >= 0 && (uint64_t)id < s->rows &&
@@ -554,10 +587,13 @@ static void *emu_thread(void *p)
                             __ATOMIC_ACQUIRE) == 0)
         {
             fids[nf] = (uint64_t)id;
+            fpos[nf] = pos;
             fdst[nf++] = e->out + pos * s->row_bytes;
             rc = 0;
             if (nf == maxf) {
                 rc = fr_dev_fetch_rows(s, fids, nf, fdst, &cnt);
+                if (rc == 0)
+                    emu_list(s, fids, fpos, nf, epoch);
                 nf = 0;
             }
         } else
@@ -575,6 +611,8 @@ static void *emu_thread(void *p)
         int rc = fr_dev_fetch_rows(s, fids, nf, fdst, &cnt);
         if (rc)
             emu_error(s, rc);
+        else
+            emu_list(s, fids, fpos, nf, epoch);
     }
     for (int c = 0; c < FR_NCOUNTERS; c++)
         __atomic_fetch_add(&s->result->counters[c], cnt.c[c], __ATOMIC_SEQ_CST);
@@ -670,6 +708,66 @@ static int fr_order_place_host(void **params, unsigned threads)
     return 0;
 }
 
+/* fr_rows_admit on 4 host threads (as the GPU runs every candidate at
+ * once, so that sets contended by several candidates are exercised),
+ * through the header's policy: (view, out, age). */
+typedef struct admit_arg {
+    const fr_dev_store *s;
+    const uint8_t *out;
+    uint64_t n, k, nthreads, admitted;
+} admit_arg;
+
+static void *admit_thread(void *p)
+{
+    admit_arg *a = p;
+    const fr_dev_rows *r = &a->s->rowc;
+    for (uint64_t i = a->k; i < a->n; i += a->nthreads)
+        a->admitted += (uint64_t)fr_rows_admit_one(r, a->s->row_bytes, r->adm[2 * i],
+                                                   a->out + r->adm[2 * i + 1] * a->s->row_bytes);
+    return NULL;
+}
+
+static int fr_rows_admit_host(void **params, unsigned threads)
+{
+    (void)threads;
+    const fr_dev_store *s = (const fr_dev_store *)(uintptr_t)*(uint64_t *)params[0];
+    const uint8_t *out = (const uint8_t *)(uintptr_t)*(uint64_t *)params[1];
+    unsigned age = *(unsigned *)params[2];
+    const fr_dev_rows *r = &s->rowc;
+    if (!r->tags)
+        return 0;
+    if (age)
+        for (uint64_t i = 0; i < 2ull * ((uint64_t)r->width_mask + 1); i++)
+            r->sketch[i] >>= 1;
+    if (__atomic_load_n(&s->result->error, __ATOMIC_ACQUIRE) != 0)
+        return 0;
+    uint64_t n = __atomic_load_n(r->adm_n, __ATOMIC_ACQUIRE);
+    if (n > r->adm_cap)
+        n = r->adm_cap;
+    enum { T = 4 };
+    admit_arg a[T];
+    pthread_t th[T];
+    unsigned started = 0;
+    for (unsigned k = 0; k < T; k++) {
+        a[k] = (admit_arg){.s = s, .out = out, .n = n, .k = k, .nthreads = T};
+        if (pthread_create(&th[k], NULL, admit_thread, &a[k]) != 0)
+            break;
+        started++;
+    }
+    uint64_t mine = 0;
+    for (unsigned k = 0; k < started; k++) {
+        pthread_join(th[k], NULL);
+        mine += a[k].admitted;
+    }
+    __atomic_fetch_add(&s->result->counters[FR_CNT_ADMITTED], mine, __ATOMIC_SEQ_CST);
+    if (started < T)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* threads refused: the rows the others took are in */
+    pthread_mutex_lock(&lock);
+    admits++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
 EXPORT int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                           unsigned bz, unsigned shmem, void *stream, void **params, void **extra)
 {
@@ -682,6 +780,8 @@ EXPORT int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsign
         return fr_order_count_host(params, gx * bx);
     if (f == (void *)fr_order_place_host)
         return fr_order_place_host(params, gx * bx);
+    if (f == (void *)fr_rows_admit_host)
+        return fr_rows_admit_host(params, gx * bx);
     if (f != (void *)fr_gather_rows_host || bx % 32 != 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
