@@ -21,20 +21,15 @@ HEADER = os.path.join(HERE, "..", "..", "csrc", "gather", "device", "fastread_de
 
 
 def find_nvrtc():
+    """FASTREAD_NVRTC, else the libnvrtc.so of the wheel fastread's own
+    search finds (_gather_defaults.nvrtc_wheel_dir), else None."""
     if os.environ.get("FASTREAD_NVRTC"):
         return os.environ["FASTREAD_NVRTC"]
-    import importlib.util
-    for pkg in ("nvidia.cu13", "nvidia.cuda_nvrtc", "nvidia.cu12"):
-        try:
-            spec = importlib.util.find_spec(pkg)
-        except (ImportError, ValueError):
-            continue
-        for root in (spec.submodule_search_locations or []) if spec else []:
-            lib = os.path.join(root, "lib")
-            if os.path.isdir(lib):
-                for n in sorted(os.listdir(lib)):
-                    if n.startswith("libnvrtc.so"):
-                        return os.path.join(lib, n)
+    from fastread._gather_defaults import nvrtc_wheel_dir
+    lib = nvrtc_wheel_dir()
+    for n in sorted(os.listdir(lib)) if lib else []:
+        if n.startswith("libnvrtc.so"):
+            return os.path.join(lib, n)
     return None
 
 
