@@ -345,8 +345,7 @@ def test_loader_bad_options_are_named(aug_packs, kw, match):
         ImageLoader(image=aug_packs["raw"].path, batch_size=4, device="cuda", **kw)
 
 
-@pytest.mark.parametrize("which,match", [
-    ("var", "of [0-9]+ shapes"), ("jpeg", "'jpeg' samples"), ("plain", "source files' bytes")])
+@pytest.mark.parametrize("which,match", [("var", "of [0-9]+ shapes")])
 def test_loader_refuses_packs_it_cannot_read_naming_them(aug_packs, which, match):
     from fastread.torch import ImageLoader
     path = aug_packs[which].path
@@ -502,3 +501,31 @@ def test_tree_loader_augments_with_dali_too(aug_packs, dtype):
     assert not torch.equal(images, same)            # cropped, not the whole image resized
     if dtype == "uint8":
         assert int(same.max()) > 1                   # pixels, not normalized values
+
+
+@pytest.mark.parametrize("which", ["jpeg", "plain"])
+def test_packs_of_encoded_images_are_decoded_by_dali(aug_packs, which):
+    """A plain pack of a JPEG tree and a --decode --encode jpeg pack are read
+    by ranges and decoded by DALI, as the tree is: every sample once per
+    epoch, with its label, at the asked size (the CPU decoder here)."""
+    pytest.importorskip("nvidia.dali")
+    torch = pytest.importorskip("torch")
+    from fastread.torch import ImageLoader
+    pack = aug_packs[which]
+    loader = ImageLoader(image=pack.path, batch_size=8, size=20, augment=True, num_threads=1,
+                         random_shuffle=True, seed=3)
+    labels, count = [], 0
+    for images, lab in loader:
+        assert images.shape[1:] == (3, 20, 20) and images.dtype == torch.float32
+        assert torch.isfinite(images).all()
+        labels += lab.tolist()
+        count += images.shape[0]
+    assert count == len(pack.labels)
+    assert sorted(labels) == sorted(int(x) for x in pack.labels)
+
+
+def test_pack_of_encoded_images_and_a_tree_are_not_both_taken(aug_packs):
+    from fastread.torch import ImageLoader
+    with pytest.raises(ValueError, match="not both"):
+        ImageLoader(aug_packs["root"], image=aug_packs["plain"].path, batch_size=4)
+

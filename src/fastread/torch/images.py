@@ -65,14 +65,18 @@ class ImageLoader:
     instead of a tree: no decoder and no DALI. ``device="cuda"`` only: the
     reader writes each batch into GPU memory, and one fused CUDA kernel
     (:class:`fastread.augment.Augmenter`) makes the same (N, 3, size, size)
-    batch from it, queued on torch's current stream.
+    batch from it, queued on torch's current stream. A pack of encoded
+    images (a plain pack of a JPEG tree, or ``--decode --encode jpeg``) is
+    read by ranges and decoded by DALI as a tree is (``device="cuda"``: the
+    mixed decoder, the GPU's hardware JPEG decoder where it has one).
 
     ``augment=True``: torchvision's RandomResizedCrop (``scale``, ``ratio``)
     to ``size`` x ``size`` and a horizontal flip with probability ``flip``
     instead of resizing the whole image. On a pack each sample's crop and
     flip follow from (``seed``, epoch, its index in the data set) alone
     (:func:`fastread.augment.crop_params`): a seed gives the same batches
-    whatever the world size or batch size. On a tree DALI draws them
+    whatever the world size or batch size. On a tree (or a pack of encoded
+    images) DALI draws them
     (``fn.random_resized_crop``, ``fn.random.coin_flip``).
 
     ``dtype``: ``"float32"`` (default) or ``"float16"``, normalized with
@@ -130,8 +134,17 @@ class ImageLoader:
                                             not 0 <= hw_decoder_load <= 1):
             raise ValueError(f"hw_decoder_load must be a number in [0, 1] (the share of images "
                              f"the GPU's hardware JPEG decoder takes), got {hw_decoder_load!r}")
-        pack = None
-        if image is not None:
+        pack = encoded = None
+        if image is not None and not isinstance(image, PackedImage):
+            image = PackedImage(image)
+        if image is not None and _holds_encoded_images(image):
+            # JPEGs in a pack (a plain pack of a tree, or --decode --encode
+            # jpeg): read by ranges, decoded and augmented by DALI as files are.
+            encoded = image
+            if file_root is not None or file_list is not None or files is not None:
+                raise ValueError(f"give image={encoded.path!r} or a tree (file_root, file_list, "
+                                 "files), not both")
+        elif image is not None:
             pack = _pixel_pack(image)
             if not decode:
                 raise ValueError(f"decode=False applies to file trees; image={pack.path!r} "
@@ -169,6 +182,12 @@ class ImageLoader:
                                  drop_last=drop_last, stick_to_shard=True, engine=engine,
                                  device="gpu", dense=True, global_batch_size=global_batch_size,
                                  **engine_options)
+        elif encoded is not None:
+            self.reader = Reader(image=encoded, batch_size=batch_size, shard_id=shard_id,
+                                 num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
+                                 drop_last=drop_last, stick_to_shard=True, engine=engine,
+                                 ring_depth=prefetch_queue_depth + 2 if decode else None,
+                                 global_batch_size=global_batch_size, **engine_options)
         else:
             self.reader = Reader(file_root, file_list=file_list, files=files, labels=labels,
                                  file_filters=file_filters, batch_size=batch_size,
@@ -373,6 +392,13 @@ def _output_dtype(dtype):
         raise ValueError(f"dtype must be one of {', '.join(OUTPUT_DTYPES)} (or the torch "
                          f"dtype), got {dtype!r}")
     return name
+
+
+def _holds_encoded_images(pack):
+    """Whether ``pack`` (a PackedImage) holds encoded images (a plain pack's
+    source files, or JPEGs re-encoded by ``pack --decode --encode jpeg``),
+    which DALI decodes, rather than raw pixels."""
+    return not pack.decoded or pack.encoding == "jpeg"
 
 
 def _pixel_pack(image):
