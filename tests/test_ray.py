@@ -125,6 +125,61 @@ def test_tree_every_file_once_with_scan_labels_and_exact_bytes(ray_cluster, tree
         {p: (i, content[p]) for i, p in enumerate(sub)}
 
 
+def test_auto_batch_size_fills_blocks_and_every_cpu(ray_cluster, tree):
+    from fastread.ray.datasource import FilesDatasource, auto_batch_size
+
+    root, content = tree
+    paths, labels = fastread.scan(root)
+    want = expected(paths, labels, content)
+    # The default: 28 small files fit one block, so one task per CPU of the
+    # cluster (2), evened out.
+    ds = fastread.ray.read_files(root)
+    assert ds.materialize().num_blocks() == 2
+    assert rows_of(ds) == want
+    # Blocks no larger than Ray's target block size: more tasks for it.
+    ctx = ray_cluster.data.DataContext.get_current()
+    before = ctx.target_max_block_size
+    ctx.target_max_block_size = 200_000
+    try:
+        src = FilesDatasource(root)
+        mean = np.mean([len(v) for v in content.values()])
+        assert src.batch_size == auto_batch_size(paths) < 28
+        assert src.batch_size * mean <= 1.2 * 200_000   # a sample of sizes, not all
+        ds = fastread.ray.read_files(root)
+        assert ds.materialize().num_blocks() == -(-28 // src.batch_size) > 2
+        assert rows_of(ds) == want
+    finally:
+        ctx.target_max_block_size = before
+    # Decoded blocks are larger than the files: 256 at most, one task per CPU.
+    assert auto_batch_size(paths * 100, decode=True, cpus=2) == 256
+    assert auto_batch_size(paths, decode=True, cpus=2) == 14
+    assert auto_batch_size(paths, cpus=4, target_block_bytes=1 << 30) == 7
+    assert auto_batch_size(paths[:5], cpus=4, target_block_bytes=1 << 30) == 2
+    assert auto_batch_size([], cpus=4) == 1
+    # Files that cannot be stat'ed count at a default size; their task names them.
+    assert auto_batch_size(["/no/such/a.jpg"] * 10, cpus=1, target_block_bytes=1 << 20) == 5   # 8 fit: 2 tasks of 5
+    with pytest.raises(ValueError, match="batch_size must be a positive integer or None"):
+        fastread.ray.read_files(root, batch_size=0)
+
+
+def test_blocks_are_the_engines_buffer_as_read(ray_cluster, tree):
+    # The bytes column of a block is one buffer, files back to back, in
+    # the block that reaches the driver; every engine that reads files.
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    for engine in ["auto"] + [e for e, st in fastread.engines().items() if st.files is True]:
+        ds = fastread.ray.read_files(paths, batch_size=10, engine=engine)
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            col = batch.column("bytes")
+            assert str(col.type) == "large_binary"
+            for chunk in col.chunks:
+                offsets = np.frombuffer(chunk.buffers()[1], np.int64)[
+                    chunk.offset:chunk.offset + len(chunk) + 1]
+                assert np.all(np.diff(offsets) == [len(content[p]) for p in
+                                                   batch.column("path").to_pylist()])
+        assert {p: b for p, (_, b) in rows_of(ds).items()} == {p: content[p] for p in paths}
+
+
 def test_streaming_split_is_disjoint_and_complete(ray_cluster, tree):
     root, content = tree
     paths, _ = fastread.scan(root)
