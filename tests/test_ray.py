@@ -125,18 +125,18 @@ def test_tree_every_file_once_with_scan_labels_and_exact_bytes(ray_cluster, tree
         {p: (i, content[p]) for i, p in enumerate(sub)}
 
 
-def test_auto_batch_size_fills_blocks_and_every_cpu(ray_cluster, tree):
+def test_auto_batch_size_fills_rays_blocks(ray_cluster, tree):
     from fastread.ray.datasource import FilesDatasource, auto_batch_size
 
     root, content = tree
     paths, labels = fastread.scan(root)
     want = expected(paths, labels, content)
-    # The default: 28 small files fit one block, so one task per CPU of the
-    # cluster (2), evened out.
+    # The default: 28 small files fit one of Ray's blocks, so one task.
     ds = fastread.ray.read_files(root)
-    assert ds.materialize().num_blocks() == 2
+    assert ds.materialize().num_blocks() == 1
     assert rows_of(ds) == want
-    # Blocks no larger than Ray's target block size: more tasks for it.
+    # Blocks no larger than Ray's target block size: as many tasks as that
+    # takes, evened out.
     ctx = ray_cluster.data.DataContext.get_current()
     before = ctx.target_max_block_size
     ctx.target_max_block_size = 200_000
@@ -144,20 +144,22 @@ def test_auto_batch_size_fills_blocks_and_every_cpu(ray_cluster, tree):
         src = FilesDatasource(root)
         mean = np.mean([len(v) for v in content.values()])
         assert src.batch_size == auto_batch_size(paths) < 28
-        assert src.batch_size * mean <= 1.2 * 200_000   # a sample of sizes, not all
+        assert src.batch_size * mean <= 1.2 * 200_000   # evened out: a little over
         ds = fastread.ray.read_files(root)
         assert ds.materialize().num_blocks() == -(-28 // src.batch_size) > 2
         assert rows_of(ds) == want
     finally:
         ctx.target_max_block_size = before
+    assert auto_batch_size(paths, target_block_bytes=1 << 30) == 28
+    one = max(paths, key=lambda p: len(content[p]))
+    assert auto_batch_size([one] * 280, target_block_bytes=len(content[one]) * 100) == 94  # 3 tasks
+    assert auto_batch_size(paths, target_block_bytes=1) == 1
+    assert auto_batch_size([]) == 1
     # Decoded blocks are larger than the files: 256 at most, one task per CPU.
     assert auto_batch_size(paths * 100, decode=True, cpus=2) == 256
     assert auto_batch_size(paths, decode=True, cpus=2) == 14
-    assert auto_batch_size(paths, cpus=4, target_block_bytes=1 << 30) == 7
-    assert auto_batch_size(paths[:5], cpus=4, target_block_bytes=1 << 30) == 2
-    assert auto_batch_size([], cpus=4) == 1
     # Files that cannot be stat'ed count at a default size; their task names them.
-    assert auto_batch_size(["/no/such/a.jpg"] * 10, cpus=1, target_block_bytes=1 << 20) == 5   # 8 fit: 2 tasks of 5
+    assert auto_batch_size(["/no/such/a.jpg"] * 10, target_block_bytes=1 << 20) == 5  # 8 fit
     with pytest.raises(ValueError, match="batch_size must be a positive integer or None"):
         fastread.ray.read_files(root, batch_size=0)
 

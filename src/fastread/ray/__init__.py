@@ -70,10 +70,10 @@ def read_files(source, *, file_filters=None, labels=None, shuffle=False, seed=No
     ``batch_size`` files per read task (one block each, one native call):
     None (the default) sizes them to Ray's blocks, as few tasks as blocks of
     ``DataContext.target_max_block_size`` (128 MiB) at the files' mean size
-    hold, and at least one per CPU of the cluster (each Ray task costs tens
-    of milliseconds however little it reads); with ``decode=True``, 256 (or
-    fewer, one task per CPU). The bytes column is the engine's buffer as
-    read (no copy in the task before Ray's put). ``shuffle``: the
+    hold (each Ray task costs tens of milliseconds however little it reads;
+    a task's native read uses every CPU of its node); with ``decode=True``,
+    256 (or fewer, one task per CPU). The bytes column is the engine's
+    buffer as read (no copy in the task before Ray's put). ``shuffle``: the
     files are permuted (``seed``; None draws one) before they are cut into
     tasks. Engine: ``engine``, ``options`` (a :class:`fastread.EngineOptions`
     or mapping) and keyword options, as :func:`fastread.read_files` takes

@@ -179,27 +179,31 @@ def _mean_file_size(paths, sample=64):
 def auto_batch_size(paths, decode=False, cpus=None, target_block_bytes=None):
     """Files per read task where ``batch_size=None``.
 
+    As few tasks as Ray's blocks allow: each a block of up to
+    ``DataContext.target_max_block_size`` (128 MiB; larger ones Ray cuts
+    again) at the files' mean size, evened out over the tasks that makes.
     A Ray read task costs a fixed ~25-30 ms of scheduling and bookkeeping
-    however little it reads (measured on 2 cores: 20 tasks of empty blocks
-    take 0.5 s a pass, 200 take 3.5 s), so tasks are as few and large as
-    Ray's blocks allow: each block up to ``DataContext.target_max_block_size``
-    (128 MiB; larger ones Ray would cut again) at the files' mean size, and
-    at least one task per CPU of the cluster so all of them read; then
-    evened out over the tasks that makes. With ``decode=True``: 256 (or
-    fewer, one task per CPU), the decoded block being several times larger.
+    however little it reads (2 cores: 20 tasks of empty blocks take 0.5 s a
+    pass, 200 take 3.5 s), and Ray 2.60 runs an execution's tasks one at a
+    time until it has learned the cluster's resources, about a second in:
+    a pass over a few hundred MB never gets past that, so more tasks than
+    blocks only add their fixed cost. The CPUs are used inside a task: its
+    native read has one ring or thread per CPU (up to 16). With
+    ``decode=True``, 256 files (or fewer, one task per CPU): Pillow decodes
+    one image at a time per task, so the tasks are what run in parallel,
+    and a decoded block is several times the files' bytes.
     """
     n = len(paths)
     if n == 0:
         return 1
-    cpus = _cluster_cpus() if cpus is None else cpus
-    per_cpu = -(-n // cpus)
     if decode:
-        return max(1, min(_AUTO_DECODE_FILES, per_cpu))
+        cpus = _cluster_cpus() if cpus is None else cpus
+        return max(1, min(_AUTO_DECODE_FILES, -(-n // cpus)))
     if target_block_bytes is None:
         target_block_bytes = ray.data.DataContext.get_current().target_max_block_size \
             or (128 << 20)
     fit = int(target_block_bytes // max(1.0, _mean_file_size(paths)))
-    per = max(1, min(fit, per_cpu, _AUTO_MAX_FILES))
+    per = max(1, min(fit, _AUTO_MAX_FILES))
     tasks = -(-n // per)
     return -(-n // tasks)
 
