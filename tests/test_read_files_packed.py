@@ -117,3 +117,30 @@ def test_empty_list_and_errors_name_the_path(tree, tmp_path):
     with pytest.raises(fastread.ReadError, match="not a regular file") as e:
         read_files_packed([paths[0], os.path.dirname(paths[0])])
     assert e.value.filename == os.path.dirname(paths[0])
+
+
+def test_sources_read_packed_files_and_ranges(tree, tmp_path):
+    # SampleSource.read_packed: a FileList's files and a packed image's
+    # ranges (FileRanges) back to back, in the order asked, equal to read().
+    paths, content = tree
+    files = fastread.FileList(paths)
+    idx = np.array([5, 0, -1, 3, 3])
+    data, offsets = files.read_packed(idx)
+    assert unpack(data, offsets) == [bytes(a) for a in files.read(idx)]
+    assert owner_is_batch(data)
+    out = str(tmp_path / "t.img")
+    fastread.pack(os.path.dirname(os.path.dirname(paths[0])), out, progress=False)
+    img = fastread.PackedImage(out)
+    root = os.path.dirname(os.path.dirname(paths[0]))
+    order = np.arange(len(img))[::-1]
+    for engine in [e for e in ("psync", "io_uring") if fastread.engines()[e].ranges is True]:
+        data, offsets = img.read_packed(order, engine)
+        assert unpack(data, offsets) == [content[os.path.join(root, img.names[i])]
+                                         for i in order]
+        assert owner_is_batch(data)
+    # O_DIRECT ranges (the image's samples are 4096-aligned) keep aligned
+    # slots: copied, same bytes.
+    data, offsets = img.read_packed(order, "psync", o_direct=True)
+    assert unpack(data, offsets) == [content[os.path.join(root, img.names[i])] for i in order]
+    with pytest.raises(IndexError):
+        img.read_packed([len(img)])

@@ -193,11 +193,12 @@ cdef class Context:
         finally:
             free(cpaths)
 
-    def read_ranges(self, path, offsets, lengths):
+    def read_ranges(self, path, offsets, lengths, bint dense=False):
         """Reads byte ranges ``[offsets[i], offsets[i] + lengths[i])`` of one
         file or block device (opened once and cached by the context) as the
         samples of a Batch, each with its true length (check failures()).
-        With ``o_direct`` the offsets must be multiples of direct_alignment."""
+        With ``o_direct`` the offsets must be multiples of direct_alignment.
+        ``dense``: as :meth:`read`'s (ranges without O_DIRECT)."""
         cdef bytes p = encode_path(path)
         cdef const char *cpath = PyBytes_AS_STRING(p)
         cdef size_t n = 0
@@ -206,7 +207,7 @@ cdef class Context:
         cdef int rc
         try:
             with self.lock:
-                b = self._take_batch(n)
+                b = self._take_batch(n, dense)
                 rc = b.status
                 if rc == 0:
                     with nogil:

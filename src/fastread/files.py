@@ -91,12 +91,19 @@ def read_files_packed(paths, engine="auto", options=None, **engine_options):
     slots; xnvme) are copied into it once. Same engine options and errors
     as :func:`read_files`.
     """
+    return packed(_read(paths, engine, options, engine_options, "read_files_packed",
+                        dense=True))
+
+
+def packed(batch):
+    """``(data, offsets)`` of a checked host Batch: its arena where the
+    samples lie back to back there (``Batch.packed()``), else the samples
+    copied into one buffer."""
     import numpy as np
 
-    batch = _read(paths, engine, options, engine_options, "read_files_packed", dense=True)
-    packed = batch.packed()
-    if packed is not None:
-        return packed
+    out = batch.packed()
+    if out is not None:
+        return out
     arrays = batch.arrays()
     offsets = np.zeros(len(arrays) + 1, np.int64)
     np.cumsum([a.size for a in arrays], out=offsets[1:])

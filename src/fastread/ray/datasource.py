@@ -294,8 +294,11 @@ class FilesDatasource(_Batched):
 
 def _read_range_batch(path, offsets, lengths, labels, names, decode, engine, opts):
     part = FileRanges(path, offsets, lengths, labels, names)
-    arrays = part.read(np.arange(len(part)), engine, opts)
-    return [_block(arrays, labels, names, decode)]
+    if decode:
+        return [_block(part.read(np.arange(len(part)), engine, opts), labels, names, True)]
+    # As _read_file_batch: the ranges back to back, the block's column.
+    data, offs = part.read_packed(np.arange(len(part)), engine, opts)
+    return [_columns(_packed_column(data, offs), labels, names)]
 
 
 class ImageDatasource(_Batched):
