@@ -299,6 +299,20 @@ def test_packed_image_samples_by_range(ray_cluster, tree, tmp_path):
     assert rows_of(fastread.ray.read_image(img, batch_size=8, shuffle=True, seed=1)) == got
     with pytest.raises(FileNotFoundError, match="absent.img"):
         fastread.ray.read_image(str(tmp_path / "absent.img"))
+    # The default: tasks sized to Ray's blocks from the index's sizes (28
+    # small samples: one task; 200 KB blocks: several, the same rows).
+    ds = fastread.ray.read_image(out)
+    assert ds.materialize().num_blocks() == 1 and rows_of(ds) == got
+    ctx = ray_cluster.data.DataContext.get_current()
+    before = ctx.target_max_block_size
+    ctx.target_max_block_size = 200_000
+    try:
+        ds = fastread.ray.read_image(out)
+        per = -(-len(img) // -(-len(img) // int(200_000 // np.mean(img.lengths))))
+        assert ds.materialize().num_blocks() == -(-len(img) // per) > 2
+        assert rows_of(ds) == got
+    finally:
+        ctx.target_max_block_size = before
 
 
 def test_webdataset_shards_are_tasks(ray_cluster, tmp_path):

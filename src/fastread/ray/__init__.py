@@ -90,13 +90,14 @@ def read_files(source, *, file_filters=None, labels=None, shuffle=False, seed=No
                    ray_remote_args)
 
 
-def read_image(image, *, index=None, shuffle=False, seed=None, batch_size=256, decode=False,
+def read_image(image, *, index=None, shuffle=False, seed=None, batch_size=None, decode=False,
                engine="auto", options=None, s3=None, ray_remote_args=None, **engine_options):
     """A Ray Dataset of a packed image's samples (``image``: a path, an
     ``s3://`` URL or a :class:`fastread.PackedImage`; ``index`` and ``s3`` as
     PackedImage takes them). Each read task reads ``batch_size`` samples,
     a range of sample numbers (or of the permutation, with ``shuffle``), in
-    one native range read. Columns as :func:`read_files`'s; ``path`` is the
+    one native range read, back to back in the block's buffer (None: sized
+    as :func:`read_files` sizes them, from the index's sample sizes). Columns as :func:`read_files`'s; ``path`` is the
     sample's name (its path relative to the packed root)."""
     ds = _datasource()
     return ds.read(ds.ImageDatasource(image, index=index, shuffle=shuffle, seed=seed,

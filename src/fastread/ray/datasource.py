@@ -176,7 +176,8 @@ def _mean_file_size(paths, sample=64):
     return sum(sizes) / len(sizes)
 
 
-def auto_batch_size(paths, decode=False, cpus=None, target_block_bytes=None):
+def auto_batch_size(paths, decode=False, cpus=None, target_block_bytes=None,
+                    mean_size=None):
     """Files per read task where ``batch_size=None``.
 
     As few tasks as Ray's blocks allow: each a block of up to
@@ -202,7 +203,9 @@ def auto_batch_size(paths, decode=False, cpus=None, target_block_bytes=None):
     if target_block_bytes is None:
         target_block_bytes = ray.data.DataContext.get_current().target_max_block_size \
             or (128 << 20)
-    fit = int(target_block_bytes // max(1.0, _mean_file_size(paths)))
+    if mean_size is None:
+        mean_size = _mean_file_size(paths)
+    fit = int(target_block_bytes // max(1.0, mean_size))
     per = max(1, min(fit, _AUTO_MAX_FILES))
     tasks = -(-n // per)
     return -(-n // tasks)
@@ -304,8 +307,9 @@ def _read_range_batch(path, offsets, lengths, labels, names, decode, engine, opt
 class ImageDatasource(_Batched):
     """A packed image's samples (see :func:`fastread.ray.read_image`)."""
 
-    def __init__(self, image, *, index=None, shuffle=False, seed=None, batch_size=256,
+    def __init__(self, image, *, index=None, shuffle=False, seed=None, batch_size=None,
                  decode=False, engine="auto", options=None, s3=None, engine_options=None):
+        _check_batch_size(batch_size, auto=True)
         if not isinstance(image, fastread.PackedImage):
             image = fastread.PackedImage(image, index, s3=s3)
         if s3 is None:
@@ -313,6 +317,11 @@ class ImageDatasource(_Batched):
         self._engine, self._opts = _engine_args(engine, options, s3, engine_options or {})
         image.check_options(self._opts.resolve(self._engine_name(image)))
         self.image = image
+        if batch_size is None:
+            # The samples' sizes are the index's: their mean, exactly.
+            batch_size = auto_batch_size(image.names, decode, mean_size=(
+                float(np.mean(image.lengths)) if len(image) else 0.0))
+        self.batch_size = batch_size
         self._tasks = []
         for idx in _batches(len(image), batch_size, shuffle, seed):
             names = [image.names[i] for i in idx.tolist()]
