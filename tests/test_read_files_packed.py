@@ -28,8 +28,8 @@ def file_engines():
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     # Sizes around the 64-byte alignment a non-dense read pads to, and empty files.
-    root, content = write_class_tree(tmp_path_factory.mktemp("packed") / "t", [11, 7], seed=3, max_size=1,
-                                     sizes=[0, 1, 63, 64, 65, 4097, 100_000, 0, 33_333])
+    root, content = write_class_tree(tmp_path_factory.mktemp("packed") / "t", [11, 7], seed=3,
+                                     max_size=1, sizes=[0, 1, 63, 64, 65, 4097, 100_000, 0, 33_333])
     paths, _ = fastread.scan(root)
     return paths, content
 

@@ -68,8 +68,8 @@ def main(argv=None):
             print(f"{mode:<18} pass {i}: {rows} rows in {secs:.2f} s; limits' CPUs "
                   f"{max((c for _, c, _ in samples), default=0):.0f} at most, nonzero from "
                   + (f"{nonzero[0]:.2f} s" if nonzero else "never")
-                  + f"; read tasks' CPUs held at once: {max((h for *_, h in samples), default=0):.0f}"
-                  " at most", flush=True)
+                  + "; read tasks' CPUs held at once: "
+                  f"{max((h for *_, h in samples), default=0):.0f} at most", flush=True)
     ray.shutdown()
     return 0
 

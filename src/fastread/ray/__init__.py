@@ -97,8 +97,9 @@ def read_image(image, *, index=None, shuffle=False, seed=None, batch_size=None, 
     PackedImage takes them). Each read task reads ``batch_size`` samples,
     a range of sample numbers (or of the permutation, with ``shuffle``), in
     one native range read, back to back in the block's buffer (None: sized
-    as :func:`read_files` sizes them, from the index's sample sizes). Columns as :func:`read_files`'s; ``path`` is the
-    sample's name (its path relative to the packed root)."""
+    as :func:`read_files` sizes them, from the index's sample sizes).
+    Columns as :func:`read_files`'s; ``path`` is the sample's name (its
+    path relative to the packed root)."""
     ds = _datasource()
     return ds.read(ds.ImageDatasource(image, index=index, shuffle=shuffle, seed=seed,
                                       batch_size=batch_size, decode=decode, engine=engine,
