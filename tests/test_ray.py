@@ -214,6 +214,31 @@ def test_streaming_split_is_disjoint_and_complete(ray_cluster, tree):
     assert all(content[p] == data for p, data in seen[0] + seen[1])
 
 
+def test_one_block_dataset_splits_equally(ray_cluster, tree):
+    # The default sizing makes the 28-file tree one block; equal=True (Ray
+    # Train's default) still gives each split half of it, disjointly.
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    ds = fastread.ray.read_files(root)
+    assert ds.materialize().num_blocks() == 1
+    splits = ds.streaming_split(2, equal=True)
+    seen = [[], []]
+
+    def consume(i):
+        for batch in splits[i].iter_batches(batch_size=5, batch_format="numpy"):
+            seen[i].extend(zip(batch["path"], (bytes(b) for b in batch["bytes"])))
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a streaming_split consumer hung"
+    assert len(seen[0]) == len(seen[1]) == 14
+    assert sorted(p for p, _ in seen[0] + seen[1]) == sorted(paths)
+    assert all(content[p] == data for p, data in seen[0] + seen[1])
+
+
 def test_torch_trainer_example_trains_every_sample_once_on_two_cpu_workers(
         ray_cluster, tree, tmp_path):
     pytest.importorskip("torch", reason="the TorchTrainer example needs torch")
