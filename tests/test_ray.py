@@ -125,6 +125,63 @@ def test_tree_every_file_once_with_scan_labels_and_exact_bytes(ray_cluster, tree
         {p: (i, content[p]) for i, p in enumerate(sub)}
 
 
+def test_auto_batch_size_fills_rays_blocks(ray_cluster, tree):
+    from fastread.ray.datasource import FilesDatasource, auto_batch_size
+
+    root, content = tree
+    paths, labels = fastread.scan(root)
+    want = expected(paths, labels, content)
+    # The default: 28 small files fit one of Ray's blocks, so one task.
+    ds = fastread.ray.read_files(root)
+    assert ds.materialize().num_blocks() == 1
+    assert rows_of(ds) == want
+    # Blocks no larger than Ray's target block size: as many tasks as that
+    # takes, evened out.
+    ctx = ray_cluster.data.DataContext.get_current()
+    before = ctx.target_max_block_size
+    ctx.target_max_block_size = 200_000
+    try:
+        src = FilesDatasource(root)
+        mean = np.mean([len(v) for v in content.values()])
+        assert src.batch_size == auto_batch_size(paths) < 28
+        assert src.batch_size * mean <= 1.2 * 200_000   # evened out: a little over
+        ds = fastread.ray.read_files(root)
+        assert ds.materialize().num_blocks() == -(-28 // src.batch_size) > 2
+        assert rows_of(ds) == want
+    finally:
+        ctx.target_max_block_size = before
+    assert auto_batch_size(paths, target_block_bytes=1 << 30) == 28
+    one = max(paths, key=lambda p: len(content[p]))
+    assert auto_batch_size([one] * 280, target_block_bytes=len(content[one]) * 100) == 94  # 3 tasks
+    assert auto_batch_size(paths, target_block_bytes=1) == 1
+    assert auto_batch_size([]) == 1
+    # Decoded blocks are larger than the files: 256 at most, one task per CPU.
+    assert auto_batch_size(paths * 100, decode=True, cpus=2) == 256
+    assert auto_batch_size(paths, decode=True, cpus=2) == 14
+    # Files that cannot be stat'ed count at a default size; their task names them.
+    assert auto_batch_size(["/no/such/a.jpg"] * 10, target_block_bytes=1 << 20) == 5  # 8 fit
+    with pytest.raises(ValueError, match="batch_size must be a positive integer or None"):
+        fastread.ray.read_files(root, batch_size=0)
+
+
+def test_blocks_are_the_engines_buffer_as_read(ray_cluster, tree):
+    # The bytes column of a block is one buffer, files back to back, in
+    # the block that reaches the driver; every engine that reads files.
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    for engine in ["auto"] + [e for e, st in fastread.engines().items() if st.files is True]:
+        ds = fastread.ray.read_files(paths, batch_size=10, engine=engine)
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            col = batch.column("bytes")
+            assert str(col.type) == "large_binary"
+            for chunk in col.chunks:
+                offsets = np.frombuffer(chunk.buffers()[1], np.int64)[
+                    chunk.offset:chunk.offset + len(chunk) + 1]
+                assert np.all(np.diff(offsets) == [len(content[p]) for p in
+                                                   batch.column("path").to_pylist()])
+        assert {p: b for p, (_, b) in rows_of(ds).items()} == {p: content[p] for p in paths}
+
+
 def test_streaming_split_is_disjoint_and_complete(ray_cluster, tree):
     root, content = tree
     paths, _ = fastread.scan(root)
@@ -154,6 +211,31 @@ def test_streaming_split_is_disjoint_and_complete(ray_cluster, tree):
     assert a and b, "one split got nothing"
     assert not a & b
     assert len(seen[0]) + len(seen[1]) == len(paths) and a | b == set(paths)
+    assert all(content[p] == data for p, data in seen[0] + seen[1])
+
+
+def test_one_block_dataset_splits_equally(ray_cluster, tree):
+    # The default sizing makes the 28-file tree one block; equal=True (Ray
+    # Train's default) still gives each split half of it, disjointly.
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    ds = fastread.ray.read_files(root)
+    assert ds.materialize().num_blocks() == 1
+    splits = ds.streaming_split(2, equal=True)
+    seen = [[], []]
+
+    def consume(i):
+        for batch in splits[i].iter_batches(batch_size=5, batch_format="numpy"):
+            seen[i].extend(zip(batch["path"], (bytes(b) for b in batch["bytes"])))
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a streaming_split consumer hung"
+    assert len(seen[0]) == len(seen[1]) == 14
+    assert sorted(p for p, _ in seen[0] + seen[1]) == sorted(paths)
     assert all(content[p] == data for p, data in seen[0] + seen[1])
 
 
@@ -242,6 +324,20 @@ def test_packed_image_samples_by_range(ray_cluster, tree, tmp_path):
     assert rows_of(fastread.ray.read_image(img, batch_size=8, shuffle=True, seed=1)) == got
     with pytest.raises(FileNotFoundError, match="absent.img"):
         fastread.ray.read_image(str(tmp_path / "absent.img"))
+    # The default: tasks sized to Ray's blocks from the index's sizes (28
+    # small samples: one task; 200 KB blocks: several, the same rows).
+    ds = fastread.ray.read_image(out)
+    assert ds.materialize().num_blocks() == 1 and rows_of(ds) == got
+    ctx = ray_cluster.data.DataContext.get_current()
+    before = ctx.target_max_block_size
+    ctx.target_max_block_size = 200_000
+    try:
+        ds = fastread.ray.read_image(out)
+        per = -(-len(img) // -(-len(img) // int(200_000 // np.mean(img.lengths))))
+        assert ds.materialize().num_blocks() == -(-len(img) // per) > 2
+        assert rows_of(ds) == got
+    finally:
+        ctx.target_max_block_size = before
 
 
 def test_webdataset_shards_are_tasks(ray_cluster, tmp_path):

@@ -187,6 +187,37 @@ cdef class Batch:
             PyList_SET_ITEM(out, <Py_ssize_t>i, arr)
         return out
 
+    def packed(self):
+        """``(data, offsets)`` where the samples lie back to back in the
+        arena (a dense read, ``Context.read(dense=True)``, of an engine that
+        lays files out itself, with no failed sample): ``data`` a 1-D uint8
+        view over them, no copy, keeping the batch alive; ``offsets`` int64,
+        ``len(batch) + 1`` of them, sample i being
+        ``data[offsets[i]:offsets[i + 1]]`` (an Arrow binary column's
+        buffers). None where they do not (padding between samples, a failed
+        sample)."""
+        import numpy as np
+
+        cdef fr_batch *b = self._get()
+        if not (b.where & FR_ON_HOST):
+            raise ValueError("this batch is in GPU memory only")
+        cdef size_t i, n = b.count
+        cdef cnp.ndarray[cnp.int64_t, ndim=1] offsets = cnp.PyArray_ZEROS(
+            1, [<cnp.npy_intp>(n + 1)], cnp.NPY_INT64, 0)
+        if n == 0:
+            return np.empty(0, np.uint8), offsets
+        cdef uint64_t first = b.samples[0].offset, at = first
+        for i in range(n):
+            if b.samples[i].length < 0 or (b.samples[i].length > 0 and b.samples[i].offset != at):
+                return None
+            at += <uint64_t>b.samples[i].length
+            offsets[i + 1] = <int64_t>(at - first)
+        cdef cnp.npy_intp dim = <cnp.npy_intp>(at - first)
+        data = cnp.PyArray_SimpleNewFromData(1, &dim, cnp.NPY_UINT8, b.arena.base + first)
+        Py_INCREF(self)
+        cnp.PyArray_SetBaseObject(<cnp.ndarray>data, self)
+        return data, offsets
+
     def dense_view(self, shape, dtype=None):
         """The batch as one array ``(len(batch),) + shape`` of ``dtype``
         (default uint8) over the arena, without a copy, or None where the

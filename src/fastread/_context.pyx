@@ -87,14 +87,17 @@ cdef class Context:
                 fr_ctx_close(self.ctx)
                 self.ctx = NULL
 
-    cdef fr_batch *_take_batch(self, size_t n) except NULL:
+    cdef fr_batch *_take_batch(self, size_t n, bint dense=False) except NULL:
         """A batch from the pool, ready for n samples (its status holds a
-        preparation error). Call with the lock held."""
+        preparation error), laid out dense or not (a pooled batch keeps the
+        flag of its last read, so it is set on every one). Call with the
+        lock held."""
         if self.ctx == NULL:
             raise ValueError("context is closed")
         cdef fr_batch *b = fr_pool_get(self.owner.pool)
         if b == NULL:
             raise MemoryError()
+        b.dense = 1 if dense else 0
         b.status = fr_batch_prepare(b, n)
         return b
 
@@ -138,10 +141,14 @@ cdef class Context:
             found = fr_ctx_sample_error(self.ctx, i, msg, sizeof(msg))
         return msg.decode(errors="replace") if found else None
 
-    def read(self, paths, sizes=None):
+    def read(self, paths, sizes=None, bint dense=False):
         """Reads every path; returns a Batch (check failures()). ``sizes``,
         if given, are the files' sizes when last read (-1: unknown): they let
-        an engine skip sizing; a wrong one costs time, never bytes."""
+        an engine skip sizing; a wrong one costs time, never bytes.
+        ``dense``: the samples back to back in the arena, no padding between
+        them, where the engine lays out whole files itself without O_DIRECT
+        (``Batch.packed()`` then gives the batch as one buffer); else each
+        starts 64-byte aligned."""
         # Our own list: its items stay alive while the GIL is released,
         # whatever the caller does to theirs.
         cdef list items = list(paths)
@@ -159,14 +166,25 @@ cdef class Context:
             raise MemoryError()
         cdef fr_batch *b = NULL
         cdef int rc
+        cdef size_t i
         try:
             path_pointers(items, cpaths, encoded)
             with self.lock:
-                b = self._take_batch(n)
+                b = self._take_batch(n, dense)
                 rc = b.status
                 if rc == 0:
                     with nogil:
                         rc = fr_read_files(self.ctx, cpaths, hint_ptr, n, b)
+                        if rc == 0 and b.dense_spill:
+                            # A file of the dense batch took the slow path:
+                            # its first read's growth check byte may sit on
+                            # the next sample's first byte (fastread.h,
+                            # fr_batch.dense_spill); only the file engines
+                            # set it, so the paths are files. Failures
+                            # become the samples' own errors.
+                            for i in range(n):
+                                if b.samples[i].length > 0:
+                                    fr_batch_reread_first_byte(b, i, cpaths[i])
             if rc != 0:
                 fr_batch_recycle(b)
                 raise_errno(rc, f"engine {self.engine!r} failed a batch of {n} files"
@@ -175,11 +193,12 @@ cdef class Context:
         finally:
             free(cpaths)
 
-    def read_ranges(self, path, offsets, lengths):
+    def read_ranges(self, path, offsets, lengths, bint dense=False):
         """Reads byte ranges ``[offsets[i], offsets[i] + lengths[i])`` of one
         file or block device (opened once and cached by the context) as the
         samples of a Batch, each with its true length (check failures()).
-        With ``o_direct`` the offsets must be multiples of direct_alignment."""
+        With ``o_direct`` the offsets must be multiples of direct_alignment.
+        ``dense``: as :meth:`read`'s (ranges without O_DIRECT)."""
         cdef bytes p = encode_path(path)
         cdef const char *cpath = PyBytes_AS_STRING(p)
         cdef size_t n = 0
@@ -188,7 +207,7 @@ cdef class Context:
         cdef int rc
         try:
             with self.lock:
-                b = self._take_batch(n)
+                b = self._take_batch(n, dense)
                 rc = b.status
                 if rc == 0:
                     with nogil:

@@ -37,6 +37,9 @@ parse the format's index):
 ``read_batch(context, indices)``
     Samples ``indices`` read in one call on an engine
     :class:`fastread.Context`, as a :class:`fastread.Batch`.
+``read_batch_dense(context, indices)``
+    The same, asking the engine to lay the samples back to back (a dense
+    batch, for :meth:`SampleSource.read_packed`); default: ``read_batch``.
 
 :meth:`SampleSource.read` (one-shot reads) and :func:`read_in_order` (one
 pass with read-ahead) are built on those; :func:`check_source` is what a
@@ -51,7 +54,7 @@ import numpy as np
 from fastread import _core, _defaults
 from fastread.engine import (RANGE_ONLY, URL_ENGINES, EngineOptions, cached_context, check_engine,
                              for_paths, open_engine)
-from fastread.files import raise_failures
+from fastread.files import packed, raise_failures
 from fastread.index import scan
 
 __all__ = ["SampleSource", "FileList", "FileRanges", "OpenedReader", "check_source",
@@ -91,10 +94,27 @@ class SampleSource(abc.ABC):
     def read_batch(self, context, indices):
         """Samples ``indices`` (an int64 array) read in one call on ``context``."""
 
+    def read_batch_dense(self, context, indices):
+        """:meth:`read_batch` with the samples back to back, where the
+        source can ask for it (see the module doc)."""
+        return self.read_batch(context, indices)
+
     def read(self, indices, engine="auto", options=None, **engine_options):
         """The samples ``indices`` (negative ones count from the end) as a
         list of uint8 arrays, in one native call with the GIL released.
         Raises :class:`fastread.ReadError` naming the first failed sample."""
+        return self._read_checked(indices, engine, options, engine_options, False).arrays()
+
+    def read_packed(self, indices, engine="auto", options=None, **engine_options):
+        """The samples ``indices`` back to back in one buffer, as
+        :func:`fastread.files.read_files_packed` gives files: ``(data,
+        offsets)``, sample ``indices[k]`` being
+        ``data[offsets[k]:offsets[k + 1]]``; the engine's arena as read where
+        the source and engine lay samples out back to back (whole files,
+        ranges; not O_DIRECT), else copied into it. Errors as :meth:`read`."""
+        return packed(self._read_checked(indices, engine, options, engine_options, True))
+
+    def _read_checked(self, indices, engine, options, engine_options, dense):
         n = len(self)
         given = np.asarray(indices)
         if given.size and given.dtype.kind not in "iu":
@@ -107,10 +127,10 @@ class SampleSource(abc.ABC):
         opts = with_source_s3(self, EngineOptions.coerce(options, **engine_options), name)
         self.check_options(opts.resolve(name))
         ctx = cached_context(name, opts)
-        batch = self.read_batch(ctx, idx)
+        batch = self.read_batch_dense(ctx, idx) if dense else self.read_batch(ctx, idx)
         raise_failures(batch, lambda i: self.sample_name(int(idx[i])),
                        paths=isinstance(self, FileList), context=ctx)
-        return batch.arrays()
+        return batch
 
 
 class FileList(SampleSource):
@@ -153,6 +173,9 @@ class FileList(SampleSource):
 
     def read_batch(self, context, indices):
         return context.read([self.names[i] for i in indices])
+
+    def read_batch_dense(self, context, indices):
+        return context.read([self.names[i] for i in indices], dense=True)
 
 
 class FileRanges(SampleSource):
@@ -205,6 +228,10 @@ class FileRanges(SampleSource):
 
     def read_batch(self, context, indices):
         return context.read_ranges(self.path, self.offsets[indices], self.lengths[indices])
+
+    def read_batch_dense(self, context, indices):
+        return context.read_ranges(self.path, self.offsets[indices], self.lengths[indices],
+                                   dense=True)
 
 
 # -- checks ----------------------------------------------------------------------

@@ -54,7 +54,7 @@ def _datasource():
 
 
 def read_files(source, *, file_filters=None, labels=None, shuffle=False, seed=None,
-               batch_size=256, decode=False, engine="auto", options=None, s3=None,
+               batch_size=None, decode=False, engine="auto", options=None, s3=None,
                ray_remote_args=None, **engine_options):
     """A Ray Dataset of whole files, one native :func:`fastread.read_files`
     call per read task.
@@ -67,7 +67,13 @@ def read_files(source, *, file_filters=None, labels=None, shuffle=False, seed=No
     ``path``; with ``decode=True``, ``image`` (uint8 HWC, RGB) instead of
     ``bytes``.
 
-    ``batch_size`` files per read task (one block each). ``shuffle``: the
+    ``batch_size`` files per read task (one block each, one native call):
+    None (the default) sizes them to Ray's blocks, as few tasks as blocks of
+    ``DataContext.target_max_block_size`` (128 MiB) at the files' mean size
+    hold (each Ray task costs tens of milliseconds however little it reads;
+    a task's native read uses every CPU of its node); with ``decode=True``,
+    256 (or fewer, one task per CPU). The bytes column is the engine's
+    buffer as read (no copy in the task before Ray's put). ``shuffle``: the
     files are permuted (``seed``; None draws one) before they are cut into
     tasks. Engine: ``engine``, ``options`` (a :class:`fastread.EngineOptions`
     or mapping) and keyword options, as :func:`fastread.read_files` takes
@@ -84,14 +90,16 @@ def read_files(source, *, file_filters=None, labels=None, shuffle=False, seed=No
                    ray_remote_args)
 
 
-def read_image(image, *, index=None, shuffle=False, seed=None, batch_size=256, decode=False,
+def read_image(image, *, index=None, shuffle=False, seed=None, batch_size=None, decode=False,
                engine="auto", options=None, s3=None, ray_remote_args=None, **engine_options):
     """A Ray Dataset of a packed image's samples (``image``: a path, an
     ``s3://`` URL or a :class:`fastread.PackedImage`; ``index`` and ``s3`` as
     PackedImage takes them). Each read task reads ``batch_size`` samples,
     a range of sample numbers (or of the permutation, with ``shuffle``), in
-    one native range read. Columns as :func:`read_files`'s; ``path`` is the
-    sample's name (its path relative to the packed root)."""
+    one native range read, back to back in the block's buffer (None: sized
+    as :func:`read_files` sizes them, from the index's sample sizes).
+    Columns as :func:`read_files`'s; ``path`` is the sample's name (its
+    path relative to the packed root)."""
     ds = _datasource()
     return ds.read(ds.ImageDatasource(image, index=index, shuffle=shuffle, seed=seed,
                                       batch_size=batch_size, decode=decode, engine=engine,

@@ -19,6 +19,7 @@ from ray.data.block import BlockAccessor, BlockMetadata
 
 import fastread
 from fastread.engine import EngineOptions, check_engine
+from fastread.files import read_files_packed
 from fastread.formats.squirrel import store_shards
 from fastread.s3 import S3Options, is_url
 from fastread.sampling import epoch_indices
@@ -87,6 +88,14 @@ def _binary_column(arrays):
                                  [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
+def _packed_column(data, offsets):
+    """A large_binary Arrow array over ``data`` and ``offsets``
+    (:func:`fastread.files.read_files_packed`) as they are: no copy, the
+    array keeping the engine's arena alive through ``data``."""
+    return pa.Array.from_buffers(_BYTES, len(offsets) - 1,
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
 def decode_image(data, name):
     """One sample's bytes decoded by Pillow as RGB, uint8 HWC; ValueError
     naming the sample if they are no image Pillow can read."""
@@ -100,15 +109,19 @@ def decode_image(data, name):
         raise ValueError(f"{name}: cannot decode as an image ({e})") from None
 
 
+def _columns(data_column, labels, names):
+    return pa.table({"bytes": data_column,
+                     "label": pa.array(np.asarray(labels, np.int32)),
+                     "path": pa.array(list(names), pa.string())})
+
+
 def _block(arrays, labels, names, decode):
     if decode:
         images = [decode_image(a, n) for a, n in zip(arrays, names)]
         return BlockAccessor.batch_to_block({
             "image": images, "label": np.asarray(labels, np.int32),
             "path": np.asarray(names, dtype=object)})
-    return pa.table({"bytes": _binary_column(arrays),
-                     "label": pa.array(np.asarray(labels, np.int32)),
-                     "path": pa.array(list(names), pa.string())})
+    return _columns(_binary_column(arrays), labels, names)
 
 
 def _engine_args(engine, options, s3, engine_options):
@@ -121,12 +134,88 @@ def _engine_args(engine, options, s3, engine_options):
     return engine, opts
 
 
+def _check_batch_size(batch_size, auto=False):
+    if auto and batch_size is None:
+        return
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer{' or None' if auto else ''}, "
+                         f"got {batch_size!r}")
+
+
+# What auto-sizing takes a file of unknown size (an s3:// URL) to be.
+_UNKNOWN_FILE_SIZE = 128 << 10
+# The most files auto-sizing gives one task: each travels in the task's
+# arguments and takes a descriptor while it is read.
+_AUTO_MAX_FILES = 16384
+# With decode=True a block holds decoded images, several times the files'
+# bytes, and decoding, not Ray's cost per task, sets the pace.
+_AUTO_DECODE_FILES = 256
+
+
+def _cluster_cpus():
+    """The CPUs of the Ray cluster the dataset will run on: the connected
+    one's, else this machine's (read_datasource starts a local one)."""
+    if ray.is_initialized():
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return os.cpu_count() or 1
+
+
+def _mean_file_size(paths, sample=64):
+    """The mean size of up to ``sample`` files spread over ``paths``
+    (stat'ed; s3:// URLs and files that cannot be stat'ed count as
+    _UNKNOWN_FILE_SIZE): a few stats on the driver, not one per file."""
+    if not paths:
+        return _UNKNOWN_FILE_SIZE
+    step = max(1, len(paths) // sample)
+    sizes = []
+    for p in paths[::step][:sample]:
+        try:
+            sizes.append(_UNKNOWN_FILE_SIZE if is_url(p) else os.stat(p).st_size)
+        except OSError:
+            sizes.append(_UNKNOWN_FILE_SIZE)   # its task will raise, naming it
+    return sum(sizes) / len(sizes)
+
+
+def auto_batch_size(paths, decode=False, cpus=None, target_block_bytes=None,
+                    mean_size=None):
+    """Files per read task where ``batch_size=None``.
+
+    As few tasks as Ray's blocks allow: each a block of up to
+    ``DataContext.target_max_block_size`` (128 MiB; larger ones Ray cuts
+    again) at the files' mean size, evened out over the tasks that makes.
+    A Ray read task costs a fixed ~25-30 ms of scheduling and bookkeeping
+    however little it reads (2 cores: 20 tasks of empty blocks take 0.5 s a
+    pass, 200 take 3.5 s), and Ray 2.60 runs an execution's tasks one at a
+    time until it has learned the cluster's resources, about a second in:
+    a pass over a few hundred MB never gets past that, so more tasks than
+    blocks only add their fixed cost. The CPUs are used inside a task: its
+    native read has one ring or thread per CPU (up to 16). With
+    ``decode=True``, 256 files (or fewer, one task per CPU): Pillow decodes
+    one image at a time per task, so the tasks are what run in parallel,
+    and a decoded block is several times the files' bytes.
+    """
+    n = len(paths)
+    if n == 0:
+        return 1
+    if decode:
+        cpus = _cluster_cpus() if cpus is None else cpus
+        return max(1, min(_AUTO_DECODE_FILES, -(-n // cpus)))
+    if target_block_bytes is None:
+        target_block_bytes = ray.data.DataContext.get_current().target_max_block_size \
+            or (128 << 20)
+    if mean_size is None:
+        mean_size = _mean_file_size(paths)
+    fit = int(target_block_bytes // max(1.0, mean_size))
+    per = max(1, min(fit, _AUTO_MAX_FILES))
+    tasks = -(-n // per)
+    return -(-n // tasks)
+
+
 def _batches(n, batch_size, shuffle, seed):
     """Lists of sample numbers, one per read task: in order, or cut from a
     permutation drawn from ``seed`` (fastread's own, the one the Reader and
     the DALI operators draw)."""
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    _check_batch_size(batch_size)
     if shuffle:
         if seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
@@ -158,17 +247,24 @@ class _Batched(ray.data.Datasource):
 # -- whole files ----------------------------------------------------------------------
 
 def _read_file_batch(paths, labels, decode, engine, opts):
-    arrays = fastread.read_files(paths, engine, opts)
-    return [_block(arrays, labels, paths, decode)]
+    if decode:
+        return [_block(fastread.read_files(paths, engine, opts), labels, paths, True)]
+    # The files back to back in the engine's arena, which the block's
+    # bytes column is, as it is: Ray's put into its object store is then
+    # the one copy a task makes (a column gathered from per-file arrays
+    # was a second, costing about as much as the reads).
+    data, offsets = read_files_packed(paths, engine, opts)
+    return [_columns(_packed_column(data, offsets), labels, paths)]
 
 
 class FilesDatasource(_Batched):
     """Whole files (see :func:`fastread.ray.read_files`)."""
 
     def __init__(self, source, *, file_filters=None, labels=None, shuffle=False, seed=None,
-                 batch_size=256, decode=False, engine="auto", options=None, s3=None,
+                 batch_size=None, decode=False, engine="auto", options=None, s3=None,
                  engine_options=None):
         self._engine, self._opts = _engine_args(engine, options, s3, engine_options or {})
+        _check_batch_size(batch_size, auto=True)
         if isinstance(source, fastread.FileList):
             paths, labs = list(source.paths), np.asarray(source.labels, np.int32)
         elif isinstance(source, (str, bytes, os.PathLike)):
@@ -180,6 +276,9 @@ class FilesDatasource(_Batched):
             paths, labs = fastread.scan(None, files=list(source), labels=labels)
         self.paths, self.labels = paths, np.asarray(labs, np.int32)
         self._source = source
+        if batch_size is None:
+            batch_size = auto_batch_size(paths, decode)
+        self.batch_size = batch_size
         self._tasks = []
         for idx in _batches(len(paths), batch_size, shuffle, seed):
             part = [paths[i] for i in idx.tolist()]
@@ -198,15 +297,19 @@ class FilesDatasource(_Batched):
 
 def _read_range_batch(path, offsets, lengths, labels, names, decode, engine, opts):
     part = FileRanges(path, offsets, lengths, labels, names)
-    arrays = part.read(np.arange(len(part)), engine, opts)
-    return [_block(arrays, labels, names, decode)]
+    if decode:
+        return [_block(part.read(np.arange(len(part)), engine, opts), labels, names, True)]
+    # As _read_file_batch: the ranges back to back, the block's column.
+    data, offs = part.read_packed(np.arange(len(part)), engine, opts)
+    return [_columns(_packed_column(data, offs), labels, names)]
 
 
 class ImageDatasource(_Batched):
     """A packed image's samples (see :func:`fastread.ray.read_image`)."""
 
-    def __init__(self, image, *, index=None, shuffle=False, seed=None, batch_size=256,
+    def __init__(self, image, *, index=None, shuffle=False, seed=None, batch_size=None,
                  decode=False, engine="auto", options=None, s3=None, engine_options=None):
+        _check_batch_size(batch_size, auto=True)
         if not isinstance(image, fastread.PackedImage):
             image = fastread.PackedImage(image, index, s3=s3)
         if s3 is None:
@@ -214,6 +317,11 @@ class ImageDatasource(_Batched):
         self._engine, self._opts = _engine_args(engine, options, s3, engine_options or {})
         image.check_options(self._opts.resolve(self._engine_name(image)))
         self.image = image
+        if batch_size is None:
+            # The samples' sizes are the index's: their mean, exactly.
+            batch_size = auto_batch_size(image.names, decode, mean_size=(
+                float(np.mean(image.lengths)) if len(image) else 0.0))
+        self.batch_size = batch_size
         self._tasks = []
         for idx in _batches(len(image), batch_size, shuffle, seed):
             names = [image.names[i] for i in idx.tolist()]

@@ -8,7 +8,8 @@ cluster (``pip install fastread[ray]``), the bench process its driver.
                              the baseline with ``--decode`` (decoded on
                              Ray's workers)
 ``ray-fastread-<e>``         ``fastread.ray.read_files(root, engine=<e>)``
-                             (``decode=True`` with ``--decode``)
+                             (``decode=True`` with ``--decode``), its read
+                             tasks sized by fastread (``batch_size=None``)
 ===========================  ================================================
 
 Each epoch builds the dataset anew (its listing included) and consumes it
@@ -115,6 +116,67 @@ def _build(mode, cfg):
         opts = dict(cfg.engine_options)
 
         def make():
-            return fastread.ray.read_files(root, batch_size=cfg.batch_size, decode=cfg.decode,
-                                           engine=mode.engine, **opts)
+            # --batch-size is the consumer's; the read tasks are sized as
+            # fastread sizes them by default.
+            return fastread.ray.read_files(root, decode=cfg.decode, engine=mode.engine, **opts)
     return RayRunner(make, cfg.batch_size)
+
+
+# -- Ray's floor (bench/ray/bench_ray.py) -----------------------------------------
+
+# The floor's blocks, made once per Ray worker process (this module is what
+# the workers import), by task.
+_FLOOR_BLOCKS = {}
+
+
+def _floor_block(key, sizes, labels, names):
+    block = _FLOOR_BLOCKS.get(key)
+    if block is None:
+        import numpy as np
+
+        from fastread.ray.datasource import _columns, _packed_column
+
+        offsets = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        block = _columns(_packed_column(np.zeros(int(offsets[-1]), np.uint8), offsets),
+                         labels, names)
+        _FLOOR_BLOCKS[key] = block
+    return [block]
+
+
+def floor_dataset(source, sizes):
+    """A dataset of the read tasks of ``source`` (a
+    :class:`fastread.ray.datasource.FilesDatasource`): the same tasks, each
+    returning a block of the same rows, labels, paths and byte count, but
+    made once per worker process and then returned as it is, no file read
+    and no block built: what Ray itself takes to run those tasks and move
+    those blocks to the driver, the ceiling of any reader with that layout.
+    ``sizes``: the files' sizes, in ``source.paths`` order."""
+    import functools
+
+    import numpy as np
+    import ray.data
+
+    from fastread.ray.datasource import _read_task, read
+
+    sizes = np.asarray(sizes, np.int64)
+    pos = {p: i for i, p in enumerate(source.paths)}
+    tasks = []
+    for fn, rows, _size, files in source._tasks:
+        idx = np.array([pos[p] for p in files], np.int64)
+        tasks.append((functools.partial(_floor_block, (files[0], rows), sizes[idx],
+                                        source.labels[idx], list(files)), rows))
+
+    class Floor(ray.data.Datasource):
+        num_tasks = len(tasks)
+
+        def estimate_inmemory_data_size(self):
+            return int(sizes.sum())
+
+        def get_read_tasks(self, parallelism, per_task_row_limit=None, **_):
+            return [_read_task(fn, rows, None, (), per_task_row_limit) for fn, rows in tasks]
+
+        def get_name(self):
+            return "Floor"
+
+    return read(Floor())
