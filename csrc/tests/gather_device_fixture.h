@@ -144,4 +144,72 @@ static inline int drop_from_page_cache(const char *path)
     return dropped;
 }
 
+/* The start of a test: the mock driver found (else exit status 77), GPU 0
+ * opened, the table written and loaded, the kernel's source chosen (the
+ * embedded PTX when the build has it, else NVRTC). 0, or the status main
+ * returns. *allocs0 and *pins0: the driver's counts to end with. */
+static inline int fixture_begin(const char *name, char **path, long *allocs0, long *pins0)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    live = lib ? (long (*)(const char *))dlsym(lib, "mock_cuda_live") : NULL;
+    if (!live) {
+        fprintf(stderr, "%s: needs the mock CUDA driver (LD_LIBRARY_PATH)\n", name);
+        return 77;
+    }
+    char err[FR_ERRLEN];
+    if (fr_gpu_open(0, &gpu, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    *allocs0 = live("allocs");
+    *pins0 = live("pins");
+    *path = fr_test_write("rows.bin", 512 + ROWS * ROW, 11);
+    load_file(*path);
+#ifdef FASTREAD_TEST_HAVE_PTX
+    mode = "ptx";
+#else
+    mode = "nvrtc";
+#endif
+    set_mode();
+    return 0;
+}
+
+/* Whether a store opens here (a kernel from PTX or NVRTC); if not, says so
+ * and checks that the error names the missing piece. */
+static inline int fixture_has_kernel(const char *name, const char *path)
+{
+    char err[FR_ERRLEN];
+    fr_store_config c;
+    base_config(&c, path);
+    fr_store *probe = NULL;
+    if (fr_store_open(&c, &probe, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s: no kernel here (%s); gathers not tested\n", name, err);
+        CHECK(strstr(err, "no PTX built in") != NULL || strstr(err, "NVRTC not found") != NULL);
+        return 0;
+    }
+    fr_store_close(probe);
+    return 1;
+}
+
+/* The end of a test: with `gathered`, no driver object left behind and
+ * kernels launched; then everything closed. main's status (77 when
+ * nothing could be gathered and nothing failed). */
+static inline int fixture_end(const char *name, char *path, long allocs0, long pins0,
+                              int gathered)
+{
+    if (gathered) {
+        CHECK(live("allocs") == allocs0);
+        CHECK(live("pins") == pins0);
+        CHECK(live("hostallocs") == 0);
+        CHECK(live("modules") == 0);
+        CHECK(live("launches") > 0);
+    }
+    fr_gpu_close(gpu);
+    free(path);
+    free(file_bytes);
+    fr_test_cleanup();
+    int rc = fr_test_finish(name);
+    return rc || gathered ? rc : 77;
+}
+
 #endif

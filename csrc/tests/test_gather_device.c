@@ -860,49 +860,22 @@ static void test_nvrtc_cache(const char *path)
 
 int main(void)
 {
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-    live = lib ? (long (*)(const char *))dlsym(lib, "mock_cuda_live") : NULL;
-    if (!live) {
-        fprintf(stderr, "test_gather_device: needs the mock CUDA driver (LD_LIBRARY_PATH)\n");
-        return 77;
-    }
-    char err[FR_ERRLEN];
-    if (fr_gpu_open(0, &gpu, err, sizeof(err)) != 0) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
-    long allocs0 = live("allocs"), pins0 = live("pins");
-    char *path = fr_test_write("rows.bin", 512 + ROWS * ROW, 11);
-    load_file(path);
+    const char *name = "test_gather_device";
+    char *path = NULL;
+    long allocs0 = 0, pins0 = 0;
+    int rc = fixture_begin(name, &path, &allocs0, &pins0);
+    if (rc)
+        return rc;
     const char *h = fr_store_device_header();
     CHECK(h && strstr(h, "fr_dev_gather_warp") && strstr(h, "FASTREAD_DEVICE_CUH"));
-
-#ifdef FASTREAD_TEST_HAVE_PTX
-    mode = "ptx";
-#else
-    mode = "nvrtc";
-#endif
-    set_mode();
     /* Most tests here are about the cache: pages always, except where a test
      * says otherwise (test_row_fetches). */
     setenv("FASTREAD_GATHER_FETCH", "pages", 1);
     test_nvrtc_cache(path);
     test_open_errors(path);
-    fr_store_config c;
-    base_config(&c, path);
-    fr_store *probe = NULL;
-    if (fr_store_open(&c, &probe, err, sizeof(err)) != 0) {
-        /* Neither PTX built in nor NVRTC here: only the refusals can run. */
-        fprintf(stderr, "test_gather_device: no kernel here (%s); gathers not tested\n", err);
-        CHECK(strstr(err, "no PTX built in") != NULL || strstr(err, "NVRTC not found") != NULL);
-        fr_gpu_close(gpu);
-        free(path);
-        free(file_bytes);
-        fr_test_cleanup();
-        int frc = fr_test_finish("test_gather_device");
-        return frc ? frc : 77;
-    }
-    fr_store_close(probe);
+    /* Neither PTX built in nor NVRTC here: only the refusals ran. */
+    if (!fixture_has_kernel(name, path))
+        return fixture_end(name, path, allocs0, pins0, 0);
 
     test_gathers(path);
     test_read_paths(path);
@@ -916,15 +889,5 @@ int main(void)
     test_malformed_requests(path);
     test_faults(fr_test_dir());
     load_file(path);
-
-    CHECK(live("allocs") == allocs0);
-    CHECK(live("pins") == pins0);
-    CHECK(live("hostallocs") == 0);
-    CHECK(live("modules") == 0);
-    CHECK(live("launches") > 0);
-    fr_gpu_close(gpu);
-    free(path);
-    free(file_bytes);
-    fr_test_cleanup();
-    return fr_test_finish("test_gather_device");
+    return fixture_end(name, path, allocs0, pins0, 1);
 }

@@ -229,52 +229,15 @@ static void test_route(const char *path)
 
 int main(void)
 {
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-    live = lib ? (long (*)(const char *))dlsym(lib, "mock_cuda_live") : NULL;
-    if (!live) {
-        fprintf(stderr, "test_gather_policy: needs the mock CUDA driver (LD_LIBRARY_PATH)\n");
-        return 77;
-    }
-    char err[FR_ERRLEN];
-    if (fr_gpu_open(0, &gpu, err, sizeof(err)) != 0) {
-        fprintf(stderr, "%s\n", err);
-        return 1;
-    }
-    long allocs0 = live("allocs"), pins0 = live("pins");
-    char *path = fr_test_write("rows.bin", 512 + ROWS * ROW, 11);
-    load_file(path);
-#ifdef FASTREAD_TEST_HAVE_PTX
-    mode = "ptx";
-#else
-    mode = "nvrtc";
-#endif
-    set_mode();
-    fr_store_config c;
-    base_config(&c, path);
-    fr_store *probe = NULL;
-    if (fr_store_open(&c, &probe, err, sizeof(err)) != 0) {
-        /* Neither PTX built in nor NVRTC here: nothing to gather with. */
-        fprintf(stderr, "test_gather_policy: no kernel here (%s); not tested\n", err);
-        fr_gpu_close(gpu);
-        free(path);
-        free(file_bytes);
-        fr_test_cleanup();
-        int frc = fr_test_finish("test_gather_policy");
-        return frc ? frc : 77;
-    }
-    fr_store_close(probe);
-
+    const char *name = "test_gather_policy";
+    char *path = NULL;
+    long allocs0 = 0, pins0 = 0;
+    int rc = fixture_begin(name, &path, &allocs0, &pins0);
+    if (rc)
+        return rc;
+    if (!fixture_has_kernel(name, path))
+        return fixture_end(name, path, allocs0, pins0, 0);
     test_hot_rows(path);
     test_route(path);
-
-    CHECK(live("allocs") == allocs0);
-    CHECK(live("pins") == pins0);
-    CHECK(live("hostallocs") == 0);
-    CHECK(live("modules") == 0);
-    CHECK(live("launches") > 0);
-    fr_gpu_close(gpu);
-    free(path);
-    free(file_bytes);
-    fr_test_cleanup();
-    return fr_test_finish("test_gather_policy");
+    return fixture_end(name, path, allocs0, pins0, 1);
 }
