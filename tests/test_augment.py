@@ -292,6 +292,11 @@ def test_kernel_refuses_bad_input(kernel):
     ok = np.array([[0, 0, 8, 8]] * 2)
     with pytest.raises(ValueError, match="sample 1's crop box"):
         kernel(imgs, out, np.array([[0, 0, 8, 8], [4, 4, 8, 8]]))
+    # A top near 2**31 must not wrap the bounds check (it once read past the image).
+    with pytest.raises(ValueError, match="sample 0's crop box"):
+        kernel(imgs, out, np.array([[2**31 - 1, 0, 1, 1], [0, 0, 8, 8]]))
+    with pytest.raises(ValueError, match=r"below 2\*\*31"):
+        kernel(imgs, out, np.array([[2**33, 0, 1, 1], [0, 0, 8, 8]]))
     with pytest.raises(ValueError, match=r"out must be \(2, 3"):
         kernel(imgs, torch.empty((3, 3, 4, 4), device="cuda"), ok)
     with pytest.raises(ValueError, match="size 0 x 4"):

@@ -244,8 +244,10 @@ static int check_batch(fr_augment *a, const fr_augment_batch *b, char *err, size
         }
     for (size_t i = 0; i < b->n; i++) {
         const int32_t *x = b->boxes + 4 * i;
-        if (x[0] < 0 || x[1] < 0 || x[2] < 1 || x[3] < 1 || x[0] + x[2] > b->height ||
-            x[1] + x[3] > b->width) {
+        /* In 64 bits: a top near INT32_MAX must not wrap the sum below the
+         * height and send the kernel rows past the image. */
+        if (x[0] < 0 || x[1] < 0 || x[2] < 1 || x[3] < 1 ||
+            (int64_t)x[0] + x[2] > b->height || (int64_t)x[1] + x[3] > b->width) {
             fr_set_err(err, err_len, "sample %zu's crop box (top %d, left %d, %d x %d) is not "
                        "inside its %d x %d image", i, x[0], x[1], x[2], x[3], b->height,
                        b->width);

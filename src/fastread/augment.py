@@ -159,6 +159,11 @@ class Augmenter:
         itemsize = np.dtype(dtype).itemsize
         if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(shape, itemsize):
             raise ValueError("out must be C-contiguous")
+        boxes = np.asarray(boxes)
+        if boxes.dtype.kind not in "iu" or (boxes.size and (boxes.min() < 0 or
+                                                          boxes.max() > np.iinfo(np.int32).max)):
+            raise ValueError("boxes must be non-negative integers below 2**31 (top, left, "
+                             "height, width)")
         boxes = np.ascontiguousarray(boxes, dtype=np.int32)
         if boxes.shape != (n, 4):
             raise ValueError(f"boxes must be ({n}, 4) (top, left, height, width), got "
