@@ -405,6 +405,13 @@ int fr_store_gather_device(fr_store *s, uint64_t ids, int id_bytes, size_t n, ui
      * backend runs as given. */
     int to_host = 0;
     if (n > 0 && s->dev && s->auto_route) {
+        /* Checked first: the host path copies from ids and writes out. */
+        rc = fr_gdev_check_pointers(s->dev, ids, out, err, err_len);
+        if (rc) {
+            pthread_mutex_unlock(&s->gather_lock);
+            leave(s);
+            return rc;
+        }
         char why[FR_ERRLEN];
         to_host = fr_gdev_route(s->dev, ids, id_bytes, n, stream, why, sizeof(why));
         pthread_mutex_lock(&s->state_lock);

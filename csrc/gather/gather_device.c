@@ -480,6 +480,10 @@ static int open_tier(fr_gdev *d, const fr_store_config *cfg, fr_gdev_fill_fn fil
  * or more, pins on: the pass runs for fastread's own gathers only), a
  * quarter of cache_bytes in a power-of-two number of rows, when that
  * leaves the page cache 64 pages. */
+/* Device bytes a hot-row slot costs besides its row: a tag (8), eight
+ * sketch counters (32), half a candidate (8), a seen word (4). */
+#define ROW_SLOT_META 52u
+
 static int plan_row_cache(fr_gdev *d, const fr_store_config *cfg, const fr_gather_backend *be,
                           uint32_t *slots_out, char *err, size_t err_len)
 {
@@ -497,7 +501,12 @@ static int plan_row_cache(fr_gdev *d, const fr_store_config *cfg, const fr_gathe
         (budget && data <= budget) || d->page_bytes / d->row_bytes < 2 ||
         d->npages > 0xFFFFFFFFull)
         return 0;
-    uint64_t want = cfg->cache_bytes / 4 / d->row_bytes, slots = 1;
+    /* A quarter of cache_bytes for the rows, and their metadata (52 bytes a
+     * slot: see meta_bytes in fr_gdev_open) at most as much again: rows
+     * smaller than that get fewer slots (16-byte rows with slots for a
+     * quarter of 4 GiB would have added 3.3 GiB of metadata). */
+    uint64_t per_slot = d->row_bytes > ROW_SLOT_META ? d->row_bytes : ROW_SLOT_META;
+    uint64_t want = cfg->cache_bytes / 4 / per_slot, slots = 1;
     while (slots * 2 <= want && slots < (1ull << 30))
         slots *= 2;
     if (slots < 64 || (cfg->cache_bytes - slots * d->row_bytes) / d->page_bytes < 64)
@@ -595,7 +604,7 @@ int fr_gdev_open(const fr_store_config *cfg, const fr_backend_env *env,
      * four, so a miss stream as long as the cache seldom reads as repeats),
      * half a candidate (16 / 2), a seen word (4). */
     if (d->row_slots)
-        d->meta_bytes += (uint64_t)d->row_slots * 48 + (uint64_t)d->seen_words * 4;
+        d->meta_bytes += (uint64_t)d->row_slots * (ROW_SLOT_META - 4) + (uint64_t)d->seen_words * 4;
     size_t free_b = 0, total_b = 0;
     if ((rc = fr_gpu_mem_info(d->gpu, &free_b, &total_b))) {
         rc = gpu_err(d, rc, "cuMemGetInfo", err, err_len);
@@ -772,6 +781,12 @@ static int check_pointer(fr_gdev *d, uint64_t p, const char *what, char *err, si
     return 0;
 }
 
+int fr_gdev_check_pointers(fr_gdev *d, uint64_t ids, uint64_t out, char *err, size_t err_len)
+{
+    int rc = check_pointer(d, ids, "ids", err, err_len);
+    return rc ? rc : check_pointer(d, out, "the output rows", err, err_len);
+}
+
 int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t out, void *stream,
                    size_t *bad_index, fr_store_stats *delta, char *err, size_t err_len)
 {
@@ -780,9 +795,7 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
     double t[8] = {0};
     if (d->timeline)
         t[0] = mono_us();
-    int rc = check_pointer(d, ids, "ids", err, err_len);
-    if (rc == 0)
-        rc = check_pointer(d, out, "the output rows", err, err_len);
+    int rc = fr_gdev_check_pointers(d, ids, out, err, err_len);
     if (rc)
         return rc;
     if (atomic_load(&d->cancelled)) {

@@ -34,6 +34,11 @@ void fr_gdev_memory(fr_gdev *d, fr_store_memory *add);
 /* Backend "auto": 1 when this gather should run on the host path, 0 on the
  * device; why in one line (gather_route.h). Waits for `stream` when it has
  * to look at the ids. */
+/* Whether ids and out are device memory of the store's GPU: 0, or -EINVAL
+ * with a message naming which is not (asked before a gather is routed, so
+ * the host path never copies from or writes to a wrong pointer). */
+int fr_gdev_check_pointers(fr_gdev *d, uint64_t ids, uint64_t out, char *err, size_t err_len);
+
 int fr_gdev_route(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, void *stream, char *why,
                   size_t why_len);
 /* Users' kernels: on opens a serving session (the backend serves misses),

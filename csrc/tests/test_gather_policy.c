@@ -187,6 +187,18 @@ static void test_route(const char *path)
             CHECK(drop_from_page_cache(path));
             CHECK(gather_check(s, ids, 3000, 8, err, &bad) == -ERANGE && bad == 9);
             ids[9] = 9;
+            /* Host memory as ids, cold: refused before any route is taken
+             * (the host path would have copied from it). */
+            CHECK(drop_from_page_cache(path));
+            uint64_t d_out = dev_alloc(3000 * ROW);
+            fr_store_stats_get(s, &st);
+            uint64_t routed0 = st.host_routed;
+            CHECK(fr_store_gather_device(s, (uint64_t)(uintptr_t)ids, 8, 3000, d_out, NULL, &bad,
+                                         err, sizeof(err)) == -EINVAL);
+            CHECK(strstr(err, "ids at 0x") && strstr(err, "pass a device pointer"));
+            fr_store_stats_get(s, &st);
+            CHECK(st.host_routed == routed0);
+            fr_gpu_free(gpu, d_out);
             /* Rows the hot-row cache holds stay on the device though cold. */
             load_file(path);
             int64_t hot[64];
