@@ -293,7 +293,21 @@ static void *worker_main(void *arg)
     long seen[NSUMMED] = {0}; /* this context's counters already in rd->totals */
     while (!rd->stop) {
         if (!may_start(rd)) {
-            pthread_cond_wait(&rd->work_cv, &rd->lock);
+            /* Woken by one signal per startable request (enqueue,
+             * next_batch); the 100 ms bound re-checks anyway, so a signal
+             * lost to glibc's condition-variable bug (sourceware 25847)
+             * costs a pause, not a hang. */
+            struct timespec until;
+            if (clock_gettime(CLOCK_REALTIME, &until) != 0) {
+                pthread_cond_wait(&rd->work_cv, &rd->lock);
+                continue;
+            }
+            until.tv_nsec += 100000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            (void)pthread_cond_timedwait(&rd->work_cv, &rd->lock, &until); /* rechecked above */
             continue;
         }
         request *req = rd->req_head;
