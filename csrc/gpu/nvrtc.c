@@ -196,11 +196,15 @@ static char *read_file(const char *path, size_t *len)
  * old file, no file, or the whole new one. Failure only costs the cache. */
 static void write_atomic(const char *path, const void *data, size_t len)
 {
+    /* A name of its own (mkstemp): two threads of one process compiling the
+     * same program must not truncate each other's file mid-rename. */
     char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= (int)sizeof(tmp))
+        return;
+    int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0)
         return;
+    (void)fchmod(fd, 0644); /* mkstemp makes it 0600; the cache is shared like the rest */
     const char *p = data;
     size_t done = 0;
     while (done < len) {
