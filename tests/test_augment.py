@@ -285,6 +285,73 @@ def test_kernel_reads_samples_at_a_stride_and_in_chunks(kernel):
                                atol=ATOL_F32, rtol=0)
 
 
+# ------------------------------------------------------ augment_host (CPU)
+
+@pytest.mark.parametrize("hw,out_hw", [((160, 160), (160, 160)), ((64, 96), (224, 224)),
+                                       ((224, 224), (112, 128)), ((5, 7), (3, 3))])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_host_float32_matches_reference(hw, out_hw, threads):
+    from fastread.augment import augment_host
+    imgs, boxes, flips = random_batch(24, *hw, seed=1)
+    out = np.empty((24, 3, *out_hw), np.float32)
+    assert augment_host(imgs, out, boxes, flips, mean=PIX_MEAN, std=PIX_STD,
+                        threads=threads) is out
+    np.testing.assert_allclose(out, reference(imgs, boxes, flips, out_hw, PIX_MEAN, PIX_STD),
+                               atol=ATOL_F32, rtol=0)
+
+
+def test_host_float16_uint8_and_strided_samples():
+    from fastread.augment import augment_host
+    imgs, boxes, flips = random_batch(16, 80, 80, seed=2)
+    out16 = np.empty((16, 3, 64, 64), np.float16)
+    augment_host(imgs, out16, boxes, flips, mean=PIX_MEAN, std=PIX_STD)
+    want = reference(imgs, boxes, flips, (64, 64), PIX_MEAN, PIX_STD, "float64")
+    np.testing.assert_allclose(out16.astype(np.float64), want, atol=ATOL_F16, rtol=RTOL_F16)
+    # float16 is numpy's own rounding of the same float32 values (nearest even)
+    out32 = np.empty((16, 3, 64, 64), np.float32)
+    augment_host(imgs, out32, boxes, flips, mean=PIX_MEAN, std=PIX_STD)
+    assert np.array_equal(out16, out32.astype(np.float16))
+    out8 = np.empty((16, 3, 64, 64), np.uint8)
+    augment_host(imgs, out8, boxes, flips)
+    diff = np.abs(out8.astype(int) - reference(imgs, boxes, flips, (64, 64), dtype="uint8"))
+    assert diff.max() <= 1 and (diff == 0).mean() > 0.99
+    # samples spaced by a slot wider than the image (O_DIRECT batches)
+    n, h, w, slot = 9, 12, 10, 12 * 10 * 3 + 136
+    imgs, boxes, flips = random_batch(n, h, w, seed=3)
+    flat = np.zeros((n, slot), np.uint8)
+    flat[:, :h * w * 3] = imgs.reshape(n, -1)
+    strided = np.lib.stride_tricks.as_strided(flat, (n, h, w, 3), (slot, w * 3, 3, 1))
+    out = np.empty((n, 3, 9, 11), np.float32)
+    augment_host(strided, out, boxes, flips, mean=PIX_MEAN, std=PIX_STD)
+    np.testing.assert_allclose(out, reference(imgs, boxes, flips, (9, 11), PIX_MEAN, PIX_STD),
+                               atol=ATOL_F32, rtol=0)
+
+
+def test_host_refuses_bad_input():
+    from fastread.augment import augment_host
+    imgs = np.zeros((2, 8, 8, 3), np.uint8)
+    out = np.empty((2, 3, 4, 4), np.float32)
+    ok = np.array([[0, 0, 8, 8]] * 2)
+    with pytest.raises(ValueError, match="sample 1's crop box"):
+        augment_host(imgs, out, np.array([[0, 0, 8, 8], [4, 4, 8, 8]]))
+    with pytest.raises(ValueError, match="sample 0's crop box"):
+        augment_host(imgs, out, np.array([[2**31 - 1, 0, 1, 1], [0, 0, 8, 8]]))
+    with pytest.raises(ValueError, match=r"below 2\*\*31"):
+        augment_host(imgs, out, np.array([[2**33, 0, 1, 1], [0, 0, 8, 8]]))
+    with pytest.raises(ValueError, match=r"out must be \(2, 3"):
+        augment_host(imgs, np.empty((3, 3, 4, 4), np.float32), ok)
+    with pytest.raises(ValueError, match="float32, float16 or uint8"):
+        augment_host(imgs, np.empty((2, 3, 4, 4), np.float64), ok)
+    with pytest.raises(ValueError, match=r"\(N, H, W, 3\) uint8"):
+        augment_host(imgs.astype(np.float32), out, ok)
+    with pytest.raises(ValueError, match="std"):
+        augment_host(imgs, out, ok, std=(1, 0, 1))
+    with pytest.raises(ValueError, match="threads"):
+        augment_host(imgs, out, ok, threads=0)
+    with pytest.raises(TypeError, match="NumPy array"):
+        augment_host(imgs.tolist(), out, ok)
+
+
 def test_kernel_refuses_bad_input(kernel):
     torch = gpu_or_skip()
     imgs = torch.zeros((2, 8, 8, 3), dtype=torch.uint8, device="cuda")
@@ -359,14 +426,45 @@ def test_loader_refuses_packs_it_cannot_read_naming_them(aug_packs, which, match
     assert path in str(e.value) and "--crop" in str(e.value)
 
 
-def test_loader_pack_needs_cuda_and_decode(aug_packs):
+def test_loader_pack_needs_decode(aug_packs):
     from fastread.torch import ImageLoader
     path = aug_packs["raw"].path
-    with pytest.raises(ValueError, match="device='cuda'") as e:
-        ImageLoader(image=path, batch_size=4, device="cpu")
+    with pytest.raises(ValueError, match="decode=False") as e:
+        ImageLoader(image=path, batch_size=4, device="cpu", decode=False)
     assert path in str(e.value)
-    with pytest.raises(ValueError, match="decode=False"):
-        ImageLoader(image=path, batch_size=4, device="cuda", decode=False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "uint8"])
+def test_cpu_loader_matches_the_reference(aug_packs, dtype):
+    """device="cpu" on a raw pack: the host twin of the kernel, the same
+    crops per (seed, epoch, sample), torch tensors on the CPU."""
+    torch = pytest.importorskip("torch")
+    from fastread.torch import ImageLoader
+    pack = aug_packs["raw"]
+    pixels = host_pixels(pack)
+    _, labels = fastread.scan(aug_packs["root"])
+    loader = ImageLoader(image=pack.path, batch_size=8, device="cpu", size=32, augment=True,
+                         random_shuffle=True, seed=5, dtype=dtype, num_threads=2)
+    got = loader_outputs(loader, epochs=2)
+    assert len(got) == 2 * len(pixels)
+    for epoch in (0, 1):
+        idx = np.arange(len(pixels))
+        boxes, flips = crop_params(idx, 36, 36, seed=5, epoch=epoch)
+        if dtype == "uint8":
+            want = reference(pixels, boxes, flips, (32, 32), dtype="uint8").astype(int)
+        else:
+            want = reference(pixels, boxes, flips, (32, 32), PIX_MEAN, PIX_STD, "float64")
+        for i in idx:
+            image, label = got[(epoch, int(i))]
+            assert image.shape == (3, 32, 32) and image.dtype == np.dtype(dtype)
+            if dtype == "uint8":
+                assert np.abs(image.astype(int) - want[i]).max() <= 1
+            else:
+                tol = (ATOL_F32, 0) if dtype == "float32" else (ATOL_F16, RTOL_F16)
+                np.testing.assert_allclose(image.astype(np.float64), want[i], atol=tol[0],
+                                           rtol=tol[1])
+            assert label == labels[i]
+    assert isinstance(next(iter(loader))[0], torch.Tensor)
 
 
 def loader_outputs(loader, epochs=1):

@@ -5,6 +5,8 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,7 +214,9 @@ static int check_on_device(fr_augment *a, uint64_t ptr, const char *what, char *
     return 0;
 }
 
-static int check_batch(fr_augment *a, const fr_augment_batch *b, char *err, size_t err_len)
+/* What a batch must be wherever it runs: sizes, dtype, stride, mean and
+ * std, every box inside its image. */
+static int check_shape(const fr_augment_batch *b, char *err, size_t err_len)
 {
     const int lim = FR_AUG_MAX_SIDE;
     if (b->height < 1 || b->width < 1 || b->height > lim || b->width > lim) {
@@ -254,7 +258,14 @@ static int check_batch(fr_augment *a, const fr_augment_batch *b, char *err, size
             return -EINVAL;
         }
     }
-    int rc = check_on_device(a, b->src, "input batch", err, err_len);
+    return 0;
+}
+
+static int check_batch(fr_augment *a, const fr_augment_batch *b, char *err, size_t err_len)
+{
+    int rc = check_shape(b, err, err_len);
+    if (rc == 0)
+        rc = check_on_device(a, b->src, "input batch", err, err_len);
     return rc ? rc : check_on_device(a, b->dst, "output batch", err, err_len);
 }
 
@@ -306,6 +317,206 @@ int fr_augment_run(fr_augment *a, const fr_augment_batch *b, char *err, size_t e
         if (rc) {
             fr_gpu_last_error(a->gpu, err, err_len);
             return rc;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ on the host */
+
+/* float to IEEE half, rounded to nearest even (cvt.rn.f16.f32's rounding):
+ * overflow to infinity, NaN kept quiet, subnormals rounded too. */
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t mag = x & 0x7fffffffu;
+    if (mag >= 0x7f800000u) /* inf or NaN */
+        return (uint16_t)(sign | 0x7c00u | (mag > 0x7f800000u ? 0x200u : 0));
+    if (mag >= 0x477ff000u) /* rounds to 65536 or more */
+        return (uint16_t)(sign | 0x7c00u);
+    if (mag < 0x38800000u) { /* below 2^-14: a subnormal half (or zero) */
+        if (mag < 0x33000000u) /* below half the smallest subnormal */
+            return sign;
+        uint32_t m = (mag & 0x7fffffu) | 0x800000u;
+        int shift = 126 - (int)(mag >> 23); /* 14..24 */
+        uint32_t h = m >> shift, rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rest > half || (rest == half && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((mag >> 13) - (112u << 10)), rest = mag & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+typedef struct host_job {
+    const fr_augment_batch *b;
+    float scale[3], bias[3];
+    size_t next; /* the next sample to take (atomic) */
+    int failed;  /* a worker had no memory for its columns (atomic) */
+} host_job;
+
+/* Per output column of one sample: the two source byte offsets in a row
+ * and the weight of the second; and two source rows interpolated across
+ * (channel planes of out_width floats), with the rows they hold (a
+ * worker's, reused across its samples). */
+typedef struct host_cols {
+    int *c0, *c1;
+    float *lx;
+    float *row[2];
+    int held[2];
+} host_cols;
+
+/* Source row y of the sample interpolated across, as the kernel's top_v /
+ * bot_v: kept in one of hc's two rows unless it is there already, never
+ * in the slot of row `keep` (the other row the output row needs). */
+static const float *across(host_cols *hc, const unsigned char *src_row, int y, int keep, int ow)
+{
+    for (int k = 0; k < 2; k++)
+        if (hc->held[k] == y)
+            return hc->row[k];
+    int k = hc->held[0] == keep ? 1 : 0;
+    float *out = hc->row[k];
+    for (int ox = 0; ox < ow; ox++) {
+        const int a0 = hc->c0[ox], a1 = hc->c1[ox];
+        const float lx = hc->lx[ox];
+        for (int c = 0; c < 3; c++)
+            out[c * ow + ox] =
+                (float)src_row[a0 + c] + lx * ((float)src_row[a1 + c] - (float)src_row[a0 + c]);
+    }
+    hc->held[k] = y;
+    return out;
+}
+
+/* One sample, exactly the kernel's arithmetic (augment_kernel.cu) in the
+ * same order, so host and device agree to float rounding. Separable: a
+ * source row is interpolated across once however many output rows use it
+ * (enlarged crops reuse most), and the blend down runs over contiguous
+ * floats. */
+static void host_sample(const host_job *j, size_t s, host_cols *hc)
+{
+    const fr_augment_batch *b = j->b;
+    const int32_t *box = b->boxes + 4 * s;
+    const int top = box[0], left = box[1], bh = box[2], bw = box[3];
+    const int flip = b->flips && b->flips[s];
+    const int oh = b->out_height, ow = b->out_width;
+    const size_t plane = (size_t)oh * (size_t)ow;
+    const unsigned char *img = (const unsigned char *)(uintptr_t)b->src + s * b->src_stride;
+    const size_t row = 3u * (size_t)b->width;
+    const size_t out0 = s * 3u * plane;
+    for (int ox = 0; ox < ow; ox++) {
+        const int cx = flip ? ow - 1 - ox : ox;
+        float fx = ((float)cx + 0.5f) * ((float)bw / (float)ow) - 0.5f;
+        fx = fx > 0.0f ? fx : 0.0f;
+        const int x0 = (int)fx < bw - 1 ? (int)fx : bw - 1;
+        const int x1 = x0 + 1 < bw - 1 ? x0 + 1 : bw - 1;
+        hc->lx[ox] = fx - (float)x0;
+        hc->c0[ox] = 3 * (left + x0);
+        hc->c1[ox] = 3 * (left + x1);
+    }
+    hc->held[0] = hc->held[1] = -1; /* the columns changed: rows held are stale */
+    for (int oy = 0; oy < oh; oy++) {
+        float fy = ((float)oy + 0.5f) * ((float)bh / (float)oh) - 0.5f;
+        fy = fy > 0.0f ? fy : 0.0f;
+        const int y0 = (int)fy < bh - 1 ? (int)fy : bh - 1;
+        const int y1 = y0 + 1 < bh - 1 ? y0 + 1 : bh - 1;
+        const float ly = fy - (float)y0;
+        const float *t = across(hc, img + (size_t)(top + y0) * row, y0, y1, ow);
+        const float *u = across(hc, img + (size_t)(top + y1) * row, y1, y0, ow);
+        const size_t r = (size_t)oy * (size_t)ow;
+        for (int c = 0; c < 3; c++) {
+            const float *tc = t + c * ow, *uc = u + c * ow;
+            const size_t o = out0 + (size_t)c * plane + r;
+            const float sc = j->scale[c], bi = j->bias[c];
+            if (b->dtype == FR_AUGMENT_FLOAT32) {
+                float *dst = (float *)(uintptr_t)b->dst + o;
+                for (int ox = 0; ox < ow; ox++)
+                    dst[ox] = (tc[ox] + ly * (uc[ox] - tc[ox])) * sc + bi;
+            } else if (b->dtype == FR_AUGMENT_FLOAT16) {
+                uint16_t *dst = (uint16_t *)(uintptr_t)b->dst + o;
+                for (int ox = 0; ox < ow; ox++)
+                    dst[ox] = f32_to_f16((tc[ox] + ly * (uc[ox] - tc[ox])) * sc + bi);
+            } else {
+                unsigned char *dst = (unsigned char *)(uintptr_t)b->dst + o;
+                for (int ox = 0; ox < ow; ox++) {
+                    const float q = rintf(tc[ox] + ly * (uc[ox] - tc[ox]));
+                    dst[ox] = (unsigned char)(q < 0.0f ? 0.0f : q > 255.0f ? 255.0f : q);
+                }
+            }
+        }
+    }
+}
+
+static void *host_worker(void *arg)
+{
+    host_job *j = arg;
+    const size_t ow = (size_t)j->b->out_width;
+    host_cols hc = {malloc(ow * sizeof(int)),
+                    malloc(ow * sizeof(int)),
+                    malloc(ow * sizeof(float)),
+                    {malloc(3 * ow * sizeof(float)), malloc(3 * ow * sizeof(float))},
+                    {-1, -1}};
+    if (!hc.c0 || !hc.c1 || !hc.lx || !hc.row[0] || !hc.row[1]) {
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+    } else {
+        for (;;) {
+            size_t s = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+            if (s >= j->b->n)
+                break;
+            host_sample(j, s, &hc);
+        }
+    }
+    free(hc.c0);
+    free(hc.c1);
+    free(hc.lx);
+    free(hc.row[0]);
+    free(hc.row[1]);
+    return NULL;
+}
+
+int fr_augment_run_host(const fr_augment_batch *b, unsigned threads, char *err, size_t err_len)
+{
+    if (b->n == 0)
+        return 0;
+    int rc = check_shape(b, err, err_len);
+    if (rc)
+        return rc;
+    if (!b->src || !b->dst) {
+        fr_set_err(err, err_len, "the input and output batches must be host memory (got NULL)");
+        return -EINVAL;
+    }
+    host_job j;
+    memset(&j, 0, sizeof(j));
+    j.b = b;
+    for (int c = 0; c < 3; c++) {
+        j.scale[c] = 1.0f / b->std[c];
+        j.bias[c] = -b->mean[c] / b->std[c];
+    }
+    if (threads < 1)
+        threads = 1;
+    if (threads > 64)
+        threads = 64;
+    if ((size_t)threads > b->n)
+        threads = (unsigned)b->n;
+    pthread_t helpers[63];
+    unsigned started = 0;
+    for (unsigned t = 1; t < threads; t++) {
+        if (pthread_create(&helpers[started], NULL, host_worker, &j) != 0)
+            break; /* fewer threads: the caller's share grows, nothing is lost */
+        started++;
+    }
+    host_worker(&j);
+    for (unsigned t = 0; t < started; t++)
+        pthread_join(helpers[t], NULL);
+    if (__atomic_load_n(&j.failed, __ATOMIC_RELAXED)) {
+        /* The samples it would have taken went to the others, unless every
+         * worker failed: then some are not written. */
+        if (__atomic_load_n(&j.next, __ATOMIC_RELAXED) <= b->n) {
+            fr_set_err(err, err_len, "out of memory for the output's %d columns", b->out_width);
+            return -ENOMEM;
         }
     }
     return 0;

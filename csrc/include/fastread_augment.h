@@ -70,6 +70,14 @@ typedef struct fr_augment_batch {
  * then. 0, or -errno with err set (a bad box or size names the sample). */
 int fr_augment_run(fr_augment *aug, const fr_augment_batch *b, char *err, size_t err_len);
 
+/* The same on the CPU, no GPU or NVRTC needed: src and dst are host
+ * addresses; the batch's samples are shared out over `threads` threads (the
+ * caller's among them; 1..64) and done when this returns. The kernel's
+ * arithmetic in the same order (float16 rounded to nearest even). b->stream
+ * is ignored. Thread-safe: no state beyond the call. 0, or -errno with err
+ * set, as fr_augment_run. */
+int fr_augment_run_host(const fr_augment_batch *b, unsigned threads, char *err, size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -95,8 +95,63 @@ static void test_open_without_nvrtc(void)
     dlclose(lib);
 }
 
+/* fr_augment_run_host: a whole-image box at the image's own size is an
+ * exact copy (every sample position lands on a pixel centre), mirrored
+ * where flipped, channels first; float32 normalizes it; bad boxes are
+ * refused naming the sample; threads beyond the samples are harmless. */
+static void test_host(void)
+{
+    enum { NS = 5, IH = 7, IW = 9 };
+    uint8_t *img = malloc(NS * IH * IW * 3);
+    uint8_t *out8 = malloc(NS * 3 * IH * IW);
+    float *out32 = malloc(NS * 3 * IH * IW * sizeof(float));
+    int32_t boxes[NS * 4];
+    uint8_t flips[NS];
+    for (int i = 0; i < NS * IH * IW * 3; i++)
+        img[i] = (uint8_t)(i * 37 + 11);
+    for (int s = 0; s < NS; s++) {
+        boxes[4 * s] = 0, boxes[4 * s + 1] = 0, boxes[4 * s + 2] = IH, boxes[4 * s + 3] = IW;
+        flips[s] = (uint8_t)(s & 1);
+    }
+    fr_augment_batch b;
+    memset(&b, 0, sizeof(b));
+    b.src = (uint64_t)(uintptr_t)img;
+    b.src_stride = IH * IW * 3;
+    b.height = IH, b.width = IW, b.out_height = IH, b.out_width = IW;
+    b.dst = (uint64_t)(uintptr_t)out8;
+    b.dtype = FR_AUGMENT_UINT8;
+    b.n = NS;
+    b.boxes = boxes;
+    b.flips = flips;
+    for (int c = 0; c < 3; c++)
+        b.mean[c] = 10.0f * (float)c, b.std[c] = 2.0f;
+    char err[FR_ERRLEN];
+    CHECK(fr_augment_run_host(&b, 8, err, sizeof(err)) == 0);
+    int bad = 0;
+    for (int s = 0; s < NS; s++)
+        for (int c = 0; c < 3; c++)
+            for (int y = 0; y < IH; y++)
+                for (int x = 0; x < IW; x++) {
+                    int sx = flips[s] ? IW - 1 - x : x;
+                    uint8_t want = img[((s * IH + y) * IW + sx) * 3 + c];
+                    bad += out8[((s * 3 + c) * IH + y) * IW + x] != want;
+                }
+    CHECK(bad == 0);
+    b.dst = (uint64_t)(uintptr_t)out32;
+    b.dtype = FR_AUGMENT_FLOAT32;
+    CHECK(fr_augment_run_host(&b, 1, err, sizeof(err)) == 0);
+    CHECK(out32[(1 * 3 + 2) * IH * IW] == ((float)img[(1 * IH * IW + IW - 1) * 3 + 2] - 20.0f) / 2.0f);
+    boxes[4 * 3] = 1; /* top 1 + height IH: past the image */
+    CHECK(fr_augment_run_host(&b, 2, err, sizeof(err)) == -EINVAL);
+    CHECK(strstr(err, "sample 3's crop box") != NULL);
+    free(img);
+    free(out8);
+    free(out32);
+}
+
 int main(void)
 {
+    test_host();
     test_params();
     test_open_without_nvrtc();
     if (fr_test_failures)

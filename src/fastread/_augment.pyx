@@ -108,3 +108,30 @@ cdef class Kernel:
             rc = fr_augment_run(self.aug, &b, err, ERRLEN)
         if rc:
             raise _error(rc, err.decode(errors="replace"))
+
+
+def run_host(uint64_t src, uint64_t src_stride, int height, int width, uint64_t dst,
+             int out_height, int out_width, str dtype, cnp.ndarray boxes, cnp.ndarray flips,
+             mean, std, unsigned threads, images, out):
+    """fr_augment_run_host with the GIL released; ``images`` and ``out``
+    (the arrays src and dst point into) are held for the call."""
+    cdef fr_augment_batch b
+    b.src, b.src_stride, b.height, b.width = src, src_stride, height, width
+    b.dst, b.out_height, b.out_width = dst, out_height, out_width
+    b.dtype = DTYPES[dtype]
+    b.n = <size_t>boxes.shape[0]
+    b.boxes = <const int32_t *>cnp.PyArray_DATA(boxes)
+    b.flips = <const uint8_t *>cnp.PyArray_DATA(flips)
+    cdef int c
+    for c in range(3):
+        b.mean[c] = mean[c]
+        b.std[c] = std[c]
+    b.stream = NULL
+    cdef char err[ERRLEN]
+    err[0] = 0
+    cdef int rc
+    with nogil:
+        rc = fr_augment_run_host(&b, threads, err, ERRLEN)
+    if rc:
+        raise _error(rc, err.decode(errors="replace"))
+

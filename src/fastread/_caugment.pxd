@@ -42,3 +42,6 @@ cdef extern from "fastread_augment.h" nogil:
         void *stream
 
     int fr_augment_run(fr_augment *aug, const fr_augment_batch *b, char *err, size_t err_len)
+    int fr_augment_run_host(const fr_augment_batch *b, unsigned threads, char *err,
+                            size_t err_len)
+

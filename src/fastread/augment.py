@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-__all__ = ["Augmenter", "crop_params", "SCALE", "RATIO", "OUTPUT_DTYPES"]
+__all__ = ["Augmenter", "augment_host", "crop_params", "SCALE", "RATIO", "OUTPUT_DTYPES"]
 
 #: torchvision's RandomResizedCrop defaults: area fraction and aspect ratio (w / h).
 SCALE = (0.08, 1.0)
@@ -92,11 +92,21 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(out))
 
 
-def _source_layout(images):
+def _host_ai(obj, what):
+    """A NumPy array's __array_interface__ (the host twin of _cai)."""
+    if not isinstance(obj, np.ndarray):
+        raise TypeError(f"{what} must be a NumPy array, got {type(obj).__name__}")
+    if not obj.flags.writeable and what == "out":
+        raise ValueError("out must be writable")
+    return obj.__array_interface__
+
+
+def _source_layout(images, cai=None):
     """(pointer, sample stride in bytes, n, height, width) of a (N, H, W, 3)
     uint8 CUDA array whose samples may be spaced by any stride (the reader's
-    O_DIRECT slots) but whose rows and pixels are packed."""
-    cai = _cai(images, "images")
+    O_DIRECT slots) but whose rows and pixels are packed (``cai``: its
+    array interface, when not a CUDA one)."""
+    cai = _cai(images, "images") if cai is None else cai
     shape, typestr = tuple(cai["shape"]), cai["typestr"]
     if len(shape) != 4 or shape[3] != 3 or typestr != "|u1":
         raise ValueError(f"images must be (N, H, W, 3) uint8 (a batch of RGB images), got shape "
@@ -147,36 +157,62 @@ class Augmenter:
         (``mean``/``std`` in pixel units, 0-255) for float32 / float16
         ``out``, or rounded to uint8 for uint8 ``out`` (not normalized).
         ``images`` must stay unchanged until the stream has run the kernel."""
-        src, stride, n, h, w = _source_layout(images)
-        cai = _cai(out, "out")
-        shape = tuple(cai["shape"])
-        dtypes = {"<f4": "float32", "<f2": "float16", "|u1": "uint8"}
-        dtype = dtypes.get(cai["typestr"])
-        if dtype is None:
-            raise ValueError(f"out must be float32, float16 or uint8, got {cai['typestr']}")
-        if len(shape) != 4 or shape[0] != n or shape[1] != 3:
-            raise ValueError(f"out must be ({n}, 3, OH, OW) for {n} images, got {shape}")
-        itemsize = np.dtype(dtype).itemsize
-        if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(shape, itemsize):
-            raise ValueError("out must be C-contiguous")
-        boxes = np.asarray(boxes)
-        if boxes.dtype.kind not in "iu" or (boxes.size and (boxes.min() < 0 or
-                                                          boxes.max() > np.iinfo(np.int32).max)):
-            raise ValueError("boxes must be non-negative integers below 2**31 (top, left, "
-                             "height, width)")
-        boxes = np.ascontiguousarray(boxes, dtype=np.int32)
-        if boxes.shape != (n, 4):
-            raise ValueError(f"boxes must be ({n}, 4) (top, left, height, width), got "
-                             f"{boxes.shape}")
-        flips = np.zeros(n, np.uint8) if flips is None else \
-            np.ascontiguousarray(np.asarray(flips).reshape(-1), dtype=np.uint8)
-        if flips.shape != (n,):
-            raise ValueError(f"flips must hold {n} values, got {flips.shape[0]}")
-        for name, v in (("mean", mean), ("std", std)):
-            if len(v) != 3:
-                raise ValueError(f"{name} must be 3 numbers (one per channel), got {v!r}")
-        if n:
-            self._kernel.run(src, stride, h, w, int(cai["data"][0]), shape[2], shape[3], dtype,
-                             boxes, flips, [float(m) for m in mean], [float(s) for s in std],
-                             int(stream))
+        args = _batch_args(_source_layout(images), _cai(out, "out"), boxes, flips, mean, std)
+        if args[0]:
+            self._kernel.run(*args[1:], int(stream))
         return out
+
+def _batch_args(layout, cai, boxes, flips, mean, std):
+    """The checked arguments of one batch: (n, src, stride, h, w, dst, OH,
+    OW, dtype, boxes, flips, mean, std), ValueError naming what is wrong."""
+    src, stride, n, h, w = layout
+    shape = tuple(cai["shape"])
+    dtypes = {"<f4": "float32", "<f2": "float16", "|u1": "uint8"}
+    dtype = dtypes.get(cai["typestr"])
+    if dtype is None:
+        raise ValueError(f"out must be float32, float16 or uint8, got {cai['typestr']}")
+    if len(shape) != 4 or shape[0] != n or shape[1] != 3:
+        raise ValueError(f"out must be ({n}, 3, OH, OW) for {n} images, got {shape}")
+    itemsize = np.dtype(dtype).itemsize
+    if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(shape, itemsize):
+        raise ValueError("out must be C-contiguous")
+    boxes = np.asarray(boxes)
+    if boxes.dtype.kind not in "iu" or (boxes.size and (boxes.min() < 0 or
+                                                      boxes.max() > np.iinfo(np.int32).max)):
+        raise ValueError("boxes must be non-negative integers below 2**31 (top, left, "
+                         "height, width)")
+    boxes = np.ascontiguousarray(boxes, dtype=np.int32)
+    if boxes.shape != (n, 4):
+        raise ValueError(f"boxes must be ({n}, 4) (top, left, height, width), got "
+                         f"{boxes.shape}")
+    flips = np.zeros(n, np.uint8) if flips is None else \
+        np.ascontiguousarray(np.asarray(flips).reshape(-1), dtype=np.uint8)
+    if flips.shape != (n,):
+        raise ValueError(f"flips must hold {n} values, got {flips.shape[0]}")
+    for name, v in (("mean", mean), ("std", std)):
+        if len(v) != 3:
+            raise ValueError(f"{name} must be 3 numbers (one per channel), got {v!r}")
+    return (n, src, stride, h, w, int(cai["data"][0]), shape[2], shape[3], dtype, boxes, flips,
+            [float(m) for m in mean], [float(s) for s in std])
+
+
+def augment_host(images, out, boxes, flips=None, *, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0),
+                 threads=None):
+    """:class:`Augmenter`'s kernel on the CPU, in the C core with the GIL
+    released (no GPU, NVRTC or torch): ``images`` (N, H, W, 3) uint8 and
+    ``out`` (N, 3, OH, OW) float32 / float16 / uint8 NumPy arrays, the same
+    arithmetic in the same order. ``threads``: native threads sharing the
+    batch's samples (default: one per CPU the process may use, at most 64).
+    Returns ``out`` when it is written."""
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or \
+            not 1 <= threads <= 64:
+        raise ValueError(f"threads must be an integer in 1..64, got {threads!r}")
+    args = _batch_args(_source_layout(images, _host_ai(images, "images")), _host_ai(out, "out"),
+                       boxes, flips, mean, std)
+    if args[0]:
+        from fastread import _augment
+        _augment.run_host(*args[1:], int(threads), images, out)
+    return out

@@ -62,10 +62,12 @@ class ImageLoader:
 
     ``image=`` a decoded pack of raw pixels of one shape (``fastread pack
     --decode --resize S --crop S``; a path or :class:`fastread.PackedImage`)
-    instead of a tree: no decoder and no DALI. ``device="cuda"`` only: the
+    instead of a tree: no decoder and no DALI. ``device="cuda"``: the
     reader writes each batch into GPU memory, and one fused CUDA kernel
     (:class:`fastread.augment.Augmenter`) makes the same (N, 3, size, size)
-    batch from it, queued on torch's current stream. A pack of encoded
+    batch from it, queued on torch's current stream. ``device="cpu"``: the
+    same arithmetic in the C core (:func:`fastread.augment.augment_host`) on
+    ``num_threads`` threads. A pack of encoded
     images (a plain pack of a JPEG tree, or ``--decode --encode jpeg``) is
     read by ranges and decoded by DALI as a tree is (``device="cuda"``: the
     mixed decoder, the GPU's hardware JPEG decoder where it has one).
@@ -149,10 +151,6 @@ class ImageLoader:
             if not decode:
                 raise ValueError(f"decode=False applies to file trees; image={pack.path!r} "
                                  "holds decoded pixels already")
-            if device != "cuda":
-                raise ValueError(f"image={pack.path!r}: a decoded pack is cropped, flipped and "
-                                 "normalized by a CUDA kernel: use device='cuda' (or "
-                                 "fastread.dali.readers.image(decoded=True) with DALI on the CPU)")
         node = node_env()
         if num_shards is None:
             num_shards = node["world_size"]
@@ -176,12 +174,13 @@ class ImageLoader:
             # Each batch one (N, H, W, 3) array in GPU memory, as the engine
             # wrote it; a batch's memory is reused only once its arrays are
             # gone, and _iter_fused keeps them until the kernel has read them.
-            engine_options.setdefault("device_id", device_id)
+            if device == "cuda":
+                engine_options.setdefault("device_id", device_id)
             self.reader = Reader(image=pack, batch_size=batch_size, shard_id=shard_id,
                                  num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
                                  drop_last=drop_last, stick_to_shard=True, engine=engine,
-                                 device="gpu", dense=True, global_batch_size=global_batch_size,
-                                 **engine_options)
+                                 device="gpu" if device == "cuda" else "cpu", dense=True,
+                                 global_batch_size=global_batch_size, **engine_options)
         elif encoded is not None:
             self.reader = Reader(image=encoded, batch_size=batch_size, shard_id=shard_id,
                                  num_shards=num_shards, random_shuffle=random_shuffle, seed=seed,
@@ -281,16 +280,17 @@ class ImageLoader:
     def _iter_fused(self):
         import torch
 
-        from fastread.augment import Augmenter, crop_params
+        from fastread.augment import Augmenter, augment_host, crop_params
 
-        if self._kernel is None:
+        cuda = self.device == "cuda"
+        if cuda and self._kernel is None:
             self._kernel = Augmenter(self.device_id)
         reader, epoch, first = self.reader, self.epoch, self._delivered
         # The samples of each batch, as the reader reads them: the crops
         # follow the samples, not the batches.
         order = reader._epoch_order(epoch)
         height, width = self.image.sample_shape[:2]
-        dev = torch.device("cuda", self.device_id)
+        dev = torch.device("cuda", self.device_id) if cuda else None
         tdtype = getattr(torch, self.dtype)
         if self.dtype == "uint8":
             mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
@@ -311,6 +311,16 @@ class ImageLoader:
                 else:
                     boxes = np.tile(np.array([0, 0, height, width], np.int32), (n, 1))
                     flips = None
+                if not cuda:
+                    # The same arithmetic in the C core on num_threads
+                    # threads, the GIL released; done when it returns.
+                    out = np.empty((n, 3, self.size, self.size), self.dtype)
+                    augment_host(images, out, boxes, flips, mean=mean, std=std,
+                                 threads=min(self.num_threads, 64))
+                    del images
+                    self._delivered += 1
+                    yield torch.from_numpy(out), torch.from_numpy(labels.astype(np.int64))
+                    continue
                 out = torch.empty((n, 3, self.size, self.size), dtype=tdtype, device=dev)
                 stream = torch.cuda.current_stream(dev)
                 self._kernel(images, out, boxes, flips, mean=mean, std=std,
