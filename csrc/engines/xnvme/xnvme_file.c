@@ -61,9 +61,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "engines/engine.h"
@@ -89,6 +87,7 @@ int fr_xnvme_try_file(const char *engine, const fr_xnvme_args *a, char *err, siz
 void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, const char *path, mode_t type,
                          struct xnvme_opts *o);
 int fr_xnvme_probe(const char *engine, char *why, size_t why_len);
+void fr_xnvme_idle_pause(unsigned *passes);
 
 #define WINDOW 256
 #define MAX_THREADS 16
@@ -342,31 +341,6 @@ static void end_slot(slot *sl)
     finish(x, sl->k, sl->dev, sl->got, sl->failed);
 }
 
-/* After a pass over this thread's queues that moved nothing (no completion,
- * no file started or finished): every xNVMe poke returns at once, and the
- * completions of thrpool (xNVMe's worker threads), posix (glibc's aio
- * threads) and a cold io_uring or libaio read come from other threads or
- * the kernel. Poking on without a pause took the CPU they needed: on 2
- * cores, thrpool with one file in flight read 222 files/s at 2.4 ms of CPU
- * a file. The first idle passes only spin (a cached read completes within
- * microseconds), the next yield the CPU, then the thread sleeps, from 2 us
- * doubling to 128 us, until something moves. */
-static void idle_pause(unsigned *passes)
-{
-    unsigned n = *passes;
-    if (n < 64)
-        (*passes)++;
-    if (n < 8)
-        return;
-    if (n < 24) {
-        sched_yield();
-        return;
-    }
-    unsigned shift = n - 24 < 6 ? n - 24 : 6;
-    struct timespec ts = {0, (long)(2000u << shift)};
-    nanosleep(&ts, NULL); /* EINTR: just poke again */
-}
-
 static void raise_peak(atomic_long *peak, long v)
 {
     long cur = atomic_load(peak);
@@ -472,7 +446,7 @@ static void read_phase(xfile *x)
         if (moved)
             idle_passes = 0;
         else
-            idle_pause(&idle_passes);
+            fr_xnvme_idle_pause(&idle_passes);
     }
 }
 
