@@ -6,7 +6,8 @@ import sys
 
 import fastread
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), *[".."] * 4, "bench", "engines"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, *[".."] * 4, "bench", "engines"))
 from engines import list_files  # noqa: E402
 
 eng, a, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
