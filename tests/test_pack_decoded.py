@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 import fastread
+from conftest import interruptible_child
 from fastread.cli import main as cli_main
 from fastread.datasets import make_imagenet_like
 from fastread.decode import Preprocess, preprocess_file
@@ -336,16 +337,16 @@ def test_decoding_streams_a_bounded_window(tree, workers):
 
 def test_interrupted_pack_leaves_nothing(tree, tmp_path):
     """SIGINT while the decoding pool works: KeyboardInterrupt, the pool's
-    processes gone, no image, index or temporary file left."""
+    processes gone, no image, index or temporary file left. The child comes
+    from conftest.interruptible_child: run from a background job (`nohup
+    bash scripts/test.sh &`) a plain child started with SIGINT ignored and
+    slept through it."""
     import signal
-    import subprocess
-    import sys
-    import textwrap
     import time
 
     out = tmp_path / "out"
     out.mkdir()
-    code = textwrap.dedent(f"""
+    p = interruptible_child(f"""
         import sys, time, fastread
         def slow(b):
             print("batch", b, flush=True)
@@ -357,16 +358,15 @@ def test_interrupted_pack_leaves_nothing(tree, tmp_path):
             print("interrupted", flush=True)
             sys.exit(130)
     """)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().startswith("batch 0")
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
-        rest, _ = p.communicate(timeout=60)
+        rest, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130 and "interrupted" in rest
+    assert p.returncode == 130 and "interrupted" in rest, err
     assert time.monotonic() - t0 < 30
     assert os.listdir(out) == []
 

@@ -282,3 +282,32 @@ def test_xnvme_file_reads_ranges_through_the_range_engine(xasync, o_direct, imag
             assert a.tobytes() == data[o:o + n], (o, n)
     finally:
         ctx.close()
+
+
+def test_xnvme_file_reports_the_depth_it_reached(tmp_path):
+    # peak_files / peak_commands: the most files and commands one thread had
+    # in flight (docs/engines.md's per-stack table quotes them). A file of up
+    # to 1 MiB is one command; a larger one one command per MiB started.
+    small = []
+    for i in range(6):
+        (tmp_path / f"s{i}").write_bytes(bytes([i]) * 100)
+        small.append(str(tmp_path / f"s{i}"))
+    big = tmp_path / "big"
+    big.write_bytes(b"b" * ((2 << 20) + 5))
+    for xasync in ALWAYS:
+        ctx = fastread.open_context("xnvme-file", threads=1, xnvme_async=xasync,
+                                    xnvme_inflight=3)
+        try:
+            assert [a.tobytes() for a in ctx.read(small).arrays()] == [
+                bytes([i]) * 100 for i in range(6)]
+            assert (ctx.stat("peak_files"), ctx.stat("peak_commands")) == (3, 3)
+            assert ctx.read([str(big)]).arrays()[0].nbytes == (2 << 20) + 5
+            assert ctx.stat("peak_commands") == 3  # 1 MiB, 1 MiB, 6 bytes (one past the end)
+        finally:
+            ctx.close()
+    ctx = fastread.open_context("xnvme-file", xnvme_queue=0)  # synchronous: no queue at all
+    try:
+        ctx.read(small)
+        assert (ctx.stat("peak_files"), ctx.stat("peak_commands")) == (0, 0)
+    finally:
+        ctx.close()

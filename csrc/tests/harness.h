@@ -58,6 +58,10 @@ int fr_test_read_as_now(const fr_batch *batch, char *const paths[CH_COUNT]);
  * work to finish within by it (not those they expect to run out). */
 unsigned fr_test_slowdown(void);
 
+/* Why this build of the tests cannot run xNVMe with `engine_args`, or NULL
+ * where it can. Under ThreadSanitizer: async=posix (see harness.c). */
+const char *fr_test_xnvme_unrunnable(const char *engine_args);
+
 int fr_test_finish(const char *name);
 
 #endif

@@ -125,6 +125,11 @@ int main(void)
                           "async=thrpool", "async=io_uring,qdepth=2", "bounce=1,qdepth=4",
                           "be=linux,async=io_uring,qdepth=1024"};
     for (size_t a = 0; a < sizeof(args) / sizeof(args[0]); a++) {
+        const char *unrunnable = fr_test_xnvme_unrunnable(args[a]);
+        if (unrunnable) {
+            fprintf(stderr, "not run: %s (%s)\n", args[a], unrunnable);
+            continue;
+        }
         for (int direct = 0; direct < 2; direct++) {
             cfg.engine_args = args[a];
             cfg.o_direct = direct;

@@ -87,6 +87,7 @@ int fr_xnvme_try_file(const char *engine, const fr_xnvme_args *a, char *err, siz
 void fr_xnvme_apply_opts(const fr_xnvme_args *a, int direct, const char *path, mode_t type,
                          struct xnvme_opts *o);
 int fr_xnvme_probe(const char *engine, char *why, size_t why_len);
+void fr_xnvme_idle_pause(unsigned *passes);
 
 #define WINDOW 256
 #define MAX_THREADS 16
@@ -109,6 +110,7 @@ typedef struct slot {
     struct xnvme_queue *q;
     size_t want, next_off;    /* bytes to ask for; next chunk to submit */
     unsigned outstanding;
+    unsigned *thread_cmds;    /* the reading thread's commands in flight */
     uint64_t got;
     int failed;
 } slot;
@@ -131,6 +133,10 @@ typedef struct xfile {
     atomic_long direct_fallbacks, repairs;
     atomic_long path_fallbacks; /* files read with pread: xNVMe cannot take their path */
     atomic_long fd_shrinks;     /* out of descriptors: a thread kept fewer files in flight */
+    /* The most commands, and files, one thread had in flight at once: the
+     * queue depth the stack actually saw (a file of up to 1 MiB is one
+     * command, so its own queue never holds more than one). */
+    atomic_long peak_cmds, peak_files;
     void *ranges; /* the xnvme engine's state, for read_ranges (opened on first use) */
 } xfile;
 
@@ -238,6 +244,7 @@ static void on_chunk(struct xnvme_cmd_ctx *ctx, void *arg)
     else
         sl->got += ctx->cpl.result;
     sl->outstanding--;
+    (*sl->thread_cmds)--;
     int rc = xnvme_queue_put_cmd_ctx(ctx->async.queue, ctx);
     if (rc)
         sl->failed = 1;
@@ -262,6 +269,7 @@ static int submit_chunks(slot *sl, size_t chunk)
             return rc == -EBUSY || rc == -EAGAIN ? 0 : rc; /* full: poke, then more */
         }
         sl->outstanding++;
+        (*sl->thread_cmds)++;
         sl->next_off += len;
     }
     return 0;
@@ -333,6 +341,13 @@ static void end_slot(slot *sl)
     finish(x, sl->k, sl->dev, sl->got, sl->failed);
 }
 
+static void raise_peak(atomic_long *peak, long v)
+{
+    long cur = atomic_load(peak);
+    while (v > cur && !atomic_compare_exchange_weak(peak, &cur, v))
+        ;
+}
+
 /* This thread's share of the read phase: up to `inflight` files at once. */
 static void read_phase(xfile *x)
 {
@@ -354,8 +369,9 @@ static void read_phase(xfile *x)
      * this thread keeps fewer files in flight; with none in flight it waits a
      * little, FR_RETRY_LIMIT times at most, before fr_read_whole has it. */
     size_t pending = SIZE_MAX;
-    unsigned fd_waits = 0;
+    unsigned fd_waits = 0, idle_passes = 0, cmds = 0, peak_cmds = 0, peak_files = 0;
     for (;;) {
+        unsigned started = active;
         while (active < cap && (pending != SIZE_MAX || !exhausted)) {
             size_t k = pending;
             pending = SIZE_MAX;
@@ -393,29 +409,44 @@ static void read_phase(xfile *x)
             }
             fd_waits = 0;
             nidle--;
+            sl->thread_cmds = &cmds;
             if (submit_chunks(sl, chunk_of(x)) != 0)
                 sl->failed = 1;
             act[active++] = sl;
         }
-        if (active == 0 && pending == SIZE_MAX)
+        peak_cmds = cmds > peak_cmds ? cmds : peak_cmds;
+        peak_files = active > peak_files ? active : peak_files;
+        if (active == 0 && pending == SIZE_MAX) {
+            raise_peak(&x->peak_cmds, peak_cmds);
+            raise_peak(&x->peak_files, peak_files);
             return;
+        }
+        int moved = active != started;
         for (unsigned i = 0; i < active;) {
             slot *sl = act[i];
             errno = 0; /* emu reads inside poke: see the stale-errno note */
             int rc = xnvme_queue_poke(sl->q, 0);
-            if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+            if (rc > 0)
+                moved = 1;
+            else if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
                 sl->failed = 1;
             if (!sl->failed && sl->next_off < sl->want &&
                 submit_chunks(sl, chunk_of(x)) != 0)
                 sl->failed = 1;
+            peak_cmds = cmds > peak_cmds ? cmds : peak_cmds;
             if (sl->failed || (sl->outstanding == 0 && sl->next_off >= sl->want)) {
                 end_slot(sl);
                 idle[nidle++] = sl;
                 act[i] = act[--active];
+                moved = 1;
                 continue;
             }
             i++;
         }
+        if (moved)
+            idle_passes = 0;
+        else
+            fr_xnvme_idle_pause(&idle_passes);
     }
 }
 
@@ -585,6 +616,10 @@ static long xf_stat(const void *state, const char *key)
         return atomic_load(&((xfile *)state)->repairs);
     if (strcmp(key, "fd_shrinks") == 0)
         return atomic_load(&((xfile *)state)->fd_shrinks);
+    if (strcmp(key, "peak_commands") == 0)
+        return atomic_load(&((xfile *)state)->peak_cmds);
+    if (strcmp(key, "peak_files") == 0)
+        return atomic_load(&((xfile *)state)->peak_files);
     if (strcmp(key, "path_fallbacks") == 0)
         return atomic_load(&((xfile *)state)->path_fallbacks);
     if (strcmp(key, "xnvme_version") == 0)
