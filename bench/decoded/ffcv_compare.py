@@ -69,7 +69,6 @@ def write_ffcv(tree, out, max_side, workers):
 
 
 def ffcv_epochs(beton, args):
-    import torch
     from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import (NormalizeImage, RandomHorizontalFlip, Squeeze, ToTensor,
@@ -83,17 +82,21 @@ def ffcv_epochs(beton, args):
                                   ToTensor(), ToTorchImage()],
                         "label": [IntDecoder(), ToTensor(), Squeeze()]})
 
-    def epoch():
-        n = 0
-        for images, labels in loader:
-            assert images.dtype == torch.float32 and images.shape[1:] == (3, args.size, args.size)
-            n += images.shape[0]
-        return n
-    return epoch
+    return lambda: count_epoch(loader, args)
+
+
+def count_epoch(batches, args):
+    """Images in one pass over (images, labels) torch batches, each checked
+    to be float32 (N, 3, SIZE, SIZE)."""
+    import torch
+    n = 0
+    for images, _labels in batches:
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, args.size, args.size)
+        n += images.shape[0]
+    return n
 
 
 def fastread_epochs(pack, args, antialias=True):
-    import torch
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
@@ -114,32 +117,18 @@ def fastread_epochs(pack, args, antialias=True):
     it = DALIGenericIterator([p], ["images", "labels"], reader_name="Reader",
                              last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
 
-    def epoch():
-        n = 0
-        for out in it:
-            images = out[0]["images"]
-            assert images.dtype == torch.float32 and images.shape[1:] == (3, args.size, args.size)
-            n += images.shape[0]
-        return n
-    return epoch
+    return lambda: count_epoch(((out[0]["images"], out[0]["labels"]) for out in it), args)
 
 
 def fused_epochs(pack, args):
     """ImageLoader on a raw pack of one shape (center-cropped at pack time):
     the C core's fused crop/flip/normalize on the CPU, no DALI."""
-    import torch
     from fastread.torch import ImageLoader
 
     loader = ImageLoader(image=pack, batch_size=args.batch, device="cpu", size=args.size,
                          augment=True, random_shuffle=True, seed=0, num_threads=args.workers)
 
-    def epoch():
-        n = 0
-        for images, labels in loader:
-            assert images.dtype == torch.float32 and images.shape[1:] == (3, args.size, args.size)
-            n += images.shape[0]
-        return n
-    return epoch
+    return lambda: count_epoch(loader, args)
 
 
 def main():

@@ -19,6 +19,22 @@ cdef enum:
 DTYPES = {"float32": FR_AUGMENT_FLOAT32, "float16": FR_AUGMENT_FLOAT16, "uint8": FR_AUGMENT_UINT8}
 
 
+cdef void fill_batch(fr_augment_batch *b, uint64_t src, uint64_t src_stride, int height,
+                     int width, uint64_t dst, int out_height, int out_width, str dtype,
+                     cnp.ndarray boxes, cnp.ndarray flips, mean, std) except *:
+    """One batch's description (the arrays checked by fastread.augment)."""
+    b.src, b.src_stride, b.height, b.width = src, src_stride, height, width
+    b.dst, b.out_height, b.out_width = dst, out_height, out_width
+    b.dtype = DTYPES[dtype]
+    b.n = <size_t>boxes.shape[0]
+    b.boxes = <const int32_t *>cnp.PyArray_DATA(boxes)
+    b.flips = <const uint8_t *>cnp.PyArray_DATA(flips)
+    cdef int c
+    for c in range(3):
+        b.mean[c] = mean[c]
+        b.std[c] = std[c]
+
+
 def _error(int rc, str msg):
     cdef int e = -rc
     if not msg:
@@ -90,16 +106,8 @@ cdef class Kernel:
             mean, std, uint64_t stream):
         """Queues the kernel; boxes (n, 4) int32 and flips (n,) uint8, C-contiguous."""
         cdef fr_augment_batch b
-        b.src, b.src_stride, b.height, b.width = src, src_stride, height, width
-        b.dst, b.out_height, b.out_width = dst, out_height, out_width
-        b.dtype = DTYPES[dtype]
-        b.n = <size_t>boxes.shape[0]
-        b.boxes = <const int32_t *>cnp.PyArray_DATA(boxes)
-        b.flips = <const uint8_t *>cnp.PyArray_DATA(flips)
-        cdef int c
-        for c in range(3):
-            b.mean[c] = mean[c]
-            b.std[c] = std[c]
+        fill_batch(&b, src, src_stride, height, width, dst, out_height, out_width, dtype, boxes,
+                   flips, mean, std)
         b.stream = <void *>stream
         cdef char err[ERRLEN]
         err[0] = 0
@@ -116,16 +124,8 @@ def run_host(uint64_t src, uint64_t src_stride, int height, int width, uint64_t 
     """fr_augment_run_host with the GIL released; ``images`` and ``out``
     (the arrays src and dst point into) are held for the call."""
     cdef fr_augment_batch b
-    b.src, b.src_stride, b.height, b.width = src, src_stride, height, width
-    b.dst, b.out_height, b.out_width = dst, out_height, out_width
-    b.dtype = DTYPES[dtype]
-    b.n = <size_t>boxes.shape[0]
-    b.boxes = <const int32_t *>cnp.PyArray_DATA(boxes)
-    b.flips = <const uint8_t *>cnp.PyArray_DATA(flips)
-    cdef int c
-    for c in range(3):
-        b.mean[c] = mean[c]
-        b.std[c] = std[c]
+    fill_batch(&b, src, src_stride, height, width, dst, out_height, out_width, dtype, boxes,
+               flips, mean, std)
     b.stream = NULL
     cdef char err[ERRLEN]
     err[0] = 0
