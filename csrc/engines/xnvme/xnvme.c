@@ -661,19 +661,29 @@ static void on_done(struct xnvme_cmd_ctx *ctx, void *arg)
     x->free_head = (int)(r - x->recs);
 }
 
+/* One poll of the queue, pausing (fr_xnvme_idle_pause) when it completed
+ * nothing: 0, or the poll's negative errno. */
+static int poke_once(xr *x, unsigned *idle)
+{
+    errno = 0; /* emu reads inside poke: see the stale-errno note */
+    int rc = xnvme_queue_poke(x->q, 0);
+    if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+        return rc;
+    if (rc > 0)
+        *idle = 0;
+    else
+        fr_xnvme_idle_pause(idle);
+    return 0;
+}
+
 /* Submits one command, reaping completions while the queue is full. */
 static int submit(xr *x, size_t sample, uint64_t slba, uint32_t nlb, uint64_t dst)
 {
     unsigned idle = 0;
     while (x->free_head < 0) {
-        errno = 0; /* emu reads inside poke: see the stale-errno note */
-        int rc = xnvme_queue_poke(x->q, 0);
-        if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+        int rc = poke_once(x, &idle);
+        if (rc)
             return rc;
-        if (rc > 0)
-            idle = 0;
-        else
-            fr_xnvme_idle_pause(&idle);
     }
     cmd_rec *r = &x->recs[x->free_head];
     x->free_head = r->next_free;
@@ -693,14 +703,8 @@ static int submit(xr *x, size_t sample, uint64_t slba, uint32_t nlb, uint64_t ds
         (void)prc;
         if (rc != -EBUSY && rc != -EAGAIN)
             return rc;
-        errno = 0;
-        rc = xnvme_queue_poke(x->q, 0);
-        if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+        if ((rc = poke_once(x, &idle)))
             return rc;
-        if (rc > 0)
-            idle = 0;
-        else
-            fr_xnvme_idle_pause(&idle);
     }
 }
 
@@ -710,14 +714,9 @@ static int drain(xr *x)
 {
     unsigned idle = 0;
     while (xnvme_queue_get_outstanding(x->q)) {
-        errno = 0;
-        int rc = xnvme_queue_poke(x->q, 0);
-        if (rc < 0 && rc != -EAGAIN && rc != -EBUSY)
+        int rc = poke_once(x, &idle);
+        if (rc)
             return rc;
-        if (rc > 0)
-            idle = 0;
-        else
-            fr_xnvme_idle_pause(&idle);
     }
     return 0;
 }
