@@ -174,17 +174,44 @@ def assert_sigint_interrupts(reader, env=None, settle_s=1.0):
     assert p.returncode == 0 and out.startswith("interrupted"), (out, err)
 
 
+# What every SIGINT-storm child starts with: storm_loop(body) arms a
+# handler that raises KeyboardInterrupt only while body() runs (the loop's
+# own jumps back, outside it, only count), prints "ready", calls body()
+# until it returns, catching each KeyboardInterrupt, then ignores SIGINT
+# (also at exit, where Python restores SIG_DFL). Returns the interrupts.
+STORM_PRELUDE = """
+import signal as _storm_signal
+def storm_loop(body):
+    armed, interrupts = [False], 0
+    def on_sigint(signum, frame):
+        if armed[0]:
+            raise KeyboardInterrupt
+    _storm_signal.signal(_storm_signal.SIGINT, on_sigint)
+    print("ready", flush=True)
+    while True:
+        try:
+            armed[0] = True
+            body()
+            armed[0] = False
+            break
+        except KeyboardInterrupt:
+            armed[0] = False
+            interrupts += 1
+    _storm_signal.signal(_storm_signal.SIGINT, _storm_signal.SIG_IGN)
+    return interrupts
+"""
+
+
 def sigint_storm(script, env=None, seed=0, timeout_s=120):
-    """Runs ``script`` in a child (interruptible_child; it prints "ready",
-    then its result as JSON on its last line) and sends it SIGINT every
-    0.3-3 ms until it exits, for at most ``timeout_s``. The child catches
-    KeyboardInterrupt around each call and goes on. Returns (its JSON,
-    signals sent)."""
+    """Runs ``script`` in a child (interruptible_child, after STORM_PRELUDE:
+    it calls storm_loop, then prints its result as JSON on its last line)
+    and sends it SIGINT every 0.3-3 ms until it exits, for at most
+    ``timeout_s``. Returns (its JSON, signals sent)."""
     import json
     import random
     import signal
     import time
-    p = interruptible_child(script, env)
+    p = interruptible_child(STORM_PRELUDE + textwrap.dedent(script), env)
     sent = 0
     try:
         assert p.stdout.readline().strip() == "ready"

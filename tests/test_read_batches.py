@@ -346,30 +346,15 @@ def test_sigint_storm_loses_no_list(tree):
     order, exact."""
     paths, _ = tree
     script = f"""
-    import json, os, signal, fastread
+    import json, os, fastread
     paths = {paths[:150]!r}
     lists = [[paths[(k * 7 + j) % 150] for j in range(k % 9)] for k in range(400)]
     it = fastread.read_batches(lists, prefetch=2, workers=2, engine="psync")
-    # KeyboardInterrupt only while armed: inside the try around the calls
-    # under test (the loop's own jumps back, outside it, only count).
-    armed, interrupts = [False], 0
-    def on_sigint(signum, frame):
-        if armed[0]:
-            raise KeyboardInterrupt
-    signal.signal(signal.SIGINT, on_sigint)
     got = []
-    print("ready", flush=True)
-    while True:
-        try:
-            armed[0] = True
-            for arrays in it:
-                got.append(arrays)
-            armed[0] = False
-            break
-        except KeyboardInterrupt:
-            armed[0] = False
-            interrupts += 1
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # and at exit (Python restores SIG_DFL then)
+    def body():
+        for arrays in it:
+            got.append(arrays)
+    interrupts = storm_loop(body)
     content = {{p: open(p, "rb").read() for p in paths}}
     exact = len(got) == len(lists) and all(
         [a.tobytes() for a in g] == [content[p] for p in lst] for g, lst in zip(got, lists))
