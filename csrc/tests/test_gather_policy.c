@@ -46,24 +46,31 @@ static void test_hot_rows(const char *path)
         CHECK(st.row_hits == 0 && st.direct_rows == 2 * HOT);
         CHECK(gather_check(s, hot, HOT, 8, err, &bad) == 0);
         fr_store_stats_get(s, &st);
-        CHECK(st.row_hits >= in && st.row_hits <= HOT);
+        /* Every row resident is hit. Fewer may be resident than admitted: a
+         * candidate whose sketch estimate a collision raised may replace
+         * one admitted before it in the same pass, so "admitted" counts
+         * both while the set holds one (which of them depends on the order
+         * the pass's threads run). */
+        uint64_t hits3 = st.row_hits, adm3 = st.admitted;
+        CHECK(hits3 >= HOT * 8 / 10 && hits3 <= first + in);
         CHECK(st.direct_rows + st.row_hits == 3 * HOT);
         CHECK(st.evictions == 0 && st.cache_misses == 0);
-        /* Once more: the rows hit again, nothing new to admit. */
-        uint64_t hits3 = st.row_hits, adm3 = st.admitted;
+        /* Once more: the resident rows hit again (a replacement swaps rows,
+         * never empties a way), the rest at most admitted. */
         CHECK(gather_check(s, hot, HOT, 8, err, &bad) == 0);
         fr_store_stats_get(s, &st);
-        CHECK(st.row_hits - hits3 >= in);
-        CHECK(st.admitted - adm3 <= HOT - in);
+        uint64_t hits4 = st.row_hits - hits3;
+        CHECK(hits4 >= hits3 && hits4 <= HOT);
+        CHECK(st.admitted - adm3 <= HOT - hits4);
         /* An id out of range is reported (the hot row beside it served
          * from the cache), and the cache serves the set as before. */
         int64_t badids[2] = {hot[0], ROWS + 5};
         CHECK(gather_check(s, badids, 2, 8, err, &bad) == -ERANGE && bad == 1);
         fr_store_stats_get(s, &st);
-        uint64_t hits4 = st.row_hits;
+        uint64_t hits5 = st.row_hits;
         CHECK(gather_check(s, hot, HOT, 8, err, &bad) == 0);
         fr_store_stats_get(s, &st);
-        CHECK(st.row_hits - hits4 >= in);
+        CHECK(st.row_hits - hits5 >= hits4);
         fr_store_close(s);
     }
     /* Each of 300 rows 4 times a batch, on a fresh store, the pass on 4
@@ -79,7 +86,10 @@ static void test_hot_rows(const char *path)
         for (int k = 0; k < 2; k++)
             CHECK(gather_check(s, rep, DISTINCT * EACH, 8, err, &bad) == 0);
         fr_store_stats_get(s, &st);
-        CHECK(st.admitted >= DISTINCT * 9 / 10 && st.admitted <= DISTINCT);
+        /* At most a few over DISTINCT: replacements in a full set (see
+         * above); rows going in twice (fr_rows_admit_one's second version)
+         * gave a fifth more. */
+        CHECK(st.admitted >= DISTINCT * 9 / 10 && st.admitted <= DISTINCT + DISTINCT / 20);
         uint64_t hits = st.row_hits;
         CHECK(gather_check(s, rep, DISTINCT * EACH, 8, err, &bad) == 0);
         fr_store_stats_get(s, &st);
