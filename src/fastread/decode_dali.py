@@ -1,0 +1,243 @@
+"""DALI's image decoder for decoded packs (``fastread pack --decode
+--decoder dali``): nvImageCodec through ``fn.decoders.image``, on the GPU
+(``device="mixed"``: host bytes in, GPU pixels out) or on the CPU, with the
+meaning of :class:`fastread.decode.Preprocess` (which Pillow's path defines).
+
+Per batch of ``batch_size`` files:
+
+1. fastread's engine reads the files' bytes (:func:`fastread.read_batches`:
+   native, batched, a few batches ahead);
+2. Pillow parses each file's header only (no decoding) for its upright size
+   (EXIF orientation applied), from which :meth:`Preprocess.target_size` and
+   :func:`fastread.decode.crop_box` give the exact output size and crop;
+3. one DALI pipeline run: ``fn.decoders.image`` (RGB, EXIF orientation
+   applied), ``fn.resize`` to exactly that size per sample (linear with
+   antialiasing, as Pillow's reducing bilinear filter), ``fn.slice`` at the
+   crop's absolute anchors, uint8 HWC copied to the host;
+4. stored as raw pixels or re-encoded as JPEG (Pillow's encoder, one
+   function for both decoders: :func:`fastread.decode.encode_pixels`).
+
+Errors per sample. A DALI pipeline fails a whole batch on one file it cannot
+decode, and is unusable afterwards; then the pipeline is built again (a few
+ms) and the batch's samples run one at a time, so the good ones are kept.
+A sample DALI cannot take (a format nvImageCodec lacks, such as GIF; a
+header Pillow cannot parse; an orientation DALI read otherwise than Pillow)
+goes to Pillow's path for that sample (:func:`fastread.decode.preprocess_one`),
+whose verdict is final: the same files fail (or are skipped) as with
+``decoder="pillow"``, named with Pillow's reason, and the files Pillow
+decoded instead are listed (:attr:`DaliDecoder.by_pillow`).
+
+Memory: at most ``prefetch + reader workers`` batches of file bytes read
+ahead (read_batches), plus the batch being decoded and its output.
+"""
+import collections
+import io
+import os
+
+import numpy as np
+
+from fastread.batches import read_batches
+from fastread.decode import crop_box, encode_pixels, preprocess_one
+from fastread.errors import ReadError
+from fastread.files import read_files
+
+__all__ = ["DaliDecoder"]
+
+#: EXIF orientations that swap width and height (transpose, rotate 90/270).
+_SWAPS = (5, 6, 7, 8)
+
+
+def upright_size(data):
+    """(width, height) of the image in ``data`` as shown, EXIF orientation
+    applied (what ``ImageOps.exif_transpose`` gives and DALI's decoders
+    output), from its header: Pillow opens lazily and decodes nothing.
+    Raises what Pillow raises for a file it does not recognise."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        w, h = im.size
+        # A PNG's getexif() decodes the whole image to find an eXIf chunk
+        # after the pixels; one in the header is in info already. A late
+        # one that DALI applies shows as a shape mismatch (-> Pillow).
+        if im.format == "PNG" and "exif" not in im.info:
+            return w, h
+        orientation = im.getexif().get(0x0112, 1)
+    return (h, w) if orientation in _SWAPS else (w, h)
+
+
+class DaliDecoder:
+    """Decodes lists of files with one DALI pipeline (see the module).
+
+    ``device``: "cpu" or "gpu" (``device_id``, default 0). ``threads``:
+    DALI's ``num_threads`` (default: every CPU this process may use).
+    ``batch_size``: files per pipeline run (and per native read). Engine
+    arguments go to :func:`fastread.read_batches`."""
+
+    def __init__(self, pre, *, device="cpu", device_id=None, batch_size=64, threads=None,
+                 engine="auto", prefetch=None, workers=None, **engine_options):
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if threads is None:
+            threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+                (os.cpu_count() or 1)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        self.pre, self.device, self.batch_size, self.threads = pre, device, batch_size, threads
+        self.device_id = (0 if device_id is None else device_id) if device == "gpu" else None
+        self.read_args = dict(engine=engine, prefetch=prefetch, workers=workers, **engine_options)
+        #: Positions (in the paths given to :meth:`batches`) of the files
+        #: Pillow decoded because DALI could not.
+        self.by_pillow = []
+        self.pipelines_built = 0
+        self._pipe = None
+
+    # -- the pipeline ---------------------------------------------------------
+
+    def _build(self):
+        from nvidia.dali import fn, pipeline_def, types
+
+        crop = self.pre.crop
+        mixed = self.device == "gpu"
+
+        # Not pipelined: one batch is fed, run and fetched at a time, so a
+        # failed run names its batch (and the pipeline, unusable after an
+        # error, is simply built again). DALI's own threads decode and
+        # resize the batch in parallel.
+        @pipeline_def(batch_size=self.batch_size, num_threads=self.threads,
+                      device_id=self.device_id, exec_async=False, exec_pipelined=False,
+                      prefetch_queue_depth=1)
+        def pipe():
+            raw = fn.external_source(name="raw", dtype=types.UINT8, ndim=1)
+            width = fn.external_source(name="width", dtype=types.FLOAT, ndim=0)
+            height = fn.external_source(name="height", dtype=types.FLOAT, ndim=0)
+            images = fn.decoders.image(raw, device="mixed" if mixed else "cpu",
+                                       output_type=types.RGB)   # adjust_orientation=True
+            decoded = images.shape(device="cpu")
+            images = fn.resize(images, resize_x=width, resize_y=height,
+                               interp_type=types.INTERP_LINEAR, antialias=True)
+            if crop is not None:
+                anchor = fn.external_source(name="anchor", dtype=types.INT32, ndim=1)
+                images = fn.slice(images, start=anchor,
+                                  shape=np.array([crop, crop], dtype=np.int32),
+                                  axis_names="HW", out_of_bounds_policy="error")
+            return images, decoded
+
+        p = pipe()
+        p.build()
+        self.pipelines_built += 1
+        return p
+
+    def _run(self, datas, sizes):
+        """One pipeline run over ``datas`` (uint8 arrays of file bytes) with
+        target ``sizes`` [(w, h)]: a list of (HWC uint8 array, decoded
+        (H, W)). Raises what DALI raises (the pipeline is then dropped)."""
+        if self._pipe is None:
+            self._pipe = self._build()
+        p = self._pipe
+        try:
+            p.feed_input("raw", datas)
+            p.feed_input("width", [np.float32(w) for w, _ in sizes])
+            p.feed_input("height", [np.float32(h) for _, h in sizes])
+            if self.pre.crop is not None:
+                p.feed_input("anchor", [np.array(crop_box(w, h, self.pre.crop)[::-1],
+                                                 dtype=np.int32) for w, h in sizes])
+            images, decoded = p.run()
+        except Exception:
+            self._pipe = None   # DALI: "Current pipeline object is no longer valid"
+            raise
+        if self.device == "gpu":
+            images = images.as_cpu()
+        return [(np.array(images.at(i)), tuple(int(x) for x in np.array(decoded.at(i))[:2]))
+                for i in range(len(datas))]
+
+    def _decode(self, datas, sizes):
+        """Per sample: (array, decoded (H, W)) or None where DALI failed on
+        it. A failed batch runs again one sample at a time."""
+        try:
+            return self._run(datas, sizes)
+        except (RuntimeError, ValueError):
+            if len(datas) == 1:
+                return [None]
+        out = []
+        for d, s in zip(datas, sizes):
+            try:
+                out.extend(self._run([d], [s]))
+            except (RuntimeError, ValueError):
+                out.append(None)
+        return out
+
+    # -- batches ---------------------------------------------------------------
+
+    def _read_one(self, path):
+        """One file's bytes, or why it cannot be read (named by the engine)."""
+        opts = {k: v for k, v in self.read_args.items() if k not in ("prefetch", "workers")}
+        try:
+            return read_files([path], **opts)[0]
+        except ReadError as e:
+            return f"cannot read: {e}"
+
+    def batches(self, paths):
+        """Yields, in ``paths`` order, one list per batch of ``(payload,
+        (H, W, 3), None)`` or ``(None, None, why)``, as
+        :func:`fastread.decode.decoded_batches` does. ``paths`` is sliced
+        lazily, a few batches ahead of the caller. Close it (or exhaust it)
+        to stop the reader."""
+        n = self.batch_size
+        pending = collections.deque()   # the lists handed to the reader, not yet yielded
+
+        def lists():
+            for i in range(0, len(paths), n):
+                chunk = list(paths[i:i + n])
+                pending.append(chunk)
+                yield chunk
+
+        base = 0
+        try:
+            with read_batches(lists(), **self.read_args) as it:
+                while True:
+                    try:
+                        arrays = next(it)
+                    except StopIteration:
+                        return
+                    except ReadError:   # a file of the list failed: read one by one to name it
+                        arrays = None
+                    chunk = pending.popleft()
+                    if arrays is None:
+                        arrays = [self._read_one(p) for p in chunk]
+                    yield self._batch(chunk, arrays, base)
+                    base += len(chunk)
+        finally:
+            self._pipe = None
+
+    def _batch(self, chunk, arrays, base):
+        pre = self.pre
+        out = [None] * len(chunk)
+        todo = []   # (position, data, upright (w, h))
+        for j, a in enumerate(arrays):
+            if isinstance(a, str):
+                out[j] = (None, None, a)
+                continue
+            try:
+                todo.append((j, a, upright_size(a)))
+            except Exception:   # not an image Pillow's header parser knows: Pillow decides
+                out[j] = self._by_pillow(base + j, a)
+        if todo:
+            sizes = [pre.target_size(w, h) for _, _, (w, h) in todo]
+            results = self._decode([a for _, a, _ in todo], sizes)
+            for (j, a, (w, h)), size, got in zip(todo, sizes, results):
+                if got is None or got[1] != (h, w):
+                    # DALI could not decode it, or turned it otherwise than
+                    # Pillow's reading of its EXIF orientation.
+                    out[j] = self._by_pillow(base + j, a)
+                    continue
+                pixels = got[0]
+                out[j] = (encode_pixels(pixels, pre), pixels.shape, None)
+        return out
+
+    def _by_pillow(self, position, data):
+        item = preprocess_one(io.BytesIO(memoryview(data)), self.pre)
+        if item[2] is None:
+            self.by_pillow.append(position)
+        return item
