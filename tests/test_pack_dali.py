@@ -9,9 +9,8 @@ antialiased linear filters with pixel-centre alignment, but they weigh and
 round differently (DALI computes in float, Pillow in fixed point with 8-bit
 rounding between the horizontal and the vertical pass) and handle the
 image borders differently. The JPEG decoding itself agrees: at the
-source size (no resize)
-the two packs were identical here (both libjpeg-turbo, islow IDCT, fancy
-upsampling). Measured on these noise-textured synthetic images (every pixel
+source size (no resize) the two packs were identical here (both
+libjpeg-turbo, islow IDCT, fancy upsampling). Measured on these noise-textured synthetic images (every pixel
 an edge): mean absolute difference per image at most 0.27 levels, the worst
 single value 8 levels (at image borders, in downscaling; upscaling: 1); on
 2,000 ImageNet-like JPEGs of the bench tree (bench/decoded/pack_decoders.py

@@ -101,13 +101,14 @@ class DaliDecoder:
         crop = self.pre.crop
         mixed = self.device == "gpu"
 
-        # Not pipelined: one batch is fed, run and fetched at a time, so a
-        # failed run names its batch (and the pipeline, unusable after an
-        # error, is simply built again). DALI's own threads decode and
-        # resize the batch in parallel.
+        # One batch is fed, run and fetched at a time (prefetch depth 1), so
+        # a failed run names its batch (and the pipeline, which DALI may call
+        # invalid after an error, is simply built again). DALI's own threads
+        # decode and resize the batch in parallel. The dynamic executor: the
+        # decoded shapes of GPU images come back to the CPU (a GPU-to-CPU
+        # step the older executors refuse).
         @pipeline_def(batch_size=self.batch_size, num_threads=self.threads,
-                      device_id=self.device_id, exec_async=False, exec_pipelined=False,
-                      prefetch_queue_depth=1)
+                      device_id=self.device_id, exec_dynamic=True, prefetch_queue_depth=1)
         def pipe():
             raw = fn.external_source(name="raw", dtype=types.UINT8, ndim=1)
             width = fn.external_source(name="width", dtype=types.FLOAT, ndim=0)
