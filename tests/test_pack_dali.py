@@ -271,6 +271,57 @@ def test_failed_batch_runs_again_sample_by_sample(tree):
     assert dec.pipelines_built >= 2 and dec.by_pillow == []
 
 
+def test_a_device_failure_fails_the_pack_not_the_files(tree, tmp_path, monkeypatch):
+    """An error of DALI's device (CUDA, memory) is no file's fault: the
+    pack fails saying so, instead of handing every file to Pillow."""
+    def broken(self, datas, sizes):
+        raise RuntimeError("Critical error in pipeline:\nCUDA error: out of memory")
+
+    monkeypatch.setattr(DaliDecoder, "_run", broken)
+    out = tmp_path / "o" / "x.img"
+    out.parent.mkdir()
+    with pytest.raises(OSError, match="pipeline failed, not on a file: CUDA error"):
+        fastread.pack(tree, str(out), decode=True, decoder="dali", decode_device="cpu",
+                      resize=40, skip_bad=True, progress=False)
+    assert os.listdir(out.parent) == []
+
+
+def test_interrupted_pack_leaves_nothing(tree, tmp_path):
+    """SIGINT between batches of the DALI path: KeyboardInterrupt, the
+    reader stopped, no image, index or temporary file left."""
+    import signal
+    import time
+
+    from conftest import interruptible_child
+
+    out = tmp_path / "out"
+    out.mkdir()
+    p = interruptible_child(f"""
+        import sys, time, fastread
+        def slow(b):
+            print("batch", b, flush=True)
+            time.sleep(60)
+        try:
+            fastread.pack({tree!r}, {str(out / "x.img")!r}, decode=True, resize=40,
+                          decoder="dali", decode_device="cpu", batch_size=4,
+                          progress=False, on_batch=slow)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+    """)
+    try:
+        assert p.stdout.readline().startswith("batch 0")
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        rest, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "interrupted" in rest, err
+    assert time.monotonic() - t0 < 30
+    assert os.listdir(out) == []
+
+
 def test_unreadable_file_is_named(tree, tmp_path):
     """A file the engine cannot read (here a dangling link) fails its
     sample only: named, or skipped and listed."""

@@ -31,6 +31,7 @@ Memory: at most ``prefetch + reader workers`` batches of file bytes read
 ahead (read_batches), plus the batch being decoded and its output.
 """
 import collections
+import errno
 import io
 import os
 
@@ -63,6 +64,20 @@ def upright_size(data):
             return w, h
         orientation = im.getexif().get(0x0112, 1)
     return (h, w) if orientation in _SWAPS else (w, h)
+
+
+#: Words of DALI errors that are the machine's, not a file's.
+_DEVICE_FAULTS = ("cuda error", "cudaerror", "cuda_error", "out of memory",
+                  "cuda driver", "no cuda-capable device")
+
+
+def _raise_if_not_a_files_fault(e):
+    text = str(e)
+    if any(w in text.lower() for w in _DEVICE_FAULTS):
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        # OSError: what pack's callers (the CLI) report as a failed run.
+        raise OSError(errno.EIO, "DALI's decoding pipeline failed, not on a file: "
+                      f"{lines[-1] if lines else text}") from e
 
 
 class DaliDecoder:
@@ -155,17 +170,21 @@ class DaliDecoder:
 
     def _decode(self, datas, sizes):
         """Per sample: (array, decoded (H, W)) or None where DALI failed on
-        it. A failed batch runs again one sample at a time."""
+        it. A failed batch runs again one sample at a time. A failure that
+        is the device's, not a file's (CUDA errors, out of memory), raises:
+        else every file would quietly go to Pillow."""
         try:
             return self._run(datas, sizes)
-        except (RuntimeError, ValueError):
+        except (RuntimeError, ValueError) as e:
+            _raise_if_not_a_files_fault(e)
             if len(datas) == 1:
                 return [None]
         out = []
         for d, s in zip(datas, sizes):
             try:
                 out.extend(self._run([d], [s]))
-            except (RuntimeError, ValueError):
+            except (RuntimeError, ValueError) as e:
+                _raise_if_not_a_files_fault(e)
                 out.append(None)
         return out
 
