@@ -378,6 +378,15 @@ def test_choice_here_and_its_record(tree, tmp_path, capsys):
     assert doc["preprocess"]["decoder"] == want
 
 
+def test_info_says_the_default_decoder(capsys):
+    assert cli_main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    want = choose_decoder("auto")
+    assert data["pack_decoder"] == {"auto": want.label, "why": want.why}
+    assert cli_main(["info"]) == 0
+    assert f"decoder {want.label} ({want.why})" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("decoder, device, match", [
     ("pillow", "gpu", "decode_device='gpu' .* needs decoder='dali'"),
     ("nvjpeg", None, "decoder must be one of auto, pillow, dali"),
