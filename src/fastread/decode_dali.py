@@ -27,8 +27,13 @@ whose verdict is final: the same files fail (or are skipped) as with
 ``decoder="pillow"``, named with Pillow's reason, and the files Pillow
 decoded instead are listed (:attr:`DaliDecoder.by_pillow`).
 
-Memory: at most ``prefetch + reader workers`` batches of file bytes read
-ahead (read_batches), plus the batch being decoded and its output.
+The pipeline runs on a thread of its own, one batch ahead of the one being
+stored (DALI releases the GIL while it decodes), so the header parsing, the
+JPEG re-encoding and the writing overlap the decoding.
+
+Memory: the batches of file bytes read ahead (:func:`fastread.read_batches`:
+``prefetch`` + reader ``workers`` - 1), plus :data:`IN_FLIGHT` batches
+handed to the pipeline and not yet yielded (their bytes and pixels).
 """
 import collections
 import errno
@@ -66,6 +71,10 @@ def upright_size(data):
     return (h, w) if orientation in _SWAPS else (w, h)
 
 
+#: Batches handed to the pipeline's thread and not yet yielded: the one
+#: being decoded and the one being stored.
+IN_FLIGHT = 2
+
 #: Words of DALI errors that are the machine's, not a file's.
 _DEVICE_FAULTS = ("cuda error", "cudaerror", "cuda_error", "out of memory",
                   "cuda driver", "no cuda-capable device")
@@ -78,6 +87,18 @@ def _raise_if_not_a_files_fault(e):
         # OSError: what pack's callers (the CLI) report as a failed run.
         raise OSError(errno.EIO, "DALI's decoding pipeline failed, not on a file: "
                       f"{lines[-1] if lines else text}") from e
+
+
+class _Job:
+    """A batch between reading and yielding. ``out``: per sample its item,
+    set already for those settled before decoding (unreadable; left to
+    Pillow); ``todo``: (position, bytes, upright (w, h)) of the samples for
+    DALI; ``sizes``: their target (w, h); ``base``: the batch's first
+    position in the paths; ``future``: DALI's results for ``todo``."""
+    __slots__ = ("out", "todo", "sizes", "base", "future")
+
+    def __init__(self, n, base):
+        self.out, self.todo, self.sizes, self.base, self.future = [None] * n, [], [], base, None
 
 
 class DaliDecoder:
@@ -203,9 +224,16 @@ class DaliDecoder:
         (H, W, 3), None)`` or ``(None, None, why)``, as
         :func:`fastread.decode.decoded_batches` does. ``paths`` is sliced
         lazily, a few batches ahead of the caller. Close it (or exhaust it)
-        to stop the reader."""
+        to stop the reader and the decoding thread.
+
+        The pipeline runs on one thread of its own, a batch ahead: while
+        it decodes batch k+1, this thread parses the headers of the next,
+        stores batch k and hands it on (DALI releases the GIL while it
+        runs). At most :data:`IN_FLIGHT` batches are with the pipeline."""
+        from concurrent.futures import ThreadPoolExecutor
+
         n = self.batch_size
-        pending = collections.deque()   # the lists handed to the reader, not yet yielded
+        pending = collections.deque()   # the lists handed to the reader, not yet decoded
 
         def lists():
             for i in range(0, len(paths), n):
@@ -213,28 +241,43 @@ class DaliDecoder:
                 pending.append(chunk)
                 yield chunk
 
+        jobs = collections.deque()
         base = 0
+        # One thread: the pipeline is used by it alone, one batch after another.
+        pool = ThreadPoolExecutor(1, thread_name_prefix="fastread-dali")
         try:
             with read_batches(lists(), **self.read_args) as it:
                 while True:
                     try:
                         arrays = next(it)
                     except StopIteration:
-                        return
+                        break
                     except ReadError:   # a file of the list failed: read one by one to name it
                         arrays = None
                     chunk = pending.popleft()
                     if arrays is None:
                         arrays = [self._read_one(p) for p in chunk]
-                    yield self._batch(chunk, arrays, base)
+                    job = self._prepare(arrays, base)
+                    if job.todo:
+                        job.future = pool.submit(self._decode, [a for _, a, _ in job.todo],
+                                                 job.sizes)
+                    jobs.append(job)
                     base += len(chunk)
+                    if len(jobs) >= IN_FLIGHT:
+                        yield self._finish(jobs.popleft())
+            while jobs:
+                yield self._finish(jobs.popleft())
         finally:
+            for job in jobs:
+                if job.future is not None:
+                    job.future.cancel()
+            pool.shutdown(wait=True)   # the batch running now ends (a batch's time at most)
             self._pipe = None
 
-    def _batch(self, chunk, arrays, base):
-        pre = self.pre
-        out = [None] * len(chunk)
-        todo = []   # (position, data, upright (w, h))
+    def _prepare(self, arrays, base):
+        """A batch before decoding (a :class:`_Job`)."""
+        job = _Job(len(arrays), base)
+        out, todo = job.out, job.todo
         for j, a in enumerate(arrays):
             if isinstance(a, str):
                 out[j] = (None, None, a)
@@ -243,17 +286,21 @@ class DaliDecoder:
                 todo.append((j, a, upright_size(a)))
             except Exception:   # not an image Pillow's header parser knows: Pillow decides
                 out[j] = self._by_pillow(base + j, a)
-        if todo:
-            sizes = [pre.target_size(w, h) for _, _, (w, h) in todo]
-            results = self._decode([a for _, a, _ in todo], sizes)
-            for (j, a, (w, h)), size, got in zip(todo, sizes, results):
-                if got is None or got[1] != (h, w):
-                    # DALI could not decode it, or turned it otherwise than
-                    # Pillow's reading of its EXIF orientation.
-                    out[j] = self._by_pillow(base + j, a)
-                    continue
-                pixels = got[0]
-                out[j] = (encode_pixels(pixels, pre), pixels.shape, None)
+        job.sizes = [self.pre.target_size(w, h) for _, _, (w, h) in todo]
+        return job
+
+    def _finish(self, job):
+        """The batch's items, once DALI has decoded ``job.todo``."""
+        out, base = job.out, job.base
+        results = job.future.result() if job.future is not None else []
+        for (j, a, (w, h)), got in zip(job.todo, results):
+            if got is None or got[1] != (h, w):
+                # DALI could not decode it, or turned it otherwise than
+                # Pillow's reading of its EXIF orientation.
+                out[j] = self._by_pillow(base + j, a)
+                continue
+            pixels = got[0]
+            out[j] = (encode_pixels(pixels, self.pre), pixels.shape, None)
         return out
 
     def _by_pillow(self, position, data):

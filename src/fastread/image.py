@@ -650,7 +650,7 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
         if pre is not None:
             doc_pre = pre.as_dict(choice)
             if choice.name == "dali":
-                doc_pre["decoded_by_pillow"] = [names[j] for j in dali.by_pillow]
+                doc_pre["decoded_by_pillow"] = [names[j] for j in sorted(dali.by_pillow)]
             doc.update(version=INDEX_VERSION_DECODED, encoding=pre.encode, dtype="uint8",
                        shapes=shapes, preprocess=doc_pre,
                        skipped=[list(x) for x in skipped])
