@@ -286,6 +286,17 @@ def test_a_device_failure_fails_the_pack_not_the_files(tree, tmp_path, monkeypat
     assert os.listdir(out.parent) == []
 
 
+def test_a_pipeline_that_cannot_be_built_fails_the_pack(tree, tmp_path, monkeypatch):
+    def broken(self):
+        raise RuntimeError("[/opt/dali/pipeline.cc:42] Assert failed\nno device 7")
+
+    monkeypatch.setattr(DaliDecoder, "_build", broken)
+    with pytest.raises(OSError, match=r"pipeline \(CPU\) cannot be built: no device 7"):
+        fastread.pack(tree, str(tmp_path / "x.img"), decode=True, decoder="dali",
+                      decode_device="cpu", resize=40, skip_bad=True, progress=False)
+    assert not (tmp_path / "x.img").exists()
+
+
 def test_interrupted_pack_leaves_nothing(tree, tmp_path):
     """SIGINT between batches of the DALI path: KeyboardInterrupt, the
     reader stopped, no image, index or temporary file left."""

@@ -166,13 +166,24 @@ class DaliDecoder:
         self.pipelines_built += 1
         return p
 
+    def _pipeline(self):
+        """The pipeline, built if there is none. A pipeline that cannot be
+        built is no file's fault: OSError (not the per-file RuntimeError)."""
+        if self._pipe is None:
+            try:
+                self._pipe = self._build()
+            except Exception as e:
+                lines = [ln for ln in str(e).splitlines() if ln.strip()]
+                where = f"GPU {self.device_id}" if self.device == "gpu" else "CPU"
+                raise OSError(errno.EIO, f"DALI's decoding pipeline ({where}) cannot be "
+                              f"built: {lines[-1] if lines else type(e).__name__}") from e
+        return self._pipe
+
     def _run(self, datas, sizes):
         """One pipeline run over ``datas`` (uint8 arrays of file bytes) with
         target ``sizes`` [(w, h)]: a list of (HWC uint8 array, decoded
         (H, W)). Raises what DALI raises (the pipeline is then dropped)."""
-        if self._pipe is None:
-            self._pipe = self._build()
-        p = self._pipe
+        p = self._pipeline()
         try:
             p.feed_input("raw", datas)
             p.feed_input("width", [np.float32(w) for w, _ in sizes])
