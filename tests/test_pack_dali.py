@@ -237,7 +237,7 @@ def test_skip_bad_keeps_the_good_files_of_a_failed_batch(tree, tmp_path, capsys)
                      "--batch-size", "5"]) == 0
     printed = capsys.readouterr().out
     assert f"SKIPPED {victim}:" in printed and f"SKIPPED {junk}:" in printed
-    assert "decoder: dali-cpu (asked for (decoder='dali', decode_device='cpu'))" in printed
+    assert "decoder: dali-cpu (asked for: decoder='dali', decode_device='cpu')" in printed
     img = fastread.PackedImage(out)
     assert [name for name, _ in img.skipped] == [victim, junk]
     # The same files, order, labels and verdicts as the Pillow path.

@@ -89,7 +89,7 @@ def choose_decoder(decoder="auto", device=None):
         if device == "gpu":
             raise ValueError("decode_device='gpu' (--decode-device gpu) needs decoder='dali' "
                              "or 'auto': Pillow decodes on the CPU only")
-        return DecoderChoice("pillow", "cpu", "asked for (decoder='pillow')")
+        return DecoderChoice("pillow", "cpu", "asked for: decoder='pillow'")
     if decoder == "auto" and device == "cpu":
         return DecoderChoice("pillow", "cpu", "auto on the CPU: Pillow, the reference "
                              "decoder, with a process per CPU")
@@ -107,10 +107,10 @@ def choose_decoder(decoder="auto", device=None):
                          "decode_device='cpu' or decoder='pillow'")
     if device is None:
         device = "gpu" if gpus else "cpu"
-        return DecoderChoice("dali", device, f"asked for (decoder={decoder!r}); "
+        return DecoderChoice("dali", device, f"asked for: decoder={decoder!r}; "
                              + ("a CUDA GPU is present" if gpus else f"{why_not}, so its CPU "
                                 "decoder"))
-    return DecoderChoice("dali", device, f"asked for ({asked})")
+    return DecoderChoice("dali", device, f"asked for: {asked}")
 
 
 def crop_box(w, h, crop):
