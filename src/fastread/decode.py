@@ -21,6 +21,7 @@ and tests compare against it (exact) and against a plain Pillow reference
 import collections
 import io
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,18 +36,13 @@ DECODERS = ("auto", "pillow", "dali")
 DECODE_DEVICES = ("cpu", "gpu")
 
 
-class DecoderChoice(tuple):
-    """``(name, device, why)``: ``name`` "pillow" or "dali", ``device``
-    "cpu" or "gpu", ``why`` a sentence saying why this decoder (printed by
-    ``fastread pack`` and recorded in the index)."""
-    __slots__ = ()
-
-    def __new__(cls, name, device, why):
-        return super().__new__(cls, (name, device, why))
-
-    name = property(lambda self: self[0])
-    device = property(lambda self: self[1])
-    why = property(lambda self: self[2])
+class DecoderChoice(NamedTuple):
+    """``name`` "pillow" or "dali", ``device`` "cpu" or "gpu", ``why`` a
+    sentence saying why this decoder (printed by ``fastread pack`` and
+    recorded in the index)."""
+    name: str
+    device: str
+    why: str
 
     @property
     def label(self):
@@ -91,6 +87,8 @@ def choose_decoder(decoder="auto", device=None):
                              "or 'auto': Pillow decodes on the CPU only")
         return DecoderChoice("pillow", "cpu", "asked for: decoder='pillow'")
     if decoder == "auto" and device == "cpu":
+        # Not DALI's CPU decoder: no faster on 2 CPUs
+        # (bench/decoded/pack_decoders.py), and Pillow is the reference.
         return DecoderChoice("pillow", "cpu", "auto on the CPU: Pillow, the reference "
                              "decoder, with a process per CPU")
     backend, gpus, why_not = _dali_gpus()
