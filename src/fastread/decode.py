@@ -60,6 +60,8 @@ def _dali_gpus():
         import nvidia.dali.backend as backend
     except ImportError as e:
         return None, 0, f"DALI is not installed ({e})"
+    except Exception as e:   # installed but broken (a missing library): Pillow still works
+        return None, 0, f"DALI does not import ({type(e).__name__}: {e})"
     try:
         n = int(backend.GetCUDADeviceCount())
     except Exception as e:   # no driver, or a broken one: DALI says why
