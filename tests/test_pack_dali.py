@@ -39,7 +39,8 @@ pytest.importorskip("nvidia.dali", reason="DALI is not installed")
 import fastread  # noqa: E402
 from fastread.cli import main as cli_main  # noqa: E402
 from fastread.datasets import make_imagenet_like  # noqa: E402
-from fastread.decode import Preprocess, _dali_gpus, choose_decoder  # noqa: E402
+from fastread.decode import (  # noqa: E402
+    Preprocess, _dali_gpus, choose_decoder, preprocess_file)
 from fastread.decode_dali import IN_FLIGHT, DaliDecoder, upright_size  # noqa: E402
 from fastread.image import ImageError  # noqa: E402
 
@@ -200,6 +201,29 @@ def test_a_format_dali_lacks_is_decoded_by_pillow_and_listed(tree, tmp_path):
     compare(a, b, MEAN_CPU, MAX_CPU, INNER_CPU)
     i = b.names.index(os.path.join(cls, "anim.gif"))
     assert a.pixels(a.read([i])[0], i).tobytes() == b.pixels(b.read([i])[0], i).tobytes()
+
+
+def test_cli_says_which_files_pillow_decoded(tree, tmp_path, capsys):
+    """A GIF named .png (scan's default filters take it; DALI knows images
+    by their bytes and has no GIF decoder): decoded by Pillow, and the
+    summary says so."""
+    root = tmp_path / "t"
+    shutil.copytree(tree, root)
+    cls = classes(root)[2]
+    Image.fromarray(np.full((20, 30, 3), 77, np.uint8)).convert("P").save(
+        root / cls / "gif.png", format="GIF")
+    out = str(tmp_path / "c.img")
+    assert cli_main(["pack", str(root), out, "--decode", "--resize", "40", "--quiet",
+                     "--decoder", "dali", "--decode-device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    name = os.path.join(cls, "gif.png")
+    assert f"1 file(s) DALI could not decode were decoded by Pillow " \
+           f"(index: preprocess['decoded_by_pillow']), e.g. {name}" in printed
+    img = fastread.PackedImage(out)
+    assert img.preprocess["decoded_by_pillow"] == [name]
+    i = img.names.index(name)
+    data, shape = preprocess_file(str(root / name), Preprocess(resize=40))
+    assert img.pixels(img.read([i])[0], i).tobytes() == data and shape == (40, 60, 3)
 
 
 def corrupt_tree(tree, dst):
