@@ -78,6 +78,12 @@
 #                              256 pack + the same (d); AUG_IMAGES JPEGs (default 10000), packed
 #                              once per machine; AUG_HW: DALI's hw_decoder_load for (a), (b), (d)
 #                              (default DALI's 0.65); (a), (b), (d) skip, saying so, without DALI staged
+#   bash bench/gpu.sh pack-decoders  `fastread pack --decode` with DALI's decoder on the GPU
+#                              (issue 33): tests/test_pack_dali.py (its GPU cases run here
+#                              only), then bench/decoded/pack_decoders.py: Pillow, DALI on the
+#                              CPU and DALI on the GPU (nvJPEG) packing PD_IMAGES JPEGs
+#                              (default 5000) at --resize 160 --crop 160, PD_ROUNDS interleaved
+#                              rounds (default 3), with the pixel differences; needs DALI staged
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
@@ -415,6 +421,19 @@ decoded)
         --rounds "${AUG_ROUNDS:-3}" --seconds "${AUG_SECONDS:-4}" --json "$json/decoded.json" \
         ${AUG_HW:+--hw-decoder-load "$AUG_HW"} \
         2>&1 | tee "$json/decoded.txt"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
+pack-decoders)
+    python3 -c 'import nvidia.dali' || { echo "pack-decoders needs DALI: bash bench/gpu.sh stage first"; exit 1; }
+    (cd tests && python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
+        >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
+        { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -20 || true; }
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    n="${PD_IMAGES:-5000}"
+    python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --images "$n" \
+        --classes 10 --rounds "${PD_ROUNDS:-3}" --json "$json/pack-decoders.json" \
+        2>&1 | grep -v -i "warning" | tee "$json/pack-decoders.txt" || echo "(pack_decoders.py failed)"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 formats)

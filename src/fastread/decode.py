@@ -1,7 +1,12 @@
 """Decoding once, at pack time: the preprocessing of ``fastread pack
 --decode`` (:func:`fastread.pack` with ``decode=True``).
 
-Each source image is decoded with Pillow, turned upright by its EXIF
+Two decoders do it, with one meaning (:class:`Preprocess`):
+:func:`choose_decoder` is the one place that picks between them. Pillow
+(here) on the CPU with all cores; or DALI's ``fn.decoders.image``
+(nvImageCodec), on the GPU where one is present (:mod:`fastread.decode_dali`).
+
+With Pillow, each source image is decoded, turned upright by its EXIF
 orientation, converted to RGB, resized and
 optionally center-cropped (:class:`Preprocess`), then stored as raw uint8
 HWC pixels or re-encoded as JPEG. The work runs in a process pool (Pillow's
@@ -16,12 +21,117 @@ and tests compare against it (exact) and against a plain Pillow reference
 import collections
 import io
 import os
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Preprocess", "preprocess_file", "preprocess_image", "decoded_batches"]
+__all__ = ["DecoderChoice", "Preprocess", "choose_decoder", "preprocess_file",
+           "preprocess_image", "decoded_batches"]
 
 ENCODINGS = ("raw", "jpeg")
+
+#: ``pack(decoder=...)`` / ``--decoder``.
+DECODERS = ("auto", "pillow", "dali")
+#: ``pack(decode_device=...)`` / ``--decode-device`` (None: the decoder's own choice).
+DECODE_DEVICES = ("cpu", "gpu")
+
+
+class DecoderChoice(NamedTuple):
+    """``name`` "pillow" or "dali", ``device`` "cpu" or "gpu", ``why`` a
+    sentence saying why this decoder (printed by ``fastread pack`` and
+    recorded in the index)."""
+    name: str
+    device: str
+    why: str
+
+    @property
+    def label(self):
+        """What the index's ``preprocess["decoder"]`` says: "pillow",
+        "dali-cpu" or "dali-mixed" (DALI's name for decoding on the GPU from
+        host bytes)."""
+        if self.name == "pillow":
+            return "pillow"
+        return "dali-mixed" if self.device == "gpu" else "dali-cpu"
+
+
+def _dali_gpus():
+    """(DALI's module or None, number of CUDA devices DALI sees, why not)."""
+    try:
+        import nvidia.dali.backend as backend
+    except ImportError as e:
+        return None, 0, f"DALI is not installed ({e})"
+    except Exception as e:   # installed but broken (a missing library): Pillow still works
+        return None, 0, f"DALI does not import ({type(e).__name__}: {e})"
+    try:
+        n = int(backend.GetCUDADeviceCount())
+    except Exception as e:   # no driver, or a broken one: DALI says why
+        return backend, 0, f"DALI sees no CUDA GPU ({str(e).strip().splitlines()[0]})"
+    return backend, n, None if n > 0 else "DALI sees no CUDA GPU"
+
+
+def choose_decoder(decoder="auto", device=None):
+    """The decoder of a decoded pack, as a :class:`DecoderChoice`.
+
+    ``decoder``: "pillow", "dali" or "auto"; ``device``: "cpu", "gpu" or
+    None. "auto" is DALI on the GPU where DALI and a CUDA GPU are present,
+    else Pillow (with ``device="cpu"``, Pillow: the reference, and it
+    decodes every format Pillow knows). "dali" without ``device``: the GPU
+    where there is one, else DALI's CPU decoder. Combinations that cannot
+    run raise ValueError naming the option."""
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, got {decoder!r}")
+    if device is not None and device not in DECODE_DEVICES:
+        raise ValueError(f"decode_device must be one of {', '.join(DECODE_DEVICES)} or None, "
+                         f"got {device!r}")
+    if decoder == "pillow":
+        if device == "gpu":
+            raise ValueError("decode_device='gpu' (--decode-device gpu) needs decoder='dali' "
+                             "or 'auto': Pillow decodes on the CPU only")
+        return DecoderChoice("pillow", "cpu", "asked for: decoder='pillow'")
+    if decoder == "auto" and device == "cpu":
+        # Not DALI's CPU decoder: no faster on 2 CPUs
+        # (bench/decoded/pack_decoders.py), and Pillow is the reference.
+        return DecoderChoice("pillow", "cpu", "auto on the CPU: Pillow, the reference "
+                             "decoder, with a process per CPU")
+    backend, gpus, why_not = _dali_gpus()
+    if decoder == "auto" and device is None:
+        if backend is not None and gpus:
+            return DecoderChoice("dali", "gpu", f"auto: DALI and {gpus} CUDA GPU(s) present")
+        return DecoderChoice("pillow", "cpu", f"auto: {why_not}, so Pillow on the CPU")
+    asked = f"decoder={decoder!r}" + (f", decode_device={device!r}" if device else "")
+    if backend is None:
+        raise ValueError(f"{asked} (--decoder {decoder}) needs NVIDIA DALI: {why_not}; "
+                         "install nvidia-dali-cuda120 (or -cuda130), or use decoder='pillow'")
+    if device == "gpu" and not gpus:
+        raise ValueError(f"decode_device='gpu' (--decode-device gpu): {why_not}; use "
+                         "decode_device='cpu' or decoder='pillow'")
+    if device is None:
+        device = "gpu" if gpus else "cpu"
+        return DecoderChoice("dali", device, f"asked for: decoder={decoder!r}; "
+                             + ("a CUDA GPU is present" if gpus else f"{why_not}, so its CPU "
+                                "decoder"))
+    return DecoderChoice("dali", device, f"asked for: {asked}")
+
+
+def crop_box(w, h, crop):
+    """``(left, top)`` of the center ``crop`` x ``crop`` window of a w x h
+    image: torchvision's ``CenterCrop`` anchors, the one rule both decoders
+    use."""
+    return int(round((w - crop) / 2.0)), int(round((h - crop) / 2.0))
+
+
+def encode_pixels(pixels, pre):
+    """Uint8 HWC RGB ``pixels`` (a NumPy array or a PIL image) as stored:
+    the array itself for ``"raw"`` (any C-contiguous buffer), JPEG bytes at
+    ``pre.quality`` (Pillow's encoder) for ``"jpeg"``."""
+    from PIL import Image
+
+    if pre.encode == "raw":
+        return np.ascontiguousarray(pixels, dtype=np.uint8)
+    img = pixels if isinstance(pixels, Image.Image) else Image.fromarray(pixels, "RGB")
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=pre.quality)
+    return buf.getvalue()
 
 
 class Preprocess:
@@ -55,12 +165,15 @@ class Preprocess:
         self.resize, self.max_side, self.crop = resize, max_side, crop
         self.encode, self.quality = encode, quality
 
-    def as_dict(self):
-        """What the index records (``preprocess``)."""
+    def as_dict(self, decoder=None):
+        """What the index records (``preprocess``); with ``decoder`` (a
+        :class:`DecoderChoice`), which decoder and why."""
         d = {"resize": self.resize, "max_side": self.max_side, "crop": self.crop,
              "encode": self.encode, "resample": "bilinear", "mode": "RGB"}
         if self.encode == "jpeg":
             d["quality"] = self.quality
+        if decoder is not None:
+            d["decoder"], d["decoder_why"] = decoder.label, decoder.why
         return d
 
     def target_size(self, w, h):
@@ -91,13 +204,14 @@ def preprocess_image(img, pre):
     if pre.crop is not None:
         c = pre.crop
         w, h = img.size
-        left, top = int(round((w - c) / 2.0)), int(round((h - c) / 2.0))
+        left, top = crop_box(w, h, c)
         img = img.crop((left, top, left + c, top + c))
     return img
 
 
 def preprocess_file(path, pre):
-    """``(payload bytes, (H, W, C))`` for one source image; raises what
+    """``(payload, (H, W, C))`` for one source image (``path``: a path or a
+    binary file object); the payload is bytes-like. Raises what
     Pillow raises for a file it cannot decode (OSError, ValueError, ...)."""
     from PIL import Image, ImageOps
 
@@ -109,25 +223,26 @@ def preprocess_file(path, pre):
     shape = (img.size[1], img.size[0], 3)
     if pre.encode == "raw":
         return np.asarray(img, dtype=np.uint8).tobytes(), shape
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=pre.quality)
-    return buf.getvalue(), shape
+    return encode_pixels(img, pre), shape
+
+
+def preprocess_one(path, pre):
+    """:func:`preprocess_file` with its errors as values: ``(payload, shape,
+    None)`` or ``(None, None, why)``. Errors are per sample."""
+    from PIL import Image
+
+    try:
+        data, shape = preprocess_file(path, pre)
+        return data, shape, None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError,
+            MemoryError) as e:   # Pillow's ways of refusing a file
+        return None, None, f"{type(e).__name__}: {e}"
 
 
 def _work(paths, pre):
     """A chunk in a pool process: per path ``(bytes, shape, None)`` or
     ``(None, None, why)``. Errors are per sample, never the chunk's."""
-    from PIL import Image
-
-    out = []
-    for p in paths:
-        try:
-            data, shape = preprocess_file(p, pre)
-            out.append((data, shape, None))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError,
-                MemoryError) as e:   # Pillow's ways of refusing a file
-            out.append((None, None, f"{type(e).__name__}: {e}"))
-    return out
+    return [preprocess_one(p, pre) for p in paths]
 
 
 def decoded_batches(paths, pre, *, workers=None, chunk=16):

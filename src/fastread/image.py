@@ -485,7 +485,8 @@ def _progress(total, enabled, desc):
 def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batch_size=256,
          engine="auto", workers=None, prefetch=None, progress=None, file_filters=None,
          on_batch=None, decode=False, resize=None, max_side=None, crop=None, encode="raw",
-         quality=90, skip_bad=False, decode_workers=None, **engine_options):
+         quality=90, skip_bad=False, decode_workers=None, decoder="auto", decode_device=None,
+         **engine_options):
     """Packs the samples of ``file_root`` (fastread.scan order and labels)
     into the image ``out`` and writes its index (``<out>.index`` unless
     ``index`` is given). Returns the :class:`PackedImage`.
@@ -507,18 +508,32 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
     shape. A file that cannot be decoded fails the pack with ImageError
     naming it, or with ``skip_bad=True`` is left out and listed in the
     index (``PackedImage.skipped``).
+
+    ``decoder``: "pillow" (a process per CPU), "dali" (DALI's
+    ``fn.decoders.image``, nvImageCodec, on ``decode_device`` "gpu" or
+    "cpu"; :mod:`fastread.decode_dali`) or "auto" (DALI on the GPU where
+    DALI and a CUDA GPU are present, else Pillow):
+    :func:`fastread.decode.choose_decoder` decides, and the index's
+    ``preprocess`` records which (``"decoder"``) and why. With DALI,
+    ``batch_size`` files go through the pipeline at a time and
+    ``decode_workers`` is its thread count; the files DALI cannot decode
+    but Pillow can are decoded by Pillow and listed
+    (``preprocess["decoded_by_pillow"]``).
     """
     if not isinstance(alignment, int) or alignment < 512 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a power of two >= 512, got {alignment!r}")
-    pre = None
+    pre = choice = None
     if decode:
-        from fastread.decode import Preprocess
+        from fastread.decode import Preprocess, choose_decoder
         pre = Preprocess(resize=resize, max_side=max_side, crop=crop, encode=encode,
                          quality=quality)
+        choice = choose_decoder(decoder, decode_device)
     else:
         given = [k for k, v in (("resize", resize), ("max_side", max_side), ("crop", crop),
                                 ("skip_bad", skip_bad or None),
-                                ("decode_workers", decode_workers)) if v is not None]
+                                ("decode_workers", decode_workers),
+                                ("decoder", None if decoder == "auto" else decoder),
+                                ("decode_device", decode_device)) if v is not None]
         if given or encode != "raw" or quality != 90:
             raise ValueError(f"{', '.join(given) or 'encode/quality'} apply only with "
                              "decode=True (--decode)")
@@ -569,6 +584,12 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
             batches = read_in_order(FileList(paths, labels), batch_size, engine, workers=workers,
                                     prefetch=prefetch, **engine_options)
             chunks = ([(a, None, None) for a in arrays] for arrays, _labels in batches)
+        elif choice.name == "dali":
+            from fastread.decode_dali import DaliDecoder
+            dali = DaliDecoder(pre, device=choice.device, batch_size=batch_size,
+                               threads=decode_workers, engine=engine, workers=workers,
+                               prefetch=prefetch, **engine_options)
+            batches = chunks = dali.batches(paths)
         else:
             from fastread.decode import decoded_batches
             batches = decoded_batches(paths, pre, workers=decode_workers)
@@ -627,8 +648,11 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
                "offsets": offsets[:k].tolist(), "lengths": lengths[:k].tolist(),
                "checksums": sums[:k].tolist()}
         if pre is not None:
+            doc_pre = pre.as_dict(choice)
+            if choice.name == "dali":
+                doc_pre["decoded_by_pillow"] = [names[j] for j in sorted(dali.by_pillow)]
             doc.update(version=INDEX_VERSION_DECODED, encoding=pre.encode, dtype="uint8",
-                       shapes=shapes, preprocess=pre.as_dict(),
+                       shapes=shapes, preprocess=doc_pre,
                        skipped=[list(x) for x in skipped])
         with open(tmp_index, "xb") as f:
             f.write(_encode_index(doc))

@@ -39,6 +39,9 @@ def collect():
     # The native DALI operator (fn.fastread.readers.file): loaded, or why not.
     dali_plugin = _plugin.info()
     ray_version, ray_why = ray_data()
+    from fastread.decode import choose_decoder
+    # What `fastread pack --decode` decodes with by default here, and why.
+    decoder = choose_decoder("auto")
     settings = {}
     for name, value in _defaults.all_settings().items():
         var = _defaults.env_var(name)
@@ -59,6 +62,7 @@ def collect():
         "dali_plugin": dali_plugin,
         # Ray Data, which fastread.ray needs (pip install fastread[ray]), or why it is absent.
         "ray": {"version": ray_version, "reason": ray_why},
+        "pack_decoder": {"auto": decoder.label, "why": decoder.why},
         "cuda_devices": devices,
         "cuda_reason": why,
         "defaults": settings,
@@ -90,7 +94,7 @@ def run(args):
     out += format_engines(data)
     out += ["", "packages:"]
     width = max(max(map(len, data["packages"])), len("libxnvme"), len("DALI plugin"),
-                len("libcurl (s3)"), len("Ray Data"))
+                len("libcurl (s3)"), len("Ray Data"), len("pack --decode"))
     for label, ver in data["packages"].items():
         out.append(f"  {label:<{width}}  {ver}")
     x = data["xnvme"]
@@ -106,6 +110,8 @@ def run(args):
     r = data["ray"]
     out.append(f"  {'Ray Data':<{width}}  " + (
         f"{r['version']} (fastread.ray)" if r["version"] else f"unavailable: {r['reason']}"))
+    pd = data["pack_decoder"]
+    out.append(f"  {'pack --decode':<{width}}  decoder {pd['auto']} ({pd['why']})")
     out += ["", "CUDA devices:"]
     if data["cuda_devices"]:
         out += [f"  {d}" for d in data["cuda_devices"]]

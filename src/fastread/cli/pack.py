@@ -47,7 +47,8 @@ def add_parser(sub):
                    help="OUT is a block device: overwrite it (its data is lost)")
     d = p.add_argument_group(
         "decoding once (--decode)",
-        "Decode every image here (Pillow, a process per CPU), resize it, optionally "
+        "Decode every image here (Pillow, a process per CPU; or DALI's nvImageCodec "
+        "decoder, on the GPU where present: --decoder), resize it, optionally "
         "center-crop it, and store pixels (or a re-encoded JPEG): training then reads "
         "without decoding. docs/decoded.md says what this changes.")
     d.add_argument("--decode", action="store_true",
@@ -67,7 +68,14 @@ def add_parser(sub):
                    help="leave out files that cannot be decoded (listed here and in the "
                         "index) instead of failing")
     d.add_argument("--decode-workers", type=positive_int, metavar="N",
-                   help="decoding processes (default: one per CPU)")
+                   help="decoding processes (DALI: threads; default: one per CPU)")
+    d.add_argument("--decoder", choices=("auto", "pillow", "dali"), default="auto",
+                   help="auto (default): DALI on the GPU where DALI and a CUDA GPU are "
+                        "present, else Pillow; dali: DALI's fn.decoders.image (nvImageCodec), "
+                        "--batch-size files per pipeline run")
+    d.add_argument("--decode-device", choices=("cpu", "gpu"), default=None,
+                   help="where DALI decodes (gpu: device='mixed'); default: the GPU if "
+                        "present. Pillow is CPU only")
     _common(p)
     p.set_defaults(run=run_pack, _parser=p)
 
@@ -90,11 +98,13 @@ def run_pack(args):
     if args.decode:
         decode = dict(decode=True, resize=args.resize, max_side=args.max_side, crop=args.crop,
                       encode=args.encode, quality=args.quality, skip_bad=args.skip_bad,
-                      decode_workers=args.decode_workers)
+                      decode_workers=args.decode_workers, decoder=args.decoder,
+                      decode_device=args.decode_device)
     else:
         given = [f"--{k.replace('_', '-')}" for k in ("resize", "max_side", "crop",
-                                                      "decode_workers")
+                                                      "decode_workers", "decode_device")
                  if getattr(args, k) is not None]
+        given += ["--decoder"] if args.decoder != "auto" else []
         given += ["--skip-bad"] if args.skip_bad else []
         given += ["--encode/--quality"] if (args.encode, args.quality) != ("raw", 90) else []
         if given:
@@ -118,6 +128,12 @@ def run_pack(args):
         print(f"decoded ({img.encoding}): {len(img) / max(dt, 1e-9):.0f} images/s, "
               f"{data / max(len(img), 1):.0f} bytes per image, "
               + (f"shape {shape}" if shape else "shapes vary (no --crop)"))
+        pre = img.preprocess or {}
+        print(f"decoder: {pre.get('decoder')} ({pre.get('decoder_why')})")
+        by_pillow = pre.get("decoded_by_pillow") or []
+        if by_pillow:
+            print(f"{len(by_pillow)} file(s) DALI could not decode were decoded by Pillow "
+                  f"(index: preprocess['decoded_by_pillow']), e.g. {by_pillow[0]}")
         for name, why in img.skipped:
             print(f"SKIPPED {name}: {why}")
         if img.skipped:
