@@ -70,9 +70,9 @@ def add_parser(sub):
     d.add_argument("--decode-workers", type=positive_int, metavar="N",
                    help="decoding processes (DALI: threads; default: one per CPU)")
     d.add_argument("--decoder", choices=("auto", "pillow", "dali"), default="auto",
-                   help="auto (default): DALI on the GPU where DALI and a CUDA GPU are "
-                        "present, else Pillow; dali: DALI's fn.decoders.image (nvImageCodec), "
-                        "--batch-size files per pipeline run")
+                   help="auto (default): Pillow (with --decode-device gpu: DALI on the GPU); "
+                        "dali: DALI's fn.decoders.image (nvImageCodec), --batch-size files per "
+                        "pipeline run")
     d.add_argument("--decode-device", choices=("cpu", "gpu"), default=None,
                    help="where DALI decodes (gpu: device='mixed'); default: the GPU if "
                         "present. Pillow is CPU only")
