@@ -98,6 +98,21 @@ def test_verify_and_corrupt_sample(packed, disk_tmp, tmp_path):
     assert r.returncode == 1 and bad.names[i] in r.stdout and "checksum mismatch" in r.stdout
 
 
+def test_repack_to_the_same_path_then_read_in_the_same_process(edge_tree, tmp_path):
+    """pack() replaces an image by rename: this process's contexts, which
+    keep the old image open, read the new one (they read the replaced file's
+    bytes before: every sample a checksum mismatch)."""
+    root, content = edge_tree
+    out = str(tmp_path / "again.img")
+    first = pack(root, out, progress=False)
+    assert verify(first) == []
+    small = tmp_path / "small"
+    (small / "a").mkdir(parents=True)
+    (small / "a" / "x.jpg").write_bytes(b"new image, new bytes" * 100)
+    again = pack(str(small), out, progress=False)
+    assert verify(again) == []
+
+
 def test_cli_pack_and_verify(edge_tree, tmp_path):
     root, _content = edge_tree
     out = str(tmp_path / "cli.img")

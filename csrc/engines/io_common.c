@@ -298,6 +298,8 @@ void fr_image_cache_init(fr_image_cache *c)
     c->fd = -1;
     c->direct = 0;
     c->err = 0;
+    c->dev = 0;
+    c->ino = 0;
 }
 
 void fr_image_cache_close(fr_image_cache *c)
@@ -310,8 +312,13 @@ void fr_image_cache_close(fr_image_cache *c)
 
 int fr_image_cache_get(fr_image_cache *c, const char *path, int o_direct)
 {
-    if (c->path && strcmp(c->path, path) == 0 && c->fd >= 0)
-        return 0;
+    if (c->path && strcmp(c->path, path) == 0 && c->fd >= 0) {
+        /* The same path: kept while it names the file open. A failed stat
+         * (the image removed) reopens too, so the samples say why. */
+        struct stat st;
+        if (stat(path, &st) == 0 && st.st_dev == c->dev && st.st_ino == c->ino)
+            return 0;
+    }
     char *copy = strdup(path);
     if (!copy)
         return -ENOMEM;
@@ -323,6 +330,14 @@ int fr_image_cache_get(fr_image_cache *c, const char *path, int o_direct)
         c->err = fd; /* retried on the next call: the image may appear */
         return had;
     }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        c->err = -errno;
+        close(fd);
+        return had;
+    }
     c->fd = fd;
+    c->dev = st.st_dev;
+    c->ino = st.st_ino;
     return 1;
 }

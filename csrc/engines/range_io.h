@@ -6,6 +6,8 @@
 #ifndef FASTREAD_RANGE_IO_H
 #define FASTREAD_RANGE_IO_H
 
+#include <sys/types.h>
+
 #include "engines/io_common.h"
 
 /* Largest single transfer of a range read; longer ranges are split. 1 MiB
@@ -36,16 +38,21 @@ int fr_open_image(const char *path, int o_direct, int *direct_out);
 void fr_read_range_plain(fr_batch *batch, size_t i, const char *path, const fr_range *r);
 
 /* A context's cached image descriptor: opened on first use, reopened when
- * the path changes. */
+ * the path changes or names another file than the one open (an image
+ * replaced by rename, as fastread.pack writes them: the old descriptor would
+ * go on reading the replaced file). */
 typedef struct fr_image_cache {
     char *path;
     int fd;     /* -1: none open */
     int direct; /* fd was opened with O_DIRECT */
     int err;    /* -errno of the last failed open of `path`, else 0 */
+    dev_t dev;  /* the open file's identity, when fd >= 0 */
+    ino_t ino;
 } fr_image_cache;
 
 void fr_image_cache_init(fr_image_cache *c);
 /* 1 if the cached descriptor changed (opened, reopened or closed), else 0;
+ * costs one stat(2) of `path` when the descriptor is kept;
  * c->fd is the descriptor, or -1 with c->err saying why. -ENOMEM on no memory. */
 int fr_image_cache_get(fr_image_cache *c, const char *path, int o_direct);
 void fr_image_cache_close(fr_image_cache *c);

@@ -2,10 +2,12 @@
  * buffered and O_DIRECT: true lengths at aligned and unaligned offsets,
  * ranges longer than one transfer (split), empty ranges, ranges past the end
  * of the image (-ENODATA), unaligned offsets under O_DIRECT (-EINVAL), a
- * missing image (per-sample -ENOENT), reopening when the path changes, and
- * the reader over ranges delivering in order. */
+ * missing image (per-sample -ENOENT), reopening when the path changes or
+ * names a new file (replaced by rename), and the reader over ranges
+ * delivering in order. */
 #include <errno.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,6 +175,46 @@ static void check_reader(const char *engine, int direct, const char *img)
     }
 }
 
+/* An image replaced by rename between two reads through one context (as
+ * fastread.pack replaces one): the second read sees the new file's bytes,
+ * not the old descriptor's; once removed, its samples say -ENOENT. */
+static void check_replaced(const char *engine, int direct)
+{
+    fr_config cfg;
+    fr_config_init(&cfg);
+    cfg.engine = engine;
+    cfg.o_direct = direct;
+    fr_ctx *ctx;
+    char err[FR_ERRLEN];
+    CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+    fr_pool *pool = fr_pool_new();
+    fr_range one = {.offset = ALIGN, .length = 3000};
+    char *path = write_image("swap.img", 3 * ALIGN, 11);
+    for (unsigned seed = 12; seed < 15; seed++) {
+        fr_batch *b = fr_pool_get(pool);
+        CHECK(fr_batch_prepare(b, 1) == 0);
+        CHECK(fr_read_ranges(ctx, path, &one, 1, b) == 0);
+        if (!same_range(b, 0, &one)) {
+            fprintf(stderr, "%s direct=%d: image %s read stale after a replace (seed %u)\n",
+                    engine, direct, path, seed);
+            fr_test_failures++;
+        }
+        fr_batch_recycle(b);
+        char *next = write_image("swap.next", 3 * ALIGN, seed); /* image_bytes: the new one */
+        CHECK(rename(next, path) == 0);
+        free(next);
+    }
+    CHECK(unlink(path) == 0);
+    fr_batch *b = fr_pool_get(pool);
+    CHECK(fr_batch_prepare(b, 1) == 0);
+    CHECK(fr_read_ranges(ctx, path, &one, 1, b) == 0);
+    CHECK(b->samples[0].length == -ENOENT);
+    fr_batch_recycle(b);
+    free(path);
+    fr_ctx_close(ctx);
+    fr_pool_close(pool);
+}
+
 int main(void)
 {
     fr_range r[NR];
@@ -192,6 +234,12 @@ int main(void)
             check_engine(engines[e], direct, img, img2);
             check_reader(engines[e], direct, img);
         }
+    }
+    for (int e = 0; e < 2; e++) { /* last: it replaces image_bytes */
+        char why[FR_ERRLEN];
+        for (int direct = 0; direct < 2 && fr_engine_probe(engines[e], why, sizeof(why)) == 0;
+             direct++)
+            check_replaced(engines[e], direct);
     }
     free(image_bytes);
     free(img);
