@@ -335,6 +335,50 @@ def test_decoding_streams_a_bounded_window(tree, workers):
     assert len(first) + len(rest) == len(paths)
 
 
+PACK_SCRIPT = """\
+import sys, threading, time
+import fastread
+from fastread.datasets._shared import make_pool
+
+threading.Thread(target=time.sleep, args=(30,), daemon=True).start()   # not single-threaded
+{body}
+"""
+PACK_BODY = """\
+with make_pool(2) as pool:
+    print("pool", type(pool).__name__)
+img = fastread.pack(sys.argv[1], sys.argv[2], decode=True, resize=40, crop=32,
+                    decode_workers=2, progress=False)
+print("packed", len(img))
+"""
+
+
+@pytest.mark.parametrize("guarded, pool", [(False, "ThreadPoolExecutor"),
+                                           (True, "ProcessPoolExecutor")])
+def test_scripts_with_threads_pack_with_or_without_a_main_guard(tree, cropped, tmp_path,
+                                                                 guarded, pool):
+    """A script that runs other threads gets workers that cannot hang on a
+    lock held at fork: a forkserver's processes where its workers would not
+    run the script again (a main guard), else threads (a forkserver's
+    workers ran an unguarded script's pack again, and the pool broke)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    body = ("if __name__ == \"__main__\":\n" + textwrap.indent(PACK_BODY, "    ")
+            if guarded else PACK_BODY)
+    script = tmp_path / "pack_script.py"
+    script.write_text(PACK_SCRIPT.format(body=body))
+    out = tmp_path / "s.img"
+    r = subprocess.run([sys.executable, str(script), tree, str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"pool {pool}" in r.stdout and f"packed {len(cropped)}" in r.stdout
+    got = fastread.PackedImage(str(out))
+    assert got.names == cropped.names
+    for a, b in zip(stored(got), stored(cropped)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_interrupted_pack_leaves_nothing(tree, tmp_path):
     """SIGINT while the decoding pool works: KeyboardInterrupt, the pool's
     processes gone, no image, index or temporary file left. The child comes

@@ -3,4 +3,7 @@ import sys
 
 from fastread.cli import main
 
-sys.exit(main())
+# Guarded: worker processes started by a forkserver import this module
+# again (as __mp_main__), which must not run the command a second time.
+if __name__ == "__main__":
+    sys.exit(main())
