@@ -162,6 +162,52 @@ def test_a_failed_list_raises_at_its_position_and_iteration_goes_on(tree, tmp_pa
         next(it)
 
 
+@pytest.mark.skipif(fastread.engines()["io_uring"].files is not True,
+                    reason="io_uring is not available here (fastread.engines() says why)")
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+def test_a_batch_the_engine_fails_uses_up_its_list_only(tree, prefetch):
+    """io_uring's test-only hook fails the first submit: that list raises
+    OSError, and every later list still gets its own bytes and its own
+    names in errors (each used to pair with the batch before it, and the
+    iteration ended in IndexError)."""
+    paths, content = tree
+    lists = [paths[:2], paths[2:5], [paths[5], paths[5] + ".missing"], paths[6:9]]
+    it = fastread.read_batches(lists, prefetch=prefetch, workers=1, engine="io_uring",
+                               threads=1,
+                               engine_args="fault_mode=eio,fault_op=submit,fault_count=1")
+    with pytest.raises(OSError, match="engine 'io_uring' failed a batch") as e:
+        next(it)
+    assert not isinstance(e.value, fastread.ReadError)
+    assert [a.tobytes() for a in next(it)] == [content[p] for p in paths[2:5]]
+    with pytest.raises(fastread.ReadError) as e:
+        next(it)
+    assert e.value.filename == paths[5] + ".missing"
+    assert [a.tobytes() for a in next(it)] == [content[p] for p in paths[6:9]]
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_errors_name_the_paths_of_their_list_when_the_caller_reuses_one(tree, tmp_path):
+    """A caller that refills one list object for every list: an error
+    names the path of the list that failed, not of a list pulled later."""
+    paths, content = tree
+    missing = str(tmp_path / "missing-in-list-0")
+    chunks = [[paths[0], missing], paths[1:3], paths[3:5], paths[5:7]]
+
+    def refilled():
+        buf = []
+        for c in chunks:
+            buf[:] = c
+            yield buf
+
+    it = fastread.read_batches(refilled(), prefetch=3)
+    with pytest.raises(fastread.ReadError) as e:
+        next(it)
+    assert e.value.filename == missing and [p for p, _ in e.value.failures] == [missing]
+    for c in chunks[1:]:
+        assert [a.tobytes() for a in next(it)] == [content[p] for p in c]
+
+
 def test_errors_of_the_lists_come_after_the_lists_before_them(tree):
     paths, content = tree
 

@@ -61,7 +61,9 @@ def _as_list(paths):
     if isinstance(paths, (str, bytes, os.PathLike)):
         raise TypeError(f"read_batches() takes lists of paths, got one path {paths!r} "
                         "as a list: pass [path]")
-    return paths if type(paths) is list else list(paths)
+    # Always a copy: the paths are named (errors) lists after they were
+    # pulled, and a caller may refill one list object for every yield.
+    return list(paths)
 
 
 class BatchIterator:
@@ -91,6 +93,7 @@ class BatchIterator:
         self._error = None      # what iterating `lists` raised, after _queued
         self._exhausted = False
         self._pulled = []       # the next list, taken from `lists`, not yet queued (_fill)
+        self._copied = False    # _pulled[0] is our copy (_as_list), not the caller's list
         self._native = None
         self._checked_fds = 0
         self._pid = os.getpid()
@@ -138,12 +141,14 @@ class BatchIterator:
         while not self._exhausted and len(self._queued) - taken < self._ahead:
             try:
                 if not pulled:
+                    self._copied = False   # the list about to be pulled is the caller's
                     pulled.extend(itertools.islice(self._lists, 1))
                     if not pulled:
                         self._exhausted = True
                         break
-                if type(pulled[0]) is not list:
+                if not self._copied:
                     pulled[0] = _as_list(pulled[0])
+                    self._copied = True
                 paths = pulled[0]
                 if paths:
                     if self._native is None:
@@ -219,7 +224,24 @@ class BatchIterator:
             self._fill(1)
             return [], True
         if len(entry) == 1:
-            self._native.next_into(entry)
+            native = self._native
+            taken = native.taken
+            try:
+                got = native.next_into(entry)
+            except BaseException:
+                # A batch the engine failed as a whole was used up by the
+                # raise (taken moved, nothing in the entry): so is this
+                # list, or every later list would pair with the batch
+                # before it. An interrupt leaves both queued (taken kept).
+                if len(entry) == 1 and native.taken != taken and self._queued and \
+                        self._queued[0] is entry:
+                    self._queued.popleft()
+                    if self._native is not None:
+                        self._fill()
+                raise
+            if not got:
+                raise RuntimeError(f"read_batches: the native reader ended with "
+                                   f"{len(self._queued)} list(s) still queued (a bug)")
             # The freed slot goes to the next list before this one's Python
             # work (checks, views), which then overlaps its reading.
             self._fill(1)
