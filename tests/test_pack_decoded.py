@@ -199,6 +199,27 @@ def test_skip_bad_leaves_out_and_lists_bad_files(tree, tmp_path, capsys):
     assert fastread.verify(img) == []
 
 
+def test_deep_greyscale_is_scaled_not_clipped(tmp_path):
+    """16-bit greyscale (a depth map, a scan) is stored as round(v / 257),
+    as DALI's decoder gives (Pillow's convert("RGB") clipped it at 255:
+    almost all white); a float image has no 8-bit meaning and is named."""
+    root = tmp_path / "deep"
+    (root / "a").mkdir(parents=True)
+    ramp = np.tile(np.arange(0, 65536, 256, dtype=np.uint16), (8, 1))   # 8 x 256
+    Image.fromarray(ramp).save(root / "a" / "depth16.png")
+    Image.fromarray(np.linspace(0, 1, 64, dtype=np.float32).reshape(8, 8), "F").save(
+        root / "a" / "float.tiff")
+    img = fastread.pack(str(root), str(tmp_path / "d.img"), decode=True, skip_bad=True,
+                        decode_workers=0, progress=False)
+    assert img.names == ["a/depth16.png"]
+    (px,) = stored(img)
+    want = np.rint(ramp / 257.0).astype(np.uint8)
+    for c in range(3):
+        np.testing.assert_array_equal(px[:, :, c], want)
+    assert [n for n, _ in img.skipped] == ["a/float.tiff"]
+    assert "mode F pixels" in img.skipped[0][1]
+
+
 def test_verify_passes_and_finds_a_flipped_byte(cropped, tmp_path):
     import shutil
 

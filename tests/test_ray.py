@@ -428,3 +428,17 @@ def test_s3_packed_image(ray_cluster, s3_server, s3_engine, tmp_path):
     got = rows_of(fastread.ray.read_image("s3://rayimg/t.img", s3=opts, batch_size=4))
     assert got == {n: (int(lab), content[os.path.join(root, n)])
                    for n, lab in zip(img.names, img.labels)}
+
+
+def test_decode_scales_deep_greyscale():
+    """Decoding on Ray's workers shares the packer's conversion: 16-bit
+    greyscale becomes round(v / 257), not Pillow's clip at 255."""
+    from PIL import Image
+    from fastread.ray.datasource import decode_image
+
+    ramp = np.tile(np.arange(0, 65536, 256, dtype=np.uint16), (4, 1))
+    buf = io.BytesIO()
+    Image.fromarray(ramp).save(buf, "PNG")
+    px = decode_image(buf.getvalue(), "depth16.png")
+    assert px.shape == (4, 256, 3) and px.dtype == np.uint8
+    np.testing.assert_array_equal(px[:, :, 1], np.rint(ramp / 257.0).astype(np.uint8))

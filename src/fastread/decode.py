@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["DecoderChoice", "Preprocess", "choose_decoder", "preprocess_file",
-           "preprocess_image", "decoded_batches"]
+           "preprocess_image", "to_rgb", "decoded_batches"]
 
 ENCODINGS = ("raw", "jpeg")
 
@@ -196,11 +196,31 @@ class Preprocess:
         return w, h
 
 
+def to_rgb(img):
+    """A decoded PIL image as RGB, deep greyscale scaled rather than
+    clipped. Pillow's ``convert("RGB")`` clips 16-bit greyscale (modes
+    ``I;16*``, and ``I`` as older Pillow opens 16-bit PNGs) at 255, which
+    stores a depth map or a medical scan almost all white; the 8-bit value
+    is ``round(v / 257)``, as DALI's decoder gives. ``I`` outside 0..65535
+    and float images (``F``) have no one 8-bit meaning: ValueError."""
+    from PIL import Image
+
+    if img.mode == "RGB":
+        return img
+    if img.mode.startswith("I;16") or img.mode in ("I", "F"):
+        v = np.asarray(img)
+        if img.mode == "F" or (img.mode == "I" and v.size and (v.min() < 0 or v.max() > 65535)):
+            raise ValueError(f"mode {img.mode} pixels (range {v.min()}..{v.max()}) have no "
+                             "8-bit RGB meaning; convert the image to 8 or 16 bits first")
+        img = Image.fromarray(np.rint(v.astype(np.float32) / 257.0).astype(np.uint8), "L")
+    return img.convert("RGB")
+
+
 def preprocess_image(img, pre):
     """A decoded PIL image through ``pre``: an RGB PIL image."""
     from PIL import Image
 
-    img = img.convert("RGB")
+    img = to_rgb(img)
     size = pre.target_size(*img.size)
     if size != img.size:
         img = img.resize(size, Image.BILINEAR)

@@ -101,10 +101,12 @@ def decode_image(data, name):
     naming the sample if they are no image Pillow can read."""
     from PIL import Image, UnidentifiedImageError
 
+    from fastread.decode import to_rgb
+
     try:
         with Image.open(io.BytesIO(data)) as im:
-            # convert() copies even an RGB image: only other modes need it.
-            return np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
+            # to_rgb returns an RGB image as it is (convert() would copy it).
+            return np.asarray(to_rgb(im))
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise ValueError(f"{name}: cannot decode as an image ({e})") from None
 
