@@ -476,6 +476,16 @@ def test_dali_refused_without_dali(tree, tmp_path, monkeypatch):
         choose_decoder("auto", "gpu")
 
 
+def test_dali_threads_must_be_positive(tree, tmp_path):
+    """decode_workers=0 means 'in this process' for Pillow; DALI needs
+    threads: refused naming the option the caller passed."""
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match=r"decode_workers \(DALI's threads.* 'dali-cpu'"):
+            fastread.pack(tree, str(tmp_path / "x.img"), decode=True, resize=32,
+                          decoder="dali", decode_device="cpu", decode_workers=bad)
+    assert not (tmp_path / "x.img").exists()
+
+
 def test_decoder_options_need_decode(tree, tmp_path, capsys):
     with pytest.raises(ValueError, match="decoder, decode_device apply only with decode=True"):
         fastread.pack(tree, str(tmp_path / "x.img"), decoder="dali", decode_device="cpu")

@@ -373,20 +373,23 @@ print("packed", len(img))
 """
 
 
-@pytest.mark.parametrize("guarded, pool", [(False, "ThreadPoolExecutor"),
-                                           (True, "ProcessPoolExecutor")])
+@pytest.mark.parametrize("guard, pool", [("none", "ThreadPoolExecutor"),
+                                         ("around", "ProcessPoolExecutor"),
+                                         ("below", "ThreadPoolExecutor")])
 def test_scripts_with_threads_pack_with_or_without_a_main_guard(tree, cropped, tmp_path,
-                                                                 guarded, pool):
+                                                                 guard, pool):
     """A script that runs other threads gets workers that cannot hang on a
     lock held at fork: a forkserver's processes where its workers would not
-    run the script again (a main guard), else threads (a forkserver's
-    workers ran an unguarded script's pack again, and the pool broke)."""
+    run the call again (inside a main guard), else threads (a forkserver's
+    workers ran the pack again, and the pool broke): no guard, or one
+    further down that does not hold the call."""
     import subprocess
     import sys
     import textwrap
 
-    body = ("if __name__ == \"__main__\":\n" + textwrap.indent(PACK_BODY, "    ")
-            if guarded else PACK_BODY)
+    body = {"none": PACK_BODY,
+            "around": "if __name__ == \"__main__\":\n" + textwrap.indent(PACK_BODY, "    "),
+            "below": PACK_BODY + "\nif __name__ == \"__main__\":\n    print(\"done\")\n"}[guard]
     script = tmp_path / "pack_script.py"
     script.write_text(PACK_SCRIPT.format(body=body))
     out = tmp_path / "s.img"

@@ -511,8 +511,8 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
 
     ``decoder``: "pillow" (a process per CPU), "dali" (DALI's
     ``fn.decoders.image``, nvImageCodec, on ``decode_device`` "gpu" or
-    "cpu"; :mod:`fastread.decode_dali`) or "auto" (DALI on the GPU where
-    DALI and a CUDA GPU are present, else Pillow):
+    "cpu"; :mod:`fastread.decode_dali`) or "auto" (Pillow; DALI on the GPU
+    with ``decode_device="gpu"``):
     :func:`fastread.decode.choose_decoder` decides, and the index's
     ``preprocess`` records which (``"decoder"``) and why. With DALI,
     ``batch_size`` files go through the pipeline at a time and
@@ -528,6 +528,12 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
         pre = Preprocess(resize=resize, max_side=max_side, crop=crop, encode=encode,
                          quality=quality)
         choice = choose_decoder(decoder, decode_device)
+        if choice.name == "dali" and decode_workers is not None and (
+                isinstance(decode_workers, bool) or not isinstance(decode_workers, int)
+                or decode_workers < 1):
+            raise ValueError(f"decode_workers (DALI's threads, --decode-workers) must be a "
+                             f"positive integer with decoder {choice.label!r}, got "
+                             f"{decode_workers!r} (0, decoding in this process, is Pillow's)")
     else:
         given = [k for k, v in (("resize", resize), ("max_side", max_side), ("crop", crop),
                                 ("skip_bad", skip_bad or None),

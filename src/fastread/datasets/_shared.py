@@ -269,13 +269,17 @@ def finish(root, params, classes, per_class, sizes, *, ext, counts=None, extra=N
 
 
 def _main_reruns_in_workers() -> bool:
-    """True when a forkserver's workers would run this program's main
-    script again: they import ``__main__``'s file (or module) as
-    ``__mp_main__``, so a script with no top-level ``if __name__ ==
-    "__main__":`` runs all of its code again in every worker, this call
-    included, and the pool breaks (BrokenProcessPool). No main file (an
-    interactive session, a notebook): False."""
+    """True when a forkserver's workers would run this very call again:
+    they import ``__main__``'s file (or module) as ``__mp_main__``, which
+    runs its top level, all but the bodies of top-level ``if __name__ ==
+    "__main__":`` blocks. So: where the main thread is in the main script's
+    top level (its ``<module>`` frame) and that line is in no such block,
+    a worker would reach this call again, and the pool breaks
+    (BrokenProcessPool). With no such frame (the top level done, or run
+    elsewhere), only a script with no guard at all is assumed to. No main
+    file (an interactive session, a notebook): False."""
     import ast
+    import threading
 
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
@@ -286,14 +290,21 @@ def _main_reruns_in_workers() -> bool:
             tree = ast.parse(f.read(), filename=path)
     except (OSError, SyntaxError, ValueError):
         return True   # cannot tell: assume the worst
+    guards = []
     for node in tree.body:
         if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and \
                 len(node.test.ops) == 1 and isinstance(node.test.ops[0], ast.Eq):
             sides = [node.test.left, node.test.comparators[0]]
             if any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and \
                     any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides):
-                return False
-    return True
+                guards.append((node.lineno, node.end_lineno))
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            line = frame.f_lineno
+            return not any(lo <= line <= hi for lo, hi in guards)
+        frame = frame.f_back
+    return not guards
 
 
 def make_pool(nworkers: int) -> Executor:
