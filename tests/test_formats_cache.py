@@ -46,6 +46,61 @@ def test_copies_are_reused_and_touched(tmp_path):
     assert os.stat(cache / copy).st_mtime > old + 900                          # used now
 
 
+def test_two_threads_decompressing_one_shard_both_get_it_whole(tmp_path, monkeypatch):
+    """Thread A writes its first chunk and waits while thread B decompresses
+    the same shard from start to end; then A finishes. Both copies are whole
+    (they shared one temporary: B truncated A's, A's rename then failed with
+    FileNotFoundError, and a later start left a hole read as a short shard)."""
+    import threading
+    import zlib as real_zlib
+
+    from fastread.formats import webdataset as wds_mod
+
+    shard, _ = _gz_shard(tmp_path / "a.tar.gz", 600, 0, payload=4000)   # several 1 MiB reads
+    dest = str(tmp_path / "copy.tar")
+    a_wrote, b_done = threading.Event(), threading.Event()
+    a_thread = []
+
+    class Decomp:   # thread A pauses after its first chunk
+        def __init__(self, *args):
+            self._d = real_zlib.decompressobj(*args)
+
+        def decompress(self, data):
+            out = self._d.decompress(data)
+            if threading.current_thread() is a_thread[0] and not a_wrote.is_set():
+                a_wrote.set()
+                assert b_done.wait(60)
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self._d, name)
+
+    class Zlib:
+        error, MAX_WBITS = real_zlib.error, real_zlib.MAX_WBITS
+        decompressobj = Decomp
+
+    monkeypatch.setattr(wds_mod, "zlib", Zlib)
+    errors = []
+
+    def run():
+        try:
+            wds_mod._gunzip_to(shard, dest)
+        except Exception as e:   # noqa: BLE001 - reported below
+            errors.append(e)
+
+    a = threading.Thread(target=run)
+    a_thread.append(a)
+    a.start()
+    assert a_wrote.wait(60)
+    run()            # thread B: this one, start to end, while A waits
+    b_done.set()
+    a.join(60)
+    assert errors == []
+    with gzip.open(shard, "rb") as f:
+        assert open(dest, "rb").read() == f.read()
+    assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
+
+
 def test_prunes_least_recently_used_other_shards(tmp_path):
     shards = [_gz_shard(tmp_path / f"s{k}.tar.gz", 6, k) for k in range(4)]
     size = max(s for _p, s in shards)

@@ -152,6 +152,27 @@ def test_truncated_missing_and_foreign_objects_are_named(packed, s3_server, disk
     assert s3_server.secret_key not in str(e.value)
 
 
+def test_reader_error_on_a_shrunk_image_names_the_range_not_a_missing_object(
+        packed, s3_server):
+    """An image object cut after its index was read: the Reader's error
+    names the sample, and says nothing of NoSuchKey (the detail came from
+    a GET of the sample's name, image[name], which is no object)."""
+    local, _url, o = packed
+    with open(local.path, "rb") as f:
+        data = f.read()
+    with open(local.index_path, "rb") as f:
+        index = f.read()
+    s3_server.put(BUCKET, "bad/shrinks.img", data)
+    s3_server.put(BUCKET, "bad/shrinks.img.index", index)
+    img = fastread.PackedImage(f"s3://{BUCKET}/bad/shrinks.img", s3=o)
+    s3_server.put(BUCKET, "bad/shrinks.img", data[:int(local.offsets[3])])
+    with pytest.raises(fastread.ReadError) as e:
+        for _ in fastread.Reader(image=img, batch_size=len(img), s3=o):
+            pass
+    assert "NoSuchKey" not in str(e.value) and "404" not in str(e.value)
+    assert local.names[3] in str(e.value)
+
+
 # -- fastread.dali.readers.image ---------------------------------------------------
 
 def dali_paths():

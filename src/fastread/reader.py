@@ -364,8 +364,11 @@ class Reader:
         try:
             raise_failures(batch, lambda i: self.source.sample_name(int(idx[i])),
                            paths=isinstance(self.source, FileList),
+                           # Objects only: a range sample's name (shard.tar[key])
+                           # is no object, and reading it said "404 NoSuchKey".
                            detail_of=(lambda url: s3_detail(self.options, url))
-                           if self.engine == "s3" else None)
+                           if self.engine == "s3" and isinstance(self.source, FileList)
+                           else None)
         except ReadError:
             held.clear()  # a failed batch is used up
             raise

@@ -194,10 +194,20 @@ def index_tar(buf, shard):
 def _gunzip_to(path, dest):
     """Decompresses gzip file ``path`` into ``dest`` (atomically); a bad
     stream is a FormatError naming the compressed offset."""
-    tmp = f"{dest}.{os.getpid()}.tmp"
+    # One temporary per writer (process and thread: two threads of one
+    # process opening one name truncated each other's copy, and the first
+    # renamed a file with a hole, which indexed as a short shard); digits
+    # only, as _cache._TMP_RE expects. A leftover of a crashed writer with
+    # the same ids is replaced.
+    tmp = f"{dest}.{os.getpid()}{threading.get_native_id()}.tmp"
     consumed = 0
     try:
-        with open(path, "rb") as src, open(tmp, "wb") as out:
+        try:
+            out_f = open(tmp, "xb")
+        except FileExistsError:
+            os.remove(tmp)
+            out_f = open(tmp, "xb")
+        with open(path, "rb") as src, out_f as out:
             d = zlib.decompressobj(16 + zlib.MAX_WBITS)
             members = 0
             while True:
