@@ -90,6 +90,42 @@ def test_single_file_to_a_key_and_progress(tmp_path, s3_server, creds, capsys):
     assert fastread.read_files([done[0][0]], s3=opts(s3_server))[0].tobytes() == b"abc" * 1000
 
 
+def test_files_in_memory_at_once_stay_within_the_budget(tmp_path, s3_server, creds,
+                                                        monkeypatch):
+    """upload() reads each file whole: with 8 workers, at most
+    UPLOAD_BUFFER_BYTES of them at once, a larger file alone; every byte
+    arrives."""
+    import threading
+
+    from fastread import s3 as s3mod
+
+    monkeypatch.setattr(s3mod, "UPLOAD_BUFFER_BYTES", 3 * 10_000)
+    peak, lock = [0], threading.Lock()
+    take = s3mod._ByteBudget.take
+
+    def watched(self, n):
+        take(self, n)
+        with lock:   # held: what all workers hold now, this file included
+            peak[0] = max(peak[0], self.held)
+            if n > self.limit:
+                assert self.held == n, "a file over the budget went with others"
+            else:
+                assert self.held <= self.limit
+
+    monkeypatch.setattr(s3mod._ByteBudget, "take", watched)
+    root = tmp_path / "many"
+    root.mkdir()
+    sizes = [10_000] * 12 + [50_000]
+    for i, n in enumerate(sizes):
+        (root / f"f{i:02d}.bin").write_bytes(bytes([i]) * n)
+    done = s3mod.upload(str(root), f"s3://{BUCKET}/budget/", workers=8, progress=False,
+                        endpoint_url=s3_server.endpoint)
+    assert sorted(n for _, n in done) == sorted(sizes)
+    assert peak[0] == 50_000
+    got = fastread.read_files([u for u, _ in done], s3=opts(s3_server))
+    assert [a.tobytes() for a in got] == [bytes([i]) * n for i, n in enumerate(sizes)]
+
+
 def test_errors_name_the_url_and_no_secret(tmp_path, s3_server, creds, capsys, monkeypatch):
     f = tmp_path / "x.bin"
     f.write_bytes(b"x")

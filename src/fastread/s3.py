@@ -420,6 +420,34 @@ def _upload_jobs(sources, dest):
     return out
 
 
+#: Bytes of files upload() holds in memory at once (each PUT sends a whole
+#: file from memory): with workers=16 and shards of 1 GB, reading every
+#: worker's file up front needed 16 GB. A file larger than this goes alone.
+UPLOAD_BUFFER_BYTES = 1 << 30
+
+
+class _ByteBudget:
+    """At most ``limit`` bytes taken at once (a single larger take waits
+    until nothing else is held)."""
+
+    def __init__(self, limit):
+        import threading
+
+        self.limit, self.held = limit, 0
+        self.cond = threading.Condition()
+
+    def take(self, n):
+        with self.cond:
+            while self.held and self.held + n > self.limit:
+                self.cond.wait()
+            self.held += n
+
+    def give(self, n):
+        with self.cond:
+            self.held -= n
+            self.cond.notify_all()
+
+
 def upload(sources, dest, s3=None, *, workers=16, progress=None, engine_args="", **options):
     """Uploads files and directory trees to ``dest`` (``s3://bucket/prefix``)
     with ``workers`` PUTs in flight, each thread with its own connection
@@ -430,7 +458,8 @@ def upload(sources, dest, s3=None, *, workers=16, progress=None, engine_args="",
     on stderr (None: when stderr is a terminal). ``s3``: an
     :class:`S3Options` (or a mapping); keyword arguments are S3 options too.
     Returns ``[(url, size)]`` in upload order. Raises OSError naming the
-    first URL S3 refused (and S3's code), never a secret."""
+    first URL S3 refused (and S3's code), never a secret. Files in memory at
+    once: at most :data:`UPLOAD_BUFFER_BYTES` (or one larger file)."""
     import concurrent.futures
     import sys
     import threading
@@ -460,15 +489,21 @@ def upload(sources, dest, s3=None, *, workers=16, progress=None, engine_args="",
     except ImportError:  # pragma: no cover - tqdm is a dependency
         pass
 
+    budget = _ByteBudget(UPLOAD_BUFFER_BYTES)
+
     def one(job):
         path, url, size = job
         bucket, key = split_url(url)
-        with open(path, "rb") as f:
-            data = f.read()
+        budget.take(size)
         try:
-            status, _, err = client().request("PUT", bucket, key, "", data)
-        except OSError as e:
-            raise OSError(e.errno, f"{url}: {e.strerror or e}") from None
+            with open(path, "rb") as f:
+                data = f.read()
+            try:
+                status, _, err = client().request("PUT", bucket, key, "", data)
+            except OSError as e:
+                raise OSError(e.errno, f"{url}: {e.strerror or e}") from None
+        finally:
+            budget.give(size)
         if status != 200:
             raise _status_error(url, status, err)
         if bar is not None:
