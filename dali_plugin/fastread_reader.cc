@@ -83,6 +83,7 @@
 
 #include "dali/pipeline/operator/checkpointing/op_checkpoint.h"
 #include "dali/pipeline/operator/operator.h"
+#include "engine_args_ref.h"
 #include "fastread.h"
 #include "plugin_common.h"
 #include "stream_operator.h"
@@ -310,7 +311,8 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
                                      "multiples of direct_alignment=", alignment, "; sample ",
                                      paths_[i], " starts at ", ranges_[i].offset));
   }
-  std::string engine_args = spec.GetArgument<std::string>("engine_args");
+  const std::string engine_args = fastread_dali::ResolveEngineArgs(
+      spec.GetArgument<std::string>("engine_args"), kOpName);
   cfg.engine_args = engine_args.c_str();
   // Host output. pin_device >= 0: arenas page-locked through that device's
   // primary context (device_output stays off: DALI makes its own copies).
@@ -839,3 +841,18 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                     std::vector<int64_t>())
     .AddOptionalArg("npy_shapes", "Per file: its array's npy_ndim extents, flattened.",
                     std::vector<int64_t>());
+
+// The one definition of engine_args_ref.h's registration (a token of
+// fastread.dali's making; 0, or -EINVAL / -ENOMEM).
+extern "C" __attribute__((visibility("default"))) int fastread_dali_register_engine_args(
+    const char *token, const char *args) {
+  if (!token || !*token || !args) return -EINVAL;
+  try {
+    fastread_dali::EngineArgsTable &t = fastread_dali::engine_args_table();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.args[token] = args;
+  } catch (const std::bad_alloc &) {
+    return -ENOMEM;
+  }
+  return 0;
+}

@@ -75,6 +75,7 @@
 
 #include "dali/pipeline/operator/checkpointing/op_checkpoint.h"
 #include "dali/pipeline/operator/operator.h"
+#include "engine_args_ref.h"
 #include "fastread.h"
 #include "plugin_common.h"
 #include "stream_operator.h"
@@ -336,7 +337,8 @@ WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
                              : std::max(1u, std::min(cfg.threads, cpus / 2));
   if (!spec.GetArgument<bool>("register_buffers")) cfg.register_buffers = 0;
   if (!spec.GetArgument<bool>("register_files")) cfg.register_files = 0;
-  const std::string engine_args = spec.GetArgument<std::string>("engine_args");
+  const std::string engine_args = fastread_dali::ResolveEngineArgs(
+      spec.GetArgument<std::string>("engine_args"), kWdsOpName);
   cfg.engine_args = engine_args.c_str();
   cfg.device_id = -1;  // host reads; the pool is page-locked below if asked
 

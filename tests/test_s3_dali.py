@@ -152,6 +152,46 @@ def test_options_instead_of_the_environment(tree, s3_server, monkeypatch, native
     assert url in str(e.value) or "dali-s3" in str(e.value)
 
 
+@pytest.mark.skipif(not _plugin.load(), reason=f"fastread's DALI plugin: {_plugin.reason()}")
+def test_explicit_credentials_stay_out_of_serialized_pipelines(tree, s3_server, monkeypatch):
+    """DALI writes operator arguments into pipe.serialize(): explicit S3
+    credentials reach the native operator by a reference kept in this
+    process, so the serialized pipeline holds no secret, the pipeline reads
+    as before, and an operator given a reference this process never
+    registered fails naming why."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    local, url = tree
+    o = opts(s3_server)
+
+    @pipeline_def(batch_size=8, num_threads=2, device_id=None)
+    def pipe():
+        return tuple(readers.file(file_root=url, native=True, s3=o))
+
+    p = pipe()
+    p.build()
+    ser = p.serialize()
+    assert s3_server.secret_key.encode() not in ser
+    assert b"fastread_engine_args_ref=" in ser
+    want = run(lambda: readers.file(file_root=local, native=True), 8, 3)
+    got = []
+    for _ in range(3):
+        data, labels = p.run()
+        got.append([(digest(bytes(np.asarray(data.at(i)))), int(np.asarray(labels.at(i))[0]))
+                    for i in range(len(data))])
+    assert got == want
+    # Options with no secret stay inline (a pipeline then serializes whole).
+    from fastread.dali._native import _secrets_by_reference
+    assert _secrets_by_reference("region=us-east-1,threads=2") == "region=us-east-1,threads=2"
+    with pytest.raises(Exception, match="credentials that this process never registered"):
+        run(lambda: fn.fastread.readers.file(
+            files=[url + "/class_0/img00.jpg"], engine="s3",
+            engine_args="fastread_engine_args_ref=0123abcd"), 1, 1, raw=True)
+
+
 @pytest.mark.parametrize("native", PATHS)
 def test_shuffled_epochs_equal_to_the_local_tree(tree, aws_env, native):
     """A seeded shuffle draws the same permutation for the bucket as for the

@@ -9,12 +9,15 @@ ranges (``image``, ``range_offsets``, ``range_lengths``, from the index). Where 
 fall back to their external sources, or raise with the reason when
 ``native=True``.
 """
+import re
+import secrets
+
 from fastread import _defaults
 from fastread.dali import _plugin
 from fastread.dali._common import _DALI_ONLY_ARGS, check_elastic
 from fastread.engine import (GPU_ENGINES, RANGE_ONLY, URL_ENGINES, EngineOptions, check_engine,
                              check_option, for_paths)
-from fastread.s3 import engine_args_for
+from fastread.s3 import SECRET_KEYS, engine_args_for
 
 # Engine and Reader options the operator takes as its own arguments.
 # ``s3`` (S3Options) goes to it folded into engine_args: the s3 engine
@@ -74,6 +77,21 @@ def use_native(what, native, epoch_end, device, device_id, last_batch_policy, en
     return True
 
 
+_SECRET_ARG = re.compile(r"(?:^|,)\s*(?:" + "|".join(SECRET_KEYS) + r")\s*=")
+
+
+def _secrets_by_reference(engine_args):
+    """``engine_args`` for an operator: as they are, or, where they hold a
+    secret (S3 credentials given explicitly), a reference to them kept in
+    this process by the plugin (dali_plugin/engine_args_ref.h), since DALI
+    writes operator arguments into ``pipe.serialize()`` whole."""
+    if not _SECRET_ARG.search(engine_args):
+        return engine_args
+    token = secrets.token_hex(16)
+    _plugin.register_engine_args(token, engine_args)
+    return f"fastread_engine_args_ref={token}"
+
+
 def operator_args(kwargs, options, name):
     """The engine and Reader options among `kwargs` that an operator takes
     (`options`), checked as the external source checks them (ValueError /
@@ -83,6 +101,8 @@ def operator_args(kwargs, options, name):
     s3 = op_args.pop("s3", None)
     if s3 is not None:
         op_args["engine_args"] = engine_args_for(op_args.get("engine_args", ""), s3)
+    if "engine_args" in op_args:
+        op_args["engine_args"] = _secrets_by_reference(op_args["engine_args"])
     workers = kwargs.get("workers")
     if workers is not None:
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:

@@ -20,7 +20,8 @@ Private to ``fastread.dali``; imports nothing else of fastread.
 """
 import os
 
-__all__ = ["OP_NAME", "load", "reason", "require", "library_path", "info"]
+__all__ = ["OP_NAME", "load", "reason", "require", "library_path", "info",
+           "register_engine_args"]
 
 #: The operator's name in DALI's registry (``fn.fastread.readers.file``).
 OP_NAME = "fastread__readers__File"
@@ -91,6 +92,24 @@ def require(what="the native DALI reader"):
     """Loads the plugin or raises RuntimeError saying why it cannot."""
     if not load():
         raise RuntimeError(f"{what} needs fastread's DALI plugin: {_state['reason']}")
+
+
+def register_engine_args(token, engine_args):
+    """Gives the loaded plugin ``engine_args`` under ``token``, for an
+    operator built with ``engine_args="fastread_engine_args_ref=<token>"``
+    (dali_plugin/engine_args_ref.h: secrets kept out of serialized
+    pipelines). RuntimeError if the plugin is not loaded or refuses."""
+    import ctypes
+
+    require("registering engine arguments with the native DALI plugin")
+    lib = ctypes.CDLL(_state["path"])   # the library DALI loaded: the same table
+    fn = lib.fastread_dali_register_engine_args
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    rc = fn(token.encode(), engine_args.encode())
+    if rc != 0:
+        raise RuntimeError(f"the native DALI plugin refused to keep engine arguments "
+                           f"(error {-rc}: {os.strerror(-rc)})")
 
 
 def info():
