@@ -130,6 +130,26 @@ def fault_tree(root, victim_bytes):
     return paths
 
 
+def corrupt_class_tree(tree, dst):
+    """A copy of class tree ``tree`` at ``dst`` with two bad images among
+    good ones of their batch (batch_size 5): the second file of the second
+    class cut to a third, and a file of garbage after a JPEG's magic bytes
+    in the third class. Returns their names relative to ``dst``."""
+    import shutil
+
+    shutil.copytree(tree, dst)
+    cls = sorted(d for d in os.listdir(dst) if os.path.isdir(os.path.join(dst, d)))
+    second = sorted(os.listdir(os.path.join(dst, cls[1])))[1]
+    victim = os.path.join(dst, cls[1], second)
+    with open(victim, "rb") as f:
+        data = f.read()
+    with open(victim, "wb") as f:
+        f.write(data[:len(data) // 3])
+    with open(os.path.join(dst, cls[2], "zz_junk.jpg"), "wb") as f:
+        f.write(b"\xff\xd8\xff\xe0 not a JPEG after its magic" * 10)
+    return os.path.join(cls[1], second), os.path.join(cls[2], "zz_junk.jpg")
+
+
 def interruptible_child(script, env=None):
     """A Python child running `script` (dedented), pipes open in text mode,
     that a test interrupts with SIGINT. It restores Python's SIGINT handler

@@ -43,6 +43,7 @@ from fastread.decode import (  # noqa: E402
     Preprocess, _dali_gpus, choose_decoder, preprocess_file)
 from fastread.decode_dali import IN_FLIGHT, DaliDecoder, upright_size  # noqa: E402
 from fastread.image import ImageError  # noqa: E402
+from conftest import corrupt_class_tree  # noqa: E402
 
 MEAN_CPU, MAX_CPU, INNER_CPU = 1.0, 32, 2
 MEAN_GPU, MAX_GPU = 2.0, 48
@@ -226,23 +227,9 @@ def test_cli_says_which_files_pillow_decoded(tree, tmp_path, capsys):
     assert img.pixels(img.read([i])[0], i).tobytes() == data and shape == (40, 60, 3)
 
 
-def corrupt_tree(tree, dst):
-    """A copy of ``tree`` with one truncated JPEG and one file of garbage,
-    each among good files of its batch (batch_size 5)."""
-    shutil.copytree(tree, dst)
-    cls = classes(dst)
-    first = sorted(os.listdir(os.path.join(dst, cls[1])))[1]
-    victim = os.path.join(dst, cls[1], first)
-    data = open(victim, "rb").read()
-    open(victim, "wb").write(data[:len(data) // 3])
-    junk = os.path.join(dst, cls[2], "zz_junk.jpg")
-    open(junk, "wb").write(b"\xff\xd8\xff\xe0 not a JPEG after its magic" * 10)
-    return os.path.join(cls[1], first), os.path.join(cls[2], "zz_junk.jpg")
-
-
 def test_corrupt_file_fails_naming_it_and_leaves_nothing(tree, tmp_path):
     root = str(tmp_path / "bad")
-    victim, _ = corrupt_tree(tree, root)
+    victim, _ = corrupt_class_tree(tree, root)
     out = tmp_path / "out" / "bad.img"
     out.parent.mkdir()
     with pytest.raises(ImageError, match="cannot decode") as e:
@@ -254,7 +241,7 @@ def test_corrupt_file_fails_naming_it_and_leaves_nothing(tree, tmp_path):
 
 def test_skip_bad_keeps_the_good_files_of_a_failed_batch(tree, tmp_path, capsys):
     root = str(tmp_path / "bad")
-    victim, junk = corrupt_tree(tree, root)
+    victim, junk = corrupt_class_tree(tree, root)
     out = str(tmp_path / "skip.img")
     assert cli_main(["pack", root, out, "--decode", "--resize", "40", "--crop", "32",
                      "--skip-bad", "--quiet", "--decoder", "dali", "--decode-device", "cpu",
@@ -511,7 +498,7 @@ def test_gpu_pixels_and_shapes_match_the_pillow_path(tree, tmp_path, opts):
 @needs_gpu
 def test_gpu_skip_bad_keeps_the_good_files(tree, tmp_path):
     root = str(tmp_path / "bad")
-    victim, junk = corrupt_tree(tree, root)
+    victim, junk = corrupt_class_tree(tree, root)
     img = fastread.pack(root, str(tmp_path / "g.img"), decode=True, decoder="dali",
                         decode_device="gpu", resize=40, crop=32, batch_size=5,
                         skip_bad=True, progress=False)

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 import fastread
-from conftest import interruptible_child
+from conftest import corrupt_class_tree, interruptible_child
 from fastread.cli import main as cli_main
 from fastread.datasets import make_imagenet_like
 from fastread.decode import Preprocess, preprocess_file
@@ -155,24 +155,9 @@ def test_jpeg_encoding_loses_what_its_quality_says(tree, cropped, tmp_path):
     assert e100 < e90 < e50 and e90 < 8
 
 
-def corrupt_tree(tree, dst):
-    """A copy of ``tree`` with one truncated JPEG and one file of garbage."""
-    import shutil
-
-    shutil.copytree(tree, dst)
-    cls = sorted(os.listdir(dst))
-    first = sorted(os.listdir(os.path.join(dst, cls[1])))[0]
-    victim = os.path.join(dst, cls[1], first)
-    data = open(victim, "rb").read()
-    open(victim, "wb").write(data[:len(data) // 3])
-    junk = os.path.join(dst, cls[2], "zz_junk.jpg")
-    open(junk, "wb").write(b"not an image at all" * 10)
-    return os.path.join(cls[1], first), os.path.join(cls[2], "zz_junk.jpg")
-
-
 def test_corrupt_input_fails_naming_the_file_and_leaves_no_image(tree, tmp_path):
     root = str(tmp_path / "bad")
-    victim, _junk = corrupt_tree(tree, root)
+    victim, _junk = corrupt_class_tree(tree, root)
     out = tmp_path / "out" / "bad.img"
     out.parent.mkdir()
     with pytest.raises(ImageError, match="cannot decode") as e:
@@ -184,7 +169,7 @@ def test_corrupt_input_fails_naming_the_file_and_leaves_no_image(tree, tmp_path)
 
 def test_skip_bad_leaves_out_and_lists_bad_files(tree, tmp_path, capsys):
     root = str(tmp_path / "bad")
-    victim, junk = corrupt_tree(tree, root)
+    victim, junk = corrupt_class_tree(tree, root)
     out = str(tmp_path / "skip.img")
     assert cli_main(["pack", root, out, "--decode", "--resize", "40", "--crop", "32",
                      "--skip-bad", "--quiet", "--decode-workers", "2"]) == 0

@@ -65,6 +65,17 @@ def aws_env(s3_server, monkeypatch):
         monkeypatch.setenv(k, v)
 
 
+@pytest.fixture
+def no_aws_env(monkeypatch):
+    """No AWS variable, config or credentials file: only what a test passes
+    reaches the bucket."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+
+
 def digest(data):
     """A sample as (its first bytes, size, sha1): short in a failed assert."""
     return (data[:8], len(data), hashlib.sha1(data).hexdigest()[:16])
@@ -132,14 +143,9 @@ def test_same_batches_as_dalis_own_s3_reader(tree, aws_env, native, kw):
 
 
 @pytest.mark.parametrize("native", PATHS)
-def test_options_instead_of_the_environment(tree, s3_server, monkeypatch, native):
+def test_options_instead_of_the_environment(tree, s3_server, no_aws_env, native):
     """No AWS variable set: S3 options as s3= or as flat keywords reach the
     bucket for the listing and the reads, on either path."""
-    for k in list(os.environ):
-        if k.startswith("AWS_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
     local, url = tree
     want = run(lambda: readers.file(file_root=local, native=native), 8, 5)
     o = opts(s3_server)
@@ -153,17 +159,12 @@ def test_options_instead_of_the_environment(tree, s3_server, monkeypatch, native
 
 
 @pytest.mark.skipif(not _plugin.load(), reason=f"fastread's DALI plugin: {_plugin.reason()}")
-def test_explicit_credentials_stay_out_of_serialized_pipelines(tree, s3_server, monkeypatch):
+def test_explicit_credentials_stay_out_of_serialized_pipelines(tree, s3_server, no_aws_env):
     """DALI writes operator arguments into pipe.serialize(): explicit S3
     credentials reach the native operator by a reference kept in this
     process, so the serialized pipeline holds no secret, the pipeline reads
     as before, and an operator given a reference this process never
     registered fails naming why."""
-    for k in list(os.environ):
-        if k.startswith("AWS_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
     local, url = tree
     o = opts(s3_server)
 
