@@ -179,28 +179,54 @@ class Reader:
         _LIVE.add(self)
 
     # -- sizes ---------------------------------------------------------------
-    def _epoch_order(self, epoch):
+    def _epoch_shard(self, epoch):
+        """The shard read in ``epoch``: ``shard_id``, or with
+        ``stick_to_shard=False`` the next one each epoch (DALI's readers)."""
+        return self.shard_id if self.stick_to_shard else (self.shard_id + epoch) % self.num_shards
+
+    def _epoch_order(self, epoch, shuffle=None):
+        """Indices read in ``epoch``. ``shuffle=False`` gives the same
+        length without drawing the permutation (for sizes only)."""
+        shuffle = self.random_shuffle if shuffle is None else shuffle
         if self.global_batch_size is not None:
             return elastic_indices(len(self.paths), global_batch_size=self.global_batch_size,
                                    shard_id=self.shard_id, num_shards=self.num_shards,
-                                   shuffle=self.random_shuffle, seed=self.seed, epoch=epoch,
+                                   shuffle=shuffle, seed=self.seed, epoch=epoch,
                                    pad_last_batch=self.pad_last_batch, drop_last=self.drop_last,
                                    shuffle_buffer=self.shuffle_buffer)
-        shard = self.shard_id if self.stick_to_shard else (self.shard_id + epoch) % self.num_shards
-        return epoch_indices(len(self.paths), shard_id=shard, num_shards=self.num_shards,
-                             shuffle=self.random_shuffle, seed=self.seed, epoch=epoch,
-                             pad_last_batch=self.pad_last_batch, batch_size=self.batch_size,
-                             drop_last=self.drop_last, shuffle_buffer=self.shuffle_buffer)
+        return epoch_indices(len(self.paths), shard_id=self._epoch_shard(epoch),
+                             num_shards=self.num_shards, shuffle=shuffle, seed=self.seed,
+                             epoch=epoch, pad_last_batch=self.pad_last_batch,
+                             batch_size=self.batch_size, drop_last=self.drop_last,
+                             shuffle_buffer=self.shuffle_buffer)
+
+    def epoch_samples(self, epoch):
+        """Samples this shard yields in ``epoch`` (padding included). With
+        ``stick_to_shard=False`` epochs read different shards, which may
+        differ by one sample."""
+        return len(self._epoch_order(epoch, shuffle=False))
+
+    def epoch_batches(self, epoch):
+        """Batches this shard yields in ``epoch`` (see :meth:`epoch_samples`)."""
+        n = self.epoch_samples(epoch)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _current_epoch(self):
+        # The epoch last started by iter(), else the one the next iter() reads.
+        return self._position[0] if self._position is not None else self.epoch
 
     def __len__(self):
-        """Batches in one epoch of this shard."""
-        n = len(self._epoch_order(0))
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        """Batches in the current epoch of this shard: the epoch last
+        started by iter(), else (before any, or after set_epoch) the one the
+        next iter() reads. Epochs may differ by a batch with
+        ``stick_to_shard=False``: :meth:`epoch_batches` gives any epoch's."""
+        return self.epoch_batches(self._current_epoch())
 
     @property
     def num_samples(self):
-        """Samples this shard yields per epoch (padding included)."""
-        return len(self._epoch_order(0))
+        """Samples this shard yields in the current epoch (as :meth:`__len__`
+        chooses it; padding included)."""
+        return self.epoch_samples(self._current_epoch())
 
     def set_epoch(self, epoch, start_batch=0):
         """Chooses the epoch the next iter() reads (its shuffle and shard),
@@ -208,9 +234,10 @@ class Reader:
         for name, v in (("epoch", epoch), ("start_batch", start_batch)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
-        if start_batch > len(self):
-            raise ValueError(f"start_batch={start_batch} is past the end of the epoch "
-                             f"({len(self)} batches)")
+        batches = self.epoch_batches(int(epoch))
+        if start_batch > batches:
+            raise ValueError(f"start_batch={start_batch} is past the end of epoch {epoch} "
+                             f"({batches} batches)")
         self.epoch = int(epoch)
         self._start_batch = int(start_batch)
         self._position = None
@@ -223,7 +250,7 @@ class Reader:
         if self._position is None:
             return self.epoch, self._start_batch
         epoch, taken = self._position
-        return (epoch + 1, 0) if taken >= len(self) else (epoch, taken)
+        return (epoch + 1, 0) if taken >= self.epoch_batches(epoch) else (epoch, taken)
 
     def state_dict(self, epoch=None, batches=None):
         """The reader's position (:meth:`position`, or ``epoch`` /

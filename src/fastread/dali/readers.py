@@ -125,8 +125,11 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
 
 
 def epoch_size(pipe, index=0):
-    """Samples per epoch of the pipeline's ``index``-th fastread reader on this
-    shard (padding included): the ``size=`` a DALI iterator would need."""
+    """Samples in the current epoch of the pipeline's ``index``-th fastread
+    reader on this shard (padding included): the ``size=`` a DALI iterator
+    would need. The current epoch is the one being read, else the next one;
+    with ``stick_to_shard=False`` each epoch reads another shard, and shards
+    may differ by one sample (:meth:`fastread.Reader.epoch_samples`)."""
     readers = getattr(pipe, "_fastread_readers", [])
     if not readers:
         raise ValueError("this pipeline has no fastread reader")
