@@ -280,22 +280,37 @@ class Reader:
         reads the rest of its epoch. ValueError if it was taken by a reader
         whose order differs (another data set, seed, shuffle; elastic: global
         batch or tail policy; otherwise: batch size or shard layout)."""
+        self.set_epoch(*self.resume_position(state))
+
+    #: What a plain (not elastic) state_dict must match to be resumed here.
+    _PLAIN_STATE_KEYS = ("num_samples", "batch_size", "seed", "shuffle", "shard_id",
+                         "num_shards")
+
+    def resume_position(self, state, *, owner="reader", optional=()):
+        """``(epoch, batches)`` that ``state`` (:meth:`state_dict`, or a
+        loader's built on this reader) continues from, checked against this
+        reader's order; ValueError naming the first argument that differs.
+        ``owner`` names what took the state in messages; ``optional``: keys
+        a plain state may lack (taken before they were recorded), accepted
+        as unknown. The one check of plain states: the torch loaders call
+        it too."""
         if self.global_batch_size is not None:
-            epoch, batches = elastic_resume(state, **self._elastic_args())
-        else:
-            if isinstance(state, dict) and "elastic" in state:
-                raise ValueError("state_dict was taken by an elastic reader (global_batch_size="
-                                 f"{state.get('global_batch_size')!r}): give this reader the "
-                                 "same global_batch_size to resume it")
-            mine = self.state_dict(0, 0)
-            for key in ("num_samples", "batch_size", "seed", "shuffle", "shard_id",
-                        "num_shards"):
-                if not isinstance(state, dict) or state.get(key) != mine[key]:
-                    got = state.get(key) if isinstance(state, dict) else state
-                    raise ValueError(f"state_dict was taken with {key}={got!r}, this reader "
-                                     f"has {key}={mine[key]!r}")
-            epoch, batches = state["epoch"], state["batches_delivered"]
-        self.set_epoch(epoch, start_batch=batches)
+            return elastic_resume(state, **self._elastic_args())
+        if not isinstance(state, dict):
+            raise ValueError(f"state_dict must be a dict (a {owner}'s state_dict()), got "
+                             f"{type(state).__name__}")
+        if "elastic" in state:
+            raise ValueError(f"state_dict was taken by an elastic {owner} (global_batch_size="
+                             f"{state.get('global_batch_size')!r}): give this {owner} the "
+                             "same global_batch_size to resume it")
+        mine = self.state_dict(0, 0)
+        for key in self._PLAIN_STATE_KEYS:
+            if key in optional and key not in state:
+                continue
+            if state.get(key) != mine[key]:
+                raise ValueError(f"state_dict was taken with {key}={state.get(key)!r}, this "
+                                 f"{owner} has {key}={mine[key]!r}")
+        return state["epoch"], state["batches_delivered"]
 
     def _elastic_args(self):
         return dict(num_samples=len(self.paths), global_batch_size=self.global_batch_size,
