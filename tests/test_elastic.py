@@ -536,6 +536,43 @@ def test_dali_operator_checkpoint_resumes_at_another_world_size(tree, depth):
         elastic_file_pipe(root, 3, 0, native=True, checkpoint=other.checkpoint()).run()
 
 
+def test_dali_operator_elastic_checkpoint_refuses_another_global_order(tree):
+    """An elastic checkpoint (portable across world sizes) still belongs to
+    one global order: the data set's size and the shuffle define it."""
+    pytest.importorskip("nvidia.dali")
+    from fastread.dali import _plugin
+    if not _plugin.load():
+        pytest.skip(f"the native DALI plugin does not load: {_plugin.reason()}")
+    from nvidia.dali import pipeline_def
+
+    from fastread.dali import readers
+
+    root, ids = tree
+    paths, _ = fastread.scan(root)
+
+    def pipe(n, shuffle, w, checkpoint=None):
+        @pipeline_def(batch_size=GLOBAL // w, num_threads=1, device_id=None,
+                      enable_checkpointing=True)
+        def p():
+            return readers.file(files=paths[:n], shard_id=0, num_shards=w, seed=6,
+                                random_shuffle=shuffle, pad_last_batch=True,
+                                global_batch_size=GLOBAL, native=True, name="files")
+        out = p(checkpoint=checkpoint) if checkpoint is not None else p()
+        out.build()
+        return out
+
+    first = pipe(N_FILES, True, 3)
+    first.run()
+    cp = first.checkpoint()
+    pipe(N_FILES, True, 2, checkpoint=cp).run()  # another world size: resumes
+    with pytest.raises(Exception, match="saved by a reader with num_samples=53, this reader "
+                                        "has num_samples=40"):
+        pipe(40, True, 2, checkpoint=cp)
+    with pytest.raises(Exception, match="saved by a reader with random_shuffle=1, this reader "
+                                        "has random_shuffle=0"):
+        pipe(N_FILES, False, 4, checkpoint=cp)
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_dali_iterator_counts_elastic_rolling_epochs_with_fill(tmp_path, native):
     """DALIGenericIterator(reader_name=..., FILL) over an elastic reader
