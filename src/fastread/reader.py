@@ -50,8 +50,10 @@ class Reader:
     ``G // num_shards`` samples (``batch_size`` may be left out; G must be a
     multiple of ``num_shards``). ``state_dict()`` (the epoch and the global
     batches consumed) then resumes at any world size that divides G, with
-    every sample of the epoch not yet read read once
-    (:func:`fastread.sampling.elastic_indices`; docs/elastic.md).
+    every sample of the epoch not yet read read once; with neither
+    ``pad_last_batch`` nor ``drop_last`` and a partial last global batch of
+    R samples, at most R ranks (:func:`fastread.sampling.elastic_world_sizes`;
+    :func:`fastread.sampling.elastic_indices`; docs/elastic.md).
 
     ``workers`` native threads (each with its own engine context) read up to
     ``prefetch`` batches ahead, delivered in order. By default a

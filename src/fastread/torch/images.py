@@ -100,7 +100,8 @@ class ImageLoader:
     ``global_batch_size=G``: elastic sharding (:class:`fastread.Reader`'s):
     each rank delivers batches of ``G // WORLD_SIZE`` samples, its slice of
     each global batch of one order of the whole set per ``(seed, epoch)``,
-    and ``state_dict()`` resumes at another world size (one dividing G).
+    and ``state_dict()`` resumes at another world size (one dividing G;
+    :func:`fastread.sampling.elastic_world_sizes`).
     """
 
     def __init__(self, file_root=None, batch_size=None, *, device="cpu", decode=True, size=224,
@@ -216,7 +217,7 @@ class ImageLoader:
         """Where the loader stands: load it into a loader built with the same
         arguments to continue with exactly the samples not yet delivered
         (elastic: built with the same ``global_batch_size``, at any world
-        size dividing it)."""
+        size dividing it: :func:`fastread.sampling.elastic_world_sizes`)."""
         return self.reader.state_dict(self.epoch, self._delivered)
 
     def load_state_dict(self, state):

@@ -172,7 +172,8 @@ class Cifar10Loader:
 
     def state_dict(self):
         """Where the loader stands (elastic, with ``global_batch_size``:
-        resumable at another world size dividing it; docs/elastic.md)."""
+        resumable at another world size dividing it, see
+        :func:`fastread.sampling.elastic_world_sizes`; docs/elastic.md)."""
         return self.reader.state_dict(self.epoch, self._delivered)
 
     def load_state_dict(self, state):
