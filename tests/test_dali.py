@@ -331,3 +331,5 @@ def test_stop_state_dict_counts_the_epochs_own_shard(class_tree):
             if k in ("epoch", "batches_delivered")} == {"epoch": 2, "batches_delivered": 3}
     state = readers.state_dict(p, 4)
     assert (state["epoch"], state["batches_delivered"]) == (3, 0)
+    with pytest.raises(ValueError, match=r"in \[0, 4\] \(the batches of this shard's epoch 2\)"):
+        readers.state_dict(p, 5)
