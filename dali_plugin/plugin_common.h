@@ -7,6 +7,7 @@
 #ifndef FASTREAD_DALI_PLUGIN_COMMON_H
 #define FASTREAD_DALI_PLUGIN_COMMON_H
 
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -200,46 +201,114 @@ class SampleStream {
   StreamPos at_;
 };
 
-// A checkpoint's text form: "<tag> <epoch> <pos> <seed>". Elastic streams
-// (args.global_batch > 0) write "<tag>:elastic <epoch> <samples> <seed>
-// <global_batch>" instead: <samples> counts samples of the epoch's global
-// order consumed by all ranks (pos / batch_size global batches of
-// global_batch), which a reader of another number of shards resumes.
-inline std::string SerializeStreamPos(const char *tag, const StreamPos &at,
-                                      const StreamArgs &args) {
-  if (args.global_batch > 0) {
-    const int64_t samples = at.pos / args.batch_size * args.global_batch;
-    return std::string(tag) + ":elastic " + std::to_string(at.epoch) + " " +
-           std::to_string(samples) + " " + std::to_string(at.seed) + " " +
-           std::to_string(args.global_batch);
-  }
-  return std::string(tag) + " " + std::to_string(at.epoch) + " " + std::to_string(at.pos) + " " +
-         std::to_string(at.seed);
+// The arguments that define a stream's samples, as a checkpoint records
+// them (DALI's argument names, for messages): a checkpoint restores only
+// into a reader whose stream they describe too. Elastic streams record
+// what defines the global order (the shard layout is theirs to change).
+inline std::vector<std::pair<std::string, int64_t>> StreamFields(const StreamArgs &args) {
+  std::vector<std::pair<std::string, int64_t>> f = {{"num_samples", args.n},
+                                                    {"random_shuffle", args.shuffle},
+                                                    {"initial_fill", args.fill}};
+  if (args.global_batch > 0) return f;
+  f.insert(f.end(), {{"num_shards", args.num_shards},
+                     {"shard_id", args.shard_id},
+                     {"stick_to_shard", args.stick},
+                     {"pad_last_batch", args.pad},
+                     {"batch_size", args.batch_size}});
+  return f;
 }
 
-// False if `data` is not one of this stream's form (then `at` is
+// Whether field `name` changes this stream's samples (both sides agree on
+// the fields checked before it, in StreamFields' order): the shuffle
+// buffer only with shuffle, the rotation only over several shards, the
+// batch size only through padding to whole batches.
+inline bool FieldMatters(const std::string &name, const StreamArgs &args) {
+  if (name == "initial_fill") return args.shuffle;
+  if (name == "stick_to_shard") return args.num_shards > 1;
+  if (name == "batch_size") return args.pad;
+  return true;
+}
+
+// A checkpoint's text form: "<tag> <epoch> <pos> <seed>" followed by
+// StreamFields as name=value. Elastic streams (args.global_batch > 0) write
+// "<tag>:elastic <epoch> <samples> <seed> <global_batch>" and theirs
+// instead: <samples> counts samples of the epoch's global order consumed by
+// all ranks (pos / batch_size global batches of global_batch), which a
+// reader of another number of shards resumes.
+inline std::string SerializeStreamPos(const char *tag, const StreamPos &at,
+                                      const StreamArgs &args) {
+  std::string out;
+  if (args.global_batch > 0) {
+    const int64_t samples = at.pos / args.batch_size * args.global_batch;
+    out = std::string(tag) + ":elastic " + std::to_string(at.epoch) + " " +
+          std::to_string(samples) + " " + std::to_string(at.seed) + " " +
+          std::to_string(args.global_batch);
+  } else {
+    out = std::string(tag) + " " + std::to_string(at.epoch) + " " + std::to_string(at.pos) + " " +
+          std::to_string(at.seed);
+  }
+  for (const auto &f : StreamFields(args)) out += " " + f.first + "=" + std::to_string(f.second);
+  return out;
+}
+
+// Reads `data` into `at` (converted to this shard's position) and returns
+// "", or returns why it is not a checkpoint of this stream (then `at` is
 // unchanged): an elastic stream takes only elastic checkpoints of its
-// global batch (at a global batch boundary), converted to its own shard's
-// position; the others only plain ones.
-inline bool ParseStreamPos(const char *tag, const std::string &data, StreamPos *at,
-                           const StreamArgs &args) {
+// global batch (at a global batch boundary), the others only plain ones;
+// either only of the same StreamFields where they matter. Checkpoints
+// written before the fields were recorded (none after the position) are
+// taken as they are: their position is checked against the epoch's length
+// only (SampleStream::Seek).
+inline std::string ParseStreamPos(const char *tag, const std::string &data, StreamPos *at,
+                                  const StreamArgs &args) {
   std::istringstream in(data);
   std::string got;
   StreamPos p;
   in >> got >> p.epoch >> p.pos >> p.seed;
-  if (in.fail() || p.epoch < -1 || p.pos < 0 || p.seed < 0) return false;
+  if (in.fail() || p.epoch < -1 || p.pos < 0 || p.seed < 0)
+    return "not a checkpoint of this reader";
   if (args.global_batch > 0) {
     int64_t g = 0;
     in >> g;
-    if (in.fail() || got != std::string(tag) + ":elastic" || g != args.global_batch ||
-        p.pos % g != 0)
-      return false;
+    if (in.fail() || got != std::string(tag) + ":elastic")
+      return "not a checkpoint of an elastic reader with global_batch_size=" +
+             std::to_string(args.global_batch);
+    if (g != args.global_batch || p.pos % g != 0)
+      return "not a checkpoint of an elastic reader with global_batch_size=" +
+             std::to_string(args.global_batch) + " (it was saved with global_batch_size=" +
+             std::to_string(g) + ")";
     p.pos = p.pos / g * args.batch_size;
   } else if (got != tag) {
-    return false;
+    return got == std::string(tag) + ":elastic"
+               ? "a checkpoint of an elastic reader (global_batch_size=...) does not restore "
+                 "this per-shard reader: give it the same global_batch_size"
+               : "not a checkpoint of this reader";
+  }
+  // name=value fields: every one this stream has must be there and agree.
+  std::vector<std::pair<std::string, int64_t>> saved;
+  std::string field;
+  while (in >> field) {
+    const size_t eq = field.find('=');
+    char *end = nullptr;
+    const long long v = eq == std::string::npos ? 0 : strtoll(field.c_str() + eq + 1, &end, 10);
+    if (eq == std::string::npos || eq == 0 || end == field.c_str() + eq + 1 || *end != '\0')
+      return "not a checkpoint of this reader (field '" + field + "')";
+    saved.emplace_back(field.substr(0, eq), static_cast<int64_t>(v));
+  }
+  if (!saved.empty()) {
+    for (const auto &mine : StreamFields(args)) {
+      const auto it = std::find_if(saved.begin(), saved.end(),
+                                   [&](const auto &f) { return f.first == mine.first; });
+      if (it == saved.end())
+        return "the checkpoint does not record " + mine.first + ": not one of this reader";
+      if (it->second != mine.second && FieldMatters(mine.first, args))
+        return "the checkpoint was saved by a reader with " + mine.first + "=" +
+               std::to_string(it->second) + ", this reader has " + mine.first + "=" +
+               std::to_string(mine.second) + ": restore it into a reader of the same arguments";
+    }
   }
   *at = p;
-  return true;
+  return std::string();
 }
 
 }  // namespace fastread_dali

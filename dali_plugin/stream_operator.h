@@ -59,9 +59,11 @@ class StreamOperator : public dali::Operator<Backend> {
     // Drop the read-ahead of the old position; the next batches come from `at`.
     DropReadAhead();
     submitted_.clear();
+    // Only a checkpoint from before the arguments were recorded gets here
+    // unchecked (ParseStreamPos): its position must at least exist.
     DALI_ENFORCE(stream_.Seek(at),
                  dali::make_string(op_name_, ": a checkpoint at sample ", at.pos, " of epoch ",
-                                   at.epoch, ", which this reader's epochs do not have: it was "
+                                   at.epoch, ", past the end of this reader's epoch: it was "
                                    "saved by a reader of other arguments"));
     taken_ = at;
   }
@@ -72,14 +74,8 @@ class StreamOperator : public dali::Operator<Backend> {
 
   void DeserializeCheckpoint(dali::OpCheckpoint &cpt, const std::string &data) const override {
     StreamPos at;
-    const StreamArgs &args = stream_.Args();
-    DALI_ENFORCE(ParseStreamPos(tag_, data, &at, args),
-                 args.global_batch > 0
-                     ? dali::make_string(op_name_, ": not a checkpoint of an elastic reader with "
-                                         "global_batch_size=", args.global_batch, ": '", data,
-                                         "'")
-                     : dali::make_string(op_name_, ": not a checkpoint of this reader: '", data,
-                                         "'"));
+    const std::string why = ParseStreamPos(tag_, data, &at, stream_.Args());
+    DALI_ENFORCE(why.empty(), dali::make_string(op_name_, ": ", why, ": '", data, "'"));
     cpt.MutableCheckpointState() = at;
   }
 

@@ -185,3 +185,57 @@ def dali_gpu(root, **kw):
         data, lab = fn.readers.file(file_root=root, name="R", **kw)
         return data.gpu(), lab.gpu()
     return graph
+
+
+def _varint(buf, i):
+    value = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, i
+
+
+def _put_varint(value):
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        out.append(b | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _fields(buf):
+    """A protobuf message's fields as [(key, bytes)], all length-delimited
+    (every field of DALI's checkpoint message is: names, texts, messages)."""
+    out, i = [], 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        assert key & 7 == 2, f"unexpected protobuf wire type {key & 7}"
+        n, i = _varint(buf, i)
+        out.append((key, bytes(buf[i:i + n])))
+        i += n
+    return out
+
+
+def _message(fields):
+    return b"".join(_put_varint(k) + _put_varint(len(v)) + v for k, v in fields)
+
+
+def rewrite_op_checkpoints(checkpoint, change):
+    """`checkpoint` (pipe.checkpoint(): DALI's serialized protobuf) with
+    every fastread operator's checkpoint text replaced by change(text): to
+    make checkpoints of an older form, or damaged ones."""
+    data = checkpoint if isinstance(checkpoint, bytes) else checkpoint.encode("latin-1")
+    top = []
+    for key, value in _fields(data):
+        if key >> 3 == 1:  # one operator's (name, checkpoint text)
+            inner = [(k, change(v.decode()).encode() if k >> 3 == 2 and v.startswith(b"fastread")
+                      else v) for k, v in _fields(value)]
+            value = _message(inner)
+        top.append((key, value))
+    out = _message(top)
+    return out if isinstance(checkpoint, bytes) else out.decode("latin-1")

@@ -306,3 +306,30 @@ def test_filters_match_dali(mixed_case_tree, kw):
                   last_batch_policy=LastBatchPolicy.PARTIAL)
     got = epochs(fast_file(mixed_case_tree, **kw), 3, 1)
     assert got == want
+
+
+def test_stop_state_dict_counts_the_epochs_own_shard(class_tree):
+    # stick_to_shard=False: epoch 2 of shard 0 of 3 reads shard 2, 4 of the
+    # 10 samples (epoch 0 read 3): its positions and size are epoch 2's.
+    root, _ = class_tree("dali-rotating", [10], seed=4, max_size=300)
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
+    def pipe():
+        return readers.file(file_root=root, shard_id=0, num_shards=3, stick_to_shard=False,
+                            epoch_end="stop", name="R")
+
+    p = pipe()
+    assert readers.epoch_size(p) == 3
+    readers.load_state_dict(p, {"epoch": 2, "batches_delivered": 0, "num_samples": 10,
+                                "batch_size": 1, "seed": 0, "shuffle": False, "shard_id": 0,
+                                "num_shards": 3})
+    assert readers.epoch_size(p) == 4
+    p.build()
+    for _ in range(3):
+        p.run()
+    assert {k: v for k, v in readers.state_dict(p, 3).items()
+            if k in ("epoch", "batches_delivered")} == {"epoch": 2, "batches_delivered": 3}
+    state = readers.state_dict(p, 4)
+    assert (state["epoch"], state["batches_delivered"]) == (3, 0)
+    with pytest.raises(ValueError, match=r"in \[0, 4\] \(the batches of this shard's epoch 2\)"):
+        readers.state_dict(p, 5)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dali_helpers import (COUNTS, assert_missing_file_fails_naming_it, batches, case_id,
-                          make_pipe, write_class_tree)
+                          make_pipe, rewrite_op_checkpoints, write_class_tree)
 from nvidia.dali import fn, pipeline_def  # noqa: E402 (dali_helpers skips without DALI)
 
 from fastread.dali import _plugin  # noqa: E402
@@ -257,6 +257,66 @@ def test_checkpoint_restores_the_stream(tree, kw, pipe_depth):
         b = make_pipe(lambda: native(tree, **kw), 4, enable_checkpointing=True,
                       prefetch_queue_depth=pipe_depth, checkpoint=cp)
         assert batches(b, 8) == want, f"after {k} batches"
+
+
+SAVED_WITH = dict(num_shards=2, shard_id=0, pad_last_batch=True)
+# (restoring reader's arguments, batch size, the argument the refusal names)
+OTHER_READERS = [
+    (dict(num_shards=4, shard_id=0, pad_last_batch=True), 4, "num_shards"),
+    (dict(num_shards=2, shard_id=1, pad_last_batch=True), 4, "shard_id"),
+    (dict(SAVED_WITH, random_shuffle=True), 4, "random_shuffle"),
+    (dict(num_shards=2, shard_id=0), 4, "pad_last_batch"),
+    (dict(SAVED_WITH, stick_to_shard=True), 4, "stick_to_shard"),
+    (SAVED_WITH, 3, "batch_size"),  # padding to whole batches: another epoch length
+    (dict(SAVED_WITH, n=20), 4, "num_samples"),
+]
+
+
+@pytest.mark.parametrize("other,batch_size,differs", OTHER_READERS,
+                         ids=[case[2] for case in OTHER_READERS])
+def test_checkpoint_refuses_a_reader_of_other_arguments(tree, other, batch_size, differs):
+    # The checkpoint's position fits all of these readers: only the
+    # arguments it records tell that it would resume another stream.
+    a = make_pipe(lambda: native(tree, **SAVED_WITH), 4, enable_checkpointing=True)
+    batches(a, 2)
+    cp = a.checkpoint()
+    kw = dict(other)
+    n = kw.pop("n", None)
+    paths, labels = scan(tree)
+    graph = (lambda: native(tree, **kw)) if n is None else (
+        lambda: fn.fastread.readers.file(files=paths[:n], labels=labels[:n].tolist(), name="R",
+                                         **kw))
+    with pytest.raises(Exception, match=f"saved by a reader with {differs}=.*this reader has "
+                                        f"{differs}="):
+        make_pipe(graph, batch_size, enable_checkpointing=True, checkpoint=cp)
+
+
+def test_checkpoint_ignores_arguments_that_do_not_change_the_stream(tree):
+    # Without padding the batch size only cuts the same stream differently.
+    a = make_pipe(lambda: native(tree, num_shards=2, shard_id=1), 4, enable_checkpointing=True)
+    batches(a, 3)
+    cp = a.checkpoint()
+    flat = [x for data, _ in batches(a, 6) for x in data]
+    b = make_pipe(lambda: native(tree, num_shards=2, shard_id=1), 3, enable_checkpointing=True,
+                  checkpoint=cp)
+    assert [x for data, _ in batches(b, 8) for x in data] == flat
+
+
+def test_checkpoint_of_the_old_form_still_restores(tree):
+    # Checkpoints saved before the arguments were recorded hold the position
+    # only ("<tag> <epoch> <pos> <seed>"): taken as they are.
+    kw = dict(random_shuffle=True, seed=4, num_shards=3, shard_id=1)
+    a = make_pipe(lambda: native(tree, **kw), 4, enable_checkpointing=True)
+    batches(a, 3)
+    cp = a.checkpoint()
+    want = batches(a, 5)
+    old = rewrite_op_checkpoints(cp, lambda text: " ".join(text.split()[:4]))
+    assert old != cp
+    b = make_pipe(lambda: native(tree, **kw), 4, enable_checkpointing=True, checkpoint=old)
+    assert batches(b, 5) == want
+    damaged = rewrite_op_checkpoints(cp, lambda text: text + " shard_id=x")
+    with pytest.raises(Exception, match="not a checkpoint of this reader .field 'shard_id=x'"):
+        make_pipe(lambda: native(tree, **kw), 4, enable_checkpointing=True, checkpoint=damaged)
 
 
 def test_checkpoint_through_readers_file(tree):

@@ -21,7 +21,8 @@ from hypothesis import given, settings, strategies as st
 import fastread
 from fastread import _defaults
 from fastread.sampling import (check_global_batch, elastic_batches, elastic_epoch_samples,
-                               elastic_indices, elastic_resume, elastic_state, global_order)
+                               elastic_indices, elastic_resume, elastic_state,
+                               elastic_world_sizes, global_order)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -135,6 +136,62 @@ def test_tail_policies_and_their_errors():
         elastic_indices(50, global_batch_size=12, pad_last_batch=True, drop_last=True)
     with pytest.raises(ValueError, match="do not fill one global batch"):
         elastic_indices(5, global_batch_size=12, drop_last=True)
+
+
+def test_world_sizes_that_read_and_resume_an_epoch():
+    # The rule: the divisors of G; without a tail policy and with a partial
+    # last global batch of R samples, only those up to R. 50 samples, G=12:
+    # R=2, so a state saved at 2 ranks does not resume at 4.
+    assert elastic_world_sizes(50, 12) == [1, 2]
+    assert elastic_world_sizes(50, 12, pad_last_batch=True) == [1, 2, 3, 4, 6, 12]
+    assert elastic_world_sizes(50, 12, drop_last=True) == [1, 2, 3, 4, 6, 12]
+    assert elastic_world_sizes(48, 12) == [1, 2, 3, 4, 6, 12]  # no partial batch
+    assert elastic_world_sizes(5, 12, drop_last=True) == []
+    with pytest.raises(ValueError, match="or run at most 2 ranks"):
+        elastic_indices(50, global_batch_size=12, shard_id=0, num_shards=4)
+    for n in (17, 24, 50, 64):
+        for g in (4, 8, 12):
+            for pad, drop in ((False, False), (True, False), (False, True)):
+                sizes = elastic_world_sizes(n, g, pad_last_batch=pad, drop_last=drop)
+                for w in range(1, g + 1):
+                    if g % w:
+                        continue
+                    try:
+                        read_all(n, g, w, tail=(pad, drop))
+                        reads = True
+                    except ValueError:
+                        reads = False
+                    assert reads == (w in sizes), (n, g, pad, drop, w)
+                # every world size listed resumes every other's state, each
+                # sample of the epoch read once over the two runs
+                k = elastic_batches(n, g, pad_last_batch=pad, drop_last=drop) // 2
+                for w1 in sizes:
+                    before = collections.Counter()
+                    for r in range(w1):
+                        part = elastic_indices(n, global_batch_size=g, shard_id=r,
+                                               num_shards=w1, shuffle=True, seed=3, epoch=1,
+                                               pad_last_batch=pad, drop_last=drop)
+                        before.update(part[:k * (g // w1)].tolist())
+                    state = elastic_state(num_samples=n, global_batch_size=g, seed=3,
+                                          shuffle=True, epoch=1, batches=k,
+                                          pad_last_batch=pad, drop_last=drop)
+                    for w2 in sizes:
+                        epoch, start = elastic_resume(state, num_samples=n, global_batch_size=g,
+                                                      seed=3, shuffle=True,
+                                                      pad_last_batch=pad, drop_last=drop)
+                        after = collections.Counter()
+                        for r in range(w2):
+                            after.update(elastic_indices(
+                                n, global_batch_size=g, shard_id=r, num_shards=w2, shuffle=True,
+                                seed=3, epoch=epoch, pad_last_batch=pad, drop_last=drop,
+                                start_batch=start).tolist())
+                        whole = collections.Counter()
+                        for r in range(w1):
+                            whole.update(elastic_indices(
+                                n, global_batch_size=g, shard_id=r, num_shards=w1, shuffle=True,
+                                seed=3, epoch=1, pad_last_batch=pad,
+                                drop_last=drop).tolist())
+                        assert before + after == whole, (n, g, pad, drop, w1, w2)
 
 
 def test_global_batch_must_divide_by_the_world_size():
@@ -534,6 +591,43 @@ def test_dali_operator_checkpoint_resumes_at_another_world_size(tree, depth):
     with pytest.raises(Exception, match="not a checkpoint of an elastic reader with "
                                         "global_batch_size=12"):
         elastic_file_pipe(root, 3, 0, native=True, checkpoint=other.checkpoint()).run()
+
+
+def test_dali_operator_elastic_checkpoint_refuses_another_global_order(tree):
+    """An elastic checkpoint (portable across world sizes) still belongs to
+    one global order: the data set's size and the shuffle define it."""
+    pytest.importorskip("nvidia.dali")
+    from fastread.dali import _plugin
+    if not _plugin.load():
+        pytest.skip(f"the native DALI plugin does not load: {_plugin.reason()}")
+    from nvidia.dali import pipeline_def
+
+    from fastread.dali import readers
+
+    root, ids = tree
+    paths, _ = fastread.scan(root)
+
+    def pipe(n, shuffle, w, checkpoint=None):
+        @pipeline_def(batch_size=GLOBAL // w, num_threads=1, device_id=None,
+                      enable_checkpointing=True)
+        def p():
+            return readers.file(files=paths[:n], shard_id=0, num_shards=w, seed=6,
+                                random_shuffle=shuffle, pad_last_batch=True,
+                                global_batch_size=GLOBAL, native=True, name="files")
+        out = p(checkpoint=checkpoint) if checkpoint is not None else p()
+        out.build()
+        return out
+
+    first = pipe(N_FILES, True, 3)
+    first.run()
+    cp = first.checkpoint()
+    pipe(N_FILES, True, 2, checkpoint=cp).run()  # another world size: resumes
+    with pytest.raises(Exception, match="saved by a reader with num_samples=53, this reader "
+                                        "has num_samples=40"):
+        pipe(40, True, 2, checkpoint=cp)
+    with pytest.raises(Exception, match="saved by a reader with random_shuffle=1, this reader "
+                                        "has random_shuffle=0"):
+        pipe(N_FILES, False, 4, checkpoint=cp)
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -604,3 +604,21 @@ def test_dali_reader_rolling_epochs(cifar, in_memory):
         want.extend(im.tobytes() for arrays, _ in order for im in to_hwc(arrays))
     order.close()
     assert got == want[:640]
+
+
+def test_torch_loader_state_records_random_shuffle(cifar):
+    pytest.importorskip("torch")
+    from fastread.torch import Cifar10Loader
+
+    shuffled = Cifar10Loader(cifar, batch_size=64, random_shuffle=True, seed=2)
+    plain = Cifar10Loader(cifar, batch_size=64, seed=2)
+    state = shuffled.state_dict()
+    assert state["shuffle"] is True
+    with pytest.raises(ValueError, match="shuffle=True, this loader has shuffle=False"):
+        plain.load_state_dict(state)
+    with pytest.raises(ValueError, match="shuffle=False, this loader has shuffle=True"):
+        shuffled.load_state_dict(plain.state_dict())
+    old = {k: v for k, v in state.items() if k != "shuffle"}  # saved before it was recorded
+    old["batches_delivered"] = 1
+    plain.load_state_dict(old)
+    assert sum(len(lab) for _, lab in plain) == len(shuffled.source) - 64

@@ -192,3 +192,40 @@ def test_workers_validated(tree, monkeypatch):
     monkeypatch.setenv("FASTREAD_WORKERS", "2")
     with fastread.Reader(root) as r:
         assert r.workers == 2
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_resume_without_stick_to_shard_uses_each_epochs_shard(class_tree, batch_size):
+    # 10 samples in 3 shards are 3, 3 and 4 long; with stick_to_shard=False
+    # epoch e reads shard (shard_id + e) % 3, so its length is that shard's,
+    # not epoch 0's: a position counted against epoch 0's length would end
+    # epoch 2 one batch early (and resume skipping its last samples).
+    root, content = class_tree("reader-rotating", [10], seed=3, max_size=500)
+    paths, _ = fastread.scan(root)
+    args = dict(batch_size=batch_size, shard_id=0, num_shards=3, stick_to_shard=False, workers=1)
+    sizes = {0: 3, 1: 3, 2: 4, 3: 3}
+    with fastread.Reader(root, **args) as r:
+        for e, n in sizes.items():
+            r.set_epoch(e)
+            assert len(r) == -(-n // batch_size) and r.num_samples == n
+            whole = [x.tobytes() for a, _ in r for x in a]
+            assert whole == [content[p] for p in paths[3 * (e % 3):][:n]]
+            for k in range(len(r) + 1):
+                r.set_epoch(e)
+                it = iter(r)
+                for _ in range(k):
+                    next(it)
+                state = r.state_dict()
+                expect = (e, k) if k < len(r) else (e + 1, 0)
+                assert (state["epoch"], state["batches_delivered"]) == expect
+                with fastread.Reader(root, **args) as again:
+                    again.load_state_dict(state)
+                    rest = [x.tobytes() for a, _ in again for x in a]
+                if k < len(r):
+                    assert rest == whole[k * batch_size:]
+        for e, n in sizes.items():
+            assert r.epoch_samples(e) == n
+            assert r.epoch_batches(e) == -(-n // batch_size)
+        r.set_epoch(2, start_batch=r.epoch_batches(2))  # the last batch of the long shard
+        with pytest.raises(ValueError, match="past the end of epoch 1"):
+            r.set_epoch(1, start_batch=r.epoch_batches(2))

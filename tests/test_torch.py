@@ -127,3 +127,21 @@ def test_cuda_without_a_gpu_fails_at_construction(jpegs, monkeypatch):
         ImageLoader(jpegs, batch_size=4, device="cuda")
     with pytest.raises(ValueError, match="device_id"):
         ImageLoader(jpegs, batch_size=4, device="cuda", device_id=-1)
+
+
+def test_state_records_random_shuffle(jpegs):
+    # A shuffled state resumed unshuffled (or the reverse) would deliver
+    # another order's rest: some samples twice, others never.
+    shuffled = ImageLoader(jpegs, batch_size=4, decode=False, random_shuffle=True, seed=9)
+    plain = ImageLoader(jpegs, batch_size=4, decode=False, seed=9)
+    state = shuffled.state_dict()
+    assert state["shuffle"] is True
+    with pytest.raises(ValueError, match="shuffle=True, this loader has shuffle=False"):
+        plain.load_state_dict(state)
+    with pytest.raises(ValueError, match="shuffle=False, this loader has shuffle=True"):
+        shuffled.load_state_dict(plain.state_dict())
+    # A state saved before the key existed: unknown, accepted.
+    old = {k: v for k, v in state.items() if k != "shuffle"}
+    old["batches_delivered"] = 2
+    plain.load_state_dict(old)
+    assert len(labels_of(plain)) == 21 - 8

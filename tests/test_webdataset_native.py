@@ -419,3 +419,19 @@ def test_shuffled_batches_over_many_shards_grow_one_arena(tmp_path):
     for b in batches(p, 8):   # two epochs of 36
         got += list(zip(*b))
     assert sorted(got[:36]) == want and sorted(got[36:]) == want
+
+
+def test_checkpoint_refuses_another_shuffle_buffer(shards):
+    # The shuffle buffer decides the order: a checkpoint of one fill resumed
+    # with another would continue a different stream.
+    def pipe(fill, **kw):
+        return make_pipe(lambda: webdataset(paths=shards, ext=EXT, native=True, name="R",
+                                            random_shuffle=True, seed=3, initial_fill=fill), 4,
+                         enable_checkpointing=True, **kw)
+
+    first = pipe(8)
+    batches(first, 2)
+    cpt = first.checkpoint()
+    with pytest.raises(Exception, match="saved by a reader with initial_fill=8, this reader "
+                                        "has initial_fill=16"):
+        pipe(16, checkpoint=cpt)

@@ -50,8 +50,10 @@ class Reader:
     ``G // num_shards`` samples (``batch_size`` may be left out; G must be a
     multiple of ``num_shards``). ``state_dict()`` (the epoch and the global
     batches consumed) then resumes at any world size that divides G, with
-    every sample of the epoch not yet read read once
-    (:func:`fastread.sampling.elastic_indices`; docs/elastic.md).
+    every sample of the epoch not yet read read once; with neither
+    ``pad_last_batch`` nor ``drop_last`` and a partial last global batch of
+    R samples, at most R ranks (:func:`fastread.sampling.elastic_world_sizes`;
+    :func:`fastread.sampling.elastic_indices`; docs/elastic.md).
 
     ``workers`` native threads (each with its own engine context) read up to
     ``prefetch`` batches ahead, delivered in order. By default a
@@ -179,28 +181,54 @@ class Reader:
         _LIVE.add(self)
 
     # -- sizes ---------------------------------------------------------------
-    def _epoch_order(self, epoch):
+    def _epoch_shard(self, epoch):
+        """The shard read in ``epoch``: ``shard_id``, or with
+        ``stick_to_shard=False`` the next one each epoch (DALI's readers)."""
+        return self.shard_id if self.stick_to_shard else (self.shard_id + epoch) % self.num_shards
+
+    def _epoch_order(self, epoch, shuffle=None):
+        """Indices read in ``epoch``. ``shuffle=False`` gives the same
+        length without drawing the permutation (for sizes only)."""
+        shuffle = self.random_shuffle if shuffle is None else shuffle
         if self.global_batch_size is not None:
             return elastic_indices(len(self.paths), global_batch_size=self.global_batch_size,
                                    shard_id=self.shard_id, num_shards=self.num_shards,
-                                   shuffle=self.random_shuffle, seed=self.seed, epoch=epoch,
+                                   shuffle=shuffle, seed=self.seed, epoch=epoch,
                                    pad_last_batch=self.pad_last_batch, drop_last=self.drop_last,
                                    shuffle_buffer=self.shuffle_buffer)
-        shard = self.shard_id if self.stick_to_shard else (self.shard_id + epoch) % self.num_shards
-        return epoch_indices(len(self.paths), shard_id=shard, num_shards=self.num_shards,
-                             shuffle=self.random_shuffle, seed=self.seed, epoch=epoch,
-                             pad_last_batch=self.pad_last_batch, batch_size=self.batch_size,
-                             drop_last=self.drop_last, shuffle_buffer=self.shuffle_buffer)
+        return epoch_indices(len(self.paths), shard_id=self._epoch_shard(epoch),
+                             num_shards=self.num_shards, shuffle=shuffle, seed=self.seed,
+                             epoch=epoch, pad_last_batch=self.pad_last_batch,
+                             batch_size=self.batch_size, drop_last=self.drop_last,
+                             shuffle_buffer=self.shuffle_buffer)
+
+    def epoch_samples(self, epoch):
+        """Samples this shard yields in ``epoch`` (padding included). With
+        ``stick_to_shard=False`` epochs read different shards, which may
+        differ by one sample."""
+        return len(self._epoch_order(epoch, shuffle=False))
+
+    def epoch_batches(self, epoch):
+        """Batches this shard yields in ``epoch`` (see :meth:`epoch_samples`)."""
+        n = self.epoch_samples(epoch)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _current_epoch(self):
+        # The epoch last started by iter(), else the one the next iter() reads.
+        return self._position[0] if self._position is not None else self.epoch
 
     def __len__(self):
-        """Batches in one epoch of this shard."""
-        n = len(self._epoch_order(0))
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        """Batches in the current epoch of this shard: the epoch last
+        started by iter(), else (before any, or after set_epoch) the one the
+        next iter() reads. Epochs may differ by a batch with
+        ``stick_to_shard=False``: :meth:`epoch_batches` gives any epoch's."""
+        return self.epoch_batches(self._current_epoch())
 
     @property
     def num_samples(self):
-        """Samples this shard yields per epoch (padding included)."""
-        return len(self._epoch_order(0))
+        """Samples this shard yields in the current epoch (as :meth:`__len__`
+        chooses it; padding included)."""
+        return self.epoch_samples(self._current_epoch())
 
     def set_epoch(self, epoch, start_batch=0):
         """Chooses the epoch the next iter() reads (its shuffle and shard),
@@ -208,9 +236,10 @@ class Reader:
         for name, v in (("epoch", epoch), ("start_batch", start_batch)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
-        if start_batch > len(self):
-            raise ValueError(f"start_batch={start_batch} is past the end of the epoch "
-                             f"({len(self)} batches)")
+        batches = self.epoch_batches(int(epoch))
+        if start_batch > batches:
+            raise ValueError(f"start_batch={start_batch} is past the end of epoch {epoch} "
+                             f"({batches} batches)")
         self.epoch = int(epoch)
         self._start_batch = int(start_batch)
         self._position = None
@@ -223,7 +252,7 @@ class Reader:
         if self._position is None:
             return self.epoch, self._start_batch
         epoch, taken = self._position
-        return (epoch + 1, 0) if taken >= len(self) else (epoch, taken)
+        return (epoch + 1, 0) if taken >= self.epoch_batches(epoch) else (epoch, taken)
 
     def state_dict(self, epoch=None, batches=None):
         """The reader's position (:meth:`position`, or ``epoch`` /
@@ -253,22 +282,37 @@ class Reader:
         reads the rest of its epoch. ValueError if it was taken by a reader
         whose order differs (another data set, seed, shuffle; elastic: global
         batch or tail policy; otherwise: batch size or shard layout)."""
+        self.set_epoch(*self.resume_position(state))
+
+    #: What a plain (not elastic) state_dict must match to be resumed here.
+    _PLAIN_STATE_KEYS = ("num_samples", "batch_size", "seed", "shuffle", "shard_id",
+                         "num_shards")
+
+    def resume_position(self, state, *, owner="reader", optional=()):
+        """``(epoch, batches)`` that ``state`` (:meth:`state_dict`, or a
+        loader's built on this reader) continues from, checked against this
+        reader's order; ValueError naming the first argument that differs.
+        ``owner`` names what took the state in messages; ``optional``: keys
+        a plain state may lack (taken before they were recorded), accepted
+        as unknown. The one check of plain states: the torch loaders call
+        it too."""
         if self.global_batch_size is not None:
-            epoch, batches = elastic_resume(state, **self._elastic_args())
-        else:
-            if isinstance(state, dict) and "elastic" in state:
-                raise ValueError("state_dict was taken by an elastic reader (global_batch_size="
-                                 f"{state.get('global_batch_size')!r}): give this reader the "
-                                 "same global_batch_size to resume it")
-            mine = self.state_dict(0, 0)
-            for key in ("num_samples", "batch_size", "seed", "shuffle", "shard_id",
-                        "num_shards"):
-                if not isinstance(state, dict) or state.get(key) != mine[key]:
-                    got = state.get(key) if isinstance(state, dict) else state
-                    raise ValueError(f"state_dict was taken with {key}={got!r}, this reader "
-                                     f"has {key}={mine[key]!r}")
-            epoch, batches = state["epoch"], state["batches_delivered"]
-        self.set_epoch(epoch, start_batch=batches)
+            return elastic_resume(state, **self._elastic_args())
+        if not isinstance(state, dict):
+            raise ValueError(f"state_dict must be a dict (a {owner}'s state_dict()), got "
+                             f"{type(state).__name__}")
+        if "elastic" in state:
+            raise ValueError(f"state_dict was taken by an elastic {owner} (global_batch_size="
+                             f"{state.get('global_batch_size')!r}): give this {owner} the "
+                             "same global_batch_size to resume it")
+        mine = self.state_dict(0, 0)
+        for key in self._PLAIN_STATE_KEYS:
+            if key in optional and key not in state:
+                continue
+            if state.get(key) != mine[key]:
+                raise ValueError(f"state_dict was taken with {key}={state.get(key)!r}, this "
+                                 f"{owner} has {key}={mine[key]!r}")
+        return state["epoch"], state["batches_delivered"]
 
     def _elastic_args(self):
         return dict(num_samples=len(self.paths), global_batch_size=self.global_batch_size,

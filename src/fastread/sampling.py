@@ -25,7 +25,7 @@ from fastread._core import buffer_shuffle, permutation
 
 __all__ = ["shard_range", "epoch_indices", "check_shard_args", "check_flag", "global_order",
            "check_global_batch", "elastic_indices", "elastic_batches", "elastic_epoch_samples",
-           "elastic_state", "elastic_resume"]
+           "elastic_state", "elastic_resume", "elastic_world_sizes"]
 
 
 
@@ -248,6 +248,39 @@ def elastic_batches(num_samples: int, global_batch_size: int, *, pad_last_batch:
     return -(-total // _as_int(global_batch_size, "global_batch_size"))
 
 
+def _partial_tail_problem(n: int, g: int, num_shards: int, tail: str) -> Optional[str]:
+    """Why ``num_shards`` ranks cannot split the partial last global batch
+    (neither pad nor drop: ``n % g`` samples, fewer than the ranks), or
+    None. The one owner of that rule (:func:`elastic_indices`,
+    :func:`elastic_world_sizes`)."""
+    left = n % g
+    if tail != "partial" or not 0 < left < num_shards:
+        return None
+    return (f"elastic sharding: the epoch's last global batch holds {left} of {n} samples "
+            f"(global_batch_size={g}), fewer than the {num_shards} ranks, so a rank would get "
+            f"an empty last batch and the ranks would read different numbers of batches; "
+            f"choose pad_last_batch=True (repeat the last sample up to a whole global batch) "
+            f"or drop_last=True (drop the partial global batch), or run at most {left} ranks")
+
+
+def elastic_world_sizes(num_samples: int, global_batch_size: int, *,
+                        pad_last_batch: bool = False, drop_last: bool = False) -> list:
+    """The world sizes (``num_shards``) that can read this elastic epoch,
+    and so resume each other's :func:`elastic_state`: the divisors of
+    ``global_batch_size``; with neither ``pad_last_batch`` nor
+    ``drop_last`` and a partial last global batch of ``R = num_samples %
+    global_batch_size`` samples, only those up to ``R`` (every rank needs
+    a sample of it). 50 samples in global batches of 12 without a tail
+    policy: ``[1, 2]``, not 3, 4, 6 or 12."""
+    n = _as_int(num_samples, "num_samples")
+    g = check_global_batch(global_batch_size, 1)
+    tail = _tail_policy(pad_last_batch, drop_last)
+    if n < 1 or (tail == "drop" and n < g):
+        return []  # no epoch to read at any world size (elastic_indices refuses)
+    return [w for w in range(1, g + 1)
+            if g % w == 0 and _partial_tail_problem(n, g, w, tail) is None]
+
+
 def elastic_indices(num_samples: int, *, global_batch_size: int, shard_id: int = 0,
                     num_shards: int = 1, shuffle: bool = False, seed: int = 0, epoch: int = 0,
                     pad_last_batch: bool = False, drop_last: bool = False,
@@ -276,7 +309,8 @@ def elastic_indices(num_samples: int, *, global_batch_size: int, shard_id: int =
       If ``R < num_shards`` a rank would get an empty last batch, and ranks
       would then disagree on the number of batches (collectives of a DDP
       step would hang): ValueError naming ``pad_last_batch`` and
-      ``drop_last``.
+      ``drop_last``. So without a tail policy only world sizes up to ``R``
+      read (and resume) the epoch: :func:`elastic_world_sizes`.
 
     Returns an ``np.int64`` array (every rank's batch for global batches
     ``start_batch..`` in turn).
@@ -294,14 +328,9 @@ def elastic_indices(num_samples: int, *, global_batch_size: int, shard_id: int =
     if not 0 <= start_batch <= batches:
         raise ValueError(f"``start_batch`` must be in [0, {batches}] (global batches of the "
                          f"epoch), got {start_batch}")
-    left = n % g
-    if tail == "partial" and 0 < left < num_shards:
-        raise ValueError(f"elastic sharding: the epoch's last global batch holds {left} of "
-                         f"{n} samples (global_batch_size={g}), fewer than the {num_shards} "
-                         f"ranks, so a rank would get an empty last batch and the ranks would "
-                         f"read different numbers of batches; choose pad_last_batch=True "
-                         f"(repeat the last sample up to a whole global batch) or "
-                         f"drop_last=True (drop the partial global batch)")
+    problem = _partial_tail_problem(n, g, num_shards, tail)
+    if problem:
+        raise ValueError(problem)
     if tail == "drop" and batches == 0:
         raise ValueError(f"elastic sharding with drop_last: {n} samples do not fill one global "
                          f"batch of {g}")
@@ -324,8 +353,10 @@ def elastic_state(*, num_samples: int, global_batch_size: int, seed: int, shuffl
                   drop_last: bool = False, shuffle_buffer: int = 0) -> dict:
     """The resumable position of an elastic reader after ``batches`` global
     batches of ``epoch``: a plain dict (for ``torch.save`` / JSON) that
-    :func:`elastic_resume` reads back at any world size dividing
-    ``global_batch_size``. ``samples_consumed`` counts samples of the
+    :func:`elastic_resume` reads back at any world size that reads the
+    epoch (:func:`elastic_world_sizes`: those dividing
+    ``global_batch_size``, and without ``pad_last_batch`` or ``drop_last``
+    at most the partial last global batch's samples). ``samples_consumed`` counts samples of the
     epoch's global order consumed by all ranks together (padding included).
     """
     total = elastic_epoch_samples(num_samples, global_batch_size,

@@ -125,8 +125,11 @@ def file(*, file_root=None, file_list=None, files=None, labels=None, file_filter
 
 
 def epoch_size(pipe, index=0):
-    """Samples per epoch of the pipeline's ``index``-th fastread reader on this
-    shard (padding included): the ``size=`` a DALI iterator would need."""
+    """Samples in the current epoch of the pipeline's ``index``-th fastread
+    reader on this shard (padding included): the ``size=`` a DALI iterator
+    would need. The current epoch is the one being read, else the next one;
+    with ``stick_to_shard=False`` each epoch reads another shard, and shards
+    may differ by one sample (:meth:`fastread.Reader.epoch_samples`)."""
     readers = getattr(pipe, "_fastread_readers", [])
     if not readers:
         raise ValueError("this pipeline has no fastread reader")
@@ -157,13 +160,14 @@ def state_dict(pipe, batches, index=0):
                          "epochs the source reads across epoch ends ahead of the loop; use the "
                          "native operator's checkpoints (enable_checkpointing=True, "
                          "pipe.checkpoint()), elastic with global_batch_size")
-    if isinstance(batches, bool) or not isinstance(batches, int) or \
-            not 0 <= batches <= len(reader):
-        raise ValueError(f"batches must be an integer in [0, {len(reader)}] (this shard's "
-                         f"batches per epoch), got {batches!r}")
     pos = reader._position
     epoch = pos[0] if pos is not None else reader.epoch
-    if batches == len(reader):
+    # The epoch's own length: without stick_to_shard epochs read other shards.
+    count = reader.epoch_batches(epoch)
+    if isinstance(batches, bool) or not isinstance(batches, int) or not 0 <= batches <= count:
+        raise ValueError(f"batches must be an integer in [0, {count}] (the batches of this "
+                         f"shard's epoch {epoch}), got {batches!r}")
+    if batches == count:
         epoch, batches = epoch + 1, 0
     return reader.state_dict(epoch, batches)
 

@@ -30,7 +30,7 @@ from fastread import _core
 from fastread._defaults import node_env
 from fastread.augment import OUTPUT_DTYPES, RATIO, SCALE, check_crop
 from fastread.image import PackedImage
-from fastread.sampling import check_flag, elastic_resume
+from fastread.sampling import check_flag
 from fastread.reader import Reader
 
 __all__ = ["ImageLoader", "IMAGENET_MEAN", "IMAGENET_STD"]
@@ -100,7 +100,8 @@ class ImageLoader:
     ``global_batch_size=G``: elastic sharding (:class:`fastread.Reader`'s):
     each rank delivers batches of ``G // WORLD_SIZE`` samples, its slice of
     each global batch of one order of the whole set per ``(seed, epoch)``,
-    and ``state_dict()`` resumes at another world size (one dividing G).
+    and ``state_dict()`` resumes at another world size (one dividing G;
+    :func:`fastread.sampling.elastic_world_sizes`).
     """
 
     def __init__(self, file_root=None, batch_size=None, *, device="cpu", decode=True, size=224,
@@ -216,31 +217,16 @@ class ImageLoader:
         """Where the loader stands: load it into a loader built with the same
         arguments to continue with exactly the samples not yet delivered
         (elastic: built with the same ``global_batch_size``, at any world
-        size dividing it)."""
-        if self.reader.global_batch_size is not None:
-            return self.reader.state_dict(self.epoch, self._delivered)
-        return {"epoch": self.epoch, "batches_delivered": self._delivered,
-                "num_samples": len(self.reader.paths), "batch_size": self.batch_size,
-                "seed": self.reader.seed, "shard_id": self.reader.shard_id,
-                "num_shards": self.reader.num_shards}
+        size dividing it: :func:`fastread.sampling.elastic_world_sizes`)."""
+        return self.reader.state_dict(self.epoch, self._delivered)
 
     def load_state_dict(self, state):
-        if self.reader.global_batch_size is not None:
-            self.epoch, self._start_batch = elastic_resume(state, **self.reader._elastic_args())
-            self._delivered = self._start_batch
-            self._teardown()
-            return
-        if isinstance(state, dict) and "elastic" in state:
-            raise ValueError("state_dict was taken by an elastic loader (global_batch_size="
-                             f"{state.get('global_batch_size')!r}): give this loader the same "
-                             "global_batch_size to resume it")
-        for key in ("num_samples", "batch_size", "seed", "shard_id", "num_shards"):
-            mine = self.state_dict()[key]
-            if state.get(key) != mine:
-                raise ValueError(f"state_dict was taken with {key}={state.get(key)!r}, "
-                                 f"this loader has {key}={mine!r}")
-        self.epoch = int(state["epoch"])
-        self._start_batch = int(state["batches_delivered"])
+        """Continues from ``state`` (:meth:`state_dict`); ValueError if it was
+        taken by a loader whose order differs (data set, batch size, seed,
+        ``random_shuffle``, shards; elastic: global batch). States taken
+        before ``shuffle`` was recorded load without that check."""
+        self.epoch, self._start_batch = self.reader.resume_position(
+            state, owner="loader", optional=("shuffle",))
         self._delivered = self._start_batch
         self._teardown()  # a built pipeline may already hold batches read ahead
 

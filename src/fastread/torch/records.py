@@ -23,7 +23,6 @@ from fastread._defaults import node_env
 from fastread.formats.cifar import Cifar10, to_chw, to_hwc
 from fastread.formats.in_memory import InMemory
 from fastread.reader import Reader
-from fastread.sampling import elastic_resume
 
 __all__ = ["Cifar10Loader", "WebDatasetLoader", "SquirrelLoader", "CIFAR10_MEAN", "CIFAR10_STD",
            "augment_batch"]
@@ -173,29 +172,17 @@ class Cifar10Loader:
 
     def state_dict(self):
         """Where the loader stands (elastic, with ``global_batch_size``:
-        resumable at another world size dividing it; docs/elastic.md)."""
-        if self.reader.global_batch_size is not None:
-            return self.reader.state_dict(self.epoch, self._delivered)
-        return {"epoch": self.epoch, "batches_delivered": self._delivered,
-                "num_samples": len(self.source), "batch_size": self.batch_size,
-                "seed": self.seed, "shard_id": self.reader.shard_id,
-                "num_shards": self.reader.num_shards}
+        resumable at another world size dividing it, see
+        :func:`fastread.sampling.elastic_world_sizes`; docs/elastic.md)."""
+        return self.reader.state_dict(self.epoch, self._delivered)
 
     def load_state_dict(self, state):
-        if self.reader.global_batch_size is not None:
-            self.epoch, self._start_batch = elastic_resume(state, **self.reader._elastic_args())
-            return
-        if isinstance(state, dict) and "elastic" in state:
-            raise ValueError("state_dict was taken by an elastic loader (global_batch_size="
-                             f"{state.get('global_batch_size')!r}): give this loader the same "
-                             "global_batch_size to resume it")
-        mine = self.state_dict()
-        for key in ("num_samples", "batch_size", "seed", "shard_id", "num_shards"):
-            if state.get(key) != mine[key]:
-                raise ValueError(f"state_dict was taken with {key}={state.get(key)!r}, "
-                                 f"this loader has {key}={mine[key]!r}")
-        self.epoch = int(state["epoch"])
-        self._start_batch = int(state["batches_delivered"])
+        """Continues from ``state`` (:meth:`state_dict`); ValueError if it was
+        taken by a loader whose order differs (data set, batch size, seed,
+        ``random_shuffle``, shards; elastic: global batch). States taken
+        before ``shuffle`` was recorded load without that check."""
+        self.epoch, self._start_batch = self.reader.resume_position(
+            state, owner="loader", optional=("shuffle",))
 
     def _generator(self):
         """The augmentation draws of this epoch, on the loader's device (a
