@@ -329,9 +329,11 @@ static int begin_call(s3_engine *s, fr_batch *batch, size_t n)
         size_t *list = realloc(s->list, cap * sizeof(*list));
         if (list)
             s->list = list;
-        s->samples_cap = cap;
+        /* The capacity covers all three arrays: raising it when one of them
+         * kept its old size would let a later call write past that one. */
         if (!sizes || !list)
             return -ENOMEM;
+        s->samples_cap = cap;
     }
     for (size_t i = 0; i < n; i++) {
         s3_sample *sm = &s->samples[i];
@@ -521,7 +523,7 @@ static void start_job(s3_engine *s, size_t j, long long now)
         t->cap = job->len;
     }
     CURLcode cc = fr_s3_headers(&s->cfg, job->start, range_len,
-                                job->kind == JOB_PART ? sm->etag : NULL, &t->headers)
+                                job->kind != JOB_PROBE ? sm->etag : NULL, &t->headers)
                       ? CURLE_OUT_OF_MEMORY
                       : CURLE_OK;
     if (cc == CURLE_OK)
@@ -578,6 +580,13 @@ static void size_changed(s3_engine *s, size_t i, const char *what)
         s->samples[i].repair = 1;
 }
 
+/* Two ETags name other versions; an absent one (a server that sends
+ * none) proves nothing either way. */
+static int etags_differ(const char *a, const char *b)
+{
+    return a[0] && b[0] && strcmp(a, b) != 0;
+}
+
 static void judge_ok(s3_engine *s, s3_xfer *t, s3_job *job, long code)
 {
     s3_sample *sm = &s->samples[job->sample];
@@ -623,8 +632,15 @@ static void judge_ok(s3_engine *s, s3_xfer *t, s3_job *job, long code)
             size_changed(s, i, "the server sent the whole object, of another size");
         } else if (!sm->etag[0]) {
             /* Sizes known, no probe: the first part to arrive names the
-             * version (for the object cache's record). */
+             * version (for the object cache's record, and the If-Match of
+             * the parts started after it). */
             memcpy(sm->etag, t->resp.etag, sizeof(sm->etag));
+        } else if (etags_differ(sm->etag, t->resp.etag)) {
+            /* A part started before the first answered carried no
+             * If-Match: its ETag is the only proof it is of the same
+             * version. Another one: the object was rewritten mid-read, and
+             * its bytes would be a mix of two versions. */
+            size_changed(s, i, "another version");
         }
         break;
     case JOB_RANGE:
@@ -639,6 +655,13 @@ static void judge_ok(s3_engine *s, s3_xfer *t, s3_job *job, long code)
             fail_sample(s, i, -ENODATA, "the object ends inside bytes %" PRIu64 "-%" PRIu64
                         " (%" PRIu64 " bytes)", job->start, job->start + job->len - 1,
                         have_range ? total : t->got);
+        } else if (!sm->etag[0]) {
+            /* The parts of one range are of one version: the first to
+             * answer names it (the If-Match of those started after). */
+            memcpy(sm->etag, t->resp.etag, sizeof(sm->etag));
+        } else if (etags_differ(sm->etag, t->resp.etag)) {
+            fail_sample(s, i, -ESTALE, "the object changed while it was read (another "
+                        "version); read it again");
         }
         break;
     }
@@ -701,6 +724,10 @@ static void finish(s3_engine *s, s3_xfer *t, CURLcode cc, long long now)
             else
                 size_changed(s, i, code == 412 ? "another version" : code == 404 ? "it is gone"
                                                                           : "it is shorter");
+        } else if (job->kind == JOB_RANGE && code == 412) {
+            /* If-Match of the ETag an earlier part of this range had. */
+            fail_sample(s, i, -ESTALE, "the object changed while it was read (another "
+                        "version); read it again");
         } else if (fr_s3_status_retryable(code) && retry_later(s, j, now)) {
             return;
         } else {
