@@ -8,7 +8,8 @@ import os
 
 from fastread._cs3 cimport (fr_s3_client, fr_s3_client_close, fr_s3_client_open,
                             fr_s3_client_request, fr_s3_client_requests,
-                            fr_s3_client_retries, fr_s3_describe, fr_s3_free)
+                            fr_s3_client_retries, fr_s3_client_cache_scope, fr_s3_describe,
+                            fr_s3_free)
 
 
 def describe():
@@ -48,6 +49,18 @@ cdef class Client:
         if self.c != NULL:
             fr_s3_client_close(self.c)
             self.c = NULL
+
+    def cache_scope(self):
+        """The object cache's scope of this client's requests: that of
+        an s3 context opened with the same ``engine_args`` (its endpoint and
+        a hash of the access key id), for :func:`fastread.s3.drop_stale_entries`."""
+        cdef char out[1024]
+        out[0] = 0
+        with self.lock:
+            if self.c == NULL:
+                raise ValueError("the S3 client is closed")
+            fr_s3_client_cache_scope(self.c, out, sizeof(out))
+        return out.decode(errors="replace")
 
     def close(self):
         with self.lock:

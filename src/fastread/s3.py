@@ -231,17 +231,26 @@ class ListedURLs(list):
         self.versions = versions
 
 
-def drop_stale_entries(versions, cache_dir):
+def drop_stale_entries(versions, cache_dir, engine_args=""):
     """Removes the entries of the node-local cache at ``cache_dir`` whose
     object ``versions`` (``{url: (etag, size)}``, from a listing) names
     another version of: another ETag, or another size. An entry keeps the
     ETag its object was fetched with, so an object rewritten in place,
     same size or not, is fetched again by the next reader that lists it.
-    Returns how many went."""
+    ``engine_args``: the s3 engine's (as a reader's options resolve them):
+    entries are kept per endpoint and access key id, and only those of
+    that endpoint and key are compared. Returns how many went."""
     if not versions or not cache_dir:
         return 0
     from fastread._core import drop_stale_cache_entries
-    return drop_stale_cache_entries(cache_dir, ((u, e, s) for u, (e, s) in versions.items()))
+    _require()
+    client = _client(f"the object cache at {cache_dir}", engine_args)
+    try:
+        scope = client.cache_scope()
+    finally:
+        client.close()
+    return drop_stale_cache_entries(cache_dir, ((u, e, s) for u, (e, s) in versions.items()),
+                                    scope)
 
 
 def _canonical_query(params):

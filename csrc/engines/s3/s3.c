@@ -1078,6 +1078,12 @@ static const char *s3_sample_version(const void *state, size_t i)
     return i < s->n ? s->samples[i].etag : NULL;
 }
 
+static void s3_cache_scope(const void *state, char *out, size_t len)
+{
+    const s3_engine *s = state;
+    fr_s3_cache_scope(&s->cfg, out, len);
+}
+
 static int s3_sample_error(const void *state, size_t i, char *out, size_t len)
 {
     const s3_engine *s = state;
@@ -1102,5 +1108,6 @@ const fr_engine fr_engine_s3 = {
     .read_ranges = s3_read_ranges,
     .sample_error = s3_sample_error,
     .cancel = s3_cancel,
+    .cache_scope = s3_cache_scope,
     .sample_version = s3_sample_version,
 };

@@ -224,6 +224,11 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
 long fr_s3_client_requests(const fr_s3_client *c) { return c->requests; }
 long fr_s3_client_retries(const fr_s3_client *c) { return c->retries; }
 
+void fr_s3_client_cache_scope(const fr_s3_client *c, char *out, size_t len)
+{
+    fr_s3_cache_scope(&c->cfg, out, len);
+}
+
 void fr_s3_free(void *p) { free(p); }
 
 int fr_s3_describe(char *out, size_t len) { return fr_s3_curl_probe(out, len); }

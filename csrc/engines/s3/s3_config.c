@@ -581,3 +581,17 @@ unsigned fr_s3_backoff_ms(unsigned attempt, uint64_t *rng)
     unsigned half = ceiling / 2;
     return half + (unsigned)(fr_splitmix64(rng) % (uint64_t)(ceiling - half + 1));
 }
+
+void fr_s3_cache_scope(const fr_s3_config *cfg, char *out, size_t len)
+{
+    if (cfg->unsigned_requests) {
+        snprintf(out, len, "%s unsigned", cfg->endpoint);
+        return;
+    }
+    /* FNV-1a, mixed: a reader with another key id gets other entries; the
+     * id itself stays out of the cache's records. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)cfg->access_key_id; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    snprintf(out, len, "%s key:%016llx", cfg->endpoint, (unsigned long long)fr_splitmix64(&h));
+}
