@@ -252,6 +252,8 @@ def drop_stale_cache_entries(cache_dir, listing, str scope=""):
         for i in range(n):
             url, etag, size = items[i]
             u = os.fsencode(url)
+            if b"\0" in u:
+                raise ValueError(f"NUL character in the URL {url!r}")
             keep.append(u)
             urls[i] = PyBytes_AS_STRING(u)
             if etag:

@@ -73,7 +73,13 @@ cdef class Client:
         for the bucket), ``query`` appended as given (canonical: sorted,
         encoded). Returns ``(status, body bytes, error text)``: the error
         text is "STATUS CODE" for statuses >= 300, else "". Raises OSError
-        when no response came."""
+        when no response came; ValueError for a NUL character in any of
+        them (C would end the string there: a request for another object)."""
+        for name, value in (("method", method), ("bucket", bucket), ("key", key),
+                            ("query", query)):
+            if "\0" in value:
+                raise ValueError(f"NUL character in the {name} of the S3 request for "
+                                 f"{'s3://' + bucket + '/' + key!r}")
         cdef bytes m = method.encode(), b = bucket.encode(), k = key.encode("utf-8"), \
             q = query.encode()
         cdef const char *cm = m

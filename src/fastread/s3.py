@@ -44,6 +44,10 @@ def split_url(url):
     """``(bucket, key)`` of ``s3://bucket/key`` (key may be "")."""
     if not is_url(url):
         raise ValueError(f"not an s3:// URL: {url!r}")
+    if "\0" in url:
+        # C would end the key at the NUL: another object (an upload would
+        # overwrite it).
+        raise ValueError(f"NUL character in the S3 URL {url!r}")
     bucket, _, key = url[len(SCHEME):].partition("/")
     if not bucket:
         raise ValueError(f"no bucket in {url!r}")
