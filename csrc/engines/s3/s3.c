@@ -75,6 +75,11 @@ typedef struct s3_job {
     unsigned attempts;
     long long first_ms;      /* the first attempt's start: the deadline counts from it */
     long long not_before_ms; /* a retry's backoff */
+    /* The server's last answer to an attempt that was retried (503
+     * SlowDown) and its S3 code: the sample's error should a later attempt
+     * get none (out of time), so that throttling does not read as a timeout. */
+    long last_status;
+    char last_code[32];
 } s3_job;
 
 typedef struct s3_sample {
@@ -500,8 +505,15 @@ static void start_job(s3_engine *s, size_t j, long long now)
         job->first_ms = now;
     long long left = job->first_ms + s->cfg.deadline_ms - now;
     if (left <= 0) {
-        fail_sample(s, job->sample, -ETIMEDOUT, "no answer within deadline_ms=%lld (%u attempts)",
-                    s->cfg.deadline_ms, job->attempts);
+        if (job->last_status)
+            fail_sample(s, job->sample, fr_s3_status_errno(job->last_status),
+                        "%ld %s (after %u attempts; deadline_ms=%lld reached)", job->last_status,
+                        job->last_code[0] ? job->last_code : "(no S3 error code)",
+                        job->attempts, s->cfg.deadline_ms);
+        else
+            fail_sample(s, job->sample, -ETIMEDOUT,
+                        "no answer within deadline_ms=%lld (%u attempts)", s->cfg.deadline_ms,
+                        job->attempts);
         job_done(s);
         return;
     }
@@ -702,6 +714,11 @@ static void finish(s3_engine *s, s3_xfer *t, CURLcode cc, long long now)
         if (cc == CURLE_WRITE_ERROR && job->kind == JOB_PROBE)
             fail_sample(s, i, -ENOMEM, "no memory for the object's first %" PRIu64 " bytes",
                         job->len);
+        else if (job->last_status)
+            fail_sample(s, i, fr_s3_status_errno(job->last_status),
+                        "%ld %s (after %u attempts; the last: %s)", job->last_status,
+                        job->last_code[0] ? job->last_code : "(no S3 error code)",
+                        job->attempts, curl_easy_strerror(cc));
         else
             fail_sample(s, i, fr_s3_curl_errno(cc), "%s%s%.120s (%u attempts)",
                         curl_easy_strerror(cc), t->errbuf[0] ? ": " : "", t->errbuf,
@@ -729,6 +746,8 @@ static void finish(s3_engine *s, s3_xfer *t, CURLcode cc, long long now)
             fail_sample(s, i, -ESTALE, "the object changed while it was read (another "
                         "version); read it again");
         } else if (fr_s3_status_retryable(code) && retry_later(s, j, now)) {
+            job->last_status = code;
+            fr_s3_error_code(t->errbody, t->errlen, job->last_code, sizeof(job->last_code));
             return;
         } else {
             char s3code[64];
