@@ -419,6 +419,31 @@ def test_retries_through_faults(s3_server, many, proxy):
     assert batch.failures() == [(0, errno.EIO)] and "500 InternalError" in strict.sample_error(0)
 
 
+def test_throttling_until_the_deadline_names_the_throttling(s3_server, many, proxy):
+    """Every answer a slow 503 SlowDown: the last retry starts with less
+    time left than an answer takes and gets none. The error still names the
+    server's answer (503 SlowDown), not a timeout, for the engine and for
+    the client (listings, uploads) alike."""
+    o = fastread.S3Options(endpoint_url=proxy.endpoint, region=s3_server.region,
+                           access_key_id=s3_server.access_key,
+                           secret_access_key=s3_server.secret_key, retries=20,
+                           deadline_ms=2000)
+    # Answers at 0.8 s; backoffs of 50-100 then 100-200 ms: the third
+    # attempt starts at 1.75-1.9 s and runs into the 2 s deadline.
+    proxy.delay_ms = 800
+    proxy.fail("slowdown", times=100)
+    ctx = fastread.open_context("s3", s3=o)
+    batch = ctx.read(["s3://many/set/00010.bin"])
+    assert len(batch.failures()) == 1
+    assert "503 SlowDown" in ctx.sample_error(0), ctx.sample_error(0)
+    assert "s3://many/set/00010.bin" in ctx.sample_error(0)
+    ctx.close()
+    with pytest.raises(OSError) as e:
+        fs3.list_objects("s3://many/set/", o)
+    assert "503 SlowDown" in str(e.value) and "s3://many/set/" in str(e.value), str(e.value)
+    assert proxy.counts["slowdown"] >= 4
+
+
 def test_server_killed_mid_epoch_errs_within_the_deadline_and_reads_after_restart(s3_server):
     """The store dies between two batches of an epoch: the next batch fails
     with an error naming the URL within its deadline (no hang), and once the

@@ -8,6 +8,7 @@ processes reading the same objects at once through one cache fetch each
 object once; the settings come from FASTREAD_OBJECT_CACHE_DIR/FASTREAD_OBJECT_CACHE_BYTES
 too, and a Reader's stats() sums its threads' counters."""
 import collections
+import errno
 import glob
 import os
 import random
@@ -287,3 +288,46 @@ def test_environment_and_reader_stats(s3_server, s3_proxy, objects, tmp_path, mo
             assert st["cache_hits"] == len(urls) and st["cache_misses"] == 0
             assert st["s3_requests"] == 0 and gets(s3_proxy) == first
     assert len(glob.glob(str(cache / "*" / "*.data"))) == len(urls)
+
+
+def test_entries_are_per_endpoint_and_credentials(s3_server, s3_proxy, tmp_path):
+    """An entry serves only readers of the endpoint and access key id it
+    was fetched with: a reader of another endpoint (here the server itself,
+    not the proxy in front of it) fetches its own bytes, and one whose
+    access key id the server refuses gets the server's 403, not the bytes
+    another reader cached."""
+    bucket = s3_server.make_bucket("scoped")
+    url = s3_server.put(bucket, "k.bin", b"first" * 100)
+    cache = str(tmp_path / "cache")
+    via_proxy = opts(s3_proxy.endpoint, s3_server)
+    ctx = fastread.open_context("s3", s3=via_proxy, cache_dir=cache)
+    assert read_all(ctx, [url]) == [b"first" * 100] and ctx.stat("cache_misses") == 1
+    ctx.close()
+    # The same cache and endpoint: a hit.
+    ctx = fastread.open_context("s3", s3=via_proxy, cache_dir=cache)
+    assert read_all(ctx, [url]) == [b"first" * 100] and ctx.stat("cache_hits") == 1
+    ctx.close()
+    # Another endpoint: its own fetch, and its own entry.
+    s3_server.put(bucket, "k.bin", b"later" * 100)
+    ctx = fastread.open_context("s3", s3=opts(s3_server.endpoint, s3_server), cache_dir=cache)
+    assert read_all(ctx, [url]) == [b"later" * 100]
+    assert ctx.stat("cache_hits") == 0 and ctx.stat("cache_misses") == 1
+    ctx.close()
+    # An access key id the server does not know: its 403, no cached bytes.
+    stranger = fastread.S3Options(endpoint_url=s3_proxy.endpoint, region=s3_server.region,
+                                  access_key_id="STRANGER", secret_access_key="nope")
+    ctx = fastread.open_context("s3", s3=stranger, cache_dir=cache)
+    batch = ctx.read([url])
+    assert dict(batch.failures()) == {0: errno.EACCES} and "403" in ctx.sample_error(0)
+    assert ctx.stat("cache_hits") == 0
+    ctx.close()
+    # A listing's stale-entry check compares the entries of its own scope:
+    # the proxy's entry (of "first") is stale against the listing's ETag.
+    from fastread import s3 as fs3
+    listing = {url: (o.etag, o.size) for o in fs3.list_objects(f"s3://{bucket}/", via_proxy)
+               for url in [f"s3://{bucket}/{o.key}"]}
+    args = fastread.EngineOptions(s3=via_proxy).resolve("s3")["engine_args"]
+    assert fs3.drop_stale_entries(listing, cache, args) == 1
+    ctx = fastread.open_context("s3", s3=via_proxy, cache_dir=cache)
+    assert read_all(ctx, [url]) == [b"later" * 100] and ctx.stat("cache_misses") == 1
+    ctx.close()

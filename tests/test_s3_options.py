@@ -66,3 +66,28 @@ def test_urls_and_auto(monkeypatch):
     assert for_paths(None, "s3://b/k") is None
     assert for_paths("psync", "s3://b/k") == "psync"
     assert for_paths("auto", "/data/a.jpg") == "auto"
+
+
+def test_credentials_in_an_endpoint_are_never_shown():
+    """https://KEY:SECRET@host: refused by the engine (no user info in an
+    endpoint), and no repr() or message shows the user info."""
+    key, secret = "AKIAEXAMPLE", "wJalrXUtnFEMI-SECRET"
+    endpoint = f"https://{key}:{secret}@s3.example.com"
+    o = fastread.S3Options(endpoint_url=endpoint, unsigned=True)
+    eo = EngineOptions(s3=o, engine_args=f"endpoint={endpoint},region=r")
+    for text in (repr(o), str(o), repr(eo), str(eo)):
+        assert key not in text and secret not in text and "***@s3.example.com" in text
+    assert fs3.redact_url("http://u@h:1/p@q") == "http://***@h:1/p@q"
+    assert fs3.redact_url("http://h:1/p@q") == "http://h:1/p@q"
+    assert fs3.redact_engine_args(f"endpoint={endpoint},a=1") == \
+        "endpoint=https://***@s3.example.com,a=1"
+    with pytest.raises(ValueError) as e:
+        fastread.S3Options(endpoint_url=endpoint + ",x")
+    assert secret not in str(e.value) and key not in str(e.value)
+    if fastread.engines()["s3"].files is True or fs3.describe()[0]:
+        for call in (lambda: fs3.list_objects("s3://bkt/x", o),
+                     lambda: fastread.read_files(["s3://bkt/x"], s3=o)):
+            with pytest.raises(ValueError) as e:
+                call()
+            msg = str(e.value)
+            assert key not in msg and secret not in msg and "***@s3.example.com" in msg, msg

@@ -146,3 +146,35 @@ def test_errors_name_the_url_and_no_secret(tmp_path, s3_server, creds, capsys, m
         main(["upload", str(f), "/local/dir"])
     assert e.value.code == 2
     assert "s3:// URL" in capsys.readouterr().err
+
+
+def test_nul_in_a_url_is_refused_not_truncated(s3_server):
+    """C ends a string at a NUL: an upload to "real.bin\\0.backup" would
+    overwrite real.bin. Every way in refuses it, naming the URL."""
+    from fastread import s3 as fs3
+    from fastread import _s3
+    bucket = s3_server.make_bucket("nul")
+    url = s3_server.put(bucket, "real.bin", b"REAL")
+    o = fastread.S3Options(endpoint_url=s3_server.endpoint, region=s3_server.region,
+                           access_key_id=s3_server.access_key,
+                           secret_access_key=s3_server.secret_key)
+    for bad in (f"s3://{bucket}/real.bin\0.backup", f"s3://{bucket}\0x/real.bin"):
+        with pytest.raises(ValueError, match="NUL") as e:
+            fs3.put_object(bad, b"OVERWRITTEN", o)
+        assert repr(bad) in str(e.value)
+        with pytest.raises(ValueError, match="NUL"):
+            fs3.list_objects(bad, o)
+        with pytest.raises(ValueError, match="NUL"):
+            fastread.read_files([bad], s3=o)
+    client = _s3.Client(fastread.EngineOptions(s3=o).resolve("s3")["engine_args"])
+    try:
+        for kw in ({"key": "real.bin\0.backup"}, {"bucket": bucket + "\0"},
+                   {"query": "x=1\0"}, {"method": "PUT\0"}):
+            args = {"method": "PUT", "bucket": bucket, "key": "real.bin", "query": ""} | kw
+            with pytest.raises(ValueError, match="NUL") as e:
+                client.request(args["method"], args["bucket"], args["key"], args["query"],
+                               b"OVERWRITTEN")
+            assert "s3://" in str(e.value)
+    finally:
+        client.close()
+    assert fastread.read_files([url], s3=o)[0].tobytes() == b"REAL"

@@ -269,7 +269,10 @@ static int ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_le
         return rc;
     }
     if (cfg->cache_dir && cfg->cache_dir[0] && engine_reads_urls(e)) {
-        rc = fr_ocache_open(cfg->cache_dir, cfg->cache_bytes, &ctx->cache, err, err_len);
+        char scope[1024] = "";
+        if (e->cache_scope)
+            e->cache_scope(ctx->state, scope, sizeof(scope));
+        rc = fr_ocache_open(cfg->cache_dir, cfg->cache_bytes, scope, &ctx->cache, err, err_len);
         if (rc) {
             fr_ctx_close(ctx);
             return rc;

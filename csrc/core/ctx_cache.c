@@ -281,7 +281,7 @@ int fr_ctx_cached_read(fr_ctx *ctx, const char *const *paths, const int64_t *hin
     size_t nfetch = 0, nwait = 0, nlate = 0, ndirect = 0, nheld = 0;
     for (size_t m = 0; m < nmiss; m++) {
         size_t i = w->miss[m];
-        w->stripes[i] = fr_ocache_stripe(paths[i]);
+        w->stripes[i] = fr_ocache_stripe(c, paths[i]);
         int got = fr_ocache_trylock(c, w->stripes[i]);
         if (got == 0) {
             w->wait[nwait++] = ((size_t)w->stripes[i] << WAIT_SHIFT) | i;

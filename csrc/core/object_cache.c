@@ -20,6 +20,8 @@
 #define META_MAGIC "FRCACHE1"
 #define ETAG_MAX 64
 #define URL_MAX 8192
+/* The most a scope (fr_ocache_open) adds to an entry's key. */
+#define SCOPE_MAX 1024
 /* Where the stripes' lock bytes start in index.lock (after the counter). */
 #define STRIPE_BASE 4096
 /* A lookup rewrites an entry's access stamp only when it is this old:
@@ -50,6 +52,8 @@ struct fr_ocache {
     size_t known_cap, known_n;
     char *dir;
     size_t dir_len;
+    char *scope; /* the prefix of every key: "" or the caller's scope and a '\n' */
+    size_t scope_len;
     uint64_t max_bytes;
     int index_fd; /* index.lock: the counter and the locks */
     char *scratch; /* fr_ocache_path_max bytes, for this fr_ocache's own paths */
@@ -63,33 +67,43 @@ static uint64_t now_realtime_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* FNV-1a over the URL from two offset bases, each finished by splitmix64's
- * mixer: 128 bits, so distinct URLs practically never share an ID (and a
- * shared one is a miss: the record names its URL). */
-static void url_hash(const char *url, uint64_t h[2])
+/* FNV-1a over the key (the scope's prefix, then the URL) from two offset
+ * bases, each finished by splitmix64's mixer: 128 bits, so distinct keys
+ * practically never share an ID (and a shared one is a miss: the record
+ * names its key). */
+static void key_hash(const fr_ocache *c, const char *url, uint64_t h[2])
 {
     uint64_t a = 0xcbf29ce484222325ull, b = 0x84222325cbf29ce4ull;
-    for (const unsigned char *p = (const unsigned char *)url; *p; p++) {
-        a = (a ^ *p) * 0x100000001b3ull;
-        b = (b ^ *p) * 0x100000001b3ull;
-        b ^= b >> 29;
-    }
+    const char *parts[2] = {c->scope, url};
+    for (int k = 0; k < 2; k++)
+        for (const unsigned char *p = (const unsigned char *)parts[k]; *p; p++) {
+            a = (a ^ *p) * 0x100000001b3ull;
+            b = (b ^ *p) * 0x100000001b3ull;
+            b ^= b >> 29;
+        }
     h[0] = fr_splitmix64(&a);
     h[1] = fr_splitmix64(&b);
 }
 
-void fr_ocache_id(const char *url, char id[FR_OCACHE_ID_LEN + 1])
+/* 1 if a record's key (NUL-terminated) is `url`'s in c's scope. */
+static int same_key(const fr_ocache *c, const char *record_key, const char *url)
+{
+    return strncmp(record_key, c->scope, c->scope_len) == 0 &&
+           strcmp(record_key + c->scope_len, url) == 0;
+}
+
+void fr_ocache_id(const fr_ocache *c, const char *url, char id[FR_OCACHE_ID_LEN + 1])
 {
     uint64_t h[2];
-    url_hash(url, h);
+    key_hash(c, url, h);
     snprintf(id, FR_OCACHE_ID_LEN + 1, "%016llx%016llx", (unsigned long long)h[0],
              (unsigned long long)h[1]);
 }
 
-unsigned fr_ocache_stripe(const char *url)
+unsigned fr_ocache_stripe(const fr_ocache *c, const char *url)
 {
     uint64_t h[2];
-    url_hash(url, h);
+    key_hash(c, url, h);
     return (unsigned)(h[1] % FR_OCACHE_STRIPES);
 }
 
@@ -100,7 +114,7 @@ size_t fr_ocache_path_max(const fr_ocache *c) { return c->dir_len + 4 + FR_OCACH
 static void entry_path(const fr_ocache *c, const char *url, const char *suffix, char *out)
 {
     char id[FR_OCACHE_ID_LEN + 1];
-    fr_ocache_id(url, id);
+    fr_ocache_id(c, url, id);
     snprintf(out, fr_ocache_path_max(c), "%s/%.2s/%s%s", c->dir, id, id, suffix);
 }
 
@@ -116,10 +130,16 @@ static int mkdir_ok(const char *path)
     return -errno;
 }
 
-int fr_ocache_open(const char *dir, uint64_t max_bytes, fr_ocache **out, char *err,
-                   size_t err_len)
+int fr_ocache_open(const char *dir, uint64_t max_bytes, const char *scope, fr_ocache **out,
+                   char *err, size_t err_len)
 {
     *out = NULL;
+    size_t scope_len = scope ? strlen(scope) : 0;
+    if (scope_len >= SCOPE_MAX || (scope && strchr(scope, '\n'))) {
+        fr_set_err(err, err_len, "cache_dir: the engine's cache scope is not one line of at "
+                   "most %d bytes", SCOPE_MAX - 1);
+        return -EINVAL;
+    }
     size_t len = dir ? strlen(dir) : 0;
     while (len > 1 && dir[len - 1] == '/')
         len--;
@@ -136,7 +156,13 @@ int fr_ocache_open(const char *dir, uint64_t max_bytes, fr_ocache **out, char *e
     c->max_bytes = max_bytes;
     c->index_fd = -1;
     int rc = -ENOMEM;
-    if (!c->dir || !(c->scratch = malloc(fr_ocache_path_max(c) + 16)) ||
+    /* The scope and a newline, which no scope holds: keys of two scopes
+     * never run into each other. */
+    c->scope_len = scope_len ? scope_len + 1 : 0;
+    if ((c->scope = malloc(c->scope_len + 1)))
+        snprintf(c->scope, c->scope_len + 1, "%s%s", scope_len ? scope : "",
+                 scope_len ? "\n" : "");
+    if (!c->dir || !c->scope || !(c->scratch = malloc(fr_ocache_path_max(c) + 16)) ||
         !(c->url_buf = malloc(URL_MAX + 1)))
         goto fail;
     if ((rc = mkdir_ok(c->dir))) {
@@ -166,6 +192,7 @@ void fr_ocache_close(fr_ocache *c)
     free(c->known);
     free(c->url_buf);
     free(c->scratch);
+    free(c->scope);
     free(c->dir);
     free(c);
 }
@@ -304,7 +331,7 @@ static known_slot *known_find(fr_ocache *c, const uint64_t h[2], int add)
 void fr_ocache_trust(fr_ocache *c, const char *url, const fr_ocache_entry *e)
 {
     uint64_t h[2];
-    url_hash(url, h);
+    key_hash(c, url, h);
     known_slot *k = known_find(c, h, 1);
     if (!k)
         return; /* full: this entry is checked whole at every use */
@@ -316,7 +343,7 @@ void fr_ocache_trust(fr_ocache *c, const char *url, const fr_ocache_entry *e)
 void fr_ocache_forget(fr_ocache *c, const char *url)
 {
     uint64_t h[2];
-    url_hash(url, h);
+    key_hash(c, url, h);
     known_slot *k = known_find(c, h, 0);
     if (k)
         k->size = UINT64_MAX;
@@ -341,7 +368,7 @@ static int read_meta(fr_ocache *c, int fd, meta_hdr *h)
 int fr_ocache_lookup(fr_ocache *c, const char *url, int64_t want_size, fr_ocache_entry *e)
 {
     uint64_t hash[2];
-    url_hash(url, hash);
+    key_hash(c, url, hash);
     known_slot *k = known_find(c, hash, 0);
     uint64_t mono = now_mono_ns();
     if (k && k->size != UINT64_MAX && mono - k->checked_ns < FR_OCACHE_RECHECK_NS &&
@@ -356,7 +383,7 @@ int fr_ocache_lookup(fr_ocache *c, const char *url, int64_t want_size, fr_ocache
     if (fd < 0)
         return 0;
     meta_hdr h;
-    int whole = read_meta(c, fd, &h) == 0 && strcmp(c->url_buf, url) == 0;
+    int whole = read_meta(c, fd, &h) == 0 && same_key(c, c->url_buf, url);
     if (whole) {
         struct stat st;
         entry_path(c, url, ".data", c->scratch);
@@ -409,7 +436,7 @@ static int same_etag(const char *a, const char *b)
 
 int fr_ocache_drop_stale(fr_ocache *c, const char *url, const char *version, int64_t size)
 {
-    unsigned stripe = fr_ocache_stripe(url);
+    unsigned stripe = fr_ocache_stripe(c, url);
     int rc = fr_ocache_lock(c, stripe);
     if (rc < 0)
         return rc;
@@ -421,7 +448,7 @@ int fr_ocache_drop_stale(fr_ocache *c, const char *url, const char *version, int
         return rc;
     }
     meta_hdr h;
-    int stale = read_meta(c, fd, &h) == 0 && strcmp(c->url_buf, url) == 0 &&
+    int stale = read_meta(c, fd, &h) == 0 && same_key(c, c->url_buf, url) &&
                 ((size >= 0 && h.size != (uint64_t)size) ||
                  (version && version[0] && h.etag[0] && !same_etag(h.etag, version)));
     close(fd);
@@ -487,8 +514,8 @@ static int write_file(const char *path, const void *buf, uint64_t len, uint64_t 
 static int publish(fr_ocache *c, const char *url, const void *bytes, uint64_t len,
                    const char *etag, uint64_t stop_after)
 {
-    size_t url_len = strlen(url);
-    if (url_len > URL_MAX)
+    size_t url_len = strlen(url), key_len = c->scope_len + url_len;
+    if (key_len > URL_MAX)
         return -ENAMETOOLONG;
     size_t pmax = fr_ocache_path_max(c);
     char *tmp = malloc(4 * pmax);
@@ -519,16 +546,17 @@ static int publish(fr_ocache *c, const char *url, const void *bytes, uint64_t le
         h.size = len;
         h.stamp = now_realtime_ns();
         h.crc = crc = checksum(bytes, len);
-        h.url_len = (uint32_t)url_len;
+        h.url_len = (uint32_t)key_len;
         if (etag)
             snprintf(h.etag, sizeof(h.etag), "%s", etag);
-        rec = malloc(sizeof(h) + url_len);
+        rec = malloc(sizeof(h) + key_len);
         if (!rec)
             rc = -ENOMEM;
         else {
             memcpy(rec, &h, sizeof(h));
-            memcpy(rec + sizeof(h), url, url_len);
-            rc = write_file(meta_tmp, rec, sizeof(h) + url_len, UINT64_MAX);
+            memcpy(rec + sizeof(h), c->scope, c->scope_len);
+            memcpy(rec + sizeof(h) + c->scope_len, url, url_len);
+            rc = write_file(meta_tmp, rec, sizeof(h) + key_len, UINT64_MAX);
         }
     }
     /* The data first, then the record that commits it (object_cache.h). */
@@ -718,11 +746,12 @@ long fr_ocache_evict(fr_ocache *c)
     return rc;
 }
 
-long fr_cache_drop_stale(const char *dir, const char *const *urls, const char *const *versions,
-                         const int64_t *sizes, size_t n, char *err, size_t err_len)
+long fr_cache_drop_stale(const char *dir, const char *scope, const char *const *urls,
+                         const char *const *versions, const int64_t *sizes, size_t n, char *err,
+                         size_t err_len)
 {
     fr_ocache *c;
-    int rc = fr_ocache_open(dir, 0, &c, err, err_len);
+    int rc = fr_ocache_open(dir, 0, scope, &c, err, err_len);
     if (rc)
         return rc;
     long dropped = 0;

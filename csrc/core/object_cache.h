@@ -13,10 +13,13 @@
  *                     stamp, ETag (when known) and the full URL
  *   XX/ID.data.tmp,   being written by the holder of the entry's lock
  *   XX/ID.meta.tmp
- * ID is 32 hex digits of two 64-bit hashes of the URL ("s3://bucket/key"),
- * XX its first two (256 folders keep directories small). The URL in the
- * record is compared on every lookup, so a hash collision is a miss, never
- * another object's bytes.
+ * ID is 32 hex digits of two 64-bit hashes of the entry's key: the
+ * caller's scope (fr_ocache_open; for S3 the endpoint and a hash of the
+ * access key id) and the URL ("s3://bucket/key"), XX its first two (256
+ * folders keep directories small). The key in the record is compared on
+ * every lookup, so a hash collision is a miss, never another object's
+ * bytes. A hit re-checks no access right: whoever can read the directory
+ * reads what any process fetched into it.
  *
  * Version and validation: an entry stands for one version of an object,
  * its size and the CRC-32 (zlib) of its bytes, plus the ETag the engine
@@ -96,15 +99,20 @@ typedef struct fr_ocache_entry {
 #define FR_OCACHE_RECHECK_NS (60ull * 1000000000ull)
 
 /* Opens (creating it and its index if need be) the cache at `dir`.
- * max_bytes 0: no limit. 0, or -errno and why in err. */
-int fr_ocache_open(const char *dir, uint64_t max_bytes, fr_ocache **out, char *err,
-                   size_t err_len);
+ * max_bytes 0: no limit. scope (NULL or "": none): what else than its URL
+ * names an object for this fr_ocache's caller, one line (no '\n') under
+ * 1024 bytes: an entry's key is the scope and the URL, so that callers of
+ * other scopes (another S3 endpoint, other credentials: fr_engine's
+ * cache_scope) share no entry. 0, or -errno and why in err. */
+int fr_ocache_open(const char *dir, uint64_t max_bytes, const char *scope, fr_ocache **out,
+                   char *err, size_t err_len);
 void fr_ocache_close(fr_ocache *c);
 
-/* The entry ID of `url`: FR_OCACHE_ID_LEN hex digits and a NUL into id. */
-void fr_ocache_id(const char *url, char id[FR_OCACHE_ID_LEN + 1]);
-/* The stripe (lock) of `url`, in 0..FR_OCACHE_STRIPES-1. */
-unsigned fr_ocache_stripe(const char *url);
+/* The entry ID of `url` in c's scope: FR_OCACHE_ID_LEN hex digits and a
+ * NUL into id. */
+void fr_ocache_id(const fr_ocache *c, const char *url, char id[FR_OCACHE_ID_LEN + 1]);
+/* The stripe (lock) of `url` in c's scope, in 0..FR_OCACHE_STRIPES-1. */
+unsigned fr_ocache_stripe(const fr_ocache *c, const char *url);
 /* Longest path fr_ocache_data_path writes, with its NUL. */
 size_t fr_ocache_path_max(const fr_ocache *c);
 /* The data file of `url`'s entry into out (fr_ocache_path_max bytes). */

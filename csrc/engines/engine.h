@@ -53,6 +53,11 @@ typedef struct fr_engine {
      * when it gave none; valid until the next call. The object cache keeps
      * it in the entry's record (fr_ocache_drop_stale). */
     const char *(*sample_version)(const void *state, size_t i);
+    /* Optional (NULL: none). What besides a URL names an object for this
+     * state (s3: the endpoint and who asks), one line of at most 1023
+     * bytes into out[len], no secret: the object cache's entries of other
+     * scopes are not this state's (fr_ocache_open). */
+    void (*cache_scope)(const void *state, char *out, size_t len);
 } fr_engine;
 
 #define FR_HINTS_ANY_SIZE 2

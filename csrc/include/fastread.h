@@ -93,6 +93,10 @@ typedef struct fr_config {
      * prefix do it when they open). With a mix of hits and misses the
      * samples' bytes are not in list order in the arena (offsets say where
      * each is), and a dense batch may have a gap between the two. Ignored by file engines.
+     * Entries are keyed by the engine's scope (s3: the endpoint and a hash
+     * of the access key id) and the URL; a hit is not checked with the
+     * store: any process that can read the directory gets the bytes
+     * fetched into it.
      * csrc/core/object_cache.h has the layout, locking and eviction. */
     const char *cache_dir;
     uint64_t cache_bytes;
@@ -357,10 +361,13 @@ long fr_ctx_stat(const fr_ctx *ctx, const char *key);
  * urls[i] with versions[i] (its ETag; NULL, or NULL entries or "":
  * unknown) and sizes[i] (may be NULL; < 0: unknown). An entry goes when
  * its size differs, or when it and the listing both have an ETag and they
- * differ. Safe while other processes use the cache (the entries' locks).
+ * differ. scope: the entries' scope, as the engine that stored them
+ * names it (fr_s3_client_cache_scope for S3; NULL: none). Safe while
+ * other processes use the cache (the entries' locks).
  * Entries dropped, or -errno and why in err. */
-long fr_cache_drop_stale(const char *dir, const char *const *urls, const char *const *versions,
-                         const int64_t *sizes, size_t n, char *err, size_t err_len);
+long fr_cache_drop_stale(const char *dir, const char *scope, const char *const *urls,
+                         const char *const *versions, const int64_t *sizes, size_t n, char *err,
+                         size_t err_len);
 
 /* ---------------------------------------------------------------- shuffle */
 /* out[0..n) = a permutation of 0..n-1 drawn from (seed, epoch) alone

@@ -68,7 +68,7 @@ static int exists(const char *path) { return access(path, F_OK) == 0; }
 static int lookup_fresh(const char *dir, const char *url, int64_t want, fr_ocache_entry *e)
 {
     fr_ocache *f;
-    if (fr_ocache_open(dir, 0, &f, NULL, 0) != 0)
+    if (fr_ocache_open(dir, 0, NULL, &f, NULL, 0) != 0)
         return -1;
     int r = fr_ocache_lookup(f, url, want, e);
     fr_ocache_close(f);
@@ -85,15 +85,15 @@ static void check_naming(void)
 {
     fr_ocache *c;
     char err[FR_ERRLEN];
-    CHECK(fr_ocache_open(cache_dir("naming/"), 0, &c, err, sizeof(err)) == 0);
+    CHECK(fr_ocache_open(cache_dir("naming/"), 0, NULL, &c, err, sizeof(err)) == 0);
     char a[FR_OCACHE_ID_LEN + 1], b[FR_OCACHE_ID_LEN + 1], a2[FR_OCACHE_ID_LEN + 1];
-    fr_ocache_id("s3://bucket/key", a);
-    fr_ocache_id("s3://bucket/key", a2);
-    fr_ocache_id("s3://bucket/kez", b);
+    fr_ocache_id(c, "s3://bucket/key", a);
+    fr_ocache_id(c, "s3://bucket/key", a2);
+    fr_ocache_id(c, "s3://bucket/kez", b);
     CHECK(strlen(a) == FR_OCACHE_ID_LEN && strspn(a, "0123456789abcdef") == FR_OCACHE_ID_LEN);
     CHECK(strcmp(a, a2) == 0 && strcmp(a, b) != 0);
     /* Bucket and key both count: the same key in another bucket differs. */
-    fr_ocache_id("s3://bucket2/key", b);
+    fr_ocache_id(c, "s3://bucket2/key", b);
     CHECK(strcmp(a, b) != 0);
     char path[2048], want[2048];
     fr_ocache_data_path(c, "s3://bucket/key", path);
@@ -101,26 +101,26 @@ static void check_naming(void)
     snprintf(want, sizeof(want), "%s/naming/%.2s/%s.data", fr_test_dir(), a, a);
     CHECK(strcmp(path, want) == 0);
     CHECK(strlen(path) + 5 == fr_ocache_path_max(c)); /* room for ".tmp" and the NUL */
-    CHECK(fr_ocache_stripe("s3://bucket/key") < FR_OCACHE_STRIPES);
-    CHECK(fr_ocache_stripe("s3://bucket/key") == (unsigned)(strtoull(a + 16, NULL, 16) % FR_OCACHE_STRIPES));
+    CHECK(fr_ocache_stripe(c, "s3://bucket/key") < FR_OCACHE_STRIPES);
+    CHECK(fr_ocache_stripe(c, "s3://bucket/key") == (unsigned)(strtoull(a + 16, NULL, 16) % FR_OCACHE_STRIPES));
     fr_ocache_close(c);
-    CHECK(fr_ocache_open("", 0, &c, err, sizeof(err)) == -EINVAL && strstr(err, "cache_dir"));
+    CHECK(fr_ocache_open("", 0, NULL, &c, err, sizeof(err)) == -EINVAL && strstr(err, "cache_dir"));
 }
 
 static void check_publish_and_damage(void)
 {
     fr_ocache *c;
     char err[FR_ERRLEN];
-    CHECK(fr_ocache_open(cache_dir("pub"), 0, &c, err, sizeof(err)) == 0);
+    CHECK(fr_ocache_open(cache_dir("pub"), 0, NULL, &c, err, sizeof(err)) == 0);
     const char *url = "s3://b/dir/object.bin";
     enum { LEN = 10000 };
     unsigned char buf[LEN];
     fill(buf, LEN, 1);
     fr_ocache_entry e;
     CHECK(fr_ocache_lookup(c, url, -1, &e) == 0);
-    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(url)) == 1);
+    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(c, url)) == 1);
     CHECK(fr_ocache_publish(c, url, buf, LEN, NULL) == 0);
-    fr_ocache_unlock(c, fr_ocache_stripe(url));
+    fr_ocache_unlock(c, fr_ocache_stripe(c, url));
     /* The writer trusts what it wrote: found with no record read. */
     CHECK(fr_ocache_lookup(c, url, -1, &e) == 1 && e.size == LEN && e.trusted);
     const char *dir = cache_dir("pub");
@@ -202,7 +202,7 @@ static void check_lru(void)
     fr_ocache *c;
     char err[FR_ERRLEN];
     enum { LEN = 1000, N = 10 };
-    CHECK(fr_ocache_open(cache_dir("lru"), N * LEN, &c, err, sizeof(err)) == 0);
+    CHECK(fr_ocache_open(cache_dir("lru"), N * LEN, NULL, &c, err, sizeof(err)) == 0);
     unsigned char buf[LEN];
     char url[64];
     for (int i = 0; i < N; i++) {
@@ -236,10 +236,10 @@ static void check_lru(void)
     /* An entry being written (its lock held by another fr_ocache) is
      * skipped, however old. */
     fr_ocache *other;
-    CHECK(fr_ocache_open(cache_dir("lru"), N * LEN, &other, err, sizeof(err)) == 0);
+    CHECK(fr_ocache_open(cache_dir("lru"), N * LEN, NULL, &other, err, sizeof(err)) == 0);
     url_of(url, sizeof(url), 3); /* now the least recent */
-    CHECK(fr_ocache_trylock(other, fr_ocache_stripe(url)) == 1);
-    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(url)) == 0);
+    CHECK(fr_ocache_trylock(other, fr_ocache_stripe(other, url)) == 1);
+    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(c, url)) == 0);
     for (int i = N + 1; i < N + 3; i++) {
         url_of(url, sizeof(url), i);
         CHECK(fr_ocache_publish(c, url, buf, LEN, NULL) == 0);
@@ -251,8 +251,8 @@ static void check_lru(void)
     CHECK(lookup_fresh(cache_dir("lru"), url, LEN, &e) == 0);
     fr_ocache_close(other); /* drops its lock */
     url_of(url, sizeof(url), 3);
-    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(url)) == 1);
-    fr_ocache_unlock(c, fr_ocache_stripe(url));
+    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(c, url)) == 1);
+    fr_ocache_unlock(c, fr_ocache_stripe(c, url));
     fr_ocache_close(c);
 }
 
@@ -274,7 +274,7 @@ static int racer(const char *dir, const char *log, int n, unsigned seed)
 {
     fr_ocache *c;
     char err[FR_ERRLEN];
-    if (fr_ocache_open(dir, 0, &c, err, sizeof(err)) != 0)
+    if (fr_ocache_open(dir, 0, NULL, &c, err, sizeof(err)) != 0)
         return 4;
     enum { LEN = 4096 };
     unsigned char want[LEN], got[LEN];
@@ -296,7 +296,7 @@ static int racer(const char *dir, const char *log, int n, unsigned seed)
         fill(want, LEN, (unsigned)i);
         fr_ocache_entry e;
         if (!fr_ocache_lookup(c, url, LEN, &e)) {
-            unsigned st = fr_ocache_stripe(url);
+            unsigned st = fr_ocache_stripe(c, url);
             int r = fr_ocache_trylock(c, st);
             if (r == 0)
                 r = fr_ocache_lock(c, st) == 1 ? 2 : -1;
@@ -368,7 +368,7 @@ static void check_killed_writer(void)
     fill(buf, LEN, 9);
     fr_ocache *c;
     char err[FR_ERRLEN];
-    CHECK(fr_ocache_open(dir, 0, &c, err, sizeof(err)) == 0);
+    CHECK(fr_ocache_open(dir, 0, NULL, &c, err, sizeof(err)) == 0);
     char data[2048], tmp[2048];
     fr_ocache_data_path(c, url, data);
     sibling(data, ".data.tmp", tmp, sizeof(tmp));
@@ -381,7 +381,7 @@ static void check_killed_writer(void)
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1)
             _exit(5);
         fr_ocache *w;
-        if (fr_ocache_open(dir, 0, &w, NULL, 0) != 0 || fr_ocache_trylock(w, fr_ocache_stripe(url)) != 1)
+        if (fr_ocache_open(dir, 0, NULL, &w, NULL, 0) != 0 || fr_ocache_trylock(w, fr_ocache_stripe(w, url)) != 1)
             _exit(2);
         /* Half the object written, then stopped as if killed there. */
         if (fr_ocache_publish_partial(w, url, buf, LEN, LEN / 2) != -EINTR)
@@ -394,7 +394,7 @@ static void check_killed_writer(void)
     char x;
     CHECK(read(ready[0], &x, 1) == 1);
     fr_ocache_entry e;
-    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(url)) == 0); /* the writer holds it */
+    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(c, url)) == 0); /* the writer holds it */
     CHECK(fr_ocache_lookup(c, url, -1, &e) == 0);
     CHECK(exists(tmp));
     /* The scan leaves a temporary whose writer is alive. */
@@ -406,8 +406,8 @@ static void check_killed_writer(void)
     close(ready[1]);
     /* Dead: no entry, its lock free, its temporary removed by the scan. */
     CHECK(fr_ocache_lookup(c, url, -1, &e) == 0 && !exists(data));
-    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(url)) == 1);
-    fr_ocache_unlock(c, fr_ocache_stripe(url));
+    CHECK(fr_ocache_trylock(c, fr_ocache_stripe(c, url)) == 1);
+    fr_ocache_unlock(c, fr_ocache_stripe(c, url));
     CHECK(fr_ocache_evict(c) == 0 && !exists(tmp));
     /* Fetched again: whole. */
     CHECK(fr_ocache_publish(c, url, buf, LEN, NULL) == 0);
@@ -428,9 +428,58 @@ static void check_killed_writer(void)
     free(buf);
 }
 
+/* Entries of one scope (an S3 endpoint and credentials) are another
+ * scope's misses, even in one directory; scope "" and NULL are one. */
+static void check_scopes(void)
+{
+    char err[FR_ERRLEN];
+    const char *dir = cache_dir("scopes");
+    fr_ocache *a, *b, *none;
+    CHECK(fr_ocache_open(dir, 0, "http://h:1 key:1", &a, err, sizeof(err)) == 0);
+    CHECK(fr_ocache_open(dir, 0, "http://h:2 key:1", &b, err, sizeof(err)) == 0);
+    CHECK(fr_ocache_open(dir, 0, "", &none, err, sizeof(err)) == 0);
+    if (!a || !b || !none)
+        return;
+    const char *url = "s3://b/k";
+    char ia[FR_OCACHE_ID_LEN + 1], ib[FR_OCACHE_ID_LEN + 1], in[FR_OCACHE_ID_LEN + 1];
+    fr_ocache_id(a, url, ia);
+    fr_ocache_id(b, url, ib);
+    fr_ocache_id(none, url, in);
+    CHECK(strcmp(ia, ib) != 0 && strcmp(ia, in) != 0 && strcmp(ib, in) != 0);
+    unsigned char buf[100];
+    fill(buf, sizeof(buf), 9);
+    fr_ocache_entry e;
+    CHECK(fr_ocache_publish(a, url, buf, sizeof(buf), "\"v1\"") == 0);
+    CHECK(fr_ocache_lookup(a, url, -1, &e) == 1 && e.size == sizeof(buf));
+    CHECK(fr_ocache_lookup(b, url, -1, &e) == 0);
+    CHECK(fr_ocache_lookup(none, url, -1, &e) == 0);
+    CHECK(lookup_fresh(dir, url, -1, &e) == 0); /* NULL scope: none's */
+    /* A record of scope a whose key is asked in scope b: a miss though its
+     * file is where b would look (a hash collision, forced). */
+    char pa[2048], pb[2048];
+    fr_ocache_data_path(a, url, pa);
+    fr_ocache_data_path(b, url, pb);
+    char ma[2048], mb[2048];
+    sibling(pa, ".meta", ma, sizeof(ma));
+    sibling(pb, ".meta", mb, sizeof(mb));
+    char folder[2048];
+    snprintf(folder, sizeof(folder), "%.*s", (int)(strrchr(pb, '/') - pb), pb);
+    CHECK(mkdir(folder, 0755) == 0 || errno == EEXIST);
+    CHECK(link(pa, pb) == 0 && link(ma, mb) == 0);
+    CHECK(fr_ocache_lookup(b, url, -1, &e) == 0);
+    /* Scopes are one line each. */
+    fr_ocache *bad = NULL;
+    CHECK(fr_ocache_open(dir, 0, "a\nb", &bad, err, sizeof(err)) == -EINVAL && !bad &&
+          strstr(err, "scope"));
+    fr_ocache_close(a);
+    fr_ocache_close(b);
+    fr_ocache_close(none);
+}
+
 int main(void)
 {
     check_naming();
+    check_scopes();
     check_publish_and_damage();
     check_lru();
     check_race();

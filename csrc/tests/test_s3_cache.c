@@ -5,7 +5,8 @@
  * an object that is not cached, duplicates and a damaged entry: the hits
  * have their bytes in list order, the others fail with the engine's error
  * and its message (the URL) under their own index, the damaged entry is
- * counted and not served; the counters follow. */
+ * counted and not served; the counters follow. A context of another
+ * endpoint, or of other credentials, is served none of these entries. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,9 +14,15 @@
 
 #include "harness.h"
 #include "core/object_cache.h"
+#include "engines/s3/s3_config.h"
 
 #define ARGS "endpoint=http://127.0.0.1:1,region=us-east-1,unsigned=1,retries=0," \
              "connect_timeout_ms=200,deadline_ms=2000"
+/* The same objects' URLs at another endpoint, or with credentials. */
+#define OTHER_ENDPOINT "endpoint=http://127.0.0.1:2,region=us-east-1,unsigned=1,retries=0," \
+                       "connect_timeout_ms=200,deadline_ms=2000"
+#define SIGNED "endpoint=http://127.0.0.1:1,region=us-east-1,retries=0,access_key_id=AK," \
+               "secret_access_key=SK,connect_timeout_ms=200,deadline_ms=2000"
 
 static void fill(unsigned char *buf, size_t len, unsigned seed)
 {
@@ -28,12 +35,12 @@ static void fill(unsigned char *buf, size_t len, unsigned seed)
     }
 }
 
-static fr_ctx *open_cached(const char *dir)
+static fr_ctx *open_cached(const char *dir, const char *args)
 {
     fr_config cfg;
     fr_config_init(&cfg);
     cfg.engine = "s3";
-    cfg.engine_args = ARGS;
+    cfg.engine_args = args;
     cfg.cache_dir = dir;
     char err[FR_ERRLEN];
     fr_ctx *ctx = NULL;
@@ -56,8 +63,14 @@ int main(void)
     static const size_t sizes[N] = {0, 1, 4096, 70000, MAXLEN, 12345};
     char urls[N][64];
     unsigned char *blobs[N];
+    /* Stored as the engine with ARGS stores them: in its scope. */
+    static fr_s3_config scfg;
+    char scope[1024];
+    CHECK(fr_s3_config_resolve(ARGS, NULL, NULL, &scfg, why, sizeof(why)) == 0);
+    fr_s3_cache_scope(&scfg, scope, sizeof(scope));
+    CHECK(strstr(scope, "http://127.0.0.1:1") != NULL);
     fr_ocache *oc;
-    CHECK(fr_ocache_open(dir, 0, &oc, why, sizeof(why)) == 0);
+    CHECK(fr_ocache_open(dir, 0, scope, &oc, why, sizeof(why)) == 0);
     for (int i = 0; i < N; i++) {
         snprintf(urls[i], sizeof(urls[i]), "s3://bucket/obj/%d.bin", i);
         blobs[i] = malloc(sizes[i] + 1);
@@ -75,7 +88,27 @@ int main(void)
         fclose(f);
     fr_ocache_close(oc);
 
-    fr_ctx *ctx = open_cached(dir);
+    /* Other scopes: not one hit (every read fails: nothing listens). */
+    const char *others[] = {OTHER_ENDPOINT, SIGNED};
+    for (int k = 0; k < 2; k++) {
+        fr_ctx *other = open_cached(dir, others[k]);
+        fr_pool *op = fr_pool_new();
+        fr_batch *ob = op ? fr_pool_get(op) : NULL;
+        CHECK(other && ob);
+        if (other && ob) {
+            const char *one[] = {urls[1], urls[2]};
+            CHECK(fr_batch_prepare(ob, 2) == 0);
+            CHECK(fr_read_files(other, one, NULL, 2, ob) == 0);
+            CHECK(ob->samples[0].length < 0 && ob->samples[1].length < 0);
+            CHECK(fr_ctx_stat(other, "cache_hits") == 0);
+        }
+        if (ob)
+            fr_batch_recycle(ob);
+        fr_pool_close(op);
+        fr_ctx_close(other);
+    }
+
+    fr_ctx *ctx = open_cached(dir, ARGS);
     CHECK(ctx != NULL);
     fr_pool *pool = fr_pool_new();
     fr_batch *b = fr_pool_get(pool);

@@ -199,6 +199,22 @@ static void test_refusals(void)
             fr_test_failures++;
         }
     }
+    /* Credentials in an endpoint's user info are refused without being
+     * shown: the host is, the user info is not (from engine_args or the
+     * environment alike). */
+    const char *with_user[] = {"endpoint=https://AKIAEXAMPLE:S3CR3T@s3.example.com",
+                               "endpoint=http://S3CR3T@h:1/p@q", "endpoint=S3CR3T@h"};
+    for (size_t i = 0; i < sizeof(with_user) / sizeof(with_user[0]); i++) {
+        CHECK(resolve(with_user[i], env, &cfg, err) == -EINVAL);
+        CHECK(strstr(err, "S3CR3T") == NULL && strstr(err, "AKIAEXAMPLE") == NULL);
+        CHECK(strstr(err, "***@") != NULL);
+    }
+    const char *env_user[] = {"AWS_ENDPOINT_URL=https://AKIAEXAMPLE:S3CR3T@s3.example.com",
+                              "AWS_ACCESS_KEY_ID=AKID", "AWS_SECRET_ACCESS_KEY=SECRET",
+                              NULL};
+    CHECK(resolve("", env_user, &cfg, err) == -EINVAL);
+    CHECK(strstr(err, "S3CR3T") == NULL && strstr(err, "***@s3.example.com") != NULL &&
+          strstr(err, "AWS_ENDPOINT_URL") != NULL);
     /* A secret too long is refused without being shown. */
     char args[700] = "access_key_id=AKID,secret_access_key=";
     size_t n = strlen(args);

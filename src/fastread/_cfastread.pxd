@@ -103,7 +103,7 @@ cdef extern from "fastread.h" nogil:
     int fr_read_files(fr_ctx *ctx, const char *const *paths, const int64_t *size_hints, size_t n,
                       fr_batch *batch)
     long fr_ctx_stat(const fr_ctx *ctx, const char *key)
-    long fr_cache_drop_stale(const char *dir, const char *const *urls,
+    long fr_cache_drop_stale(const char *dir, const char *scope, const char *const *urls,
                              const char *const *versions, const int64_t *sizes, size_t n,
                              char *err, size_t err_len)
     int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len)

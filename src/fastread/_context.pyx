@@ -223,17 +223,21 @@ cdef class Context:
             free(ranges)
 
 
-def drop_stale_cache_entries(cache_dir, listing):
+def drop_stale_cache_entries(cache_dir, listing, str scope=""):
     """Removes the entries of the object cache at ``cache_dir`` whose
     object a listing names another version of (fr_cache_drop_stale):
-    ``listing`` is ``(url, etag or None, size or -1)`` triples. Returns how
-    many went; OSError naming the directory or the entry otherwise."""
+    ``listing`` is ``(url, etag or None, size or -1)`` triples, ``scope``
+    the entries' scope (the engine's: ``fastread._s3.Client.cache_scope``
+    for S3). Returns how many went; OSError naming the directory or the
+    entry otherwise."""
     cdef list items = list(listing)
     cdef size_t n = len(items), i
     if n == 0:
         return 0
     cdef bytes cdir = os.fsencode(cache_dir)
     cdef const char *dir_p = cdir
+    cdef bytes cscope = scope.encode()
+    cdef const char *scope_p = cscope
     cdef list keep = []
     cdef const char **urls = <const char **>malloc(n * sizeof(char *))
     cdef const char **versions = <const char **>malloc(n * sizeof(char *))
@@ -248,6 +252,8 @@ def drop_stale_cache_entries(cache_dir, listing):
         for i in range(n):
             url, etag, size = items[i]
             u = os.fsencode(url)
+            if b"\0" in u:
+                raise ValueError(f"NUL character in the URL {url!r}")
             keep.append(u)
             urls[i] = PyBytes_AS_STRING(u)
             if etag:
@@ -258,7 +264,7 @@ def drop_stale_cache_entries(cache_dir, listing):
                 versions[i] = NULL
             sizes[i] = -1 if size is None else size
         with nogil:
-            rc = fr_cache_drop_stale(dir_p, urls, versions, sizes, n, err, sizeof(err))
+            rc = fr_cache_drop_stale(dir_p, scope_p, urls, versions, sizes, n, err, sizeof(err))
         if rc < 0:
             raise OSError(<int>-rc, err.decode(errors="replace"))
         return rc

@@ -14,5 +14,6 @@ cdef extern from "engines/s3/s3_client.h" nogil:
                               size_t err_len)
     long fr_s3_client_requests(const fr_s3_client *c)
     long fr_s3_client_retries(const fr_s3_client *c)
+    void fr_s3_client_cache_scope(const fr_s3_client *c, char *out, size_t len)
     void fr_s3_free(void *p)
     int fr_s3_describe(char *out, size_t len)

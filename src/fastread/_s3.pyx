@@ -8,7 +8,8 @@ import os
 
 from fastread._cs3 cimport (fr_s3_client, fr_s3_client_close, fr_s3_client_open,
                             fr_s3_client_request, fr_s3_client_requests,
-                            fr_s3_client_retries, fr_s3_describe, fr_s3_free)
+                            fr_s3_client_retries, fr_s3_client_cache_scope, fr_s3_describe,
+                            fr_s3_free)
 
 
 def describe():
@@ -49,6 +50,18 @@ cdef class Client:
             fr_s3_client_close(self.c)
             self.c = NULL
 
+    def cache_scope(self):
+        """The object cache's scope of this client's requests: that of
+        an s3 context opened with the same ``engine_args`` (its endpoint and
+        a hash of the access key id), for :func:`fastread.s3.drop_stale_entries`."""
+        cdef char out[1024]
+        out[0] = 0
+        with self.lock:
+            if self.c == NULL:
+                raise ValueError("the S3 client is closed")
+            fr_s3_client_cache_scope(self.c, out, sizeof(out))
+        return out.decode(errors="replace")
+
     def close(self):
         with self.lock:
             if self.c != NULL:
@@ -60,7 +73,13 @@ cdef class Client:
         for the bucket), ``query`` appended as given (canonical: sorted,
         encoded). Returns ``(status, body bytes, error text)``: the error
         text is "STATUS CODE" for statuses >= 300, else "". Raises OSError
-        when no response came."""
+        when no response came; ValueError for a NUL character in any of
+        them (C would end the string there: a request for another object)."""
+        for name, value in (("method", method), ("bucket", bucket), ("key", key),
+                            ("query", query)):
+            if "\0" in value:
+                raise ValueError(f"NUL character in the {name} of the S3 request for "
+                                 f"{'s3://' + bucket + '/' + key!r}")
         cdef bytes m = method.encode(), b = bucket.encode(), k = key.encode("utf-8"), \
             q = query.encode()
         cdef const char *cm = m

@@ -44,21 +44,49 @@ def split_url(url):
     """``(bucket, key)`` of ``s3://bucket/key`` (key may be "")."""
     if not is_url(url):
         raise ValueError(f"not an s3:// URL: {url!r}")
+    if "\0" in url:
+        # C would end the key at the NUL: another object (an upload would
+        # overwrite it).
+        raise ValueError(f"NUL character in the S3 URL {url!r}")
     bucket, _, key = url[len(SCHEME):].partition("/")
     if not bucket:
         raise ValueError(f"no bucket in {url!r}")
     return bucket, key
 
 
+def redact_url(url):
+    """``url`` for repr() and messages: any user info before its host
+    (``https://KEY:SECRET@host``: credentials) replaced by ``***``."""
+    if not isinstance(url, str):
+        return url
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    end = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if i >= 0:
+            end = min(end, i)
+    at = rest.rfind("@", 0, end)
+    if at < 0:
+        return url
+    return f"{scheme}{sep}***{rest[at:]}"
+
+
 def redact_engine_args(engine_args):
     """``engine_args`` with the values of secret keys replaced by ``***``
-    (for repr() and messages)."""
+    and the user info of an endpoint too (for repr() and messages)."""
     if not engine_args:
         return engine_args
     out = []
     for item in engine_args.split(","):
-        key, eq, _ = item.partition("=")
-        out.append(f"{key}=***" if eq and key.strip() in SECRET_KEYS else item)
+        key, eq, value = item.partition("=")
+        if eq and key.strip() in SECRET_KEYS:
+            out.append(f"{key}=***")
+        elif eq and key.strip() == "endpoint":
+            out.append(f"{key}={redact_url(value)}")
+        else:
+            out.append(item)
     return ",".join(out)
 
 
@@ -81,6 +109,14 @@ _FIELDS = {
     "connect_timeout_ms": ("connect_timeout_ms", int),
     "low_speed_time_s": ("low_speed_time_s", int),
 }
+
+
+def _shown(name, value):
+    """An option's value as repr() and messages show it: no secret, no
+    credentials in an endpoint's user info."""
+    if _FIELDS[name][0] in SECRET_KEYS:
+        return "***"
+    return repr(redact_url(value) if name == "endpoint_url" else value)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -126,7 +162,7 @@ class S3Options:
             v = getattr(self, name)
             if v is None:
                 continue
-            shown = "(not shown: secret)" if _FIELDS[name][0] in SECRET_KEYS else repr(v)
+            shown = "(not shown: secret)" if _FIELDS[name][0] in SECRET_KEYS else _shown(name, v)
             if kind is bool:
                 if not isinstance(v, bool) and v not in (0, 1):
                     raise ValueError(f"S3 option {name} must be True or False, got {shown}")
@@ -175,8 +211,7 @@ class S3Options:
         return ",".join(parts)
 
     def __repr__(self):
-        shown = ", ".join(f"{k}={'***' if _FIELDS[k][0] in SECRET_KEYS else repr(v)}"
-                          for k, v in self.given().items())
+        shown = ", ".join(f"{k}={_shown(k, v)}" for k, v in self.given().items())
         return f"S3Options({shown})"
 
     __str__ = __repr__
@@ -231,17 +266,26 @@ class ListedURLs(list):
         self.versions = versions
 
 
-def drop_stale_entries(versions, cache_dir):
+def drop_stale_entries(versions, cache_dir, engine_args=""):
     """Removes the entries of the node-local cache at ``cache_dir`` whose
     object ``versions`` (``{url: (etag, size)}``, from a listing) names
     another version of: another ETag, or another size. An entry keeps the
     ETag its object was fetched with, so an object rewritten in place,
     same size or not, is fetched again by the next reader that lists it.
-    Returns how many went."""
+    ``engine_args``: the s3 engine's (as a reader's options resolve them):
+    entries are kept per endpoint and access key id, and only those of
+    that endpoint and key are compared. Returns how many went."""
     if not versions or not cache_dir:
         return 0
     from fastread._core import drop_stale_cache_entries
-    return drop_stale_cache_entries(cache_dir, ((u, e, s) for u, (e, s) in versions.items()))
+    _require()
+    client = _client(f"the object cache at {cache_dir}", engine_args)
+    try:
+        scope = client.cache_scope()
+    finally:
+        client.close()
+    return drop_stale_cache_entries(cache_dir, ((u, e, s) for u, (e, s) in versions.items()),
+                                    scope)
 
 
 def _canonical_query(params):

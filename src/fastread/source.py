@@ -167,7 +167,7 @@ class FileList(SampleSource):
     def open_native(self, engine, options, *, prefetch, workers):
         if self.versions and options.get("cache_dir"):
             from fastread.s3 import drop_stale_entries
-            drop_stale_entries(self.versions, options["cache_dir"])
+            drop_stale_entries(self.versions, options["cache_dir"], options.get("engine_args", ""))
         return _core.NativeReader(self.names, engine, prefetch=prefetch, workers=workers,
                                   **options)
 

@@ -75,6 +75,11 @@ typedef struct s3_job {
     unsigned attempts;
     long long first_ms;      /* the first attempt's start: the deadline counts from it */
     long long not_before_ms; /* a retry's backoff */
+    /* The server's last answer to an attempt that was retried (503
+     * SlowDown) and its S3 code: the sample's error should a later attempt
+     * get none (out of time), so that throttling does not read as a timeout. */
+    long last_status;
+    char last_code[32];
 } s3_job;
 
 typedef struct s3_sample {
@@ -329,9 +334,11 @@ static int begin_call(s3_engine *s, fr_batch *batch, size_t n)
         size_t *list = realloc(s->list, cap * sizeof(*list));
         if (list)
             s->list = list;
-        s->samples_cap = cap;
+        /* The capacity covers all three arrays: raising it when one of them
+         * kept its old size would let a later call write past that one. */
         if (!sizes || !list)
             return -ENOMEM;
+        s->samples_cap = cap;
     }
     for (size_t i = 0; i < n; i++) {
         s3_sample *sm = &s->samples[i];
@@ -498,8 +505,15 @@ static void start_job(s3_engine *s, size_t j, long long now)
         job->first_ms = now;
     long long left = job->first_ms + s->cfg.deadline_ms - now;
     if (left <= 0) {
-        fail_sample(s, job->sample, -ETIMEDOUT, "no answer within deadline_ms=%lld (%u attempts)",
-                    s->cfg.deadline_ms, job->attempts);
+        if (job->last_status)
+            fail_sample(s, job->sample, fr_s3_status_errno(job->last_status),
+                        "%ld %s (after %u attempts; deadline_ms=%lld reached)", job->last_status,
+                        job->last_code[0] ? job->last_code : "(no S3 error code)",
+                        job->attempts, s->cfg.deadline_ms);
+        else
+            fail_sample(s, job->sample, -ETIMEDOUT,
+                        "no answer within deadline_ms=%lld (%u attempts)", s->cfg.deadline_ms,
+                        job->attempts);
         job_done(s);
         return;
     }
@@ -521,7 +535,7 @@ static void start_job(s3_engine *s, size_t j, long long now)
         t->cap = job->len;
     }
     CURLcode cc = fr_s3_headers(&s->cfg, job->start, range_len,
-                                job->kind == JOB_PART ? sm->etag : NULL, &t->headers)
+                                job->kind != JOB_PROBE ? sm->etag : NULL, &t->headers)
                       ? CURLE_OUT_OF_MEMORY
                       : CURLE_OK;
     if (cc == CURLE_OK)
@@ -578,6 +592,13 @@ static void size_changed(s3_engine *s, size_t i, const char *what)
         s->samples[i].repair = 1;
 }
 
+/* Two ETags name other versions; an absent one (a server that sends
+ * none) proves nothing either way. */
+static int etags_differ(const char *a, const char *b)
+{
+    return a[0] && b[0] && strcmp(a, b) != 0;
+}
+
 static void judge_ok(s3_engine *s, s3_xfer *t, s3_job *job, long code)
 {
     s3_sample *sm = &s->samples[job->sample];
@@ -623,8 +644,15 @@ static void judge_ok(s3_engine *s, s3_xfer *t, s3_job *job, long code)
             size_changed(s, i, "the server sent the whole object, of another size");
         } else if (!sm->etag[0]) {
             /* Sizes known, no probe: the first part to arrive names the
-             * version (for the object cache's record). */
+             * version (for the object cache's record, and the If-Match of
+             * the parts started after it). */
             memcpy(sm->etag, t->resp.etag, sizeof(sm->etag));
+        } else if (etags_differ(sm->etag, t->resp.etag)) {
+            /* A part started before the first answered carried no
+             * If-Match: its ETag is the only proof it is of the same
+             * version. Another one: the object was rewritten mid-read, and
+             * its bytes would be a mix of two versions. */
+            size_changed(s, i, "another version");
         }
         break;
     case JOB_RANGE:
@@ -639,6 +667,13 @@ static void judge_ok(s3_engine *s, s3_xfer *t, s3_job *job, long code)
             fail_sample(s, i, -ENODATA, "the object ends inside bytes %" PRIu64 "-%" PRIu64
                         " (%" PRIu64 " bytes)", job->start, job->start + job->len - 1,
                         have_range ? total : t->got);
+        } else if (!sm->etag[0]) {
+            /* The parts of one range are of one version: the first to
+             * answer names it (the If-Match of those started after). */
+            memcpy(sm->etag, t->resp.etag, sizeof(sm->etag));
+        } else if (etags_differ(sm->etag, t->resp.etag)) {
+            fail_sample(s, i, -ESTALE, "the object changed while it was read (another "
+                        "version); read it again");
         }
         break;
     }
@@ -679,6 +714,11 @@ static void finish(s3_engine *s, s3_xfer *t, CURLcode cc, long long now)
         if (cc == CURLE_WRITE_ERROR && job->kind == JOB_PROBE)
             fail_sample(s, i, -ENOMEM, "no memory for the object's first %" PRIu64 " bytes",
                         job->len);
+        else if (job->last_status)
+            fail_sample(s, i, fr_s3_status_errno(job->last_status),
+                        "%ld %s (after %u attempts; the last: %s)", job->last_status,
+                        job->last_code[0] ? job->last_code : "(no S3 error code)",
+                        job->attempts, curl_easy_strerror(cc));
         else
             fail_sample(s, i, fr_s3_curl_errno(cc), "%s%s%.120s (%u attempts)",
                         curl_easy_strerror(cc), t->errbuf[0] ? ": " : "", t->errbuf,
@@ -701,7 +741,13 @@ static void finish(s3_engine *s, s3_xfer *t, CURLcode cc, long long now)
             else
                 size_changed(s, i, code == 412 ? "another version" : code == 404 ? "it is gone"
                                                                           : "it is shorter");
+        } else if (job->kind == JOB_RANGE && code == 412) {
+            /* If-Match of the ETag an earlier part of this range had. */
+            fail_sample(s, i, -ESTALE, "the object changed while it was read (another "
+                        "version); read it again");
         } else if (fr_s3_status_retryable(code) && retry_later(s, j, now)) {
+            job->last_status = code;
+            fr_s3_error_code(t->errbody, t->errlen, job->last_code, sizeof(job->last_code));
             return;
         } else {
             char s3code[64];
@@ -1051,6 +1097,12 @@ static const char *s3_sample_version(const void *state, size_t i)
     return i < s->n ? s->samples[i].etag : NULL;
 }
 
+static void s3_cache_scope(const void *state, char *out, size_t len)
+{
+    const s3_engine *s = state;
+    fr_s3_cache_scope(&s->cfg, out, len);
+}
+
 static int s3_sample_error(const void *state, size_t i, char *out, size_t len)
 {
     const s3_engine *s = state;
@@ -1075,5 +1127,6 @@ const fr_engine fr_engine_s3 = {
     .read_ranges = s3_read_ranges,
     .sample_error = s3_sample_error,
     .cancel = s3_cancel,
+    .cache_scope = s3_cache_scope,
     .sample_version = s3_sample_version,
 };

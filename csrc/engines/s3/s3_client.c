@@ -29,6 +29,14 @@ struct fr_s3_client {
     size_t put_len, put_done;
 };
 
+/* Milliseconds since t0 (CLOCK_MONOTONIC). */
+static long long elapsed_ms(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1); /* cannot fail for this clock */
+    return (long long)(t1.tv_sec - t0->tv_sec) * 1000 + (t1.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
 static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata)
 {
     fr_s3_client *c = userdata;
@@ -161,13 +169,16 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
     if (cc == CURLE_OK && !put)
         cc = curl_easy_setopt(c->easy, CURLOPT_HTTPGET, 1L);
     long code = 0;
+    /* The last answer the server gave to an attempt that was retried (503
+     * SlowDown): a later attempt that gets none (it ran out of time) does
+     * not hide it, or a throttled bucket would read as a timeout. */
+    long answered = 0;
+    char answered_code[64] = "";
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0); /* cannot fail for this clock */
-    for (unsigned attempt = 1; cc == CURLE_OK; attempt++) {
-        struct timespec t1;
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        long long spent = (long long)(t1.tv_sec - t0.tv_sec) * 1000 +
-                          (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    /* (A retryable transfer error leaves cc set: the loop goes on.) */
+    for (unsigned attempt = 1; cc == CURLE_OK || attempt > 1; attempt++) {
+        long long spent = elapsed_ms(&t0);
         long long left = c->cfg.deadline_ms - spent;
         if (left <= 0) {
             cc = CURLE_OPERATION_TIMEDOUT;
@@ -190,8 +201,15 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
         if (!again || attempt > (unsigned)c->cfg.retries)
             break;
         unsigned pause = fr_s3_backoff_ms(attempt, &c->rng);
-        if (spent + pause >= c->cfg.deadline_ms)
+        /* The time this attempt took counts: a retry needs time left
+         * after its pause. */
+        if (elapsed_ms(&t0) + pause >= c->cfg.deadline_ms)
             break;
+        if (cc == CURLE_OK) {
+            answered = code;
+            fr_s3_error_code(c->body ? c->body : "", c->len, answered_code,
+                             sizeof(answered_code));
+        }
         c->retries++;
         struct timespec ts = {(time_t)(pause / 1000), (long)(pause % 1000) * 1000000L};
         nanosleep(&ts, NULL); /* a signal only shortens the pause */
@@ -200,13 +218,22 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
     /* The handle keeps no pointer to the freed list or the caller's body. */
     if (curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, NULL) != CURLE_OK && cc == CURLE_OK)
         cc = CURLE_BAD_FUNCTION_ARGUMENT;
-    if (cc != CURLE_OK) {
+    int from_answered = cc != CURLE_OK && answered && !c->oom;
+    if (from_answered) {
+        /* The server's last answer, and what became of the retry. */
+        fr_set_err(err, err_len, "%ld %s (after retries; the last: %s)", answered,
+                   answered_code[0] ? answered_code : "(no S3 error code)",
+                   curl_easy_strerror(cc));
+        c->len = 0;
+        code = answered;
+        cc = CURLE_OK;
+    } else if (cc != CURLE_OK) {
         int e = c->oom ? -ENOMEM : fr_s3_curl_errno(cc);
         fr_set_err(err, err_len, "s3://%.64s/%.120s: %s%s%.120s", bucket, key ? key : "",
                    curl_easy_strerror(cc), c->errbuf[0] ? ": " : "", c->errbuf);
         return e;
     }
-    if (code >= 300) {
+    if (code >= 300 && !from_answered) {
         char s3code[64];
         fr_s3_error_code(c->body ? c->body : "", c->len, s3code, sizeof(s3code));
         fr_set_err(err, err_len, "%ld %s", code, s3code[0] ? s3code : "(no S3 error code)");
@@ -223,6 +250,11 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
 
 long fr_s3_client_requests(const fr_s3_client *c) { return c->requests; }
 long fr_s3_client_retries(const fr_s3_client *c) { return c->retries; }
+
+void fr_s3_client_cache_scope(const fr_s3_client *c, char *out, size_t len)
+{
+    fr_s3_cache_scope(&c->cfg, out, len);
+}
 
 void fr_s3_free(void *p) { free(p); }
 

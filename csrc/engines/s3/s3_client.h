@@ -41,6 +41,9 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
 /* Requests made and retried by this client so far. */
 long fr_s3_client_requests(const fr_s3_client *c);
 long fr_s3_client_retries(const fr_s3_client *c);
+/* The object cache's scope of this client's requests (fr_s3_cache_scope):
+ * that of the s3 engine opened with the same engine_args. */
+void fr_s3_client_cache_scope(const fr_s3_client *c, char *out, size_t len);
 
 void fr_s3_free(void *p);
 

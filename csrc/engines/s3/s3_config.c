@@ -140,6 +140,24 @@ static int dns_bucket(const char *b)
     return 1;
 }
 
+/* `url` for a message: any user info ("user:password@", which may be
+ * credentials) before the host replaced by "***@". */
+static void redact_userinfo(const char *url, char *out, size_t len)
+{
+    const char *sep = strstr(url, "://");
+    const char *auth = sep ? sep + 3 : url;
+    size_t auth_len = strcspn(auth, "/?#");
+    const char *at = NULL;
+    for (const char *p = auth; p < auth + auth_len; p++)
+        if (*p == '@')
+            at = p;
+    if (!at) {
+        snprintf(out, len, "%s", url);
+        return;
+    }
+    snprintf(out, len, "%.*s***%s", (int)(auth - url), url, at);
+}
+
 static int check_endpoint(fr_s3_config *cfg, const char *from, char *err, size_t err_len)
 {
     size_t n = strlen(cfg->endpoint);
@@ -151,9 +169,11 @@ static int check_endpoint(fr_s3_config *cfg, const char *from, char *err, size_t
     else if (strncmp(cfg->endpoint, "https://", 8) == 0)
         host = cfg->endpoint + 8;
     if (!host || !*host || strchr(host, '/') || strchr(host, '?') || strchr(host, '@')) {
+        char shown[256];
+        redact_userinfo(cfg->endpoint, shown, sizeof(shown));
         fr_set_err(err, err_len,
                    "s3: endpoint '%.200s' (%s) is not http(s)://host[:port] (no path, no "
-                   "user)", cfg->endpoint, from);
+                   "user)", shown, from);
         return -EINVAL;
     }
     /* AWS's own endpoints take virtual-hosted requests (path-style is being
@@ -580,4 +600,18 @@ unsigned fr_s3_backoff_ms(unsigned attempt, uint64_t *rng)
     }
     unsigned half = ceiling / 2;
     return half + (unsigned)(fr_splitmix64(rng) % (uint64_t)(ceiling - half + 1));
+}
+
+void fr_s3_cache_scope(const fr_s3_config *cfg, char *out, size_t len)
+{
+    if (cfg->unsigned_requests) {
+        snprintf(out, len, "%s unsigned", cfg->endpoint);
+        return;
+    }
+    /* FNV-1a, mixed: a reader with another key id gets other entries; the
+     * id itself stays out of the cache's records. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)cfg->access_key_id; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    snprintf(out, len, "%s key:%016llx", cfg->endpoint, (unsigned long long)fr_splitmix64(&h));
 }

@@ -95,6 +95,11 @@ int fr_s3_parse_url(const char *url, char *bucket, const char **key, char *err, 
 /* 1 if `path` is an s3:// URL. */
 int fr_s3_is_url(const char *path);
 
+/* The object cache's scope of cfg's requests (fr_engine.cache_scope): its
+ * endpoint, and who asks: a hash of the access key id, or "unsigned".
+ * Never the key id itself nor any secret. */
+void fr_s3_cache_scope(const fr_s3_config *cfg, char *out, size_t len);
+
 /* SigV4's URI encoding (AWS "UriEncode"): every byte but A-Z a-z 0-9 - . _ ~
  * as %XX (upper-case hex), and '/' too unless keep_slash. Writes at most
  * out_len bytes including the NUL; returns the length the encoding needs
