@@ -19,8 +19,15 @@ size_t fr_request_len(size_t size, int o_direct, size_t dio_align)
     size_t len = size + 1;
     if (o_direct)
         len = fr_round_up(len, dio_align);
-    if (len > FR_MAX_REQUEST)
+    if (len > FR_MAX_REQUEST) {
+        /* Capped: the read cannot see past the size, so it must not return
+         * exactly the size either, or a file of exactly FR_MAX_REQUEST
+         * bytes that grew would be taken whole (the engines accept a read
+         * of `size` bytes). One block less sends it to fr_read_whole. */
         len = FR_MAX_REQUEST;
+        if (len == size)
+            len -= o_direct ? dio_align : 1;
+    }
     return len;
 }
 
@@ -52,14 +59,22 @@ int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
     layout_begin(batch);
     size_t off = fr_round_up(batch->arena.used, align);
     for (size_t i = 0; i < n; i++) {
-        if (sizes[i] < 0) {
+        if (sizes[i] < 0 || (uint64_t)sizes[i] > FR_MAX_SAMPLE) {
+            /* Past FR_MAX_SAMPLE (a sparse or corrupt file): that sample's
+             * error, not the batch's (its slot would not fit, or would wrap
+             * the running offset and aim reads at the arena's start). */
             batch->samples[i].offset = 0;
-            batch->samples[i].length = sizes[i];
+            batch->samples[i].length = sizes[i] < 0 ? sizes[i] : -EFBIG;
             continue;
         }
         size_t slot = dense ? (size_t)sizes[i]
                             : fr_round_up(fr_request_len((size_t)sizes[i], o_direct, dio_align),
                                           align);
+        if (slot > SIZE_MAX - 1 - off) { /* the batch's total would wrap */
+            batch->samples[i].offset = 0;
+            batch->samples[i].length = -EFBIG;
+            continue;
+        }
         batch->samples[i].offset = off;
         batch->samples[i].length = 0;
         off += slot;
@@ -145,6 +160,11 @@ void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len)
         close(fd);
         return;
     }
+    if ((uint64_t)st.st_size > FR_MAX_SAMPLE) { /* as fr_layout says of such sizes */
+        s->length = -EFBIG;
+        close(fd);
+        return;
+    }
     /* Loop in case the file keeps growing: read until a read hits EOF. */
     size_t want = (size_t)st.st_size + 1;
     for (;;) {
@@ -169,6 +189,10 @@ void fr_read_whole(fr_batch *batch, size_t i, const char *path, size_t slot_len)
             break;
         }
         want *= 2;
+        if (want > FR_MAX_SAMPLE + 1) { /* grew past what a sample may be */
+            s->length = -EFBIG;
+            break;
+        }
     }
     close(fd);
 }
@@ -220,11 +244,19 @@ int fr_layout_ranges(fr_batch *batch, const fr_range *ranges, size_t n, int o_di
     size_t off = fr_round_up(batch->arena.used, align);
     for (size_t i = 0; i < n; i++) {
         int rc = fr_check_range(&ranges[i], o_direct, dio_align);
+        size_t slot = 0;
+        if (rc == 0 && ranges[i].length > FR_MAX_SAMPLE)
+            rc = -EFBIG;
+        if (rc == 0) {
+            slot = fr_round_up(fr_range_request_len(ranges[i].length, o_direct, dio_align), align);
+            if (slot > SIZE_MAX - 1 - off)
+                rc = -EFBIG; /* the batch's total would wrap */
+        }
         batch->samples[i].offset = off;
         batch->samples[i].length = rc;
         if (rc)
             continue;
-        off += fr_round_up(fr_range_request_len(ranges[i].length, o_direct, dio_align), align);
+        off += slot;
     }
     int rc = fr_arena_reserve(&batch->arena, off);
     if (rc == 0)

@@ -13,6 +13,9 @@
 
 /* Longest single read request; larger files are read on in pieces. */
 #define FR_MAX_REQUEST ((size_t)1 << 30)
+/* Largest sample a batch lays out (1 TiB): a larger size is a sparse or
+ * corrupt file's, and that sample fails with -EFBIG on its own. */
+#define FR_MAX_SAMPLE ((uint64_t)1 << 40)
 /* Alignment of every sample in the arena without O_DIRECT. */
 #define FR_SAMPLE_ALIGN 64
 

@@ -5,9 +5,14 @@
  * slots, ranges), every engine that lays files out with fr_layout, a failed
  * sample in the middle of a dense batch, and a file that grew since it was
  * sized: its growth check byte lands on the next sample, and the batch says
- * so (dense_spill) until the first bytes are read again. */
+ * so (dense_spill) until the first bytes are read again. Sizes past
+ * FR_MAX_SAMPLE (sparse or corrupt files) fail their own sample with
+ * -EFBIG, never wrapping the batch's layout onto its arena's start. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,6 +153,79 @@ static void test_growth(fr_pool *pool)
 
 /* Every engine that lays files out with fr_layout: the bytes of every edge
  * size, back to back, and a missing file in the middle failing alone. */
+/* Sizes that would not fit, or would wrap the running offset (two of
+ * INT64_MAX: a review measured reads aimed at the arena's start): -EFBIG for
+ * those samples only, dense and not, files and ranges. */
+static void test_layout_huge(fr_pool *pool)
+{
+    const int64_t sizes[] = {10, INT64_MAX, INT64_MAX, 3, (int64_t)FR_MAX_SAMPLE + 1};
+    for (int dense = 0; dense < 2; dense++) {
+        fr_batch *b = fr_pool_get(pool);
+        b->dense = dense;
+        CHECK(fr_batch_prepare(b, 5) == 0);
+        CHECK(fr_layout(b, sizes, 5, 0, 4096) == 0);
+        CHECK(b->samples[0].offset == 0 && b->samples[0].length == 0);
+        CHECK(b->samples[1].length == -EFBIG && b->samples[2].length == -EFBIG);
+        CHECK(b->samples[4].length == -EFBIG);
+        CHECK(b->samples[3].length == 0 && b->samples[3].offset > 0);
+        CHECK(b->arena.used < 4096 && b->arena.used >= b->samples[3].offset + 3);
+        b->dense = 0;
+        fr_batch_recycle(b);
+    }
+    fr_range r[3] = {{.offset = 0, .length = 10},
+                     {.offset = 4096, .length = FR_MAX_SAMPLE + 1},
+                     {.offset = 8192, .length = 7}};
+    fr_batch *b = fr_pool_get(pool);
+    CHECK(fr_batch_prepare(b, 3) == 0);
+    CHECK(fr_layout_ranges(b, r, 3, 0, 4096) == 0);
+    CHECK(b->samples[1].length == -EFBIG && b->samples[0].length == 0 &&
+          b->samples[2].length == 0 && b->arena.used < 4096);
+    fr_batch_recycle(b);
+}
+
+/* A sparse file of 2 TiB among small ones, read dense by an engine: its
+ * sample fails with -EFBIG, the others read whole. Skipped where the file
+ * system refuses that size. */
+static void test_huge_sparse(fr_pool *pool, const char *engine)
+{
+    char *small = fr_test_write("small-beside-huge", 5000, 3);
+    char huge[1100];
+    snprintf(huge, sizeof(huge), "%s/huge-sparse", fr_test_dir());
+    int fd = open(huge, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+    CHECK(fd >= 0);
+    if (fd < 0)
+        return;
+    int sized = ftruncate(fd, (off_t)((int64_t)2 << 40)) == 0;
+    CHECK(close(fd) == 0);
+    if (!sized) {
+        printf("test_dense: a 2 TiB sparse file refused here (%s): skipped\n", strerror(errno));
+    } else {
+        fr_config cfg;
+        fr_config_init(&cfg);
+        cfg.engine = engine;
+        fr_ctx *ctx;
+        char err[FR_ERRLEN];
+        CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+        const char *paths[3] = {small, huge, small};
+        for (int dense = 0; dense < 2; dense++) {
+            fr_batch *b = fr_pool_get(pool);
+            b->dense = dense;
+            CHECK(fr_batch_prepare(b, 3) == 0);
+            CHECK(fr_read_files(ctx, paths, NULL, 3, b) == 0);
+            CHECK(b->samples[0].length == 5000 && b->samples[2].length == 5000);
+            if (b->samples[1].length != -EFBIG)
+                fprintf(stderr, "%s dense=%d: the 2 TiB sample gave %lld\n", engine, dense,
+                        (long long)b->samples[1].length);
+            CHECK(b->samples[1].length == -EFBIG);
+            b->dense = 0;
+            fr_batch_recycle(b);
+        }
+        fr_ctx_close(ctx);
+    }
+    unlink(huge);
+    free(small);
+}
+
 static void test_engine(fr_pool *pool, const char *engine, int with_hints)
 {
     char why[FR_ERRLEN];
@@ -283,12 +361,74 @@ static void test_reader_dense(void)
     free(path);
 }
 
+/* A dense list batch (fr_reader_submit_paths) whose first file grew since
+ * its size was remembered: the growth check byte lands on the next
+ * sample's first byte, and the reader repairs it from the list's own paths
+ * before handing the batch out (the consumer's repair by index read a byte
+ * of another file, or none: indices of a list are positions in it). */
+static void test_reader_list_spill(void)
+{
+    char *a = fr_test_write("list-spill-a", 3000, 21);
+    char *bpath = fr_test_write("list-spill-b", 2000, 22);
+    FILE *f = fopen(bpath, "rb");
+    unsigned char b0 = 0;
+    CHECK(f && fread(&b0, 1, 1, f) == 1);
+    if (f)
+        fclose(f);
+    /* io_uring reads with the remembered sizes (psync stats every file). */
+    char why[FR_ERRLEN];
+    if (fr_engine_probe("io_uring", why, sizeof(why)) != 0) {
+        printf("test_dense: list spill skipped: %s\n", why);
+        free(a);
+        free(bpath);
+        return;
+    }
+    fr_config cfg;
+    fr_config_init(&cfg);
+    cfg.engine = "io_uring";
+    fr_reader *rd = NULL;
+    char err[FR_ERRLEN] = "";
+    CHECK(fr_reader_open(&cfg, NULL, 0, 1, 1, &rd, err, sizeof(err)) == 0);
+    if (!rd) {
+        fprintf(stderr, "test_dense: list reader: %s\n", err);
+        return;
+    }
+    fr_reader_set_dense(rd, 1);
+    const char *list[2] = {a, bpath};
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) { /* a grows by 100 bytes after its size was remembered */
+            FILE *g = fopen(a, "ab");
+            unsigned char more[100];
+            memset(more, 0x5A, sizeof(more));
+            CHECK(g && fwrite(more, 1, sizeof(more), g) == sizeof(more));
+            if (g)
+                fclose(g);
+        }
+        CHECK(fr_reader_submit_paths(rd, list, 2) == 0);
+        fr_batch *b = NULL;
+        CHECK(fr_reader_next(rd, &b) == 0);
+        if (!b)
+            break;
+        CHECK(b->dense_spill == 0);
+        CHECK(b->samples[0].length == (round ? 3100 : 3000));
+        CHECK(b->samples[1].length == 2000);
+        if (b->samples[1].length == 2000)
+            CHECK(b->arena.base[b->samples[1].offset] == b0);
+        fr_batch_recycle(b);
+    }
+    fr_reader_close(rd);
+    free(a);
+    free(bpath);
+}
+
 int main(void)
 {
     test_reader_dense();
+    test_reader_list_spill();
     fr_pool *pool = fr_pool_new();
     CHECK(pool != NULL);
     test_layout(pool);
+    test_layout_huge(pool);
     test_growth(pool);
     const char *const *names = fr_engine_names();
     for (size_t k = 0; names[k]; k++) {
@@ -298,6 +438,8 @@ int main(void)
             continue;
         test_engine(pool, names[k], 0);
         test_engine(pool, names[k], 1);
+        if (strcmp(names[k], "xnvme-file") != 0 && fr_engine_probe(names[k], NULL, 0) == 0)
+            test_huge_sparse(pool, names[k]);
     }
     fr_pool_close(pool);
     fr_test_cleanup();
