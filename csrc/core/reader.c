@@ -183,6 +183,20 @@ static fr_size_memo *list_memo(fr_reader *rd)
 /* An explicit list: sample i is its i-th path, read with the sizes a
  * worker learnt from an earlier read of its files (as hints: a stale one
  * costs time, never bytes), or without hints the first time. */
+/* A dense list batch whose read took the slow path: its first bytes are
+ * reread here, from the list's paths, which only the request knows (a
+ * batch's indices are positions in its list, not in the reader's paths, so
+ * the consumer's repair by index would read another file's byte). */
+static void repair_list_spill(const request *req, fr_batch *b)
+{
+    if (!b->dense_spill)
+        return;
+    for (size_t i = 0; i < req->n; i++)
+        if (b->samples[i].length > 0)
+            (void)fr_batch_reread_first_byte(b, i, req->paths[i]); /* errors land in the sample */
+    b->dense_spill = 0;
+}
+
 static int read_list_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
                              scratch *sc)
 {
@@ -190,14 +204,19 @@ static int read_list_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_
     for (size_t i = 0; i < n; i++)
         b->indices[i] = (int64_t)i;
     fr_size_memo *memo = n ? list_memo(rd) : NULL;
-    if (!memo || grow_scratch(sc, n) != 0)
-        return fr_read_files(ctx, req->paths, NULL, n, b);
+    if (!memo || grow_scratch(sc, n) != 0) {
+        int rc = fr_read_files(ctx, req->paths, NULL, n, b);
+        if (rc == 0)
+            repair_list_spill(req, b);
+        return rc;
+    }
     pthread_rwlock_rdlock(&rd->memo_lock);
     size_t found = fr_size_memo_lookup(memo, req->paths, n, sc->hashes, sc->hints);
     pthread_rwlock_unlock(&rd->memo_lock);
     int rc = fr_read_files(ctx, req->paths, found == n ? sc->hints : NULL, n, b);
     if (rc)
         return rc;
+    repair_list_spill(req, b);
     int changed = found != n;
     for (size_t i = 0; i < n && !changed; i++)
         changed = b->samples[i].length != sc->hints[i];
