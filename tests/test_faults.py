@@ -349,6 +349,8 @@ def test_uring_sigint_during_a_stalled_completion_interrupts_promptly(files):
                                        ("fault_mode=ebusy", "does not apply to fault_op=read"),
                                        ("fault_mode=short,fault_op=submit",
                                         "does not apply to fault_op=submit"),
+                                       ("fault_mode=short,fault_op=open",
+                                        "does not apply to fault_op=open"),
                                        ("fault_mode=eagain,fault_op=submit,fault_count=-1",
                                         "fault_count=-1 does not apply")])
 def test_uring_bad_fault_args_name_the_item(files, args, word):

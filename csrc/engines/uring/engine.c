@@ -143,13 +143,15 @@ static int parse_args(uring *u, const char *args, char *err, size_t err_len)
     /* What each event can be made to do (mode: counted from FAULT_EIO). */
     enum fault_mode fmode = mode_given ? (enum fault_mode)(FAULT_EIO + mode) : FAULT_OFF;
     int submit = op == 2;
+    /* A short open would halve a descriptor number: the engine would close
+     * another file's descriptor and leak its own. */
     if (mode_given &&
         (submit ? fmode == FAULT_SHORT || fmode == FAULT_STALL || fmode == FAULT_ECANCELED
-                : fmode == FAULT_EBUSY)) {
+                : fmode == FAULT_EBUSY || (op == 0 && fmode == FAULT_SHORT))) {
         fr_set_err(err, err_len,
                    "io_uring: engine_args fault_mode=%s does not apply to fault_op=%s (a "
                    "submit fails with eio|eintr|eagain|ebusy; a completion with "
-                   "eio|eintr|eagain|ecanceled, or comes back short or stalled)",
+                   "eio|eintr|eagain|ecanceled, or comes back stalled, or short for a read)",
                    fault_mode_names[fmode], submit ? "submit" : op == 0 ? "open" : "read");
         return -EINVAL;
     }
