@@ -150,6 +150,60 @@ def corrupt_class_tree(tree, dst):
     return os.path.join(cls[1], second), os.path.join(cls[2], "zz_junk.jpg")
 
 
+def assert_pack_interrupts_cleanly(tree, out_dir, pack_options):
+    """SIGINT while ``fastread.pack(tree, ..., decode=True, resize=40,
+    <pack_options>)`` waits in its first batch's callback (a child from
+    interruptible_child): KeyboardInterrupt within 30 s, exit 130, and
+    nothing left in ``out_dir`` (no image, index or temporary file).
+    ``pack_options``: keyword arguments as Python source."""
+    import signal
+    import time
+
+    p = interruptible_child(f"""
+        import sys, time, fastread
+        def slow(b):
+            print("batch", b, flush=True)
+            time.sleep(60)
+        try:
+            fastread.pack({str(tree)!r}, {os.path.join(str(out_dir), "x.img")!r}, decode=True,
+                          resize=40, progress=False, on_batch=slow, {pack_options})
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+    """)
+    try:
+        assert p.stdout.readline().startswith("batch 0")
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        rest, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130 and "interrupted" in rest, err
+    assert time.monotonic() - t0 < 30
+    assert os.listdir(out_dir) == []
+
+
+def assert_state_records_shuffle(shuffled, plain):
+    """Loaders alike but for ``random_shuffle`` (True, False): a state of
+    one is refused by the other, naming shuffle (resumed in another order,
+    some samples would come twice and others never), and a state saved
+    before the key existed loads. Returns that old state, after one
+    batch, loaded into ``plain``."""
+    import pytest
+
+    state = shuffled.state_dict()
+    assert state["shuffle"] is True
+    with pytest.raises(ValueError, match="shuffle=True, this loader has shuffle=False"):
+        plain.load_state_dict(state)
+    with pytest.raises(ValueError, match="shuffle=False, this loader has shuffle=True"):
+        shuffled.load_state_dict(plain.state_dict())
+    old = {k: v for k, v in state.items() if k != "shuffle"}
+    old["batches_delivered"] = 1
+    plain.load_state_dict(old)
+    return old
+
+
 def interruptible_child(script, env=None):
     """A Python child running `script` (dedented), pipes open in text mode,
     that a test interrupts with SIGINT. It restores Python's SIGINT handler

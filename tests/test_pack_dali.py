@@ -43,7 +43,7 @@ from fastread.decode import (  # noqa: E402
     Preprocess, _dali_gpus, choose_decoder, preprocess_file)
 from fastread.decode_dali import IN_FLIGHT, DaliDecoder, upright_size  # noqa: E402
 from fastread.image import ImageError  # noqa: E402
-from conftest import corrupt_class_tree  # noqa: E402
+from conftest import assert_pack_interrupts_cleanly, corrupt_class_tree  # noqa: E402
 
 MEAN_CPU, MAX_CPU, INNER_CPU = 1.0, 32, 2
 MEAN_GPU, MAX_GPU = 2.0, 48
@@ -321,37 +321,9 @@ def test_a_pipeline_that_cannot_be_built_fails_the_pack(tree, tmp_path, monkeypa
 def test_interrupted_pack_leaves_nothing(tree, tmp_path):
     """SIGINT between batches of the DALI path: KeyboardInterrupt, the
     reader stopped, no image, index or temporary file left."""
-    import signal
-    import time
-
-    from conftest import interruptible_child
-
     out = tmp_path / "out"
     out.mkdir()
-    p = interruptible_child(f"""
-        import sys, time, fastread
-        def slow(b):
-            print("batch", b, flush=True)
-            time.sleep(60)
-        try:
-            fastread.pack({tree!r}, {str(out / "x.img")!r}, decode=True, resize=40,
-                          decoder="dali", decode_device="cpu", batch_size=4,
-                          progress=False, on_batch=slow)
-        except KeyboardInterrupt:
-            print("interrupted", flush=True)
-            sys.exit(130)
-    """)
-    try:
-        assert p.stdout.readline().startswith("batch 0")
-        t0 = time.monotonic()
-        p.send_signal(signal.SIGINT)
-        rest, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130 and "interrupted" in rest, err
-    assert time.monotonic() - t0 < 30
-    assert os.listdir(out) == []
+    assert_pack_interrupts_cleanly(tree, out, 'decoder="dali", decode_device="cpu", batch_size=4')
 
 
 def test_unreadable_file_is_named(tree, tmp_path):

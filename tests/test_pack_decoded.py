@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 import fastread
-from conftest import corrupt_class_tree, interruptible_child
+from conftest import assert_pack_interrupts_cleanly, corrupt_class_tree
 from fastread.cli import main as cli_main
 from fastread.datasets import make_imagenet_like
 from fastread.decode import Preprocess, preprocess_file
@@ -394,34 +394,9 @@ def test_interrupted_pack_leaves_nothing(tree, tmp_path):
     from conftest.interruptible_child: run from a background job (`nohup
     bash scripts/test.sh &`) a plain child started with SIGINT ignored and
     slept through it."""
-    import signal
-    import time
-
     out = tmp_path / "out"
     out.mkdir()
-    p = interruptible_child(f"""
-        import sys, time, fastread
-        def slow(b):
-            print("batch", b, flush=True)
-            time.sleep(60)
-        try:
-            fastread.pack({tree!r}, {str(out / "x.img")!r}, decode=True, resize=40,
-                          decode_workers=2, progress=False, on_batch=slow)
-        except KeyboardInterrupt:
-            print("interrupted", flush=True)
-            sys.exit(130)
-    """)
-    try:
-        assert p.stdout.readline().startswith("batch 0")
-        t0 = time.monotonic()
-        p.send_signal(signal.SIGINT)
-        rest, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130 and "interrupted" in rest, err
-    assert time.monotonic() - t0 < 30
-    assert os.listdir(out) == []
+    assert_pack_interrupts_cleanly(tree, out, "decode_workers=2")
 
 
 @pytest.mark.parametrize("change", [

@@ -9,6 +9,7 @@ pytest.importorskip("nvidia.dali", reason="nvidia.dali is not installed: the loa
 
 from fastread.datasets import make_imagenet_like  # noqa: E402
 from fastread.torch import ImageLoader  # noqa: E402
+from conftest import assert_state_records_shuffle  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -134,14 +135,5 @@ def test_state_records_random_shuffle(jpegs):
     # another order's rest: some samples twice, others never.
     shuffled = ImageLoader(jpegs, batch_size=4, decode=False, random_shuffle=True, seed=9)
     plain = ImageLoader(jpegs, batch_size=4, decode=False, seed=9)
-    state = shuffled.state_dict()
-    assert state["shuffle"] is True
-    with pytest.raises(ValueError, match="shuffle=True, this loader has shuffle=False"):
-        plain.load_state_dict(state)
-    with pytest.raises(ValueError, match="shuffle=False, this loader has shuffle=True"):
-        shuffled.load_state_dict(plain.state_dict())
-    # A state saved before the key existed: unknown, accepted.
-    old = {k: v for k, v in state.items() if k != "shuffle"}
-    old["batches_delivered"] = 2
-    plain.load_state_dict(old)
-    assert len(labels_of(plain)) == 21 - 8
+    assert_state_records_shuffle(shuffled, plain)
+    assert len(labels_of(plain)) == 21 - 4
