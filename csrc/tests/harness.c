@@ -84,6 +84,21 @@ int fr_test_same(const fr_batch *batch, size_t i, const char *path)
     return same;
 }
 
+fr_ctx *fr_test_ctx(const char *engine)
+{
+    fr_config cfg;
+    fr_config_init(&cfg);
+    cfg.engine = engine;
+    fr_ctx *ctx = NULL;
+    char err[FR_ERRLEN] = "";
+    if (fr_ctx_open(&cfg, &ctx, err, sizeof(err)) != 0) {
+        fprintf(stderr, "opening a %s context: %s\n", engine, err);
+        fr_test_failures++;
+        return NULL;
+    }
+    return ctx;
+}
+
 int fr_test_engine_roundtrip(const fr_config *cfg, int repeat)
 {
     char name[64];

@@ -33,6 +33,10 @@ char *fr_test_write(const char *name, size_t size, unsigned seed);
 /* 1 if the sample holds exactly the bytes of file `path`. */
 int fr_test_same(const fr_batch *batch, size_t i, const char *path);
 
+/* A context of `engine` with every other setting at its default, or NULL
+ * (the open's error printed and counted as a failure). */
+fr_ctx *fr_test_ctx(const char *engine);
+
 /* Reads each of the test sizes with `cfg`, `repeat` times over, and checks
  * bytes; returns the number of mismatches. */
 int fr_test_engine_roundtrip(const fr_config *cfg, int repeat);
