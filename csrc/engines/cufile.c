@@ -389,7 +389,7 @@ static ssize_t read_sample(cufile *c, size_t k, int host, int fd, fr_CUfileHandl
 static void read_one(cufile *c, size_t k)
 {
     fh_entry *e = c->entries[k];
-    if (!e)
+    if (!e || c->sizes[k] < 0) /* not opened, or refused by the layout (fr_layout) */
         return;
     fr_sample *s = &c->batch->samples[k];
     size_t size = (size_t)c->sizes[k];

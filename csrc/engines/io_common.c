@@ -51,8 +51,7 @@ static void layout_begin(fr_batch *batch)
         batch->dense_spill = 0;
 }
 
-int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
-              size_t dio_align)
+int fr_layout(fr_batch *batch, int64_t *sizes, size_t n, int o_direct, size_t dio_align)
 {
     int dense = dense_layout(batch, o_direct);
     size_t align = dense ? 1 : o_direct ? dio_align : FR_SAMPLE_ALIGN;
@@ -63,14 +62,17 @@ int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
             /* Past FR_MAX_SAMPLE (a sparse or corrupt file): that sample's
              * error, not the batch's (its slot would not fit, or would wrap
              * the running offset and aim reads at the arena's start). */
+            if (sizes[i] >= 0)
+                sizes[i] = -EFBIG;
             batch->samples[i].offset = 0;
-            batch->samples[i].length = sizes[i] < 0 ? sizes[i] : -EFBIG;
+            batch->samples[i].length = sizes[i];
             continue;
         }
         size_t slot = dense ? (size_t)sizes[i]
                             : fr_round_up(fr_request_len((size_t)sizes[i], o_direct, dio_align),
                                           align);
         if (slot > SIZE_MAX - 1 - off) { /* the batch's total would wrap */
+            sizes[i] = -EFBIG;
             batch->samples[i].offset = 0;
             batch->samples[i].length = -EFBIG;
             continue;

@@ -28,9 +28,11 @@ size_t fr_request_len(size_t size, int o_direct, size_t dio_align);
  * Samples start FR_SAMPLE_ALIGN-aligned (direct_alignment with O_DIRECT)
  * with room for fr_request_len; a dense batch (fr_batch.dense, without
  * O_DIRECT) has them back to back, each exactly its size, plus one byte
- * reserved after the last. */
-int fr_layout(fr_batch *batch, const int64_t *sizes, size_t n, int o_direct,
-              size_t dio_align);
+ * reserved after the last. A size over FR_MAX_SAMPLE (or one whose slot
+ * would wrap the total) fails its sample: sizes[i] and the sample's length
+ * become -EFBIG, so the engine, which reads what sizes[] says was sized,
+ * skips it as any failed sample. */
+int fr_layout(fr_batch *batch, int64_t *sizes, size_t n, int o_direct, size_t dio_align);
 
 /* Synchronous repair for the rare sample the fast path could not finish: a
  * short read, a file that changed size, a read cut at FR_MAX_REQUEST. Reads

@@ -92,6 +92,11 @@ static void read_one(psync *p, size_t k)
     int fd = p->fds[k];
     if (fd < 0)
         return;
+    if (p->sizes[k] < 0) { /* opened, then refused by the layout (fr_layout: -EFBIG) */
+        close(fd);
+        p->fds[k] = -1;
+        return;
+    }
     fr_sample *s = &p->batch->samples[p->first + k];
     size_t size = (size_t)p->sizes[k];
     size_t want = fr_request_len(size, p->cfg.o_direct, p->cfg.direct_alignment);

@@ -915,6 +915,9 @@ static int probe_pass(s3_engine *s, const size_t *list, size_t k, int append)
         for (size_t i = 0; i < s->n; i++)
             s->sizes[i] = s->samples[i].err ? s->samples[i].err : s->samples[i].size;
         rc = fr_layout(s->batch, s->sizes, s->n, 0, 0);
+        for (size_t i = 0; rc == 0 && i < s->n; i++)
+            if (s->sizes[i] == -EFBIG && !s->samples[i].err)
+                s->samples[i].err = -EFBIG; /* refused by the layout: no GET into it */
     }
     if (rc)
         return rc;
@@ -958,6 +961,9 @@ static int read_files_call(void *state, const char *const *paths, const int64_t 
                           : size_hints[i] >= 0 ? size_hints[i] : -1;
         if ((rc = fr_layout(batch, s->sizes, n, 0, 0)))
             return rc;
+        for (size_t i = 0; i < n; i++)
+            if (s->sizes[i] == -EFBIG && !s->samples[i].err)
+                s->samples[i].err = -EFBIG; /* refused by the layout: no GET into it */
         clear_jobs(s);
         for (size_t i = 0; i < n; i++) {
             if (s->samples[i].err || size_hints[i] < 0)
