@@ -243,7 +243,8 @@ def test_values_decode_as_msgpack_numpy_does(tmp_path):
     rec["a"], rec["b"] = [1, 2], [0.5, -1.5]
     values = {"scalar": np.float32(2.5), "int": np.int64(-7), "complex": 1 + 2j,
               "array": np.arange(6, dtype=">i2").reshape(2, 3), "structured": rec,
-              "nested": [np.uint8(3), {"a": np.ones(2, np.float16)}], "plain": [1, "s", None]}
+              "nested": [np.uint8(3), {"a": np.ones(2, np.float16)}], "plain": [1, "s", None],
+              "own map": {"nd": 1, "data": b"x", "type": "<i4"}}
     samples = [{"image": np.zeros((2, 2), np.uint8), "label": 0, **values}]
     d = write_shard(tmp_path / "s", "a.gz", samples)
     keys = ("image", "label") + tuple(values)

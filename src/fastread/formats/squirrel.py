@@ -146,16 +146,18 @@ def _numpy_hook(obj):
     numbers rebuilt from their raw bytes, without its pickle path (a shard
     must not run code when it is indexed; cifar's _SafeUnpickler and npy
     refuse pickles likewise). Other maps are returned as they are."""
-    nd = _get(obj, "nd")
+    nd, data = _get(obj, "nd"), _get(obj, "data")
     if nd is None:
-        if _get(obj, "complex") is True:
-            data = _get(obj, "data")
+        if _get(obj, "complex") is True and isinstance(data, (str, bytes)):
             return complex(data.decode("ascii") if isinstance(data, bytes) else data)
         return obj
-    data = _get(obj, "data")
-    if not isinstance(data, bytes):
-        raise _Refused("msgpack_numpy map without bin data")
-    dtype = _safe_dtype(_get(obj, "type"), _get(obj, "kind"))
+    kind = _get(obj, "kind")
+    if nd is True and kind not in (b"", "", b"V", "V", None):
+        _safe_dtype(None, kind)   # refuses: kind 'O' is a pickle
+    if type(nd) is not bool or not isinstance(data, bytes) or _get(obj, "type") is None \
+            or (nd is True and _get(obj, "shape") is None):
+        return obj   # a map of the user's own, as msgpack_numpy leaves it
+    dtype = _safe_dtype(_get(obj, "type"), kind)
     if nd is not True:   # a NumPy scalar
         return np.frombuffer(data, dtype, count=1)[0]
     shape = _shape(_get(obj, "shape"))
@@ -218,6 +220,8 @@ def _field(buf, pos, end, shard, key):
             k_end = value_end(buf, p, end, shard)
             k = _small(buf, p, k_end, shard, f"a key of {key!r}")
             k = k.decode("latin1") if isinstance(k, bytes) else k
+            if not isinstance(k, (str, int, float)):   # a map or list key: not a field name
+                raise FormatError(shard, p, f"a key of {key!r} is a {type(k).__name__}")
             v_end = value_end(buf, k_end, end, shard)
             if k == "data" and _bin_payload(buf, k_end, end, shard) is not None:
                 data = _bin_payload(buf, k_end, end, shard)
