@@ -274,3 +274,35 @@ def test_values_decode_as_msgpack_numpy_does(tmp_path):
             same(field, np.asarray(want[k]))
         else:   # fields() wraps a value in np.asarray; compare the index's value
             same(src._fields[0][keys.index(k)][1], want[k])
+
+
+@pytest.mark.parametrize("stack", [True, False])
+def test_torch_loader_big_endian_and_string_fields(tmp_path, stack):
+    torch = pytest.importorskip("torch")
+    from fastread.torch import SquirrelLoader
+    samples = [{"image": (np.arange(6).reshape(2, 3) + i).astype(">f4"), "label": i,
+                "key": f"s{i}", "raw": b"b%d" % i} for i in range(4)]
+    d = write_shard(tmp_path / "s", "a.gz", samples)
+    loader = SquirrelLoader(d, keys=("image", "label", "key", "raw"), batch_size=2, stack=stack,
+                            cache_dir=str(tmp_path / "c"))
+    got = list(loader)
+    assert len(got) == 2
+    for b, (images, labels, keys, raws) in enumerate(got):
+        for j in range(2):
+            i = 2 * b + j
+            want = torch.arange(6, dtype=torch.float32).reshape(2, 3) + i
+            assert torch.equal(images[j], want) and int(labels[j]) == i
+            assert keys[j] == f"s{i}" and raws[j] == b"b%d" % i
+        assert isinstance(images, torch.Tensor) == stack and keys == [f"s{2 * b}", f"s{2 * b + 1}"]
+
+
+def test_torch_loader_names_key_of_untensorable_dtype(tmp_path):
+    pytest.importorskip("torch")
+    from fastread.torch import SquirrelLoader
+    if np.dtype(np.longdouble).itemsize <= 8:
+        pytest.skip("long double is a double here; torch takes it")
+    d = write_shard(tmp_path / "s", "a.gz",
+                    [{"image": np.zeros(2, np.longdouble), "label": 0}] * 2)
+    loader = SquirrelLoader(d, batch_size=2, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match="squirrel field 'image': float128"):
+        next(iter(loader))

@@ -330,7 +330,9 @@ class SquirrelLoader(_RecordLoader):
     """A squirrel MessagePack store (:class:`fastread.formats.SquirrelStore`)
     as batches: a tuple with one entry per key, a tensor stacking the
     batch's arrays when they share a shape (``stack=True``; one copy), else
-    a list of tensors (views)."""
+    a list of tensors (views; copies for non-native byte order). A key whose
+    values are not numbers (strings, bytes, records) gives a list of Python
+    values."""
 
     def __init__(self, url, keys=("image", "label"), batch_size=None, *, stack=True,
                  cache_dir=None, cache_bytes=None, **kwargs):
@@ -340,11 +342,27 @@ class SquirrelLoader(_RecordLoader):
                                        cache_bytes=cache_bytes), batch_size, **kwargs)
 
     def _cut(self, arrays, ids):
-        import torch
         out = []
-        for field in self.source.fields(arrays, ids):
-            if self.stack and len({(a.shape, a.dtype) for a in field}) == 1:
-                out.append(torch.from_numpy(np.stack(field)))
+        for key, field in zip(self.source.keys, self.source.fields(arrays, ids)):
+            if not all(a.dtype.kind in "biufc" for a in field):
+                # strings, bytes, records, lists: torch has no tensor for them
+                out.append([a.tolist() for a in field])
+            elif self.stack and len({(a.shape, a.dtype) for a in field}) == 1:
+                # one copy, to native byte order where the store's is not
+                out.append(_tensor(key, np.stack(field, dtype=field[0].dtype.newbyteorder("="))))
             else:
-                out.append([torch.from_numpy(np.ascontiguousarray(a)) for a in field])
+                out.append([_tensor(key, np.ascontiguousarray(a)) for a in field])
         return tuple(out)
+
+
+def _tensor(key, a):
+    """``a`` as a tensor (a view when its bytes are native); a store may hold
+    big-endian arrays, which torch refuses."""
+    import torch
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="), copy=False)
+    try:
+        return torch.from_numpy(a)
+    except TypeError as e:   # a dtype torch lacks (float128, ...)
+        raise ValueError(f"squirrel field {key!r}: {a.dtype} arrays cannot be tensors: {e}") \
+            from None
