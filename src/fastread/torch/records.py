@@ -113,8 +113,9 @@ class Cifar10Loader:
     Reads ``root`` as :class:`fastread.formats.Cifar10` does (binary or
     pickle layout); shuffles, shards and epochs are those of
     :class:`fastread.Reader` (``fastread.sampling.epoch_indices``, the same
-    order either way), and so are the augmentation draws for a given seed
-    and epoch on one device.
+    order either way), and so are the augmentation draws for a given seed,
+    epoch and batch number on one device (a resumed epoch augments as the
+    uninterrupted one).
     """
 
     def __init__(self, root, batch_size=None, *, train=True, device="cpu", augment=False,
@@ -185,12 +186,19 @@ class Cifar10Loader:
             state, owner="loader", optional=("shuffle",))
 
     def _generator(self):
-        """The augmentation draws of this epoch, on the loader's device (a
-        CUDA generator keeps them on the GPU)."""
+        """A generator for the augmentation draws, on the loader's device (a
+        CUDA generator keeps them on the GPU); seeded per batch by
+        :meth:`_seed_batch`."""
         import torch
 
-        gen = torch.Generator(device=self.device)
-        return gen.manual_seed(hash((self.seed, self.epoch)) & 0x7FFFFFFF)
+        return torch.Generator(device=self.device)
+
+    def _seed_batch(self, gen, batch):
+        """Seeds ``gen`` for batch number ``batch`` of this epoch: the draws
+        depend on (seed, epoch, batch) only, so an epoch resumed at batch k
+        augments exactly as the uninterrupted one did (one generator per
+        epoch gave a resumed batch k the draws of batch 0)."""
+        return gen.manual_seed(hash((self.seed, self.epoch, batch)) & 0x7FFFFFFF)
 
     def _finish(self, chw, gen):
         """A uint8 NCHW batch on the device -> what the loader delivers."""
@@ -206,6 +214,8 @@ class Cifar10Loader:
         gen = self._generator() if self.augment else None
         batches = self._in_memory_batches(start) if self.in_memory else self._read_batches(start)
         for chw, labels in batches:
+            if gen is not None:
+                self._seed_batch(gen, self._delivered)
             self._delivered += 1
             yield self._finish(chw, gen), labels
         self.epoch += 1
