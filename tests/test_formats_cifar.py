@@ -421,3 +421,27 @@ def test_torch_loader_and_resume(cifar):
     plain = Cifar10Loader(cifar, batch_size=64, seed=2)
     assert_state_records_shuffle(shuffled, plain)
     assert sum(len(lab) for _, lab in plain) == len(shuffled.source) - 64
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_torch_loader_resume_reproduces_augmentation(cifar, in_memory):
+    torch = pytest.importorskip("torch")
+    from fastread.torch import Cifar10Loader
+
+    def loader():
+        return Cifar10Loader(cifar, batch_size=32, random_shuffle=True, seed=3, augment=True,
+                             in_memory=in_memory)
+
+    full = [(x.clone(), y.clone()) for x, y in loader()]
+    assert len(full) >= 5
+    first = loader()
+    it = iter(first)
+    next(it), next(it)
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [(x.clone(), y.clone()) for x, y in resumed]
+    assert len(rest) == len(full) - 2
+    for (xf, yf), (xr, yr) in zip(full[2:], rest):
+        assert torch.equal(yf, yr) and torch.equal(xf, xr)

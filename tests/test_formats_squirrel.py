@@ -185,3 +185,124 @@ def test_torch_loader(store, tmp_path):
     assert len(got) == len(loader) == 3
     assert torch.equal(torch.cat([g[0] for g in got]), torch.from_numpy(np.stack(images)))
     assert torch.cat([g[1] for g in got]).tolist() == [int(x) for x in labels]
+
+
+class _CreatesFile:
+    """A pickle that creates a file when it is loaded: proof that code ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _pickled_array(path):
+    """What msgpack_numpy writes for an object array: its pickle, which
+    msgpack_numpy.decode would pass to pickle.loads."""
+    import pickle
+    return {b"nd": True, b"kind": b"O", b"type": "|O", b"shape": [1],
+            b"data": pickle.dumps(_CreatesFile(path))}
+
+
+@pytest.mark.parametrize("where", ["value", "array meta", "key", "nested value"])
+def test_pickled_object_arrays_are_refused_unrun(tmp_path, where):
+    proof = str(tmp_path / "code-ran")
+    evil = _pickled_array(proof)
+    image = {"nd": True, "type": "|u1", "kind": b"", "shape": [2, 2], "data": bytes(4)}
+    if where == "value":
+        s = {"image": image, "label": evil}
+    elif where == "array meta":
+        s = {"image": dict(image, shape=evil), "label": 1}
+    elif where == "key":
+        s = {"image": image, "label": 1, "x": {"y": 1}}
+        raw = msgpack.packb(s, use_bin_type=True)
+        # a map whose first key is the pickle (msgpack cannot pack a dict key)
+        raw = bytes([raw[0] + 1]) + msgpack.packb(evil, use_bin_type=True) + b"\x01" + raw[1:]
+    else:
+        s = {"image": image, "label": {"deep": [1, evil]}}
+    d = write_shard(tmp_path / "s", "a.gz", None,
+                    raw=raw if where == "key" else msgpack.packb(s, use_bin_type=True))
+    with pytest.raises(FormatError, match=r"a.gz at byte \d+: .*kind b?'O'.* refused"):
+        SquirrelStore(d, cache_dir=str(tmp_path / "c"))
+    assert not os.path.exists(proof)
+
+
+def test_negative_shape_is_a_format_error(tmp_path):
+    image = {"nd": True, "type": "|u1", "kind": b"", "shape": [-1, -4], "data": bytes(4)}
+    d = write_shard(tmp_path / "s", "a.gz", None,
+                    raw=msgpack.packb({"image": image, "label": 1}, use_bin_type=True))
+    with pytest.raises(FormatError, match=r"a.gz at byte \d+: .*negative dimension"):
+        SquirrelStore(d, cache_dir=str(tmp_path / "c"))
+
+
+def test_values_decode_as_msgpack_numpy_does(tmp_path):
+    """Values (labels, metadata) holding msgpack_numpy's own encodings come
+    back as msgpack_numpy.decode gives them, without its pickle path."""
+    rec = np.zeros(2, [("a", "<i4"), ("b", ">f8")])
+    rec["a"], rec["b"] = [1, 2], [0.5, -1.5]
+    values = {"scalar": np.float32(2.5), "int": np.int64(-7), "complex": 1 + 2j,
+              "array": np.arange(6, dtype=">i2").reshape(2, 3), "structured": rec,
+              "nested": [np.uint8(3), {"a": np.ones(2, np.float16)}], "plain": [1, "s", None],
+              "own map": {"nd": 1, "data": b"x", "type": "<i4"}}
+    samples = [{"image": np.zeros((2, 2), np.uint8), "label": 0, **values}]
+    d = write_shard(tmp_path / "s", "a.gz", samples)
+    keys = ("image", "label") + tuple(values)
+    src = SquirrelStore(d, keys=keys, cache_dir=str(tmp_path / "c"))
+    got = dict(zip(keys, read_all(src)))
+    want = msgpack.unpackb(pack(samples[0]), object_hook=msgpack_numpy.decode, raw=False,
+                           use_list=False)
+
+    def same(a, b):
+        if isinstance(b, np.ndarray) or isinstance(b, np.generic):
+            assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+        elif isinstance(b, (tuple, list)):
+            assert len(a) == len(b)
+            for x, y in zip(a, b):
+                same(x, y)
+        elif isinstance(b, dict):
+            assert a.keys() == b.keys()
+            for k in b:
+                same(a[k], b[k])
+        else:
+            assert type(a) is type(b) and a == b
+
+    for k in values:
+        field = got[k][0]
+        if k in ("scalar", "int", "complex", "array", "structured"):
+            same(field, np.asarray(want[k]))
+        else:   # fields() wraps a value in np.asarray; compare the index's value
+            same(src._fields[0][keys.index(k)][1], want[k])
+
+
+@pytest.mark.parametrize("stack", [True, False])
+def test_torch_loader_big_endian_and_string_fields(tmp_path, stack):
+    torch = pytest.importorskip("torch")
+    from fastread.torch import SquirrelLoader
+    samples = [{"image": (np.arange(6).reshape(2, 3) + i).astype(">f4"), "label": i,
+                "key": f"s{i}", "raw": b"b%d" % i} for i in range(4)]
+    d = write_shard(tmp_path / "s", "a.gz", samples)
+    loader = SquirrelLoader(d, keys=("image", "label", "key", "raw"), batch_size=2, stack=stack,
+                            cache_dir=str(tmp_path / "c"))
+    got = list(loader)
+    assert len(got) == 2
+    for b, (images, labels, keys, raws) in enumerate(got):
+        for j in range(2):
+            i = 2 * b + j
+            want = torch.arange(6, dtype=torch.float32).reshape(2, 3) + i
+            assert torch.equal(images[j], want) and int(labels[j]) == i
+            assert keys[j] == f"s{i}" and raws[j] == b"b%d" % i
+        assert isinstance(images, torch.Tensor) == stack and keys == [f"s{2 * b}", f"s{2 * b + 1}"]
+
+
+def test_torch_loader_names_key_of_untensorable_dtype(tmp_path):
+    pytest.importorskip("torch")
+    from fastread.torch import SquirrelLoader
+    if np.dtype(np.longdouble).itemsize <= 8:
+        pytest.skip("long double is a double here; torch takes it")
+    d = write_shard(tmp_path / "s", "a.gz",
+                    [{"image": np.zeros(2, np.longdouble), "label": 0}] * 2)
+    loader = SquirrelLoader(d, batch_size=2, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(ValueError, match="squirrel field 'image': float128"):
+        next(iter(loader))

@@ -21,6 +21,7 @@ Samples are numbered shard after shard in the order of the store's keys
 shuffles over all of them (one permutation per epoch), not shard keys
 plus an item buffer as squirrel's streaming iterator does.
 """
+import math
 import mmap
 import os
 import struct
@@ -110,13 +111,82 @@ def _bin_payload(buf, pos, end, shard):
     return None
 
 
+class _Refused(ValueError):
+    """A msgpack_numpy map this reader will not rebuild (see _numpy_hook)."""
+
+
+def _get(obj, key):
+    """``obj[key]`` under its str or its bin spelling (msgpack_numpy writes
+    bin keys; other writers str), or None."""
+    v = obj.get(key.encode())
+    return obj.get(key) if v is None else v
+
+
+def _safe_dtype(descr, kind):
+    """The dtype of a msgpack_numpy map: its ``type`` string for a plain
+    array (``kind`` empty) or scalar, a structured description for kind
+    ``V``; _Refused for anything holding Python objects."""
+    if kind in (b"", "", None):
+        if not isinstance(descr, (str, bytes)):
+            raise _Refused(f"array type {descr!r} is not a dtype string")
+        dtype = np.dtype(descr.decode("latin1") if isinstance(descr, bytes) else descr)
+    elif kind in (b"V", "V"):
+        dtype = np.dtype([tuple(t.decode("latin1") if isinstance(t, bytes) else t for t in d)
+                          for d in descr])
+    else:
+        # kind 'O' is a pickle (msgpack_numpy calls pickle.loads on it): never run it.
+        raise _Refused(f"array of kind {kind!r} (a pickled object array) is refused")
+    if dtype.hasobject:
+        raise _Refused(f"array type {dtype} holds Python objects, refused")
+    return dtype
+
+
+def _numpy_hook(obj):
+    """msgpack object_hook: msgpack_numpy's arrays, scalars and complex
+    numbers rebuilt from their raw bytes, without its pickle path (a shard
+    must not run code when it is indexed; cifar's _SafeUnpickler and npy
+    refuse pickles likewise). Other maps are returned as they are."""
+    nd, data = _get(obj, "nd"), _get(obj, "data")
+    if nd is None:
+        if _get(obj, "complex") is True and isinstance(data, (str, bytes)):
+            return complex(data.decode("ascii") if isinstance(data, bytes) else data)
+        return obj
+    kind = _get(obj, "kind")
+    if nd is True and kind not in (b"", "", b"V", "V", None):
+        _safe_dtype(None, kind)   # refuses: kind 'O' is a pickle
+    if type(nd) is not bool or not isinstance(data, bytes) or _get(obj, "type") is None \
+            or (nd is True and _get(obj, "shape") is None):
+        return obj   # a map of the user's own, as msgpack_numpy leaves it
+    dtype = _safe_dtype(_get(obj, "type"), kind)
+    if nd is not True:   # a NumPy scalar
+        return np.frombuffer(data, dtype, count=1)[0]
+    shape = _shape(_get(obj, "shape"))
+    if math.prod(shape) * dtype.itemsize != len(data):
+        raise _Refused(f"{len(data)} bytes of data for shape {shape} {dtype}")
+    return np.frombuffer(data, dtype).reshape(shape)
+
+
+def _shape(shape):
+    """A stored shape as a tuple of non-negative ints, or _Refused."""
+    try:
+        shape = tuple(int(d) for d in shape)
+    except (TypeError, ValueError) as e:
+        raise _Refused(f"bad shape {shape!r}: {e}") from None
+    if any(d < 0 for d in shape):
+        raise _Refused(f"negative dimension in shape {shape}")
+    return shape
+
+
 def _small(buf, a, b, shard, what):
+    """The MessagePack value in ``buf[a:b]`` (arrays as NumPy arrays, see
+    _numpy_hook); FormatError naming the shard and offset otherwise."""
     import msgpack
-    import msgpack_numpy
 
     try:
-        return msgpack.unpackb(bytes(buf[a:b]), object_hook=msgpack_numpy.decode, raw=False,
-                               use_list=False)
+        return msgpack.unpackb(bytes(buf[a:b]), object_hook=_numpy_hook, raw=False,
+                               use_list=False, strict_map_key=False)
+    except _Refused as e:
+        raise FormatError(shard, a, f"{what}: {e}") from None
     except Exception as e:  # msgpack raises several kinds for corrupt input
         raise FormatError(shard, a, f"{what} cannot be decoded: {type(e).__name__}: {e}") from None
 
@@ -150,6 +220,8 @@ def _field(buf, pos, end, shard, key):
             k_end = value_end(buf, p, end, shard)
             k = _small(buf, p, k_end, shard, f"a key of {key!r}")
             k = k.decode("latin1") if isinstance(k, bytes) else k
+            if not isinstance(k, (str, int, float)):   # a map or list key: not a field name
+                raise FormatError(shard, p, f"a key of {key!r} is a {type(k).__name__}")
             v_end = value_end(buf, k_end, end, shard)
             if k == "data" and _bin_payload(buf, k_end, end, shard) is not None:
                 data = _bin_payload(buf, k_end, end, shard)
@@ -158,11 +230,11 @@ def _field(buf, pos, end, shard, key):
             p = v_end
         if meta.get("nd") is True and data is not None and meta.get("kind", b"") in (b"", ""):
             try:
-                dtype = np.dtype(meta["type"])
-                shape = tuple(int(d) for d in meta["shape"])
-            except (KeyError, TypeError, ValueError) as e:
+                dtype = _safe_dtype(meta.get("type"), "")
+                shape = _shape(meta.get("shape"))
+            except (TypeError, ValueError) as e:   # _Refused included
                 raise FormatError(shard, pos, f"array {key!r}: bad type or shape: {e}") from None
-            if dtype.hasobject or int(np.prod(shape)) * dtype.itemsize != data[1]:
+            if math.prod(shape) * dtype.itemsize != data[1]:
                 raise FormatError(shard, pos, f"array {key!r}: {data[1]} bytes of data for "
                                               f"shape {shape} {dtype}")
             return ("array", data[0], data[1], dtype, shape)

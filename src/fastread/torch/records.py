@@ -113,8 +113,9 @@ class Cifar10Loader:
     Reads ``root`` as :class:`fastread.formats.Cifar10` does (binary or
     pickle layout); shuffles, shards and epochs are those of
     :class:`fastread.Reader` (``fastread.sampling.epoch_indices``, the same
-    order either way), and so are the augmentation draws for a given seed
-    and epoch on one device.
+    order either way), and so are the augmentation draws for a given seed,
+    epoch and batch number on one device (a resumed epoch augments as the
+    uninterrupted one).
     """
 
     def __init__(self, root, batch_size=None, *, train=True, device="cpu", augment=False,
@@ -185,12 +186,19 @@ class Cifar10Loader:
             state, owner="loader", optional=("shuffle",))
 
     def _generator(self):
-        """The augmentation draws of this epoch, on the loader's device (a
-        CUDA generator keeps them on the GPU)."""
+        """A generator for the augmentation draws, on the loader's device (a
+        CUDA generator keeps them on the GPU); seeded per batch by
+        :meth:`_seed_batch`."""
         import torch
 
-        gen = torch.Generator(device=self.device)
-        return gen.manual_seed(hash((self.seed, self.epoch)) & 0x7FFFFFFF)
+        return torch.Generator(device=self.device)
+
+    def _seed_batch(self, gen, batch):
+        """Seeds ``gen`` for batch number ``batch`` of this epoch: the draws
+        depend on (seed, epoch, batch) only, so an epoch resumed at batch k
+        augments exactly as the uninterrupted one did (one generator per
+        epoch gave a resumed batch k the draws of batch 0)."""
+        return gen.manual_seed(hash((self.seed, self.epoch, batch)) & 0x7FFFFFFF)
 
     def _finish(self, chw, gen):
         """A uint8 NCHW batch on the device -> what the loader delivers."""
@@ -206,6 +214,8 @@ class Cifar10Loader:
         gen = self._generator() if self.augment else None
         batches = self._in_memory_batches(start) if self.in_memory else self._read_batches(start)
         for chw, labels in batches:
+            if gen is not None:
+                self._seed_batch(gen, self._delivered)
             self._delivered += 1
             yield self._finish(chw, gen), labels
         self.epoch += 1
@@ -330,7 +340,9 @@ class SquirrelLoader(_RecordLoader):
     """A squirrel MessagePack store (:class:`fastread.formats.SquirrelStore`)
     as batches: a tuple with one entry per key, a tensor stacking the
     batch's arrays when they share a shape (``stack=True``; one copy), else
-    a list of tensors (views)."""
+    a list of tensors (views; copies for non-native byte order). A key whose
+    values are not numbers (strings, bytes, records) gives a list of Python
+    values."""
 
     def __init__(self, url, keys=("image", "label"), batch_size=None, *, stack=True,
                  cache_dir=None, cache_bytes=None, **kwargs):
@@ -340,11 +352,27 @@ class SquirrelLoader(_RecordLoader):
                                        cache_bytes=cache_bytes), batch_size, **kwargs)
 
     def _cut(self, arrays, ids):
-        import torch
         out = []
-        for field in self.source.fields(arrays, ids):
-            if self.stack and len({(a.shape, a.dtype) for a in field}) == 1:
-                out.append(torch.from_numpy(np.stack(field)))
+        for key, field in zip(self.source.keys, self.source.fields(arrays, ids)):
+            if not all(a.dtype.kind in "biufc" for a in field):
+                # strings, bytes, records, lists: torch has no tensor for them
+                out.append([a.tolist() for a in field])
+            elif self.stack and len({(a.shape, a.dtype) for a in field}) == 1:
+                # one copy, to native byte order where the store's is not
+                out.append(_tensor(key, np.stack(field, dtype=field[0].dtype.newbyteorder("="))))
             else:
-                out.append([torch.from_numpy(np.ascontiguousarray(a)) for a in field])
+                out.append([_tensor(key, np.ascontiguousarray(a)) for a in field])
         return tuple(out)
+
+
+def _tensor(key, a):
+    """``a`` as a tensor (a view when its bytes are native); a store may hold
+    big-endian arrays, which torch refuses."""
+    import torch
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="), copy=False)
+    try:
+        return torch.from_numpy(a)
+    except TypeError as e:   # a dtype torch lacks (float128, ...)
+        raise ValueError(f"squirrel field {key!r}: {a.dtype} arrays cannot be tensors: {e}") \
+            from None
