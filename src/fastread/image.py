@@ -31,7 +31,8 @@ Packing is atomic: the image and the index are written under temporary names
 in their directories, fsync'ed, and renamed only when complete; the header
 block is written last. An interrupted pack leaves no image (a block device
 has its header block zeroed first, so it holds no valid-looking image until
-the pack completes).
+the pack completes); a killed one (SIGTERM, SIGKILL) leaves its hidden
+temporaries, which the next pack of the same image removes.
 """
 import errno
 import json
@@ -402,14 +403,20 @@ class PackedImage(FileRanges):
             raise ImageError(f"{where}: shapes must be one [H, W, C] of positive integers per "
                              "sample")
         self.shapes = np.asarray(shapes, dtype=np.int64).reshape(n, 3)
-        if self.encoding == "raw":
-            # Python ints: H * W * C * itemsize of int64s can wrap around
-            # (2**30 * 2**30 * 16 is 0), and pixels() would then reshape
-            # a sample's bytes to a shape they do not hold.
-            for i, (s, length) in enumerate(zip(shapes, self.lengths.tolist())):
-                if s[0] * s[1] * s[2] * self.dtype.itemsize != length:
-                    raise ImageError(f"{where}: sample {self.names[i]!r} has {length} bytes, "
-                                     f"its shape {s} of {self.dtype} needs another number")
+        if self.encoding == "raw" and n:
+            # H * W * C * itemsize can wrap around int64 (2**30 * 2**30 * 16
+            # is 0), and pixels() would then reshape a sample's bytes to a
+            # shape they do not hold. H * W < 2**62 and C * itemsize < 2**34
+            # do not: compare length / (C * itemsize) with H * W instead.
+            hw = self.shapes[:, 0] * self.shapes[:, 1]
+            per_pixel = self.shapes[:, 2] * self.dtype.itemsize
+            wrong = (self.lengths % per_pixel != 0) | (self.lengths // per_pixel != hw)
+            if wrong.any():
+                i = int(np.flatnonzero(wrong)[0])
+                raise ImageError(f"{where}: sample {self.names[i]!r} has "
+                                 f"{int(self.lengths[i])} bytes, its shape "
+                                 f"{self.shapes[i].tolist()} of {self.dtype} needs another "
+                                 "number")
 
     @property
     def decoded(self):
