@@ -122,7 +122,7 @@ def test_multi_extent_files_from_interleaved_appends(tmp_path_factory, disk_tmp)
                         "--prefix", "train", "--lba-size", "4096", "--quiet"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "more than one extent" in r.stdout
+    assert "not contiguous (more than one extent" in r.stdout
     assert load_bmap(cli_out) == load_bmap(out)
 
 
@@ -176,3 +176,59 @@ def test_extents_placed_backwards_load(tmp_path):
     p.write_text(json.dumps({"train/c/y.jpg": {"startblock": 100, "endblock": 10}}))
     with pytest.raises(ValueError, match="endblock"):
         load_bmap(str(p))
+
+
+def test_holes_and_preallocated_extents(disk_tmp, tmp_path):
+    """A trailing hole (one extent [0, 8192) of a 65536-byte file) was
+    reported contiguous, with an endblock for byte 8191; fallocated
+    ('unwritten') extents, whose raw blocks hold stale data, were not
+    counted as unmappable."""
+    from fastread.bmap import UNMAPPABLE
+    root = os.path.join(disk_tmp, "holes")
+    cls = os.path.join(root, "c")
+    os.makedirs(cls)
+    holey = os.path.join(cls, "holey.jpg")
+    with open(holey, "wb") as f:
+        f.write(os.urandom(8192))
+        f.truncate(65536)
+        os.fsync(f.fileno())
+    ext = _fiemap_or_skip(holey)
+    if sum(length for _l, _p, length, _f in ext) >= 65536:
+        pytest.skip("this file system allocated the hole")
+    prealloc = os.path.join(cls, "prealloc.jpg")
+    fd = os.open(prealloc, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, 65536)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    whole = os.path.join(cls, "whole.jpg")
+    with open(whole, "wb") as f:
+        f.write(os.urandom(8192))
+        os.fsync(f.fileno())
+    bm = build_bmap(root, prefix="t", progress=False)
+    assert bm["t/c/holey.jpg"]["contiguous"] is False
+    assert bm["t/c/holey.jpg"]["size"] == 65536
+    assert bm["t/c/whole.jpg"]["contiguous"] is True
+    assert "unwritten" in UNMAPPABLE
+    flags = {f for x in bm["t/c/prealloc.jpg"]["extents"] for f in x["flags"]}
+    out = str(tmp_path / "b.json")
+    r = subprocess.run([sys.executable, "-m", "fastread.cli", "bmap", root, "-o", out,
+                        "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "1 not contiguous" in r.stdout
+    if "unwritten" in flags:
+        assert "1 with extents not addressable" in r.stdout
+    assert load_bmap(out)["holes/c/holey.jpg"]["contiguous"] is False
+
+
+def test_missing_output_directory_is_named(edge_tree, tmp_path):
+    """The error named the temporary (b.json.tmp-...) after mapping the tree."""
+    root, _content = edge_tree
+    out = str(tmp_path / "nodir" / "b.json")
+    with pytest.raises(FileNotFoundError) as e:
+        write_bmap({}, out)
+    assert out in str(e.value) and ".tmp-" not in str(e.value)
+    r = subprocess.run([sys.executable, "-m", "fastread.cli", "bmap", root, "-o", out,
+                        "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 1 and "nodir/b.json" in r.stderr and ".tmp-" not in r.stderr

@@ -295,3 +295,88 @@ def test_range_only_engine_refuses_files(packed):
     for name in usable:
         with pytest.raises(ValueError, match="ranges"):
             fastread.Reader(root, engine=name)
+
+
+def test_index_on_the_image_path_is_refused_up_front(edge_tree, tmp_path):
+    """pack renames the image onto `out`, then the index onto its path: the
+    same path for both would leave only the index (and blame truncation)."""
+    root, _content = edge_tree
+    out = str(tmp_path / "same.img")
+    with pytest.raises(ValueError, match="same file") as e:
+        pack(root, out, index=out, progress=False)
+    assert out in str(e.value)
+    assert os.listdir(tmp_path) == []
+    # The same file by another spelling, and an existing image by a hard link.
+    with pytest.raises(ValueError, match="same file"):
+        pack(root, out, index=str(tmp_path / "." / "same.img"), progress=False)
+    pack(root, out, progress=False)
+    before = open(out, "rb").read()
+    os.link(out, str(tmp_path / "link.img"))
+    with pytest.raises(ValueError, match="same file"):
+        pack(root, out, index=str(tmp_path / "link.img"), progress=False)
+    assert open(out, "rb").read() == before and verify(out) == []
+    r = subprocess.run([sys.executable, "-m", "fastread.cli", "pack", root, out, "--quiet",
+                        "--index", out], capture_output=True, text=True)
+    assert r.returncode == 1 and "same file" in r.stderr and out in r.stderr
+    assert open(out, "rb").read() == before
+
+
+def _dead_pid():
+    """A pid no process has: a child that has exited and been reaped."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_pack_removes_temporaries_of_a_killed_pack(edge_tree, tmp_path):
+    """SIGTERM ran no cleanup and left a full-size hidden temporary image; the
+    next pack of that image removes it (its process is gone) -- but not the
+    temporaries of a live pack, nor of another image."""
+    root, _content = edge_tree
+    out = str(tmp_path / "img.bin")
+    script = ("import os, signal, sys\n"
+              "from fastread.image import pack\n"
+              "pack(sys.argv[1], sys.argv[2], progress=False, batch_size=2,\n"
+              "     on_batch=lambda b: os.kill(os.getpid(), signal.SIGTERM))\n")
+    r = subprocess.run([sys.executable, "-c", script, root, out], capture_output=True)
+    assert r.returncode == -15, r.stderr
+    left = [n for n in os.listdir(tmp_path) if n.startswith(".img.bin.tmp-")]
+    assert len(left) == 1, os.listdir(tmp_path)
+    dead = _dead_pid()
+    stale_index = tmp_path / f".img.bin.index.tmp-{dead}-0123abcd"
+    stale_index.write_bytes(b"x")
+    alive = tmp_path / f".img.bin.tmp-{os.getppid()}-0123abcd"   # pytest's parent: alive
+    alive.write_bytes(b"x")
+    other = tmp_path / f".other.bin.tmp-{dead}-0123abcd"
+    other.write_bytes(b"x")
+    pack(root, out, progress=False)
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["img.bin", "img.bin.index", alive.name, other.name])
+    assert verify(out) == []
+
+
+@pytest.mark.parametrize("which", ["image", "index"])
+def test_missing_directory_is_named_before_reading(edge_tree, tmp_path, which):
+    """The error named the hidden temporary (.img.bin.tmp-...), and for the
+    index only after the whole data set had been read."""
+    root, _content = edge_tree
+    out, index = str(tmp_path / "img.bin"), None
+    if which == "image":
+        out = str(tmp_path / "nodir" / "img.bin")
+    else:
+        index = str(tmp_path / "nodir" / "img.index")
+
+    def never(b):
+        raise AssertionError("the data set was read")
+
+    with pytest.raises(FileNotFoundError) as e:
+        pack(root, out, index=index, progress=False, on_batch=never)
+    assert (out if which == "image" else index) in str(e.value) and ".tmp-" not in str(e.value)
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(NotADirectoryError) as e:
+        pack(root, str(tmp_path / "file" / "img.bin"), progress=False, on_batch=never)
+    assert "file/img.bin" in str(e.value) and ".tmp-" not in str(e.value)
+    r = subprocess.run([sys.executable, "-m", "fastread.cli", "pack", root,
+                        str(tmp_path / "nodir" / "img.bin"), "--quiet"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "nodir/img.bin" in r.stderr and ".tmp-" not in r.stderr

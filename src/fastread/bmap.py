@@ -12,7 +12,8 @@ for a root named ``train``), whose value has the seed's ``startblock`` and
     "size":       the file's size in bytes
     "lba_size":   bytes per block of startblock/endblock (default 512)
     "device":     "MAJOR:MINOR" of the file system's block device
-    "contiguous": true if one extent holds the whole file
+    "contiguous": true if the extents cover the whole file (no hole, also
+                  none at its end) in one run of blocks
     "extents":    [{"logical", "physical", "length" (bytes),
                     "startblock", "endblock" (LBAs, inclusive),
                     "flags" (FIEMAP flag names)}, ...] in file order
@@ -24,6 +25,15 @@ its first and last byte and ``extents`` says where the rest lies. An empty
 file has ``startblock`` 0, ``endblock`` -1 and no extents. Physical offsets
 are relative to the start of the file system's block device (a partition,
 if the file system is on one), as FIEMAP reports them.
+
+A sparse file's holes have no extent: a file whose extents do not reach
+its size (e.g. one written extent, then a hole to its end) is not
+``contiguous``, and its ``endblock`` is that of its last extent, not of its
+last byte. Extents flagged ``unwritten`` (preallocated: the blocks hold
+stale data, the file reads zeros) are in :data:`UNMAPPABLE` like the
+other flags whose physical blocks do not hold the file's bytes; ``fastread
+bmap`` counts the files with such extents. (Before: a trailing hole still
+gave ``contiguous`` true, and ``unwritten`` was not unmappable.)
 
 :func:`load_bmap` reads both this format and the seed's files as they are
 (only ``startblock``/``endblock`` per key).
@@ -51,7 +61,7 @@ FIEMAP_FLAGS = {
 }
 #: Flags that make an extent's physical address unusable for reading raw blocks.
 UNMAPPABLE = {"unknown", "delalloc", "encoded", "data_encrypted", "not_aligned",
-              "data_inline", "data_tail"}
+              "data_inline", "data_tail", "unwritten"}
 
 
 def _flag_names(flags):
@@ -106,7 +116,7 @@ def _entry(path, lba_size):
                         "flags": _flag_names(flags)})
     entry = {"startblock": 0, "endblock": -1, "size": size, "lba_size": lba_size,
              "device": f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}",
-             "contiguous": len(extents) <= 1, "extents": extents}
+             "contiguous": size == 0, "extents": extents}
     if extents:
         first, last = extents[0], extents[-1]
         entry["startblock"] = first["startblock"]
@@ -114,7 +124,10 @@ def _entry(path, lba_size):
         contiguous = all(b["physical"] == a["physical"] + a["length"]
                          and b["logical"] == a["logical"] + a["length"]
                          for a, b in zip(extents, extents[1:]))
-        entry["contiguous"] = contiguous and first["logical"] == 0
+        # Holes have no extent: one at the start, between or at the end
+        # (the last extent short of the size) leaves bytes off the blocks.
+        entry["contiguous"] = (contiguous and first["logical"] == 0
+                               and last["logical"] + last["length"] == size)
     return entry
 
 
@@ -149,9 +162,22 @@ def build_bmap(file_root, *, lba_size=512, prefix=None, file_filters=None, progr
     return out
 
 
+def check_output_dir(path):
+    """Raises FileNotFoundError / NotADirectoryError naming ``path`` when
+    the directory it would be written in is missing or not a directory."""
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        if os.path.exists(d):
+            raise NotADirectoryError(errno.ENOTDIR, f"{d!r} is not a directory", path)
+        raise FileNotFoundError(errno.ENOENT, f"directory {d!r} does not exist", path)
+
+
 def write_bmap(bmap, path):
-    """Writes a bmap as JSON, atomically (temporary name, then rename)."""
+    """Writes a bmap as JSON, atomically (temporary name, then rename).
+    A missing directory raises FileNotFoundError naming ``path`` (not the
+    temporary)."""
     path = os.fspath(path)
+    check_output_dir(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w") as f:

@@ -31,11 +31,13 @@ Packing is atomic: the image and the index are written under temporary names
 in their directories, fsync'ed, and renamed only when complete; the header
 block is written last. An interrupted pack leaves no image (a block device
 has its header block zeroed first, so it holds no valid-looking image until
-the pack completes).
+the pack completes); a killed one (SIGTERM, SIGKILL) leaves its hidden
+temporaries, which the next pack of the same image removes.
 """
 import errno
 import json
 import os
+import re
 import stat
 import struct
 import sys
@@ -71,6 +73,10 @@ CHECKSUM = "crc32"
 _HEADER = struct.Struct("<8sIIQQ16s")
 _HEADER_CRC = struct.Struct("<I")
 _BLKGETSIZE64 = 0x80081272
+#: The largest alignment packed or read: far beyond any block size, and
+#: small enough that a crafted index cannot make a reader allocate without
+#: bound.
+MAX_ALIGNMENT = 1 << 30
 
 
 class ImageError(ValueError):
@@ -79,8 +85,9 @@ class ImageError(ValueError):
 
 
 def index_path(image):
-    """The default index of an image: ``<image>.index``."""
-    return os.fspath(image) + ".index"
+    """The default index of an image: ``<image>.index`` (a str, also for a
+    bytes path)."""
+    return os.fsdecode(image) + ".index"
 
 
 def _round_up(v, a):
@@ -162,17 +169,49 @@ def _url_ranges(url, offsets, lengths, s3, what):
     return [a.tobytes() for a in batch.arrays()]
 
 
+def _index_body_length(head):
+    """``(end of the header line, body bytes it announces)`` of an index's
+    first bytes, or None when they hold no header line of the right shape
+    (_load_index then says what is wrong with it)."""
+    nl = head.find(b"\n")
+    parts = head[:nl].decode("ascii", "replace").split(" ") if nl > 0 else []
+    if len(parts) != 4 or parts[0] != INDEX_MAGIC or not parts[2].isdigit():
+        return None
+    return nl, int(parts[2])
+
+
 def _read_index(path, s3):
-    """The index's bytes: a local file read whole, or an s3:// object read
-    by ranges (its header line, then the body it announces), so an index
-    is read like the image it describes."""
+    """The index's bytes: its header line, then exactly the body it
+    announces -- from a local regular file (whose size must be header plus
+    body: nothing else is read, so a device or the image named as the index
+    is refused without reading it) or an s3:// object read by ranges, so an
+    index is read like the image it describes."""
     if not is_url(path):
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            # O_NONBLOCK: opening a FIFO named as the index must not wait for a writer.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, "index of the packed image not found "
                                     "(pass index= if it lives elsewhere)", path) from None
+        try:
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise ImageError(f"index {path!r} is not a regular file")
+        size = st.st_size
+        with open(fd, "rb") as f:
+            head = f.read(_INDEX_HEAD_MAX)
+            found = _index_body_length(head)
+            if found is None:
+                return head
+            nl, length = found
+            if nl + 1 + length != size:
+                raise ImageError(f"index {path!r} is corrupt: {size - nl - 1} bytes of body, "
+                                 f"its header says {length} (truncated or appended to)")
+            return head + f.read(size - len(head))
     try:
         head = _url_ranges(path, [0], [_INDEX_HEAD_MAX], s3, f"index {path!r}")[0]
     except ImageError:
@@ -182,11 +221,11 @@ def _read_index(path, s3):
             raise FileNotFoundError(errno.ENOENT, "index of the packed image not found "
                                     "(pass index= if it lives elsewhere)", path) from None
         raise
-    nl = head.find(b"\n")
-    parts = head[:nl].decode("ascii", "replace").split(" ") if nl > 0 else []
-    if len(parts) != 4 or parts[0] != INDEX_MAGIC or not parts[2].isdigit():
+    found = _index_body_length(head)
+    if found is None:
         return head   # _load_index names what is wrong with it
-    body = _url_ranges(path, [nl + 1], [int(parts[2])], s3, f"index {path!r}")[0]
+    nl, length = found
+    body = _url_ranges(path, [nl + 1], [length], s3, f"index {path!r}")[0]
     return head[:nl + 1] + body
 
 
@@ -274,8 +313,9 @@ class PackedImage(FileRanges):
             if value is not None and not isinstance(value, (str, bytes, os.PathLike)):
                 raise TypeError(f"PackedImage {name} must be a path (str or os.PathLike), "
                                 f"got {type(value).__name__}")
-        self.path = os.fspath(path)
-        self.index_path = os.fspath(index) if index is not None else index_path(self.path)
+        # str paths, also from bytes ones: messages, URLs and "<path>.index" work on str.
+        self.path = os.fsdecode(path)
+        self.index_path = os.fsdecode(index) if index is not None else index_path(self.path)
         # How to reach the bucket of an s3:// image or index (None: the
         # environment); the samples are then read with these options too.
         self.s3 = S3Options.coerce(s3) if s3 is not None else None
@@ -283,6 +323,9 @@ class PackedImage(FileRanges):
         where = f"index {self.index_path!r} is malformed"
         try:
             self.alignment = _field_int(doc, "alignment", where, 512)
+            if self.alignment > MAX_ALIGNMENT or self.alignment & (self.alignment - 1):
+                raise ImageError(f"{where}: alignment must be a power of two from 512 to "
+                                 f"{MAX_ALIGNMENT}, got {self.alignment}")
             self.image_size = _field_int(doc, "image_size", where, 0)
             self.image_id = doc["image_id"]
             if not isinstance(self.image_id, str):
@@ -360,13 +403,20 @@ class PackedImage(FileRanges):
             raise ImageError(f"{where}: shapes must be one [H, W, C] of positive integers per "
                              "sample")
         self.shapes = np.asarray(shapes, dtype=np.int64).reshape(n, 3)
-        if self.encoding == "raw" and n and (
-                self.shapes.prod(axis=1) * self.dtype.itemsize != self.lengths).any():
-            i = int(np.flatnonzero(self.shapes.prod(axis=1) * self.dtype.itemsize
-                                   != self.lengths)[0])
-            raise ImageError(f"{where}: sample {self.names[i]!r} has {int(self.lengths[i])} "
-                             f"bytes, its shape {self.shapes[i].tolist()} of {self.dtype} "
-                             "needs another number")
+        if self.encoding == "raw" and n:
+            # H * W * C * itemsize can wrap around int64 (2**30 * 2**30 * 16
+            # is 0), and pixels() would then reshape a sample's bytes to a
+            # shape they do not hold. H * W < 2**62 and C * itemsize < 2**34
+            # do not: compare length / (C * itemsize) with H * W instead.
+            hw = self.shapes[:, 0] * self.shapes[:, 1]
+            per_pixel = self.shapes[:, 2] * self.dtype.itemsize
+            wrong = (self.lengths % per_pixel != 0) | (self.lengths // per_pixel != hw)
+            if wrong.any():
+                i = int(np.flatnonzero(wrong)[0])
+                raise ImageError(f"{where}: sample {self.names[i]!r} has "
+                                 f"{int(self.lengths[i])} bytes, its shape "
+                                 f"{self.shapes[i].tolist()} of {self.dtype} needs another "
+                                 "number")
 
     @property
     def decoded(self):
@@ -404,7 +454,7 @@ class PackedImage(FileRanges):
                 raise ImageError(f"image {self.path!r} is truncated: {size} bytes, its index "
                                  f"{self.index_path!r} describes {self.image_size}")
             with open(self.path, "rb") as f:
-                raw = f.read(self.alignment)
+                raw = f.read(_HEADER.size + _HEADER_CRC.size)
         head = _parse_header(raw, self.path)
         if head["image_id"] != self.image_id:
             raise ImageError(f"index {self.index_path!r} does not belong to image {self.path!r} "
@@ -423,7 +473,7 @@ class PackedImage(FileRanges):
                 f"{self.image_size} bytes)")
         try:
             raw, _ = _url_ranges(self.path, [0, max(self.image_size, self.alignment) - 1],
-                                 [self.alignment, 1], self.s3, what)
+                                 [_HEADER.size + _HEADER_CRC.size, 1], self.s3, what)
         except OSError as e:
             if e.errno == errno.ENOENT:
                 raise FileNotFoundError(errno.ENOENT, "packed image not found",
@@ -468,9 +518,63 @@ def _fsync_dir(path):
         os.close(fd)
 
 
+def _same_file(a, b):
+    """True when paths ``a`` and ``b`` name one file: the same absolute
+    path, or (both existing) the same inode."""
+    if os.path.abspath(a) == os.path.abspath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist (yet): different paths are different files
+        return False
+
+
 def _tmp_name(path):
     d, base = os.path.split(os.path.abspath(path))
     return os.path.join(d, f".{base}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _check_parent(path, what):
+    """Raises FileNotFoundError / NotADirectoryError naming ``path`` when
+    its directory is missing or not a directory."""
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        if os.path.exists(d):
+            raise NotADirectoryError(errno.ENOTDIR, f"the {what}'s directory {d!r} is not a "
+                                     "directory", path)
+        raise FileNotFoundError(errno.ENOENT, f"the {what}'s directory {d!r} does not exist",
+                                path)
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove_stale_temporaries(path):
+    """Removes the temporaries of an earlier pack to ``path`` (names made by
+    _tmp_name) whose process no longer runs: a pack killed by a signal
+    runs no cleanup, and leaves a full-size hidden file."""
+    d, base = os.path.split(os.path.abspath(path))
+    pattern = re.compile(rf"\.{re.escape(base)}\.tmp-([0-9]+)-[0-9a-f]{{8}}")
+    try:
+        entries = list(os.scandir(d))
+    except OSError:
+        return   # unreadable directory: creating the temporary will say so
+    for e in entries:
+        m = pattern.fullmatch(e.name)
+        if m is None or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            if e.is_file(follow_symlinks=False):
+                os.unlink(e.path)
+        except FileNotFoundError:
+            pass   # another pack removed it first
 
 
 def _progress(total, enabled, desc):
@@ -496,6 +600,13 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
     ``block_device=True`` is required to write onto a block device (which
     must then be named explicitly, with an explicit ``index`` path); a file
     is written under a temporary name and renamed when complete.
+
+    A pack killed by a signal (SIGTERM, SIGKILL: no cleanup runs; this
+    library installs no signal handlers) leaves its temporaries, hidden
+    ``.<name>.tmp-<pid>-<random>`` files next to the image and the index.
+    Each pack first removes those of the same image and index whose process
+    is no longer alive on this machine (so on a file system shared between
+    machines, do not pack to one path from two hosts at once).
     ``progress``: None shows a bar when stderr is a terminal. ``on_batch(i)``
     is called after batch ``i`` is written (for tests and progress hooks).
 
@@ -520,8 +631,10 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
     but Pillow can are decoded by Pillow and listed
     (``preprocess["decoded_by_pillow"]``).
     """
-    if not isinstance(alignment, int) or alignment < 512 or alignment & (alignment - 1):
-        raise ValueError(f"alignment must be a power of two >= 512, got {alignment!r}")
+    if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment < 512
+            or alignment > MAX_ALIGNMENT or alignment & (alignment - 1)):
+        raise ValueError(f"alignment must be a power of two from 512 to {MAX_ALIGNMENT}, "
+                         f"got {alignment!r}")
     pre = choice = None
     if decode:
         from fastread.decode import Preprocess, choose_decoder
@@ -543,11 +656,15 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
         if given or encode != "raw" or quality != 90:
             raise ValueError(f"{', '.join(given) or 'encode/quality'} apply only with "
                              "decode=True (--decode)")
-    out = os.fspath(out)
+    out = os.fsdecode(out)
     root = os.fspath(file_root)
-    paths, labels = scan(root, file_filters=file_filters)
-    names = [os.path.relpath(p, root) for p in paths]
-
+    if index is not None:
+        index = os.fsdecode(index)
+        # Renaming the image onto `out` and then the index onto the same
+        # path would leave only the index: refuse before anything is read.
+        if _same_file(out, index):
+            raise ValueError(f"the index {index!r} and the image {out!r} are the same file: "
+                             "name another index path (default: <image>.index)")
     is_dev = os.path.exists(out) and stat.S_ISBLK(os.stat(out).st_mode)
     if is_dev and not block_device:
         raise ValueError(f"{out!r} is a block device: pass block_device=True (--block-device) "
@@ -556,9 +673,19 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
         raise ValueError(f"block_device=True but {out!r} is not a block device")
     if is_dev and index is None:
         raise ValueError(f"packing onto block device {out!r} needs an explicit index path")
-    index = os.fspath(index) if index is not None else index_path(out)
+    if index is None:
+        index = index_path(out)
     if os.path.isdir(out):
         raise IsADirectoryError(errno.EISDIR, "image path is a directory", out)
+    # Before the data set is read, and naming the user's paths rather than
+    # the temporaries that would fail to be created there.
+    _check_parent(out, "image")
+    _check_parent(index, "index")
+    for p in ((index,) if is_dev else (out, index)):
+        _remove_stale_temporaries(p)
+
+    paths, labels = scan(root, file_filters=file_filters)
+    names = [os.path.relpath(p, root) for p in paths]
 
     image_id = uuid.uuid4().bytes
     tmp_image = out if is_dev else _tmp_name(out)

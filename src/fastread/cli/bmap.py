@@ -25,9 +25,10 @@ def add_parser(sub):
 
 
 def run(args):
-    from fastread.bmap import UNMAPPABLE, build_bmap, write_bmap
+    from fastread.bmap import UNMAPPABLE, build_bmap, check_output_dir, write_bmap
 
     try:
+        check_output_dir(args.output)   # before the tree is mapped
         bm = build_bmap(args.file_root, lba_size=args.lba_size, prefix=args.prefix,
                         progress=False if args.quiet else None)
         write_bmap(bm, args.output)
@@ -37,6 +38,7 @@ def run(args):
     extents = sum(len(e["extents"]) for e in bm.values())
     fragmented = sum(not e["contiguous"] for e in bm.values())
     odd = sum(any(set(x["flags"]) & UNMAPPABLE for x in e["extents"]) for e in bm.values())
-    print(f"{args.output}: {len(bm)} files, {extents} extents, {fragmented} in more than one "
-          f"extent" + (f", {odd} with extents not addressable on the device" if odd else ""))
+    print(f"{args.output}: {len(bm)} files, {extents} extents, {fragmented} not contiguous "
+          "(more than one extent, or holes)"
+          + (f", {odd} with extents not addressable on the device" if odd else ""))
     return 0
