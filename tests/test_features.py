@@ -284,8 +284,12 @@ def test_open_errors_name_the_thing(feats, disk_tmp):
         FeatureStore(npy, engine="psync", xnvme_be="io_uring")
     with pytest.raises(ValueError, match=r"offset must be an integer >= 0"):
         FeatureStore(raw, np.float32, offset=-4)
-    with pytest.raises(ValueError, match=r"shape\[1\] must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"shape\[1\] must be an integer >= 1") as e:
         FeatureStore(raw, np.float32, (10, 0), offset=100)
+    assert os.fspath(raw) in str(e.value)   # which store, when a .npy header gave the shape
+    with pytest.raises(ValueError, match=r"shape\[0\] must be an integer >= 1") as e:
+        FeatureStore(raw, np.float32, (0, 4), offset=100)
+    assert os.fspath(raw) in str(e.value)
     with pytest.raises(IndexError, match=r"hot_ids\[1\] = 5000 is out of range"):
         FeatureStore(npy, hot_ids=[1, 5000], device_id=-1)
     with pytest.raises(ValueError, match="ring_entries=1000 must be a power of two"):

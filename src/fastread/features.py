@@ -319,14 +319,16 @@ class FeatureStore:
         shape = tuple(shape)
         if not shape:
             raise ValueError(f"feature store {what}: shape must have at least one dimension")
-        row_shape = tuple(_int(d, f"shape[{i + 1}]", 1) for i, d in enumerate(shape[1:]))
+        # Named by the store: a shape read from a .npy header is not the caller's.
+        row_shape = tuple(_int(d, f"feature store {what}: shape[{i + 1}]", 1)
+                          for i, d in enumerate(shape[1:]))
         row_bytes = self.dtype.itemsize * math.prod(row_shape)
         rows = shape[0]
         if rows in (-1, None):
             rows = avail // row_bytes
         else:
-            rows = _int(rows, "shape[0]", 1)
-        rows = _int(rows, "shape[0]")
+            rows = _int(rows, f"feature store {what}: shape[0]", 1)
+        rows = _int(rows, f"feature store {what}: shape[0]")
         need = rows * row_bytes
         if need > avail:
             raise ValueError(f"feature store {what} is too short for shape {(rows,) + row_shape} "
