@@ -162,13 +162,19 @@ class _MultiNative:
             f, _pos, seq = plan[len(parts)]
             native = self._natives[f]
             self._skip_to(native, seq)
-            before = native.taken
+            before, had = native.taken, len(parts)
             try:
                 got = native.next_into(parts)
             except BaseException:
-                if native.taken != before:
-                    # The part was used up (a failed read of the batch): the
-                    # batch fails; its other files' parts are skipped later.
+                # The part is in `parts` from the native call that took it:
+                # a KeyboardInterrupt raised as that call returned (Python
+                # runs handlers after a call) finds it there, taken counted,
+                # and the batch goes on next call. Taken and not in `parts`:
+                # used up by a failed read, so the batch fails; its other
+                # files' parts are skipped later. (Judging by `taken` alone
+                # dropped a batch under a SIGINT storm: the caller then
+                # waited forever for it.)
+                if len(parts) == had and native.taken != before:
                     self._queue.popleft()
                     for p in parts:
                         p.release()
