@@ -182,31 +182,36 @@ def test_blocks_are_the_engines_buffer_as_read(ray_cluster, tree):
         assert {p: b for p, (_, b) in rows_of(ds).items()} == {p: content[p] for p in paths}
 
 
-def test_streaming_split_is_disjoint_and_complete(ray_cluster, tree):
-    root, content = tree
-    paths, _ = fastread.scan(root)
-    # (ray_remote_args reach the read tasks: half a CPU each leaves room.)
-    splits = fastread.ray.read_files(root, batch_size=4, ray_remote_args={"num_cpus": 0.5}) \
-        .streaming_split(2, equal=False)
-    seen = [[], []]
-    errors = []
+def consume_splits(splits, batch_size):
+    """[(path, bytes)] of each split, the splits consumed together on
+    threads (as Ray Train's workers do: a split read alone would wait for
+    the others); fails on a consumer that hangs or raises."""
+    seen, errors = [[] for _ in splits], []
 
     def consume(i):
-        # The splits are consumed together (as Ray Train's workers do): a
-        # split read alone would wait for the other.
         try:
-            for batch in splits[i].iter_batches(batch_size=3, batch_format="numpy"):
-                seen[i].extend((p, bytes(b)) for p, b in zip(batch["path"], batch["bytes"]))
+            for batch in splits[i].iter_batches(batch_size=batch_size, batch_format="numpy"):
+                seen[i].extend(zip(batch["path"], (bytes(b) for b in batch["bytes"])))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(len(splits))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a streaming_split consumer hung"
     assert not errors, errors
+    return seen
+
+
+def test_streaming_split_is_disjoint_and_complete(ray_cluster, tree):
+    root, content = tree
+    paths, _ = fastread.scan(root)
+    # (ray_remote_args reach the read tasks: half a CPU each leaves room.)
+    splits = fastread.ray.read_files(root, batch_size=4, ray_remote_args={"num_cpus": 0.5}) \
+        .streaming_split(2, equal=False)
+    seen = consume_splits(splits, batch_size=3)
     a, b = ({p for p, _ in s} for s in seen)
     assert a and b, "one split got nothing"
     assert not a & b
@@ -222,18 +227,7 @@ def test_one_block_dataset_splits_equally(ray_cluster, tree):
     ds = fastread.ray.read_files(root)
     assert ds.materialize().num_blocks() == 1
     splits = ds.streaming_split(2, equal=True)
-    seen = [[], []]
-
-    def consume(i):
-        for batch in splits[i].iter_batches(batch_size=5, batch_format="numpy"):
-            seen[i].extend(zip(batch["path"], (bytes(b) for b in batch["bytes"])))
-
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a streaming_split consumer hung"
+    seen = consume_splits(splits, batch_size=5)
     assert len(seen[0]) == len(seen[1]) == 14
     assert sorted(p for p, _ in seen[0] + seen[1]) == sorted(paths)
     assert all(content[p] == data for p, data in seen[0] + seen[1])
