@@ -249,3 +249,22 @@ def test_sigint_storm_loses_no_part_and_mixes_no_batches(tmp_path):
     (interrupts, exact, count, taken, empty), sent = sigint_storm(script)
     assert (exact, count, taken, empty) == (True, 300, 300, True)
     assert interrupts >= 10, (interrupts, sent)  # the signals did land mid-call
+
+
+def test_from_columns_reads_what_the_columns_say(tmp_path):
+    paths = _files(tmp_path, count=3, per_file=8)
+    # Sample i: 4 bytes of file i // 5 at offset 4 * (i % 5) + 2 (not each file's layout).
+    file_ids = np.repeat(np.arange(3, dtype=np.uint32), 5)
+    offsets = (np.arange(15) % 5) * 4 + 2
+    src = MultiFileRanges.from_columns(paths, file_ids, offsets, np.full(15, 4),
+                                       names=[f"k{i}" for i in range(15)],
+                                       file_names=[f"shard{k}" for k in range(3)])
+    assert len(src) == 15 and src.labels.tolist() == list(range(15))
+    for i in range(15):
+        whole = open(paths[i // 5], "rb").read()
+        assert src.read([i])[0].tobytes() == whole[offsets[i]:offsets[i] + 4]
+    assert src.sample_name(7) == "shard1[k7]"
+    with pytest.raises(ValueError, match="must not decrease"):
+        MultiFileRanges.from_columns(paths, [1, 0], [0, 0], [1, 1])
+    with pytest.raises(ValueError, match="file_ids must be in 0..2"):
+        MultiFileRanges.from_columns(paths, [3], [0], [1])

@@ -12,6 +12,7 @@ of views.
 """
 import collections
 import collections.abc
+import os
 
 import numpy as np
 
@@ -234,10 +235,67 @@ class MultiFileRanges(SampleSource):
     reads_ranges = True
 
     def __init__(self, files):
-        self.files = list(files)
-        for f in self.files:
+        files = list(files)
+        for f in files:
             if not isinstance(f, FileRanges):
                 raise TypeError(f"MultiFileRanges takes FileRanges, got {type(f).__name__}")
+        self._set_files(files)
+
+    @classmethod
+    def from_columns(cls, paths, file_ids, offsets, lengths, *, labels=None, names=None,
+                     file_names=None):
+        """Samples given as columns, one entry per sample: sample ``i`` is
+        bytes ``[offsets[i], offsets[i] + lengths[i])`` of file
+        ``paths[file_ids[i]]``. ``labels`` (default: the samples' numbers),
+        ``names`` (a sequence of each sample's name in its file; default its
+        number there) and ``file_names`` (how errors name each file; default
+        ``paths``). The columns a native indexer builds (WebDataset,
+        Squirrel) go in as they are; subclasses call :meth:`_set_columns`."""
+        self = cls.__new__(cls)
+        self._set_columns(paths, file_ids, offsets, lengths, labels=labels, names=names,
+                          file_names=file_names)
+        return self
+
+    def _set_columns(self, paths, file_ids, offsets, lengths, *, labels=None, names=None,
+                     file_names=None):
+        """:meth:`from_columns`'s work, for subclasses' ``__init__``."""
+        paths = [os.fspath(p) for p in paths]
+        file_names = paths if file_names is None else [str(s) for s in file_names]
+        if len(file_names) != len(paths):
+            raise ValueError(f"{len(file_names)} file names for {len(paths)} files")
+        file_ids = np.asarray(file_ids)
+        n = len(file_ids)
+        if file_ids.ndim != 1 or (n and file_ids.dtype.kind not in "iu"):
+            raise ValueError(f"file_ids must be a 1-D integer array, got {file_ids.dtype} of "
+                             f"shape {file_ids.shape}")
+        if n and (file_ids.min() < 0 or file_ids.max() >= len(paths)):
+            raise ValueError(f"file_ids must be in 0..{len(paths) - 1} (one per path)")
+        offsets, lengths = np.asarray(offsets), np.asarray(lengths)
+        if offsets.shape != (n,) or lengths.shape != (n,):
+            raise ValueError(f"offsets {offsets.shape} and lengths {lengths.shape} must have "
+                             f"one entry per sample ({n})")
+        if names is not None and len(names) != n:
+            raise ValueError(f"{len(names)} names for {n} samples")
+        # Samples numbered file after file (what every format builds): each
+        # file's samples are one slice of the columns.
+        if n and (np.diff(file_ids.astype(np.int64)) < 0).any():
+            raise ValueError("file_ids must not decrease (samples numbered file after file)")
+        bounds = np.searchsorted(file_ids, np.arange(len(paths) + 1), side="left")
+        files = []
+        for f, (path, shown) in enumerate(zip(paths, file_names)):
+            a, b = int(bounds[f]), int(bounds[f + 1])
+            part = _NamedRanges(path, offsets[a:b], lengths[a:b],
+                                names=None if names is None else list(names[a:b]))
+            part.shown = shown
+            files.append(part)
+        self._set_files(files)
+        self.labels = (np.arange(n, dtype=np.int32) if labels is None
+                       else np.asarray(labels, dtype=np.int32))
+        if self.labels.shape != (n,):
+            raise ValueError(f"{self.labels.shape} labels for {n} samples")
+
+    def _set_files(self, files):
+        self.files = files
         counts = np.array([len(f) for f in self.files], np.int64)
         self.starts = np.r_[0, np.cumsum(counts)].astype(np.int64)
         n = int(self.starts[-1])
@@ -301,6 +359,16 @@ class MultiFileRanges(SampleSource):
             parts.append(self.files[f].read_batch(context, self.local_index[idx[pos]]))
             positions.append(pos)
         return MultiBatch(parts, positions, idx)
+
+
+class _NamedRanges(FileRanges):
+    """One file's ranges of :meth:`MultiFileRanges.from_columns`: errors
+    name the file as ``shown`` (the shard as the user gave it)."""
+
+    shown = None
+
+    def sample_name(self, i):
+        return f"{self.shown if self.shown is not None else self.path}[{self.names[i]}]"
 
 
 class _Names(collections.abc.Sequence):
