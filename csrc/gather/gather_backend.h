@@ -3,8 +3,8 @@
  * GPU-initiated storage backend: "proxy" (gather_proxy.c), "xnvme-cuda"
  * (gather_xnvme_cuda.c), and where a BaM/libnvm backend would slot in.
  *
- * How a device gather runs. gather_device.c owns everything common to the
- * backends: the HBM page cache (page table, slot tags, reference counts,
+ * How a device gather runs. The gather_device*.c sources own everything
+ * common to the backends: the HBM page cache (page table, slot tags, reference counts,
  * clock bits, pages), the page-locked host tier, the control block (abort
  * flag, first error, first bad id, per-warp-aggregated counters), the
  * kernel (compiled with NVRTC or loaded from embedded PTX) and its launch.

@@ -1,7 +1,8 @@
 /*
  * The device path of fr_store (gather.h): the HBM page cache, the
- * page-locked host tier, the gather kernel and its launch, with a backend
- * (gather_backend.h) serving the cache's misses. Internal to gather.c, which
+ * page-locked host tier, the hot-row cache, the gather kernel and its
+ * launch, with a backend (gather_backend.h) serving the cache's misses
+ * (its sources: gather_device_internal.h). Internal to gather.c, which
  * serialises gathers (one at a time per store); fr_gdev_cancel may be
  * called from any thread at any time.
  */
@@ -31,14 +32,13 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
 /* Any thread: makes a gather in flight end with -ECANCELED, now and for good. */
 void fr_gdev_cancel(fr_gdev *d);
 void fr_gdev_memory(fr_gdev *d, fr_store_memory *add);
-/* Backend "auto": 1 when this gather should run on the host path, 0 on the
- * device; why in one line (gather_route.h). Waits for `stream` when it has
- * to look at the ids. */
 /* Whether ids and out are device memory of the store's GPU: 0, or -EINVAL
  * with a message naming which is not (asked before a gather is routed, so
  * the host path never copies from or writes to a wrong pointer). */
 int fr_gdev_check_pointers(fr_gdev *d, uint64_t ids, uint64_t out, char *err, size_t err_len);
-
+/* Backend "auto": 1 when this gather should run on the host path, 0 on the
+ * device; why in one line (gather_route.h). Waits for `stream` when it has
+ * to look at the ids. */
 int fr_gdev_route(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, void *stream, char *why,
                   size_t why_len);
 /* Users' kernels: on opens a serving session (the backend serves misses),

@@ -18,7 +18,7 @@
  * sample of its pages is in the page cache, and under half of a sample of
  * the batch's ids is in HBM (hot-row cache or page cache) or the host tier;
  * else the device path, where the fetch mode follows the batch's density
- * (choose_fetch in gather_device.c).
+ * (gdev_choose_fetch in gather_device_policy.c).
  */
 #ifndef FASTREAD_GATHER_ROUTE_H
 #define FASTREAD_GATHER_ROUTE_H
