@@ -7,7 +7,7 @@
  * cache_bytes / page_bytes, at most the array's page count) and their
  * metadata (page table: 4 bytes per page of the array; per slot: tag 8,
  * refs 4, clock bit 4), the hot-row cache where row fetches can happen (a
- * quarter of cache_bytes, taken from the pages, plus 52 bytes a slot:
+ * quarter of cache_bytes, taken from the pages, plus 56 bytes a slot:
  * fastread_device.cuh, "Hot rows"), the result block and the device view; the host tier
  * (page-locked, mapped: the whole array, or hot rows plus a 4-byte row->slot
  * map in device memory); the backend's rings and staging; one page-locked
@@ -49,7 +49,7 @@ void fr_gdev_close(fr_gdev *d)
     uint64_t *dev[] = {&d->data_d,   &d->pt_d,      &d->tags_d,   &d->refs_d,
                        &d->clock_d,  &d->hand_d,    &d->result_d, &d->view_d,
                        &d->host_slot_d, &d->pins_d, &d->rtags_d,  &d->rdata_d,
-                       &d->sketch_d, &d->seen_d,    &d->adm_d};
+                       &d->sketch_d, &d->seen_d,    &d->adm_d,    &d->door_d};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         fr_gpu_free(d->gpu, *dev[i]);
     fr_gpu_free(d->gpu, d->order_d);
@@ -308,6 +308,7 @@ int fr_gdev_gather(fr_gdev *d, uint64_t ids, int id_bytes, size_t n, uint64_t ou
     memset(&res, 0, sizeof(res));
     res.first_bad = ~0ull;
     res.fetch_rows = (uint32_t)gdev_choose_fetch(d, n);
+    res.rows_list_from = gdev_rows_list_from(d);
     if ((rc = gdev_next_epoch(d, &res.epoch)))
         return gdev_gpu_err(d, rc, "clearing the cache's pins", err, err_len);
     if (d->timeline)

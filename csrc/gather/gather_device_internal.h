@@ -67,13 +67,14 @@ struct fr_gdev {
     size_t res_len;
     uint64_t res_seed;
     /* Hot rows (fastread_device.cuh, "Hot rows"; row_slots 0: none): the
-     * arrays, the pass run after each gather, the view's part (hashing for
-     * the route's sample), and the counts since the sketch was last halved. */
+     * arrays, the pass run after each gather (and the aging before it), the
+     * view's part (hashing for the route's sample), the counts since the
+     * sketch was last halved, and the ways filled since the last reset. */
     uint32_t row_slots, seen_words;
-    uint64_t rtags_d, rdata_d, sketch_d, seen_d, adm_d, row_cache_bytes;
-    void *fn_admit;
+    uint64_t rtags_d, rdata_d, sketch_d, seen_d, adm_d, door_d, row_cache_bytes;
+    void *fn_admit, *fn_age;
     fr_dev_rows rows_view;
-    uint64_t row_notes;
+    uint64_t row_notes, row_filled;
     int age_pending;
     char kernel_source[512];
     atomic_int cancelled;
@@ -117,6 +118,8 @@ int gdev_rows_alloc(fr_gdev *d);
 int gdev_rows_reset(fr_gdev *d);
 int gdev_rows_open_kernel(fr_gdev *d, char *err, size_t err_len);
 void gdev_rows_view(fr_gdev *d, fr_dev_store *v);
+/* The gather's rows_list_from (fastread_device.cuh, "Hot rows"). */
+uint32_t gdev_rows_list_from(const fr_gdev *d);
 /* The pass after gather into `out`, on the same stream (0 or a driver error). */
 int gdev_rows_launch_pass(fr_gdev *d, uint64_t out, void *stream);
 /* What a gather that read back `res` tells the policy (aging). */

@@ -11,8 +11,9 @@
 #include "gather/gather_device_internal.h"
 
 /* Device bytes a hot-row slot costs besides its row: a tag (8), eight
- * sketch counters (32), half a candidate (8), a seen word (4). */
-#define ROW_SLOT_META 52u
+ * sketch counters (32), half a candidate (8), a seen word (4), a
+ * doorkeeper word (4: 32 bits). */
+#define ROW_SLOT_META 56u
 
 /* The hot-row cache's slots (fastread_device.cuh, "Hot rows"), 0 for none.
  * FASTREAD_GATHER_ADMIT (auto or off: `off`, parsed by the caller). Auto:
@@ -31,7 +32,7 @@ void gdev_rows_plan(fr_gdev *d, const fr_store_config *cfg, const fr_gather_back
         !(fetch && strcmp(fetch, "pages") == 0) && data > cfg->cache_bytes &&
         !(budget && data <= budget) && d->page_bytes / d->row_bytes >= 2 &&
         d->npages <= 0xFFFFFFFFull) {
-        /* A quarter of cache_bytes for the rows, and their metadata (52
+        /* A quarter of cache_bytes for the rows, and their metadata (56
          * bytes a slot: gdev_rows_meta_bytes) at most as much again: rows
          * smaller than that get fewer slots (16-byte rows with slots for a
          * quarter of 4 GiB would have added 3.3 GiB of metadata). */
@@ -48,9 +49,11 @@ void gdev_rows_plan(fr_gdev *d, const fr_store_config *cfg, const fr_gather_back
     d->seen_words = d->row_slots > 64 ? d->row_slots : 64;
 }
 
-/* Per slot a tag (8), eight sketch counters (32: two rows of four, so a
- * miss stream as long as the cache seldom reads as repeats), half a
- * candidate (16 / 2); and the seen words (4 each). */
+/* Per slot a tag (8), eight sketch counters (32: two rows of four),
+ * half a candidate (16 / 2), a doorkeeper word (4: 32 bits, so with up to
+ * 10 x slots rows counted between resets a row seen once finds its bit
+ * taken by another under a third of the time); and the seen words (4
+ * each). */
 uint64_t gdev_rows_meta_bytes(const fr_gdev *d)
 {
     if (!d->row_slots)
@@ -68,7 +71,9 @@ int gdev_rows_alloc(fr_gdev *d)
         (rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 32, &d->sketch_d)) ||
         (rc = fr_gpu_alloc(d->gpu, (size_t)d->seen_words * 4, &d->seen_d)) ||
         (rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 8, &d->adm_d)) ||
+        (rc = fr_gpu_alloc(d->gpu, (size_t)d->row_slots * 4, &d->door_d)) ||
         (rc = fr_gpu_memset8(d->gpu, d->sketch_d, 0, (size_t)d->row_slots * 32)) ||
+        (rc = fr_gpu_memset8(d->gpu, d->door_d, 0, (size_t)d->row_slots * 4)) ||
         (rc = fr_gpu_memset8(d->gpu, d->seen_d, 0, (size_t)d->seen_words * 4)))
         return rc;
     return 0;
@@ -77,6 +82,7 @@ int gdev_rows_alloc(fr_gdev *d)
 /* Every slot empty (a failed pass may have left slots BUSY). */
 int gdev_rows_reset(fr_gdev *d)
 {
+    d->row_filled = 0;
     if (!d->row_slots)
         return 0;
     return fr_gpu_memset8(d->gpu, d->rtags_d, 0, (size_t)d->row_slots * 8);
@@ -87,8 +93,10 @@ int gdev_rows_open_kernel(fr_gdev *d, char *err, size_t err_len)
     if (!d->row_slots)
         return 0;
     int rc = fr_gpu_module_function(d->gpu, d->module, "fr_rows_admit", &d->fn_admit);
+    if (rc == 0)
+        rc = fr_gpu_module_function(d->gpu, d->module, "fr_rows_age", &d->fn_age);
     if (rc)
-        return gdev_gpu_err(d, rc, "the hot-row cache's kernel", err, err_len);
+        return gdev_gpu_err(d, rc, "the hot-row cache's kernels", err, err_len);
     return 0;
 }
 
@@ -109,30 +117,50 @@ void gdev_rows_view(fr_gdev *d, fr_dev_store *v)
     v->rowc.width_mask = 4 * d->row_slots - 1;
     v->rowc.seen_mask = d->seen_words - 1;
     v->rowc.threshold = 2;
+    v->rowc.door = (uint32_t *)(uintptr_t)d->door_d;
+    v->rowc.door_mask = d->row_slots - 1;
     d->rows_view = v->rowc;
 }
 
+/* Listing at first sight fills room, which evicts nothing, and a row asked
+ * again is then served from HBM from the next gather on, where listing at
+ * the threshold only had it wait one more; past 7/8 full, rows seen once
+ * are no longer listed, and every candidate goes through TinyLFU's
+ * comparison (fastread_device.cuh, fr_rows_list_from). */
+uint32_t gdev_rows_list_from(const fr_gdev *d)
+{
+    return d->row_slots ? fr_rows_list_from(&d->rows_view, d->row_filled) : 0;
+}
+
 /* The admission pass on the gather's stream, so nothing of ours reads the
- * row cache while it changes (fastread_device.cuh, "Hot rows"). */
+ * row cache while it changes (fastread_device.cuh, "Hot rows"), after the
+ * sketch's halving when one is due. */
 int gdev_rows_launch_pass(fr_gdev *d, uint64_t out, void *stream)
 {
     if (!d->row_slots)
         return 0;
     uint64_t view = d->view_d;
-    unsigned age = (unsigned)d->age_pending;
-    void *admit_params[] = {&view, &out, &age};
-    int rc = fr_gpu_launch(d->gpu, d->fn_admit, d->sm_count * 4, 256, (fr_CUstream)stream,
-                           admit_params);
-    if (rc == 0)
+    int rc = 0;
+    if (d->age_pending) {
+        void *age_params[] = {&view};
+        rc = fr_gpu_launch(d->gpu, d->fn_age, d->sm_count * 4, 256, (fr_CUstream)stream,
+                           age_params);
+        if (rc)
+            return rc;
         d->age_pending = 0;
-    return rc;
+    }
+    void *admit_params[] = {&view, &out};
+    return fr_gpu_launch(d->gpu, d->fn_admit, d->sm_count * 4, 256, (fr_CUstream)stream,
+                         admit_params);
 }
 
-/* TinyLFU's reset: the sketch halved after 10 x slots counts. */
+/* TinyLFU's reset: the sketch halved after 10 x slots counts; and the
+ * ways the pass filled (gdev_rows_list_from). */
 void gdev_rows_account(fr_gdev *d, const fr_dev_result *res)
 {
+    d->row_filled += res->row_fills;
     d->row_notes += res->counters[FR_CNT_DIRECT_ROWS];
-    if (d->row_slots && d->row_notes >= 10ull * d->row_slots) {
+    if (d->row_slots && fr_rows_age_due(&d->rows_view, d->row_notes)) {
         d->age_pending = 1;
         d->row_notes = 0;
     }

@@ -54,11 +54,14 @@ __all__ = ["FeatureStore", "device_include_dir", "device_header", "BACKENDS"]
 BACKENDS = ("auto", "host", "proxy", "xnvme-cuda")
 #: The hot-row cache's admission policy, in words (fastread_device.cuh, "Hot rows").
 ADMISSION_RULE = ("rows read on their own (row fetches) are counted in a count-min sketch "
-                  "(halved every 10 x slots counts); a row counted twice or more is a "
-                  "candidate, and after the gather it goes into its 4-way set of the hot-row "
-                  "cache (a quarter of cache_bytes): into a free way, else over the least "
-                  "frequent way not hit since the last pass, and only when it is counted more "
-                  "often (TinyLFU). FASTREAD_GATHER_ADMIT=off turns it off")
+                  "behind a doorkeeper (a row's first request only sets its bit), with a "
+                  "cached row's first hit after it went in or was swept; both are halved "
+                  "(the doorkeeper emptied) every 10 x slots fetched rows. While the hot-row "
+                  "cache (a quarter of cache_bytes, 8-way sets) has room, every fetched row "
+                  "goes into a free way after the gather; then a row counted twice or more "
+                  "goes in over the least frequent way not hit since the last sweep, and only "
+                  "when it is counted more often (TinyLFU); a row seen once never replaces "
+                  "one. FASTREAD_GATHER_ADMIT=off turns it off")
 DEVICE_BACKENDS = ("proxy", "xnvme-cuda")
 MIN_PAGE, MAX_PAGE = 4 << 10, 1 << 20
 _NPY_PROBE = 64 << 10  # enough for any header np.load accepts

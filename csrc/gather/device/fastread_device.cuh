@@ -137,6 +137,7 @@ FR_DEV fr_u64 fr_atom_cas64(fr_u64 *p, fr_u64 e, fr_u64 d)
     return atomicCAS((unsigned long long *)p, (unsigned long long)e, (unsigned long long)d);
 }
 FR_DEV fr_u32 fr_atom_xchg32(fr_u32 *p, fr_u32 v) { return atomicExch((unsigned int *)p, v); }
+FR_DEV fr_u32 fr_atom_or32(fr_u32 *p, fr_u32 v) { return atomicOr((unsigned int *)p, v); }
 FR_DEV fr_u32 fr_load32(const fr_u32 *p) { return *(const volatile fr_u32 *)p; }
 FR_DEV void fr_store32(fr_u32 *p, fr_u32 v) { *(volatile fr_u32 *)p = v; }
 FR_DEV fr_u64 fr_load64(const fr_u64 *p) { return *(const volatile fr_u64 *)p; }
@@ -193,6 +194,7 @@ FR_DEV fr_u32 fr_atom_xchg32(fr_u32 *p, fr_u32 v)
 {
     return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);
 }
+FR_DEV fr_u32 fr_atom_or32(fr_u32 *p, fr_u32 v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
 FR_DEV fr_u32 fr_load32(const fr_u32 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 FR_DEV void fr_store32(fr_u32 *p, fr_u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 FR_DEV fr_u64 fr_load64(const fr_u64 *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -305,9 +307,14 @@ typedef struct fr_dev_result {
      * read on their own, unless many lanes of a warp want the page (1), or
      * always (2). 0: pages are loaded. See fr_dev_fetch_rows_warp. */
     fr_u32 fetch_rows;
+    /* Set by the host per gather: a fetched row is listed for the hot-row
+     * cache once its estimate reaches this (1 while the cache has room,
+     * else fr_dev_rows.threshold; 0 counts as the threshold). */
+    fr_u32 rows_list_from;
     /* Hot-row candidates listed by this gather (fr_dev_rows.adm_n points
      * here, so the host's reset of the result block empties the list). */
     fr_u64 adm_n;
+    fr_u64 row_fills; /* rows the pass put into empty ways (fr_rows_admit) */
 } fr_dev_result;
 
 typedef struct fr_dev_counts {
@@ -326,7 +333,9 @@ typedef struct fr_dev_rows {
     fr_u32 slot_mask;  /* slots - 1 (a power of two, >= FR_ROWS_WAYS) */
     fr_u32 width_mask; /* counters per sketch row - 1 (a power of two) */
     fr_u32 seen_mask;
-    fr_u32 threshold;  /* a fetched row is listed once its estimate reaches this */
+    fr_u32 threshold;  /* a row estimated this often may replace another ("Hot rows") */
+    fr_u32 *door;      /* the doorkeeper: door_mask + 1 words of bits, one a row seen */
+    fr_u32 door_mask;
 } fr_dev_rows;
 
 typedef struct fr_dev_store {
@@ -883,38 +892,59 @@ FR_DEV int fr_dev_read_row(const fr_dev_store *s, fr_i64 id, void *dst, fr_dev_c
  * embedding lookups) were then read from storage every time, and their
  * pages cannot simply be cached instead: the hot rows of a power law over a
  * shuffled table are one or two per page (1M zipf(1.2) ids over 16M rows
- * touch 82k 64 KiB pages; a 1 GiB cache holds 16k). So rows hit again are
- * kept by row, TinyLFU-style:
+ * touch 82k 64 KiB pages; a 1 GiB cache holds 16k). So rows are kept by
+ * row, in 8-way sets, with TinyLFU's admission:
  *   - Frequency: a count-min sketch (2 rows of 32-bit counters, 4 per slot
- *     each) counts the rows row fetches bring, a warp's lanes wanting one
- *     row counting once with their number. The host halves every counter
- *     after 10 x slots counts (TinyLFU's reset). Hits do not count: a hot
- *     gather costs no atomics; recency is the tag's reference bit.
- *   - Candidates: a fetched row whose estimate reaches `threshold` (2: asked
- *     for before, in this gather or an earlier one) is listed with its
- *     output position, about once per gather (`seen`: epoch and row hash
- *     per word; a collision lists a row twice, never holds it back), at
- *     most adm_cap a gather. Listing
- *     happens after the warp's ring cell is released, and a row seen once
- *     costs two counter atomics and nothing else: a stream of rows that
- *     never repeat (uniform ids) pays about nothing.
+ *     each) behind a doorkeeper (one bit a row, 32 per slot): a row's first
+ *     request since the last reset sets its bit, the rest count in the
+ *     sketch, so rows seen once do not fill the counters until everything
+ *     reads as a repeat. The estimate is the bit plus the smaller counter.
+ *     Counted: the rows row fetches bring (a warp's lanes wanting one row
+ *     once, with their number), and a cached row's first hit since it went
+ *     in or since a sweep cleared its reference bit (fr_rows_hit_first): a
+ *     row that keeps being asked for gains frequency while cached, and a
+ *     gather whose rows are all referenced costs no atomics. The host
+ *     halves every counter and empties the doorkeeper after 10 x slots
+ *     fetched rows (TinyLFU's reset: fr_rows_age, a launch of its own
+ *     before the pass, so no estimate reads a half-halved sketch).
+ *   - Candidates: a fetched row whose estimate reaches the gather's
+ *     rows_list_from (fr_dev_result) is listed with its output position,
+ *     about once per gather (`seen`: epoch and row hash per word; a
+ *     collision lists a row twice, never holds it back), at most adm_cap
+ *     (slots / 2) a gather. rows_list_from is 1 while the cache has room
+ *     (fr_rows_list_from: under 7/8 of the slots filled), then `threshold`
+ *     (2: asked for before). Listing happens after the warp's ring cell is
+ *     released; once the cache is full a row seen once costs one atomic on
+ *     its doorkeeper word and nothing else.
  *   - Admission: after the gather, fr_rows_admit (on the same stream: no
  *     gather of ours reads these arrays meanwhile) copies each candidate
- *     from the output into its 4-way set: a free way; else a way not hit
- *     since the last admission pass (second chance: the pass clears the
- *     reference bits of a full set it cannot enter) holding the least
- *     frequent row, replaced only by a row estimated more frequent
- *     (TinyLFU: a row seen twice never pushes out a hotter one).
+ *     from the output into its set: a free way; else, for a row estimated
+ *     `threshold` times or more, a way not hit since the last sweep (second
+ *     chance: a candidate that finds every way of a full set referenced
+ *     clears their bits) holding the least frequent row, replaced only by a
+ *     row estimated more frequent (TinyLFU: a row seen twice never pushes
+ *     out a hotter one). A row seen once only ever takes a free way, so a
+ *     one-off scan fills room and evicts nothing by itself.
+ *     Measured with the emulation of csrc/tests/test_gather_rows.c at the
+ *     benchmark's scale (1M zipf(1.2) ids over 16M rows, 512k slots;
+ *     `test_gather_rows full`), against the policy of 548de3b (threshold 2
+ *     for every candidate, 4 ways, no doorkeeper, hits not counted): the
+ *     first repeat found 89.0% of its rows cached (rows asked once in the
+ *     first gather were listed only on the repeat) against 100.0% now; the
+ *     second sent 583 of its 31,250 warps to storage (rows whose 4-way set
+ *     was full) against 20; after a one-off scan of 4 x slots rows, 3,060
+ *     warps against 24 (the scan's rows, their counters filled by the scan
+ *     itself, had pushed out rows of the hot set).
  *   - Lookup: fastread's gathers look there after the host tier, with plain
- *     loads (one 32-byte sector: the set's 4 tags); the first hit of a row
- *     since the last pass sets its reference bit (one store). Users' kernels
- *     (epoch 0) never read it: they may run while fr_rows_admit does.
+ *     loads (two 32-byte sectors: the set's 8 tags); a hit on a row whose
+ *     reference bit is clear sets it (a store) and counts once. Users'
+ *     kernels (epoch 0) never read it: they may run while fr_rows_admit does.
  * Memory: a quarter of cache_bytes for the rows (taken from the page
  * cache), plus per slot 8 (tag) + 32 (sketch) + 8 (half a candidate) + 4
- * (seen) bytes. Only where row fetches can happen (backend proxy, an array
- * larger than the cache, not all in the host tier); FASTREAD_GATHER_ADMIT=off
- * turns it off. */
-#define FR_ROWS_WAYS 4u
+ * (seen) + 4 (doorkeeper) bytes. Only where row fetches can happen (backend
+ * proxy, an array larger than the cache, not all in the host tier);
+ * FASTREAD_GATHER_ADMIT=off turns it off. */
+#define FR_ROWS_WAYS 8u
 #define FR_RTAG_REF 0x8000000000000000ull  /* hit since the last admission pass */
 #define FR_RTAG_BUSY 0x7FFFFFFFFFFFFFFFull /* fr_rows_admit is filling the slot */
 #define FR_ROWS_COUNT_MAX 255u             /* counters saturate (TinyLFU's small counters) */
@@ -940,18 +970,34 @@ FR_DEV fr_u32 fr_rows_set(const fr_dev_rows *r, fr_u64 id)
 FR_DEV fr_i64 fr_rows_find(const fr_dev_rows *r, fr_u64 id, fr_u64 *tag)
 {
     fr_u32 w = fr_rows_set(r, id);
-    for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
 #ifdef FR_GPU
-        fr_u64 t = r->tags[w + k];
+    /* The set's 64 bytes in four 16-byte loads (sets start at multiples of
+     * 64 bytes of a cuMemAlloc'ed array). */
+    const ulonglong2 *t2 = (const ulonglong2 *)(r->tags + w);
+    fr_i64 at = -1;
+#pragma unroll
+    for (fr_u32 k = 0; k < FR_ROWS_WAYS / 2; k++) {
+        ulonglong2 p = t2[k];
+        if ((p.x & ~FR_RTAG_REF) == id + 1) {
+            *tag = p.x;
+            at = (fr_i64)(w + 2 * k);
+        }
+        if ((p.y & ~FR_RTAG_REF) == id + 1) {
+            *tag = p.y;
+            at = (fr_i64)(w + 2 * k + 1);
+        }
+    }
+    return at;
 #else
+    for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
         fr_u64 t = fr_load64(&r->tags[w + k]);
-#endif
         if ((t & ~FR_RTAG_REF) == id + 1) {
             *tag = t;
             return (fr_i64)(w + k);
         }
     }
     return -1;
+#endif
 }
 
 FR_DEV void fr_rows_counters(const fr_dev_rows *r, fr_u64 id, fr_u32 **c0, fr_u32 **c1)
@@ -961,40 +1007,58 @@ FR_DEV void fr_rows_counters(const fr_dev_rows *r, fr_u64 id, fr_u32 **c0, fr_u3
     *c1 = &r->sketch[(fr_u64)r->width_mask + 1 + ((h >> 32) & r->width_mask)];
 }
 
-/* Row id's estimated count: the smaller of its two counters. */
+/* Row id's doorkeeper bit: *w's bit `*bit`. */
+FR_DEV void fr_rows_door(const fr_dev_rows *r, fr_u64 id, fr_u32 **w, fr_u32 *bit)
+{
+    fr_u64 h = fr_mix64(id ^ 0x2545F4914F6CDD1Dull);
+    *w = &r->door[(h >> 5) & r->door_mask];
+    *bit = 1u << (h & 31);
+}
+
+/* Row id's estimated count: its doorkeeper bit plus the smaller of its two
+ * counters. */
 FR_DEV fr_u32 fr_rows_estimate(const fr_dev_rows *r, fr_u64 id)
 {
-    fr_u32 *c0, *c1;
+    fr_u32 *c0, *c1, *w, bit;
     fr_rows_counters(r, id, &c0, &c1);
+    fr_rows_door(r, id, &w, &bit);
     fr_u32 a = fr_load32(c0), b = fr_load32(c1);
-    return a < b ? a : b;
+    return (a < b ? a : b) + ((fr_load32(w) & bit) != 0);
 }
 
 FR_DEV fr_u32 fr_rows_bump(fr_u32 *c, fr_u32 k)
 {
     fr_u32 v = fr_load32(c);
-    if (v >= FR_ROWS_COUNT_MAX)
-        return v; /* saturated: no atomic */
+    if (v >= FR_ROWS_COUNT_MAX || k == 0)
+        return v; /* saturated (or nothing to add): no atomic */
     return fr_atom_add32(c, k) + k;
 }
 
-/* Counts k requests of row id; its estimate after them. */
+/* Counts k requests of row id; its estimate after them. The first request
+ * since the last reset only sets the doorkeeper bit (TinyLFU's doorkeeper:
+ * rows seen once stay out of the sketch, so a stream of them does not fill
+ * its counters until every row reads as a repeat); the rest count in the
+ * sketch. */
 FR_DEV fr_u32 fr_rows_note(const fr_dev_rows *r, fr_u64 id, fr_u32 k)
 {
-    fr_u32 *c0, *c1;
+    fr_u32 *c0, *c1, *w, bit;
     fr_rows_counters(r, id, &c0, &c1);
-    fr_u32 a = fr_rows_bump(c0, k), b = fr_rows_bump(c1, k);
-    return a < b ? a : b;
+    fr_rows_door(r, id, &w, &bit);
+    int seen = (fr_load32(w) & bit) != 0 || (fr_atom_or32(w, bit) & bit) != 0;
+    fr_u32 add = seen ? k : k - 1;
+    fr_u32 a = fr_rows_bump(c0, add), b = fr_rows_bump(c1, add);
+    return (a < b ? a : b) + 1;
 }
 
 /* 1 when the caller lists row id in gather `epoch`: its estimate `est`
- * reached the threshold and, as far as `seen` knows, no one listed it in
- * this gather yet. A seen word holds the low 16 bits of the epoch and 16
- * bits of the row's hash: a row whose word another row took is listed
- * again (a duplicate the pass skips), never held back. */
-FR_DEV int fr_rows_mark(const fr_dev_rows *r, fr_u64 id, fr_u32 est, fr_u32 epoch)
+ * reached `from` (the gather's rows_list_from; 0: the threshold) and, as
+ * far as `seen` knows, no one listed it in this gather yet. A seen word
+ * holds the low 16 bits of the epoch and 16 bits of the row's hash: a row
+ * whose word another row took is listed again (a duplicate the pass
+ * skips), never held back. */
+FR_DEV int fr_rows_mark(const fr_dev_rows *r, fr_u64 id, fr_u32 est, fr_u32 epoch, fr_u32 from)
 {
-    if (est < r->threshold || !epoch)
+    if (est < (from ? from : r->threshold) || !epoch)
         return 0;
     fr_u64 h = fr_mix64(id ^ 0xD1B54A32D192ED03ull);
     fr_u32 *w = &r->seen[h & r->seen_mask];
@@ -1012,28 +1076,78 @@ FR_DEV void fr_rows_put(const fr_dev_rows *r, fr_u64 i, fr_u64 id, fr_u64 pos)
     fr_store64(&r->adm[2 * i + 1], pos);
 }
 
+/* The host's side of the policy, here so that the emulation in
+ * csrc/tests/test_gather_rows.c runs the rules gather_device_rows.c does.
+ * A gather lists rows at first sight while the passes have filled under
+ * 7/8 of the slots (`filled`; with 8-way sets the last free ways are spread
+ * over sets most of whose rows are in), then from the threshold on. */
+FR_DEV fr_u32 fr_rows_list_from(const fr_dev_rows *r, fr_u64 filled)
+{
+    fr_u64 slots = (fr_u64)r->slot_mask + 1;
+    return filled < slots - slots / 8 ? 1u : r->threshold;
+}
+
+/* TinyLFU's reset is due (fr_rows_age) after 10 x slots counted rows. */
+FR_DEV int fr_rows_age_due(const fr_dev_rows *r, fr_u64 noted)
+{
+    return noted >= 10 * ((fr_u64)r->slot_mask + 1);
+}
+
+/* A hit on slot rs (row id) whose reference bit is clear: the bit set
+ * (tags are read only by fastread's gathers: a plain store) and the hit
+ * counted once in the sketch, so a row that keeps being asked for gains
+ * frequency while cached, and a newcomer that merely looks frequent to a
+ * crowded sketch does not push it out. Out of line on the GPU: the hot
+ * path's registers stay as they were. */
+#ifdef FR_GPU
+static __device__ __noinline__
+#else
+static inline
+#endif
+void fr_rows_hit_first(const fr_dev_rows *r, fr_i64 rs, fr_u64 id, fr_u64 tag)
+{
+#ifdef FR_GPU
+    r->tags[rs] = tag | FR_RTAG_REF;
+#else
+    fr_store64(&r->tags[rs], tag | FR_RTAG_REF); /* host threads play warps */
+#endif
+    (void)fr_rows_note(r, id, 1);
+}
+
+/* What fr_rows_admit_one did. */
+enum { FR_ROWS_OUT = 0, FR_ROWS_FILLED = 1, FR_ROWS_REPLACED = 2 };
+
 /* Admits row id, its bytes at src, if the policy lets it in (one thread,
  * while no gather of ours runs; other threads of the pass admit other rows
- * at the same time). 1 when it went in.
- * A set with a way another thread is filling (BUSY), or a way taken under
- * this thread's feet, is looked at again, not given up: the pass runs
- * every candidate at once, and with a gather's ~110k candidates over 131k
- * sets over half share a set with another, so giving up (a first version)
- * left a third of the candidates for later gathers. Waiting on BUSY rather
- * than taking another free way keeps a row listed twice from going in
- * twice (a second version did that: 1,814 admitted of 1,500 rows). */
+ * at the same time): FR_ROWS_FILLED (into a free way), FR_ROWS_REPLACED or
+ * FR_ROWS_OUT.
+ * A set with a way another thread is filling (BUSY) is looked at again
+ * until that thread is done, which it always is soon (it copies one row
+ * and waits for nothing): the pass runs every candidate at once, and with
+ * a first gather's ~130k candidates over 65k sets most share a set with
+ * another. Giving up there (a first version) left a third of the
+ * candidates for later gathers; so did a second one that gave up after 64
+ * looks, BUSY ones included, where one row's copy outlasts them. Those
+ * waits are bounded by time only (FR_ROWS_BUSY_NS, a guard, never reached
+ * by a pass that works); losing a CAS (another thread took the way) counts
+ * as a try. Waiting on BUSY rather than taking another free way keeps a
+ * row listed twice from going in twice (a version that did that: 1,814
+ * admitted of 1,500 rows). */
 #define FR_ROWS_ADMIT_TRIES 64
+#define FR_ROWS_BUSY_NS 10000000ull
 FR_DEV int fr_rows_admit_one(const fr_dev_rows *r, fr_u64 row_bytes, fr_u64 id, const fr_u8 *src)
 {
     fr_u32 w = fr_rows_set(r, id);
-    for (int attempt = 0; attempt < FR_ROWS_ADMIT_TRIES; attempt++) {
+    fr_u32 est = fr_rows_estimate(r, id); /* the sketch holds still during the pass */
+    fr_u64 busy_since = 0;
+    for (int lost = 0; lost < FR_ROWS_ADMIT_TRIES;) {
         fr_u64 t[FR_ROWS_WAYS];
         fr_u32 v = FR_ROWS_WAYS;
         int busy = 0;
         for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
             t[k] = fr_load64(&r->tags[w + k]);
             if ((t[k] & ~FR_RTAG_REF) == id + 1)
-                return 0; /* already in */
+                return FR_ROWS_OUT; /* already in */
             busy |= t[k] == FR_RTAG_BUSY;
             if (t[k] == 0 && v == FR_ROWS_WAYS)
                 v = k;
@@ -1041,10 +1155,18 @@ FR_DEV int fr_rows_admit_one(const fr_dev_rows *r, fr_u64 row_bytes, fr_u64 id, 
         if (busy) {
             /* A way is being filled, maybe with this very row (listed twice):
              * taking another free way could keep it twice. Look again. */
+            fr_u64 now = fr_dev_now_ns();
+            if (!busy_since)
+                busy_since = now;
+            else if (now - busy_since > FR_ROWS_BUSY_NS)
+                return FR_ROWS_OUT;
             fr_pause();
             continue;
         }
-        if (v == FR_ROWS_WAYS) { /* full: the least frequent way not hit lately */
+        if (v == FR_ROWS_WAYS) { /* full */
+            if (est < r->threshold)
+                return FR_ROWS_OUT; /* seen once: free ways only (scans evict nothing) */
+            /* The least frequent way not hit lately. */
             fr_u32 least = 0xFFFFFFFFu;
             for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++) {
                 if (t[k] & FR_RTAG_REF)
@@ -1058,19 +1180,21 @@ FR_DEV int fr_rows_admit_one(const fr_dev_rows *r, fr_u64 row_bytes, fr_u64 id, 
             if (v == FR_ROWS_WAYS) { /* every way hit since the last pass: second chance */
                 for (fr_u32 k = 0; k < FR_ROWS_WAYS; k++)
                     fr_atom_cas64(&r->tags[w + k], t[k], t[k] & ~FR_RTAG_REF);
-                return 0;
+                return FR_ROWS_OUT;
             }
-            if (fr_rows_estimate(r, id) <= least)
-                return 0; /* TinyLFU: only a more frequent row replaces one */
+            if (est <= least)
+                return FR_ROWS_OUT; /* TinyLFU: only a more frequent row replaces one */
         }
-        if (fr_atom_cas64(&r->tags[w + v], t[v], FR_RTAG_BUSY) != t[v])
-            continue; /* another thread took the way first: look again */
+        if (fr_atom_cas64(&r->tags[w + v], t[v], FR_RTAG_BUSY) != t[v]) {
+            lost++; /* another thread took the way first: look again */
+            continue;
+        }
         fr_copy_bytes(r->data + (fr_u64)(w + v) * row_bytes, src, row_bytes);
         fr_fence();
         fr_store64(&r->tags[w + v], id + 1);
-        return 1;
+        return t[v] == 0 ? FR_ROWS_FILLED : FR_ROWS_REPLACED;
     }
-    return 0; /* a set this contended waits for the next pass */
+    return FR_ROWS_OUT; /* a set this contended waits for the next pass */
 }
 
 /* ------------------------------------------------------- locality order
@@ -1252,12 +1376,15 @@ FR_DEV void fr_dev_fetch_rows_warp(const fr_dev_store *s, fr_i64 id, int direct,
     }
     /* Hot rows (see "Hot rows"), after the cell is free: each fetched row
      * counted once per warp with its lanes' number; one that reaches the
-     * threshold is listed with the owner's output position (where the warp
-     * just wrote it), one atomic per warp on the list's counter. */
+     * gather's rows_list_from is listed with the owner's output position
+     * (where the warp just wrote it), one atomic per warp on the list's
+     * counter. */
     if (epoch && s->rowc.tags) {
+        fr_u32 from = fr_load32(&s->result->rows_list_from);
         int listed = own && crc == 0 &&
                      fr_rows_mark(&s->rowc, (fr_u64)id,
-                                  fr_rows_note(&s->rowc, (fr_u64)id, (fr_u32)__popc(group)), epoch);
+                                  fr_rows_note(&s->rowc, (fr_u64)id, (fr_u32)__popc(group)), epoch,
+                                  from);
         unsigned lists = __ballot_sync(full, listed);
         if (lists) {
             int fl = __ffs(lists) - 1;
@@ -1319,8 +1446,8 @@ FR_DEV void fr_dev_gather_warp_e(const fr_dev_store *s, fr_i64 id, int active, f
         fr_i64 rs = fr_rows_find(&s->rowc, (fr_u64)id, &tag);
         if (rs >= 0) {
             src = s->rowc.data + (fr_u64)rs * rb;
-            if (!(tag & FR_RTAG_REF))
-                s->rowc.tags[rs] = tag | FR_RTAG_REF; /* read only by our gathers */
+            if (!(tag & FR_RTAG_REF)) /* the first hit since it went in or was swept */
+                fr_rows_hit_first(&s->rowc, rs, (fr_u64)id, tag);
             cnt->c[FR_CNT_ROW_HITS]++;
             pending = 0;
         }
@@ -1559,34 +1686,51 @@ fr_order_count(const void *ids, int id_bytes, unsigned long long n, unsigned lon
             atomicAdd(&counts[b], hist[b]);
 }
 
-/* The hot-row cache's pass after gather `s->result->epoch` (same stream:
- * no gather of ours runs): with `age`, every sketch counter halved first
- * (TinyLFU's reset); then each listed candidate copied from the gather's
- * output `out` into the cache where the policy lets it in ("Hot rows").
- * Nothing is admitted after a failed gather (the host resets the cache). */
-extern "C" __global__ void __launch_bounds__(256)
-fr_rows_admit(const fr_dev_store *s, const fr_u8 *out, unsigned age)
+/* TinyLFU's reset: every sketch counter halved and the doorkeeper
+ * emptied, on the gather's stream before the pass (a launch of its own:
+ * the pass's estimates then read one sketch, not one being halved under
+ * them). */
+extern "C" __global__ void __launch_bounds__(256) fr_rows_age(const fr_dev_store *s)
 {
     const fr_dev_rows *r = &s->rowc;
     if (!r->tags)
         return;
     unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
-    if (age)
-        for (unsigned long long i = tid; i < 2ull * ((fr_u64)r->width_mask + 1); i += nth)
-            r->sketch[i] >>= 1;
+    for (unsigned long long i = tid; i < 2ull * ((fr_u64)r->width_mask + 1); i += nth)
+        r->sketch[i] >>= 1;
+    for (unsigned long long i = tid; i <= r->door_mask; i += nth)
+        r->door[i] = 0;
+}
+
+/* The hot-row cache's pass after gather `s->result->epoch` (same stream:
+ * no gather of ours runs): each listed candidate copied from the gather's
+ * output `out` into the cache where the policy lets it in ("Hot rows").
+ * Nothing is admitted after a failed gather (the host resets the cache). */
+extern "C" __global__ void __launch_bounds__(256)
+fr_rows_admit(const fr_dev_store *s, const fr_u8 *out)
+{
+    const fr_dev_rows *r = &s->rowc;
+    if (!r->tags)
+        return;
+    unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long nth = (unsigned long long)gridDim.x * blockDim.x;
     if (*(volatile fr_i32 *)&s->result->error != 0)
         return;
     fr_u64 n = *(volatile fr_u64 *)r->adm_n;
     if (n > r->adm_cap)
         n = r->adm_cap;
-    unsigned long long mine = 0;
+    unsigned long long in = 0, filled = 0;
     for (unsigned long long i = tid; i < n; i += nth) {
         fr_u64 id = r->adm[2 * i], pos = r->adm[2 * i + 1];
-        mine += (unsigned long long)fr_rows_admit_one(r, s->row_bytes, id, out + pos * s->row_bytes);
+        int got = fr_rows_admit_one(r, s->row_bytes, id, out + pos * s->row_bytes);
+        in += got != FR_ROWS_OUT;
+        filled += got == FR_ROWS_FILLED;
     }
-    if (mine)
-        atomicAdd((unsigned long long *)&s->result->counters[FR_CNT_ADMITTED], mine);
+    if (in)
+        atomicAdd((unsigned long long *)&s->result->counters[FR_CNT_ADMITTED], in);
+    if (filled)
+        atomicAdd((unsigned long long *)&s->result->row_fills, filled);
 }
 
 /* Pass 2: order[k] = the positions of ids, bucket by bucket. Each block

@@ -40,7 +40,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pin *pins;
 static pin *allocs; /* device allocations, for cuPointerGetAttribute */
 static long live_allocs, live_pins, live_streams, live_handles, live_bufregs, ctx_refs;
-static long live_hostallocs, live_modules, launches, orders, admits;
+static long live_hostallocs, live_modules, launches, orders, admits, agings;
 static long register_attempts;
 static long pageable_copies, pinned_copies;
 static _Thread_local int ctx_depth;
@@ -62,6 +62,7 @@ EXPORT long mock_cuda_live(const char *what)
              : !strcmp(what, "launches")      ? launches
              : !strcmp(what, "orders")        ? orders
              : !strcmp(what, "admits")        ? admits
+             : !strcmp(what, "agings")        ? agings
                                               : -1;
     pthread_mutex_unlock(&lock);
     return v;
@@ -299,12 +300,13 @@ EXPORT int cuGetErrorString(int r, const char **s)
     return 0;
 }
 
-/* ---- the device path of row gathers (gather_device.c) ---- */
+/* ---- the device path of row gathers (gather_device*.c) ---- */
 
 static int fr_gather_rows_host(void **params, unsigned threads);
 static int fr_order_count_host(void **params, unsigned threads);
 static int fr_order_place_host(void **params, unsigned threads);
 static int fr_rows_admit_host(void **params, unsigned threads);
+static int fr_rows_age_host(void **params, unsigned threads);
 
 EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
 {
@@ -382,6 +384,8 @@ EXPORT int cuModuleGetFunction(void **f, void *m, const char *name)
         *f = (void *)fr_order_place_host;
     else if (strcmp(name, "fr_rows_admit") == 0)
         *f = (void *)fr_rows_admit_host;
+    else if (strcmp(name, "fr_rows_age") == 0)
+        *f = (void *)fr_rows_age_host;
     else
         return 500; /* CUDA_ERROR_NOT_FOUND */
     return 0;
@@ -536,8 +540,9 @@ static void emu_list(const fr_dev_store *s, const uint64_t *ids, const uint64_t 
 {
     if (!epoch || !s->rowc.tags)
         return;
+    uint32_t from = __atomic_load_n(&s->result->rows_list_from, __ATOMIC_RELAXED);
     for (uint32_t i = 0; i < n; i++)
-        if (fr_rows_mark(&s->rowc, ids[i], fr_rows_note(&s->rowc, ids[i], 1), epoch))
+        if (fr_rows_mark(&s->rowc, ids[i], fr_rows_note(&s->rowc, ids[i], 1), epoch, from))
             fr_rows_put(&s->rowc, __atomic_fetch_add(s->rowc.adm_n, 1, __ATOMIC_SEQ_CST), ids[i],
                         pos[i]);
 }
@@ -574,7 +579,7 @@ static void *emu_thread(void *p)
                 memcpy(e->out + pos * s->row_bytes, s->rowc.data + (uint64_t)rs * s->row_bytes,
                        s->row_bytes);
                 if (!(tag & FR_RTAG_REF))
-                    __atomic_store_n(&s->rowc.tags[rs], tag | FR_RTAG_REF, __ATOMIC_RELAXED);
+                    fr_rows_hit_first(&s->rowc, rs, (uint64_t)id, tag);
                 cnt.c[FR_CNT_ROW_HITS]++;
                 continue;
             }
@@ -708,22 +713,42 @@ static int fr_order_place_host(void **params, unsigned threads)
     return 0;
 }
 
+/* fr_rows_age: every sketch counter halved, the doorkeeper emptied (view). */
+static int fr_rows_age_host(void **params, unsigned threads)
+{
+    (void)threads;
+    const fr_dev_store *s = (const fr_dev_store *)(uintptr_t)*(uint64_t *)params[0];
+    const fr_dev_rows *r = &s->rowc;
+    if (!r->tags)
+        return 0;
+    for (uint64_t i = 0; i < 2ull * ((uint64_t)r->width_mask + 1); i++)
+        r->sketch[i] >>= 1;
+    memset(r->door, 0, ((size_t)r->door_mask + 1) * 4);
+    pthread_mutex_lock(&lock);
+    agings++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
 /* fr_rows_admit on 4 host threads (as the GPU runs every candidate at
  * once, so that sets contended by several candidates are exercised),
- * through the header's policy: (view, out, age). */
+ * through the header's policy: (view, out). */
 typedef struct admit_arg {
     const fr_dev_store *s;
     const uint8_t *out;
-    uint64_t n, k, nthreads, admitted;
+    uint64_t n, k, nthreads, admitted, filled;
 } admit_arg;
 
 static void *admit_thread(void *p)
 {
     admit_arg *a = p;
     const fr_dev_rows *r = &a->s->rowc;
-    for (uint64_t i = a->k; i < a->n; i += a->nthreads)
-        a->admitted += (uint64_t)fr_rows_admit_one(r, a->s->row_bytes, r->adm[2 * i],
-                                                   a->out + r->adm[2 * i + 1] * a->s->row_bytes);
+    for (uint64_t i = a->k; i < a->n; i += a->nthreads) {
+        int got = fr_rows_admit_one(r, a->s->row_bytes, r->adm[2 * i],
+                                    a->out + r->adm[2 * i + 1] * a->s->row_bytes);
+        a->admitted += got != FR_ROWS_OUT;
+        a->filled += got == FR_ROWS_FILLED;
+    }
     return NULL;
 }
 
@@ -732,13 +757,9 @@ static int fr_rows_admit_host(void **params, unsigned threads)
     (void)threads;
     const fr_dev_store *s = (const fr_dev_store *)(uintptr_t)*(uint64_t *)params[0];
     const uint8_t *out = (const uint8_t *)(uintptr_t)*(uint64_t *)params[1];
-    unsigned age = *(unsigned *)params[2];
     const fr_dev_rows *r = &s->rowc;
     if (!r->tags)
         return 0;
-    if (age)
-        for (uint64_t i = 0; i < 2ull * ((uint64_t)r->width_mask + 1); i++)
-            r->sketch[i] >>= 1;
     if (__atomic_load_n(&s->result->error, __ATOMIC_ACQUIRE) != 0)
         return 0;
     uint64_t n = __atomic_load_n(r->adm_n, __ATOMIC_ACQUIRE);
@@ -754,12 +775,14 @@ static int fr_rows_admit_host(void **params, unsigned threads)
             break;
         started++;
     }
-    uint64_t mine = 0;
+    uint64_t mine = 0, filled = 0;
     for (unsigned k = 0; k < started; k++) {
         pthread_join(th[k], NULL);
         mine += a[k].admitted;
+        filled += a[k].filled;
     }
     __atomic_fetch_add(&s->result->counters[FR_CNT_ADMITTED], mine, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&s->result->row_fills, filled, __ATOMIC_SEQ_CST);
     if (started < T)
         return CUDA_ERROR_OUT_OF_MEMORY; /* threads refused: the rows the others took are in */
     pthread_mutex_lock(&lock);
@@ -782,6 +805,8 @@ EXPORT int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsign
         return fr_order_place_host(params, gx * bx);
     if (f == (void *)fr_rows_admit_host)
         return fr_rows_admit_host(params, gx * bx);
+    if (f == (void *)fr_rows_age_host)
+        return fr_rows_age_host(params, gx * bx);
     if (f != (void *)fr_gather_rows_host || bx % 32 != 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
