@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/base.h"
@@ -87,6 +88,9 @@ struct fr_host_gather {
     size_t range_cap, nranges;
     size_t *chunk; /* chunk k: ranges [chunk[k], chunk[k+1]) */
     size_t chunk_cap, nchunks;
+
+    /* The last gather's time: checks, sort and plan; reads and scatter. */
+    double prep_us, read_us;
 
     /* The gather in flight. */
     uint8_t *out;
@@ -471,11 +475,20 @@ static int plan(fr_host_gather *g, size_t n, fr_host_gather_counts *counts)
     return 0;
 }
 
+static double mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
 static int run_any(fr_host_gather *g, const void *ids, int id_bytes, size_t n, void *out,
                    size_t *bad_index, fr_host_gather_counts *counts, char *err, size_t err_len)
 {
+    g->prep_us = g->read_us = 0;
     if (n == 0)
         return 0;
+    double t0 = mono_us();
     if (grow((void **)&g->a, &g->pair_cap, n, sizeof(pair)))
         return -ENOMEM;
     /* g->b (the radix sort's other buffer) follows g->a's capacity. */
@@ -499,11 +512,14 @@ static int run_any(fr_host_gather *g, const void *ids, int id_bytes, size_t n, v
     int rc = plan(g, n, counts);
     if (rc)
         return rc;
+    double t1 = mono_us();
     g->out = out;
     g->rc = 0;
     g->err[0] = 0;
     atomic_store(&g->next_slot, 0);
     fr_threadpool_run(g->pool, 0, g->nchunks);
+    g->prep_us = t1 - t0;
+    g->read_us = mono_us() - t1;
     if (g->rc)
         fr_set_err(err, err_len, "%s", g->err);
     return g->rc;
@@ -534,4 +550,9 @@ uint64_t fr_host_gather_bytes(fr_host_gather *g)
 }
 
 const char *fr_host_gather_engine(const fr_host_gather *g) { return g->engine; }
+void fr_host_gather_last_times(const fr_host_gather *g, double *prep_us, double *read_us)
+{
+    *prep_us = g->prep_us;
+    *read_us = g->read_us;
+}
 int fr_host_gather_direct(const fr_host_gather *g) { return g->direct; }

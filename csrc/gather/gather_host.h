@@ -57,6 +57,9 @@ int fr_host_gather_run32(fr_host_gather *g, const int32_t *ids, size_t n, void *
 /* Host memory held for gathers (sort buffers, range lists, read arenas). */
 uint64_t fr_host_gather_bytes(fr_host_gather *g);
 const char *fr_host_gather_engine(const fr_host_gather *g);
+/* The last gather's microseconds: checks, sort and plan; reads and scatter
+ * (for $FASTREAD_GATHER_TIMELINE). */
+void fr_host_gather_last_times(const fr_host_gather *g, double *prep_us, double *read_us);
 int fr_host_gather_direct(const fr_host_gather *g); /* 1 if reads use O_DIRECT */
 
 #endif

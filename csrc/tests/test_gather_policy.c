@@ -259,6 +259,31 @@ static void test_route(const char *path)
             fr_store_route_get(s, route, sizeof(route));
             CHECK(st.host_routed == routed && st.row_hits - hits >= 48);
             CHECK(strncmp(route, "device: cold, but", 17) == 0);
+            /* FASTREAD_GATHER_TIMELINE=1 (read at open): a host-path gather
+             * says where its time went, one line on stderr. */
+            setenv("FASTREAD_GATHER_TIMELINE", "1", 1);
+            fr_store *t = NULL;
+            CHECK(fr_store_open(&c, &t, err, sizeof(err)) == 0);
+            unsetenv("FASTREAD_GATHER_TIMELINE");
+            char log[4096] = "";
+            if (t && drop_from_page_cache(path)) {
+                char tmpl[] = "/tmp/fastread-timeline-XXXXXX";
+                int fd = mkstemp(tmpl), saved = dup(2);
+                CHECK(fd >= 0 && saved >= 0);
+                fflush(stderr);
+                dup2(fd, 2);
+                CHECK(gather_check(t, ids, 3000, 8, err, &bad) == 0);
+                fflush(stderr);
+                dup2(saved, 2);
+                close(saved);
+                ssize_t got = pread(fd, log, sizeof(log) - 1, 0);
+                log[got > 0 ? got : 0] = 0;
+                close(fd);
+                unlink(tmpl);
+                CHECK(strstr(log, "fastread gather timeline (host path): n 3000 | route ") != NULL);
+                CHECK(strstr(log, "reads and scatter") && strstr(log, "copy up"));
+            }
+            fr_store_close(t);
         } else {
             fprintf(stderr, "test_route: %s stays in the page cache: the cold route not tested\n",
                     path);
