@@ -58,6 +58,13 @@
 #                              (bench/gather/gather.py; by hand: bench/gather/gpu_perf.sh, where a
 #                              device gather's time goes, and bench/gather/gpu_gather.sh, the gather
 #                              core's C tests on a GPU machine)
+#   bash bench/gpu.sh gather-targets  issue 39's gather targets in one call (~6 min once built, as
+#                              after `tests`): the hot-row GPU tests; gather.py warm and hot, 1M ids,
+#                              uniform and zipf, memmap and FeatureStore defaults (hot: the same ids
+#                              again, each repeat's rows/s); cold 1M uniform, memmap / default /
+#                              backend host, in both orders, with FASTREAD_GATHER_TIMELINE=1 (where a
+#                              host-path gather's time went); a verdict table last
+#                              (bench/gather/gather_verdict.py)
 #   bash bench/gpu.sh s3       `fastread bench s3://bench/train` (the s3 family: DALI's s3 reader,
 #                              boto3 x32, read_files, Reader, the curl --parallel ceiling) against
 #                              SeaweedFS on this machine (bench/s3/run_family.py): S3_OBJECTS
@@ -402,6 +409,34 @@ gather)
         echo "(bench/gather/gather.py stopped early; the JSON has what ran)"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
+gather-targets)
+    # Issue 39 item 4 on the 16M x 128 float32 table (8 GiB, /var/tmp, made once): FeatureStore
+    # defaults (backend auto, 1 GiB cache with its hot-row cache) against memmap. Every step has
+    # its own timeout, so the verdict always prints; the JSON files keep what ran.
+    common=(--device cuda --rows 16M --dim 128 --workdir /var/tmp --batches 1M --ceiling-seconds 1)
+    (cd tests && timeout 150 python3 -m pytest -q -ra -p no:cacheprovider test_features_gpu.py \
+        -k "admitted or power_law or routes_cold") >"$json/tests.log" 2>&1
+    echo "hot-row GPU tests: $(tail -1 "$json/tests.log")"
+    grep -E "^(FAILED|ERROR)" "$json/tests.log" || true
+    timeout 240 python3 bench/gather/gather.py "${common[@]}" --dists uniform,zipf --states warm,hot \
+        --modes memmap,default --repeat 3 --warmup 1 --json "$json/warmhot.json" ||
+        echo "(warm/hot stopped early; the JSON has what ran)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    # Cold: the page cache dropped before every repeat; the modes in both orders (a virtio
+    # disk's own cache favours whoever reads second).
+    for order in memmap,default,host host,default,memmap; do
+        tag=cold-${order%%,*}-first
+        FASTREAD_GATHER_TIMELINE=1 timeout 150 python3 bench/gather/gather.py "${common[@]}" \
+            --dists uniform --states cold --modes "$order" --cold-repeat 2 --json "$json/$tag.json" \
+            2>"$json/$tag.timeline" || echo "($tag stopped early; the JSON has what ran)"
+        grep -m 2 "timeline (host path)" "$json/$tag.timeline" || true
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    done
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    python3 bench/gather/gather_verdict.py "$json/warmhot.json" "$json"/cold-*-first.json |
+        tee "$json/verdict.txt"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 decoded)
     aug=/tmp/fastread-augment; n="${AUG_IMAGES:-10000}"
     python3 -m fastread.cli make-dataset "$aug/train" --classes 10 --per-class $((n / 10)) \
@@ -527,7 +562,7 @@ s3)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, formats, s3, s3-peers)" >&2
+    echo "unknown section '$section' (stage, tests, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers)" >&2
     exit 2
     ;;
 esac
