@@ -9,7 +9,8 @@
 # astunparse, gast, optree, nvtx, makefun, libcst, webdataset, braceexpand,
 # msgpack, msgpack-numpy, squirrel-core) tarred, split in parts under 60 MB,
 # copied to /tmp/stage one call each, then joined, checked by sha256 and
-# installed with `pip install --no-index --no-deps --target /tmp/site`:
+# installed with `pip install --no-index --no-deps --target /tmp/site`
+# (bench/gpu_stage.sh makes .stage and .deps/liburing here):
 #
 #   bash bench/gpu.sh stage    only gather the .stage/part-* this call carries (see
 #                              stage_wheels below; every section does it first too)
