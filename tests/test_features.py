@@ -721,6 +721,11 @@ def test_nvrtc_wheel_dir_finds_a_wheel_layout(tmp_path, monkeypatch):
     from fastread import _gather_defaults as G
     lib = tmp_path / "nvidia" / "cu13" / "lib"
     lib.mkdir(parents=True)
+    # Regular packages, as the wheels install them: an `nvidia` folder without
+    # __init__.py is only a namespace portion, and an installed nvidia package
+    # (torch's CUDA 13 wheels) would win over it whatever sys.path's order.
+    for pkg in (tmp_path / "nvidia", tmp_path / "nvidia" / "cu13"):
+        (pkg / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     import importlib
     importlib.invalidate_caches()
