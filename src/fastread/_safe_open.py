@@ -22,6 +22,7 @@ Block devices are refused unless the caller reads them by design
 (``block_devices=True``: packed images, ``FileRanges`` and feature stores
 over a device).
 """
+import errno
 import os
 import stat
 
@@ -30,6 +31,19 @@ from fastread.errors import SpecialFileError, kind_of
 __all__ = ["open_fd", "open_file"]
 
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+# What open(2) of a special file fails with: a socket (ENXIO), a device
+# without a driver (ENXIO, ENODEV), some file systems' special files.
+_SPECIAL_OPEN_ERRNOS = (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP)
+
+
+def _kind_now(path):
+    """What ``path`` is now when no regular file, else None (a failed
+    open's cause, looked up after it: the open's error stands otherwise)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) else kind_of(mode)
 
 
 def open_fd(path, *, block_devices=False, blocking=True):
@@ -41,7 +55,14 @@ def open_fd(path, *, block_devices=False, blocking=True):
     for a missing or unreadable one. ``blocking=False`` leaves O_NONBLOCK
     set, which regular files and block devices ignore: two system calls
     fewer for callers that only ``pread`` (the ``.npy`` probe)."""
-    fd = os.open(path, _FLAGS)
+    try:
+        fd = os.open(path, _FLAGS)
+    except OSError as e:
+        # A socket cannot be opened at all (ENXIO): say what it is.
+        kind = _kind_now(path) if e.errno in _SPECIAL_OPEN_ERRNOS else None
+        if kind is not None:
+            raise SpecialFileError(os.fsdecode(path), kind) from None
+        raise
     try:
         st = os.fstat(fd)
         mode = st.st_mode
