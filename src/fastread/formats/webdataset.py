@@ -247,7 +247,13 @@ class _TarBound:
         if block.count(0) == _BLOCK:
             self.end = pos
             return
-        stored = _octal(block[148:156], self.shard, pos, "checksum")
+        try:
+            stored = _octal(block[148:156], self.shard, pos, "checksum")
+        except FormatError as e:   # worded as index_tar words it
+            if pos:
+                raise
+            raise FormatError(self.shard, 0, "not a tar archive (its first header's "
+                                             f"{str(e).rsplit(': ', 1)[-1]})") from None
         computed = sum(block[:148]) + 8 * 32 + sum(block[156:])
         if stored != computed:
             what = "not a tar archive" if pos == 0 else "tar header checksum error"
