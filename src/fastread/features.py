@@ -297,6 +297,10 @@ class FeatureStore:
                                      f"header says {hdr.shape}")
             dtype, shape, offset = hdr.dtype, hdr.shape, hdr.data_offset
         elif dtype is None:
+            if str(path).endswith(".npy") and offset == 0:   # the file's fault, not the call's
+                raise ValueError(f"feature store {what}: not a .npy file (it starts with "
+                                 f"{bytes(head[:len(NPY_MAGIC)])!r}, not {NPY_MAGIC!r}); raw "
+                                 "data needs dtype= (and shape=)")
             raise TypeError(f"feature store {what}: raw data needs dtype= (and shape=; only "
                             ".npy data carries its own)")
         try:
@@ -304,7 +308,9 @@ class FeatureStore:
         except TypeError as e:
             raise TypeError(f"feature store {what}: dtype={dtype!r}: {e}") from None
         if self.dtype.hasobject or self.dtype.itemsize == 0:
-            raise TypeError(f"feature store {what}: dtype {self.dtype} cannot be stored raw")
+            # From a .npy header: the file's fault (ValueError), else the caller's.
+            raise (ValueError if self.npy else TypeError)(
+                f"feature store {what}: dtype {self.dtype} cannot be stored raw")
         if offset > size:
             raise ValueError(f"feature store {what}: offset {offset} is past its end "
                              f"({size} bytes)")
