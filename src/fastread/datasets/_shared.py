@@ -27,8 +27,6 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
 
-from fastread._safe_open import open_file
-
 #: Name of the completion marker written (last) into the dataset root.
 MARKER_NAME = ".fastread-dataset.json"
 
@@ -99,9 +97,9 @@ def check_workers(workers) -> int:
 
 def _read_json(path: str):
     try:
-        with open_file(path) as f:   # a FIFO in its place: refused, not waited on
-            return json.loads(f.read().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
         return None
 
 
