@@ -181,14 +181,13 @@ int main(void)
 {
     make_specials();
     test_open_data();
-    const char *engines[] = {"psync", "io_uring"};
-    for (int e = 0; e < 2; e++) {
+    static const char *const engines[] = {"psync", "io_uring", NULL};
+    for (const char *const *e = engines; *e; e++) {
         char why[FR_ERRLEN];
-        if (fr_engine_probe(engines[e], why, sizeof(why)) != 0) {
-            fprintf(stderr, "skipping %s: %s\n", engines[e], why);
-            continue;
-        }
-        test_ranges(engines[e]);
+        if (fr_engine_probe(*e, why, sizeof(why)) == 0)
+            test_ranges(*e);
+        else
+            fprintf(stderr, "skipping %s: %s\n", *e, why);
     }
     test_plain_path_after_a_swap();
     test_store();
