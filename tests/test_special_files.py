@@ -378,3 +378,23 @@ def test_index_builds_refuse_special_files_by_name(tmp_path, small_pack, opener,
     """)
     assert res[0] != "ok", f"{opener} accepted {special} {p}"
     assert p in res[1] and KIND[special] in res[1], res
+
+
+def test_special_file_error_is_a_read_error_that_pickles(tmp_path):
+    """What a DataLoader worker or a Ray task raises comes back whole."""
+    import pickle
+
+    from fastread._safe_open import open_file
+    from fastread.errors import SpecialFileError
+
+    fifo = str(tmp_path / "f.tar")
+    os.mkfifo(fifo)
+    with pytest.raises(SpecialFileError) as e:
+        open_file(fifo)
+    err = pickle.loads(pickle.dumps(e.value))
+    assert isinstance(err, fastread.ReadError) and err.kind == "a FIFO"
+    assert err.filename == fifo and err.errno == 22 and str(err) == str(e.value)
+    assert "not a regular file: a FIFO" in str(err)
+    with pytest.raises(SpecialFileError) as e:
+        open_file(str(tmp_path))
+    assert e.value.errno == 21 and "a directory" in str(e.value)
