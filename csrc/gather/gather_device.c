@@ -207,7 +207,7 @@ static int open_fetch(fr_gdev *d, const fr_gather_backend *be, char *err, size_t
     /* For the residency sample (choose_fetch, and backend "auto"'s route:
      * fr_gdev_route); without it (a mapping refused) arrays count as warm,
      * which only costs the cold cases their best path. */
-    int fd = open(d->path, O_RDONLY | O_CLOEXEC);
+    int fd = fr_open_data(d->path, 0, 1, NULL); /* a FIFO swapped in: no wait */
     if (fd >= 0) {
         uint64_t lo = d->offset & ~(uint64_t)4095;
         d->res_len = (size_t)(d->offset + d->rows * d->row_bytes - lo);
@@ -377,11 +377,10 @@ static int unpin_all(fr_gdev *d)
 /* The whole array into the host tier: large sequential reads. */
 static int read_whole(fr_gdev *d, const fr_store_config *cfg, char *err, size_t err_len)
 {
-    int fd = open(cfg->path, O_RDONLY | O_CLOEXEC);
+    int fd = fr_open_data(cfg->path, 0, 1, NULL); /* a FIFO swapped in: refused, no wait */
     if (fd < 0) {
-        int e = errno;
-        fr_set_err(err, err_len, "store %s: host tier: %s", cfg->path, strerror(e));
-        return -e;
+        fr_set_err(err, err_len, "store %s: host tier: %s", cfg->path, strerror(-fd));
+        return fd;
     }
     uint8_t *dst = d->tier_h;
     uint64_t done = 0, want = d->rows * d->row_bytes;

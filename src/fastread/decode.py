@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fastread._safe_open import open_file
+
 __all__ = ["DecoderChoice", "Preprocess", "choose_decoder", "preprocess_file",
            "preprocess_image", "to_rgb", "decoded_batches"]
 
@@ -238,6 +240,10 @@ def preprocess_file(path, pre):
     Pillow raises for a file it cannot decode (OSError, ValueError, ...)."""
     from PIL import Image, ImageOps
 
+    if isinstance(path, (str, bytes, os.PathLike)):
+        # Pillow's own open() of a FIFO waits for a writer: refused here, by name.
+        with open_file(path) as f:
+            return preprocess_file(f, pre)
     with Image.open(path) as src:
         src.load()   # decode now: a truncated or corrupt file fails here, not later
         # EXIF orientation applied, as DALI's decoders do by default
