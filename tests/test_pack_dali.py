@@ -401,18 +401,36 @@ def test_decoding_streams_a_bounded_window(tree):
 # -- the choice ---------------------------------------------------------------
 
 def test_choice_here_and_its_record(tree, tmp_path, capsys):
-    """auto: Pillow (DALI on the GPU is not the default until measured
-    there); the pack's summary and index say which and why."""
+    """auto: Pillow here (no GPU; and DALI on the GPU is not the default
+    until measured there); the pack's summary and index say which and why."""
     out = str(tmp_path / "auto.img")
     assert cli_main(["pack", tree, out, "--decode", "--resize", "40", "--crop", "32",
                      "--quiet", "--decode-workers", "1"]) == 0
     printed = capsys.readouterr().out
     img = fastread.PackedImage(out)
-    want = "pillow"
+    want = choose_decoder("auto").label   # pillow here; the GPU's once AUTO_USES_DALI_GPU
     assert img.preprocess["decoder"] == want and img.preprocess["decoder_why"].startswith("auto")
     assert f"decoder: {want} (auto" in printed
     doc = json.loads(open(img.index_path, "rb").read().split(b"\n", 1)[1])
     assert doc["preprocess"]["decoder"] == want
+
+
+@pytest.mark.parametrize("gpus", [1, 0])
+def test_auto_takes_the_gpu_once_the_rule_says_so(monkeypatch, gpus):
+    """AUTO_USES_DALI_GPU, the one switch: auto is DALI on the GPU where
+    DALI sees one, Pillow where not (saying why), and Pillow everywhere
+    while the switch is off."""
+    import nvidia.dali.backend as backend
+    import fastread.decode as dec
+
+    monkeypatch.setattr(dec, "_dali_gpus", lambda: (backend, gpus, None if gpus else "no GPU"))
+    monkeypatch.setattr(dec, "AUTO_USES_DALI_GPU", True)
+    got = choose_decoder("auto")
+    assert got.label == ("dali-mixed" if gpus else "pillow")
+    assert got.why.startswith("auto") and (gpus or "no GPU" in got.why)
+    assert choose_decoder("auto", "cpu").label == "pillow"
+    monkeypatch.setattr(dec, "AUTO_USES_DALI_GPU", False)
+    assert choose_decoder("auto").label == "pillow"
 
 
 def test_info_says_the_default_decoder(capsys):
@@ -512,7 +530,8 @@ def test_gpu_skip_bad_keeps_the_good_files(tree, tmp_path):
 
 @needs_gpu
 def test_gpu_when_auto_is_told_the_gpu(tree, tmp_path):
-    assert choose_decoder("auto").label == "pillow"
+    from fastread.decode import AUTO_USES_DALI_GPU
+    assert choose_decoder("auto").label == ("dali-mixed" if AUTO_USES_DALI_GPU else "pillow")
     img = fastread.pack(tree, str(tmp_path / "a.img"), decode=True, resize=40, crop=32,
                         decode_device="gpu", progress=False)
     assert img.preprocess["decoder"] == "dali-mixed"
