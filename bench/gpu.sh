@@ -85,7 +85,10 @@
 #                              only), then bench/decoded/pack_decoders.py: Pillow, DALI on the
 #                              CPU and DALI on the GPU (nvJPEG) packing PD_IMAGES JPEGs
 #                              (default 5000) at --resize 160 --crop 160, PD_ROUNDS interleaved
-#                              rounds (default 3), with the pixel differences; needs DALI staged
+#                              rounds (default 3), with the pixel differences (packs written to
+#                              /dev/shm where it has 8 GiB free; once before to /tmp's disk),
+#                              bench/decoded/gpu_pixels.py (which stage parts from Pillow), and a
+#                              verdict table last (GPU tests, pixels, >= 3x Pillow); needs DALI
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
@@ -461,10 +464,29 @@ pack-decoders)
         { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -20 || true; }
     tar -cf "$out/results-$section.tar" -C "$json" .
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    # Where the decoders' pixels part from Pillow's, per variant and stage
+    # (chroma upsampling, hardware decoder, GPU resize), on the tests' tree.
+    python3 bench/decoded/gpu_pixels.py --json "$json/gpu-pixels.json" 2>&1 | grep -v -i warning |
+        tee "$json/gpu-pixels.txt" || echo "(gpu_pixels.py failed)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
     n="${PD_IMAGES:-5000}"
+    # The packs go to RAM where it has room (the decoders are compared, not
+    # the disk; the run prints the disk's ceiling for such packs too).
+    packs=/tmp/fastread-packdecoders
+    if [ "$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}')" -gt $((8 << 20)) ] 2>/dev/null; then
+        packs=/dev/shm/fastread-packdecoders
+    fi
+    # Once to the disk (/tmp) first: what a pack there reaches.
     python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --images "$n" \
-        --classes 10 --rounds "${PD_ROUNDS:-3}" --json "$json/pack-decoders.json" \
+        --classes 10 --rounds 1 --decoders pillow,dali-gpu --no-decode-only \
+        --json "$json/pack-decoders-disk.json" 2>&1 | grep -E "^(round|writing)" |
+        sed 's/^/(to the disk) /' || true
+    # Then to RAM, interleaved rounds, the verdict table last.
+    python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --out-dir "$packs" \
+        --images "$n" --classes 10 --rounds "${PD_ROUNDS:-3}" --json "$json/pack-decoders.json" \
+        --tests-log "$json/test_pack_dali.log" \
         2>&1 | grep -v -i "warning" | tee "$json/pack-decoders.txt" || echo "(pack_decoders.py failed)"
+    rm -rf "$packs"/bench-*.img*
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 formats)
