@@ -79,7 +79,11 @@
 #                              fused augmentation kernel (c), readers.image on a JPEG q90 max side
 #                              256 pack + the same (d); AUG_IMAGES JPEGs (default 10000), packed
 #                              once per machine; AUG_HW: DALI's hw_decoder_load for (a), (b), (d)
-#                              (default DALI's 0.65); (a), (b), (d) skip, saying so, without DALI staged
+#                              (default DALI's 0.65); (a), (b), (d) skip, saying so, without DALI staged;
+#                              (e) readers.image(raw 160 pack, decoded=True) + .gpu(), (f) the same with
+#                              device="gpu" (the native operator's GPU output), each + DALI's GPU crop
+#   bash bench/gpu.sh decoded-gpu  (c), (e), (f) at 160 and 224 alone, with issue 39's verdict for (f)
+#                              last (>= 2x (e), >= 0.7x (c))
 #   bash bench/gpu.sh pack-decoders  `fastread pack --decode` with DALI's decoder on the GPU
 #                              (issue 33): tests/test_pack_dali.py (its GPU cases run here
 #                              only), then bench/decoded/pack_decoders.py: Pillow, DALI on the
@@ -436,7 +440,7 @@ gather)
         echo "(bench/gather/gather.py stopped early; the JSON has what ran)"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
-decoded)
+decoded|decoded-gpu)
     aug=/tmp/fastread-augment; n="${AUG_IMAGES:-10000}"
     python3 -m fastread.cli make-dataset "$aug/train" --classes 10 --per-class $((n / 10)) \
         --seed 0 --workers "$(nproc)" --quiet >/dev/null
@@ -450,11 +454,16 @@ decoded)
         fi
     done
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    # decoded-gpu: issue 39's native GPU output of decoded packs alone (f), against
+    # the host outputs + .gpu() (e) and the fused ImageLoader (c), with its verdict.
+    modes=a160,a224,b224,c160,c224,d224,e160,f160
+    extra=()
+    if [ "$section" = decoded-gpu ]; then modes=c160,e160,f160,c224,e224,f224; extra=(--verdict); fi
     python3 bench/gpu/augment_bench.py "$aug/train" --raw160 "$aug/raw160.img" \
         --raw224 "$aug/raw224.img" --jpeg "$aug/jpeg256.img" --batch 256 --threads 8 \
-        --rounds "${AUG_ROUNDS:-3}" --seconds "${AUG_SECONDS:-4}" --json "$json/decoded.json" \
-        ${AUG_HW:+--hw-decoder-load "$AUG_HW"} \
-        2>&1 | tee "$json/decoded.txt"
+        --rounds "${AUG_ROUNDS:-3}" --seconds "${AUG_SECONDS:-4}" --json "$json/$section.json" \
+        --modes "${AUG_MODES:-$modes}" "${extra[@]}" ${AUG_HW:+--hw-decoder-load "$AUG_HW"} \
+        2>&1 | tee "$json/$section.txt"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 pack-decoders)
@@ -580,7 +589,7 @@ s3)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, tests-nouring, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, formats, s3, s3-peers)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, pack-decoders, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, formats, s3, s3-peers)" >&2
     exit 2
     ;;
 esac
