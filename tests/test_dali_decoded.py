@@ -68,12 +68,16 @@ def test_outputs_equal_the_stored_arrays(packs, which, native, kw):
     assert got[0][2] == "HWC"   # for DALI's image operators, from the operator too
 
 
-def test_followed_by_dali_augmentation_without_a_decoder(packs):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=needs_gpu)])
+def test_followed_by_dali_augmentation_without_a_decoder(packs, device):
+    """DALI's random_resized_crop and crop_mirror_normalize right after the
+    reader, no decoder; on the GPU (device="gpu": the operator, which writes
+    the pixels to the GPU itself, issue 39) with no host step between."""
     img = packs["crop"]
 
     def graph():
         images, labels = readers.image(image=img.path, decoded=True, random_shuffle=True,
-                                       seed=1, name="R")
+                                       seed=1, name="R", device=device)
         images = fn.random_resized_crop(images, size=(16, 16), seed=2)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                           mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
@@ -81,9 +85,12 @@ def test_followed_by_dali_augmentation_without_a_decoder(packs):
                                           mirror=fn.random.coin_flip(seed=3))
         return images, labels
 
-    p = make_pipe(graph, 8)
+    p = (make_gpu_pipe if device == "gpu" else make_pipe)(graph, 8)
+    assert not getattr(p, "_fastread_readers", [])   # the operator, not the external source
     for _ in range(3):
         images, labels = p.run()
+        if device == "gpu":
+            images = images.as_cpu()
         arr = np.array(images.as_tensor())
         assert arr.shape == (8, 3, 16, 16) and arr.dtype == np.float32
         assert np.isfinite(arr).all() and arr.std() > 0.1
@@ -154,29 +161,3 @@ def test_gpu_output_equals_the_stored_arrays(packs, which, native):
     for k, a in enumerate(flat):
         np.testing.assert_array_equal(a, want[k % len(img)])
     assert labels == [int(img.labels[k % len(img)]) for k in range(len(flat))]
-
-
-@needs_gpu
-def test_gpu_output_feeds_dali_gpu_augmentation(packs):
-    """readers.image(decoded=True, device="gpu") on the operator, then DALI's
-    GPU random_resized_crop and crop_mirror_normalize: no decoder and no
-    host step (issue 39's pipeline; bench/gpu/augment_bench.py times it)."""
-    img = packs["crop"]
-
-    def graph():
-        images, labels = readers.image(image=img.path, decoded=True, device="gpu",
-                                       native=True, random_shuffle=True, seed=1, name="R")
-        images = fn.random_resized_crop(images, size=(16, 16), seed=2)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
-                                          mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
-                                          std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
-                                          mirror=fn.random.coin_flip(seed=3))
-        return images, labels
-
-    p = make_gpu_pipe(graph, 8)
-    assert not getattr(p, "_fastread_readers", [])
-    for _ in range(3):
-        images, labels = p.run()
-        arr = np.array(images.as_cpu().as_tensor())
-        assert arr.shape == (8, 3, 16, 16) and arr.dtype == np.float32
-        assert np.isfinite(arr).all() and arr.std() > 0.1
