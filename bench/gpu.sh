@@ -468,14 +468,16 @@ decoded|decoded-gpu)
     ;;
 pack-decoders)
     python3 -c 'import nvidia.dali' || { echo "pack-decoders needs DALI: bash bench/gpu.sh stage first"; exit 1; }
-    (cd tests && python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
+    # Each step under its own timeout, so that a stuck one (a pipeline that
+    # never returns) leaves the others their share of the call.
+    (cd tests && timeout 200 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
         >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
         { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -20 || true; }
     tar -cf "$out/results-$section.tar" -C "$json" .
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
     # Where the decoders' pixels part from Pillow's, per variant and stage
     # (chroma upsampling, hardware decoder, GPU resize), on the tests' tree.
-    python3 bench/decoded/gpu_pixels.py --json "$json/gpu-pixels.json" 2>&1 | grep -v -i warning |
+    timeout 90 python3 bench/decoded/gpu_pixels.py --json "$json/gpu-pixels.json" 2>&1 | grep -v -i warning |
         tee "$json/gpu-pixels.txt" || echo "(gpu_pixels.py failed)"
     tar -cf "$out/results-$section.tar" -C "$json" .
     n="${PD_IMAGES:-5000}"
@@ -486,12 +488,12 @@ pack-decoders)
         packs=/dev/shm/fastread-packdecoders
     fi
     # Once to the disk (/tmp) first: what a pack there reaches.
-    python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --images "$n" \
-        --classes 10 --rounds 1 --decoders pillow,dali-gpu --no-decode-only \
+    timeout 120 python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --images "$n" \
+        --classes 10 --rounds 1 --decoders dali-gpu --no-decode-only \
         --json "$json/pack-decoders-disk.json" 2>&1 | grep -E "^(round|writing)" |
         sed 's/^/(to the disk) /' || true
     # Then to RAM, interleaved rounds, the verdict table last.
-    python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --out-dir "$packs" \
+    timeout 240 python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --out-dir "$packs" \
         --images "$n" --classes 10 --rounds "${PD_ROUNDS:-3}" --json "$json/pack-decoders.json" \
         --tests-log "$json/test_pack_dali.log" \
         2>&1 | grep -v -i "warning" | tee "$json/pack-decoders.txt" || echo "(pack_decoders.py failed)"
