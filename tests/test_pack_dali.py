@@ -262,12 +262,15 @@ def test_skip_bad_keeps_the_good_files_of_a_failed_batch(tree, tmp_path, capsys)
     assert cli_main(["verify", out, "--quiet"]) == 0
 
 
-def test_failed_batch_runs_again_sample_by_sample(tree, monkeypatch):
+@pytest.mark.parametrize("batch_size", [7, 2], ids=["one-batch", "runs-behind-it"])
+def test_failed_batch_runs_again_sample_by_sample(tree, monkeypatch, batch_size):
     """DALI fails the whole batch on one bad file and its pipeline is
     unusable after; the decoder builds it again and decodes the batch one
     sample at a time: the good samples come out as in a batch without the
-    bad one (the same decoder: identical bytes). The bad file is a truncated
-    JPEG let through the check that keeps such files from DALI (see
+    bad one (the same decoder: identical bytes). With small batches the
+    runs scheduled behind the failed one (DEPTH at once) run again on the
+    new pipeline, in order. The bad file is a truncated file let through
+    the check that keeps truncated JPEGs from DALI (see
     test_truncated_jpegs_are_left_to_pillow)."""
     import fastread.decode_dali as dd
 
@@ -286,7 +289,7 @@ def test_failed_batch_runs_again_sample_by_sample(tree, monkeypatch):
         with open(junk, "wb") as f:   # a whole header (DALI gets it), half the scan
             f.write(data[:len(data) // 2])
         mixed = paths[:3] + [junk] + paths[3:]
-        dec = DaliDecoder(pre, batch_size=7, threads=2)
+        dec = DaliDecoder(pre, batch_size=batch_size, threads=2)
         items = [item for chunk in dec.batches(mixed) for item in chunk]
     finally:
         os.unlink(junk)
