@@ -50,8 +50,6 @@ def test_raw_file(feats):
 @pytest.mark.parametrize("engine", ["io_uring", "psync"])
 @pytest.mark.parametrize("o_direct", [True, False, None])
 def test_engines_and_o_direct(feats, engine, o_direct):
-    if fastread.engines()[engine].files is not True:
-        pytest.skip(f"engine {engine}: {fastread.engines()[engine].files}")
     arr, raw, _ = feats  # row 0 at byte 100: O_DIRECT reads are widened to aligned blocks
     with FeatureStore(raw, np.float32, (5000, 16), offset=100, engine=engine,
                       o_direct=o_direct) as s:

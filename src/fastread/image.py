@@ -53,7 +53,7 @@ from fastread.index import scan
 from fastread.s3 import S3Options, is_url
 from fastread.source import FileList, FileRanges, read_in_order
 
-__all__ = ["PackedImage", "ImageError", "pack", "verify", "index_path"]
+__all__ = ["PackedImage", "ImageError", "pack", "verify", "index_path", "is_packed_image"]
 
 MAGIC = b"FRIMAGE\0"
 #: The image's header block layout (unchanged by index version 2).
@@ -89,6 +89,21 @@ def index_path(image):
     """The default index of an image: ``<image>.index`` (a str, also for a
     bytes path)."""
     return os.fsdecode(image) + ".index"
+
+
+def is_packed_image(path):
+    """Whether ``path`` names a packed image: a :class:`PackedImage`, or a
+    local file with its index beside it (``<path>.index``, as :func:`pack`
+    writes it), which is how loaders that take a tree or an image as their
+    first argument tell them apart. An ``s3://`` URL is a tree's prefix
+    there (an image in a bucket goes by ``image=``)."""
+    if isinstance(path, PackedImage):
+        return True
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return False
+    path = os.fsdecode(path)
+    return not path.startswith("s3://") and os.path.isfile(path) and \
+        os.path.isfile(index_path(path))
 
 
 def _round_up(v, a):
