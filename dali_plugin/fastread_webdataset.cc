@@ -57,7 +57,9 @@
 //            (as the user gave them), N sample keys
 //   u32      CRC-32 (zlib's) of everything before it, then u32 0
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -132,8 +134,16 @@ WdsIndex LoadIndex(const std::string &path, size_t want_k) {
   };
   std::vector<uint8_t> buf;
   {
-    std::unique_ptr<FILE, int (*)(FILE *)> f(fopen(path.c_str(), "rbe"), fclose);
-    if (!f) bad(std::string("cannot open it: ") + ErrnoText(-errno));
+    // O_NONBLOCK: a FIFO in its place is refused below (not a regular
+    // file), not waited on; reads of a regular file ignore the flag.
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) bad(std::string("cannot open it: ") + ErrnoText(-errno));
+    std::unique_ptr<FILE, int (*)(FILE *)> f(fdopen(fd, "rb"), fclose);
+    if (!f) {
+      const int e = errno;
+      ::close(fd);
+      bad(std::string("cannot open it: ") + ErrnoText(-e));
+    }
     struct stat st;
     if (fstat(fileno(f.get()), &st) != 0) bad(std::string("cannot stat it: ") + ErrnoText(-errno));
     if (!S_ISREG(st.st_mode)) bad("not a regular file");

@@ -32,6 +32,24 @@ pip_install() {
         sed -u -E '/^(Requirement already satisfied|Using cached|Looking in|  )/d'
 }
 
+# DALI's headers include cuda_runtime.h, which includes crt/ and CCCL's
+# headers: the toolkit's where one is installed, else the CUDA wheels' (what
+# cmake/dali_plugin.cmake looks for). torch's CUDA 13 wheels bring
+# cuda_runtime.h without crt/ and cccl/, so without this step a fresh machine
+# silently built fastread without its native DALI operators. Headers only
+# (a few MB), of the CUDA version torch installed, else 13.0.
+setup_cuda_headers() {
+    local home="${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}"
+    if [ -e "$home/include/crt/host_config.h" ]; then
+        say "CUDA headers for the DALI plugin: $home/include"
+        return
+    fi
+    local cuda
+    cuda=$(python3 -c 'import importlib.metadata as m; v = m.version("nvidia-cuda-runtime").split("."); print(".".join(v[:2]))' 2>/dev/null || echo 13.0)
+    pip_install "CUDA $cuda headers (nvidia-cuda-runtime, -crt, -cccl: DALI's headers include them; the native DALI operators are compiled against them, nothing of CUDA is linked)" \
+        "nvidia-cuda-runtime==$cuda.*" "nvidia-cuda-crt==$cuda.*" "nvidia-cuda-cccl==$cuda.*"
+}
+
 # setup_python EXTRAS [no-torch]: fastread itself with the given extras,
 # built from this checkout, and torch unless told not to (the tests need it,
 # the benchmark does not). torch is pinned: an unpinned torch pulls
@@ -64,7 +82,8 @@ setup_python() {
             # command builds fastread before it installs the extras (on a
             # fresh machine the plugin was silently left out).
             pip_install "DALI first (the native DALI operators are compiled against it)" \
-                "nvidia-dali-cuda120>=1.30" ;;
+                "nvidia-dali-cuda120>=1.30"
+            setup_cuda_headers ;;
     esac
     pip_install "fastread from this checkout with [${extras}] (compiles the C core and the Cython module: a minute or two)" \
         ".[${extras}]"

@@ -24,6 +24,66 @@ def available_engines():
     return [name for name, st in fastread.engines().items() if st.files is True]
 
 
+# -- engine parametrizations skip where the engine is absent ------------------
+# One mechanism for every test parametrized over engines: a case whose
+# parameter `engine` (or a dict parameter's "engine" key, e.g. operator
+# options) names an engine this build or machine cannot run is skipped with
+# the engine's own reason (io_uring without liburing, cufile without a CUDA
+# driver, ...), at collection, before its body runs. Other parameters that
+# happen to be called like an engine (xNVMe's async backend "io_uring") are
+# not engines and are left alone. tests/test_engine_params.py checks that
+# the tests name their engines so. FASTREAD_TEST_REQUIRE=io_uring (say) makes
+# the absence of that engine fail instead.
+
+_engine_status_cache = {}
+
+
+def engine_unavailable(name):
+    """None where engine `name` reads here (files or ranges; a URL engine its
+    objects), else why not, naming the engine. Names that are not engines
+    ("auto", typos) give None: the test itself decides."""
+    from fastread.engine import URL_ONLY
+    if not _engine_status_cache:
+        _engine_status_cache.update(fastread.engines())
+    st = _engine_status_cache.get(name)
+    if st is None or st.files is True or st.ranges is True:
+        return None
+    if name in URL_ONLY and str(st.files).startswith(URL_ONLY[name]):
+        return None
+    return f"engine {name}: {st.why}"
+
+
+def engines_in_params(params):
+    """The engine names a test case's parameters give: the value of a
+    parameter named `engine`, and the "engine" entry of dict parameters."""
+    names = []
+    for key, value in params.items():
+        if key == "engine" and isinstance(value, str):
+            names.append(value)
+        elif isinstance(value, dict) and isinstance(value.get("engine"), str):
+            names.append(value["engine"])
+    return names
+
+
+def engine_skip_reason(params, unavailable=engine_unavailable):
+    """Why a case with these parameters is skipped here (None: it runs)."""
+    for name in engines_in_params(params):
+        why = unavailable(name)
+        if why is not None and not required(name):
+            return why
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None:
+            continue
+        why = engine_skip_reason(callspec.params)
+        if why is not None:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
 def engine_params():
     """Every engine fastread knows; unavailable ones skip with the reason."""
     params = []

@@ -627,6 +627,37 @@ def test_packs_of_encoded_images_are_decoded_by_dali(aug_packs, which):
     assert sorted(labels) == sorted(int(x) for x in pack.labels)
 
 
+@pytest.mark.parametrize("as_object", [False, True], ids=["path", "PackedImage"])
+def test_a_pack_as_the_first_argument_is_image(aug_packs, as_object):
+    """ImageLoader(pack): the packed image as file_root, told from a tree by
+    its index, gives image='s batches (issue 39: it said 'file_root ... is
+    not a directory')."""
+    pytest.importorskip("torch")
+    from fastread.torch import ImageLoader
+    pack = aug_packs["raw"]
+    kw = dict(batch_size=8, device="cpu", size=32, augment=True, random_shuffle=True, seed=5,
+              dtype="uint8", num_threads=1)
+    first = ImageLoader(pack if as_object else pack.path, **kw)
+    assert first.image is not None and first.image.path == pack.path
+    want = loader_outputs(ImageLoader(image=pack.path, **kw))
+    got = loader_outputs(first)
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k][0], want[k][0])
+        assert got[k][1] == want[k][1]
+
+
+def test_a_file_that_is_not_a_pack_is_named(aug_packs, tmp_path):
+    pytest.importorskip("torch")
+    from fastread.torch import ImageLoader
+    lone = tmp_path / "lone.img"
+    lone.write_bytes(open(aug_packs["raw"].path, "rb").read(4096))
+    with pytest.raises(ValueError, match="is a file, not a tree.*lone.img.index' does not exist"):
+        ImageLoader(str(lone), batch_size=4)
+    with pytest.raises(ValueError, match="is a packed image: give it alone"):
+        ImageLoader(aug_packs["raw"].path, files=["a.jpg"], batch_size=4)
+
+
 def test_pack_of_encoded_images_and_a_tree_are_not_both_taken(aug_packs):
     from fastread.torch import ImageLoader
     with pytest.raises(ValueError, match="not both"):

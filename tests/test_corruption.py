@@ -145,6 +145,24 @@ def test_index_with_valid_crc_but_malformed_fields(packed, tmp_path_factory, dat
         assert isinstance(why, str)
 
 
+def test_index_nested_too_deep_names_the_index(packed, tmp_path):
+    """Issue 43: a body nested 200,000 levels deep (CRC fixed up) raised a
+    bare RecursionError from json.loads."""
+    c = Copy(packed, str(tmp_path))
+    deep = b"[" * 200_000 + b"]" * 200_000
+    head = f"{image_mod.INDEX_MAGIC} 1 {len(deep)} {zlib.crc32(deep):08x}\n".encode()
+    with open(c.index, "wb") as f:
+        f.write(head + deep)
+    with pytest.raises(ImageError, match="nested too deep") as e:
+        fastread.PackedImage(c.img)
+    assert c.index in str(e.value)
+    bmap = tmp_path / "deep.json"
+    bmap.write_bytes(b'{"a": ' + deep + b"}")
+    with pytest.raises(ValueError, match="nested too deep") as e:
+        fastread.load_bmap(str(bmap))
+    assert str(bmap) in str(e.value)
+
+
 BMAP_OK = {"a.jpg": {"startblock": 10, "endblock": 12, "size": 9000, "lba_size": 4096,
                      "extents": [{"logical": 0, "physical": 40960, "length": 12288,
                                   "flags": []}]},

@@ -65,16 +65,19 @@ def test_outputs_equal_the_stored_arrays(packs, which, native, kw):
         assert a.dtype == np.uint8 and a.shape == want[i].shape
         np.testing.assert_array_equal(a, want[i])
     assert labels == [int(img.labels[i]) for i in order]
-    if not native:
-        assert got[0][2] == "HWC"
+    assert got[0][2] == "HWC"   # for DALI's image operators, from the operator too
 
 
-def test_followed_by_dali_augmentation_without_a_decoder(packs):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=needs_gpu)])
+def test_followed_by_dali_augmentation_without_a_decoder(packs, device):
+    """DALI's random_resized_crop and crop_mirror_normalize right after the
+    reader, no decoder; on the GPU (device="gpu": the operator, which writes
+    the pixels to the GPU itself, issue 39) with no host step between."""
     img = packs["crop"]
 
     def graph():
         images, labels = readers.image(image=img.path, decoded=True, random_shuffle=True,
-                                       seed=1, name="R")
+                                       seed=1, name="R", device=device)
         images = fn.random_resized_crop(images, size=(16, 16), seed=2)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                           mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
@@ -82,9 +85,12 @@ def test_followed_by_dali_augmentation_without_a_decoder(packs):
                                           mirror=fn.random.coin_flip(seed=3))
         return images, labels
 
-    p = make_pipe(graph, 8)
+    p = (make_gpu_pipe if device == "gpu" else make_pipe)(graph, 8)
+    assert not getattr(p, "_fastread_readers", [])   # the operator, not the external source
     for _ in range(3):
         images, labels = p.run()
+        if device == "gpu":
+            images = images.as_cpu()
         arr = np.array(images.as_tensor())
         assert arr.shape == (8, 3, 16, 16) and arr.dtype == np.float32
         assert np.isfinite(arr).all() and arr.std() > 0.1
@@ -110,19 +116,48 @@ def test_images_that_are_not_pixels_are_refused(packs, which, match):
         make_pipe(lambda: readers.image(image=img.path, decoded=True), 4)
 
 
+def _schema(node):
+    """The DALI operator (schema name) that produced a DataNode."""
+    return node.source._op.schema_name
+
+
+@pytest.mark.parametrize("native", [None, True])
+def test_gpu_output_is_the_operators(packs, native):
+    """device="gpu" (defined here, built on a GPU only): the native
+    operator's GPU outputs, the pixels relabelled HWC (issue 39: decoded
+    samples took the external source, and DALI's .gpu(), for GPU output)."""
+    from nvidia.dali.pipeline import Pipeline
+
+    pipe = Pipeline(batch_size=4, num_threads=1, device_id=0)
+    with pipe:
+        data, labels = readers.image(image=packs["var"].path, decoded=True, device="gpu",
+                                     native=native)
+    assert data.device == "gpu" and labels.device == "gpu"
+    assert _schema(data) == "Reshape"
+    assert _schema(data.source.inputs[0]) == _schema(labels) == "fastread__readers__File"
+    assert not getattr(pipe, "_fastread_readers", [])
+
+
 @needs_gpu
 @pytest.mark.parametrize("which", ["crop", "var"])
-def test_gpu_output_equals_the_stored_arrays(packs, which):
-    """device="gpu": the external source (the operator's GPU path does not
-    take decoded samples yet), each sample its HWC array in GPU memory."""
+@pytest.mark.parametrize("native", [True, False], ids=["operator", "external"])
+def test_gpu_output_equals_the_stored_arrays(packs, which, native):
+    """device="gpu": each sample its HWC array in GPU memory, written there
+    by the native operator (issue 39) or by the external source's reader;
+    labels on the GPU too."""
     img = packs[which]
     want = expected(img)
     p = make_gpu_pipe(lambda: readers.image(image=img.path, decoded=True, device="gpu",
-                                            name="R"), 4)
-    flat = []
+                                            native=native, name="R"), 4)
+    assert bool(getattr(p, "_fastread_readers", [])) is not native
+    flat, labels = [], []
     for _ in range(5):
-        data, labels = p.run()
-        data = data.as_cpu()
+        data, lab = p.run()
+        assert type(data).__name__ == "TensorListGPU" and data.layout() == "HWC"
+        assert type(lab).__name__ == "TensorListGPU"
+        data, lab = data.as_cpu(), lab.as_cpu()
         flat += [np.array(data[i]) for i in range(len(data))]
+        labels += [int(np.array(lab[i]).reshape(-1)[0]) for i in range(len(lab))]
     for k, a in enumerate(flat):
         np.testing.assert_array_equal(a, want[k % len(img)])
+    assert labels == [int(img.labels[k % len(img)]) for k in range(len(flat))]

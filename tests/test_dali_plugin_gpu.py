@@ -24,7 +24,6 @@ from dali_helpers import (COUNTS, GPU_CASES, OP, assert_checkpoint_resumes,
                           write_class_tree)
 from nvidia.dali import pipeline_def  # noqa: E402 (dali_helpers skips without DALI)
 
-import fastread  # noqa: E402
 from fastread.dali import readers  # noqa: E402
 from fastread.index import scan  # noqa: E402
 
@@ -140,8 +139,6 @@ def test_gpu_outputs_equal_dali_moved_to_the_gpu(tree, kw, batch_size):
                                    dict(engine="io_uring")],
                          ids=["per-sample-copies", "o_direct", "psync", "io_uring"])
 def test_every_layout_and_engine_gives_the_files(tree, op_kw):
-    if op_kw.get("engine") == "io_uring" and fastread.engines()["io_uring"].files is not True:
-        pytest.skip("io_uring is unavailable here")
     paths, labels = scan(tree)
     got = batches(make_gpu_pipe(gpu_native(tree, **op_kw), 5), 2 * len(paths) // 5)
     assert_two_epochs_are_the_files(got, paths, labels.tolist())

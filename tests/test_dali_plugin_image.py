@@ -90,8 +90,6 @@ def test_o_direct_image(packed, kw):
                                    dict(engine="io_uring"), dict(workers=3)],
                          ids=["per-sample", "psync", "io_uring", "3-workers"])
 def test_layouts_and_engines_give_the_samples(packed, op_kw):
-    if op_kw.get("engine") == "io_uring" and fastread.engines()["io_uring"].files is not True:
-        pytest.skip("io_uring is unavailable here")
     root, img = packed
     paths, labels = fastread.scan(root)
     want = [open(p, "rb").read() for p in paths]

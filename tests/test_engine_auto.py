@@ -217,8 +217,6 @@ def test_auto_choice_states_the_rule_and_this_machine():
 
 @pytest.mark.parametrize("engine", ["psync", "io_uring"])
 def test_spin_us_reaches_the_pool_and_pool_counters_add_up(tmp_path, engine):
-    if fastread.engines()[engine].files is not True:
-        pytest.skip(f"{engine}: {fastread.engines()[engine].files}")
     paths = write_tree(tmp_path, 64, 100, 5)
     cpus = len(os.sched_getaffinity(0))
     for threads in (1, 2, 4):

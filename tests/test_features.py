@@ -50,8 +50,6 @@ def test_raw_file(feats):
 @pytest.mark.parametrize("engine", ["io_uring", "psync"])
 @pytest.mark.parametrize("o_direct", [True, False, None])
 def test_engines_and_o_direct(feats, engine, o_direct):
-    if fastread.engines()[engine].files is not True:
-        pytest.skip(f"engine {engine}: {fastread.engines()[engine].files}")
     arr, raw, _ = feats  # row 0 at byte 100: O_DIRECT reads are widened to aligned blocks
     with FeatureStore(raw, np.float32, (5000, 16), offset=100, engine=engine,
                       o_direct=o_direct) as s:
@@ -757,6 +755,11 @@ def test_nvrtc_wheel_dir_finds_a_wheel_layout(tmp_path, monkeypatch):
     from fastread import _gather_defaults as G
     lib = tmp_path / "nvidia" / "cu13" / "lib"
     lib.mkdir(parents=True)
+    # Regular packages, as the wheels install them: an `nvidia` folder without
+    # __init__.py is only a namespace portion, and an installed nvidia package
+    # (torch's CUDA 13 wheels) would win over it whatever sys.path's order.
+    for pkg in (tmp_path / "nvidia", tmp_path / "nvidia" / "cu13"):
+        (pkg / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     import importlib
     importlib.invalidate_caches()

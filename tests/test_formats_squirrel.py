@@ -236,6 +236,20 @@ def test_negative_shape_is_a_format_error(tmp_path):
         SquirrelStore(d, cache_dir=str(tmp_path / "c"))
 
 
+@pytest.mark.parametrize("array, needle", [
+    # issue 43: indexed, then numpy's bare "cannot reshape array of size 0" mid-epoch
+    ({"type": "|V0", "shape": [2], "data": b""}, r"\|V0 has items of 0 bytes"),
+    ({"type": "<f4", "shape": [0, 2 ** 62, 2 ** 62], "data": b""}, "array is too big"),
+    ({"type": "<f4", "shape": [1] * 70, "data": bytes(4)}, "maximum supported dimension"),
+])
+def test_arrays_numpy_cannot_view_are_format_errors(tmp_path, array, needle):
+    image = {"nd": True, "kind": b"", **array}
+    d = write_shard(tmp_path / "s", "a.gz", None,
+                    raw=msgpack.packb({"image": image, "label": 1}, use_bin_type=True))
+    with pytest.raises(FormatError, match=r"a.gz at byte \d+: array 'image': .*" + needle):
+        SquirrelStore(d, cache_dir=str(tmp_path / "c"))
+
+
 def test_values_decode_as_msgpack_numpy_does(tmp_path):
     """Values (labels, metadata) holding msgpack_numpy's own encodings come
     back as msgpack_numpy.decode gives them, without its pickle path."""

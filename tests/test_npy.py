@@ -202,6 +202,11 @@ GOOD = npy_bytes(np.arange(6, dtype="<i4"))
     (raw_header("{'descr': '<q9', 'fortran_order': False, 'shape': (2,)}"), "descr"),
     (raw_header("{'descr': 5, 'fortran_order': False, 'shape': (2,)}"), "descr"),
     (raw_header("{'descr': '|O', 'fortran_order': False, 'shape': (2,)}"), "objects"),
+    # No bytes of data, so no size check: shapes NumPy cannot make (issue 43)
+    (raw_header(f"{{'descr': '<f4', 'fortran_order': False, 'shape': {(0, 2**62, 2**62)}}}"),
+     "is no NumPy array: array is too big"),
+    (raw_header(f"{{'descr': '<f4', 'fortran_order': False, 'shape': {(0,) + (1,) * 70}}}"),
+     "maximum supported dimension"),
     (raw_header("{'descr': '<i4', 'fortran_order': False, 'shape': (2,)"), "cannot parse"),
     (raw_header("{'descr': '<i4', 'fortran_order': False, 'shape': __import__('os')}"),
      "cannot parse"),

@@ -45,15 +45,15 @@ def outputs(reader_fn, batches, batch_size=3):
     return got
 
 
-def test_same_arrays_in_the_same_order_as_dali(npy_tree):
+@pytest.mark.parametrize("engine", ["io_uring", "psync"])
+def test_same_arrays_in_the_same_order_as_dali(npy_tree, engine):
     want = outputs(lambda: fn.readers.numpy(file_root=npy_tree, file_filter="*.npy"), 4)
-    for engine in ("io_uring", "psync"):
-        got = outputs(lambda: readers.numpy(file_root=npy_tree, engine=engine), 4)
-        for wb, gb in zip(want, got):
-            assert len(wb) == len(gb)
-            for w, g in zip(wb, gb):
-                assert w.dtype == g.dtype and w.shape == g.shape
-                assert g.flags["C_CONTIGUOUS"] and np.array_equal(w, g)
+    got = outputs(lambda: readers.numpy(file_root=npy_tree, engine=engine), 4)
+    for wb, gb in zip(want, got):
+        assert len(wb) == len(gb)
+        for w, g in zip(wb, gb):
+            assert w.dtype == g.dtype and w.shape == g.shape
+            assert g.flags["C_CONTIGUOUS"] and np.array_equal(w, g)
 
 
 def test_files_argument_and_shards(npy_tree):

@@ -262,11 +262,19 @@ def test_skip_bad_keeps_the_good_files_of_a_failed_batch(tree, tmp_path, capsys)
     assert cli_main(["verify", out, "--quiet"]) == 0
 
 
-def test_failed_batch_runs_again_sample_by_sample(tree):
+@pytest.mark.parametrize("batch_size", [7, 2], ids=["one-batch", "runs-behind-it"])
+def test_failed_batch_runs_again_sample_by_sample(tree, monkeypatch, batch_size):
     """DALI fails the whole batch on one bad file and its pipeline is
     unusable after; the decoder builds it again and decodes the batch one
     sample at a time: the good samples come out as in a batch without the
-    bad one (the same decoder: identical bytes)."""
+    bad one (the same decoder: identical bytes). With small batches the
+    runs scheduled behind the failed one (DEPTH at once) run again on the
+    new pipeline, in order. The bad file is a truncated file let through
+    the check that keeps truncated JPEGs from DALI (see
+    test_truncated_jpegs_are_left_to_pillow)."""
+    import fastread.decode_dali as dd
+
+    monkeypatch.setattr(dd, "jpeg_is_truncated", lambda data: False)
     paths = fastread.scan(tree)[0][:6]
     pre = Preprocess(resize=40, crop=32)
     good = DaliDecoder(pre, batch_size=6, threads=2)
@@ -281,7 +289,7 @@ def test_failed_batch_runs_again_sample_by_sample(tree):
         with open(junk, "wb") as f:   # a whole header (DALI gets it), half the scan
             f.write(data[:len(data) // 2])
         mixed = paths[:3] + [junk] + paths[3:]
-        dec = DaliDecoder(pre, batch_size=7, threads=2)
+        dec = DaliDecoder(pre, batch_size=batch_size, threads=2)
         items = [item for chunk in dec.batches(mixed) for item in chunk]
     finally:
         os.unlink(junk)
@@ -292,13 +300,38 @@ def test_failed_batch_runs_again_sample_by_sample(tree):
     assert dec.pipelines_built >= 2 and dec.by_pillow == []
 
 
+def test_truncated_jpegs_are_left_to_pillow(tree, tmp_path):
+    """A JPEG cut short (no end-of-image marker after its scan) never
+    reaches DALI: the GPU's decoders return its missing rows as pixels
+    without an error (issue 39: on an H200 the truncated file of
+    test_gpu_skip_bad_keeps_the_good_files was stored, not skipped), so
+    Pillow decides, and refuses it, as the Pillow path does."""
+    from fastread.decode_dali import jpeg_is_truncated
+
+    paths = [p for p in fastread.scan(tree)[0] if p.endswith(".JPEG")]
+    with open(paths[0], "rb") as f:
+        data = f.read()
+    assert not jpeg_is_truncated(data)
+    assert not jpeg_is_truncated(data + b"trailing bytes after the end")   # kept by Pillow too
+    assert jpeg_is_truncated(data[:len(data) // 2])
+    assert jpeg_is_truncated(data[:-2])
+    assert not jpeg_is_truncated(b"\x89PNG\r\n\x1a\n not a JPEG")
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(data[:len(data) // 2])
+    dec = DaliDecoder(Preprocess(resize=40), batch_size=4, threads=2)
+    items = [item for chunk in dec.batches(paths[1:3] + [str(cut)] + paths[3:5]) for item in chunk]
+    assert dec.pipelines_built == 1   # no failed run
+    assert items[2][0] is None and "truncated" in items[2][2]
+    assert all(why is None for _, _, why in items[:2] + items[3:])
+
+
 def test_a_device_failure_fails_the_pack_not_the_files(tree, tmp_path, monkeypatch):
     """An error of DALI's device (CUDA, memory) is no file's fault: the
     pack fails saying so, instead of handing every file to Pillow."""
-    def broken(self, datas, sizes):
+    def broken(self, n):
         raise RuntimeError("Critical error in pipeline:\nCUDA error: out of memory")
 
-    monkeypatch.setattr(DaliDecoder, "_run", broken)
+    monkeypatch.setattr(DaliDecoder, "_take", broken)
     out = tmp_path / "o" / "x.img"
     out.parent.mkdir()
     with pytest.raises(OSError, match="pipeline failed, not on a file: CUDA error"):
@@ -355,15 +388,15 @@ def test_decoding_streams_a_bounded_window(tree):
             return super().__getitem__(key)
 
     paths = Probe(fastread.scan(tree)[0])
-    assert len(paths) >= 24
+    assert len(paths) >= 2 * (IN_FLIGHT + 1 + 1) + 2
     dec = DaliDecoder(Preprocess(resize=16), batch_size=2, threads=1, prefetch=1, workers=1)
     gen = dec.batches(paths)
     first = next(gen)
     assert len(first) == 2 and all(why is None for _, _, why in first)
-    # IN_FLIGHT batches with the pipeline (the first, yielded, and the
-    # next) + those read ahead (prefetch + workers - 1 = 1), + 1 of slack
-    # for the reader's timing (measured: 3 batches, 6 paths).
-    assert IN_FLIGHT == 2 and Probe.reached <= 2 * (IN_FLIGHT + 1 + 1) < len(paths)
+    # IN_FLIGHT batches past the reader (the first, yielded, the
+    # pipeline's and the one being parsed) + those read ahead (prefetch +
+    # workers - 1 = 1), + 1 of slack for the reader's timing.
+    assert Probe.reached <= 2 * (IN_FLIGHT + 1 + 1) < len(paths)
     rest = [item for chunk in gen for item in chunk]
     assert len(first) + len(rest) == len(paths)
 
@@ -371,18 +404,36 @@ def test_decoding_streams_a_bounded_window(tree):
 # -- the choice ---------------------------------------------------------------
 
 def test_choice_here_and_its_record(tree, tmp_path, capsys):
-    """auto: Pillow (DALI on the GPU is not the default until measured
-    there); the pack's summary and index say which and why."""
+    """auto: Pillow here (no GPU; and DALI on the GPU is not the default
+    until measured there); the pack's summary and index say which and why."""
     out = str(tmp_path / "auto.img")
     assert cli_main(["pack", tree, out, "--decode", "--resize", "40", "--crop", "32",
                      "--quiet", "--decode-workers", "1"]) == 0
     printed = capsys.readouterr().out
     img = fastread.PackedImage(out)
-    want = "pillow"
+    want = choose_decoder("auto").label   # pillow here; the GPU's once AUTO_USES_DALI_GPU
     assert img.preprocess["decoder"] == want and img.preprocess["decoder_why"].startswith("auto")
     assert f"decoder: {want} (auto" in printed
     doc = json.loads(open(img.index_path, "rb").read().split(b"\n", 1)[1])
     assert doc["preprocess"]["decoder"] == want
+
+
+@pytest.mark.parametrize("gpus", [1, 0])
+def test_auto_takes_the_gpu_once_the_rule_says_so(monkeypatch, gpus):
+    """AUTO_USES_DALI_GPU, the one switch: auto is DALI on the GPU where
+    DALI sees one, Pillow where not (saying why), and Pillow everywhere
+    while the switch is off."""
+    import nvidia.dali.backend as backend
+    import fastread.decode as dec
+
+    monkeypatch.setattr(dec, "_dali_gpus", lambda: (backend, gpus, None if gpus else "no GPU"))
+    monkeypatch.setattr(dec, "AUTO_USES_DALI_GPU", True)
+    got = choose_decoder("auto")
+    assert got.label == ("dali-mixed" if gpus else "pillow")
+    assert got.why.startswith("auto") and (gpus or "no GPU" in got.why)
+    assert choose_decoder("auto", "cpu").label == "pillow"
+    monkeypatch.setattr(dec, "AUTO_USES_DALI_GPU", False)
+    assert choose_decoder("auto").label == "pillow"
 
 
 def test_info_says_the_default_decoder(capsys):
@@ -482,7 +533,8 @@ def test_gpu_skip_bad_keeps_the_good_files(tree, tmp_path):
 
 @needs_gpu
 def test_gpu_when_auto_is_told_the_gpu(tree, tmp_path):
-    assert choose_decoder("auto").label == "pillow"
+    from fastread.decode import AUTO_USES_DALI_GPU
+    assert choose_decoder("auto").label == ("dali-mixed" if AUTO_USES_DALI_GPU else "pillow")
     img = fastread.pack(tree, str(tmp_path / "a.img"), decode=True, resize=40, crop=32,
                         decode_device="gpu", progress=False)
     assert img.preprocess["decoder"] == "dali-mixed"

@@ -297,3 +297,104 @@ def test_tree_with_special_entries(tmp_path, engine):
     assert got[0] == ["ok", "aaa"] and got[3] == ["ok", "zz"]
     assert got[1][:2] == ["err", 2] and "dangling symlink" in got[1][2]
     assert got[2][:2] == ["err", 22] and "a FIFO" in got[2][2] and got[2][3] == paths[2]
+
+
+# -- the index builds of every format, and the other parsers of user files -------
+
+# Each opens a path of the kind it reads where a special file stands; the
+# answer must be an error naming that path and what it is, within the
+# timeout (fastread._safe_open). {p} is the special path, {good} a regular
+# .npy file beside it, {img} a packed image (its index {img}.index), {d} the
+# directory.
+OPENERS = {
+    "webdataset": "fastread.formats.WebDataset([{p!r}], ['jpg'], cache_dir={d!r})",
+    "webdataset-gz": "fastread.formats.WebDataset([{p!r} + '.gz'], ['jpg'], cache_dir={d!r})",
+    "squirrel": "fastread.formats.SquirrelStore(shards=[{p!r}], keys=('x',), cache_dir={d!r})",
+    "npy": "fastread.npy.NpyIndex.build([{good!r}, {p!r}])",
+    "cifar-bin": "fastread.formats.Cifar10(None, files=[{p!r} + '.bin'])",
+    "cifar-py": "fastread.formats.Cifar10(None, files=[{p!r}])",
+    "image": "fastread.PackedImage({p!r}, index={img!r} + '.index')",
+    "image-index": "fastread.PackedImage({img!r}, index={p!r})",
+    "features": "fastread.FeatureStore({p!r}, 'float32', (1,), device_id=-1)",
+    "bmap": "fastread.load_bmap({p!r})",
+    "file-list": "fastread.scan({d!r}, file_list={p!r})",
+    "decode": "raise OSError(fastread.decode.preprocess_one({p!r}, "
+              "fastread.decode.Preprocess())[2])",
+}
+SPECIALS = ("fifo", "fifo_with_writer", "socket", "directory", "chardev_link", "link_to_fifo")
+KIND = {"fifo": "a FIFO", "fifo_with_writer": "a FIFO", "socket": "a socket",
+        "directory": "a directory", "chardev_link": "a character device",
+        "link_to_fifo": "a FIFO"}
+
+
+def make_special(d, name, special):
+    """The special file ``special`` at ``d/name`` (and at ``name + '.gz'``
+    and ``+ '.bin'``, for the openers that need those suffixes)."""
+    for path in (os.path.join(d, name + s) for s in ("", ".gz", ".bin")):
+        if special in ("fifo", "fifo_with_writer"):
+            os.mkfifo(path)
+        elif special == "socket":
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(path)
+            s.close()   # the socket file stays
+        elif special == "directory":
+            os.mkdir(path)
+        elif special == "chardev_link":
+            os.symlink("/dev/zero", path)
+        elif special == "link_to_fifo":
+            os.mkfifo(path + ".target")
+            os.symlink(path + ".target", path)
+    return os.path.join(d, name)
+
+
+@pytest.fixture(scope="module")
+def small_pack(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pack")
+    (d / "tree" / "c0").mkdir(parents=True)
+    (d / "tree" / "c0" / "a.jpg").write_bytes(b"abc")
+    return fastread.pack(str(d / "tree"), str(d / "p.img"), progress=False).path
+
+
+@pytest.mark.parametrize("special", SPECIALS)
+@pytest.mark.parametrize("opener", sorted(OPENERS))
+def test_index_builds_refuse_special_files_by_name(tmp_path, small_pack, opener, special):
+    import numpy as np
+
+    d = str(tmp_path)
+    p = make_special(d, "shard", special)
+    good = os.path.join(d, "good.npy")
+    np.save(good, np.zeros(1, np.float32))
+    code = OPENERS[opener].format(p=p, good=good, d=d, img=small_pack)
+    res = run_case(f"""
+        import fastread.decode, fastread.formats, fastread.npy
+        if {special == "fifo_with_writer"!r}:
+            fd = os.open({p!r}, os.O_RDWR)   # a writer that never closes
+            os.write(fd, b"partial data")
+        try:
+            {code}
+            print(json.dumps(["ok"]))
+        except (OSError, ValueError) as e:
+            print(json.dumps([type(e).__name__, str(e)]))
+    """)
+    assert res[0] != "ok", f"{opener} accepted {special} {p}"
+    assert p in res[1] and KIND[special] in res[1], res
+
+
+def test_special_file_error_is_a_read_error_that_pickles(tmp_path):
+    """What a DataLoader worker or a Ray task raises comes back whole."""
+    import pickle
+
+    from fastread._safe_open import open_file
+    from fastread.errors import SpecialFileError
+
+    fifo = str(tmp_path / "f.tar")
+    os.mkfifo(fifo)
+    with pytest.raises(SpecialFileError) as e:
+        open_file(fifo)
+    err = pickle.loads(pickle.dumps(e.value))
+    assert isinstance(err, fastread.ReadError) and err.kind == "a FIFO"
+    assert err.filename == fifo and err.errno == 22 and str(err) == str(e.value)
+    assert "not a regular file: a FIFO" in str(err)
+    with pytest.raises(SpecialFileError) as e:
+        open_file(str(tmp_path))
+    assert e.value.errno == 21 and "a directory" in str(e.value)

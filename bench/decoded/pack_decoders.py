@@ -14,14 +14,27 @@ Pillow pack pixel by pixel (mean absolute difference per image, the worst
 image's, and the largest single difference), the numbers the tests'
 tolerance (tests/test_pack_dali.py) stands on.
 
+Each round also times each decoder alone, its batches consumed and nothing
+written ("decode only": Pillow's process pool, DaliDecoder's threads), and
+the run times writing the last pack's bytes to --out-dir with an fsync (the
+sink's ceiling): a pack near that ceiling is bound by the disk, not the
+decoder. With --tests-log (pytest's output of tests/test_pack_dali.py on
+this machine) the run ends with a verdict table: the GPU cases pass, the GPU
+pack's pixels within the tests' bound, and its speed against the target
+(--target, default 3x Pillow), the measurements decode.AUTO_USES_DALI_GPU
+waits for.
+
     flock /tmp/fastread-bench.lock python bench/decoded/pack_decoders.py \\
         [--tree DIR | --dir /var/tmp/fastread-packdecoders --images 2000 --classes 10] \\
+        [--out-dir /dev/shm/packs] \\
         [--resize 160] [--crop 160] [--encode raw|jpeg] [--batch-size 256] \\
-        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu] [--json OUT.json]
+        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu] [--json OUT.json] \\
+        [--tests-log test_pack_dali.log] [--target 3]
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -32,6 +45,9 @@ def main():
     ap.add_argument("--tree", default=None, help="an existing JPEG tree (default: make one)")
     ap.add_argument("--dir", default="/var/tmp/fastread-packdecoders",
                     help="where the generated tree and the packs go")
+    ap.add_argument("--out-dir", default=None,
+                    help="where the packs are written (default: --dir); a RAM file system "
+                         "(/dev/shm) times the decoders rather than the disk")
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--resize", type=int, default=160)
@@ -46,6 +62,12 @@ def main():
                     help="comma-separated of pillow, dali-cpu, dali-gpu (default: those "
                          "that run here)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tests-log", default=None,
+                    help="pytest's output of tests/test_pack_dali.py here: adds the verdict")
+    ap.add_argument("--target", type=float, default=3.0,
+                    help="the GPU pack's speed target, times Pillow's (verdict)")
+    ap.add_argument("--no-decode-only", action="store_true",
+                    help="time the packs only, not the decoders alone")
     args = ap.parse_args()
 
     import numpy as np
@@ -61,6 +83,8 @@ def main():
         make_imagenet_like(tree, classes=args.classes, per_class=args.images // args.classes,
                            progress=False)
     os.makedirs(args.dir, exist_ok=True)
+    out_dir = args.out_dir or args.dir
+    os.makedirs(out_dir, exist_ok=True)
     paths, _ = fastread.scan(tree)
     src_bytes = 0
     for p in paths:   # warm the page cache: the decoders are compared, not the disk
@@ -84,12 +108,32 @@ def main():
     print(f"tree {tree}: {len(paths)} JPEGs, {src_bytes / len(paths) / 1e3:.0f} KB each; "
           f"{os.cpu_count()} CPUs; {opts}; GPU: {gpus or why_not}", flush=True)
 
+    from fastread.decode import Preprocess, choose_decoder, decoded_batches
+    from fastread.decode_dali import DaliDecoder
+
+    pre = Preprocess(resize=args.resize, crop=args.crop or None, encode=args.encode)
+
+    def decode_only(n):
+        """Seconds to decode the tree with decoder `n`, writing nothing."""
+        choice = choose_decoder(**{{"decoder": "decoder", "decode_device": "device"}[k]: v
+                                   for k, v in settings[n].items()})
+        t0 = time.perf_counter()
+        if choice.name == "pillow":
+            batches = decoded_batches(paths, pre, workers=args.workers)
+        else:
+            batches = DaliDecoder(pre, device=choice.device, batch_size=args.batch_size,
+                                  threads=args.workers).batches(paths)
+        count = sum(len(b) for b in batches)
+        assert count == len(paths)
+        return time.perf_counter() - t0
+
     times = {n: [] for n in names}
+    alone = {n: [] for n in names}
     outs = {}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
-            out = os.path.join(args.dir, f"bench-{n}.img")
+            out = os.path.join(out_dir, f"bench-{n}.img")
             t0 = time.perf_counter()
             img = fastread.pack(tree, out, **settings[n], **opts)
             dt = time.perf_counter() - t0
@@ -98,6 +142,14 @@ def main():
             print(f"round {r} {n}: {dt:.2f} s, {len(paths) / dt:.0f} img/s "
                   f"(decoder {img.preprocess['decoder']}, {len(img)} samples, "
                   f"{len(img.skipped)} skipped)", flush=True)
+            if not args.no_decode_only:
+                alone[n].append(decode_only(n))
+                print(f"round {r} {n} decode only: {len(paths) / alone[n][-1]:.0f} img/s",
+                      flush=True)
+    sink = sink_rate(out_dir, os.path.getsize(next(iter(outs.values()))))
+    print(f"writing {out_dir} (+ fsync): {sink / 1e6:.0f} MB/s, "
+          f"{sink / (os.path.getsize(next(iter(outs.values()))) / len(paths)):.0f} samples/s "
+          "of these packs at most", flush=True)
 
     rows = []
     base = len(paths) / statistics.median(times["pillow"]) if "pillow" in times else None
@@ -111,7 +163,9 @@ def main():
         rows.append({"decoder": n, "img_per_s": rate, "vs_pillow": rate / base if base else None,
                      "vs_pillow_per_round": paired,
                      "vs_pillow_per_round_median": statistics.median(paired) if paired else None,
-                     "rounds_img_per_s": [len(paths) / t for t in times[n]]})
+                     "rounds_img_per_s": [len(paths) / t for t in times[n]],
+                     "decode_only_img_per_s": (len(paths) / statistics.median(alone[n])
+                                               if alone[n] else None)})
 
     agreement = {}
     if "pillow" in outs and args.encode == "raw":
@@ -134,23 +188,85 @@ def main():
                   f"image {agreement[n]['worst_image_mean']:.3f}, largest single "
                   f"difference {worst}", flush=True)
 
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print()
     print("| decoder | img/s (median) | vs Pillow (medians) | vs Pillow per round (median; "
-          "each) | rounds (img/s) |")
-    print("|---|---:|---:|---|---|")
+          "each) | rounds (img/s) | decode only (img/s) |")
+    print("|---|---:|---:|---|---|---:|")
     for row in rows:
         vs = f"{row['vs_pillow']:.2f}x" if row["vs_pillow"] else "-"
         paired = (f"{row['vs_pillow_per_round_median']:.2f}x ("
                   + ", ".join(f"{x:.2f}" for x in row["vs_pillow_per_round"]) + ")"
                   if row["vs_pillow_per_round"] else "-")
+        only = f"{row['decode_only_img_per_s']:.0f}" if row["decode_only_img_per_s"] else "-"
         print(f"| {row['decoder']} | {row['img_per_s']:.0f} | {vs} | {paired} | "
-              f"{', '.join(f'{x:.0f}' for x in row['rounds_img_per_s'])} |")
+              f"{', '.join(f'{x:.0f}' for x in row['rounds_img_per_s'])} | {only} |")
+    print(f"(this process's peak RSS: {peak_rss:.0f} MB; Pillow decodes in child processes)")
+    verdict = None
+    if args.tests_log:
+        verdict = verdict_rows(args.tests_log, rows, agreement, args.target)
+        print()
+        print("| check | target | measured | verdict |")
+        print("|---|---|---|---|")
+        for check, target, measured, ok in verdict:
+            print(f"| {check} | {target} | {measured} | {ok} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"tree": tree, "images": len(paths), "source_bytes": src_bytes,
+            json.dump({"tree": tree, "out_dir": out_dir, "images": len(paths), "source_bytes": src_bytes,
                        "cpus": os.cpu_count(), "options": {k: v for k, v in opts.items()},
-                       "rows": rows, "agreement": agreement}, f, indent=1)
+                       "rows": rows, "agreement": agreement, "sink_bytes_per_s": sink,
+                       "peak_rss_mb": peak_rss, "verdict": verdict}, f, indent=1)
     return 0
+
+
+def sink_rate(directory, nbytes):
+    """Bytes/s of writing `nbytes` (8 MiB at a time) to a new file in
+    `directory` and fsync'ing it: what a pack's writes can reach there."""
+    path = os.path.join(directory, f".sink-probe-{os.getpid()}")
+    block = os.urandom(1 << 20) * 8
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        left = nbytes
+        while left > 0:
+            left -= os.write(fd, block[:min(left, len(block))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return nbytes / (time.perf_counter() - t0)
+
+
+def verdict_rows(log, rows, agreement, target):
+    """(check, target, measured, PASS/FAIL/-) rows: the GPU cases of the
+    tests, the GPU pack's pixels and its speed."""
+    import re
+
+    from fastread.decode import AUTO_USES_DALI_GPU
+
+    text = open(log, errors="replace").read()
+    gpu_cases = re.findall(r"::(test_gpu_\S+) (PASSED|FAILED|SKIPPED|ERROR)", text)
+    failed = [n for n, st in gpu_cases if st in ("FAILED", "ERROR")]
+    passed = [n for n, st in gpu_cases if st == "PASSED"]
+    out = [("GPU cases of tests/test_pack_dali.py", "all pass",
+            f"{len(passed)} passed, {len(failed)} failed" + (f" ({', '.join(failed)})" if failed else ""),
+            "PASS" if passed and not failed else "FAIL")]
+    gpu = agreement.get("dali-gpu")
+    if gpu:
+        out.append(("GPU pack vs Pillow, worst image's mean difference", "<= 2.0 levels "
+                    "(MEAN_GPU)", f"{gpu['worst_image_mean']:.3f} (all: {gpu['mean']:.3f}, "
+                    f"largest {gpu['max']})", "PASS" if gpu["worst_image_mean"] <= 2.0 else "FAIL"))
+    row = next((r for r in rows if r["decoder"] == "dali-gpu"), None)
+    if row and row["vs_pillow_per_round_median"]:
+        speed = row["vs_pillow_per_round_median"]
+        out.append(("GPU pack rate vs Pillow's (per round, median)", f">= {target:g}x",
+                    f"{speed:.2f}x ({row['img_per_s']:.0f} img/s)",
+                    "PASS" if speed >= target else "FAIL"))
+    ok = all(v == "PASS" for *_, v in out) and len(out) == 3
+    out.append(("decode.AUTO_USES_DALI_GPU", "True once all the above pass",
+                str(AUTO_USES_DALI_GPU), "may be switched on" if ok and not AUTO_USES_DALI_GPU
+                else "-"))
+    return out
 
 
 if __name__ == "__main__":

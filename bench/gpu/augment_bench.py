@@ -10,6 +10,15 @@ end of every pipeline, each batch touched by a sum on the GPU:
                       fused kernel per batch (no decoder, no DALI)
   (d) jpeg-pack       readers.image(JPEG q90 max side 256 pack) + the mixed
                       pipeline
+  (e) raw-pack-host   readers.image(raw S x S pack, decoded=True): host
+                      outputs, DALI's .gpu(), then fn.random_resized_crop +
+                      fn.crop_mirror_normalize (no decoder)
+  (f) raw-pack-gpu    readers.image(raw S x S pack, decoded=True,
+                      device="gpu"): the native operator writes the pixels
+                      into DALI's GPU outputs, then the same (issue 39)
+
+--verdict prints issue 39's targets for (f) last: >= 2x (e) (118.9k img/s
+at 160 on an H200 when it was filed) and >= 0.7x (c), in the same run.
 
 DALI modes run through DALIGenericIterator (what a PyTorch loop uses).
 Modes are built once, then measured in interleaved rounds of --seconds
@@ -17,7 +26,8 @@ each; the table gives img/s (median of the rounds) and the ratio to (a) at
 the same output size.
 
     python3 bench/gpu/augment_bench.py TREE --raw160 P --raw224 P --jpeg P \
-        [--batch 256] [--threads 8] [--rounds 3] [--seconds 4] [--hw-decoder-load F] [--json OUT]
+        [--batch 256] [--threads 8] [--rounds 3] [--seconds 4] [--hw-decoder-load F] [--json OUT] \\
+        [--modes a160,...,f160] [--verdict]
 """
 import argparse
 import json
@@ -40,6 +50,18 @@ def dali_stream(args, size, source):
     @pipeline_def(batch_size=args.batch, num_threads=args.threads, device_id=0,
                   prefetch_queue_depth=2)
     def pipe():
+        raw = {160: args.raw160, 224: args.raw224}.get(size)
+        if source in ("raw-pack-host", "raw-pack-gpu"):
+            device = "gpu" if source == "raw-pack-gpu" else "cpu"
+            images, labels = readers.image(image=raw, decoded=True, device=device,
+                                           random_shuffle=True, seed=0, name="Reader")
+            if device == "cpu":
+                images = images.gpu()
+            images = fn.random_resized_crop(images, size=(size, size), seed=1)
+            images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                              mirror=fn.random.coin_flip(seed=2), mean=MEAN,
+                                              std=STD)
+            return images, labels if labels.device == "gpu" else labels.gpu()
         if source == "dali-file":
             data, labels = fn.readers.file(file_root=args.tree, random_shuffle=True, seed=0,
                                            name="Reader")
@@ -105,6 +127,8 @@ def main():
                     help="the mixed decoder's share for the hardware JPEG decoder in (a), (b), "
                          "(d) (default: DALI's, 0.65)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--verdict", action="store_true",
+                    help="issue 39's targets for (f) against (e) and (c), last")
     args = ap.parse_args()
 
     try:
@@ -120,6 +144,10 @@ def main():
         "c224": ("(c) fused-raw-224", 224, lambda: fused_stream(args, 224, args.raw224)),
         "d160": ("(d) jpeg-pack", 160, lambda: dali_stream(args, 160, "jpeg-pack")),
         "d224": ("(d) jpeg-pack", 224, lambda: dali_stream(args, 224, "jpeg-pack")),
+        "e160": ("(e) raw-pack-host", 160, lambda: dali_stream(args, 160, "raw-pack-host")),
+        "e224": ("(e) raw-pack-host", 224, lambda: dali_stream(args, 224, "raw-pack-host")),
+        "f160": ("(f) raw-pack-gpu", 160, lambda: dali_stream(args, 160, "raw-pack-gpu")),
+        "f224": ("(f) raw-pack-gpu", 224, lambda: dali_stream(args, 224, "raw-pack-gpu")),
     }
     streams, skipped = {}, {}
     for key in args.modes.split(","):
@@ -157,11 +185,39 @@ def main():
               f"{'' if ratio is None else f'{ratio:.1f}x':>7}")
         rows.append(dict(mode=key, name=name, size=size, img_s=med, rounds=rates[key],
                          vs_a=ratio))
+    verdict = verdict_rows(rates) if args.verdict else None
+    if verdict:
+        print("\n| check | target | measured | verdict |\n|---|---|---|---|")
+        for row in verdict:
+            print("| " + " | ".join(row) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(batch=args.batch, threads=args.threads,
-                           hw_decoder_load=args.hw_decoder_load, rows=rows), f, indent=1)
+                           hw_decoder_load=args.hw_decoder_load, rows=rows, verdict=verdict),
+                      f, indent=1)
     return 0
+
+
+def verdict_rows(rates):
+    """Issue 39's targets for readers.image(decoded=True, device="gpu")
+    (f) at each size measured: >= 2x the host outputs + .gpu() (e) and >=
+    0.7x the fused ImageLoader (c), medians of the same run."""
+    out = []
+    for size in (160, 224):
+        f = rates.get(f"f{size}")
+        if not f:
+            continue
+        f = statistics.median(f)
+        for ref, factor, what in (("e", 2.0, "host outputs + .gpu() (e)"),
+                                  ("c", 0.7, "fused ImageLoader (c)")):
+            r = rates.get(f"{ref}{size}")
+            if not r:
+                out.append((f"(f) {size} vs {what}", f">= {factor:g}x", "not measured", "-"))
+                continue
+            ratio = f / statistics.median(r)
+            out.append((f"(f) {size} vs {what}", f">= {factor:g}x",
+                        f"{ratio:.2f}x ({f:,.0f} img/s)", "PASS" if ratio >= factor else "FAIL"))
+    return out
 
 
 if __name__ == "__main__":

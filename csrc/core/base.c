@@ -1,9 +1,13 @@
-/* The bottom layer: error messages, CPUs and the page-cache probe (see base.h). */
+/* The bottom layer: error messages, CPUs, the page-cache probe and the checked
+ * open of a data file (see base.h). */
 #define _GNU_SOURCE /* mincore, sched_getaffinity */
+#include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/base.h"
@@ -42,4 +46,34 @@ unsigned fr_resident_sample(const void *map, size_t len, unsigned n, uint64_t *s
         }
     }
     return in;
+}
+
+int fr_open_data(const char *path, int flags, int block_ok, struct stat *st_out)
+{
+    int fd;
+    do {
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | flags);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) != 0)
+        rc = -errno;
+    else if (S_ISDIR(st.st_mode))
+        rc = -EISDIR;
+    else if (!S_ISREG(st.st_mode) && !(block_ok && S_ISBLK(st.st_mode)))
+        rc = -EINVAL;
+    if (rc == 0) {
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+            rc = -errno;
+    }
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    if (st_out)
+        *st_out = st;
+    return fd;
 }

@@ -1,7 +1,8 @@
 /*
  * The bottom layer of the C core: error messages, small arithmetic, the
- * process's CPU count and a page-cache probe that every other file may use. It includes nothing of fastread's, so nothing
- * above it can form a cycle through it.
+ * process's CPU count, a page-cache probe and the checked open of a data
+ * file, that every other file may use. It includes nothing of fastread's, so
+ * nothing above it can form a cycle through it.
  */
 #ifndef FASTREAD_BASE_H
 #define FASTREAD_BASE_H
@@ -39,5 +40,16 @@ unsigned fr_usable_cpus(void);
  * without reading it. Thread-safe if each thread has its own seed. */
 unsigned fr_resident_sample(const void *map, size_t len, unsigned n, uint64_t *seed,
                             unsigned *asked);
+
+/* Opens `path` for reading data that must be a regular file (or, with
+ * block_ok, a block device): O_RDONLY | O_CLOEXEC | O_NOCTTY | `flags`, with
+ * O_NONBLOCK so that a FIFO put in its place cannot block the open; then
+ * fstat of the descriptor (no stat-then-open race) and O_NONBLOCK cleared.
+ * Returns the descriptor, or -errno: -EISDIR for a directory, -EINVAL for a
+ * FIFO, socket or device (open(2) itself refuses a socket with -ENXIO).
+ * Symlinks are followed: the target is what is checked. *st_out (if not
+ * NULL) gets the descriptor's fstat. Thread-safe. */
+struct stat;
+int fr_open_data(const char *path, int flags, int block_ok, struct stat *st_out);
 
 #endif

@@ -309,10 +309,12 @@ opened:;
 void fr_read_range_plain(fr_batch *batch, size_t i, const char *path, const fr_range *r)
 {
     fr_sample *s = &batch->samples[i];
-    int fd;
-    fd = fr_open_retry(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO in its place: no wait */
+    /* Opened as the image was: a FIFO put in its place is no wait, a device
+     * (a link to /dev/zero) no source of bytes. */
+    int direct;
+    int fd = fr_open_image(path, 0, &direct);
     if (fd < 0) {
-        s->length = -errno;
+        s->length = fd;
         return;
     }
     ssize_t got = fr_pread_full(fd, batch->arena.base + s->offset, (size_t)r->length,

@@ -31,8 +31,9 @@ int fr_layout_ranges(fr_batch *batch, const fr_range *ranges, size_t n, int o_di
  * the descriptor or -errno (-EISDIR, -EINVAL for other file types). */
 int fr_open_image(const char *path, int o_direct, int *direct_out);
 
-/* The slow, sure path for one range: a fresh buffered descriptor and pread
- * until the whole range is in its slot. Sets samples[i].length to the range's
+/* The slow, sure path for one range: a fresh buffered descriptor (of a
+ * regular file or block device: fr_open_image's checks) and pread until the
+ * whole range is in its slot. Sets samples[i].length to the range's
  * length, -ENODATA if the image ends inside the range, or -errno. Writes only
  * inside the sample's slot, so it may run on several threads at once. */
 void fr_read_range_plain(fr_batch *batch, size_t i, const char *path, const fr_range *r);

@@ -9,7 +9,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +96,7 @@ static int open_fetch(fr_gdev *d, const fr_gather_backend *be, char *err, size_t
     /* For the residency sample (gdev_choose_fetch, and backend "auto"'s route:
      * fr_gdev_route); without it (a mapping refused) arrays count as warm,
      * which only costs the cold cases their best path. */
-    int fd = open(d->path, O_RDONLY | O_CLOEXEC);
+    int fd = fr_open_data(d->path, 0, 1, NULL); /* a FIFO swapped in: no wait */
     if (fd >= 0) {
         uint64_t lo = d->offset & ~(uint64_t)4095;
         d->res_len = (size_t)(d->offset + d->rows * d->row_bytes - lo);

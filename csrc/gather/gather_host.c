@@ -102,29 +102,26 @@ struct fr_host_gather {
 
 int fr_host_file_size(const char *path, uint64_t *size, char *err, size_t err_len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        int e = errno;
-        fr_set_err(err, err_len, "cannot open %s: %s", path, strerror(e));
-        return -e;
-    }
     struct stat st;
+    int fd = fr_open_data(path, 0, 1, &st);
+    if (fd == -EISDIR || fd == -EINVAL) {
+        fr_set_err(err, err_len, "%s is not a regular file or block device", path);
+        return fd;
+    }
+    if (fd < 0) {
+        fr_set_err(err, err_len, "cannot open %s: %s", path, strerror(-fd));
+        return fd;
+    }
     int rc = 0;
-    if (fstat(fd, &st) != 0) {
-        rc = -errno;
-        fr_set_err(err, err_len, "cannot stat %s: %s", path, strerror(-rc));
-    } else if (S_ISREG(st.st_mode)) {
+    if (S_ISREG(st.st_mode)) {
         *size = (uint64_t)st.st_size;
-    } else if (S_ISBLK(st.st_mode)) {
+    } else {
         uint64_t bytes = 0;
         if (ioctl(fd, BLKGETSIZE64, &bytes) != 0) {
             rc = -errno;
             fr_set_err(err, err_len, "cannot size block device %s: %s", path, strerror(-rc));
         }
         *size = bytes;
-    } else {
-        rc = S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
-        fr_set_err(err, err_len, "%s is not a regular file or block device", path);
     }
     close(fd);
     return rc;

@@ -620,7 +620,7 @@ static int proxy_open(const fr_backend_env *env, void **state, char *err, size_t
      * alone) or $FASTREAD_PROXY_CACHED=0. Failing to open only costs that. */
     const char *cached = getenv("FASTREAD_PROXY_CACHED");
     if (env->o_direct <= 0 && !(cached && strcmp(cached, "0") == 0))
-        p->fd = open(env->path, O_RDONLY | O_CLOEXEC);
+        p->fd = fr_open_data(env->path, 0, 1, NULL); /* < 0: a FIFO swapped in, not waited on */
     const char *mapped = getenv("FASTREAD_PROXY_MAPPED");
     if (p->fd >= 0 && !(mapped && strcmp(mapped, "0") == 0) && env->rows * env->row_bytes > 0) {
         /* Failing to map only costs the copies (an address space limit). */

@@ -45,6 +45,10 @@ _SETTINGS = {
     # it. A byte count or a size such as 20GiB (fastread.formats._cache
     # parses it). The formats' cache_bytes= argument wins.
     "formats_cache_bytes": ("FASTREAD_FORMATS_CACHE_BYTES", 16 << 30, str),
+    # The most bytes one compressed shard may inflate to (a bound on a
+    # decompression bomb's disk and time: fastread.formats._gzip); a size
+    # such as 64GiB. The formats' max_inflated= argument wins.
+    "formats_max_inflated": ("FASTREAD_FORMATS_MAX_INFLATED", 16 << 30, str),
     "prefetch": ("FASTREAD_PREFETCH", 2, int),
     # Reader threads, each with its own engine context; 0: one per 2 CPUs.
     "workers": ("FASTREAD_WORKERS", 0, int),

@@ -44,6 +44,8 @@ import json
 import os
 import struct
 
+from fastread._safe_open import open_fd, open_file
+
 __all__ = ["fiemap", "build_bmap", "write_bmap", "load_bmap", "FIEMAP_FLAGS"]
 
 _FS_IOC_FIEMAP = 0xC020660B  # _IOWR('f', 11, struct fiemap)
@@ -74,7 +76,7 @@ def fiemap(path):
     system has no FIEMAP (e.g. tmpfs, some network file systems)."""
     out = []
     start = 0
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd, _ = open_fd(path)   # a FIFO or device refused by name, not waited on
     try:
         while True:
             buf = bytearray(_FIEMAP.size + _EXTENT.size * _EXTENTS_PER_CALL)
@@ -214,11 +216,13 @@ def load_bmap(path):
     strings); their entries get ``size``, ``lba_size`` and ``extents`` None.
     Raises ValueError naming the file and key of a malformed entry."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         try:
             doc = json.load(f)
         except ValueError as e:
             raise ValueError(f"bmap {path!r} is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ValueError(f"bmap {path!r}: its JSON is nested too deep to parse") from None
     if not isinstance(doc, dict):
         raise ValueError(f"bmap {path!r}: expected a JSON object of files")
     out = {}

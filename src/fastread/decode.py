@@ -25,6 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fastread._safe_open import open_file
+
 __all__ = ["DecoderChoice", "Preprocess", "choose_decoder", "preprocess_file",
            "preprocess_image", "to_rgb", "decoded_batches"]
 
@@ -69,13 +71,22 @@ def _dali_gpus():
     return backend, n, None if n > 0 else "DALI sees no CUDA GPU"
 
 
+#: Whether ``decoder="auto"`` packs with DALI on the GPU where DALI sees
+#: one (else Pillow, the reference). The rule: True only once, on a GPU
+#: machine, DALI's GPU path is right (tests/test_pack_dali.py's GPU cases
+#: pass) and faster than Pillow on all that machine's cores (``bash
+#: bench/gpu.sh pack-decoders`` prints both as its verdict). Not measured yet
+#: on a GPU with this pipeline: False.
+AUTO_USES_DALI_GPU = False
+
+
 def choose_decoder(decoder="auto", device=None):
     """The decoder of a decoded pack, as a :class:`DecoderChoice`.
 
     ``decoder``: "pillow", "dali" or "auto"; ``device``: "cpu", "gpu" or
     None. "auto" is Pillow (the reference, and it decodes every format Pillow
-    knows; DALI on the GPU becomes auto's choice once measured on a GPU),
-    or DALI on the GPU with ``device="gpu"``. "dali" without ``device``: the GPU
+    knows), or DALI on the GPU with ``device="gpu"``, or where a GPU is
+    present once :data:`AUTO_USES_DALI_GPU` says so (measured there). "dali" without ``device``: the GPU
     where there is one, else DALI's CPU decoder. Combinations that cannot
     run raise ValueError naming the option."""
     if decoder not in DECODERS:
@@ -94,9 +105,14 @@ def choose_decoder(decoder="auto", device=None):
         return DecoderChoice("pillow", "cpu", "auto on the CPU: Pillow, the reference "
                              "decoder, with a process per CPU")
     if decoder == "auto" and device is None:
-        # Pillow until DALI's GPU path has run its tests and benchmark on a
-        # GPU (tests/test_pack_dali.py's GPU cases, `bash bench/gpu.sh
-        # pack-decoders`): a default must be a measured one.
+        # A default must be a measured one (AUTO_USES_DALI_GPU).
+        if AUTO_USES_DALI_GPU:
+            backend, gpus, why_not = _dali_gpus()
+            if gpus:
+                return DecoderChoice("dali", "gpu", "auto: DALI on the GPU, measured right and "
+                                     "faster than Pillow on all CPUs (a CUDA GPU is present)")
+            return DecoderChoice("pillow", "cpu", f"auto: Pillow, with a process per CPU "
+                                 f"({why_not})")
         return DecoderChoice("pillow", "cpu", "auto: Pillow, the reference decoder, with a "
                              "process per CPU (decoder='dali' decodes with DALI, on the GPU "
                              "where one is present)")
@@ -238,6 +254,10 @@ def preprocess_file(path, pre):
     Pillow raises for a file it cannot decode (OSError, ValueError, ...)."""
     from PIL import Image, ImageOps
 
+    if isinstance(path, (str, bytes, os.PathLike)):
+        # Pillow's own open() of a FIFO waits for a writer: refused here, by name.
+        with open_file(path) as f:
+            return preprocess_file(f, pre)
     with Image.open(path) as src:
         src.load()   # decode now: a truncated or corrupt file fails here, not later
         # EXIF orientation applied, as DALI's decoders do by default

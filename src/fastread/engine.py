@@ -17,8 +17,8 @@ from fastread import s3 as _s3
 # Every engine fastread knows, in order of preference for engine="auto", and
 # what is needed to build it when this build lacks it.
 KNOWN_ENGINES = {
-    "io_uring": "liburing was not found by pkg-config when fastread was built "
-                "(install liburing-dev and reinstall)",
+    "io_uring": "liburing was not found by pkg-config when fastread was built, or the "
+                "build had FASTREAD_URING=OFF (install liburing-dev and reinstall)",
     "psync": "not compiled in",
     "xnvme-file": "xNVMe was not found by pkg-config (`xnvme`) when fastread was built "
                   "(install xNVMe, then reinstall fastread; "

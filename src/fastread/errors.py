@@ -8,6 +8,15 @@ _KINDS = ((_stat.S_ISFIFO, "a FIFO"), (_stat.S_ISSOCK, "a socket"),
           (_stat.S_ISDIR, "a directory"))
 
 
+def kind_of(mode):
+    """What a file of ``st_mode`` ``mode`` is, in words ("a FIFO", "a
+    directory", ...), or None for a regular file (or a kind not named)."""
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return None
+
+
 def describe(path, err):
     """Why reading ``path`` failed with ``err``, in words beyond strerror:
     what the path is when that explains it (a FIFO, a socket, a device, a
@@ -15,10 +24,9 @@ def describe(path, err):
     try:
         if err in (_errno.EINVAL, _errno.ENXIO, _errno.EISDIR, _errno.ENODEV,
                    _errno.EOPNOTSUPP):
-            mode = os.stat(path).st_mode
-            for test, kind in _KINDS:
-                if test(mode):
-                    return f"not a regular file: {kind}"
+            kind = kind_of(os.stat(path).st_mode)
+            if kind is not None:
+                return f"not a regular file: {kind}"
         elif err == _errno.ENOENT and os.path.islink(path):
             return f"a dangling symlink to {os.readlink(path)!r}"
     except (OSError, ValueError, TypeError):
@@ -56,3 +64,19 @@ class ReadError(OSError):
         if len(self.failures) > 1:
             msg += f" (and {len(self.failures) - 1} more failed samples in this batch)"
         return msg
+
+
+class SpecialFileError(ReadError):
+    """A path given as a data file names no regular file: a FIFO, a socket,
+    a device or a directory. Refused before a byte is read (and without
+    waiting for a FIFO's writer); ``kind`` says what it is ("a FIFO", ...),
+    ``errno`` is EISDIR for a directory, else EINVAL (the C engines' errno
+    for the same refusal)."""
+
+    def __init__(self, filename, kind):
+        err = _errno.EISDIR if kind == "a directory" else _errno.EINVAL
+        super().__init__(err, filename, detail=f"not a regular file: {kind}")
+        self.kind = kind
+
+    def __reduce__(self):
+        return (type(self), (self.filename, self.kind))

@@ -38,13 +38,14 @@ Settings not given come from the environment (``fastread._gather_defaults``:
 import errno
 import math
 import os
-import stat
 from importlib import resources
 
 import numpy as np
 
 from fastread import _core, _defaults, _devarrays as D, _gather, _gather_defaults as G
-from fastread.image import PackedImage, _device_size
+from fastread._safe_open import open_fd
+from fastread.errors import SpecialFileError
+from fastread.image import PackedImage, _open_region
 from fastread.npy import MAGIC as NPY_MAGIC, NpyError, parse_header
 from fastread.s3 import S3Options, is_url, take_options as take_s3_options
 from fastread.source import FileRanges
@@ -109,18 +110,14 @@ def _is_power_of_two(v):
 def _region_size(path):
     """Bytes in a regular file or block device; errors name the path."""
     try:
-        st = os.stat(path)
+        fd, size = _open_region(path)
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, "feature file not found", path) from None
-    if stat.S_ISREG(st.st_mode):
-        return st.st_size
-    if stat.S_ISBLK(st.st_mode):
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return _device_size(fd)
-        finally:
-            os.close(fd)
-    raise ValueError(f"feature store {path!r} is neither a regular file nor a block device")
+    except SpecialFileError as e:
+        raise ValueError(f"feature store {path!r} is neither a regular file nor a block "
+                         f"device ({e.kind})") from None
+    os.close(fd)
+    return size
 
 
 def _object_size(url, s3):
@@ -142,7 +139,7 @@ def _pread(path, n, offset, s3=None):
         # The .npy header probe of an object: one ranged GET.
         from fastread.image import _url_ranges
         return _url_ranges(path, [offset], [n], s3, f"feature store {path!r}")[0] if n else b""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd, _ = open_fd(path, block_devices=True, blocking=False)   # pread ignores O_NONBLOCK
     try:
         return os.pread(fd, n, offset)
     finally:
@@ -303,6 +300,10 @@ class FeatureStore:
                                      f"header says {hdr.shape}")
             dtype, shape, offset = hdr.dtype, hdr.shape, hdr.data_offset
         elif dtype is None:
+            if str(path).endswith(".npy") and offset == 0:   # the file's fault, not the call's
+                raise ValueError(f"feature store {what}: not a .npy file (it starts with "
+                                 f"{bytes(head[:len(NPY_MAGIC)])!r}, not {NPY_MAGIC!r}); raw "
+                                 "data needs dtype= (and shape=)")
             raise TypeError(f"feature store {what}: raw data needs dtype= (and shape=; only "
                             ".npy data carries its own)")
         try:
@@ -310,7 +311,9 @@ class FeatureStore:
         except TypeError as e:
             raise TypeError(f"feature store {what}: dtype={dtype!r}: {e}") from None
         if self.dtype.hasobject or self.dtype.itemsize == 0:
-            raise TypeError(f"feature store {what}: dtype {self.dtype} cannot be stored raw")
+            # From a .npy header: the file's fault (ValueError), else the caller's.
+            raise (ValueError if self.npy else TypeError)(
+                f"feature store {what}: dtype {self.dtype} cannot be stored raw")
         if offset > size:
             raise ValueError(f"feature store {what}: offset {offset} is past its end "
                              f"({size} bytes)")

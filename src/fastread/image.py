@@ -46,13 +46,14 @@ import zlib
 
 import numpy as np
 
+from fastread._safe_open import open_fd
 from fastread.engine import cached_context
-from fastread.errors import ReadError
+from fastread.errors import ReadError, SpecialFileError
 from fastread.index import scan
 from fastread.s3 import S3Options, is_url
 from fastread.source import FileList, FileRanges, read_in_order
 
-__all__ = ["PackedImage", "ImageError", "pack", "verify", "index_path"]
+__all__ = ["PackedImage", "ImageError", "pack", "verify", "index_path", "is_packed_image"]
 
 MAGIC = b"FRIMAGE\0"
 #: The image's header block layout (unchanged by index version 2).
@@ -90,6 +91,21 @@ def index_path(image):
     return os.fsdecode(image) + ".index"
 
 
+def is_packed_image(path):
+    """Whether ``path`` names a packed image: a :class:`PackedImage`, or a
+    local file with its index beside it (``<path>.index``, as :func:`pack`
+    writes it), which is how loaders that take a tree or an image as their
+    first argument tell them apart. An ``s3://`` URL is a tree's prefix
+    there (an image in a bucket goes by ``image=``)."""
+    if isinstance(path, PackedImage):
+        return True
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return False
+    path = os.fsdecode(path)
+    return not path.startswith("s3://") and os.path.isfile(path) and \
+        os.path.isfile(index_path(path))
+
+
 def _round_up(v, a):
     return -(-v // a) * a
 
@@ -102,18 +118,16 @@ def _device_size(fd):
     return struct.unpack("<Q", buf)[0]
 
 
-def _size_of(path):
-    """Bytes in a regular file or block device."""
-    st = os.stat(path)
-    if stat.S_ISREG(st.st_mode):
-        return st.st_size
-    if stat.S_ISBLK(st.st_mode):
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return _device_size(fd)
-        finally:
-            os.close(fd)
-    raise ImageError(f"image {path!r} is neither a regular file nor a block device")
+def _open_region(path):
+    """``(fd, bytes)`` of a regular file or block device, opened for
+    reading (refusing anything else by name: :mod:`fastread._safe_open`);
+    the caller closes ``fd``."""
+    fd, st = open_fd(path, block_devices=True)
+    try:
+        return fd, st.st_size if stat.S_ISREG(st.st_mode) else _device_size(fd)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _header_block(alignment, count, image_size, image_id):
@@ -188,19 +202,13 @@ def _read_index(path, s3):
     index is read like the image it describes."""
     if not is_url(path):
         try:
-            # O_NONBLOCK: opening a FIFO named as the index must not wait for a writer.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            # Refused unread, without waiting for a FIFO's writer.
+            fd, st = open_fd(path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, "index of the packed image not found "
                                     "(pass index= if it lives elsewhere)", path) from None
-        try:
-            st = os.fstat(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise ImageError(f"index {path!r} is not a regular file")
+        except SpecialFileError as e:
+            raise ImageError(f"index {path!r} is not a regular file ({e.kind})") from None
         size = st.st_size
         with open(fd, "rb") as f:
             head = f.read(_INDEX_HEAD_MAX)
@@ -257,6 +265,9 @@ def _load_index(path, s3=None):
         doc = json.loads(body)
     except ValueError as e:
         raise ImageError(f"index {path!r} is corrupt (invalid JSON: {e})") from None
+    except RecursionError:   # nested deeper than the interpreter's stack (CRC fixed up)
+        raise ImageError(f"index {path!r} is corrupt (its JSON is nested too deep to "
+                         "parse)") from None
     if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
         raise ImageError(f"index {path!r} is not a fastread image index")
     if doc.get("version", version) != version:
@@ -446,14 +457,17 @@ class PackedImage(FileRanges):
             raw = self._check_object()
         else:
             try:
-                size = _size_of(self.path)
+                fd, size = _open_region(self.path)
             except FileNotFoundError:
                 raise FileNotFoundError(errno.ENOENT, "packed image not found",
                                         self.path) from None
-            if size < self.image_size:
-                raise ImageError(f"image {self.path!r} is truncated: {size} bytes, its index "
-                                 f"{self.index_path!r} describes {self.image_size}")
-            with open(self.path, "rb") as f:
+            except SpecialFileError as e:
+                raise ImageError(f"image {self.path!r} is neither a regular file nor a block "
+                                 f"device ({e.kind})") from None
+            with open(fd, "rb") as f:
+                if size < self.image_size:
+                    raise ImageError(f"image {self.path!r} is truncated: {size} bytes, its "
+                                     f"index {self.index_path!r} describes {self.image_size}")
                 raw = f.read(_HEADER.size + _HEADER_CRC.size)
         head = _parse_header(raw, self.path)
         if head["image_id"] != self.image_id:

@@ -77,6 +77,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from fastread._safe_open import open_file
 
 __all__ = [
     "DALI_DEFAULT_FILTERS",
@@ -296,7 +297,7 @@ def scan_numpy(file_root: PathArg, file_filter="*.npy", *,
 
 def _parse_file_list(file_list: str, root: str):
     try:
-        with open(file_list, "rb") as f:
+        with open_file(file_list) as f:
             data = f.read()
     except FileNotFoundError:
         raise FileNotFoundError(f"file_list {file_list!r} does not exist") from None

@@ -36,10 +36,11 @@ from typing import NamedTuple, Sequence
 import numpy as np
 from numpy.lib.format import descr_to_dtype
 
+from fastread._safe_open import open_fd
 from fastread.errors import ReadError
 
 __all__ = ["NpyError", "NpyHeader", "NpyIndex", "array_view", "header_size", "parse_header",
-           "MAGIC", "MAX_HEADER_SIZE", "PROBE_BYTES"]
+           "shape_problem", "MAGIC", "MAX_HEADER_SIZE", "PROBE_BYTES"]
 
 MAGIC = b"\x93NUMPY"
 #: Longest header text accepted, in bytes: the default limit of ``np.load``
@@ -164,7 +165,23 @@ def _parse(raw: bytes, path) -> NpyHeader:
     if dtype.hasobject:
         raise NpyError(path, f"dtype {dtype} holds Python objects (the data is a pickle, "
                              f"not a raw array)")
+    why = shape_problem(shape, dtype)
+    if why is not None:
+        raise NpyError(path, f"shape {shape} of {dtype} is no NumPy array: {why}")
     return NpyHeader(len(raw), shape, dtype, fortran, math.prod(shape) * dtype.itemsize)
+
+
+def shape_problem(shape, dtype):
+    """Why NumPy cannot make an array of ``shape`` and ``dtype`` (more
+    dimensions than it takes, a size past its limits: a shape with a 0 in
+    it holds no bytes, so the size check of the data does not catch it), or
+    None. Tried on a view of one item (zero strides), so nothing is
+    allocated."""
+    try:
+        np.ndarray(shape, dtype, buffer=bytes(dtype.itemsize), strides=(0,) * len(shape))
+    except (ValueError, TypeError, OverflowError) as e:
+        return str(e)
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -301,11 +318,14 @@ def _probe_chunk(paths):
 
 def _probe(path: str):
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK left set: only pread follows, which regular files ignore it for.
+        fd, st = open_fd(path, blocking=False)
+    except ReadError:
+        raise
     except OSError as e:
         raise ReadError(e.errno or _errno.EIO, path) from None
     try:
-        size = os.fstat(fd).st_size
+        size = st.st_size
         head = os.pread(fd, PROBE_BYTES, 0)
         need = header_size(head, path) if len(head) >= 12 or len(head) == size else None
         if need is None:  # a short read of a longer file: read the preamble in full

@@ -19,6 +19,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import List, NamedTuple, Optional
 
+from fastread._safe_open import open_file
+
 try:
     from fastread import _s3
 except ImportError:  # built without libcurl: the s3 engine is absent too
@@ -540,7 +542,7 @@ def upload(sources, dest, s3=None, *, workers=16, progress=None, engine_args="",
         bucket, key = split_url(url)
         budget.take(size)
         try:
-            with open(path, "rb") as f:
+            with open_file(path) as f:   # a FIFO in the tree: refused, not waited on
                 data = f.read()
             try:
                 status, _, err = client().request("PUT", bucket, key, "", data)

@@ -13,9 +13,12 @@ pixels): each sample comes out as its uint8 HWC array (layout ``"HWC"``),
 ready for DALI's augmentation with no decoder. The native operator gets the
 shapes from the index (``npy_*`` arguments, as readers.numpy does), and a
 batch of samples of one shape is one block handed to DALI without a copy;
-the external source feeds DALI one array ``(N, H, W, C)`` per batch where
-the samples have one shape (``Reader(dense=True)``), else one view per
-sample.
+with ``device="gpu"`` the operator itself writes each batch into DALI's GPU
+output (one copy per batch from its page-locked arena, on DALI's stream:
+``dali_plugin/upload_ring.c``), so DALI's GPU augmentation follows with no
+host step between. The external source feeds DALI one array ``(N, H, W,
+C)`` per batch where the samples have one shape (``Reader(dense=True)``),
+else one view per sample.
 """
 import numpy as np
 
@@ -54,9 +57,9 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
 
     ``decoded=True``: the image is a decoded pack of raw pixels (``fastread
     pack --decode``); each sample is its uint8 HWC array (see the module's
-    documentation). ValueError for an image of the files' bytes or of
-    re-encoded JPEGs (decode those with ``fn.decoders.image``). GPU output
-    of decoded samples takes the external source for now.
+    documentation), on the GPU with ``device="gpu"`` (written there by the
+    native operator). ValueError for an image of the files' bytes or of
+    re-encoded JPEGs (decode those with ``fn.decoders.image``).
     """
     check_epoch_end(epoch_end)
     device = check_device(device)
@@ -69,15 +72,21 @@ def image(*, image, index=None, shard_id=0, num_shards=1, random_shuffle=False,
     if decoded:
         _check_decoded(img)
     if use_native("fastread.dali.readers.image", native, epoch_end, device, device_id,
-                  last_batch_policy, engine, kwargs, ranges=True,
-                  extra_obstacle=(lambda: _decoded_obstacle(device)) if decoded else None):
-        return native_reader(
+                  last_batch_policy, engine, kwargs, ranges=True):
+        data, labels = native_reader(
             img if img is not None else _open(image, index, s3), shard_id=shard_id, num_shards=num_shards,
             random_shuffle=random_shuffle or shuffle_after_epoch, seed=seed,
             pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
             prefetch_queue_depth=prefetch_queue_depth, name=name, engine=engine, device=device,
             device_id=device_id, kwargs=kwargs, what="fastread.dali.readers.image",
             layout_args=_layout_args(img) if decoded else None)
+        if decoded:
+            # The operator's arrays carry no layout: "HWC" for DALI's image
+            # operators, as the external source gives (reshape relabels the
+            # same memory, on the CPU and the GPU alike).
+            from nvidia.dali import fn
+            data = fn.reshape(data, layout="HWC")
+        return data, labels
     make_batch_source = layout = None
     if decoded:
         layout = ["HWC", ""]
@@ -104,12 +113,6 @@ def _check_decoded(img):
                 else f"{img.encoding} images (decode them with fn.decoders.image)")
         raise ValueError(f"readers.image(decoded=True): image {img.path!r} holds {what}, not "
                          "raw pixels: pack it with `fastread pack --decode` (--encode raw)")
-
-
-def _decoded_obstacle(device):
-    if device == "gpu":
-        return "decoded samples on the GPU take the external source for now"
-    return None
 
 
 def _layout_args(img):

@@ -30,7 +30,7 @@ import warnings
 
 from fastread import _defaults
 
-__all__ = ["CACHE_BYTES_VAR", "DEFAULT_CACHE_BYTES", "cache_bytes", "cache_dir_for",
+__all__ = ["CACHE_BYTES_VAR", "DEFAULT_CACHE_BYTES", "cache_bytes", "cache_dir_for", "parse_bytes",
            "cached_copy", "prune"]
 
 # The environment default is a fastread._defaults setting (fastread info lists it).
@@ -45,7 +45,7 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
-def _parse_bytes(value, what):
+def parse_bytes(value, what):
     if isinstance(value, bool):
         raise ValueError(f"{what} must be a byte count, got {value!r}")
     if isinstance(value, int):
@@ -69,8 +69,8 @@ def cache_bytes(value=None):
     as ``'20GiB'``), else ``$FASTREAD_FORMATS_CACHE_BYTES``, else 16 GiB.
     ValueError naming the argument or the variable."""
     if value is not None:
-        return _parse_bytes(value, "cache_bytes")
-    return _parse_bytes(_defaults.get("formats_cache_bytes"), CACHE_BYTES_VAR)
+        return parse_bytes(value, "cache_bytes")
+    return parse_bytes(_defaults.get("formats_cache_bytes"), CACHE_BYTES_VAR)
 
 
 def cache_dir_for(fmt, cache_dir=None):

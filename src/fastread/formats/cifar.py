@@ -24,9 +24,11 @@ import io
 import os
 import pickle
 import pickletools
+import reprlib
 
 import numpy as np
 
+from fastread._safe_open import open_file
 from fastread.formats._multi import MultiFileRanges
 from fastread.source import FileRanges
 
@@ -76,17 +78,21 @@ def cifar10_files(root, train=True):
 
 def _binary_file(path):
     """A FileRanges over the image bytes of one binary batch file."""
-    size = os.stat(path).st_size
-    if size == 0:
-        raise FormatError(path, 0, "empty file (a CIFAR-10 binary batch holds 3073-byte records)")
-    n, rest = divmod(size, RECORD_BYTES)
-    if rest:
-        raise FormatError(path, n * RECORD_BYTES,
-                          f"{size} bytes is not a multiple of the {RECORD_BYTES}-byte record "
-                          f"size: {rest} bytes of a truncated record follow {n} whole ones")
-    records = np.memmap(path, np.uint8, "r", shape=(n, RECORD_BYTES))
-    labels = np.array(records[:, 0])
-    del records
+    with open_file(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise FormatError(path, 0, "empty file (a CIFAR-10 binary batch holds 3073-byte "
+                              "records)")
+        n, rest = divmod(size, RECORD_BYTES)
+        if rest:
+            raise FormatError(path, n * RECORD_BYTES,
+                              f"{size} bytes is not a multiple of the {RECORD_BYTES}-byte "
+                              f"record size: {rest} bytes of a truncated record follow {n} "
+                              "whole ones")
+        # The labels, one strided read of the descriptor checked as a file.
+        records = np.memmap(f, np.uint8, "r", shape=(n, RECORD_BYTES))
+        labels = np.array(records[:, 0])
+        del records
     bad = np.flatnonzero(labels > 9)
     if len(bad):
         i = int(bad[0])
@@ -123,7 +129,7 @@ def _pickle_file(path):
     """A FileRanges over the image rows of one pickled batch: the pickle is
     loaded once (for the labels and to check the array), its data block
     located in the stream and read as ranges."""
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         blob = f.read()
     if not blob:
         raise FormatError(path, 0, "empty file (a CIFAR-10 Python batch is a pickled dict)")
@@ -135,7 +141,9 @@ def _pickle_file(path):
         raise FormatError(path, None, f"the pickle holds a {type(entry).__name__}, not a dict")
     entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
     if "data" not in entry or "labels" not in entry:
-        raise FormatError(path, None, f"the pickled dict has keys {sorted(map(str, entry))}; "
+        # reprlib: a key may be anything a pickle builds (nested 100,000 deep)
+        keys = sorted(reprlib.repr(k) for k in entry)
+        raise FormatError(path, None, f"the pickled dict has keys {reprlib.repr(keys)}; "
                           "CIFAR-10 batches have 'data' and 'labels'")
     data = entry["data"]
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
@@ -144,7 +152,10 @@ def _pickle_file(path):
                           f"{type(data).__name__} {getattr(data, 'dtype', '')} "
                           f"{getattr(data, 'shape', '')}")
     n = data.shape[0]
-    labels = np.asarray(entry["labels"])
+    try:
+        labels = np.asarray(entry["labels"])
+    except (ValueError, TypeError, RecursionError, MemoryError) as e:   # a ragged or deep list
+        raise FormatError(path, None, f"'labels' is no array of integers: {e}") from None
     if labels.shape != (n,) or labels.dtype.kind not in "iu" or \
             (n and (labels.min() < 0 or labels.max() > 9)):
         raise FormatError(path, None, f"'labels' must be {n} integers 0..9, got "

@@ -28,10 +28,11 @@ import struct
 
 import numpy as np
 
-from fastread.formats import _cache
+from fastread._safe_open import open_file
+from fastread.formats import _cache, _gzip
 from fastread.formats._multi import MultiFileRanges
 from fastread.formats.cifar import FormatError
-from fastread.formats.webdataset import _gunzip_to
+from fastread.npy import shape_problem
 from fastread.source import FileRanges
 
 __all__ = ["SquirrelStore", "walk_sample", "value_end", "store_shards"]
@@ -138,6 +139,9 @@ def _safe_dtype(descr, kind):
         raise _Refused(f"array of kind {kind!r} (a pickled object array) is refused")
     if dtype.hasobject:
         raise _Refused(f"array type {dtype} holds Python objects, refused")
+    if dtype.itemsize == 0:
+        # '|V0': no bytes to view as items, whatever the shape says.
+        raise _Refused(f"array type {dtype} has items of 0 bytes")
     return dtype
 
 
@@ -237,6 +241,9 @@ def _field(buf, pos, end, shard, key):
             if math.prod(shape) * dtype.itemsize != data[1]:
                 raise FormatError(shard, pos, f"array {key!r}: {data[1]} bytes of data for "
                                               f"shape {shape} {dtype}")
+            why = shape_problem(shape, dtype)
+            if why is not None:   # fields() could not view the bytes so
+                raise FormatError(shard, pos, f"array {key!r}: shape {shape} {dtype}: {why}")
             return ("array", data[0], data[1], dtype, shape)
     return ("value", _small(buf, pos, end, shard, f"value of {key!r}"))
 
@@ -252,12 +259,31 @@ def store_shards(url):
     return shards
 
 
-def _plain(path, cache_dir):
-    with open(path, "rb") as f:
+class _MapFirst:
+    """What a Squirrel shard can need, checked while it is inflated (the
+    ``bound`` of :func:`fastread.formats._gzip.gunzip_to`): its first byte
+    starts a MessagePack map (a shard is a run of them, one per sample), so
+    a stream of zeros or junk fails in its first step; the samples
+    themselves are walk_sample's to check."""
+
+    def __init__(self, shard):
+        self.shard, self.checked = shard, False
+
+    def feed(self, data):
+        if not self.checked and data:
+            self.checked = True
+            if not (0x80 <= data[0] <= 0x8f or data[0] in (0xde, 0xdf)):   # as _map_header
+                raise FormatError(self.shard, 0, f"the inflated shard starts with byte "
+                                  f"0x{data[0]:02x}, not a MessagePack map (a sample)")
+
+
+def _plain(path, cache_dir, limit):
+    with open_file(path) as f:
         magic = f.read(2)
     if magic != b"\x1f\x8b":
         return path
-    return _cache.cached_copy(path, cache_dir, ".msgpack", _gunzip_to)
+    return _cache.cached_copy(path, cache_dir, ".msgpack", lambda p, dest: _gzip.gunzip_to(
+        p, dest, limit=limit, bound=_MapFirst(p)))
 
 
 class _Shard(FileRanges):
@@ -276,12 +302,12 @@ class SquirrelStore(MultiFileRanges):
     dtype and shape as stored) or a plain value (given from the index).
     A sample lacking a key is a FormatError naming the shard and offset;
     an empty shard has no samples. ``labels`` are the samples' numbers.
-    ``cache_dir`` and ``cache_bytes`` are WebDataset's (decompressed copies
-    under ``.../squirrel``).
+    ``cache_dir``, ``cache_bytes`` and ``max_inflated`` are WebDataset's
+    (decompressed copies under ``.../squirrel``).
     """
 
     def __init__(self, url=None, keys=("image", "label"), shards=None, cache_dir=None,
-                 cache_bytes=None):
+                 cache_bytes=None, max_inflated=None):
         self.url = url
         self.shard_paths = [os.fspath(s) for s in shards] if shards is not None \
             else store_shards(url)
@@ -292,12 +318,13 @@ class SquirrelStore(MultiFileRanges):
             raise ValueError("keys must name at least one field")
         self.cache_dir = cache_dir = _cache.cache_dir_for("squirrel", cache_dir)
         limit = _cache.cache_bytes(cache_bytes)
+        inflated = _gzip.max_inflated(max_inflated)
         parts = []
         self._fields = []   # per sample: tuple per key
         for path in self.shard_paths:
-            plain = _plain(path, cache_dir)
+            plain = _plain(path, cache_dir, inflated)
             starts, ends = [], []
-            with open(plain, "rb") as f:
+            with open_file(plain) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size:
                     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:

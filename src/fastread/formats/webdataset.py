@@ -23,7 +23,9 @@ padding included) and each component is a zero-copy view of it.
 Gzip'd shards cannot be read as ranges: each is decompressed once, with
 zlib, into ``cache_dir`` (a plain tar beside the others, reused while the
 shard is unchanged), and read as ranges from there. The cache is bounded
-(``cache_bytes``; :mod:`fastread.formats._cache` says how).
+(``cache_bytes``; :mod:`fastread.formats._cache` says how), and so is each
+decompression (:mod:`fastread.formats._gzip`: memory per step, the total
+``max_inflated``, and the tar's own headers followed as they are inflated).
 
 Shards in S3 (``s3://bucket/key.tar`` URLs, read by the s3 engine): each
 is indexed from its bytes, streamed once when the source is built (a few
@@ -48,9 +50,11 @@ import zlib
 
 import numpy as np
 
+from fastread._safe_open import open_file
+
 from fastread.engine import EngineOptions, cached_context
 from fastread.files import raise_failures
-from fastread.formats import _cache
+from fastread.formats import _cache, _gzip
 from fastread.formats._multi import MultiFileRanges
 from fastread.formats.cifar import FormatError
 from fastread.s3 import S3Options, is_url
@@ -191,62 +195,104 @@ def index_tar(buf, shard):
         pos = data + (size + _BLOCK - 1) // _BLOCK * _BLOCK
 
 
-def _gunzip_to(path, dest):
-    """Decompresses gzip file ``path`` into ``dest`` (atomically); a bad
-    stream is a FormatError naming the compressed offset."""
-    # One temporary per writer (process and thread: two threads of one
-    # process opening one name truncated each other's copy, and the first
-    # renamed a file with a hole, which indexed as a short shard); digits
-    # only, as _cache._TMP_RE expects. A leftover of a crashed writer with
-    # the same ids is replaced.
-    tmp = f"{dest}.{os.getpid()}{threading.get_native_id()}.tmp"
-    consumed = 0
-    try:
+class _TarBound:
+    """What a tar can need, checked while it is inflated (the ``bound`` of
+    :func:`fastread.formats._gzip.gunzip_to`): headers are followed where
+    their declared sizes place them, and the first byte the archive cannot
+    hold fails at once (FormatError naming the shard and the inflated
+    offset): a header that is none, a member declared past ``limit``, more
+    than :attr:`TAIL` bytes after the end-of-archive block. The rest of what
+    index_tar checks it leaves to index_tar."""
+
+    #: Bytes a tar may carry past its end-of-archive block: the zero
+    #: padding to a record (10240 bytes by default; 1 MiB at tar -b 2048).
+    TAIL = 1 << 20
+    #: The largest pax header whose records are read for a ``size``.
+    PAX_MAX = 1 << 20
+
+    def __init__(self, shard, limit):
+        self.shard, self.limit = shard, limit
+        self.seen = 0          # inflated bytes fed
+        self.at = 0            # where the next header (or pax data) starts
+        self.need = _BLOCK     # bytes needed there
+        self.pax_at = None     # the pax header whose data is needed, if any
+        self.pax_size = None   # the next member's size, from a pax header
+        self.end = None        # the end-of-archive block, once met
+        self.held = bytearray()   # inflated bytes from `at` on, while fewer than `need`
+
+    def feed(self, data):
+        start, self.seen = self.seen, self.seen + len(data)
+        if self.end is None and self.seen > self.at:
+            self.held += memoryview(data)[max(0, self.at - start):]
+            while self.end is None and len(self.held) >= self.need:
+                was = self.at
+                self._step(bytes(self.held[:self.need]))
+                del self.held[:self.at - was]   # all of it when `at` lies past what is held
+        if self.end is not None and self.seen - self.end > self.TAIL:
+            raise FormatError(self.shard, self.end, "the inflated stream goes on past the end "
+                              f"of its tar archive (more than {self.TAIL} bytes after the "
+                              "end-of-archive block): a decompression bomb, or data appended "
+                              "to the archive")
+
+    def _step(self, block):
+        pos = self.at
+        if self.pax_at is not None:     # a pax header's data: the next member's size
+            size = _pax_records(block, self.shard, self.pax_at).get("size")
+            try:
+                self.pax_size = None if size is None else int(size)
+            except ValueError:
+                raise FormatError(self.shard, self.pax_at, f"pax size {size!r}") from None
+            self.at, self.need, self.pax_at = pos + _round_block(len(block)), _BLOCK, None
+            return
+        if block.count(0) == _BLOCK:
+            self.end = pos
+            return
         try:
-            out_f = open(tmp, "xb")
-        except FileExistsError:
-            os.remove(tmp)
-            out_f = open(tmp, "xb")
-        with open(path, "rb") as src, out_f as out:
-            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            members = 0
-            while True:
-                chunk = src.read(1 << 20)
-                if not chunk:
-                    break
-                while chunk:
-                    try:
-                        out.write(d.decompress(chunk))
-                    except zlib.error as e:
-                        raise FormatError(path, consumed, f"bad gzip stream: {e}") from None
-                    used = len(chunk) - len(d.unused_data)
-                    consumed += used
-                    if d.eof:
-                        members += 1
-                        chunk = d.unused_data
-                        if chunk.strip(b"\0"):
-                            d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # concatenated members
-                        else:
-                            chunk = b""
-                    else:
-                        chunk = b""
-            if consumed == 0:
-                raise FormatError(path, 0, "empty file (not a gzip stream)")
-            if not d.eof:
-                raise FormatError(path, consumed, "truncated gzip stream (it ends before its "
-                                                  "end marker)")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+            stored = _octal(block[148:156], self.shard, pos, "checksum")
+        except FormatError as e:   # worded as index_tar words it
+            if pos:
+                raise
+            raise FormatError(self.shard, 0, "not a tar archive (its first header's "
+                                             f"{str(e).rsplit(': ', 1)[-1]})") from None
+        computed = sum(block[:148]) + 8 * 32 + sum(block[156:])
+        if stored != computed:
+            what = "not a tar archive" if pos == 0 else "tar header checksum error"
+            raise FormatError(self.shard, pos, f"{what} (header checksum {stored} stored, "
+                                               f"{computed} computed)")
+        size = _octal(block[124:136], self.shard, pos, "size")
+        kind = block[156:157]
+        if kind in (b"0", b"\0", b"7") and self.pax_size is not None:
+            size = self.pax_size
+        if kind != b"L":
+            self.pax_size = None
+        data = pos + _BLOCK
+        if data + size > self.limit:
+            raise FormatError(self.shard, pos, f"a member declares {size} bytes from byte "
+                              f"{data}: more than the {self.limit} bytes the shard may inflate "
+                              "to (max_inflated)")
+        if kind == b"x" and size > self.PAX_MAX:
+            self.at = _NOWHERE   # a pax header too long to read: index_tar judges the rest
+        elif kind == b"x" and size:
+            self.at, self.need, self.pax_at = data, size, pos
+        else:
+            self.at = data + _round_block(size)
 
 
-def _plain_tar(path, cache_dir):
+_NOWHERE = 1 << 80   # an offset no stream reaches
+
+
+def _round_block(size):
+    return (size + _BLOCK - 1) // _BLOCK * _BLOCK
+
+
+def _plain_tar(path, cache_dir, limit):
     """The path of a plain tar holding shard ``path``: itself, or its
-    decompressed copy in ``cache_dir`` (made once per shard version)."""
+    decompressed copy in ``cache_dir`` (made once per shard version, within
+    ``limit`` bytes and what the tar's headers declare)."""
     if not path.endswith((".gz", ".tgz")):
         return path
-    return _cache.cached_copy(path, cache_dir, ".tar", _gunzip_to)
+    return _cache.cached_copy(path, cache_dir, ".tar", lambda p, dest: _gzip.gunzip_to(
+        p, dest, limit=limit, bound=_TarBound(p, limit)))
 
 
 class _Shard(FileRanges):
@@ -330,6 +376,10 @@ class WebDataset(MultiFileRanges):
     no extension is a sample of its own (with no components), and a sample
     with none of the ``ext`` components is kept (empty) rather than dropped.
 
+    ``max_inflated`` (bytes, or a size such as ``"64GiB"``; None:
+    ``$FASTREAD_FORMATS_MAX_INFLATED``, else 16 GiB): the most a gzip'd
+    shard may inflate to (:mod:`fastread.formats._gzip`).
+
     Shards may be ``s3://`` URLs (all of them, or none): ``s3`` (an
     :class:`fastread.S3Options` or a mapping; None: the environment) reaches
     the bucket, and ``s3_read`` says how samples are read ("ranges",
@@ -338,7 +388,7 @@ class WebDataset(MultiFileRanges):
 
     def __init__(self, paths, ext, missing_component_behavior="empty",
                  case_sensitive_extensions=True, cache_dir=None, grouping="webdataset",
-                 cache_bytes=None, s3=None, s3_read=None):
+                 cache_bytes=None, s3=None, s3_read=None, max_inflated=None):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths = [os.fspath(p) for p in paths]
@@ -379,6 +429,7 @@ class WebDataset(MultiFileRanges):
                 wanted.setdefault(fold(alt.strip()), k)
         self.cache_dir = cache_dir = _cache.cache_dir_for("webdataset", cache_dir)
         limit = _cache.cache_bytes(cache_bytes)
+        inflated = _gzip.max_inflated(max_inflated)
         self.skipped = 0
         shards, comp_off, comp_len = [], [], []
         self._tar_sizes = []
@@ -387,8 +438,8 @@ class WebDataset(MultiFileRanges):
                 tar = path
                 members, size = indexed[path]
             else:
-                tar = _plain_tar(path, cache_dir)
-                with open(tar, "rb") as f:
+                tar = _plain_tar(path, cache_dir, inflated)
+                with open_file(tar) as f:
                     size = os.fstat(f.fileno()).st_size
                     if size == 0:
                         raise FormatError(path, 0, "empty file (not a tar archive)")

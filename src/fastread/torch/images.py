@@ -23,13 +23,14 @@ another world size.
 """
 
 import collections
+import os
 
 import numpy as np
 
 from fastread import _core
 from fastread._defaults import node_env
 from fastread.augment import OUTPUT_DTYPES, RATIO, SCALE, check_crop
-from fastread.image import PackedImage
+from fastread.image import PackedImage, is_packed_image
 from fastread.sampling import check_flag
 from fastread.reader import Reader
 
@@ -62,7 +63,9 @@ class ImageLoader:
 
     ``image=`` a decoded pack of raw pixels of one shape (``fastread pack
     --decode --resize S --crop S``; a path or :class:`fastread.PackedImage`)
-    instead of a tree: no decoder and no DALI. ``device="cuda"``: the
+    instead of a tree: no decoder and no DALI. A packed image given as the
+    first argument (``file_root``) is taken as ``image=``: a file with its
+    index beside it (:func:`fastread.image.is_packed_image`). ``device="cuda"``: the
     reader writes each batch into GPU memory, and one fused CUDA kernel
     (:class:`fastread.augment.Augmenter`) makes the same (N, 3, size, size)
     batch from it, queued on torch's current stream. ``device="cpu"``: the
@@ -138,6 +141,19 @@ class ImageLoader:
             raise ValueError(f"hw_decoder_load must be a number in [0, 1] (the share of images "
                              f"the GPU's hardware JPEG decoder takes), got {hw_decoder_load!r}")
         pack = encoded = None
+        if image is None and is_packed_image(file_root):
+            # ImageLoader("/data/train-160.img"): a packed image as the first
+            # argument, told from a tree by its index, is image=.
+            if file_list is not None or files is not None:
+                raise ValueError(f"{os.fsdecode(getattr(file_root, 'path', file_root))!r} is a "
+                                 "packed image: give it alone (or as image=), not with "
+                                 "file_list or files")
+            image, file_root = file_root, None
+        elif isinstance(file_root, (str, bytes, os.PathLike)) and os.path.isfile(file_root):
+            raise ValueError(f"file_root {os.fsdecode(file_root)!r} is a file, not a tree: a "
+                             f"packed image is told by its index, and "
+                             f"{os.fsdecode(file_root) + '.index'!r} does not exist (give "
+                             "image= and index= for an index elsewhere)")
         if image is not None and not isinstance(image, PackedImage):
             image = PackedImage(image)
         if image is not None and _holds_encoded_images(image):
