@@ -287,6 +287,10 @@ typedef struct fr_ctx fr_ctx;
 /* Names of every engine compiled in, NULL-terminated. */
 const char *const *fr_engine_names(void);
 
+/* 0 if the cql engine can open TLS connections (engine_args ssl=1: built
+ * with OpenSSL), else -ENOTSUP and why in `why`. */
+int fr_cql_tls_probe(char *why, size_t why_len);
+
 /* 0 if `engine` can run here; otherwise a negative errno and why in `why`. */
 int fr_engine_probe(const char *engine, char *why, size_t why_len);
 

@@ -1092,6 +1092,8 @@ static long cql_stat(const void *state, const char *key)
     return -1;
 }
 
+int fr_cql_tls_probe(char *why, size_t why_len) { return cql_tls_probe(why, why_len); }
+
 const fr_engine fr_engine_cql = {
     .name = "cql",
     .probe = cql_probe,
