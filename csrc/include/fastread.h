@@ -290,6 +290,9 @@ const char *const *fr_engine_names(void);
 /* 0 if the cql engine can open TLS connections (engine_args ssl=1: built
  * with OpenSSL), else -ENOTSUP and why in `why`. */
 int fr_cql_tls_probe(char *why, size_t why_len);
+/* Cassandra's Murmur3Partitioner token of a partition key's bytes (what
+ * `SELECT token(id)` answers): the cql engine's routing. Thread-safe. */
+int64_t fr_cql_token(const uint8_t *key, size_t len);
 
 /* 0 if `engine` can run here; otherwise a negative errno and why in `why`. */
 int fr_engine_probe(const char *engine, char *why, size_t why_len);

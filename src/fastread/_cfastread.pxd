@@ -99,6 +99,7 @@ cdef extern from "fastread.h" nogil:
     const char *const *fr_engine_names()
     int fr_engine_probe(const char *engine, char *why, size_t why_len)
     int fr_cql_tls_probe(char *why, size_t why_len)
+    int64_t fr_cql_token(const uint8_t *key, size_t len)
     const char *fr_engine_auto(int *rc, char *why, size_t why_len)
     int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
     void fr_ctx_close(fr_ctx *ctx)

@@ -102,6 +102,12 @@ def cql_tls():
     return (rc == 0, why.decode(errors="replace"))
 
 
+def cql_token(bytes key):
+    """Cassandra's Murmur3 token of a partition key's bytes (the cql
+    engine's routing; what ``SELECT token(id)`` answers)."""
+    return fr_cql_token(<const unsigned char *>key, len(key))
+
+
 def auto_engine():
     """(engine, why) for engine="auto" here, as the core decides it
     (fr_engine_auto): "io_uring" (then choosing per batch between io_uring

@@ -1094,6 +1094,8 @@ static long cql_stat(const void *state, const char *key)
 
 int fr_cql_tls_probe(char *why, size_t why_len) { return cql_tls_probe(why, why_len); }
 
+int64_t fr_cql_token(const uint8_t *key, size_t len) { return cql_murmur3_token(key, len); }
+
 const fr_engine fr_engine_cql = {
     .name = "cql",
     .probe = cql_probe,
