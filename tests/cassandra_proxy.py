@@ -106,3 +106,22 @@ class DelayProxy:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def main(argv):
+    """`python cassandra_proxy.py TARGET_PORT DELAY_MS`: a proxy process in
+    front of 127.0.0.1:TARGET_PORT (a process of its own, so that its CPU
+    is not the client's); prints its port, runs until stdin closes."""
+    import sys
+    proxy = DelayProxy(("127.0.0.1", int(argv[0])), float(argv[1]))
+    print(proxy.port, flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        proxy.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))
