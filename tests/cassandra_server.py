@@ -200,7 +200,7 @@ class Cassandra:
     """One Cassandra node with its data under `workdir`. start() waits until
     the native port answers (and, with auth, until the superuser can log in)."""
 
-    def __init__(self, workdir=None, *, auth=False, heap_mb=768, host="127.0.0.1",
+    def __init__(self, workdir=None, *, auth=False, tls=False, heap_mb=768, host="127.0.0.1",
                  version=VERSION, extra_yaml=""):
         why = why_not_available(version)
         if why:
@@ -211,6 +211,11 @@ class Cassandra:
         self.heap_mb = heap_mb
         self.host = host
         self.extra_yaml = extra_yaml
+        # tls: the native port takes TLS and plain connections both
+        # (client_encryption_options optional), with a self-signed
+        # certificate for localhost and 127.0.0.1; tls_ca is its PEM.
+        self.tls = tls
+        self.tls_ca = None
         self.username, self.password = (USERNAME, PASSWORD) if auth else (None, None)
         self._own_workdir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="fastread-cassandra-", dir="/var/tmp")
@@ -228,8 +233,34 @@ class Cassandra:
     def pid(self):
         return self.proc.pid if self.proc is not None else None
 
+    def _make_keystore(self):
+        """A PKCS12 keystore with a self-signed certificate (keytool, from
+        the JDK) and the certificate as PEM for the clients to check."""
+        ks = os.path.join(self.workdir, "node.p12")
+        pem = os.path.join(self.workdir, "node.pem")
+        keytool = os.path.join(os.path.dirname(os.path.realpath(self.java)), "keytool")
+        if not os.path.exists(ks):
+            subprocess.run([keytool, "-genkeypair", "-alias", "node", "-keyalg", "RSA",
+                            "-keysize", "2048", "-dname", "CN=localhost", "-ext",
+                            "SAN=DNS:localhost,IP:127.0.0.1", "-validity", "3650",
+                            "-keystore", ks, "-storetype", "PKCS12", "-storepass", "fastread",
+                            "-keypass", "fastread"], check=True, capture_output=True)
+            subprocess.run([keytool, "-exportcert", "-rfc", "-alias", "node", "-keystore", ks,
+                            "-storepass", "fastread", "-file", pem], check=True,
+                           capture_output=True)
+        self.tls_ca = pem
+        return f"""client_encryption_options:
+  enabled: true
+  optional: true
+  keystore: {ks}
+  keystore_password: fastread
+  store_type: PKCS12
+  require_client_auth: false
+"""
+
     def _write_config(self):
         d = self.workdir
+        tls_yaml = self._make_keystore() if self.tls else ""
         yaml = f"""cluster_name: fastread-test
 num_tokens: 1
 initial_token: 0
@@ -259,7 +290,7 @@ commitlog_segment_size: 64MiB
 native_transport_max_frame_size: 32MiB
 # Small caches: the page cache serves repeated reads.
 key_cache_size: 8MiB
-{self.extra_yaml}
+{tls_yaml}{self.extra_yaml}
 """
         conf = os.path.join(d, "cassandra.yaml")
         with open(conf, "w") as f:

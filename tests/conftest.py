@@ -431,12 +431,12 @@ def cassandra_server():
     """A real Apache Cassandra 5 node for the session (tests/cassandra_server.py):
     one node on loopback ports, authentication on (host, port, username,
     password; session() is a cassandra-driver session; kill(), restart(),
-    pid). A test that kill()s it restart()s it before it ends (try/finally):
+    pid), TLS optional on the native port (tls_ca: the node's certificate). A test that kill()s it restart()s it before it ends (try/finally):
     later tests share it. Skips (fails under scripts/test.sh) where Java 17
     or the jars are missing."""
     skip_unless("cassandra", cassandra_reason())
     import cassandra_server as cs
-    server = cs.Cassandra(auth=True)
+    server = cs.Cassandra(auth=True, tls=True)
     server.start()
     try:
         yield server

@@ -305,3 +305,20 @@ def test_id_files_round_trip(tmp_path, rows):
     (tmp_path / "bad.ids").write_text(f"{ids[0]}\nnot-a-uuid\n")
     with pytest.raises(ValueError, match="line 2"):
         read_id_file(tmp_path / "bad.ids")
+
+
+def test_tls(cassandra_server, rows):
+    ok, why = _core.cql_tls()
+    if not ok:
+        pytest.skip(why)
+    ids, labels, data = rows
+    src = source(cassandra_server, ids[3:203], ssl=True, ssl_ca=cassandra_server.tls_ca,
+                 ssl_host="localhost")
+    with fastread.Reader(source=src, batch_size=50) as r:
+        got = read_all(r)
+        assert r.stats()["cql_requests"] == 200
+    assert [g[0] for g in got] == data[3:203]
+    with pytest.raises(OSError, match="certificate"):  # another name than the certificate's
+        fastread.Reader(source=source(cassandra_server, ids[3:5], ssl=True,
+                                      ssl_ca=cassandra_server.tls_ca, ssl_host="example.org"),
+                        batch_size=2)
