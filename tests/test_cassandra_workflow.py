@@ -211,3 +211,28 @@ def test_torchrun_two_ranks_read_exact_shards(cassandra_server, ingested, tmp_pa
     want = sorted(d.hex()[:40] + ":" + str(len(d)) for d in files.values())
     assert sorted(shards[0] + shards[1]) == want  # every row once: no overlap, no padding
     assert abs(len(shards[0]) - len(shards[1])) <= 1
+
+
+def test_image_loader_decodes_rows(cassandra_server, tmp_path):
+    pytest.importorskip("torch")
+    dali_or_skip()
+    from fastread.cassandra_tools import ingest, list_ids
+    from fastread.datasets import make_imagenet_like
+    from fastread.torch import ImageLoader
+    root = str(tmp_path / "jpegs")
+    make_imagenet_like(root, classes=2, per_class=12, mean_kb=2, width=48, height=40,
+                       progress=False)
+    session = cassandra_server.session()
+    ingest(session, root, KS, "img", journal=str(tmp_path / "img.ingest"), progress=False)
+    ids, labels = list_ids(session, KS, "img")
+    src = CassandraSource(f"{KS}.data_img", ids, hosts=cassandra_server.host,
+                          port=cassandra_server.port, username="cassandra",
+                          password="cassandra")
+    loader = ImageLoader(cassandra=src, batch_size=8, size=32, num_threads=1)
+    got = []
+    for images, labs in loader:
+        assert tuple(images.shape) == (8, 3, 32, 32)
+        got.extend(labs.tolist())
+    assert got == labels  # in order, the rows' labels
+    with pytest.raises(ValueError, match="not several"):
+        ImageLoader(root, cassandra=src)
