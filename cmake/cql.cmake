@@ -4,6 +4,7 @@
 # without it ssl=1 is refused saying why, and `fastread info` says so too.
 target_sources(fastread_core PRIVATE
   csrc/engines/cql/cql.c
+  csrc/engines/cql/cql_config.c
   csrc/engines/cql/cql_conn.c
   csrc/engines/cql/cql_proto.c)
 set(FASTREAD_CQL_TLS "AUTO" CACHE STRING "TLS for the cql engine (OpenSSL): AUTO, ON or OFF")

@@ -111,7 +111,11 @@ def run_fastread_dali(table, ids, port, batch, n, prefetch):
         return readers.cassandra(table=table, source_uuids=uuids, cassandra_ips=["127.0.0.1"],
                                  cassandra_port=port, shuffle_every_epoch=True,
                                  prefetch_buffers=prefetch)
-    p = pipe()
+    return run_pipeline(pipe(), n)
+
+
+def run_pipeline(p, n):
+    """Runs a built-to-be DALI pipeline until `n` samples came out."""
     p.build()
     count = nbytes = 0
     while count < n:
@@ -155,15 +159,7 @@ def run_file_dali(tree, batch, n):
     def pipe():
         data, label = fn.readers.file(file_root=tree, random_shuffle=True, seed=1)
         return data, label
-    p = pipe()
-    p.build()
-    count = nbytes = 0
-    while count < n:
-        data, _ = p.run()
-        count += len(data)
-        nbytes += sum(np.array(data.at(i)).nbytes for i in range(len(data)))
-    del p
-    return count, nbytes
+    return run_pipeline(pipe(), n)
 
 
 def measure(fn, server, proxy):

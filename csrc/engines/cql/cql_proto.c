@@ -539,26 +539,21 @@ static uint64_t block(const uint8_t *p)
 /* A tail byte as Java's (long) of a signed byte. */
 static uint64_t sbyte(uint8_t b) { return (uint64_t)(int64_t)(int8_t)b; }
 
+static const uint64_t C1 = 0x87c37b91114253d5ULL, C2 = 0x4cf5ad432745937fULL;
+
+static uint64_t mix_k1(uint64_t k1) { return rotl64(k1 * C1, 31) * C2; }
+static uint64_t mix_k2(uint64_t k2) { return rotl64(k2 * C2, 33) * C1; }
+
 int64_t cql_murmur3_token(const uint8_t *key, size_t len)
 {
-    const uint64_t c1 = 0x87c37b91114253d5ULL, c2 = 0x4cf5ad432745937fULL;
     uint64_t h1 = 0, h2 = 0;
     size_t nblocks = len / 16;
     for (size_t i = 0; i < nblocks; i++) {
-        uint64_t k1 = block(key + 16 * i), k2 = block(key + 16 * i + 8);
-        k1 *= c1;
-        k1 = rotl64(k1, 31);
-        k1 *= c2;
-        h1 ^= k1;
-        h1 = rotl64(h1, 27);
-        h1 += h2;
+        h1 ^= mix_k1(block(key + 16 * i));
+        h1 = rotl64(h1, 27) + h2;
         h1 = h1 * 5 + 0x52dce729;
-        k2 *= c2;
-        k2 = rotl64(k2, 33);
-        k2 *= c1;
-        h2 ^= k2;
-        h2 = rotl64(h2, 31);
-        h2 += h1;
+        h2 ^= mix_k2(block(key + 16 * i + 8));
+        h2 = rotl64(h2, 31) + h1;
         h2 = h2 * 5 + 0x38495ab5;
     }
     const uint8_t *tail = key + 16 * nblocks;
@@ -566,20 +561,12 @@ int64_t cql_murmur3_token(const uint8_t *key, size_t len)
     size_t rest = len & 15;
     for (size_t i = rest; i > 8; i--)
         k2 ^= sbyte(tail[i - 1]) << (8 * (i - 9));
-    if (rest > 8) {
-        k2 *= c2;
-        k2 = rotl64(k2, 33);
-        k2 *= c1;
-        h2 ^= k2;
-    }
+    if (rest > 8)
+        h2 ^= mix_k2(k2);
     for (size_t i = rest < 8 ? rest : 8; i > 0; i--)
         k1 ^= sbyte(tail[i - 1]) << (8 * (i - 1));
-    if (rest > 0) {
-        k1 *= c1;
-        k1 = rotl64(k1, 31);
-        k1 *= c2;
-        h1 ^= k1;
-    }
+    if (rest > 0)
+        h1 ^= mix_k1(k1);
     h1 ^= (uint64_t)len;
     h2 ^= (uint64_t)len;
     h1 += h2;
