@@ -3,7 +3,9 @@
  * a wrong password (refused, the password in no message), a closed port,
  * a stalled answer ended by fr_ctx_cancel from another thread (under
  * TSan: the flag and the eventfd), request timeouts within the deadline,
- * and a key reader (fr_reader_open_keys). The real Cassandra is
+ * a key reader (fr_reader_open_keys), and token-aware routing over two
+ * such nodes (each key sent to the one owning its Murmur3 token, the ring
+ * from their system.local tokens). The real Cassandra is
  * tests/test_cassandra.py's; this one runs everywhere, sanitizers on.
  *
  * The server's rows: key k (16 bytes) has data = k[1] repeated k[1] * 37
@@ -32,6 +34,12 @@ typedef struct server {
     int listen_fd, port, stop_fd[2];
     pthread_t thread;
     atomic_int executes;
+    /* Token-aware routing: the token this node says it owns (system.local),
+     * and the rule that says which keys are its own: misrouted counts the
+     * EXECUTEs of keys another node owns. */
+    const char *token;
+    int (*owns)(int64_t token);
+    atomic_int misrouted;
 } server;
 
 typedef struct conn {
@@ -115,11 +123,32 @@ static void handle(conn *c, int16_t stream, uint8_t op, const uint8_t *body, siz
         out[n++] = 0;
         out[n++] = 0x09;
         reply(c->fd, stream, 0x08, out, n);
+    } else if (op == 0x07 && s->token) { /* QUERY: SELECT tokens FROM system.local */
+        be32(out, 2);
+        be32(out + 4, 0x0001);
+        be32(out + 8, 1);
+        n = 12;
+        n += put_str(out + n, "system");
+        n += put_str(out + n, "local");
+        n += put_str(out + n, "tokens");
+        out[n++] = 0;
+        out[n++] = 0x22; /* set<varchar> */
+        out[n++] = 0;
+        out[n++] = 0x0D;
+        be32(out + n, 1);
+        size_t tl = strlen(s->token);
+        be32(out + n + 4, (uint32_t)(4 + 4 + tl));
+        be32(out + n + 8, 1);
+        be32(out + n + 12, (uint32_t)tl);
+        memcpy(out + n + 16, s->token, tl);
+        reply(c->fd, stream, 0x08, out, n + 16 + tl);
     } else if (op == 0x0A && c->authed) { /* EXECUTE: id(2+16) cons(2) flags(1) n(2) len(4) key */
         atomic_fetch_add(&s->executes, 1);
         const uint8_t *k = body + 2 + 16 + 2 + 1 + 2 + 4;
         if (len < 2 + 16 + 2 + 1 + 2 + 4 + 16 || k[0] == 0xEE)
             return;
+        if (s->owns && !s->owns(fr_cql_token(k, 16)))
+            atomic_fetch_add(&s->misrouted, 1);
         be32(out, 2);
         be32(out + 4, 0x0004);
         be32(out + 8, 2);
@@ -193,9 +222,11 @@ static void *serve(void *arg)
     return NULL;
 }
 
-static void server_start(server *s)
+static void server_start(server *s, const char *token, int (*owns)(int64_t))
 {
     memset(s, 0, sizeof(*s));
+    s->token = token; /* set before the thread starts: it only reads them */
+    s->owns = owns;
     s->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof(a);
@@ -402,10 +433,61 @@ static void test_key_reader(int port)
     fr_reader_close(rd);
 }
 
+/* Two nodes: B owns (-inf, -2^62] and (0, +inf) (its token -2^62, the
+ * ring wrapping), A owns (-2^62, 0] (token 0). */
+static int a_owns(int64_t t) { return t > -4611686018427387904LL && t <= 0; }
+static int b_owns(int64_t t) { return !a_owns(t); }
+
+static void test_token_aware_routing(void)
+{
+    server a, b;
+    server_start(&a, "0", a_owns);
+    server_start(&b, "-4611686018427387904", b_owns);
+    char args[256];
+    snprintf(args, sizeof(args),
+             "hosts=127.0.0.1:%d;127.0.0.1:%d,table=ks.t,username=u,password=right", a.port,
+             b.port);
+    fr_config cfg;
+    fr_config_init(&cfg);
+    cfg.engine = "cql";
+    cfg.engine_args = args;
+    fr_ctx *ctx;
+    char err[FR_ERRLEN] = "";
+    CHECK(fr_ctx_open(&cfg, &ctx, err, sizeof(err)) == 0);
+    if (ctx) {
+        CHECK(fr_ctx_stat(ctx, "cql_ring_tokens") == 2);
+        enum { N = 400 };
+        uint8_t *keys = malloc(N * 16);
+        for (int i = 0; i < N; i++) {
+            make_key(keys + 16 * i, 0, 2, 0);
+            keys[16 * i + 5] = (uint8_t)i;
+            keys[16 * i + 6] = (uint8_t)(i >> 8);
+        }
+        fr_pool *pool = fr_pool_new();
+        fr_batch *bt = fr_pool_get(pool);
+        CHECK(fr_batch_prepare(bt, N) == 0);
+        CHECK(fr_read_keys(ctx, keys, 16, N, bt) == 0);
+        int ok = 0;
+        for (int i = 0; i < N; i++)
+            ok += bt->samples[i].length == 74;
+        CHECK(ok == N);
+        int na = atomic_load(&a.executes), nb = atomic_load(&b.executes);
+        CHECK(na + nb == N && na > N / 8 && nb > N / 8); /* both own a share */
+        CHECK(atomic_load(&a.misrouted) == 0 && atomic_load(&b.misrouted) == 0);
+        fr_batch_recycle(bt);
+        fr_pool_close(pool);
+        fr_ctx_close(ctx);
+        free(keys);
+    }
+    server_stop(&a);
+    server_stop(&b);
+}
+
 int main(void)
 {
+    test_token_aware_routing();
     server s;
-    server_start(&s);
+    server_start(&s, NULL, NULL);
     test_rows(s.port);
     test_wrong_password_and_closed_port(s.port);
     test_stall_cancel_and_timeout(s.port);
