@@ -201,7 +201,7 @@ class Cassandra:
     the native port answers (and, with auth, until the superuser can log in)."""
 
     def __init__(self, workdir=None, *, auth=False, tls=False, heap_mb=768, host="127.0.0.1",
-                 version=VERSION, extra_yaml=""):
+                 version=VERSION, extra_yaml="", initial_token=0, seeds=None, ports=None):
         why = why_not_available(version)
         if why:
             raise FileNotFoundError(why)
@@ -222,7 +222,12 @@ class Cassandra:
         os.makedirs(self.workdir, exist_ok=True)
         self.logpath = os.path.join(self.workdir, "system.log")
         self.outpath = os.path.join(self.workdir, "stdout.log")
-        self.port = self.storage_port = None
+        # A node of a cluster of several (bench/cassandra/two_nodes.py): its
+        # token, the seed it joins ("host:storage_port"), ports fixed by the
+        # caller (every node of a cluster on 127.0.0.x uses the same ones).
+        self.initial_token, self.seeds = initial_token, seeds
+        self.port, self.storage_port = ports if ports else (None, None)
+        self._fixed_ports = ports is not None
         self.proc = None
         self.start_seconds = None   # how long the last start took
         self._out = None
@@ -263,7 +268,7 @@ class Cassandra:
         tls_yaml = self._make_keystore() if self.tls else ""
         yaml = f"""cluster_name: fastread-test
 num_tokens: 1
-initial_token: 0
+initial_token: {self.initial_token}
 partitioner: org.apache.cassandra.dht.Murmur3Partitioner
 data_file_directories: [{d}/data]
 commitlog_directory: {d}/commitlog
@@ -275,7 +280,7 @@ commitlog_sync_period: 10000ms
 seed_provider:
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
     parameters:
-      - seeds: "{self.host}:{self.storage_port}"
+      - seeds: "{self.seeds or f'{self.host}:{self.storage_port}'}"
 listen_address: {self.host}
 rpc_address: {self.host}
 storage_port: {self.storage_port}
@@ -330,7 +335,7 @@ key_cache_size: 8MiB
             return self
         last_error = None
         for attempt in range(START_ATTEMPTS):
-            if not (keep_ports and self.port):
+            if not (keep_ports and self.port) and not self._fixed_ports:
                 self.port, self.storage_port = choose_ports(2)
             conf, logback = self._write_config()
             self._out = open(self.outpath, "ab")
