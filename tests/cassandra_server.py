@@ -20,7 +20,6 @@ atexit hook signal the whole group, so no JVM outlives its user.
 """
 
 import atexit
-import ctypes
 import os
 import random
 import shutil
@@ -31,6 +30,10 @@ import subprocess
 import sys
 import tempfile
 import time
+
+# The process plumbing the S3 server has too: a port free on loopback, and a
+# child in its own session that dies with the thread that started it.
+from s3_server import _die_with_parent, _port_free  # noqa: E402,F401
 
 VERSION = os.environ.get("FASTREAD_CASSANDRA_VERSION", "5.0.5")
 CACHE_DIR = os.environ.get("FASTREAD_CASSANDRA_CACHE", "/var/tmp/fastread-cassandra")
@@ -149,16 +152,6 @@ def fetch(version=VERSION, quiet=False):
     return dest
 
 
-def _port_free(port, host="127.0.0.1"):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
 def choose_ports(n, rng=None):
     rng = rng or random.Random()
     ports = []
@@ -171,12 +164,6 @@ def choose_ports(n, rng=None):
         else:
             raise RuntimeError("no free loopback port for Cassandra in 500 tries")
     return ports
-
-
-def _die_with_parent():
-    os.setsid()
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def native_port_ready(host, port, timeout=2.0):
