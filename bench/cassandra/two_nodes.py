@@ -48,9 +48,26 @@ def free_on_both():
     raise RuntimeError("no ports free on both 127.0.0.1 and 127.0.0.2")
 
 
+_pinned = {}
+
+
+def pinned_session(node):
+    """A driver session whose every query runs on `node` itself: virtual
+    tables (system_views) are node-local, and the driver's default policy
+    sends a query to any node of the cluster."""
+    if node.host not in _pinned:
+        from cassandra.cluster import Cluster
+        from cassandra.policies import WhiteListRoundRobinPolicy
+        cluster = Cluster([node.host], port=node.port, protocol_version=4,
+                          load_balancing_policy=WhiteListRoundRobinPolicy([node.host]))
+        _pinned[node.host] = (cluster, cluster.connect())
+    return _pinned[node.host][1]
+
+
 def our_requests(node):
     """Requests fastread's connections (no driver name) sent this node."""
-    rows = node.session().execute("SELECT driver_name, request_count FROM system_views.clients")
+    rows = pinned_session(node).execute(
+        "SELECT driver_name, request_count FROM system_views.clients")
     return sum(r.request_count for r in rows if not r.driver_name)
 
 
@@ -79,6 +96,14 @@ def main():
                   "{'class': 'SimpleStrategy', 'replication_factor': 1}")
         s.execute("CREATE TABLE IF NOT EXISTS two.rows (id uuid PRIMARY KEY, label int, "
                   "data blob)")
+        # Both nodes on the new schema before any write (the driver waits 10 s
+        # at most; a node that lags refuses writes: INCOMPATIBLE_SCHEMA).
+        deadline = time.monotonic() + 120
+        while len({pinned_session(n).execute("SELECT schema_version FROM system.local")
+                   .one()[0] for n in (a, b)}) > 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the two nodes never agreed on the schema")
+            time.sleep(0.5)
         ins = s.prepare("INSERT INTO two.rows (id, label, data) VALUES (?, ?, ?)")
         ids = [uuid.uuid4() for _ in range(N)]
         from cassandra.concurrent import execute_concurrent_with_args
@@ -106,6 +131,8 @@ def main():
         print("routing: every key to its owner" if ok else "routing: MISMATCH")
         return 0 if ok else 1
     finally:
+        for cluster, _ in _pinned.values():
+            cluster.shutdown()
         b.stop()
         a.stop()
 
