@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/setup.sh
 setup_system
 setup_python "dali,test,plot"
+setup_cassandra
 
 build=build/sanitize
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
@@ -31,9 +32,10 @@ cmake --build build/tsan
 ctest --test-dir build/tsan --output-on-failure --timeout 900
 
 # Run from outside the checkout so `import fastread` is the installed build.
-# The S3 engine, its server and the fixture's client were installed above:
-# their tests fail rather than skip if any is missing (tests/conftest.py).
-export FASTREAD_TEST_REQUIRE="${FASTREAD_TEST_REQUIRE:-s3}"
+# The S3 engine, its server and the fixture's client were installed above,
+# and Java with Cassandra's jars: their tests fail rather than skip if any
+# is missing (tests/conftest.py).
+export FASTREAD_TEST_REQUIRE="${FASTREAD_TEST_REQUIRE:-s3,cassandra}"
 (cd tests && python3 -m pytest -q -ra -p no:cacheprovider .)
 
 # Without liburing, which is optional (FASTREAD_URING=OFF stands for a machine

@@ -470,3 +470,35 @@ def s3_proxy(s3_server):
     from s3_proxy import FaultProxy
     with FaultProxy(s3_server) as proxy:
         yield proxy
+
+
+def cassandra_reason():
+    """None where a Cassandra node can run here and the fixture's client
+    imports, else why not."""
+    import cassandra_server as cs
+    why = cs.why_not_available()
+    if why:
+        return why
+    try:
+        import cassandra  # noqa: F401  (the fixture creates tables with it)
+    except ImportError:
+        return "the Cassandra fixture's client is cassandra-driver: pip install cassandra-driver"
+    return None
+
+
+@pytest.fixture(scope="session")
+def cassandra_server():
+    """A real Apache Cassandra 5 node for the session (tests/cassandra_server.py):
+    one node on loopback ports, authentication on (host, port, username,
+    password; session() is a cassandra-driver session; kill(), restart(),
+    pid), TLS optional on the native port (tls_ca: the node's certificate). A test that kill()s it restart()s it before it ends (try/finally):
+    later tests share it. Skips (fails under scripts/test.sh) where Java 17
+    or the jars are missing."""
+    skip_unless("cassandra", cassandra_reason())
+    import cassandra_server as cs
+    server = cs.Cassandra(auth=True, tls=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -33,7 +33,10 @@ DOCS = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "
 #: Fixtures that are servers, not files: "s3" starts the real S3 server
 #: (tests/s3_server.py), puts a small class tree at s3://bucket/train/ and
 #: hands the block the AWS_* environment that reaches it.
-SERVER_FIXTURES = ("s3",)
+#: "cassandra" starts the real Cassandra node (tests/cassandra_server.py),
+#: makes imagenette.data_train with a few rows and hands the block
+#: CASSANDRA_HOST, CASSANDRA_PORT, CASSANDRA_USERNAME, CASSANDRA_PASSWORD.
+SERVER_FIXTURES = ("s3", "cassandra")
 
 FIXTURES = {
     # 2 classes x 128 small JPEGs (README.md's first block makes the same count).
@@ -153,6 +156,27 @@ def s3_fixture(request):
     return server.env()
 
 
+def cassandra_fixture(request):
+    """The environment a block marked <!-- fixture: cassandra --> runs with:
+    the session's Cassandra node (skipped where it cannot run), holding
+    imagenette.data_train and metadata_train with 6 rows."""
+    server = request.getfixturevalue("cassandra_server")
+    if "cassandra" not in _made:
+        import uuid
+        from fastread.cassandra_tools import create_tables
+        s = server.session()
+        create_tables(s, "imagenette", "train")
+        for i in range(6):
+            u = uuid.uuid4()
+            s.execute("INSERT INTO imagenette.data_train (id, label, data) VALUES (%s, %s, %s)",
+                      (u, i % 2, bytes([i]) * 100))
+            s.execute("INSERT INTO imagenette.metadata_train (id, label, or_label, or_split) "
+                      "VALUES (%s, %s, %s, 'train')", (u, i % 2, f"c{i % 2}"))
+        _made["cassandra"] = True
+    return {"CASSANDRA_HOST": server.host, "CASSANDRA_PORT": str(server.port),
+            "CASSANDRA_USERNAME": server.username, "CASSANDRA_PASSWORD": server.password}
+
+
 def cuda_reason():
     """None if a CUDA device is visible, else why not (asked once)."""
     if not _cuda:
@@ -183,6 +207,8 @@ def test_snippet_runs_as_printed(code, markers, tmp_path, tmp_path_factory, requ
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if "s3" in markers["fixture"]:
         env.update(s3_fixture(request))
+    if "cassandra" in markers["fixture"]:
+        env.update(cassandra_fixture(request))
     for name in dict.fromkeys(markers["fixture"]):
         if name in SERVER_FIXTURES:
             continue

@@ -141,6 +141,43 @@ int fr_batch_prepare(fr_batch *batch, size_t count)
     return 0;
 }
 
+int fr_batch_labels_begin(fr_batch *batch, size_t n)
+{
+    if (n > batch->labels_cap) {
+        fr_sample *l = realloc(batch->labels, n * sizeof(*l));
+        if (!l)
+            return -ENOMEM;
+        batch->labels = l;
+        batch->labels_cap = n;
+    }
+    for (size_t i = 0; i < n; i++)
+        batch->labels[i] = (fr_sample){0, -1};
+    batch->label_count = n;
+    batch->label_bytes_used = 0;
+    return 0;
+}
+
+int fr_batch_set_label(fr_batch *batch, size_t i, const uint8_t *bytes, size_t len)
+{
+    if (i >= batch->label_count)
+        return -EINVAL;
+    if (batch->label_bytes_used + len > batch->label_bytes_cap) {
+        size_t cap = batch->label_bytes_cap ? batch->label_bytes_cap : 4096;
+        while (cap < batch->label_bytes_used + len)
+            cap *= 2;
+        uint8_t *p = realloc(batch->label_bytes, cap);
+        if (!p)
+            return -ENOMEM;
+        batch->label_bytes = p;
+        batch->label_bytes_cap = cap;
+    }
+    if (len)
+        memcpy(batch->label_bytes + batch->label_bytes_used, bytes, len);
+    batch->labels[i] = (fr_sample){batch->label_bytes_used, (int64_t)len};
+    batch->label_bytes_used += len;
+    return 0;
+}
+
 static void batch_destroy(fr_batch *batch)
 {
     if (batch->device.ptr)
@@ -148,6 +185,8 @@ static void batch_destroy(fr_batch *batch)
     fr_arena_free(&batch->arena);
     free(batch->samples);
     free(batch->indices);
+    free(batch->labels);
+    free(batch->label_bytes);
     free(batch);
 }
 

@@ -30,6 +30,7 @@ static const fr_engine *const engines[] = {
 #ifdef FASTREAD_HAVE_S3
     &fr_engine_s3,
 #endif
+    &fr_engine_cql,
     NULL,
 };
 
@@ -46,6 +47,7 @@ static const char *const engine_names[] = {
 #ifdef FASTREAD_HAVE_S3
     "s3",
 #endif
+    "cql",
     NULL,
 };
 
@@ -342,6 +344,7 @@ static int begin_batch(fr_batch *batch, size_t n)
     batch->count = n;
     batch->status = 0;
     batch->where = FR_ON_HOST;
+    batch->label_count = 0;
     return n > 0;
 }
 
@@ -586,6 +589,23 @@ int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t
     if (rc <= 0)
         return rc;
     return end_batch(ctx, batch, ctx->engine->read_ranges(ctx->state, path, ranges, n, batch));
+}
+
+int fr_read_keys(fr_ctx *ctx, const uint8_t *keys, size_t key_len, size_t n, fr_batch *batch)
+{
+    if (!ctx->engine->read_keys)
+        return -ENOTSUP;
+    if (ctx->pid != getpid())
+        return -ECHILD;
+    int rc = begin_batch(batch, n);
+    if (rc <= 0)
+        return rc;
+    ctx->cache_call = 0;
+    long t0 = now_ns();
+    rc = end_batch(ctx, batch, ctx->engine->read_keys(ctx->state, keys, key_len, n, batch));
+    ctx->file_call_ns += now_ns() - t0;
+    ctx->file_calls++;
+    return rc;
 }
 
 int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len)

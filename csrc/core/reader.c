@@ -26,6 +26,7 @@
 static const char *const summed_keys[] = {
     "cache_hits",  "cache_misses", "cache_damaged", "cache_bytes_written", "cache_write_errors",
     "cache_evictions", "cache_waits", "s3_requests", "s3_bytes", "file_calls",
+    "cql_requests", "cql_retries", "cql_bytes",
     /* gauges: a worker adds its change, so the total is the sum of now's */
     "s3_buffer_bytes", "s3_buffer_bytes_max",
 };
@@ -66,6 +67,8 @@ struct fr_reader {
     size_t npaths;  /* samples: files, or ranges of the image */
     char *image;    /* range reader: the image all samples are ranges of */
     fr_range *ranges;
+    uint8_t *keys;  /* key reader: npaths keys of key_len bytes */
+    size_t key_len;
     unsigned prefetch;
     unsigned nworkers;
     fr_pool *pool;
@@ -126,8 +129,27 @@ typedef struct scratch {
     int64_t *hints;
     uint64_t *hashes; /* explicit lists: the paths' hashes in the memo */
     fr_range *ranges;
-    size_t cap, rcap;
+    uint8_t *keys;
+    size_t cap, rcap, kcap;
 } scratch;
+
+static int read_keys_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
+                             scratch *sc)
+{
+    if (req->n > sc->kcap) {
+        uint8_t *k = realloc(sc->keys, req->n * rd->key_len);
+        if (!k)
+            return -ENOMEM;
+        sc->keys = k;
+        sc->kcap = req->n;
+    }
+    for (size_t i = 0; i < req->n; i++) {
+        b->indices[i] = req->indices[i];
+        memcpy(sc->keys + i * rd->key_len, rd->keys + (size_t)req->indices[i] * rd->key_len,
+               rd->key_len);
+    }
+    return fr_read_keys(ctx, sc->keys, rd->key_len, req->n, b);
+}
 
 static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
                                scratch *sc)
@@ -240,6 +262,8 @@ static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch
         return rc;
     if (rd->image)
         return read_ranges_request(rd, ctx, req, b, sc);
+    if (rd->keys)
+        return read_keys_request(rd, ctx, req, b, sc);
     if (req->paths)
         return read_list_request(rd, ctx, req, b, sc);
     if ((rc = grow_scratch(sc, req->n)) != 0)
@@ -308,7 +332,7 @@ static void *worker_main(void *arg)
     unsigned me = rd->nctxs++; /* < MAX_WORKERS: one per thread */
     rd->ctxs[me] = ctx;
 
-    scratch sc = {NULL, NULL, NULL, NULL, 0, 0};
+    scratch sc = {0};
     long seen[NSUMMED] = {0}; /* this context's counters already in rd->totals */
     while (!rd->stop) {
         if (!may_start(rd)) {
@@ -391,6 +415,7 @@ static void *worker_main(void *arg)
     free(sc.hints);
     free(sc.hashes);
     free(sc.ranges);
+    free(sc.keys);
     fr_ctx_close(ctx);
     return NULL;
 }
@@ -407,6 +432,7 @@ static void reader_free(fr_reader *rd)
     free(rd->sizes);
     free(rd->image);
     free(rd->ranges);
+    free(rd->keys);
     free(rd->engine_args);
     free(rd->cache_dir);
     free(rd);
@@ -563,6 +589,31 @@ int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_rang
     return reader_start(rd, out, err, err_len);
 }
 
+int fr_reader_open_keys(const fr_config *cfg, const uint8_t *keys, size_t key_len, size_t n,
+                        unsigned prefetch, unsigned workers, fr_reader **out, char *err,
+                        size_t err_len)
+{
+    *out = NULL;
+    if (key_len < 1 || key_len > 256) {
+        fr_set_err(err, err_len, "a key reader's keys are 1..256 bytes long, got %zu", key_len);
+        return -EINVAL;
+    }
+    fr_reader *rd;
+    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
+    if (rc)
+        return rc;
+    rd->npaths = n;
+    rd->key_len = key_len;
+    rd->keys = malloc(n ? n * key_len : 1);
+    if (!rd->keys) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    if (n)
+        memcpy(rd->keys, keys, n * key_len);
+    return reader_start(rd, out, err, err_len);
+}
+
 static void enqueue(fr_reader *rd, request *req);
 
 int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
@@ -585,8 +636,8 @@ int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
 
 int fr_reader_submit_paths(fr_reader *rd, const char *const *paths, size_t n)
 {
-    if (rd->image)
-        return -EINVAL; /* a range reader reads ranges of its image only */
+    if (rd->image || rd->keys)
+        return -EINVAL; /* a range or key reader reads its own samples only */
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += strlen(paths[i]) + 1;
@@ -726,6 +777,8 @@ const char *fr_reader_path(const fr_reader *rd, size_t index)
 {
     if (index >= rd->npaths)
         return NULL;
+    if (rd->keys)
+        return "";
     return rd->image ? rd->image : rd->paths[index];
 }
 

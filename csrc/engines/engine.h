@@ -58,6 +58,13 @@ typedef struct fr_engine {
      * bytes into out[len], no secret: the object cache's entries of other
      * scopes are not this state's (fr_ocache_open). */
     void (*cache_scope)(const void *state, char *out, size_t len);
+    /* Optional (NULL: -ENOTSUP). Engines whose samples are rows found by a
+     * key (cql): sample i is the row of key keys[i * key_len, + key_len),
+     * its bytes laid out in batch->arena as read_files lays files out, its
+     * label (when the engine reads one) through fr_batch_set_label. Same
+     * per-sample contract as read_files. */
+    int (*read_keys)(void *state, const uint8_t *keys, size_t key_len, size_t n,
+                     fr_batch *batch);
 } fr_engine;
 
 #define FR_HINTS_ANY_SIZE 2
@@ -70,6 +77,7 @@ extern const fr_engine fr_engine_uring;
 #ifdef FASTREAD_HAVE_S3
 extern const fr_engine fr_engine_s3; /* "s3": objects over HTTP(S) (engines/s3/, libcurl) */
 #endif
+extern const fr_engine fr_engine_cql; /* "cql": rows of Cassandra by key (engines/cql/) */
 #ifdef FASTREAD_HAVE_XNVME
 extern const fr_engine fr_engine_xnvme_file; /* "xnvme-file": whole files via xnvme_file_* */
 extern const fr_engine fr_engine_xnvme;      /* "xnvme": ranges of one device or image */

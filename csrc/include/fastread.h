@@ -208,6 +208,15 @@ typedef struct fr_batch {
      * laid out after it. Call fr_batch_reread_first_byte for every sample
      * before using the bytes. Reset when the next read lays the batch out. */
     int dense_spill;
+    /* Engines whose samples are rows (cql) read a second column, the
+     * label, beside the bytes: label_count == count then, and sample i's
+     * label is label_bytes[labels[i].offset, + labels[i].length) (length
+     * -1: null in that row). label_count 0: the read gave none. Host
+     * memory, reused with the batch; never delivered to a device. */
+    fr_sample *labels;
+    size_t label_count, labels_cap;
+    uint8_t *label_bytes;
+    size_t label_bytes_used, label_bytes_cap;
     unsigned holds;  /* fr_batch_retain count + 1; guarded by the pool's lock */
     struct fr_pool *pool;
     struct fr_batch *next;
@@ -215,6 +224,11 @@ typedef struct fr_batch {
 
 /* Makes room for `count` samples and resets the arena; 0 or -ENOMEM. */
 int fr_batch_prepare(fr_batch *batch, size_t count);
+
+/* For engines that read labels (fr_batch.labels): readies `n` labels, all
+ * null; then sets label i to bytes[0, len). 0 or -ENOMEM. */
+int fr_batch_labels_begin(fr_batch *batch, size_t n);
+int fr_batch_set_label(fr_batch *batch, size_t i, const uint8_t *bytes, size_t len);
 
 /* A dense batch with dense_spill set (see fr_batch): reads the first byte of
  * sample i again from `path` (the file it was read from). 0, or -errno, also
@@ -273,6 +287,13 @@ typedef struct fr_ctx fr_ctx;
 /* Names of every engine compiled in, NULL-terminated. */
 const char *const *fr_engine_names(void);
 
+/* 0 if the cql engine can open TLS connections (engine_args ssl=1: built
+ * with OpenSSL), else -ENOTSUP and why in `why`. */
+int fr_cql_tls_probe(char *why, size_t why_len);
+/* Cassandra's Murmur3Partitioner token of a partition key's bytes (what
+ * `SELECT token(id)` answers): the cql engine's routing. Thread-safe. */
+int64_t fr_cql_token(const uint8_t *key, size_t len);
+
 /* 0 if `engine` can run here; otherwise a negative errno and why in `why`. */
 int fr_engine_probe(const char *engine, char *why, size_t why_len);
 
@@ -327,6 +348,15 @@ typedef struct fr_range {
  * return -ENOTSUP. */
 int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t n,
                    fr_batch *batch);
+
+/* Reads the rows of `n` keys (keys[i * key_len, + key_len): a uuid's 16
+ * bytes, a bigint's 8 big-endian ones, as the protocol sends them) as n
+ * samples, with engines that find rows by key (cql; others -ENOTSUP).
+ * Which table and columns: the engine's engine_args. Samples' bytes lie
+ * back to back in the order their rows arrived (offsets say where), and
+ * with a label column, batch->labels holds each row's label. Per-sample
+ * errors as fr_read_files (a missing row: -ENOENT). */
+int fr_read_keys(fr_ctx *ctx, const uint8_t *keys, size_t key_len, size_t n, fr_batch *batch);
 
 /* Why sample i of the context's last fr_read_files or fr_read_ranges call
  * failed, in words beyond its errno, where the engine says more (s3: the
@@ -404,6 +434,13 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
 int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
                           size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
                           char *err, size_t err_len);
+/* A reader whose samples are rows found by key (fr_read_keys): sample i is
+ * the row of keys[i * key_len, + key_len) (copied: n * key_len bytes, no
+ * per-sample allocation). Same submit/next semantics; fr_reader_path
+ * returns "" for every index. key_len 1..256. */
+int fr_reader_open_keys(const fr_config *cfg, const uint8_t *keys, size_t key_len, size_t n,
+                        unsigned prefetch, unsigned workers, fr_reader **out, char *err,
+                        size_t err_len);
 /* Queues one batch of dataset indices (copied); 0, -EINVAL or -ENOMEM. */
 int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n);
 /* Queues one batch of explicit paths (copied): sample i of its batch is

@@ -5,7 +5,9 @@ stays mapped while anything can reach it (_PoolOwner)."""
 cimport numpy as cnp
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+import numpy as np
 
 from fastread._cfastread cimport *
 from fastread._device_arrays cimport DeviceArray
@@ -163,6 +165,49 @@ cdef class Batch:
         cdef size_t i
         for i in range(b.count):
             out[i] = b.samples[i].length
+        return out
+
+    def has_labels(self):
+        """True when the engine read a label per sample (a cql label column)."""
+        return self._get().label_count == self._get().count
+
+    def label_ints(self):
+        """The labels an engine read, as int32 (4-byte big-endian CQL ints;
+        a null label reads -1). ValueError when it read none or one is not
+        4 bytes."""
+        cdef fr_batch *b = self._get()
+        if b.label_count != b.count:
+            raise ValueError("this batch has no labels from its engine")
+        cdef cnp.ndarray[cnp.int32_t, ndim=1] out = cnp.PyArray_EMPTY(1, [<cnp.npy_intp>b.count], cnp.NPY_INT32, 0)
+        cdef size_t i
+        cdef const uint8_t *p
+        for i in range(b.count):
+            if b.labels[i].length < 0:
+                out[i] = -1
+                continue
+            if b.labels[i].length != 4:
+                raise ValueError(f"label {i} has {b.labels[i].length} bytes, not 4 (an int)")
+            p = b.label_bytes + b.labels[i].offset
+            out[i] = <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) |
+                               (<uint32_t>p[2] << 8) | p[3])
+        return out
+
+    def label_blobs(self):
+        """The labels an engine read, as a list of uint8 arrays (copies; a
+        null label is empty)."""
+        cdef fr_batch *b = self._get()
+        if b.label_count != b.count:
+            raise ValueError("this batch has no labels from its engine")
+        cdef list out = []
+        cdef size_t i
+        for i in range(b.count):
+            if b.labels[i].length <= 0:
+                out.append(np.empty(0, np.uint8))
+            else:
+                out.append(np.frombuffer(
+                    (<char *>b.label_bytes)[b.labels[i].offset:
+                                            b.labels[i].offset + <size_t>b.labels[i].length],
+                    np.uint8).copy())
         return out
 
     def arrays(self):

@@ -71,6 +71,9 @@ cdef extern from "fastread.h" nogil:
         int64_t *indices
         int dense
         int dense_spill
+        fr_sample *labels
+        size_t label_count
+        uint8_t *label_bytes
         fr_pool *pool
 
     int fr_batch_prepare(fr_batch *batch, size_t count)
@@ -95,6 +98,8 @@ cdef extern from "fastread.h" nogil:
 
     const char *const *fr_engine_names()
     int fr_engine_probe(const char *engine, char *why, size_t why_len)
+    int fr_cql_tls_probe(char *why, size_t why_len)
+    int64_t fr_cql_token(const uint8_t *key, size_t len)
     const char *fr_engine_auto(int *rc, char *why, size_t why_len)
     int fr_ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_len)
     void fr_ctx_close(fr_ctx *ctx)
@@ -107,6 +112,8 @@ cdef extern from "fastread.h" nogil:
                              const char *const *versions, const int64_t *sizes, size_t n,
                              char *err, size_t err_len)
     int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len)
+    int fr_read_keys(fr_ctx *ctx, const uint8_t *keys, size_t key_len, size_t n,
+                     fr_batch *batch) nogil
 
     ctypedef struct fr_range:
         uint64_t offset
@@ -124,6 +131,9 @@ cdef extern from "fastread.h" nogil:
     int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
                               size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
                               char *err, size_t err_len)
+    int fr_reader_open_keys(const fr_config *cfg, const uint8_t *keys, size_t key_len, size_t n,
+                            unsigned prefetch, unsigned workers, fr_reader **out, char *err,
+                            size_t err_len) nogil
     int fr_reader_submit(fr_reader *reader, const int64_t *indices, size_t n)
     int fr_reader_submit_paths(fr_reader *reader, const char *const *paths, size_t n)
     int fr_reader_next(fr_reader *reader, fr_batch **out)

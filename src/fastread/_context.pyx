@@ -5,7 +5,7 @@ import os
 
 cimport numpy as cnp
 from cpython.bytes cimport PyBytes_AS_STRING
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 
 from fastread._adapt cimport (cache_config, encode_path, engine_name, gpu_error, init_config,
@@ -221,6 +221,31 @@ cdef class Context:
             return Batch.wrap(b, self.owner)
         finally:
             free(ranges)
+
+
+    def read_keys(self, keys, bint dense=False):
+        """Reads the rows of ``keys`` (a C-contiguous uint8 array of shape
+        (n, key_len): uuids' 16 bytes, ...) with an engine that finds rows
+        by key (cql), as the samples of a Batch (check failures(); labels,
+        where the engine reads them: Batch.label_ints / label_blobs)."""
+        cdef const unsigned char[:, ::1] table = keys
+        cdef size_t n = table.shape[0], key_len = table.shape[1]
+        cdef const uint8_t *kp = &table[0, 0] if n else NULL
+        cdef fr_batch *b = NULL
+        cdef int rc
+        with self.lock:
+            b = self._take_batch(n, dense)
+            rc = b.status
+            if rc == 0:
+                with nogil:
+                    rc = fr_read_keys(self.ctx, kp, key_len, n, b)
+        if rc != 0:
+            fr_batch_recycle(b)
+            if rc == -95:  # EOPNOTSUPP
+                raise ValueError(f"engine {self.engine!r} cannot read rows by key")
+            raise_errno(rc, f"engine {self.engine!r} failed a batch of {n} rows"
+                         + gpu_error(fr_ctx_gpu(self.ctx)))
+        return Batch.wrap(b, self.owner)
 
 
 def drop_stale_cache_entries(cache_dir, listing, str scope=""):

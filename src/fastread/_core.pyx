@@ -93,6 +93,21 @@ def probe(str engine):
     return (rc == 0, why.decode(errors="replace"))
 
 
+def cql_tls():
+    """(True, "") if the cql engine opens TLS connections (built with
+    OpenSSL), else (False, why)."""
+    cdef char why[256]
+    why[0] = 0
+    cdef int rc = fr_cql_tls_probe(why, sizeof(why))
+    return (rc == 0, why.decode(errors="replace"))
+
+
+def cql_token(bytes key):
+    """Cassandra's Murmur3 token of a partition key's bytes (the cql
+    engine's routing; what ``SELECT token(id)`` answers)."""
+    return fr_cql_token(<const unsigned char *>key, len(key))
+
+
 def auto_engine():
     """(engine, why) for engine="auto" here, as the core decides it
     (fr_engine_auto): "io_uring" (then choosing per batch between io_uring

@@ -23,7 +23,9 @@ cdef class NativeReader:
 
     Samples are files (``paths``), or, with ``image=``, byte ranges
     ``(offsets[i], lengths[i])`` of one packed image or block device (then
-    ``paths`` is ignored and may be None)."""
+    ``paths`` is ignored and may be None), or, with ``keys=`` (a C-contiguous
+    uint8 array of shape (n, key_len)), the rows of n keys that an engine
+    finding rows by key reads (cql)."""
     cdef fr_reader *rd
     cdef _PoolOwner owner
     cdef readonly str engine
@@ -44,8 +46,10 @@ cdef class NativeReader:
                   bint device_output=False, unsigned spin_us=50, int auto_engine=0,
                   unsigned prefetch=2,
                   unsigned workers=1, image=None, offsets=None, lengths=None,
-                  cache_dir=None, cache_bytes=0):
-        cdef list encoded = [] if image is not None else [encode_path(p) for p in paths]
+                  cache_dir=None, cache_bytes=0, keys=None):
+        cdef list encoded = ([] if image is not None or keys is not None
+                             else [encode_path(p) for p in paths])
+        cdef const unsigned char[:, ::1] key_table = keys if keys is not None else None
         cdef size_t n = len(encoded), i
         cdef bytes image_b = encode_path(image) if image is not None else None
         cdef const char *cimage = PyBytes_AS_STRING(image_b) if image is not None else NULL
@@ -54,6 +58,8 @@ cdef class NativeReader:
             if offsets is None or lengths is None:
                 raise ValueError("a range reader needs offsets= and lengths=")
             ranges = make_ranges(offsets, lengths, &n)
+        elif keys is not None:
+            n = key_table.shape[0]
         cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
         if cpaths == NULL:
             free(ranges)
@@ -70,7 +76,12 @@ cdef class NativeReader:
                          register_buffers, register_files, args, device_id, pin_memory,
                          device_output, spin_us, auto_engine)
             cache_b = cache_config(&cfg, cache_dir, cache_bytes)
-            if ranges != NULL:
+            if keys is not None:
+                with nogil:
+                    rc = fr_reader_open_keys(&cfg, &key_table[0, 0] if n else NULL,
+                                             key_table.shape[1], n, prefetch, workers,
+                                             &self.rd, err, sizeof(err))
+            elif ranges != NULL:
                 with nogil:
                     rc = fr_reader_open_ranges(&cfg, cimage, ranges, n, prefetch, workers,
                                                &self.rd, err, sizeof(err))
@@ -93,7 +104,7 @@ cdef class NativeReader:
         self.size = n
         self.device_id = device_id
         self.device_output = device_output
-        self.files = image is None
+        self.files = image is None and keys is None
 
     def __dealloc__(self):
         self._close()

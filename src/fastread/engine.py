@@ -28,6 +28,7 @@ KNOWN_ENGINES = {
              "-Ccmake.define.FASTREAD_XNVME=ON makes its absence a build error)",
     "cufile": "not compiled in",
     "s3": _s3.NOT_BUILT,
+    "cql": "not compiled in",
 }
 
 #: Options of the URL engines, folded into engine_args (the s3 engine's:
@@ -44,6 +45,14 @@ URL_ONLY = {
           "picks it for s3:// paths)",
 }
 URL_ENGINES = tuple(URL_ONLY)
+
+#: Engines that read rows of a table by key (Context.read_keys, a NativeReader
+#: over keys: fastread.cassandra.CassandraSource), neither files nor ranges:
+#: engines() reports them, where they run, with this text (not True).
+KEY_ONLY = {
+    "cql": "rows of Cassandra/ScyllaDB tables by key only (fastread.cassandra."
+           "CassandraSource, readers.cassandra)",
+}
 
 #: Engines that read into GPU memory: they always serve a device.
 GPU_ENGINES = ("cufile",)
@@ -131,10 +140,11 @@ def _engine_status(name, built):
     ok, why = _probe(name)
     if not ok:
         return EngineStatus(files=why, ranges=why)
-    if name in URL_ONLY:
-        # Objects at URLs, not local files or images: not True, so loops over
-        # the engines that read local files pass it by.
-        said = f"{URL_ONLY[name]}: {why}"
+    if name in URL_ONLY or name in KEY_ONLY:
+        # Objects at URLs or rows by key, not local files or images: not
+        # True, so loops over the engines that read local files pass it by.
+        what = URL_ONLY.get(name) or KEY_ONLY[name]
+        said = f"{what}: {why}" if why else what
         return EngineStatus(files=said, ranges=said)
     return EngineStatus(files=RANGE_ONLY.get(name, True), ranges=True)
 
@@ -179,7 +189,7 @@ def xnvme_version():
 
 def _usable_by_name(name):
     """True if `name` can be opened explicitly (range-only engines included)."""
-    if name in URL_ONLY:
+    if name in URL_ONLY or name in KEY_ONLY:
         # Its status is never True (it reads no local file or image), so
         # engine="s3" by name was refused even where it runs: built and
         # probed is what opening it needs.

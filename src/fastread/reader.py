@@ -412,7 +412,7 @@ class Reader:
                            # is no object, and reading it said "404 NoSuchKey".
                            detail_of=(lambda url: s3_detail(self.options, url))
                            if self.engine == "s3" and isinstance(self.source, FileList)
-                           else None)
+                           else getattr(self.source, "failure_detail", None))
         except ReadError:
             held.clear()  # a failed batch is used up
             raise
@@ -423,7 +423,8 @@ class Reader:
             arrays = batch.device_arrays(self.device_id)
         else:
             arrays = batch.arrays()
-        labels = self.labels[idx]
+        own = getattr(self.source, "batch_labels", None)
+        labels = own(batch, idx) if own is not None else self.labels[idx]
         if self.ring_depth is not None:
             if not self._ring or self._ring[-1] is not batch:
                 self._ring.append(batch)

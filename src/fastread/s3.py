@@ -29,7 +29,9 @@ except ImportError:  # built without libcurl: the s3 engine is absent too
 SCHEME = "s3://"
 
 #: engine_args keys whose values are secrets: never shown.
-SECRET_KEYS = ("secret_access_key", "session_token")
+# Every engine's secret engine_args keys (s3's credentials, cql's password):
+# redact_engine_args hides their values wherever engine_args are shown.
+SECRET_KEYS = ("secret_access_key", "session_token", "password")
 
 #: Why there is no s3 support in this build, when there is none.
 NOT_BUILT = ("libcurl >= 7.84 was not found by pkg-config when fastread was built "

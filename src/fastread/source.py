@@ -40,6 +40,16 @@ parse the format's index):
 ``read_batch_dense(context, indices)``
     The same, asking the engine to lay the samples back to back (a dense
     batch, for :meth:`SampleSource.read_packed`); default: ``read_batch``.
+``batch_labels(batch, indices)`` (optional)
+    The labels of a batch the native reader read, where the engine reads
+    them with the samples (rows with a label column:
+    :class:`fastread.cassandra.CassandraSource`); default ``labels[indices]``.
+``native_engine`` (optional)
+    The one engine that reads this source (``'cql'``), taken for
+    ``engine='auto'``.
+``failure_detail(name)`` (optional)
+    The engine's words for why sample ``name`` failed, asked again on this
+    thread (a Reader's native threads keep no message).
 
 :meth:`SampleSource.read` (one-shot reads) and :func:`read_in_order` (one
 pass with read-ahead) are built on those; :func:`check_source` is what a
@@ -287,6 +297,11 @@ def check_source(source):
 def _engine_for(source, engine):
     """``engine``, or 's3' for 'auto' over a list of s3:// URLs or ranges of
     an s3:// object (:func:`fastread.engine.for_paths`)."""
+    own = getattr(source, "native_engine", None)
+    if own is not None:
+        # A source that only one engine reads (CassandraSource: 'cql'):
+        # that engine for 'auto' or the default; a named one is checked.
+        return own if engine in ("auto", None) else engine
     if isinstance(source, FileList) and source.names:
         return for_paths(engine, source.names[0])
     if source.reads_ranges:

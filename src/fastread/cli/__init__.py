@@ -15,6 +15,8 @@ Subcommands, one module each:
   (:mod:`fastread.cli.bmap`).
 * ``fastread upload SRC... s3://bucket/prefix`` -- files and dataset trees
   into a bucket (:mod:`fastread.cli.upload`; ``make-dataset --upload`` too).
+* ``fastread cassandra ingest|ids`` -- a tree into Cassandra tables, id
+  lists (:mod:`fastread.cli.cassandra`).
 
 Heavy imports (DALI, torch, matplotlib) happen inside the subcommand that
 needs them, so ``fastread --help`` and ``fastread info`` stay quick.
@@ -22,11 +24,11 @@ needs them, so ``fastread --help`` and ``fastread info`` stay quick.
 import argparse
 import sys
 
-from fastread.cli import bench, bmap, info, make_dataset, pack, upload
+from fastread.cli import bench, bmap, cassandra, info, make_dataset, pack, upload
 
 #: Subcommand modules; each has ``add_parser(subparsers)`` which registers a
 #: parser whose defaults carry ``run(args) -> int``.
-COMMANDS = (make_dataset, info, bench, pack, bmap, upload)
+COMMANDS = (make_dataset, info, bench, pack, bmap, upload, cassandra)
 
 
 def build_parser():

@@ -34,6 +34,8 @@ def collect():
     xver, xwhy = xnvme_version()
     from fastread.engine import s3_version
     s3ver, s3why = s3_version()
+    from fastread import _core
+    cql_tls, cql_tls_why = _core.cql_tls()
     devices, why = _env.cuda_devices()
     from fastread.dali import _plugin
     # The native DALI operator (fn.fastread.readers.file): loaded, or why not.
@@ -59,6 +61,8 @@ def collect():
         "xnvme": {"version": xver, "reason": xwhy},
         # The libcurl behind the s3 engine (version, TLS, features), or why it is absent.
         "s3": {"libcurl": s3ver, "reason": s3why},
+        # TLS for the cql engine (Cassandra; OpenSSL at build time), or why not.
+        "cql_tls": {"built": cql_tls, "reason": cql_tls_why or None},
         "dali_plugin": dali_plugin,
         # Ray Data, which fastread.ray needs (pip install fastread[ray]), or why it is absent.
         "ray": {"version": ray_version, "reason": ray_why},
@@ -94,7 +98,7 @@ def run(args):
     out += format_engines(data)
     out += ["", "packages:"]
     width = max(max(map(len, data["packages"])), len("libxnvme"), len("DALI plugin"),
-                len("libcurl (s3)"), len("Ray Data"), len("pack --decode"))
+                len("libcurl (s3)"), len("TLS (cql)"), len("Ray Data"), len("pack --decode"))
     for label, ver in data["packages"].items():
         out.append(f"  {label:<{width}}  {ver}")
     x = data["xnvme"]
@@ -103,6 +107,9 @@ def run(args):
     s = data["s3"]
     out.append(f"  {'libcurl (s3)':<{width}}  "
                f"{s['libcurl'] if s['libcurl'] else 'unavailable: ' + s['reason']}")
+    c = data["cql_tls"]
+    out.append(f"  {'TLS (cql)':<{width}}  "
+               f"{'OpenSSL (ssl=True)' if c['built'] else 'unavailable: ' + c['reason']}")
     d = data["dali_plugin"]
     out.append(f"  {'DALI plugin':<{width}}  " + (
         f"loaded: {', '.join(d['operators'])} ({d['path']}, built against DALI "

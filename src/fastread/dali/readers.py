@@ -190,3 +190,4 @@ def load_state_dict(pipe, state, index=0):
 from fastread.dali.gather import gather  # noqa: E402,F401
 # Record formats (fastread.dali.formats): CIFAR-10, WebDataset and Squirrel shards.
 from fastread.dali.formats import cifar10, squirrel, webdataset  # noqa: E402,F401
+from fastread.dali.cassandra import cassandra  # noqa: E402,F401

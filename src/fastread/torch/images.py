@@ -94,6 +94,10 @@ class ImageLoader:
     or the same options as keywords (``endpoint_url=``, ...), else the AWS
     environment; samples, labels and shards are those of the local tree.
 
+    ``cassandra=`` a :class:`fastread.cassandra.CassandraSource` instead of a
+    tree: the rows' blobs (JPEGs) decoded by DALI as files are, their int
+    labels (docs/cassandra.md).
+
     ``hw_decoder_load`` (``device="cuda"``): the share of images DALI's
     mixed decoder gives the GPU's hardware JPEG decoder, 0 to 1; None keeps
     DALI's default (0.65). On an H200, 1.0 decoded 224-px ImageNet-sized
@@ -113,7 +117,7 @@ class ImageLoader:
                  drop_last=False, num_threads=4, device_id=None, prefetch_queue_depth=2,
                  engine="auto", global_batch_size=None, image=None, augment=False,
                  scale=SCALE, ratio=RATIO, flip=0.5, dtype="float32", hw_decoder_load=None,
-                 **engine_options):
+                 cassandra=None, **engine_options):
         import torch  # noqa: F401  (fail early, with the real import error)
 
         if device not in ("cpu", "cuda"):
@@ -154,6 +158,17 @@ class ImageLoader:
                              f"packed image is told by its index, and "
                              f"{os.fsdecode(file_root) + '.index'!r} does not exist (give "
                              "image= and index= for an index elsewhere)")
+        if cassandra is not None:
+            from fastread.cassandra import CassandraSource
+            if not isinstance(cassandra, CassandraSource):
+                raise TypeError(f"cassandra= takes a fastread.cassandra.CassandraSource, got "
+                                f"{type(cassandra).__name__}")
+            if image is not None or file_root is not None or file_list is not None or \
+                    files is not None:
+                raise ValueError("give cassandra= or a tree (file_root, file_list, files) or "
+                                 "image=, not several")
+            if cassandra.label_type == "blob":
+                raise ValueError("ImageLoader takes int labels: label_type 'int' or 'none'")
         if image is not None and not isinstance(image, PackedImage):
             image = PackedImage(image)
         if image is not None and _holds_encoded_images(image):
@@ -205,8 +220,10 @@ class ImageLoader:
                                  ring_depth=prefetch_queue_depth + 2 if decode else None,
                                  global_batch_size=global_batch_size, **engine_options)
         else:
+            # A tree, or rows of Cassandra (cassandra=: their blobs decoded as files are).
             self.reader = Reader(file_root, file_list=file_list, files=files, labels=labels,
-                                 file_filters=file_filters, batch_size=batch_size,
+                                 source=cassandra, file_filters=file_filters,
+                                 batch_size=batch_size,
                                  shard_id=shard_id, num_shards=num_shards,
                                  random_shuffle=random_shuffle, seed=seed, drop_last=drop_last,
                                  stick_to_shard=True, engine=engine,

@@ -1,0 +1,263 @@
+"""cassandra-dali-plugin's loop_read.py comparison, on a real Apache
+Cassandra 5 node (tests/cassandra_server.py) holding the 20,000-JPEG tree
+(`fastread make-dataset`, ingested once with `fastread cassandra ingest`):
+
+  fastread-reader   fastread.Reader(source=CassandraSource(...)): the cql engine
+  fastread-dali     fastread.dali.readers.cassandra in a DALI pipeline (CPU)
+  python-driver     cassandra-driver's execute_concurrent_with_args per batch
+                    (a prepared SELECT, `--py-concurrency` in flight): what a
+                    Python user writes
+  file-dali         DALI's fn.readers.file on the same files on local disk
+                    (no network: run in the 0 ms rounds only)
+
+at 0, 5 and 25 ms added round trip (tests/cassandra_proxy.py as a process of
+its own in front of the node, half each way; this kernel has no sch_netem),
+interleaved: every round runs every mode once, rounds repeated. Reported:
+img/s, GB/s, requests in flight (the bound each client runs with), the
+client's CPU seconds per GB (this process: the readers' threads and DALI's),
+the server's CPU (its JVM, from /proc) per GB and in cores, the proxy's.
+
+    python bench/cassandra/loop_read.py --json out.json
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import cassandra_server as cs  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def self_cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class Proxy:
+    def __init__(self, port, rtt_ms):
+        self.proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests",
+                                                                   "cassandra_proxy.py"),
+                                      str(port), str(rtt_ms / 2)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.port = int(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def ensure_tree(path):
+    if not os.path.exists(os.path.join(path, ".fastread-dataset.json")):
+        subprocess.run([sys.executable, "-m", "fastread.cli", "make-dataset", path,
+                        "--classes", "20", "--per-class", "1000", "--seed", "0"], check=True)
+    return path
+
+
+def ingest(server, tree, keyspace):
+    from fastread.cassandra_tools import connect, ingest as do_ingest, list_ids
+    session = connect([server.host], port=server.port)
+    t0 = time.monotonic()
+    inserted, skipped = do_ingest(session, tree, keyspace, "train",
+                                  journal=os.path.join(server.workdir, "train.ingest"))
+    took = time.monotonic() - t0
+    ids, labels = list_ids(session, keyspace, "train")
+    return session, ids, labels, {"inserted": inserted, "skipped": skipped, "seconds": took}
+
+
+# -- the modes: each returns (images, bytes) for `n` images -------------------------------
+
+def run_fastread(table, ids, port, batch, n, prefetch):
+    import fastread
+    from fastread.cassandra import CassandraSource
+    src = CassandraSource(table, ids, hosts="127.0.0.1", port=port)
+    count = nbytes = 0
+    with fastread.Reader(source=src, batch_size=batch, random_shuffle=True, seed=1,
+                         prefetch=prefetch) as r:
+        for arrays, _ in r:
+            count += len(arrays)
+            nbytes += sum(a.nbytes for a in arrays)
+            if count >= n:
+                break
+    return count, nbytes
+
+
+def run_fastread_dali(table, ids, port, batch, n, prefetch):
+    from nvidia.dali import pipeline_def
+    from fastread.dali import readers
+    uuids = [str(u) for u in ids]
+
+    @pipeline_def(batch_size=batch, num_threads=2, device_id=None, prefetch_queue_depth=2)
+    def pipe():
+        return readers.cassandra(table=table, source_uuids=uuids, cassandra_ips=["127.0.0.1"],
+                                 cassandra_port=port, shuffle_every_epoch=True,
+                                 prefetch_buffers=prefetch)
+    return run_pipeline(pipe(), n)
+
+
+def run_pipeline(p, n):
+    """Runs a built-to-be DALI pipeline until `n` samples came out."""
+    p.build()
+    count = nbytes = 0
+    while count < n:
+        data, _ = p.run()
+        count += len(data)
+        nbytes += sum(np.array(data.at(i)).nbytes for i in range(len(data)))
+    del p
+    return count, nbytes
+
+
+def run_python_driver(table, ids, port, batch, n, concurrency):
+    from cassandra.cluster import Cluster
+    from cassandra.concurrent import execute_concurrent_with_args
+    cluster = Cluster(["127.0.0.1"], port=port, protocol_version=4)
+    session = cluster.connect()
+    stmt = session.prepare(f"SELECT data, label FROM {table} WHERE id = ?")
+    rng = np.random.default_rng(1)
+    order = rng.permutation(len(ids))
+    count = nbytes = 0
+    t0 = time.monotonic()
+    try:
+        for start in range(0, len(order), batch):
+            if count >= n:
+                break
+            rows = execute_concurrent_with_args(
+                session, stmt, [(ids[i],) for i in order[start:start + batch]],
+                concurrency=concurrency, raise_on_first_error=True)
+            for _, res in rows:
+                row = res.one()
+                nbytes += len(row.data)
+                count += 1
+    finally:
+        cluster.shutdown()
+    return count, nbytes, time.monotonic() - t0
+
+
+def run_file_dali(tree, batch, n):
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(batch_size=batch, num_threads=2, device_id=None, prefetch_queue_depth=2)
+    def pipe():
+        data, label = fn.readers.file(file_root=tree, random_shuffle=True, seed=1)
+        return data, label
+    return run_pipeline(pipe(), n)
+
+
+def measure(fn, server, proxy):
+    c0, s0, p0, t0 = self_cpu(), proc_cpu(server.pid), proxy and proc_cpu(proxy.proc.pid), \
+        time.monotonic()
+    out = fn()
+    dt = time.monotonic() - t0
+    count, nbytes = out[0], out[1]
+    if len(out) == 3:  # a mode that times itself without its connection setup
+        dt = out[2]
+    gb = nbytes / 1e9
+    client, srv = self_cpu() - c0, proc_cpu(server.pid) - s0
+    prx = (proc_cpu(proxy.proc.pid) - p0) if proxy else 0.0
+    return {"images": count, "bytes": nbytes, "seconds": dt, "img_s": count / dt,
+            "gb_s": gb / dt, "client_cpu_s_per_gb": client / gb,
+            "server_cpu_s_per_gb": srv / gb, "server_cores": srv / dt,
+            "proxy_cores": prx / dt}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tree", default="/var/tmp/fastread-bench/imagenet-20k")
+    ap.add_argument("--workdir", default="/var/tmp/fastread-cassandra-bench")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--images", type=int, default=6144, help="images per timed run")
+    ap.add_argument("--prefetch", type=int, default=4)
+    ap.add_argument("--py-concurrency", type=int, default=256)
+    ap.add_argument("--delays", default="0,5,25", help="added round trips, ms")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--heap-mb", type=int, default=1536)
+    ap.add_argument("--modes", default="fastread-reader,fastread-dali,python-driver,file-dali")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    modes = args.modes.split(",")
+    delays = [float(d) for d in args.delays.split(",")]
+    tree = ensure_tree(args.tree)
+    server = cs.Cassandra(args.workdir, heap_mb=args.heap_mb)
+    server.start()
+    print(f"cassandra up in {server.start_seconds:.1f} s (pid {server.pid})", flush=True)
+    try:
+        _, ids, _, ing = ingest(server, tree, "bench20k")
+        print(f"ingest: {ing}", flush=True)
+        table = "bench20k.data_train"
+        # One untimed pass first: the node's JIT and caches warm, for every mode alike.
+        run_fastread(table, ids, server.port, args.batch, args.images, args.prefetch)
+        results = []
+        for rnd in range(args.rounds):
+            for delay in delays:
+                proxy = Proxy(server.port, delay) if delay > 0 else None
+                port = proxy.port if proxy else server.port
+                try:
+                    for mode in modes:
+                        if mode == "file-dali" and delay > 0:
+                            continue
+                        fn = {
+                            "fastread-reader": lambda: run_fastread(
+                                table, ids, port, args.batch, args.images, args.prefetch),
+                            "fastread-dali": lambda: run_fastread_dali(
+                                table, ids, port, args.batch, args.images, args.prefetch),
+                            "python-driver": lambda: run_python_driver(
+                                table, ids, port, args.batch, args.images,
+                                args.py_concurrency),
+                            "file-dali": lambda: run_file_dali(tree, args.batch, args.images),
+                        }[mode]
+                        r = measure(fn, server, proxy)
+                        r.update(mode=mode, delay_ms=delay, round=rnd,
+                                 inflight=(args.py_concurrency if mode == "python-driver"
+                                           else args.batch * args.prefetch
+                                           if mode.startswith("fastread") else None))
+                        results.append(r)
+                        print(json.dumps(r), flush=True)
+                finally:
+                    if proxy:
+                        proxy.close()
+        summary = {}
+        for r in results:
+            summary.setdefault((r["mode"], r["delay_ms"]), []).append(r)
+        print("\nmode             delay  img/s    GB/s   client CPU s/GB  server CPU s/GB  "
+              "server cores  proxy cores")
+        table_rows = []
+        for (mode, delay), rs in sorted(summary.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            med = {k: float(np.median([x[k] for x in rs])) for k in
+                   ("img_s", "gb_s", "client_cpu_s_per_gb", "server_cpu_s_per_gb",
+                    "server_cores", "proxy_cores")}
+            table_rows.append({"mode": mode, "delay_ms": delay, **med})
+            print(f"{mode:16s} {delay:5.0f}  {med['img_s']:7.0f}  {med['gb_s']:5.3f}  "
+                  f"{med['client_cpu_s_per_gb']:15.2f}  {med['server_cpu_s_per_gb']:15.2f}  "
+                  f"{med['server_cores']:12.2f}  {med['proxy_cores']:11.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": f"{platform.node()} {os.cpu_count()} CPUs",
+                           "cassandra": cs.VERSION, "args": vars(args), "ingest": ing,
+                           "server_start_s": server.start_seconds, "runs": results,
+                           "median": table_rows}, f, indent=1)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
