@@ -94,6 +94,7 @@ cdef extern from "fastread.h" nogil:
         pass
 
     void fr_permutation(uint64_t seed, uint64_t epoch, int64_t *out, size_t n)
+    enum: FR_ORDER_TABLE_MAX
     ctypedef enum fr_order_mode:
         FR_ORDER_SEQUENTIAL
         FR_ORDER_FULL

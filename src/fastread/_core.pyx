@@ -49,6 +49,9 @@ def permutation(uint64_t seed, uint64_t epoch, Py_ssize_t n):
     return out
 
 
+#: Orders of up to this many samples are a Fisher-Yates table (fr_order).
+ORDER_TABLE_MAX = FR_ORDER_TABLE_MAX
+
 _ORDER_MODES = {"sequential": FR_ORDER_SEQUENTIAL, "full": FR_ORDER_FULL,
                 "block": FR_ORDER_BLOCK}
 

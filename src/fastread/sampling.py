@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from fastread._core import Order, buffer_shuffle
+from fastread._core import ORDER_TABLE_MAX, Order, buffer_shuffle
 
 __all__ = ["shard_range", "epoch_indices", "check_shard_args", "check_flag", "global_order",
            "check_shuffle", "EpochOrder", "SHUFFLE_MODES", "DEFAULT_SHUFFLE_BLOCK",
@@ -336,6 +336,25 @@ class EpochOrder:
             raise ValueError("batch() needs a batch_size")
         return self.slice(k * b, b)
 
+    def __getitem__(self, key):
+        """``order[a:b]`` (a new int64 array, computed for those positions
+        alone) or ``order[i]``: the order read as the array it stands for."""
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self._len)
+            if step != 1:
+                return self.to_array()[key]
+            return self.slice(start, max(0, stop - start))
+        i = operator.index(key)
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(f"index {key} of an epoch order of {self._len}")
+        return int(self.slice(i, 1)[0])
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.to_array()
+        return arr if dtype is None else arr.astype(dtype)
+
     def to_array(self) -> np.ndarray:
         """The whole epoch's indices (O(N): for small sets and tests)."""
         return np.ascontiguousarray(self.slice(0, self._len), dtype=np.int64)
@@ -402,7 +421,7 @@ def epoch_indices(num_samples: int, *, shard_id: int = 0, num_shards: int = 1,
 ELASTIC_STATE_VERSION = 2
 #: Orders of version 1 that version 2 draws the same: unshuffled, or
 #: shuffled over at most this many samples (fr_order's table).
-_V1_SAME_ORDER_MAX = 65536
+_V1_SAME_ORDER_MAX = ORDER_TABLE_MAX
 
 
 def global_order(num_samples: int, *, shuffle=False, seed: int = 0, epoch: int = 0,
