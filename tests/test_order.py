@@ -419,3 +419,53 @@ def test_reader_queues_a_bounded_window_whatever_n(byte_file):
     # An array of the epoch (8 MB at 10^6) or its batches' list would show.
     assert peaks[1_000_000] < 512 << 10, peaks
     assert peaks[1_000_000] < 4 * peaks[10_000] + (64 << 10), peaks
+
+
+# -- the native DALI operator ---------------------------------------------------------
+
+def _dali_pipe(path, n, batch, checkpoint=None, **stream):
+    pytest.importorskip("nvidia.dali")
+    from fastread.dali import _plugin
+    if not _plugin.load():
+        pytest.skip(f"the native DALI plugin does not load: {_plugin.reason()}")
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(batch_size=batch, num_threads=1, device_id=None, enable_checkpointing=True)
+    def pipe():
+        _, labels = fn.fastread.readers.file(
+            image=str(path), range_offsets=(np.arange(n) % 251).tolist(),
+            range_lengths=[1] * n, seed=4, name="r", **stream)
+        return labels
+    p = pipe(checkpoint=checkpoint) if checkpoint is not None else pipe()
+    p.build()
+    return p
+
+
+def _dali_labels(p, batches):
+    return np.concatenate([np.array(p.run()[0].as_tensor()).reshape(-1)
+                           for _ in range(batches)])
+
+
+@pytest.mark.parametrize("block", [{}, dict(shuffle_block=16, shuffle_window=3)])
+def test_dali_operator_reads_the_same_order_and_resumes_it(byte_file, block):
+    """Past the table (70,001 samples): the operator's order, shard 1 of 3,
+    is EpochOrder's (full and block), and its checkpoint mid-epoch resumes
+    it; a checkpoint of the earlier order (order=1) is refused."""
+    n, batch = 70_001, 100
+    stream = dict(random_shuffle=True, shard_id=1, num_shards=3, stick_to_shard=True, **block)
+    p = _dali_pipe(byte_file, n, batch, **stream)
+    want = epoch_indices(n, shuffle="block" if block else True, seed=4, epoch=0, shard_id=1,
+                         num_shards=3, **block)
+    got = _dali_labels(p, 30)
+    assert np.array_equal(got, want[:30 * batch])
+    cp = p.checkpoint()
+    assert b"order=2" in cp
+    q = _dali_pipe(byte_file, n, batch, checkpoint=cp, **stream)
+    assert np.array_equal(_dali_labels(q, 5), want[30 * batch:35 * batch])
+    if block:
+        with pytest.raises(Exception, match="shuffle_window"):
+            _dali_pipe(byte_file, n, batch, checkpoint=cp,
+                       **dict(stream, shuffle_window=4)).run()
+    old = cp.replace(b" order=2", b" order=1")  # same length: the checkpoint is protobuf
+    with pytest.raises(Exception, match="earlier fastread"):
+        _dali_pipe(byte_file, n, batch, checkpoint=old, **stream).run()
