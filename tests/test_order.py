@@ -186,7 +186,7 @@ def test_check_shuffle_names_the_option():
     assert check_shuffle(False) == (None, 0, 0)
     assert check_shuffle("block") == ("block", 256, 64)
     assert check_shuffle("block", 16, 2) == ("block", 16, 2)
-    with pytest.raises(ValueError, match="random_shuffle"):
+    with pytest.raises(TypeError, match="random_shuffle"):
         check_shuffle("sometimes", option="random_shuffle")
     with pytest.raises(ValueError, match="shuffle_block"):
         check_shuffle("block", 0)
@@ -391,7 +391,7 @@ def test_reader_plain_state_of_an_earlier_order_is_refused(byte_file):
 
 def test_reader_shuffle_options_are_checked(byte_file):
     src = _Ranges(byte_file, 100)
-    with pytest.raises(ValueError, match="random_shuffle"):
+    with pytest.raises(TypeError, match="random_shuffle"):
         fastread.Reader(source=src, random_shuffle="often")
     with pytest.raises(ValueError, match="shuffle_block"):
         fastread.Reader(source=src, random_shuffle="block", shuffle_block=0)

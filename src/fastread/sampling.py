@@ -84,9 +84,10 @@ def check_shuffle(shuffle, shuffle_block=None, shuffle_window=None, *,
     (no shuffle: ``shuffle`` False), ``"full"`` (True or ``"full"``) or
     ``"block"``; block and window are ``shuffle_block`` /
     ``shuffle_window`` (defaults :data:`DEFAULT_SHUFFLE_BLOCK`,
-    :data:`DEFAULT_SHUFFLE_WINDOW`) in block mode, else 0. ValueError
-    naming the option (``option`` names the shuffle flag: ``random_shuffle``
-    on the readers) for anything else, or block options without block mode.
+    :data:`DEFAULT_SHUFFLE_WINDOW`) in block mode, else 0. TypeError naming
+    the option (``option`` names the shuffle flag: ``random_shuffle`` on the
+    readers) for another ``shuffle``; ValueError naming ``shuffle_block`` /
+    ``shuffle_window`` for a bad one, or one given without block mode.
 
     What each costs, per rank, whatever N: ``"full"`` holds an order of at
     most 512 KiB (a table up to 65,536 samples, a keyed Feistel bijection of
@@ -108,7 +109,8 @@ def check_shuffle(shuffle, shuffle_block=None, shuffle_window=None, *,
     elif isinstance(shuffle, str) and shuffle in SHUFFLE_MODES:
         mode = shuffle
     else:
-        raise ValueError(f"``{option}`` must be True, False, 'full' or 'block', got {shuffle!r}")
+        # TypeError, as check_flag's for the flag this was before "block".
+        raise TypeError(f"{option} must be True, False, 'full' or 'block', got {shuffle!r}")
     if mode != "block":
         for name, v in (("shuffle_block", shuffle_block), ("shuffle_window", shuffle_window)):
             if v is not None:
