@@ -14,7 +14,9 @@ Each case runs in a fresh process (its peak RSS, VmHWM, is its own):
   Fisher-Yates table of N int64s, then the slice;
 * ``reader`` / ``reader-old``: a Reader over a synthetic source of N
   one-byte ranges of one file (names computed when asked), iter() to the
-  first batch, with this build / ``--old-python``'s.
+  first batch, with this build / ``--old-python``'s; RSS growth there is
+  VmRSS after the first batch minus before iter() (the source's own
+  arrays, 2 x 8 B + 4 B a sample, are built before).
 
 Usage: python bench/scale/orders.py [--max-exp 8] [--old-python PATH] [--json OUT]
 """
@@ -70,6 +72,11 @@ READER_CASE = textwrap.dedent("""
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
+    def rss():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
     kind, n, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
     class Names:
@@ -89,13 +96,13 @@ READER_CASE = textwrap.dedent("""
     r = fastread.Reader(source=Ranges(), random_shuffle=True, batch_size=256, seed=1,
                         shard_id=3, num_shards=8)
     t1 = time.perf_counter()
-    base = hwm()
+    base = rss()
     it = iter(r)
     arrays, labels = next(it)
     t2 = time.perf_counter()
     assert len(arrays) == 256
     print(json.dumps({"case": kind, "n": n, "open_seconds": t1 - t0, "seconds": t2 - t1,
-                      "rss_growth": hwm() - base, "rss": hwm()}))
+                      "rss_growth": rss() - base, "peak_rss": hwm()}))
     del it
     r.close()
 """)
