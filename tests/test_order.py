@@ -469,3 +469,42 @@ def test_dali_operator_reads_the_same_order_and_resumes_it(byte_file, block):
     old = cp.replace(b" order=2", b" order=1")  # same length: the checkpoint is protobuf
     with pytest.raises(Exception, match="earlier fastread"):
         _dali_pipe(byte_file, n, batch, checkpoint=old, **stream).run()
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_dali_readers_take_block_shuffles(tmp_path, native):
+    """fastread.dali.readers.file(random_shuffle="block", shuffle_block=,
+    shuffle_window=): the external source (a Reader) and the native
+    operator read EpochOrder's block order; bad block options are refused
+    by name."""
+    pytest.importorskip("nvidia.dali")
+    from fastread.dali import _plugin, readers
+    if native and not _plugin.load():
+        pytest.skip(f"the native DALI plugin does not load: {_plugin.reason()}")
+    from nvidia.dali import pipeline_def
+
+    n, batch = 40, 8
+    files = []
+    for i in range(n):
+        p = tmp_path / f"{i:03d}.bin"
+        p.write_bytes(bytes([i]))
+        files.append(str(p))
+
+    def build(**kw):
+        @pipeline_def(batch_size=batch, num_threads=1, device_id=None)
+        def pipe():
+            _, labels = readers.file(files=files, labels=list(range(n)), seed=3,
+                                     native=native, name="r", **kw)
+            return labels
+        p = pipe()
+        p.build()
+        return p
+    p = build(random_shuffle="block", shuffle_block=4, shuffle_window=2)
+    got = np.concatenate([np.array(p.run()[0].as_tensor()).reshape(-1)
+                          for _ in range(n // batch)])
+    want = epoch_indices(n, shuffle="block", shuffle_block=4, shuffle_window=2, seed=3)
+    assert np.array_equal(got, want)
+    with pytest.raises((ValueError, TypeError), match="shuffle_block"):
+        build(random_shuffle=True, shuffle_block=4)
+    with pytest.raises((ValueError, TypeError), match="random_shuffle"):
+        build(random_shuffle="sometimes")

@@ -52,7 +52,7 @@ def obstacle(epoch_end, device, device_id, last_batch_policy, engine, kwargs, ra
     if engine in RANGE_ONLY and not ranges:
         return f"engine={engine!r} reads byte ranges of an image, not files"
     other = sorted(set(kwargs) - NATIVE_OPTIONS - _DALI_ONLY_ARGS -
-                   {"pin_memory", "global_batch_size"})
+                   {"pin_memory", "global_batch_size", "shuffle_block", "shuffle_window"})
     if other:
         return "the operator does not take " + ", ".join(other)
     return None
