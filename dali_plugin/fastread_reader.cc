@@ -811,6 +811,14 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                              "then resume at another num_shards. Needs pad_last_batch and "
                              "stick_to_shard.",
                              int64_t{0})  // not a bare 0: that would pick the no-default overload
+    .AddOptionalArg<int64_t>("shuffle_block",
+                             "With random_shuffle: 0, a full shuffle (fr_order's); N > 0, the "
+                             "block order: blocks of N consecutive samples permuted, samples "
+                             "permuted within windows of shuffle_window blocks (runs of "
+                             "neighbouring samples: fastread.sampling.check_shuffle).",
+                             int64_t{0})
+    .AddOptionalArg<int64_t>("shuffle_window",
+                             "Blocks of a window with shuffle_block (>= 1 there).", int64_t{0})
     .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 1)
     .AddOptionalArg("engine", "fastread engine: auto, io_uring, psync, ...", std::string("auto"))
     .AddOptionalArg("workers", "Reader threads, each with its own engine context (0: auto).", 0)

@@ -7,6 +7,7 @@
 #ifndef FASTREAD_DALI_PLUGIN_COMMON_H
 #define FASTREAD_DALI_PLUGIN_COMMON_H
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -71,84 +73,109 @@ struct StreamArgs {
   // and a partial last global batch would be filled from the next epoch,
   // so the batches would no longer be slices of global batches.
   int64_t global_batch = 0;
+  // With shuffle and block > 0: the core's block order (blocks of `block`
+  // samples permuted, samples permuted within windows of `window` blocks;
+  // fastread.sampling.check_shuffle's "block"); 0, the full order.
+  int64_t block = 0;
+  int64_t window = 0;
 };
 
-// The order of the whole data set in `epoch`, whatever the shards: scan
-// order, the core's permutation, or the whole set through a shuffle buffer
-// (fastread.sampling.global_order).
-inline std::vector<int64_t> GlobalOrder(const StreamArgs &args, int64_t seed, int64_t epoch) {
-  std::vector<int64_t> order(static_cast<size_t>(args.n));
-  if (args.shuffle && args.fill > 0) {
-    for (int64_t i = 0; i < args.n; i++) order[static_cast<size_t>(i)] = i;
-    if (fr_buffer_shuffle(static_cast<uint64_t>(seed), static_cast<uint64_t>(epoch), order.data(),
-                          order.size(), static_cast<size_t>(args.fill)) != 0)
-      throw std::bad_alloc();
-  } else if (args.shuffle) {
-    fr_permutation(static_cast<uint64_t>(seed), static_cast<uint64_t>(epoch), order.data(),
-                   order.size());
-  } else {
-    for (int64_t i = 0; i < args.n; i++) order[static_cast<size_t>(i)] = i;
-  }
-  return order;
-}
+using OrderPtr = std::unique_ptr<fr_order, CloseWith<fr_order_close>>;
 
-// Elastic: this rank's slice of every global batch of the padded global
-// order, in turn (fastread.sampling.elastic_indices with pad_last_batch).
-inline std::vector<int64_t> ElasticOrder(const StreamArgs &args, int64_t seed, int64_t epoch) {
-  std::vector<int64_t> order = GlobalOrder(args, seed, epoch);
-  const int64_t g = args.global_batch;
-  const int64_t local = g / args.num_shards;
-  const int64_t batches = (args.n + g - 1) / g;
-  if (!order.empty()) order.resize(static_cast<size_t>(batches * g), order.back());
-  std::vector<int64_t> mine;
-  mine.reserve(static_cast<size_t>(batches * local));
-  for (int64_t k = 0; k < batches; k++) {
-    const auto from = order.begin() + k * g + args.shard_id * local;
-    mine.insert(mine.end(), from, from + local);
+// The order of the whole data set in `epoch`, whatever the shards, per
+// position (fastread.sampling's _GlobalOrder): scan order, the core's order
+// (fr_order: full or block; at most 512 KiB whatever n), or, with a shuffle
+// buffer, positions [lo, hi) through it (held whole: a buffer's draw is
+// sequential).
+class GlobalOrder {
+ public:
+  GlobalOrder() = default;
+  GlobalOrder(const StreamArgs &args, int64_t seed, int64_t epoch, int64_t lo, int64_t hi)
+      : lo_(lo) {
+    const uint64_t s = static_cast<uint64_t>(seed), e = static_cast<uint64_t>(epoch);
+    if (args.shuffle && args.fill > 0) {
+      buffered_.reserve(static_cast<size_t>(hi - lo));
+      for (int64_t i = lo; i < hi; i++) buffered_.push_back(i);
+      if (fr_buffer_shuffle(s, e, buffered_.data(), buffered_.size(),
+                            static_cast<size_t>(args.fill)) != 0)
+        throw std::bad_alloc();
+    } else if (args.shuffle) {
+      fr_order *o = nullptr;
+      const bool block = args.block > 0;
+      const int rc = fr_order_open(s, e, static_cast<uint64_t>(args.n),
+                                   block ? FR_ORDER_BLOCK : FR_ORDER_FULL,
+                                   static_cast<uint64_t>(args.block),
+                                   static_cast<uint64_t>(args.window), &o);
+      if (rc == -ENOMEM) throw std::bad_alloc();
+      if (rc != 0)
+        throw std::invalid_argument("fastread: cannot draw the epoch's order: " +
+                                    ErrnoText(rc));
+      order_.reset(o);
+    }
   }
-  return mine;
-}
 
-// The samples shard `args.shard_id` reads in `epoch`, in order. Without
-// stick_to_shard, epoch e reads shard (shard_id + e) % num_shards, as DALI's
-// readers do. Shuffling draws one permutation of the whole data set per
-// (seed, epoch), the same on every rank, and each rank reads its shard of
-// it, so every epoch holds every sample exactly once. With pad_last_batch
-// the shard is padded with its last sample to ceil(n / num_shards) samples,
-// then to whole batches (fn.readers.file's padding).
-inline std::vector<int64_t> EpochOrder(const StreamArgs &args, int64_t seed, int64_t epoch) {
-  if (args.global_batch > 0) return ElasticOrder(args, seed, epoch);
-  const int64_t n = args.n;
-  const int64_t shard = args.stick ? args.shard_id : (args.shard_id + epoch) % args.num_shards;
-  const int64_t start = n * shard / args.num_shards;
-  const int64_t end = n * (shard + 1) / args.num_shards;
-  std::vector<int64_t> order;
-  if (args.shuffle && args.fill > 0) {
-    order.reserve(static_cast<size_t>(end - start));
-    for (int64_t i = start; i < end; i++) order.push_back(i);
-    if (fr_buffer_shuffle(static_cast<uint64_t>(seed), static_cast<uint64_t>(epoch), order.data(),
-                          order.size(), static_cast<size_t>(args.fill)) != 0)
-      throw std::bad_alloc();
-  } else if (args.shuffle) {
-    // The core's permutation, which the Python readers draw too: one order
-    // for one (seed, epoch) whether or not the plugin reads.
-    std::vector<int64_t> perm(static_cast<size_t>(n));
-    fr_permutation(static_cast<uint64_t>(seed), static_cast<uint64_t>(epoch), perm.data(),
-                   perm.size());
-    order.assign(perm.begin() + start, perm.begin() + end);
-  } else {
-    order.reserve(static_cast<size_t>(end - start));
-    for (int64_t i = start; i < end; i++) order.push_back(i);
+  int64_t At(int64_t pos) const {
+    if (order_) return fr_order_at(order_.get(), static_cast<uint64_t>(pos));
+    if (!buffered_.empty()) return buffered_[static_cast<size_t>(pos - lo_)];
+    return pos;
   }
-  if (args.pad && !order.empty()) {
-    size_t target = static_cast<size_t>((n + args.num_shards - 1) / args.num_shards);
-    size_t b = static_cast<size_t>(args.batch_size);
-    target = (target + b - 1) / b * b;
-    const int64_t last = order.back();
-    order.resize(target, last);
+
+ private:
+  int64_t lo_ = 0;
+  OrderPtr order_;
+  std::vector<int64_t> buffered_;
+};
+
+// The samples shard `args.shard_id` reads in `epoch`, in order, per
+// position (fastread.sampling.EpochOrder). Without stick_to_shard, epoch e
+// reads shard (shard_id + e) % num_shards, as DALI's readers do. Shuffling
+// draws one order of the whole data set per (seed, epoch), the same on
+// every rank, and each rank reads its shard of it, so every epoch holds
+// every sample exactly once. With pad_last_batch the shard is padded with
+// its last sample to ceil(n / num_shards) samples, then to whole batches
+// (fn.readers.file's padding). Elastic: this rank's slice of every global
+// batch of the global order padded to whole global batches, in turn
+// (fastread.sampling.elastic_indices with pad_last_batch).
+class EpochView {
+ public:
+  EpochView() = default;
+  EpochView(const StreamArgs &args, int64_t seed, int64_t epoch) : args_(args) {
+    const int64_t n = args.n;
+    if (args.global_batch > 0) {
+      const int64_t g = args.global_batch;
+      len_ = (n + g - 1) / g * (g / args.num_shards);
+      order_ = GlobalOrder(args, seed, epoch, 0, n);
+      return;
+    }
+    const int64_t shard = args.stick ? args.shard_id : (args.shard_id + epoch) % args.num_shards;
+    start_ = n * shard / args.num_shards;
+    end_ = n * (shard + 1) / args.num_shards;
+    len_ = end_ - start_;
+    if (args.pad && len_ > 0) {
+      int64_t target = (n + args.num_shards - 1) / args.num_shards;
+      const int64_t b = args.batch_size;
+      target = (target + b - 1) / b * b;
+      len_ = std::max(len_, target);
+    }
+    order_ = GlobalOrder(args, seed, epoch, start_, end_);
   }
-  return order;
-}
+
+  int64_t size() const { return len_; }
+
+  int64_t At(int64_t p) const {
+    if (args_.global_batch > 0) {
+      const int64_t g = args_.global_batch, local = g / args_.num_shards;
+      const int64_t pos = p / local * g + args_.shard_id * local + p % local;
+      return order_.At(std::min(pos, args_.n - 1));  // padding: the order's last sample
+    }
+    return order_.At(start_ + std::min(p, end_ - start_ - 1));
+  }
+
+ private:
+  StreamArgs args_;
+  int64_t start_ = 0, end_ = 0, len_ = 0;
+  GlobalOrder order_;
+};
 
 // A position in the sample stream: the next sample is order(epoch)[pos]
 // (epoch -1: before the first epoch), with the shuffle seed. What a
@@ -171,11 +198,11 @@ class SampleStream {
     std::vector<int64_t> idx;
     idx.reserve(static_cast<size_t>(args_.batch_size));
     while (idx.size() < static_cast<size_t>(args_.batch_size)) {
-      if (static_cast<size_t>(at_.pos) == order_.size()) {
-        order_ = EpochOrder(args_, at_.seed, ++at_.epoch);
+      if (at_.pos == order_.size()) {
+        order_ = EpochView(args_, at_.seed, ++at_.epoch);
         at_.pos = 0;
       }
-      idx.push_back(order_[static_cast<size_t>(at_.pos++)]);
+      idx.push_back(order_.At(at_.pos++));
     }
     return idx;
   }
@@ -185,9 +212,8 @@ class SampleStream {
   // Moves to `at`; false if `at` is not a position of this stream (a
   // checkpoint of a reader with other arguments).
   bool Seek(const StreamPos &at) {
-    std::vector<int64_t> order = at.epoch >= 0 ? EpochOrder(args_, at.seed, at.epoch)
-                                               : std::vector<int64_t>();
-    if (at.pos < 0 || static_cast<size_t>(at.pos) > order.size()) return false;
+    EpochView order = at.epoch >= 0 ? EpochView(args_, at.seed, at.epoch) : EpochView();
+    if (at.pos < 0 || at.pos > order.size()) return false;
     order_ = std::move(order);
     at_ = at;
     return true;
@@ -197,9 +223,23 @@ class SampleStream {
 
  private:
   StreamArgs args_;
-  std::vector<int64_t> order_;
+  EpochView order_;  // the epoch being read, per position: no N-element array
   StreamPos at_;
 };
+
+// The version of the order a checkpoint's position counts in (its field
+// "order"): 2, fr_order; before (no field), a Fisher-Yates table at every
+// size, the same order up to FR_ORDER_TABLE_MAX samples.
+constexpr int64_t kOrderVersion = 2;
+
+// Fields a checkpoint may lack (written before they were recorded), with
+// the value they then had.
+inline bool FieldDefault(const std::string &name, int64_t *value) {
+  if (name == "shuffle_block" || name == "shuffle_window") *value = 0;
+  else if (name == "order") *value = 1;
+  else return false;
+  return true;
+}
 
 // The arguments that define a stream's samples, as a checkpoint records
 // them (DALI's argument names, for messages): a checkpoint restores only
@@ -208,7 +248,10 @@ class SampleStream {
 inline std::vector<std::pair<std::string, int64_t>> StreamFields(const StreamArgs &args) {
   std::vector<std::pair<std::string, int64_t>> f = {{"num_samples", args.n},
                                                     {"random_shuffle", args.shuffle},
-                                                    {"initial_fill", args.fill}};
+                                                    {"initial_fill", args.fill},
+                                                    {"shuffle_block", args.block},
+                                                    {"shuffle_window", args.window},
+                                                    {"order", kOrderVersion}};
   if (args.global_batch > 0) return f;
   f.insert(f.end(), {{"num_shards", args.num_shards},
                      {"shard_id", args.shard_id},
@@ -223,7 +266,10 @@ inline std::vector<std::pair<std::string, int64_t>> StreamFields(const StreamArg
 // buffer only with shuffle, the rotation only over several shards, the
 // batch size only through padding to whole batches.
 inline bool FieldMatters(const std::string &name, const StreamArgs &args) {
-  if (name == "initial_fill") return args.shuffle;
+  if (name == "initial_fill" || name == "shuffle_block" || name == "shuffle_window")
+    return args.shuffle;
+  // Orders of version 1 and 2 differ only where fr_order's network draws.
+  if (name == "order") return args.shuffle && args.fill == 0 && args.n > FR_ORDER_TABLE_MAX;
   if (name == "stick_to_shard") return args.num_shards > 1;
   if (name == "batch_size") return args.pad;
   return true;
@@ -299,12 +345,21 @@ inline std::string ParseStreamPos(const char *tag, const std::string &data, Stre
     for (const auto &mine : StreamFields(args)) {
       const auto it = std::find_if(saved.begin(), saved.end(),
                                    [&](const auto &f) { return f.first == mine.first; });
-      if (it == saved.end())
+      int64_t value = 0;
+      if (it != saved.end())
+        value = it->second;
+      else if (!FieldDefault(mine.first, &value))
         return "the checkpoint does not record " + mine.first + ": not one of this reader";
-      if (it->second != mine.second && FieldMatters(mine.first, args))
+      if (value != mine.second && FieldMatters(mine.first, args)) {
+        if (mine.first == "order")
+          return "the checkpoint was saved by an earlier fastread, whose shuffled order of " +
+                 std::to_string(args.n) + " samples (more than " +
+                 std::to_string(FR_ORDER_TABLE_MAX) + ") this version no longer draws: "
+                 "resuming it would read other samples";
         return "the checkpoint was saved by a reader with " + mine.first + "=" +
-               std::to_string(it->second) + ", this reader has " + mine.first + "=" +
+               std::to_string(value) + ", this reader has " + mine.first + "=" +
                std::to_string(mine.second) + ": restore it into a reader of the same arguments";
+      }
     }
   }
   *at = p;

@@ -107,6 +107,22 @@ class StreamOperator : public dali::Operator<Backend> {
     args.stick = spec.GetArgument<bool>("stick_to_shard");
     args.batch_size = this->max_batch_size_;
     args.fill = fill;
+    // random_shuffle with shuffle_block > 0: the core's block order.
+    args.block = spec.GetArgument<int64_t>("shuffle_block");
+    args.window = spec.GetArgument<int64_t>("shuffle_window");
+    DALI_ENFORCE(args.block >= 0 && args.window >= 0,
+                 dali::make_string(op_name_, ": shuffle_block and shuffle_window must be >= 0, "
+                                   "got ", args.block, " and ", args.window));
+    if (args.block > 0) {
+      DALI_ENFORCE(shuffle, dali::make_string(op_name_, ": shuffle_block applies only with "
+                                              "random_shuffle"));
+      DALI_ENFORCE(fill == 0, dali::make_string(op_name_, ": shuffle_block and initial_fill "
+                                                "exclude each other"));
+      DALI_ENFORCE(args.window >= 1, dali::make_string(op_name_, ": shuffle_window must be >= 1 "
+                                                       "with shuffle_block, got ", args.window));
+    } else {
+      args.window = 0;
+    }
     args.global_batch = spec.GetArgument<int64_t>("global_batch_size");
     if (args.global_batch != 0) {
       DALI_ENFORCE(args.global_batch > 0,

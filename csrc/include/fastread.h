@@ -400,10 +400,55 @@ long fr_cache_drop_stale(const char *dir, const char *scope, const char *const *
                          size_t err_len);
 
 /* ---------------------------------------------------------------- shuffle */
-/* out[0..n) = a permutation of 0..n-1 drawn from (seed, epoch) alone
- * (Fisher-Yates over xoshiro256** seeded by splitmix64): the same on every
- * machine, rank and binding, so the Python readers and the DALI operators
- * read one order for one seed, whichever of them runs. No state:
+/* An epoch's order of n samples, drawn from (seed, epoch) alone: the same
+ * on every machine, rank and binding, so the Python readers and the DALI
+ * operators read one order for one seed, whichever of them runs. Orders
+ * are computed per position, so a reader asks for the positions a batch
+ * needs (fr_order_at, fr_order_fill), never for the whole epoch.
+ *
+ * FR_ORDER_FULL: a permutation of all n samples. Up to FR_ORDER_TABLE_MAX
+ * samples a table drawn by Fisher-Yates (uniform; n * 8 bytes, at most
+ * 512 KiB); beyond, a keyed bijection (an 8-round Feistel network on the
+ * next power of two, cycle-walked into [0, n)): about 200 bytes whatever
+ * n, ~30 ns a position, batches that look uniformly drawn; every sample
+ * of a batch is anywhere in the data set (one ranged read each in a
+ * sharded format or object storage).
+ *
+ * FR_ORDER_BLOCK: blocks of `block` consecutive samples (the last one
+ * shorter when block does not divide n), the blocks permuted (as FULL
+ * does over the blocks), then cut into windows of `window` consecutive
+ * blocks of that order, the samples of each window permuted among
+ * themselves (a keyed network per window). Every window of window*block
+ * positions therefore holds whole blocks: a reader reads `window` runs of
+ * `block` consecutive samples per window*block samples, where FULL reads
+ * one run per sample. Memory as FULL over n / block items.
+ *
+ * FR_ORDER_SEQUENTIAL: 0..n-1.
+ *
+ * An order is immutable once open: every call on it is thread-safe. */
+#define FR_ORDER_TABLE_MAX 65536
+typedef enum fr_order_mode {
+    FR_ORDER_SEQUENTIAL = 0,
+    FR_ORDER_FULL = 1,
+    FR_ORDER_BLOCK = 2
+} fr_order_mode;
+typedef struct fr_order fr_order;
+/* *out = the order of n samples in `epoch` (block and window: BLOCK's, else
+ * ignored). 0; -EINVAL for another mode or a BLOCK block or window of 0;
+ * -EOVERFLOW for n, or block * window, past INT64_MAX; -ENOMEM. */
+int fr_order_open(uint64_t seed, uint64_t epoch, uint64_t n, fr_order_mode mode, uint64_t block,
+                  uint64_t window, fr_order **out);
+void fr_order_close(fr_order *order); /* NULL is fine */
+uint64_t fr_order_size(const fr_order *order);
+/* Bytes the order holds (its struct and table, if any). */
+size_t fr_order_memory(const fr_order *order);
+/* The sample at position pos of the epoch; -1 past its end. O(1). */
+int64_t fr_order_at(const fr_order *order, uint64_t pos);
+/* out[0..count) = the samples at positions first..first+count-1. 0;
+ * -ERANGE if that runs past the end. O(count). */
+int fr_order_fill(const fr_order *order, uint64_t first, size_t count, int64_t *out);
+/* out[0..n) = FR_ORDER_FULL's order of n samples for (seed, epoch), whole
+ * (for callers that want the array: small n, tests). No state:
  * thread-safe. */
 void fr_permutation(uint64_t seed, uint64_t epoch, int64_t *out, size_t n);
 /* Reorders items[0..n) in place as a shuffle buffer of `fill` slots emits

@@ -94,6 +94,20 @@ cdef extern from "fastread.h" nogil:
         pass
 
     void fr_permutation(uint64_t seed, uint64_t epoch, int64_t *out, size_t n)
+    enum: FR_ORDER_TABLE_MAX
+    ctypedef enum fr_order_mode:
+        FR_ORDER_SEQUENTIAL
+        FR_ORDER_FULL
+        FR_ORDER_BLOCK
+    ctypedef struct fr_order:
+        pass
+    int fr_order_open(uint64_t seed, uint64_t epoch, uint64_t n, fr_order_mode mode,
+                      uint64_t block, uint64_t window, fr_order **out)
+    void fr_order_close(fr_order *order)
+    uint64_t fr_order_size(const fr_order *order)
+    size_t fr_order_memory(const fr_order *order)
+    int64_t fr_order_at(const fr_order *order, uint64_t pos) nogil
+    int fr_order_fill(const fr_order *order, uint64_t first, size_t count, int64_t *out) nogil
     int fr_buffer_shuffle(uint64_t seed, uint64_t epoch, int64_t *items, size_t n, size_t fill)
 
     const char *const *fr_engine_names()

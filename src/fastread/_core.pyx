@@ -12,7 +12,7 @@ with the GIL released; results come back as NumPy views over engine-owned
 arenas, each view keeping its batch alive.
 """
 cimport numpy as cnp
-from libc.errno cimport ENOMEM
+from libc.errno cimport EINVAL, ENOMEM, EOVERFLOW
 from libc.stdint cimport int64_t, uint64_t
 
 from fastread._cfastread cimport *
@@ -47,6 +47,103 @@ def permutation(uint64_t seed, uint64_t epoch, Py_ssize_t n):
     with nogil:
         fr_permutation(seed, epoch, p, <size_t>n)
     return out
+
+
+#: Orders of up to this many samples are a Fisher-Yates table (fr_order).
+ORDER_TABLE_MAX = FR_ORDER_TABLE_MAX
+
+_ORDER_MODES = {"sequential": FR_ORDER_SEQUENTIAL, "full": FR_ORDER_FULL,
+                "block": FR_ORDER_BLOCK}
+
+
+cdef class Order:
+    """An epoch's order of ``n`` samples drawn from ``(seed, epoch)`` by the
+    core (``fr_order``), computed per position: ``order[i]``, ``order[a:b]``
+    (a new int64 array) and :meth:`fill` cost what they return, not ``n``.
+    ``mode``: ``"full"`` (every sample anywhere: :func:`permutation`'s
+    order), ``"block"`` (blocks of ``block`` consecutive samples permuted,
+    samples permuted within windows of ``window`` blocks) or
+    ``"sequential"``. Immutable: any thread may read it."""
+    cdef fr_order *_order
+    cdef readonly str mode
+
+    def __cinit__(self, uint64_t seed, uint64_t epoch, int64_t n, str mode="full",
+                  int64_t block=0, int64_t window=0):
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if mode not in _ORDER_MODES:
+            raise ValueError(f"mode must be one of {sorted(_ORDER_MODES)}, got {mode!r}")
+        if mode == "block" and (block < 1 or window < 1):
+            raise ValueError(f"block order: block and window must be >= 1, got block={block}, "
+                             f"window={window}")
+        cdef int rc = fr_order_open(seed, epoch, <uint64_t>n, _ORDER_MODES[mode],
+                                    <uint64_t>max(block, 0), <uint64_t>max(window, 0),
+                                    &self._order)
+        if rc == -ENOMEM:
+            raise MemoryError()
+        if rc == -EOVERFLOW:
+            raise OverflowError(f"block order: block={block} x window={window} samples is too "
+                                f"large")
+        if rc:
+            raise ValueError(f"fr_order_open refused n={n}, mode={mode!r}, block={block}, "
+                             f"window={window} ({rc})")
+        self.mode = mode
+
+    def __dealloc__(self):
+        fr_order_close(self._order)
+
+    def __len__(self):
+        return <Py_ssize_t>fr_order_size(self._order)
+
+    def memory(self):
+        """Bytes the order holds (its table, if any: at most 512 KiB)."""
+        return fr_order_memory(self._order)
+
+    def fill(self, int64_t first, Py_ssize_t count):
+        """The samples at positions ``first .. first + count - 1``: a new
+        int64 array; IndexError past the end."""
+        cdef uint64_t n = fr_order_size(self._order)
+        if first < 0 or count < 0 or <uint64_t>first > n or <uint64_t>count > n - <uint64_t>first:
+            raise IndexError(f"positions [{first}, {first + count}) of an order of {n}")
+        out = cnp.PyArray_EMPTY(1, [count], cnp.NPY_INT64, 0)
+        cdef int64_t *p = <int64_t *>cnp.PyArray_DATA(out)
+        with nogil:
+            fr_order_fill(self._order, <uint64_t>first, <size_t>count, p)
+        return out
+
+    def take(self, positions):
+        """The samples at ``positions`` (any int64 array-like, each in
+        [0, n)): a new int64 array of their shape; IndexError otherwise."""
+        pos = cnp.PyArray_FROMANY(positions, cnp.NPY_INT64, 0, 0, cnp.NPY_ARRAY_C_CONTIGUOUS)
+        out = cnp.PyArray_EMPTY(cnp.PyArray_NDIM(pos), cnp.PyArray_DIMS(pos), cnp.NPY_INT64, 0)
+        cdef const int64_t *src = <const int64_t *>cnp.PyArray_DATA(pos)
+        cdef int64_t *dst = <int64_t *>cnp.PyArray_DATA(out)
+        cdef Py_ssize_t count = cnp.PyArray_SIZE(pos), i
+        cdef uint64_t n = fr_order_size(self._order)
+        cdef Py_ssize_t bad = -1
+        with nogil:
+            for i in range(count):
+                if src[i] < 0 or <uint64_t>src[i] >= n:
+                    bad = i
+                    break
+                dst[i] = fr_order_at(self._order, <uint64_t>src[i])
+        if bad >= 0:
+            raise IndexError(f"position {src[bad]} of an order of {n}")
+        return out
+
+    def __getitem__(self, key):
+        cdef Py_ssize_t n = <Py_ssize_t>fr_order_size(self._order)
+        if isinstance(key, slice):
+            start, stop, step = key.indices(n)
+            if step != 1:
+                raise ValueError("an Order's slices take no step")
+            return self.fill(start, max(0, stop - start))
+        cdef Py_ssize_t i = key
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"position {key} of an order of {n}")
+        return fr_order_at(self._order, <uint64_t>i)
 
 
 def buffer_shuffle(uint64_t seed, uint64_t epoch, items, Py_ssize_t fill):

@@ -6,13 +6,15 @@ import weakref
 
 import numpy as np
 
+from fastread import _defaults
+from fastread._core import ORDER_TABLE_MAX
 from fastread.dense import dense_batch, dense_layout
 from fastread.engine import EngineOptions, warn_if_few_fds
 from fastread.errors import ReadError
 from fastread.files import raise_failures, s3_detail
 from fastread.image import PackedImage
-from fastread.sampling import (check_flag, check_global_batch, check_shard_args, elastic_indices,
-                               elastic_resume, elastic_state, epoch_indices)
+from fastread.sampling import (EpochOrder, check_flag, check_global_batch, check_shard_args,
+                               check_shuffle, elastic_resume, elastic_state)
 from fastread.s3 import take_options as take_s3_options
 from fastread.source import FileList, check_source, open_native_reader
 
@@ -42,6 +44,15 @@ class Reader:
     ``shuffle_buffer=N`` shuffles instead through a buffer of N samples read
     in order (:func:`fastread.sampling.epoch_indices`), like DALI's
     ``initial_fill``: cheaper for formats of many shards, less random.
+    ``random_shuffle="block"`` permutes blocks of ``shuffle_block``
+    consecutive samples and the samples within windows of
+    ``shuffle_window`` blocks (:func:`fastread.sampling.check_shuffle`):
+    runs of neighbouring samples (a shard's range, one large read in object
+    storage) at any size, where a full shuffle reads each sample alone.
+    The order is computed a batch at a time (``fr_order``: no N-element
+    array), and an epoch's batches are queued only as far ahead as
+    ``prefetch`` reads them: a shuffled epoch of 10^8 samples starts in
+    the time of its first batch.
 
     Elastic sharding (``global_batch_size=G``): every epoch's order of the
     whole data set (by ``seed`` and epoch, whatever the world size) is cut
@@ -100,7 +111,8 @@ class Reader:
                  shard_id=0, num_shards=1, random_shuffle=False, seed=0, pad_last_batch=False,
                  drop_last=False, stick_to_shard=True, prefetch=None, workers=None,
                  engine="auto", ring_depth=None, device="cpu", options=None, shuffle_buffer=0,
-                 global_batch_size=None, dense=False, **engine_options):
+                 global_batch_size=None, dense=False, shuffle_block=None, shuffle_window=None,
+                 **engine_options):
         if global_batch_size is not None:
             shard_id, num_shards = check_shard_args(shard_id, num_shards)
             local = check_global_batch(global_batch_size, num_shards)
@@ -119,9 +131,11 @@ class Reader:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if pad_last_batch and drop_last:
             raise ValueError("pad_last_batch and drop_last exclude each other")
-        for name, flag in (("random_shuffle", random_shuffle), ("pad_last_batch", pad_last_batch),
+        for name, flag in (("pad_last_batch", pad_last_batch),
                            ("drop_last", drop_last), ("stick_to_shard", stick_to_shard)):
             check_flag(name, flag)
+        self.shuffle_mode, self.shuffle_block, self.shuffle_window = check_shuffle(
+            random_shuffle, shuffle_block, shuffle_window, option="random_shuffle")
         if ring_depth is not None and (not isinstance(ring_depth, int) or
                                        isinstance(ring_depth, bool) or ring_depth < 1):
             raise ValueError(f"ring_depth must be None or an integer >= 1, got {ring_depth!r}")
@@ -139,11 +153,14 @@ class Reader:
         self.paths = self.source.names
         self.batch_size = batch_size
         self.shard_id, self.num_shards = shard_id, num_shards
-        self.random_shuffle, self.seed = bool(random_shuffle), seed
+        self.random_shuffle, self.seed = self.shuffle_mode is not None, seed
         if not isinstance(shuffle_buffer, int) or isinstance(shuffle_buffer, bool) or \
                 shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be an integer >= 0, got {shuffle_buffer!r}")
         self.shuffle_buffer = shuffle_buffer
+        if shuffle_buffer and self.shuffle_mode == "block":
+            raise ValueError("shuffle_buffer and random_shuffle='block' exclude each other: "
+                             "choose one way to keep a batch's samples near each other")
         self.pad_last_batch, self.drop_last = bool(pad_last_batch), bool(drop_last)
         self.stick_to_shard = bool(stick_to_shard)
         self.global_batch_size = None if global_batch_size is None else int(global_batch_size)
@@ -154,6 +171,10 @@ class Reader:
         self.options = opts
         opened = open_native_reader(self.source, engine, opts, prefetch=prefetch, workers=workers,
                                     in_order=not self.random_shuffle or self.shuffle_buffer > 0)
+        # Batches queued ahead of the one being taken: what the native
+        # reader reads ahead (prefetch) and its workers hold, and one more.
+        self._ahead = (_defaults.get("prefetch") if prefetch is None else prefetch) + \
+            opened.workers + 1
         if not self.source.reads_ranges:
             warn_if_few_fds(opened.workers, batch_size)
         self.engine, self.workers, self._native = opened.engine, opened.workers, opened.native
@@ -186,21 +207,25 @@ class Reader:
         ``stick_to_shard=False`` the next one each epoch (DALI's readers)."""
         return self.shard_id if self.stick_to_shard else (self.shard_id + epoch) % self.num_shards
 
-    def _epoch_order(self, epoch, shuffle=None):
-        """Indices read in ``epoch``. ``shuffle=False`` gives the same
-        length without drawing the permutation (for sizes only)."""
-        shuffle = self.random_shuffle if shuffle is None else shuffle
+    def _epoch_order(self, epoch, shuffle=None, start_batch=0):
+        """The indices read in ``epoch`` from batch ``start_batch`` on (a
+        lazy :class:`fastread.sampling.EpochOrder`). ``shuffle=False``
+        gives the same length without drawing the order (for sizes only)."""
+        shuffle = self.shuffle_mode or False if shuffle is None else shuffle
+        block = dict(shuffle_block=self.shuffle_block or None,
+                     shuffle_window=self.shuffle_window or None) if shuffle == "block" else {}
         if self.global_batch_size is not None:
-            return elastic_indices(len(self.paths), global_batch_size=self.global_batch_size,
-                                   shard_id=self.shard_id, num_shards=self.num_shards,
-                                   shuffle=shuffle, seed=self.seed, epoch=epoch,
-                                   pad_last_batch=self.pad_last_batch, drop_last=self.drop_last,
-                                   shuffle_buffer=self.shuffle_buffer)
-        return epoch_indices(len(self.paths), shard_id=self._epoch_shard(epoch),
-                             num_shards=self.num_shards, shuffle=shuffle, seed=self.seed,
-                             epoch=epoch, pad_last_batch=self.pad_last_batch,
-                             batch_size=self.batch_size, drop_last=self.drop_last,
-                             shuffle_buffer=self.shuffle_buffer)
+            return EpochOrder(len(self.paths), global_batch_size=self.global_batch_size,
+                              shard_id=self.shard_id, num_shards=self.num_shards,
+                              shuffle=shuffle, seed=self.seed, epoch=epoch,
+                              pad_last_batch=self.pad_last_batch, drop_last=self.drop_last,
+                              shuffle_buffer=self.shuffle_buffer, start_batch=start_batch,
+                              **block)
+        return EpochOrder(len(self.paths), shard_id=self._epoch_shard(epoch),
+                          num_shards=self.num_shards, shuffle=shuffle, seed=self.seed,
+                          epoch=epoch, pad_last_batch=self.pad_last_batch,
+                          batch_size=self.batch_size, drop_last=self.drop_last,
+                          shuffle_buffer=self.shuffle_buffer, start_batch=start_batch, **block)
 
     def epoch_samples(self, epoch):
         """Samples this shard yields in ``epoch`` (padding included). With
@@ -272,10 +297,16 @@ class Reader:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         if self.global_batch_size is not None:
             return elastic_state(epoch=epoch, batches=batches, **self._elastic_args())
-        return {"epoch": int(epoch), "batches_delivered": int(batches),
-                "num_samples": len(self.paths), "batch_size": self.batch_size,
-                "seed": self.seed, "shuffle": self.random_shuffle,
-                "shard_id": self.shard_id, "num_shards": self.num_shards}
+        state = {"epoch": int(epoch), "batches_delivered": int(batches),
+                 "num_samples": len(self.paths), "batch_size": self.batch_size,
+                 "seed": self.seed,
+                 "shuffle": "block" if self.shuffle_mode == "block" else self.random_shuffle,
+                 "shard_id": self.shard_id, "num_shards": self.num_shards,
+                 "order": _PLAIN_ORDER_VERSION}
+        if self.shuffle_mode == "block":
+            state["shuffle_block"], state["shuffle_window"] = self.shuffle_block, \
+                self.shuffle_window
+        return state
 
     def load_state_dict(self, state):
         """Continues from ``state`` (:meth:`state_dict`): the next iter()
@@ -306,19 +337,27 @@ class Reader:
                              f"{state.get('global_batch_size')!r}): give this {owner} the "
                              "same global_batch_size to resume it")
         mine = self.state_dict(0, 0)
-        for key in self._PLAIN_STATE_KEYS:
+        for key in self._PLAIN_STATE_KEYS + ("shuffle_block", "shuffle_window"):
             if key in optional and key not in state:
                 continue
-            if state.get(key) != mine[key]:
+            if state.get(key) != mine.get(key):
                 raise ValueError(f"state_dict was taken with {key}={state.get(key)!r}, this "
-                                 f"{owner} has {key}={mine[key]!r}")
+                                 f"{owner} has {key}={mine.get(key)!r}")
+        if state.get("order", 1) < _PLAIN_ORDER_VERSION and self.random_shuffle and \
+                not self.shuffle_buffer and len(self.paths) > ORDER_TABLE_MAX:
+            raise ValueError(f"state_dict was taken by an earlier fastread, whose shuffled order "
+                             f"of {len(self.paths)} samples (more than {ORDER_TABLE_MAX}) "
+                             f"this version no longer draws: resuming it would read other "
+                             f"samples; start the epoch afresh (set_epoch)")
         return state["epoch"], state["batches_delivered"]
 
     def _elastic_args(self):
+        block = dict(shuffle_block=self.shuffle_block,
+                     shuffle_window=self.shuffle_window) if self.shuffle_mode == "block" else {}
         return dict(num_samples=len(self.paths), global_batch_size=self.global_batch_size,
-                    seed=self.seed, shuffle=self.random_shuffle,
+                    seed=self.seed, shuffle=self.shuffle_mode or False,
                     shuffle_buffer=self.shuffle_buffer if self.random_shuffle else 0,
-                    pad_last_batch=self.pad_last_batch, drop_last=self.drop_last)
+                    pad_last_batch=self.pad_last_batch, drop_last=self.drop_last, **block)
 
     # -- iteration -----------------------------------------------------------
     # Contract: a Reader serves one iteration at a time. A new iter() from the
@@ -358,25 +397,23 @@ class Reader:
                 self._native.reset()  # abandon the unfinished epoch's read-ahead
                 self._held.clear()
                 self._pending = False
-            order = self._epoch_order(self.epoch)
+            order = self._epoch_order(self.epoch, start_batch=self._start_batch)
             self._position = [self.epoch, self._start_batch]
             self.epoch += 1
-            start, self._start_batch = self._start_batch * self.batch_size, 0
-            batches = [order[i:i + self.batch_size]
-                       for i in range(start, len(order), self.batch_size)]
+            self._start_batch = 0
+            feed = _Feed(order, self.batch_size)
             try:
-                for idx in batches:
-                    self._native.submit(idx)
+                feed.top_up(self._native, self._ahead)
             finally:
                 self._pending = True
             token = object()
             self._active, self._owner = token, threading.get_ident()
         finally:
             self._lock.release()
-        return self._iterate(token, len(batches))
+        return self._iterate(token, feed)
 
-    def _iterate(self, token, count):
-        return _Epoch(self, token, count)
+    def _iterate(self, token, feed):
+        return _Epoch(self, token, feed)
 
     def _took_batch(self, token):
         if self._active is token and self._position is not None:
@@ -480,13 +517,30 @@ class Reader:
                 "engine_buffer_bytes_max": max(0, stat("s3_buffer_bytes_max"))}
 
 
+class _Feed:
+    """An epoch's batches, queued on the native reader as they are needed:
+    at most ``ahead`` beyond the batches taken, each computed from the lazy
+    order when it is queued."""
+
+    def __init__(self, order, batch_size):
+        self.order, self.batch_size = order, batch_size
+        self.count = -(-len(order) // batch_size)
+        self.submitted = 0
+
+    def top_up(self, native, ahead, taken=0):
+        while self.submitted < self.count and self.submitted - taken < ahead:
+            native.submit(self.order.slice(self.submitted * self.batch_size, self.batch_size))
+            self.submitted += 1
+
+
 class _Epoch:
     """One epoch's iterator. A batch that fails raises ReadError and the
     epoch goes on: the next ``next()`` returns the following batch. Dropping
     the iterator (or reading it to its end) ends the epoch."""
 
-    def __init__(self, reader, token, count):
-        self._reader, self._token, self._left = reader, token, count
+    def __init__(self, reader, token, feed):
+        self._reader, self._token, self._feed = reader, token, feed
+        self._left = feed.count
 
     def __iter__(self):
         return self
@@ -507,6 +561,8 @@ class _Epoch:
             # sources with their own (e.g. several files') may not.
             taken = getattr(r._native, "taken", None)
             try:
+                # Queue what the read-ahead needs beyond the batch taken now.
+                self._feed.top_up(r._native, r._ahead, self._feed.count - self._left)
                 out = r._next_batch()
             except BaseException:
                 # A batch that failed is used up; a signal (KeyboardInterrupt)
@@ -547,6 +603,10 @@ class _Epoch:
         if r is not None and r._active is self._token:
             r._active, r._owner = None, None
 
+
+#: Version of the order a plain state_dict resumes (2: fr_order; before,
+#: a Fisher-Yates table at every size, the same up to ORDER_TABLE_MAX).
+_PLAIN_ORDER_VERSION = 2
 
 # Readers alive in this process. A fork()ed child gets a copy of each whose
 # native threads do not exist there: the child marks them unusable and keeps

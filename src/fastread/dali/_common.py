@@ -9,7 +9,7 @@ public, in :mod:`fastread.dali.sources`.
 import weakref
 
 from fastread import _defaults
-from fastread.sampling import check_flag, check_shard_args
+from fastread.sampling import check_flag, check_shard_args, check_shuffle
 from fastread.dali.sources import BatchSource, GpuBatchSource
 from fastread.reader import Reader
 
@@ -69,8 +69,10 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     for arg in _DALI_ONLY_ARGS & set(kwargs):
         kwargs.pop(arg)
     shard_id, num_shards = check_shard_args(shard_id, num_shards)
-    for flag, value in (("random_shuffle", random_shuffle), ("pad_last_batch", pad_last_batch),
-                        ("stick_to_shard", stick_to_shard)):
+    # The Reader checks "block"'s options (shuffle_block=, shuffle_window= in kwargs).
+    shuffle_mode, _, _ = check_shuffle(random_shuffle, kwargs.get("shuffle_block"),
+                                       kwargs.get("shuffle_window"), option="random_shuffle")
+    for flag, value in (("pad_last_batch", pad_last_batch), ("stick_to_shard", stick_to_shard)):
         check_flag(flag, value)
     pipe = Pipeline.current()
     if pipe is None:
@@ -100,7 +102,7 @@ def reader_outputs(reader_name, open_samples, *, shard_id, num_shards, random_sh
     reader = Reader(
         source=open_samples(), batch_size=pipe.max_batch_size, shard_id=shard_id,
         num_shards=num_shards,
-        random_shuffle=bool(random_shuffle), seed=0 if seed is None or seed < 0 else seed,
+        random_shuffle=shuffle_mode or False, seed=0 if seed is None or seed < 0 else seed,
         pad_last_batch=policy == "FILL", drop_last=policy == "DROP",
         stick_to_shard=stick_to_shard,
         prefetch=max(prefetch_queue_depth, _defaults.get("prefetch")),

@@ -52,7 +52,7 @@ def obstacle(epoch_end, device, device_id, last_batch_policy, engine, kwargs, ra
     if engine in RANGE_ONLY and not ranges:
         return f"engine={engine!r} reads byte ranges of an image, not files"
     other = sorted(set(kwargs) - NATIVE_OPTIONS - _DALI_ONLY_ARGS -
-                   {"pin_memory", "global_batch_size"})
+                   {"pin_memory", "global_batch_size", "shuffle_block", "shuffle_window"})
     if other:
         return "the operator does not take " + ", ".join(other)
     return None
@@ -128,20 +128,22 @@ def stream_args(what, *, shard_id, num_shards, random_shuffle, seed, pad_last_ba
     as the external source checks them (errors naming the argument)."""
     from nvidia.dali.pipeline import Pipeline
 
-    from fastread.sampling import check_flag, check_shard_args
+    from fastread.sampling import check_flag, check_shard_args, check_shuffle
 
     pipe = Pipeline.current()
     if pipe is None:
         raise RuntimeError(f"{what} must be called inside a DALI pipeline "
                            "definition (@pipeline_def or `with pipe:`)")
     shard_id, num_shards = check_shard_args(shard_id, num_shards)
-    for flag, value in (("random_shuffle", random_shuffle), ("pad_last_batch", pad_last_batch),
-                        ("stick_to_shard", stick_to_shard)):
+    # "block" is checked with its options by take_elastic (they are kwargs).
+    mode, _, _ = check_shuffle(random_shuffle, option="random_shuffle")
+    for flag, value in (("pad_last_batch", pad_last_batch), ("stick_to_shard", stick_to_shard)):
         check_flag(flag, value)
     if not isinstance(prefetch_queue_depth, int) or prefetch_queue_depth < 1:
         raise ValueError(f"prefetch_queue_depth must be an integer >= 1, got {prefetch_queue_depth!r}")
     return pipe, dict(shard_id=shard_id, num_shards=num_shards,
-                      random_shuffle=bool(random_shuffle), seed=-1 if seed is None else int(seed),
+                      random_shuffle=mode is not None, seed=-1 if seed is None else int(seed),
+                      **({"shuffle_block": 0} if mode == "block" else {}),
                       pad_last_batch=bool(pad_last_batch), stick_to_shard=bool(stick_to_shard),
                       prefetch_queue_depth=prefetch_queue_depth)
 
@@ -151,7 +153,17 @@ def take_elastic(what, kwargs, stream, pipe):
     operator's `stream` arguments: elastic sharding, whose checkpoints
     resume at another num_shards (plugin_common.h ElasticOrder: the order
     of fastread.sampling.elastic_indices, the external source's)."""
+    from fastread.sampling import check_shuffle
+
     kwargs = dict(kwargs)
+    # random_shuffle="block" (stream_args marks it) with its options: the
+    # operator's shuffle_block / shuffle_window (0: a full shuffle).
+    block, window = kwargs.pop("shuffle_block", None), kwargs.pop("shuffle_window", None)
+    _, block, window = check_shuffle(
+        "block" if "shuffle_block" in stream else stream["random_shuffle"], block, window,
+        option="random_shuffle")
+    if block:
+        stream.update(shuffle_block=block, shuffle_window=window)
     global_batch_size = kwargs.pop("global_batch_size", None)
     if global_batch_size is not None:
         check_elastic(what, global_batch_size, stream["num_shards"], pipe, True,

@@ -266,7 +266,8 @@ def _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs, whole_sha
         return ("s3:// shards read whole (s3_read='whole', or in shard order by default): the "
                 "operator reads members by ranged GETs (pass s3_read='ranges')")
     other = sorted(set(kwargs) - _WDS_NATIVE_OPTIONS - _DALI_ONLY_ARGS -
-                   {"pin_memory", "shuffle_buffer", "global_batch_size"})
+                   {"pin_memory", "shuffle_buffer", "global_batch_size",
+                    "shuffle_block", "shuffle_window"})
     if other:
         return "the operator does not take " + ", ".join(other)
     return None
