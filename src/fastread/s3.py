@@ -326,46 +326,124 @@ def _client(url, engine_args):
         raise ValueError(f"{url}: {e}") from None
 
 
-def list_objects(url, s3=None, *, engine_args="", **options) -> List[S3Object]:
+def _list_pages(client, url, bucket, prefix, delimiter=None):
+    """``(objects, common prefixes)`` of one ListObjectsV2 listing of
+    ``prefix`` (with ``delimiter``: the keys with it after the prefix come
+    back as their common prefixes instead), followed page after page (1,000
+    keys each) to the end."""
+    objects, prefixes = [], []
+    token = None
+    while True:
+        params = {"list-type": "2", "encoding-type": "url", "prefix": prefix}
+        if delimiter:
+            params["delimiter"] = delimiter
+        if token is not None:
+            params["continuation-token"] = token
+        status, body, err = client.request("GET", bucket, "", _canonical_query(params))
+        if status != 200:
+            raise _status_error(url, status, err)
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError as e:
+            raise OSError(_errno.EIO, f"{url}: the listing is not XML ({e})") from None
+        encoded = (_text(root, "EncodingType") or "") == "url"
+        # S3 encodes keys as form data: '+' for a space, %2B for '+'.
+        decode = urllib.parse.unquote_plus if encoded else (lambda k: k)
+        for c in root.iter(_NS + "Contents"):
+            objects.append(S3Object(decode(_text(c, "Key") or ""), int(_text(c, "Size") or 0),
+                                    _text(c, "ETag") or ""))
+        for c in root.iter(_NS + "CommonPrefixes"):
+            p = _text(c, "Prefix")
+            if p:
+                prefixes.append(decode(p))
+        if (_text(root, "IsTruncated") or "false") != "true":
+            return objects, prefixes
+        token = _text(root, "NextContinuationToken")
+        if not token:
+            raise OSError(_errno.EIO, f"{url}: a truncated listing without a "
+                                      "NextContinuationToken")
+
+
+#: Listings in flight at once in a parallel walk (list_objects(workers=),
+#: scan()): threads, each with its own connection.
+LIST_WORKERS = 32
+
+
+def _key_order(obj):
+    # S3's order: the UTF-8 bytes of the keys.
+    return obj.key.encode("utf-8", "surrogateescape")
+
+
+def _walk_prefixes(url, bucket, prefix, args, workers, max_depth=None):
+    """``(objects, prefixes not descended)`` under ``prefix``: the prefix
+    listed with delimiter "/", then every common prefix found, in turn,
+    ``workers`` listings at once (each a thread with its own connection;
+    the GIL is released while a request is in flight). Common prefixes
+    ``max_depth`` levels below ``prefix`` are returned, not listed (None:
+    every level). A level without "/" in its keys is one listing, paged
+    sequentially."""
+    import concurrent.futures
+    import threading
+
+    local = threading.local()
+    clients, lock = [], threading.Lock()
+
+    def one(p):
+        c = getattr(local, "client", None)
+        if c is None:
+            c = local.client = _client(url, args)
+            with lock:
+                clients.append(c)
+        return _list_pages(c, url, bucket, p, "/")
+
+    objects, left = [], []
+    base_depth = prefix.count("/")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="s3-list") as pool:
+            pending = {pool.submit(one, prefix)}
+            while pending:
+                done, pending = concurrent.futures.wait(
+                    pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                for f in done:
+                    found, prefixes = f.result()   # the first failure raises (naming the URL)
+                    objects.extend(found)
+                    for p in prefixes:
+                        if max_depth is not None and p.count("/") - base_depth >= max_depth:
+                            left.append(p)
+                        else:
+                            pending.add(pool.submit(one, p))
+    finally:
+        for c in clients:
+            c.close()
+    return objects, left
+
+
+def list_objects(url, s3=None, *, engine_args="", workers=1, **options) -> List[S3Object]:
     """Every object under ``url`` (``s3://bucket/prefix``: keys starting
     with ``prefix``, as S3 compares them: by bytes, not by directories), in
     S3's order (UTF-8 byte order of the keys), as :class:`S3Object`\\ s.
-    ListObjectsV2, followed page after page (1,000 keys each) to the end;
-    keys are asked for URL-encoded (``encoding-type=url``) so that any key
-    survives the XML, and decoded. ``s3``: an :class:`S3Options` (or a
-    mapping); keyword arguments are S3 options too. Raises OSError naming
-    the URL and S3's error code (ENOENT for a missing bucket, EACCES for
-    refused credentials)."""
+    ``workers=1``: one ListObjectsV2 walk, followed page after page (1,000
+    keys each) to the end. ``workers > 1``: the "directories" (common
+    prefixes of delimiter "/") listed in parallel, ``workers`` at once, and
+    the objects sorted (the same list; a prefix with no "/" below it is
+    still one sequential walk). Keys are asked for URL-encoded
+    (``encoding-type=url``) so that any key survives the XML, and decoded.
+    ``s3``: an :class:`S3Options` (or a mapping); keyword arguments are S3
+    options too. Raises OSError naming the URL and S3's error code (ENOENT
+    for a missing bucket, EACCES for refused credentials)."""
     _require()
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     bucket, prefix = split_url(url)
     opts = S3Options.coerce(s3, **options)
-    client = _client(url, engine_args_for(engine_args, opts))
+    args = engine_args_for(engine_args, opts)
+    if workers > 1:
+        objects, _ = _walk_prefixes(url, bucket, prefix, args, workers)
+        objects.sort(key=_key_order)
+        return objects
+    client = _client(url, args)
     try:
-        out = []
-        token = None
-        while True:
-            params = {"list-type": "2", "encoding-type": "url", "prefix": prefix}
-            if token is not None:
-                params["continuation-token"] = token
-            status, body, err = client.request("GET", bucket, "", _canonical_query(params))
-            if status != 200:
-                raise _status_error(url, status, err)
-            try:
-                root = ET.fromstring(body)
-            except ET.ParseError as e:
-                raise OSError(_errno.EIO, f"{url}: the listing is not XML ({e})") from None
-            encoded = (_text(root, "EncodingType") or "") == "url"
-            for c in root.iter(_NS + "Contents"):
-                key = _text(c, "Key") or ""
-                # S3 encodes keys as form data: '+' for a space, %2B for '+'.
-                out.append(S3Object(urllib.parse.unquote_plus(key) if encoded else key,
-                                    int(_text(c, "Size") or 0), _text(c, "ETag") or ""))
-            if (_text(root, "IsTruncated") or "false") != "true":
-                return out
-            token = _text(root, "NextContinuationToken")
-            if not token:
-                raise OSError(_errno.EIO, f"{url}: a truncated listing without a "
-                                          "NextContinuationToken")
+        return _list_pages(client, url, bucket, prefix)[0]
     finally:
         client.close()
 
@@ -397,10 +475,16 @@ def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None
     byte-sorted as on local disk. Returns ``(paths, counts per class,
     classes)``, paths a :class:`ListedURLs` (their listed versions)."""
     base = root if root.endswith("/") else root + "/"
-    objects = list_objects(base, s3)
+    _require()
+    bucket, prefix = split_url(base)
+    # Two levels are all a class tree needs (prefix/CLASS/NAME): deeper
+    # "directories" are not listed, only seen (they make their class exist,
+    # as a flat listing's deeper keys do).
+    objects, deeper = _walk_prefixes(base, bucket, prefix, engine_args_for("", s3),
+                                     LIST_WORKERS, max_depth=2)
+    objects.extend(S3Object(p, 0) for p in deeper)   # never a sample: its name has a '/'
     matcher = matcher_class(filters, case_sensitive)
     dir_matcher = matcher_class(dir_filters, case_sensitive) if dir_filters is not None else None
-    _, prefix = split_url(base)
     classes = {}
     listed = {}
     for obj in objects:
