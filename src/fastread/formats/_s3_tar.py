@@ -94,12 +94,14 @@ class _RangedObject:
 
     def _fetch(self, start, length):
         self.requests += 1
+        before = self.client.bytes_received
         try:
             status, body, total, err = self.client.get_range(self.bucket, self.key, start, length)
         except OSError as e:
             raise OSError(e.errno, f"{self.url} (bytes {start}-{start + length - 1}): "
                                    f"{e.strerror or e}") from None
-        self.bytes_fetched += len(body)
+        # The client's count: every attempt's body, error answers included.
+        self.bytes_fetched += self.client.bytes_received - before
         if status == 416 and start == 0:
             # An empty object: S3 refuses any range of it.
             self.size = 0 if total in (None, 0) else total
