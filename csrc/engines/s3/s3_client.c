@@ -264,6 +264,35 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
                           err, err_len);
 }
 
+const char *fr_s3_client_check_range(long code, const char *content_range, uint64_t first,
+                                     uint64_t len, size_t *resp_len, uint64_t *total)
+{
+    *total = UINT64_MAX;
+    uint64_t a = 0, b = 0, t = UINT64_MAX;
+    int have = content_range && content_range[0] &&
+               fr_s3_parse_content_range(content_range, &a, &b, &t) == 0;
+    if (code == 206) {
+        /* Exactly the bytes asked for, or fewer where the object ends
+         * inside the range: anything else is not the object at `first`. */
+        if (!have || a != first || a == UINT64_MAX || b - a >= len || b - a + 1 != *resp_len ||
+            t == UINT64_MAX)
+            return "sent other bytes";
+        *total = t;
+    } else if (code == 416) {
+        if (have && a == UINT64_MAX)
+            *total = t; /* a Content-Range of a total and no range: past the end */
+        *resp_len = 0;
+    } else if (code == 200) {
+        /* A server that ignores Range sends the whole object. */
+        if (first != 0)
+            return "ignored the Range and sent the whole object";
+        *total = *resp_len;
+        if (*resp_len > len)
+            *resp_len = (size_t)len;
+    }
+    return NULL;
+}
+
 long fr_s3_client_get_range(fr_s3_client *c, const char *bucket, const char *key,
                             uint64_t first, uint64_t len, char **resp, size_t *resp_len,
                             uint64_t *total, char *err, size_t err_len)
@@ -280,32 +309,8 @@ long fr_s3_client_get_range(fr_s3_client *c, const char *bucket, const char *key
                                err, err_len);
     if (code < 0)
         return code;
-    uint64_t a = 0, b = 0, t = UINT64_MAX;
-    int have = c->resp.content_range[0] &&
-               fr_s3_parse_content_range(c->resp.content_range, &a, &b, &t) == 0;
-    const char *bad = NULL;
-    if (code == 206) {
-        /* Exactly the bytes asked for, or fewer where the object ends
-         * inside the range: anything else is not the object at `first`. */
-        if (!have || a != first || a == UINT64_MAX || b - a >= len || b - a + 1 != *resp_len ||
-            t == UINT64_MAX)
-            bad = "sent other bytes";
-        else
-            *total = t;
-    } else if (code == 416) {
-        if (have && a == UINT64_MAX)
-            *total = t; /* a Content-Range of a total and no range: past the end */
-        *resp_len = 0;
-    } else if (code == 200) {
-        /* A server that ignores Range sends the whole object. */
-        if (first != 0)
-            bad = "ignored the Range and sent the whole object";
-        else {
-            *total = *resp_len;
-            if (*resp_len > len)
-                *resp_len = (size_t)len;
-        }
-    }
+    const char *bad = fr_s3_client_check_range(code, c->resp.content_range, first, len, resp_len,
+                                               total);
     if (bad) {
         fr_set_err(err, err_len, "s3://%.64s/%.120s: asked for bytes %" PRIu64 "-%" PRIu64
                    ", the server %s ('%.60s', %zu bytes)", bucket, key, first, first + len - 1,

@@ -54,6 +54,14 @@ long fr_s3_client_get_range(fr_s3_client *c, const char *bucket, const char *key
                             uint64_t first, uint64_t len, char **resp, size_t *resp_len,
                             uint64_t *total, char *err, size_t err_len);
 
+/* fr_s3_client_get_range's judgement of a response to a GET of bytes
+ * [first, first + len) with HTTP status `code`, Content-Range
+ * `content_range` ("" or NULL: none) and *resp_len body bytes: NULL when
+ * it is what the call returns (*total and *resp_len set as it says), else
+ * what the server did wrong. Pure: no I/O. */
+const char *fr_s3_client_check_range(long code, const char *content_range, uint64_t first,
+                                     uint64_t len, size_t *resp_len, uint64_t *total);
+
 /* Requests made and retried by this client so far, and the response bytes
  * it received (bodies of every attempt, error answers included). */
 long fr_s3_client_requests(const fr_s3_client *c);
