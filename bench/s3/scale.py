@@ -10,7 +10,8 @@ set in S3, and to list a bucket of 10^5 objects, at 0 and 25 ms round trips.
       headers      formats/_s3_tar.py: a ranged GET per tar header, a jump
                    over each member (index files ignored)
       index-file   only SHARD.tar.idx fetched
-    Reported: seconds to build the index, seconds to the first batch of a
+    Reported: seconds to build the index (and the CPU seconds the server
+    and this client spent on it), seconds to the first batch of a
     Reader (global shuffle, batch --batch), bytes fetched for the index (the
     s3 context's s3_bytes counter, or the s3 client's bytes_received), and
     that as a share of the set.
@@ -180,6 +181,17 @@ def index_bytes(urls, opts, how, workers):
             sum(w.requests for w in walked))
 
 
+def tree_cpu_s(pid):
+    """CPU seconds of process `pid` and its children (the SeaweedFS server)."""
+    from _harness import tree_cpu
+    return tree_cpu(pid)
+
+
+def own_cpu_s():
+    t = os.times()
+    return t.user + t.system
+
+
 def listing(url, opts, how, workers):
     import fastread
     from fastread import s3 as fs3
@@ -217,6 +229,7 @@ def main(argv=None):
     from s3_server import SeaweedFS
     os.makedirs(args.workdir, exist_ok=True)
     report = {"machine": f"{platform.node()} {platform.platform()}, {os.cpu_count()} CPUs",
+              "load_at_start": os.getloadavg(),
               "fastread": fastread.__version__ if hasattr(fastread, "__version__") else "",
               "args": vars(args), "shards": [], "listing": []}
     paths = [] if "shards" in skip else make_shards(
@@ -243,11 +256,15 @@ def main(argv=None):
             with delayed_endpoint(server.endpoint, d) as (ep, how_reached, _pid):
                 opts = fastread.S3Options.coerce(base, endpoint_url=ep)
                 for how in ([] if not urls else ["full-stream", "headers", "index-file"]):
+                    s0, c0 = tree_cpu_s(server.proc.pid), own_cpu_s()
                     secs, nbytes, reqs = index_bytes(urls, opts, how, args.workers)
+                    server_cpu, client_cpu = tree_cpu_s(server.proc.pid) - s0, own_cpu_s() - c0
                     build, to_batch, batch_bytes = first_batch(urls, opts, how, args.batch)
                     row = {"delay_ms": d, "via": how_reached, "index": how,
                            "index_s": round(secs, 3), "index_bytes": nbytes,
                            "index_share": nbytes / set_bytes, "requests": reqs,
+                           "index_server_cpu_s": round(server_cpu, 2),
+                           "index_client_cpu_s": round(client_cpu, 2),
                            "webdataset_s": round(build, 3), "first_batch_s": round(to_batch, 3),
                            "first_batch_bytes": batch_bytes}
                     report["shards"].append(row)
@@ -255,12 +272,16 @@ def main(argv=None):
                 if "listing" not in skip:
                     url = f"s3://{BUCKET}/scan"
                     for how in ("sequential", "parallel", "scan"):
+                        s0, c0 = tree_cpu_s(server.proc.pid), own_cpu_s()
                         secs, n = listing(url, opts, how, args.list_workers)
                         row = {"delay_ms": d, "via": how_reached, "listing": how, "objects": n,
-                               "seconds": round(secs, 3)}
+                               "seconds": round(secs, 3),
+                               "server_cpu_s": round(tree_cpu_s(server.proc.pid) - s0, 2),
+                               "client_cpu_s": round(own_cpu_s() - c0, 2)}
                         report["listing"].append(row)
                         print(json.dumps(row), flush=True)
     report["window"] = _s3_tar.HEADER_WINDOW
+    report["load_at_end"] = os.getloadavg()
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
