@@ -2,6 +2,9 @@
 # Logic lives in _s3.pyx.
 
 
+from libc.stdint cimport uint64_t
+
+
 cdef extern from "engines/s3/s3_client.h" nogil:
     ctypedef struct fr_s3_client:
         pass
@@ -12,7 +15,11 @@ cdef extern from "engines/s3/s3_client.h" nogil:
                               const char *key, const char *query, const void *body,
                               size_t body_len, char **resp, size_t *resp_len, char *err,
                               size_t err_len)
+    long fr_s3_client_get_range(fr_s3_client *c, const char *bucket, const char *key,
+                                uint64_t first, uint64_t len, char **resp, size_t *resp_len,
+                                uint64_t *total, char *err, size_t err_len)
     long fr_s3_client_requests(const fr_s3_client *c)
+    long long fr_s3_client_bytes(const fr_s3_client *c)
     long fr_s3_client_retries(const fr_s3_client *c)
     void fr_s3_client_cache_scope(const fr_s3_client *c, char *out, size_t len)
     void fr_s3_free(void *p)

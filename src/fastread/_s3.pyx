@@ -5,9 +5,12 @@ settings, signing and retries are the C core's; the GIL is released around
 every call into it."""
 import os
 
+from libc.stdint cimport uint64_t
+
 
 from fastread._cs3 cimport (fr_s3_client, fr_s3_client_close, fr_s3_client_open,
                             fr_s3_client_request, fr_s3_client_requests,
+                            fr_s3_client_get_range, fr_s3_client_bytes,
                             fr_s3_client_retries, fr_s3_client_cache_scope, fr_s3_describe,
                             fr_s3_free)
 
@@ -112,6 +115,47 @@ cdef class Client:
             return status, out, err.decode(errors="replace") if status >= 300 else ""
         finally:
             fr_s3_free(resp)
+
+    def get_range(self, str bucket, str key, uint64_t first, uint64_t length):
+        """A ranged GET of bytes ``[first, first + length)`` of ``key``, which
+        may run past the object's end. Returns ``(status, body bytes, total,
+        error text)``: 206 with the bytes (fewer at the end) and ``total``
+        the object's size; 416 (starts past the end) with b"" and the size
+        where the server gave it; other statuses with ``total`` None and
+        "STATUS CODE" as the error text. Raises OSError when no response
+        came or the server sent other bytes than those asked for."""
+        for name, value in (("bucket", bucket), ("key", key)):
+            if "\0" in value:
+                raise ValueError(f"NUL character in the {name} of the S3 request for "
+                                 f"{'s3://' + bucket + '/' + key!r}")
+        cdef bytes b = bucket.encode(), k = key.encode("utf-8")
+        cdef const char *cb = b
+        cdef const char *ck = k
+        cdef char *resp = NULL
+        cdef size_t resp_len = 0
+        cdef uint64_t total = 0
+        cdef char err[256]
+        err[0] = 0
+        cdef long status
+        with self.lock:
+            if self.c == NULL:
+                raise ValueError("client is closed")
+            with nogil:
+                status = fr_s3_client_get_range(self.c, cb, ck, first, length, &resp, &resp_len,
+                                                &total, err, sizeof(err))
+        try:
+            if status < 0:
+                raise OSError(-status, err.decode(errors="replace") or os.strerror(-status))
+            out = resp[:resp_len] if resp_len else b""
+            return (status, out, None if total == <uint64_t>-1 else total,
+                    err.decode(errors="replace") if status >= 300 else "")
+        finally:
+            fr_s3_free(resp)
+
+    @property
+    def bytes_received(self):
+        """Response bytes this client received so far (every attempt's)."""
+        return fr_s3_client_bytes(self.c) if self.c != NULL else 0
 
     @property
     def requests(self):

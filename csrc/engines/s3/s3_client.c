@@ -1,9 +1,11 @@
-/* One S3 request at a time (listing, uploads): see s3_client.h. */
+/* One S3 request at a time (listing, uploads, ranged GETs of tar headers):
+ * see s3_client.h. */
 /* clock_gettime, nanosleep, strncasecmp: POSIX, which -std=c11 hides. */
 #define _POSIX_C_SOURCE 200809L
 #include "engines/s3/s3_client.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,7 @@ struct fr_s3_client {
     char errbuf[CURL_ERROR_SIZE];
     uint64_t rng;
     long requests, retries;
+    long long bytes; /* response bytes received, over every attempt */
     /* The response of the request in progress. */
     char *body;
     size_t len, cap;
@@ -138,9 +141,12 @@ int fr_s3_client_open(const char *engine_args, fr_s3_client **out, char *err, si
     return 0;
 }
 
-long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucket,
-                          const char *key, const char *query, const void *body, size_t body_len,
-                          char **resp, size_t *resp_len, char *err, size_t err_len)
+/* fr_s3_client_request with a Range of bytes [range_first, range_first +
+ * range_len) when range_len > 0 (GET only). */
+static long client_request(fr_s3_client *c, const char *method, const char *bucket,
+                           const char *key, const char *query, const void *body,
+                           size_t body_len, uint64_t range_first, uint64_t range_len,
+                           char **resp, size_t *resp_len, char *err, size_t err_len)
 {
     *resp = NULL;
     *resp_len = 0;
@@ -157,7 +163,7 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
         return w;
     }
     struct curl_slist *headers;
-    if (fr_s3_headers(&c->cfg, 0, 0, NULL, &headers))
+    if (fr_s3_headers(&c->cfg, range_first, put ? 0 : range_len, NULL, &headers))
         return -ENOMEM;
     CURLcode cc = curl_easy_setopt(c->easy, CURLOPT_URL, url);
     if (cc == CURLE_OK)
@@ -190,10 +196,12 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
         c->put_len = put ? body_len : 0;
         c->put_done = 0;
         c->errbuf[0] = 0;
+        c->resp.content_range[0] = 0;
         if ((cc = curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, (long)left)) != CURLE_OK)
             break;
         c->requests++;
         cc = curl_easy_perform(c->easy);
+        c->bytes += (long long)c->len;
         code = 0;
         if (cc == CURLE_OK && curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &code) != CURLE_OK)
             cc = CURLE_BAD_FUNCTION_ARGUMENT;
@@ -248,7 +256,75 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
     return code;
 }
 
+long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucket,
+                          const char *key, const char *query, const void *body, size_t body_len,
+                          char **resp, size_t *resp_len, char *err, size_t err_len)
+{
+    return client_request(c, method, bucket, key, query, body, body_len, 0, 0, resp, resp_len,
+                          err, err_len);
+}
+
+const char *fr_s3_client_check_range(long code, const char *content_range, uint64_t first,
+                                     uint64_t len, size_t *resp_len, uint64_t *total)
+{
+    *total = UINT64_MAX;
+    uint64_t a = 0, b = 0, t = UINT64_MAX;
+    int have = content_range && content_range[0] &&
+               fr_s3_parse_content_range(content_range, &a, &b, &t) == 0;
+    if (code == 206) {
+        /* Exactly the bytes asked for, or fewer where the object ends
+         * inside the range: anything else is not the object at `first`. */
+        if (!have || a != first || a == UINT64_MAX || b - a >= len || b - a + 1 != *resp_len ||
+            t == UINT64_MAX)
+            return "sent other bytes";
+        *total = t;
+    } else if (code == 416) {
+        if (have && a == UINT64_MAX)
+            *total = t; /* a Content-Range of a total and no range: past the end */
+        *resp_len = 0;
+    } else if (code == 200) {
+        /* A server that ignores Range sends the whole object. */
+        if (first != 0)
+            return "ignored the Range and sent the whole object";
+        *total = *resp_len;
+        if (*resp_len > len)
+            *resp_len = (size_t)len;
+    }
+    return NULL;
+}
+
+long fr_s3_client_get_range(fr_s3_client *c, const char *bucket, const char *key,
+                            uint64_t first, uint64_t len, char **resp, size_t *resp_len,
+                            uint64_t *total, char *err, size_t err_len)
+{
+    *total = UINT64_MAX;
+    *resp = NULL;
+    *resp_len = 0;
+    if (len == 0 || first > UINT64_MAX - len) {
+        fr_set_err(err, err_len, "s3://%.64s/%.120s: an empty or overflowing range (%" PRIu64
+                   " bytes at %" PRIu64 ")", bucket, key, len, first);
+        return -EINVAL;
+    }
+    long code = client_request(c, "GET", bucket, key, NULL, NULL, 0, first, len, resp, resp_len,
+                               err, err_len);
+    if (code < 0)
+        return code;
+    const char *bad = fr_s3_client_check_range(code, c->resp.content_range, first, len, resp_len,
+                                               total);
+    if (bad) {
+        fr_set_err(err, err_len, "s3://%.64s/%.120s: asked for bytes %" PRIu64 "-%" PRIu64
+                   ", the server %s ('%.60s', %zu bytes)", bucket, key, first, first + len - 1,
+                   bad, c->resp.content_range, *resp_len);
+        fr_s3_free(*resp);
+        *resp = NULL;
+        *resp_len = 0;
+        return -EIO;
+    }
+    return code;
+}
+
 long fr_s3_client_requests(const fr_s3_client *c) { return c->requests; }
+long long fr_s3_client_bytes(const fr_s3_client *c) { return c->bytes; }
 long fr_s3_client_retries(const fr_s3_client *c) { return c->retries; }
 
 void fr_s3_client_cache_scope(const fr_s3_client *c, char *out, size_t len)

@@ -1,6 +1,8 @@
 /*
  * One S3 request at a time, for what the engine does not do: ListObjectsV2
- * (a GET of the bucket with a query), and PUT uploads. The same settings
+ * (a GET of the bucket with a query), PUT uploads, and ranged GETs that may
+ * run past an object's end (a tar header walk: the engine's ranges must lie
+ * inside the object). The same settings
  * as the s3 engine (fr_s3_config_resolve over engine_args, the AWS
  * environment and files), the same signing (libcurl's SigV4) and retries.
  * Plain C types only: the Cython adapter (src/fastread/_cs3.pxd) declares
@@ -13,6 +15,7 @@
 #define FASTREAD_S3_CLIENT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,8 +41,31 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
                           const char *key, const char *query, const void *body, size_t body_len,
                           char **resp, size_t *resp_len, char *err, size_t err_len);
 
-/* Requests made and retried by this client so far. */
+/* A GET of bytes [first, first + len) of `key` (len > 0), retried as
+ * fr_s3_client_request. Returns the HTTP status: 206 with the bytes in
+ * *resp (fewer than len where the object ends inside the range) and the
+ * object's size in *total; 416 (the range starts at or past the end) with
+ * *resp_len 0 and *total the size where the server said it; 200 (a server
+ * that ignores Range; only accepted for first == 0) with at most len bytes
+ * and *total the object's size; other statuses as fr_s3_client_request
+ * (*total UINT64_MAX). -EIO when a 206 is not the range asked for (err
+ * says what came). Free *resp with fr_s3_free. */
+long fr_s3_client_get_range(fr_s3_client *c, const char *bucket, const char *key,
+                            uint64_t first, uint64_t len, char **resp, size_t *resp_len,
+                            uint64_t *total, char *err, size_t err_len);
+
+/* fr_s3_client_get_range's judgement of a response to a GET of bytes
+ * [first, first + len) with HTTP status `code`, Content-Range
+ * `content_range` ("" or NULL: none) and *resp_len body bytes: NULL when
+ * it is what the call returns (*total and *resp_len set as it says), else
+ * what the server did wrong. Pure: no I/O. */
+const char *fr_s3_client_check_range(long code, const char *content_range, uint64_t first,
+                                     uint64_t len, size_t *resp_len, uint64_t *total);
+
+/* Requests made and retried by this client so far, and the response bytes
+ * it received (bodies of every attempt, error answers included). */
 long fr_s3_client_requests(const fr_s3_client *c);
+long long fr_s3_client_bytes(const fr_s3_client *c);
 long fr_s3_client_retries(const fr_s3_client *c);
 /* The object cache's scope of this client's requests (fr_s3_cache_scope):
  * that of the s3 engine opened with the same engine_args. */

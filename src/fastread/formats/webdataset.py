@@ -54,7 +54,7 @@ from fastread._safe_open import open_file
 
 from fastread.engine import EngineOptions, cached_context
 from fastread.files import raise_failures
-from fastread.formats import _cache, _gzip
+from fastread.formats import _cache, _gzip, _s3_tar
 from fastread.formats._multi import MultiFileRanges
 from fastread.formats.cifar import FormatError
 from fastread.s3 import S3Options, is_url
@@ -408,7 +408,7 @@ class WebDataset(MultiFileRanges):
         if gz:
             raise ValueError(f"gzip'd shards cannot be read from S3 by ranges: {gz[0]!r} "
                              "(decompress the shards before uploading them)")
-        indexed = _index_objects(urls, self.s3) if urls else {}
+        indexed = _s3_tar.index_objects(urls, self.s3, index_tar, TarMember) if urls else {}
         if isinstance(ext, str):
             ext = [ext]
         self.ext = list(ext)
