@@ -66,7 +66,25 @@ def bucket(s3_server):
 
 
 def walk(url, o, **kw):
+    # Header walks even of the small objects these tests make.
+    kw.setdefault("whole_below", 0)
     return _s3_tar.walk_shards([url], index_tar, o, **kw)[0]
+
+
+def test_small_shards_are_fetched_whole(s3_server, s3_proxy, bucket):
+    """At most whole_below bytes: one GET of the object (after the first
+    window), the same index as the walk's; above it, the walk."""
+    data = tricky_tar(tarfile.GNU_FORMAT)
+    url = s3_server.put(bucket, "whole/gnu.tar", data)
+    before = len(s3_proxy.log)
+    got = walk(url, opts(s3_server, s3_proxy.endpoint), whole_below=len(data), index_files=False)
+    assert got.source == "whole object"
+    assert got.requests == len(s3_proxy.settled_log()[before:]) == 2
+    walked = walk(url, opts(s3_server), whole_below=len(data) - 1)
+    assert walked.source == "headers" and walked.requests > 2
+    assert got.names == walked.names and got.offsets.tolist() == walked.offsets.tolist()
+    with pytest.raises(ValueError, match="whole_below"):
+        walk(url, opts(s3_server), whole_below=-1)
 
 
 @pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT], ids=["gnu", "pax"])

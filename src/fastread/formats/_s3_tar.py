@@ -41,6 +41,14 @@ WORKERS = 64
 #: price of the member bytes fetched with them.
 HEADER_WINDOW = 512
 
+#: Shards of at most this many bytes are fetched whole, in one GET, instead
+#: of walked header by header: a walk costs a round trip per member, one
+#: request sequentially after another within a shard, so for small shards
+#: (1 MB of 100 KB members: 21 requests) one GET of the object is both
+#: fewer requests and sooner (measured: docs/benchmarks.md, S3 scale), and
+#: the bytes fetched to index it are then the shard's. 0: always walk.
+WHOLE_BELOW = 4 << 20
+
 #: The index file looked for beside a shard: SHARD + this.
 INDEX_SUFFIX = ".idx"
 
@@ -191,11 +199,13 @@ def _index_file(client, url):
     return parse_wds2idx(body, idx), 1, fetched
 
 
-def walk_shard(client, url, parse_tar, window=HEADER_WINDOW, index_files=True):
+def walk_shard(client, url, parse_tar, window=HEADER_WINDOW, index_files=True,
+               whole_below=WHOLE_BELOW):
     """One shard's :class:`ShardMembers`, from its index file where
     ``index_files`` and there is one, else from its headers (``parse_tar``
-    over the object fetched range by range). ``client``: a
-    :class:`fastread._s3.Client`."""
+    over the object fetched range by range), or from the whole object where
+    it is at most ``whole_below`` bytes (source "whole object"). ``client``:
+    a :class:`fastread._s3.Client`."""
     requests = fetched = 0
     if index_files:
         listed, requests, fetched = _index_file(client, url)
@@ -207,14 +217,19 @@ def walk_shard(client, url, parse_tar, window=HEADER_WINDOW, index_files=True):
     obj = _RangedObject(client, url, window)
     if obj.size == 0:
         raise FormatError(url, 0, "empty object (not a tar archive)")
+    source = "headers"
+    if obj.size <= whole_below:
+        source = "whole object"
+        if len(obj.buf) < obj.size:
+            obj._fetch(0, obj.size)
     members = parse_tar(obj, url)
     return ShardMembers(url, [m[0] for m in members], [m[1] for m in members],
-                        [m[2] for m in members], [m[3] for m in members], obj.size, "headers",
+                        [m[2] for m in members], [m[3] for m in members], obj.size, source,
                         requests + obj.requests, fetched + obj.bytes_fetched)
 
 
 def walk_shards(urls, parse_tar, s3=None, *, engine_args="", workers=WORKERS,
-                window=HEADER_WINDOW, index_files=True):
+                window=HEADER_WINDOW, index_files=True, whole_below=WHOLE_BELOW):
     """``[ShardMembers]`` of every shard of ``urls`` (in their order), up to
     ``workers`` shards at once (threads, each with its own connection).
     The first error raises (FormatError or OSError naming the URL); the
@@ -225,6 +240,8 @@ def walk_shards(urls, parse_tar, s3=None, *, engine_args="", workers=WORKERS,
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     if not isinstance(window, int) or isinstance(window, bool) or window < _BLOCK:
         raise ValueError(f"window must be an integer >= {_BLOCK} bytes, got {window!r}")
+    if not isinstance(whole_below, int) or isinstance(whole_below, bool) or whole_below < 0:
+        raise ValueError(f"whole_below must be an integer >= 0 bytes, got {whole_below!r}")
     if not urls:
         return []
     args = engine_args_for(engine_args, S3Options.coerce(s3) if s3 is not None else None)
@@ -241,7 +258,7 @@ def walk_shards(urls, parse_tar, s3=None, *, engine_args="", workers=WORKERS,
             with lock:
                 clients.append(c)
         try:
-            return walk_shard(c, url, parse_tar, window, index_files)
+            return walk_shard(c, url, parse_tar, window, index_files, whole_below)
         except BaseException:
             failed.set()
             raise
