@@ -45,7 +45,8 @@ samples come from. What that costs depends on the order:
 
 - in file order (no shuffle, or ``shuffle_buffer`` of the Reader: the
   row-group-aware shuffle), every row group is read and decoded once per
-  epoch and the cache needs to hold only the ``prefetch`` batches ahead;
+  epoch and the cache needs to hold only the ``prefetch`` batches ahead
+  (it keeps the 4 row groups used last whatever ``cache_bytes`` says);
 - a global shuffle (``random_shuffle`` without a buffer) touches about
   ``min(batch_size, row groups)`` row groups per batch: with the decoded
   image column within ``cache_bytes`` each is still read once per epoch;
@@ -791,7 +792,12 @@ class _Loader:
 class _RowGroupCache:
     """Row groups being loaded or loaded, by (file, group): futures, the
     least recently used loaded ones dropped past ``budget`` decoded bytes
-    (a batch holding one keeps it alive all the same)."""
+    (a batch holding one keeps it alive all the same). The KEEP_RECENT
+    most recently used stay whatever the budget: reading in file order
+    (a shuffle buffer) then loads every row group once, even where one row
+    group is larger than the budget."""
+
+    KEEP_RECENT = 4
 
     def __init__(self, loader, budget, executor):
         import collections
@@ -825,7 +831,7 @@ class _RowGroupCache:
                 del self._entries[key]   # tried again when next needed
                 return
             self._held += fut.result().nbytes
-            while self._held > self.budget and self._entries:
+            while self._held > self.budget and len(self._entries) > self.KEEP_RECENT:
                 old, oldest = next(iter(self._entries.items()))
                 if not oldest.done():
                     break
