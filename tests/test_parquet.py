@@ -324,3 +324,32 @@ def test_write_image_parquet_metadata(hub):
     info = json.loads(md.schema.to_arrow_schema().metadata[b"huggingface"])
     assert info["info"]["features"]["image"] == {"_type": "Image"}
     assert md.num_row_groups == 3 and md.row_group(0).num_rows == 7
+
+
+def test_dali_reader_gives_the_rows_and_decodes(hub, tree):
+    pytest.importorskip("nvidia.dali", reason="DALI is not installed")
+    from nvidia.dali import fn, pipeline_def
+    from fastread.dali import readers
+
+    @pipeline_def(batch_size=8, num_threads=1, device_id=None)
+    def pipe(shuffle):
+        data, label = readers.parquet(paths=hub, split="train", random_shuffle=shuffle, seed=2,
+                                      epoch_end="stop", name="pq")
+        return data, label, fn.decoders.image(data, device="cpu")
+
+    for shuffle in (False, True):
+        p = pipe(shuffle)
+        p.build()
+        got, labs = [], []
+        try:
+            while True:
+                data, label, img = p.run()
+                for k in range(len(data)):
+                    got.append(np.array(data[k]).tobytes())
+                    labs.append(int(np.array(label[k])[0]))
+                    assert np.array(img[k]).ndim == 3 and np.array(img[k]).shape[2] == 3
+        except StopIteration:
+            pass
+        pairs = list(zip(tree[3], tree[2].tolist()))
+        assert (sorted(zip(got, labs)) == sorted(pairs)) and ((list(zip(got, labs)) == pairs)
+                                                               != shuffle)
