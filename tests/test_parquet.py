@@ -353,3 +353,40 @@ def test_dali_reader_gives_the_rows_and_decodes(hub, tree):
         pairs = list(zip(tree[3], tree[2].tolist()))
         assert (sorted(zip(got, labs)) == sorted(pairs)) and ((list(zip(got, labs)) == pairs)
                                                                != shuffle)
+
+
+def test_image_loader_over_parquet(hub, tree):
+    pytest.importorskip("torch")
+    pytest.importorskip("nvidia.dali", reason="ImageLoader decodes with DALI")
+    from fastread.torch import ImageLoader
+    loader = ImageLoader(parquet=hub, batch_size=8, size=32, num_threads=1)
+    labels, shapes = [], set()
+    for img, lab in loader:
+        shapes.add(tuple(img.shape[1:]))
+        labels += lab.tolist()
+    assert sorted(labels) == sorted(tree[2].tolist()) and shapes == {(3, 32, 32)}
+    raw = ImageLoader(parquet=Parquet(hub), batch_size=10, decode=False)
+    got = [bytes(x.numpy()) for imgs, _ in raw for x in imgs]
+    assert got == tree[3]
+    with pytest.raises(ValueError, match="give parquet= or a tree"):
+        ImageLoader(tree[0], parquet=hub, batch_size=4)
+
+
+def test_ray_read_parquet(hub, tree):
+    from fastread.ray import ray_reason
+    if ray_reason() is not None:
+        pytest.skip(ray_reason())
+    import ray
+    import ray.data
+    import fastread.ray as fray
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        ds = fray.read_parquet(hub, split="train")
+        rows = ds.take_all()
+        assert [r["bytes"] for r in rows] == tree[3]
+        assert [r["label"] for r in rows] == tree[2].tolist()
+        with pytest.raises(ValueError, match="no image column 'pixels'"):
+            fray.read_parquet(hub, image="pixels")
+    finally:
+        ray.shutdown()

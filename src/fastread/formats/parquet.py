@@ -381,15 +381,42 @@ class Parquet(SampleSource):
         keys = self.file_index[idx].astype(np.int64) << 32 | self.group_index[idx]
         return [(int(k >> 32), int(k & 0xFFFFFFFF)) for k in dict.fromkeys(keys.tolist())]
 
+    def _context(self, engine, options, engine_options):
+        from fastread.source import check_engine_for, with_source_s3
+        opts = EngineOptions.coerce(options, **engine_options)
+        name = check_engine_for(self, engine)
+        return cached_context(name, with_source_s3(self, opts, name))
+
+    def row_group(self, file, group, engine="auto", options=None, **engine_options):
+        """Row group ``group`` of file number ``file`` as a pyarrow Table as
+        Arrow decoded it: column ``bytes`` (the image values, nulls kept),
+        ``label`` (int32) and ``columns``; the bytes stay Arrow's buffers
+        (no copy). Raises FormatError naming the file and row group where it
+        cannot be read."""
+        pa = _pa()
+        ctx = self._context(engine, options, engine_options)
+        rg = _Loader(self, ctx.engine, None, context=ctx).load(file, group)
+        if rg.error is not None:
+            raise FormatError(self.paths[file], None, rg.error[1])
+        col = rg.table.column(self.image)
+        if self._image_struct:
+            import pyarrow.compute as pc
+            col = pa.chunked_array([c.field("bytes") if not c.null_count else
+                                    pc.if_else(c.is_valid(), c.field("bytes"), None)
+                                    for c in col.chunks], col.type.field("bytes").type)
+        lo = int(self.file_starts[file]) + sum(self.metas[file].rows[:group])
+        labels = self.labels[lo:lo + self.metas[file].rows[group]]
+        out = {"bytes": col, "label": pa.array(labels)}
+        for c in self.columns:
+            out[c] = rg.table.column(c)
+        return pa.table(out)
+
     def table(self, indices, engine="auto", options=None, **engine_options):
         """The rows ``indices`` of the image column and ``columns`` as a
         pyarrow Table (the image column as read: the struct for HF images)."""
         pa = _pa()
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        opts = EngineOptions.coerce(options, **engine_options)
-        from fastread.source import check_engine_for, with_source_s3
-        name = check_engine_for(self, engine)
-        ctx = cached_context(name, with_source_s3(self, opts, name))
+        ctx = self._context(engine, options, engine_options)
         loader = _Loader(self, ctx.engine, None, context=ctx)
         tables = []
         for i in idx.tolist():
