@@ -1090,4 +1090,14 @@ def write_image_parquet(file_root, out_dir, *, split="train", rows_per_group=100
                                                           pa.int64())}, schema=schema),
                               row_group_size=rows_per_group)
         out.append(dest)
+    # Where the rows came from, for benchmarks that read the same JPEGs as
+    # files beside the Parquet (fastread bench, family parquet).
+    with open(os.path.join(out_dir, SOURCE_NOTE), "w") as f:
+        json.dump({"file_root": os.path.abspath(file_root), "rows": len(paths),
+                   "rows_per_group": rows_per_group, "files": files,
+                   "compression": compression}, f)
     return out
+
+
+#: The note write_image_parquet leaves beside the data: the tree it read.
+SOURCE_NOTE = ".fastread-parquet.json"
