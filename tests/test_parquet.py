@@ -201,6 +201,11 @@ def test_truncated_and_corrupt_files_are_named(tmp_path, hub):
         Parquet(str(text))
     with pytest.raises(FileNotFoundError, match="absent.parquet"):
         Parquet(str(tmp_path / "absent.parquet"))
+    # A FIFO where a data file should be is refused by name, never waited on.
+    for name in ("fifo.parquet", "fifo.arrow"):
+        os.mkfifo(tmp_path / name)
+        with pytest.raises((FormatError, OSError), match=name):
+            Parquet(str(tmp_path / name))
 
 
 def test_a_damaged_column_chunk_fails_its_samples(tmp_path):
