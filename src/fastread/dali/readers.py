@@ -191,3 +191,5 @@ from fastread.dali.gather import gather  # noqa: E402,F401
 # Record formats (fastread.dali.formats): CIFAR-10, WebDataset and Squirrel shards.
 from fastread.dali.formats import cifar10, squirrel, webdataset  # noqa: E402,F401
 from fastread.dali.cassandra import cassandra  # noqa: E402,F401
+# Parquet / Arrow data sets (fastread.dali.parquet): the Hugging Face layouts.
+from fastread.dali.parquet import parquet  # noqa: E402,F401

@@ -7,6 +7,9 @@ few large files rather than one file each.
   (:class:`WebDataset`), one byte range per sample, components as views.
 - :mod:`fastread.formats.squirrel`: squirrel-core MessagePack stores
   (:class:`SquirrelStore`), one byte range per sample, arrays as views.
+- :mod:`fastread.formats.parquet`: Parquet files and Arrow IPC files, the
+  Hugging Face layouts (:class:`Parquet`), one row a sample, column chunks
+  read as byte ranges and decoded by Apache Arrow, values as views.
 - :mod:`fastread.formats._multi`: :class:`MultiFileRanges`, byte ranges of
   several files read with one native range reader per file.
 - :mod:`fastread.formats.in_memory`: :class:`InMemory`, any source of
@@ -21,8 +24,10 @@ naming the file and the byte offset.
 from fastread.formats._multi import MultiBatch, MultiFileRanges
 from fastread.formats.cifar import Cifar10, FormatError, to_chw, to_hwc
 from fastread.formats.in_memory import InMemory
+from fastread.formats.parquet import Parquet
 from fastread.formats.squirrel import SquirrelStore
 from fastread.formats.webdataset import WebDataset
 
-__all__ = ["Cifar10", "FormatError", "InMemory", "MultiBatch", "MultiFileRanges", "SquirrelStore",
+__all__ = ["Cifar10", "FormatError", "InMemory", "MultiBatch", "MultiFileRanges", "Parquet",
+           "SquirrelStore",
            "WebDataset", "to_chw", "to_hwc"]

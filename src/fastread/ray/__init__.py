@@ -13,6 +13,8 @@ reads of a packed image, a record shard), rather than one file per task as
   columns, ``path`` the sample's name in the image.
 - :func:`read_webdataset`, :func:`read_squirrel`: record shards, one task
   per shard.
+- :func:`read_parquet`: Parquet / Arrow files (the Hugging Face layouts),
+  one task per file, one block per row group as Arrow decoded it.
 
 With ``decode=True`` the samples are decoded on Ray's CPU workers (Pillow,
 RGB) and the column ``image`` (uint8, HWC) replaces ``bytes``; without it
@@ -27,7 +29,8 @@ This package imports without Ray; the functions raise ImportError naming
 ``pip install fastread[ray]`` when Ray Data is missing.
 """
 
-__all__ = ["read_files", "read_image", "read_webdataset", "read_squirrel", "ray_reason"]
+__all__ = ["read_files", "read_image", "read_webdataset", "read_squirrel", "read_parquet",
+           "ray_reason"]
 
 INSTALL = "pip install fastread[ray]"
 
@@ -137,3 +140,19 @@ def read_squirrel(url=None, keys=("image", "label"), *, shards=None, batch_size=
                                          cache_dir=cache_dir, engine=engine, options=options,
                                          engine_options=engine_options),
                    ray_remote_args)
+
+
+def read_parquet(paths, *, image="image", label="label", columns=None, split=None,
+                 engine="auto", options=None, s3=None, ray_remote_args=None, **engine_options):
+    """A Ray Dataset of the rows of Parquet / Arrow files (``paths`` as
+    :class:`fastread.formats.Parquet` takes them: files, a Hub-style or
+    ``save_to_disk`` directory, an ``s3://`` prefix; ``split`` picks a
+    split), one read task per file: the task reads each row group's column
+    chunks as byte ranges with fastread's engine and Arrow decodes them;
+    one block per row group. Columns: ``bytes`` (the image values, as Arrow
+    decoded them: no copy before Ray's), ``label`` (int32) and
+    ``columns``."""
+    ds = _datasource()
+    return ds.read(ds.ParquetDatasource(paths, image=image, label=label, columns=columns,
+                                        split=split, engine=engine, options=options, s3=s3,
+                                        engine_options=engine_options), ray_remote_args)

@@ -20,12 +20,14 @@ from ray.data.block import BlockAccessor, BlockMetadata
 import fastread
 from fastread.engine import EngineOptions, check_engine
 from fastread.files import read_files_packed
+from fastread.formats.parquet import Parquet
 from fastread.formats.squirrel import store_shards
 from fastread.s3 import S3Options, is_url
 from fastread.sampling import epoch_indices
 from fastread.source import FileRanges, check_engine_for
 
 __all__ = ["FilesDatasource", "ImageDatasource", "WebDatasetDatasource", "SquirrelDatasource",
+           "ParquetDatasource",
            "read"]
 
 # The column types of read_files()/read_image() blocks. large_binary: one
@@ -465,3 +467,31 @@ class SquirrelDatasource(_Batched):
 
     def get_name(self):
         return "fastread.read_squirrel"
+
+
+def _read_parquet_file(path, args, engine, opts):
+    src = Parquet([path], **args)
+    for g in range(len(src.metas[0].rows)):
+        yield src.row_group(0, g, engine, opts)
+
+
+class ParquetDatasource(_Batched):
+    """Parquet / Arrow files, one task per file, one block per row group as
+    Arrow decoded it (see :func:`fastread.ray.read_parquet`)."""
+
+    def __init__(self, paths, *, image="image", label="label", columns=None, split=None,
+                 engine="auto", options=None, s3=None, engine_options=None):
+        self._engine, self._opts = _engine_args(engine, options, s3, engine_options or {})
+        # Opened on the driver: files listed, footers checked, a bad path or
+        # column named at once.
+        src = Parquet(paths, image=image, label=label, columns=columns, split=split,
+                      s3=self._opts.s3)
+        self.paths = src.paths
+        args = {"image": image, "label": src.label_column, "columns": columns,
+                "s3": self._opts.s3}
+        self._tasks = [(functools.partial(_read_parquet_file, p, args, self._engine, self._opts),
+                        int(sum(m.rows)), int(m.size), (p,))
+                       for p, m in zip(src.paths, src.metas)]
+
+    def get_name(self):
+        return "fastread.read_parquet"

@@ -98,6 +98,11 @@ class ImageLoader:
     tree: the rows' blobs (JPEGs) decoded by DALI as files are, their int
     labels (docs/cassandra.md).
 
+    ``parquet=`` a :class:`fastread.formats.Parquet` (or what it opens: a
+    Hub-style directory, ``save_to_disk`` directory, files, an ``s3://``
+    prefix) instead of a tree: each row's image bytes decoded as files are,
+    its label column as labels (docs/parquet.md).
+
     ``hw_decoder_load`` (``device="cuda"``): the share of images DALI's
     mixed decoder gives the GPU's hardware JPEG decoder, 0 to 1; None keeps
     DALI's default (0.65). On an H200, 1.0 decoded 224-px ImageNet-sized
@@ -117,7 +122,7 @@ class ImageLoader:
                  drop_last=False, num_threads=4, device_id=None, prefetch_queue_depth=2,
                  engine="auto", global_batch_size=None, image=None, augment=False,
                  scale=SCALE, ratio=RATIO, flip=0.5, dtype="float32", hw_decoder_load=None,
-                 cassandra=None, **engine_options):
+                 cassandra=None, parquet=None, **engine_options):
         import torch  # noqa: F401  (fail early, with the real import error)
 
         if device not in ("cpu", "cuda"):
@@ -169,6 +174,16 @@ class ImageLoader:
                                  "image=, not several")
             if cassandra.label_type == "blob":
                 raise ValueError("ImageLoader takes int labels: label_type 'int' or 'none'")
+        if parquet is not None:
+            from fastread.formats.parquet import Parquet
+            if not isinstance(parquet, Parquet):
+                # A path, directory or s3:// prefix of Parquet / Arrow files.
+                parquet = Parquet(parquet, s3=engine_options.get("s3"))
+            if cassandra is not None or image is not None or file_root is not None or \
+                    file_list is not None or files is not None:
+                raise ValueError("give parquet= or a tree (file_root, file_list, files), "
+                                 "image= or cassandra=, not several")
+            cassandra = parquet   # read as rows of a source, like Cassandra's
         if image is not None and not isinstance(image, PackedImage):
             image = PackedImage(image)
         if image is not None and _holds_encoded_images(image):

@@ -1,0 +1,74 @@
+"""The `parquet` bench family's modes in interleaved rounds (issue 40): every
+mode one epoch per round, in turn, so a noisy shared machine hurts every
+mode alike; medians and per-round ratios to the fastest Python peer and to
+the files ceiling. Bytes of the image column (no decoding).
+
+    python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
+        [--modes parquet-reader,parquet-datasets,...]
+
+DATA: a Hub-style Parquet directory written by
+fastread.formats.parquet.write_image_parquet (its note names the JPEG tree
+that the ceiling reads as files).
+"""
+import argparse
+import statistics
+import time
+
+from fastread.bench import environment
+from fastread.bench.families import parquet as fam
+from fastread.bench.runners import Config
+
+PEERS = ("parquet-datasets", "parquet-pyarrow-dali", "parquet-ray")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("data")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--modes", default=None)
+    args = ap.parse_args()
+    env = environment.probe_environment()
+    cfg = Config(env=env, dataset=fam.detect(args.data), batch_size=args.batch)
+    modes = [m for m in fam.modes(env) if args.modes is None or m.name in args.modes.split(",")]
+    runnable = []
+    for m in modes:
+        why = m.check(m, cfg)
+        if why:
+            print(f"skip {m.name}: {why}")
+        else:
+            runnable.append(m)
+    n = cfg.dataset.samples
+    batches = -(-n // args.batch)
+    res = {m.name: [] for m in runnable}
+    for rnd in range(-1, args.rounds):          # round -1: untimed warm-up
+        for m in runnable:
+            runner = m.build(m, cfg)
+            try:
+                t = time.perf_counter()
+                samples = 0
+                while samples < n:
+                    got, _nbytes = runner.next()
+                    samples += got
+                dt = time.perf_counter() - t
+            finally:
+                runner.close()
+            if rnd >= 0:
+                res[m.name].append(samples / dt)
+                print(f"round {rnd}: {m.name:24s} {samples / dt:9.0f} img/s", flush=True)
+    del batches
+    med = {k: statistics.median(v) for k, v in res.items()}
+    peers = [k for k in PEERS if k in med]
+    best = max(peers, key=med.get) if peers else None
+    print(f"\n{cfg.dataset.describe()}; batch {args.batch}; {args.rounds} rounds; medians:")
+    for k, v in med.items():
+        line = f"  {k:24s} {v:9.0f} img/s"
+        if best:
+            line += f"  {v / med[best]:5.2f}x {best}"
+        if "parquet-files-ceiling" in med:
+            line += f"  {v / med['parquet-files-ceiling']:5.0%} of files"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

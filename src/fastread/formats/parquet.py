@@ -1,0 +1,819 @@
+"""Parquet files and Arrow IPC files (the Hugging Face layouts) as a sample
+source.
+
+A sample is one row: sample ``i`` is row ``i`` of the files in the order
+given (a directory's files sorted by path). Its bytes are the value of the
+``image`` column: a binary column, or the Hugging Face ``Image`` feature's
+struct ``{bytes, path}`` (its ``bytes`` field is read, ``path`` never is).
+Its label is the ``label`` column's integer (a null label is -1, as the
+Hub's unlabelled test splits have it); class names come from the
+``huggingface`` schema metadata's ``ClassLabel`` where the file carries it
+(:attr:`Parquet.classes`).
+
+How a Parquet file is read:
+
+- **Footers** once, when the source is built: the last 64 KiB of every file
+  read by fastread's engine (ranges of local files, ranged GETs for
+  ``s3://`` objects; the files of a directory a few at a time on
+  ``FOOTER_THREADS`` threads), the footer longer than that read again whole,
+  and parsed by Apache Arrow (``pyarrow.parquet.read_metadata``). The
+  label column of every row group is read then too (one range read per
+  file for all its row groups' label chunks), so labels are known up front.
+- **Row groups** when a batch needs them: the column chunks of the image
+  column (and of ``columns``) are byte ranges given by the footer, read by
+  the engine (many in flight; the s3 engine splits each into ``part_size``
+  ranged GETs) and handed to Arrow's C++ Parquet reader
+  (``ParquetFile.read_row_group`` over the bytes fastread read, with the
+  footer already parsed): decompression (Snappy, Zstd, Gzip, LZ4, none) and
+  decoding (plain, dictionary, delta) are Arrow's, with the GIL released.
+  This is route (b) of issue 40: pyarrow driven from Python; the bytes
+  reach Arrow through a Python file object that hands out zero-copy views of
+  the engine's buffers (one call per column chunk, not per row).
+- **Samples** are zero-copy uint8 views of the decoded binary column's value
+  buffer; a view keeps that Arrow buffer alive. A null value (or a null
+  struct) is a failed sample whose error names the file, the row group and
+  the row (``missing="error"``), or an empty array (``missing="empty"``).
+
+Arrow IPC files (``.arrow``: a ``datasets`` ``save_to_disk`` directory or
+cache) are memory-mapped and their record batches are the "row groups":
+samples are views of the map, nothing is read until a page is touched.
+
+**Decoded row groups are cached** (:class:`_RowGroupCache`), least recently
+used first out, within ``cache_bytes`` of decoded bytes (default
+:data:`DEFAULT_CACHE_BYTES`); a batch in flight also holds the row groups its
+samples come from. What that costs depends on the order:
+
+- in file order (no shuffle, or ``shuffle_buffer`` of the Reader: the
+  row-group-aware shuffle), every row group is read and decoded once per
+  epoch and the cache needs to hold only the ``prefetch`` batches ahead
+  (it keeps the 4 row groups used last whatever ``cache_bytes`` says);
+- a global shuffle (``random_shuffle`` without a buffer) touches about
+  ``min(batch_size, row groups)`` row groups per batch: with the decoded
+  image column within ``cache_bytes`` each is still read once per epoch;
+  beyond it, a batch reads up to ``batch_size`` whole row groups for
+  ``batch_size`` rows (read amplification of the rows per row group), and
+  a batch holds those row groups while it lives. Use ``shuffle_buffer`` for
+  data sets larger than memory.
+
+Memory: ``cache_bytes`` + the row groups held by the ``prefetch`` batches
+ahead + per sample 13 B of index (file, row group, row, label); at 10^8
+samples that index is 1.3 GB, at 10^4 130 KB. Threads: ``workers`` loader
+threads with one engine context each; descriptors: the engine's (bounded
+per context), none per file held open.
+"""
+import concurrent.futures as _futures
+import json
+import os
+import re
+import threading
+
+import numpy as np
+
+from fastread._safe_open import open_file
+from fastread.engine import EngineOptions, cached_context
+from fastread.formats.cifar import FormatError
+from fastread.s3 import S3Options, is_url
+from fastread.source import HostBatch, SampleSource
+from fastread.formats._parquet_meta import (_FileMeta, _chunk_ranges, _decode, _pa,  # noqa: F401
+                                            _read_footers, _read_labels, FOOTER_GUESS,
+                                            FOOTER_THREADS)
+
+__all__ = ["Parquet", "ParquetBatch", "split_of", "write_image_parquet", "DEFAULT_CACHE_BYTES", "MISSING"]
+
+#: Decoded bytes of row groups kept by one source's reader (LRU).
+DEFAULT_CACHE_BYTES = 4 << 30
+#: How a null image value is given: a failed sample, or an empty array.
+MISSING = ("error", "empty")
+_SPLIT_RE = re.compile(r"^(?P<name>.+?)-\d{5}-of-\d{5}(?:[-.][^/]*)?$")
+_EXTS = (".parquet", ".arrow")
+_ENODATA = 61
+_EIO = 5
+
+
+def split_of(path):
+    """The split a data file belongs to by its name, as the Hub names them:
+    ``train-00000-of-00002.parquet`` (and ``...-of-00002-<hash>.parquet``)
+    is ``train``; a ``datasets`` cache file ``name-train-00000-of-00001.arrow``
+    is ``train``; a ``save_to_disk`` file ``train/data-00000-of-00001.arrow``
+    and a converted ``config/train/0000.parquet`` take their folder's name.
+    None where the name says nothing."""
+    parts = path.replace("\\", "/").rstrip("/").split("/")
+    base = parts[-1]
+    for ext in _EXTS:
+        if base.endswith(ext):
+            base = base[:-len(ext)]
+    m = _SPLIT_RE.match(base)
+    name = m.group("name").rsplit("-", 1)[-1] if m else None
+    if name in (None, "data") and len(parts) > 1 and parts[-2] not in ("", "data"):
+        return parts[-2]
+    return name
+
+
+def _list_files(paths, s3):
+    """(files, sizes or None each) for what the user gave: files, directories
+    (every .parquet / .arrow below, sorted) or s3:// prefixes."""
+    out, sizes = [], []
+    for p in paths:
+        if is_url(p):
+            from fastread.s3 import list_objects
+            if p.endswith(_EXTS):
+                bucket_prefix = p
+                objs = [o for o in list_objects(p, s3) if p.endswith("/" + o.key)]
+                if not objs:
+                    raise FileNotFoundError(f"{p}: no such object")
+                out.append(p)
+                sizes.append(objs[0].size)
+                del bucket_prefix
+                continue
+            base = p.rstrip("/") + "/"
+            bucket = p[len("s3://"):].split("/", 1)[0]
+            found = [o for o in list_objects(base, s3) if o.key.endswith(_EXTS)]
+            if not found:
+                raise FileNotFoundError(f"{p}: no .parquet or .arrow objects under the prefix")
+            for o in sorted(found, key=lambda o: o.key):
+                out.append(f"s3://{bucket}/{o.key}")
+                sizes.append(o.size)
+        elif os.path.isdir(p):
+            found = []
+            for root, dirs, files in os.walk(p):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found += [os.path.join(root, f) for f in files if f.endswith(_EXTS)]
+            if not found:
+                raise FileNotFoundError(f"{p}: no .parquet or .arrow files in the directory")
+            found.sort()
+            out += found
+            sizes += [None] * len(found)
+        else:
+            out.append(p)
+            sizes.append(None)
+    return out, sizes
+
+
+def _dataset_dict_files(root, split):
+    """The .arrow files of a ``datasets`` save_to_disk directory: a
+    DatasetDict (``dataset_dict.json``: ``split`` chosen, or the only one)
+    or a Dataset (``state.json``), in the order its state lists them."""
+    dd = os.path.join(root, "dataset_dict.json")
+    if os.path.isfile(dd):
+        with open_file(dd) as f:
+            splits = json.load(f).get("splits", [])
+        if split is None:
+            if len(splits) != 1:
+                raise ValueError(f"{root}: a DatasetDict of splits {splits}: choose one "
+                                 "with split=")
+            split = splits[0]
+        if split not in splits:
+            raise ValueError(f"{root}: no split {split!r} (it has {splits})")
+        return _dataset_dict_files(os.path.join(root, split), None)[0], split
+    state = os.path.join(root, "state.json")
+    with open_file(state) as f:
+        files = [d["filename"] for d in json.load(f).get("_data_files", [])]
+    if not files:
+        raise FormatError(state, None, "lists no _data_files")
+    return [os.path.join(root, name) for name in files], split
+
+
+class Parquet(SampleSource):
+    """The rows of Parquet files (and Arrow IPC ``.arrow`` files) as samples
+    (see the module's documentation for how they are read).
+
+    ``paths``: a file, a directory (every ``.parquet`` / ``.arrow`` file
+    below it; a ``datasets`` ``save_to_disk`` directory by its
+    ``dataset_dict.json`` / ``state.json``), an ``s3://`` prefix or object,
+    or a list of those. ``split``: keep only the files of that split
+    (:func:`split_of`: ``data/train-00000-of-00002.parquet`` is ``train``).
+    ``image``: the column of the sample bytes (binary, large binary, or a
+    struct with a ``bytes`` field). ``label``: the integer label column
+    (None, or the default ``"label"`` absent: labels are the sample
+    numbers). ``columns``: more columns read with each row group, for
+    :meth:`table`. ``missing``: what a null image value gives ("error": a
+    failed sample naming file, row group and row; "empty": an empty array).
+    ``cache_bytes``: the decoded row groups a reader keeps. ``s3``: an
+    :class:`fastread.S3Options` (or mapping) for ``s3://`` paths.
+    """
+
+    reads_ranges = True
+
+    def __init__(self, paths, image="image", label="label", columns=None, split=None, *,
+                 missing="error", cache_bytes=None, s3=None):
+        pa = _pa()
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        given = [os.fspath(p) for p in paths]
+        if not given:
+            raise ValueError("Parquet needs at least one path")
+        if missing not in MISSING:
+            raise ValueError(f"missing must be one of {MISSING}, got {missing!r}")
+        self.missing = missing
+        self.s3 = S3Options.coerce(s3) if s3 is not None else None
+        self.cache_bytes = DEFAULT_CACHE_BYTES if cache_bytes is None else int(cache_bytes)
+        if self.cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes!r}")
+        self.image, self.label_column = image, label
+        self.columns = list(columns or [])
+        self.split = split
+        files, sizes = [], []
+        for p in given:
+            if not is_url(p) and os.path.isdir(p) and (
+                    os.path.isfile(os.path.join(p, "dataset_dict.json"))
+                    or os.path.isfile(os.path.join(p, "state.json"))):
+                got, self.split = _dataset_dict_files(p, split)
+                files += got
+                sizes += [None] * len(got)
+            else:
+                f, s = _list_files([p], self.s3)
+                if split is not None:
+                    keep = [i for i, name in enumerate(f) if split_of(name) == split]
+                    if not keep:
+                        found = sorted({str(split_of(name)) for name in f})
+                        raise FileNotFoundError(f"{p}: no files of split {split!r} "
+                                                f"(splits found: {', '.join(found)})")
+                    f, s = [f[i] for i in keep], [s[i] for i in keep]
+                files += f
+                sizes += s
+        urls = [p for p in files if is_url(p)]
+        if urls and len(urls) != len(files):
+            raise ValueError("Parquet files must all be s3:// URLs or all local paths (one "
+                             f"reader reads them with one engine): got {urls[0]!r} and "
+                             f"{next(p for p in files if not is_url(p))!r}")
+        if any(p.endswith(".arrow") for p in urls):
+            raise ValueError(f"Arrow IPC files are memory-mapped, so local only: {urls[0]!r}")
+        self.paths = files
+        self.metas = _read_footers(files, sizes, self.s3)
+        self._resolve_columns(pa)
+        self._build_index(pa)
+
+    # -- the index -------------------------------------------------------------
+    def _resolve_columns(self, pa):
+        first = self.metas[0]
+        schema = first.schema
+        if self.image not in schema.names:
+            raise ValueError(f"{first.path}: no image column {self.image!r} (columns: "
+                             f"{', '.join(schema.names)})")
+        t = schema.field(self.image).type
+        if pa.types.is_struct(t):
+            if t.get_field_index("bytes") < 0:
+                raise ValueError(f"{first.path}: image column {self.image!r} is a struct "
+                                 f"without a 'bytes' field ({t})")
+            self._image_leaf, self._image_struct = f"{self.image}.bytes", True
+            value_type = t.field("bytes").type
+        else:
+            self._image_leaf, self._image_struct = self.image, False
+            value_type = t
+        if not (pa.types.is_binary(value_type) or pa.types.is_large_binary(value_type)
+                or pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
+            raise ValueError(f"{first.path}: image column {self.image!r} holds {value_type}, "
+                             "not binary values")
+        if self.label_column is not None and self.label_column not in schema.names:
+            if self.label_column != "label":
+                raise ValueError(f"{first.path}: no label column {self.label_column!r} "
+                                 f"(columns: {', '.join(schema.names)})")
+            self.label_column = None
+        for c in self.columns:
+            if c not in schema.names:
+                raise ValueError(f"{first.path}: no column {c!r} (columns: "
+                                 f"{', '.join(schema.names)})")
+        self.classes = _class_names(schema, self.label_column)
+        for m in self.metas[1:]:
+            for c in [self.image] + ([self.label_column] if self.label_column else []) \
+                    + self.columns:
+                if c not in m.schema.names:
+                    raise ValueError(f"{m.path}: no column {c!r}, which {first.path} has "
+                                     "(files of one source share their columns)")
+        self._leaves = [self._image_leaf] + self.columns
+        for m in self.metas:
+            if m.kind == "parquet":
+                m.chunks = [_chunk_ranges(m, g, self._leaves_of(m)) for g in range(len(m.rows))]
+
+    def _leaves_of(self, meta):
+        """Leaf column paths read for the image column and ``columns``."""
+        names = [meta.metadata.schema.column(i).path for i in
+                 range(meta.metadata.num_columns)]
+        out = []
+        for c in self._leaves:
+            out += [n for n in names if n == c or n.startswith(c + ".")]
+        return out
+
+    def _build_index(self, pa):
+        counts = [sum(m.rows) for m in self.metas]
+        n = int(sum(counts))
+        self.file_index = np.repeat(np.arange(len(self.metas), dtype=np.int32), counts)
+        groups, rows = [], []
+        for m in self.metas:
+            for g, r in enumerate(m.rows):
+                groups.append(np.full(r, g, np.int32))
+                rows.append(np.arange(r, dtype=np.int32))
+        self.group_index = np.concatenate(groups) if groups else np.zeros(0, np.int32)
+        self.row_index = np.concatenate(rows) if rows else np.zeros(0, np.int32)
+        if self.label_column is None:
+            self.labels = np.arange(n, dtype=np.int32)
+        else:
+            self.labels = np.concatenate([_read_labels(m, self.label_column, self.s3)
+                                          for m in self.metas]) if n else np.zeros(0, np.int32)
+        # Where each file's samples start (sample -> file is file_index).
+        self.file_starts = np.r_[0, np.cumsum(counts)].astype(np.int64)
+        self._names = None
+
+    # -- SampleSource ------------------------------------------------------------
+    @property
+    def names(self):
+        """One name per sample (``file[row group g, row r]``), made on first
+        use (a list of strings costs ~100 B per sample)."""
+        if self._names is None:
+            self._names = _Names(self)
+        return self._names
+
+    def __len__(self):
+        return len(self.file_index)
+
+    @property
+    def path(self):
+        """The first file (the engine is chosen by it: s3 for s3:// URLs)."""
+        return self.paths[0]
+
+    def __repr__(self):
+        return (f"Parquet({len(self.paths)} files, {len(self)} rows, image={self.image!r}, "
+                f"label={self.label_column!r})")
+
+    def sample_name(self, i):
+        f, g, r = int(self.file_index[i]), int(self.group_index[i]), int(self.row_index[i])
+        what = "record batch" if self.metas[f].kind == "arrow" else "row group"
+        return f"{self.paths[f]}[{what} {g}, row {r}]"
+
+    def check_options(self, options):
+        if options.get("o_direct"):
+            raise ValueError("Parquet column chunks are not aligned: O_DIRECT cannot read "
+                             f"{self.paths[0]!r} (choose o_direct=False)")
+
+    def failure_detail(self, name):
+        return _FAILURE_DETAIL.get(name)
+
+    def open_native(self, engine, options, *, prefetch, workers):
+        return _ParquetNative(self, engine, options, prefetch, workers)
+
+    def read_batch(self, context, indices):
+        loader = _Loader(self, context.engine, None, context=context)
+        cache = _RowGroupCache(loader, self.cache_bytes, executor=None)
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        return _cut(self, idx, cache.wanted(self, idx))
+
+    def groups_of(self, indices):
+        """The (file, row group) pairs samples ``indices`` come from, in the
+        order they are first met."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        keys = self.file_index[idx].astype(np.int64) << 32 | self.group_index[idx]
+        return [(int(k >> 32), int(k & 0xFFFFFFFF)) for k in dict.fromkeys(keys.tolist())]
+
+    def _context(self, engine, options, engine_options):
+        from fastread.source import check_engine_for, with_source_s3
+        opts = EngineOptions.coerce(options, **engine_options)
+        name = check_engine_for(self, engine)
+        return cached_context(name, with_source_s3(self, opts, name))
+
+    def row_group(self, file, group, engine="auto", options=None, **engine_options):
+        """Row group ``group`` of file number ``file`` as a pyarrow Table as
+        Arrow decoded it: column ``bytes`` (the image values, nulls kept),
+        ``label`` (int32) and ``columns``; the bytes stay Arrow's buffers
+        (no copy). Raises FormatError naming the file and row group where it
+        cannot be read."""
+        pa = _pa()
+        ctx = self._context(engine, options, engine_options)
+        rg = _Loader(self, ctx.engine, None, context=ctx).load(file, group)
+        if rg.error is not None:
+            raise FormatError(self.paths[file], None, rg.error[1])
+        col = rg.table.column(self.image)
+        if self._image_struct:
+            import pyarrow.compute as pc
+            col = pa.chunked_array([c.field("bytes") if not c.null_count else
+                                    pc.if_else(c.is_valid(), c.field("bytes"), None)
+                                    for c in col.chunks], col.type.field("bytes").type)
+        lo = int(self.file_starts[file]) + sum(self.metas[file].rows[:group])
+        labels = self.labels[lo:lo + self.metas[file].rows[group]]
+        out = {"bytes": col, "label": pa.array(labels)}
+        for c in self.columns:
+            out[c] = rg.table.column(c)
+        return pa.table(out)
+
+    def table(self, indices, engine="auto", options=None, **engine_options):
+        """The rows ``indices`` of the image column and ``columns`` as a
+        pyarrow Table (the image column as read: the struct for HF images)."""
+        pa = _pa()
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        ctx = self._context(engine, options, engine_options)
+        loader = _Loader(self, ctx.engine, None, context=ctx)
+        tables = []
+        for i in idx.tolist():
+            f, g, r = int(self.file_index[i]), int(self.group_index[i]), int(self.row_index[i])
+            tables.append(loader.load(f, g).table.slice(r, 1))
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables)
+
+
+_FAILURE_DETAIL = {}   # bounded: see _note_failure
+_FAILURE_KEEP = 1024
+
+
+def _note_failure(name, what):
+    """Remembers why sample ``name`` failed, for failure_detail() (the
+    Reader asks on its own thread); the oldest go past _FAILURE_KEEP."""
+    if len(_FAILURE_DETAIL) >= _FAILURE_KEEP:
+        _FAILURE_DETAIL.pop(next(iter(_FAILURE_DETAIL)))
+    _FAILURE_DETAIL[name] = what
+
+
+class _Names:
+    """Sample names on demand: a sequence of ``len`` strings."""
+
+    def __init__(self, source):
+        self._source = source
+
+    def __len__(self):
+        return len(self._source)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        return self._source.sample_name(i % n)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+def _class_names(schema, label):
+    """ClassLabel names of ``label`` from the ``huggingface`` schema
+    metadata (as ``datasets`` writes it), else None."""
+    meta = schema.metadata or {}
+    raw = meta.get(b"huggingface")
+    if raw is None or label is None:
+        return None
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return None
+    feats = (info.get("info") or {}).get("features") or {}
+    feat = feats.get(label) or {}
+    if feat.get("_type") == "ClassLabel" and isinstance(feat.get("names"), list):
+        return [str(x) for x in feat["names"]]
+    return None
+
+
+class _RowGroup:
+    """One decoded row group: the Arrow table (kept alive by every view),
+    and per chunk of the image column (row start, values, offsets, valid)."""
+    __slots__ = ("table", "parts", "nbytes", "error")
+
+    def __init__(self, table, parts, nbytes, error=None):
+        self.table, self.parts, self.nbytes, self.error = table, parts, nbytes, error
+
+
+def _image_parts(source, column):
+    """(row start, uint8 values, offsets, valid or None) per chunk of the
+    image column of a decoded row group."""
+    pa = _pa()
+    out = []
+    start = 0
+    for arr in column.chunks:
+        valid = None
+        if source._image_struct:
+            parent_valid = arr.is_valid() if arr.null_count else None
+            arr = arr.field("bytes")
+            if parent_valid is not None:
+                valid = parent_valid.to_numpy(zero_copy_only=False)
+        if pa.types.is_dictionary(arr.type):
+            arr = arr.dictionary_decode()
+        large = pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], np.int64 if large else np.int32)[
+            arr.offset:arr.offset + len(arr) + 1] if len(arr) else np.zeros(1, np.int64)
+        values = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and bufs[2].size \
+            else np.zeros(0, np.uint8)
+        if arr.null_count:
+            v = arr.is_valid().to_numpy(zero_copy_only=False)
+            valid = v if valid is None else valid & v
+        out.append((start, values, offsets, valid))
+        start += len(arr)
+    return out
+
+
+class _Loader:
+    """Loads row groups: the column chunks read by an engine context (one
+    per thread: a context is used by one thread at a time) and decoded by
+    Arrow. Errors are kept in the row group (its samples fail), not raised."""
+
+    def __init__(self, source, engine, options, context=None):
+        self.source, self.engine, self.options = source, engine, options
+        self._context = context
+        self._local = threading.local()
+        self._all = []                 # every context opened, closed by close()
+        self._all_lock = threading.Lock()
+        self.stats = {}
+
+    def _ctx(self):
+        if self._context is not None:
+            return self._context
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            from fastread import _core
+            ctx = self._local.ctx = _core.Context(self.engine, **self.options)
+            with self._all_lock:
+                self._all.append(ctx)
+        return ctx
+
+    def close(self):
+        with self._all_lock:
+            for ctx in self._all:
+                ctx.close()
+            self._all = []
+
+    def load(self, f, g):
+        src = self.source
+        meta = src.metas[f]
+        if meta.kind == "arrow":
+            batch = meta.arrow_batches[g]
+            pa = _pa()
+            table = pa.Table.from_batches([batch]).select([src.image] + src.columns)
+            return _RowGroup(table, _image_parts(src, table.column(src.image)), 0)
+        offs, lens = meta.chunks[g]
+        ctx = self._ctx()
+        batch = ctx.read_ranges(meta.path, offs, lens)
+        if ctx is not self._context:
+            self.stats = ctx.stats()
+        fails = batch.failures()
+        if fails:
+            i, err = fails[0]
+            said = ctx.sample_error(i) or os.strerror(err)
+            return _RowGroup(None, None, 0, (err, f"reading row group {g} (column chunk of "
+                                                  f"{lens[i]} bytes at {offs[i]}): {said}"))
+        arrays = batch.arrays()
+        for i, a in enumerate(arrays):
+            if len(a) != lens[i]:
+                return _RowGroup(None, None, 0, (_ENODATA, f"row group {g}: {len(a)} of "
+                                                 f"{lens[i]} bytes at {offs[i]} (truncated "
+                                                 "file)"))
+        pa = _pa()
+        try:
+            table = _decode(meta, g, src._leaves_of(meta), list(zip(offs.tolist(), arrays)))
+            parts = _image_parts(src, table.column(src.image))
+        except (OSError, pa.ArrowException, ValueError) as e:
+            return _RowGroup(None, None, 0, (_EIO, f"row group {g}: Arrow cannot decode it "
+                                                   f"({e})"))
+        return _RowGroup(table, parts, table.nbytes)
+
+
+class _RowGroupCache:
+    """Row groups being loaded or loaded, by (file, group): futures, the
+    least recently used loaded ones dropped past ``budget`` decoded bytes
+    (a batch holding one keeps it alive all the same). The KEEP_RECENT
+    most recently used stay whatever the budget: reading in file order
+    (a shuffle buffer) then loads every row group once, even where one row
+    group is larger than the budget."""
+
+    KEEP_RECENT = 4
+
+    def __init__(self, loader, budget, executor):
+        import collections
+        self.loader, self.budget, self.executor = loader, budget, executor
+        self._entries = collections.OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+        self.loads = 0
+
+    def get(self, key):
+        with self._lock:
+            fut = self._entries.get(key)
+            if fut is not None:
+                self._entries.move_to_end(key)
+                return fut
+            self.loads += 1
+            if self.executor is None:
+                fut = _futures.Future()
+                fut.set_result(self.loader.load(*key))
+            else:
+                fut = self.executor.submit(self.loader.load, *key)
+            self._entries[key] = fut
+        fut.add_done_callback(lambda done: self._loaded(key, done))
+        return fut
+
+    def _loaded(self, key, fut):
+        with self._lock:
+            if self._entries.get(key) is not fut:
+                return
+            if fut.exception() is not None or fut.result().error is not None:
+                del self._entries[key]   # tried again when next needed
+                return
+            self._held += fut.result().nbytes
+            while self._held > self.budget and len(self._entries) > self.KEEP_RECENT:
+                old, oldest = next(iter(self._entries.items()))
+                if not oldest.done():
+                    break
+                del self._entries[old]
+                if oldest.exception() is None:
+                    self._held -= oldest.result().nbytes
+
+    def pending(self):
+        """Loads asked for and not finished."""
+        with self._lock:
+            return sum(1 for f in self._entries.values() if not f.done())
+
+    def wanted(self, source, idx):
+        """{(file, group): future} for the row groups of samples ``idx``."""
+        return {key: self.get(key) for key in source.groups_of(idx)}
+
+    def clear(self):
+        with self._lock:
+            self._entries.clear()
+            self._held = 0
+
+
+def _cut(source, idx, groups, wait=None):
+    """The batch of samples ``idx`` as views of their decoded row groups
+    (``groups``: {(file, group): future})."""
+    loaded = {}
+    for key, fut in groups.items():
+        if wait is not None:
+            wait(fut)
+        try:
+            loaded[key] = fut.result()
+        except Exception as e:  # a loader bug: its samples fail, named
+            loaded[key] = _RowGroup(None, None, 0, (_EIO, f"row group {key[1]}: {e}"))
+    files, grps, rows = (source.file_index[idx], source.group_index[idx],
+                         source.row_index[idx])
+    empty = np.zeros(0, np.uint8)
+    arrays, failures, keep = [], [], []
+    for i, (f, g, r) in enumerate(zip(files.tolist(), grps.tolist(), rows.tolist())):
+        rg = loaded[(f, g)]
+        if rg.error is not None:
+            failures.append((i, rg.error[0]))
+            _note_failure(source.sample_name(int(idx[i])),
+                          f"{source.paths[f]}: {rg.error[1]}")
+            arrays.append(empty)
+            continue
+        for start, values, offsets, valid in reversed(rg.parts):
+            if r >= start:
+                break
+        j = r - start
+        if valid is not None and not valid[j]:
+            if source.missing == "error":
+                failures.append((i, _ENODATA))
+                _note_failure(source.sample_name(int(idx[i])),
+                              f"null {source.image!r} value")
+            arrays.append(empty)
+            continue
+        arrays.append(values[offsets[j]:offsets[j + 1]])
+    for key in groups:
+        keep.append(loaded[key])
+    return ParquetBatch(idx, arrays, failures, keep)
+
+
+class ParquetBatch(HostBatch):
+    """A batch of rows: each sample a view of its row group's decoded value
+    buffer (the row groups stay alive while a view does)."""
+
+    _samples = "rows of Parquet files"
+
+    def __init__(self, indices, arrays, failures, groups):
+        super().__init__(indices)
+        self._arrays = arrays
+        self._failures = failures
+        self._groups = groups
+
+    def failures(self):
+        return list(self._failures)
+
+    def lengths(self):
+        return np.array([a.size for a in self._arrays], np.int64)
+
+    def arrays(self):
+        return self._arrays
+
+    @property
+    def nbytes(self):
+        return sum(a.nbytes for a in self._arrays)
+
+    def release(self):
+        self._arrays = []
+        self._groups = []
+        self.released = True
+
+
+class _ParquetNative:
+    """The NativeReader calls Reader makes, served by row-group loads on
+    ``workers`` threads: a submitted batch's row groups are asked of the
+    cache as soon as the batch is within ``prefetch`` batches of the next
+    one handed out (so that many loads are in flight), and next() cuts the
+    batch from them once they are loaded."""
+
+    def __init__(self, source, engine, options, prefetch, workers):
+        import collections
+        self.engine = str(engine)
+        self.size = len(source)
+        self.taken = 0
+        self.auto_fallback = 0
+        self._source = source
+        self._prefetch = max(1, int(prefetch))
+        # A load is mostly Arrow decoding (CPU, the GIL released): one
+        # thread per CPU (at most 8), more if the Reader asked for more
+        # workers; the reader's default of one per 2 CPUs left half the
+        # cores idle (2-core VM: 1,872 img/s shuffled with one thread).
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        self.threads = max(1, int(workers), min(8, cpus))
+        self._ahead = 2 * self.threads   # row-group loads in flight beyond the window
+        self._pool = _futures.ThreadPoolExecutor(self.threads,
+                                                 thread_name_prefix="fastread-parquet")
+        self._loader = _Loader(source, self.engine, options)
+        self._cache = _RowGroupCache(self._loader, source.cache_bytes, self._pool)
+        self._queue = collections.deque()   # [indices, groups or None]
+        self._lock = threading.Lock()
+
+    def submit(self, indices):
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < 0 or idx.max() >= self.size):
+            raise IndexError(f"sample index out of range 0..{self.size - 1}")
+        with self._lock:
+            self._queue.append([idx, None])
+            self._schedule()
+
+    #: Queued batches looked through for row groups to load ahead.
+    AHEAD_SCAN = 1024
+
+    def _schedule(self):
+        """Asks for the row groups of the ``prefetch`` batches next in line,
+        then of later ones while fewer than ``_ahead`` loads are pending:
+        reading in file order, a row group spans many batches, so the window
+        alone would keep one load in flight and the decoding threads idle."""
+        for k, item in enumerate(self._queue):
+            if k >= self.AHEAD_SCAN:
+                break
+            if item[1] is not None:
+                continue
+            if k >= self._prefetch and self._cache.pending() >= self._ahead:
+                break
+            item[1] = self._cache.wanted(self._source, item[0])
+
+    def next(self):
+        with self._lock:
+            if not self._queue:
+                return None
+            item = self._queue[0]
+            if item[1] is None:
+                item[1] = self._cache.wanted(self._source, item[0])
+        # Waits in steps so that a signal (KeyboardInterrupt) gets through;
+        # the batch stays queued until it is cut.
+        batch = _cut(self._source, item[0], item[1], wait=_wait)
+        with self._lock:
+            if self._queue and self._queue[0] is item:
+                self._queue.popleft()
+            self.taken += 1
+            self._schedule()
+        return batch
+
+    def stats(self):
+        out = dict(self._loader.stats)
+        out["row_group_loads"] = self._cache.loads
+        return out
+
+    def reset(self):
+        with self._lock:
+            self._queue.clear()
+
+    def close(self):
+        with self._lock:
+            self._queue.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._cache.clear()
+        self._loader.close()
+
+    @property
+    def pending(self):
+        return len(self._queue)
+
+    def pool_batches(self):
+        return 0
+
+    def pool_idle_bytes(self):
+        return 0
+
+    def pool_idle_device_bytes(self):
+        return 0
+
+
+def _wait(fut):
+    while True:
+        try:
+            fut.result(timeout=0.1)
+            return
+        except _futures.TimeoutError:
+            continue
+        except Exception:
+            return
+
+
+# Written here so that tests and benchmarks make what this module reads.
+from fastread.formats.parquet_write import SOURCE_NOTE, write_image_parquet  # noqa: E402,F401
