@@ -145,7 +145,8 @@ def child(args):
             p = pipe()
             p.build()
             startup = time.perf_counter() - t0
-            per_epoch = p.epoch_size("R")
+            # An external source has no epoch size to ask for: the samples.
+            per_epoch = n_samples if mode == "fr_dali" else p.epoch_size("R")
             batches = -(-per_epoch // args.batch)
 
             def epoch(e):
