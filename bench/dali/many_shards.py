@@ -24,7 +24,9 @@ name`` per component), written from tarfile's own member offsets.
 Modes: ``reader`` (fastread.Reader over fastread.formats.WebDataset),
 ``dali_idx`` and ``dali`` (fn.readers.webdataset with and without
 index_paths), ``fr_dali`` (fastread.dali.formats.webdataset, native=False:
-fastread's Reader feeding a DALI pipeline). ``shuffled``: fastread reads one
+fastread's Reader feeding a DALI pipeline), ``fr_dali_native`` (the same,
+native=True: fastread's DALI operator, fn.fastread.readers.webdataset, one
+fr_read_file_ranges call a batch). ``shuffled``: fastread reads one
 permutation of all samples an epoch; DALI's reader a shuffle buffer
 (random_shuffle=True, its default initial_fill of 1024).
 """
@@ -40,7 +42,7 @@ import threading
 import time
 
 EXT = ["jpg", "cls"]
-MODES = ("reader", "dali_idx", "dali", "fr_dali")
+MODES = ("reader", "dali_idx", "dali", "fr_dali", "fr_dali_native")
 
 
 def make_layout(root, samples, shards, size):
@@ -124,11 +126,16 @@ def child(args):
                 return sum(len(a) for a, _ in r)
         else:
             from nvidia.dali import fn, pipeline_def
-            if mode == "fr_dali":
+            if mode in ("fr_dali", "fr_dali_native"):
                 from fastread.dali.formats import webdataset
+                native = mode == "fr_dali_native"
+                if native:
+                    from fastread.dali import _plugin
+                    if not _plugin.load():
+                        sys.exit(f"native operator unavailable: {_plugin.reason()}")
 
                 def read():
-                    return webdataset(paths=paths, ext=EXT, native=False, name="R",
+                    return webdataset(paths=paths, ext=EXT, native=native, name="R",
                                       random_shuffle=shuffle)
             else:
                 index = [p + ".idx" for p in paths] if mode == "dali_idx" else None
