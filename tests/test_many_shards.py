@@ -227,3 +227,91 @@ def test_s3_objects_read_by_ranges_on_one_context(s3_engine, s3_server, tmp_path
         assert native.stat("s3_requests") >= len(src)
     finally:
         native.close()
+
+
+DALI_CHILD = r"""
+import io, json, os, resource, sys, tarfile, threading, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+import numpy as np
+from nvidia.dali import pipeline_def
+from fastread.dali import _plugin
+from fastread.dali.formats import webdataset
+
+root, shuffle = sys.argv[1], sys.argv[2] == "1"
+paths = sorted(os.path.join(root, n) for n in os.listdir(root) if n.endswith(".tar"))
+total = 3 * len(paths)
+peak = {"threads": 0, "fds": 0}
+stop = threading.Event()
+def watch():
+    while not stop.is_set():
+        peak["threads"] = max(peak["threads"], len(os.listdir("/proc/self/task")))
+        peak["fds"] = max(peak["fds"], len(os.listdir("/proc/self/fd")))
+        time.sleep(0.002)
+
+@pipeline_def(batch_size=256, num_threads=1, device_id=None, prefetch_queue_depth=1)
+def pipe():
+    return tuple(webdataset(paths=paths, ext=["jpg", "cls"], native=True, name="R",
+                            random_shuffle=shuffle, seed=3, workers=2, max_open_files=64))
+
+p = pipe()
+p.build()
+base_threads = len(os.listdir("/proc/self/task"))
+base_fds = len(os.listdir("/proc/self/fd"))
+w = threading.Thread(target=watch, daemon=True)
+w.start()
+seen = np.zeros(total, np.int64)
+bad = 0
+done = 0
+for _ in range(-(-total // 256)):
+    jpg, cls = p.run()
+    # The last batch runs into the next epoch (DALI's readers roll over):
+    # one epoch is the first `total` samples.
+    for i in range(min(len(cls), total - done)):
+        done += 1
+        k = int(bytes(np.array(cls[i])).decode())
+        bad += bytes(np.array(jpg[i])) != k.to_bytes(4, "little") * 4
+        seen[k] += 1
+stop.set()
+w.join()
+print(json.dumps({"min": int(seen.min()), "max": int(seen.max()), "bad": bad,
+                  "threads": peak["threads"], "fds": peak["fds"], "base_threads": base_threads,
+                  "base_fds": base_fds}))
+"""
+
+
+@pytest.fixture(scope="module")
+def tar_shards(tmp_path_factory):
+    """3,000 WebDataset shards of 3 samples: jpg (16 bytes of the sample's
+    number) and cls (the number)."""
+    root = str(tmp_path_factory.mktemp("many-tars"))
+    import tarfile
+    import io
+    for s in range(3000):
+        with tarfile.open(os.path.join(root, f"shard-{s:05d}.tar"), "w",
+                          format=tarfile.USTAR_FORMAT) as tf:
+            for j in range(PER_SHARD):
+                k = s * PER_SHARD + j
+                for ext, data in (("jpg", k.to_bytes(4, "little") * 4), ("cls", str(k).encode())):
+                    info = tarfile.TarInfo(f"{k:07d}.{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    return root
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
+def test_dali_native_webdataset_over_3000_shards_under_ulimit_256(tar_shards, shuffle):
+    """fn.fastread.readers.webdataset (native=True): a batch's ranges of
+    every shard in one native call, descriptors within max_open_files
+    under ulimit -n 256 (the issue's 3,000 shards failed with EMFILE)."""
+    from fastread.dali import _plugin
+    if not _plugin.load():
+        pytest.skip(f"the native DALI plugin: {_plugin.reason()}")
+    out = subprocess.run([sys.executable, "-c", DALI_CHILD, tar_shards, "1" if shuffle else "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (got["min"], got["max"], got["bad"]) == (1, 1, 0), got
+    # The operator's 2 workers and their psync helpers (threads: one per 2
+    # CPUs), started with the pipeline: nothing per shard while it reads.
+    assert got["threads"] - got["base_threads"] <= 8, got
+    assert got["fds"] - got["base_fds"] <= 64 + 16, got
