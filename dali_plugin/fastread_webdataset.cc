@@ -6,13 +6,15 @@
 // missing_component_behavior), which writes the result to a binary index
 // file (format below) that this operator reads when it is built. From then
 // on no Python runs: native worker threads read batches ahead, each
-// component one byte range of its shard read by the C core's range reads
-// (fr_read_ranges: io_uring or psync, many in flight), and DALI gets views
-// of the batches' memory.
+// component one byte range of its shard, a whole batch's ranges of every
+// shard in ONE call (fr_read_file_ranges: psync's pool, descriptors from
+// each worker's LRU of at most its share of max_open_files), and DALI gets
+// views of the batches' memory. Threads: the workers and their psync
+// helpers; descriptors: max_open_files; both whatever the shard count.
 //
-// Layout and copies: a batch's ranges are read shard by shard, each shard's
-// into one pool batch, component after component (every `jpg` of the batch,
-// then every `cls`), laid back to back (fr_batch.dense). A batch whose
+// Layout and copies: a batch's ranges are read into one pool batch,
+// component after component (every `jpg` of the batch, then every `cls`),
+// laid back to back in batch order (fr_batch.dense). A batch whose
 // samples all lie in one shard in stream order -- every batch of an
 // unshuffled stream but those that cross a shard's end -- therefore holds
 // each output as one contiguous block, handed to DALI as one shared buffer
@@ -262,6 +264,10 @@ class WebDatasetReader : public StreamOperator<dali::CPUBackend> {
               const std::shared_ptr<ReadBatch> &batch) const;
 
   WdsIndex index_;
+  // index_.tars as the C strings fr_read_file_ranges takes: one table for
+  // the operator's life, so each context's descriptor LRU lasts across
+  // batches (a new table pointer would empty it).
+  std::vector<const char *> tar_paths_;
   std::vector<std::string> ext_;
   std::string engine_;
   bool pinned_ = false;
@@ -296,6 +302,7 @@ WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
                dali::make_string(kWdsOpName, ": no index: fastread.dali.readers.webdataset "
                                  "indexes the shards and passes index="));
   index_ = LoadIndex(index_path, ext_.size());
+  for (const std::string &t : index_.tars) tar_paths_.push_back(t.c_str());
   // The ranges are where the members were when the shards were indexed: a
   // shard of another size is another shard.
   for (size_t s = 0; s < index_.tars.size(); s++) {
@@ -337,6 +344,12 @@ WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
 
   // "auto" goes to the core as it is, which picks the engine (fr_engine_auto).
   engine_ = spec.GetArgument<std::string>("engine");
+  // Ranges of many shards are read by psync (fr_read_file_ranges): an
+  // io_uring context would read them through a psync side beside idle rings.
+  if (engine_ == "auto" || engine_ == "io_uring") engine_ = "psync";
+  const int max_open = spec.GetArgument<int>("max_open_files");
+  DALI_ENFORCE(max_open >= 0, dali::make_string(kWdsOpName, ": max_open_files must be >= 0 "
+                                                "(0: the core's default), got ", max_open));
   fr_config cfg;
   fr_config_init(&cfg);
   cfg.engine = engine_.c_str();
@@ -351,6 +364,9 @@ WebDatasetReader::WebDatasetReader(const dali::OpSpec &spec)
       spec.GetArgument<std::string>("engine_args"), kWdsOpName);
   cfg.engine_args = engine_args.c_str();
   cfg.device_id = -1;  // host reads; the pool is page-locked below if asked
+  // Each worker's context keeps its share of the descriptors open.
+  const unsigned total_open = max_open > 0 ? static_cast<unsigned>(max_open) : FR_MAX_OPEN_FILES;
+  cfg.max_open_files = std::max(1u, total_open / static_cast<unsigned>(workers));
 
   pool_.reset(fr_pool_new());
   DALI_ENFORCE(pool_ != nullptr, dali::make_string(kWdsOpName, ": out of memory"));
@@ -431,21 +447,9 @@ void WebDatasetReader::Read(fr_ctx *ctx, ReadBatch &out) const {
   const size_t n = out.samples.size();
   const size_t k = index_.k;
   out.pieces.assign(k * n, Piece());
-  // Samples grouped by shard (stable: batch order within a shard), one
-  // range read per shard touched.
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; i++) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return index_.sample_shard[static_cast<size_t>(out.samples[a])] <
-           index_.sample_shard[static_cast<size_t>(out.samples[b])];
-  });
-  // Every shard's ranges go into one pool batch, each read appended to the
-  // arena after the previous one (fr_read_ranges lays ranges out from the
-  // arena's `used` mark, which only fr_batch_prepare resets; a growing
-  // arena keeps what it holds). One batch per shard touched instead cost a
-  // shuffled batch dozens of arenas: new pages to clear, and io_uring
-  // registering buffers again on every read (perf: ~25% of the CPU with
-  // 200 shards).
+  // Every range of the batch, of every shard, in one call into one pool
+  // batch (fr_read_file_ranges sorts them by shard and offset to read, and
+  // lays them out in the order given: component-major, batch order).
   BatchPtr batch(fr_pool_get(pool_.get()));
   if (!batch) {
     out.error = dali::make_string(kWdsOpName, ": out of memory");
@@ -456,56 +460,52 @@ void WebDatasetReader::Read(fr_ctx *ctx, ReadBatch &out) const {
     out.error = dali::make_string(kWdsOpName, ": out of memory");
     return;
   }
-  std::vector<fr_range> ranges;
+  std::vector<fr_file_range> jobs;
   std::vector<size_t> where;  // the piece each range fills
-  for (size_t run = 0; run < n;) {
-    const int64_t shard = index_.sample_shard[static_cast<size_t>(out.samples[order[run]])];
-    size_t end = run;
-    while (end < n && index_.sample_shard[static_cast<size_t>(out.samples[order[end]])] == shard)
-      end++;
-    ranges.clear();
-    where.clear();
-    // Component-major: each output's pieces of this shard back to back.
-    for (size_t c = 0; c < k; c++) {
-      for (size_t j = run; j < end; j++) {
-        const int64_t sample = out.samples[order[j]];
-        const int64_t off = index_.Offset(sample, c);
-        const int64_t len = index_.Length(sample, c);
-        if (off < 0 || len == 0) continue;
-        ranges.push_back(fr_range{static_cast<uint64_t>(off), static_cast<uint64_t>(len)});
-        where.push_back(c * n + order[j]);
-      }
+  jobs.reserve(k * n);
+  where.reserve(k * n);
+  for (size_t c = 0; c < k; c++) {
+    for (size_t i = 0; i < n; i++) {
+      const int64_t sample = out.samples[i];
+      const int64_t off = index_.Offset(sample, c);
+      const int64_t len = index_.Length(sample, c);
+      if (off < 0 || len == 0) continue;
+      fr_file_range job{};
+      job.file = static_cast<uint32_t>(index_.sample_shard[static_cast<size_t>(sample)]);
+      job.offset = static_cast<uint64_t>(off);
+      job.length = static_cast<uint64_t>(len);
+      jobs.push_back(job);
+      where.push_back(c * n + i);
     }
-    run = end;
-    if (ranges.empty()) continue;
-    const std::string &shard_name = index_.shards[static_cast<size_t>(shard)];
-    int rc = fr_read_ranges(ctx, index_.tars[static_cast<size_t>(shard)].c_str(), ranges.data(),
-                            ranges.size(), batch.get());
+  }
+  if (!jobs.empty()) {
+    int rc = fr_read_file_ranges(ctx, tar_paths_.data(), tar_paths_.size(), jobs.data(),
+                                 jobs.size(), batch.get());
     if (rc == 0 && batch->status != 0) rc = batch->status;
     if (rc != 0) {
-      out.error = dali::make_string(kWdsOpName, ": cannot read shard '", shard_name,
-                                    "' (engine '", engine_, "'): ", ErrnoText(rc));
+      out.error = dali::make_string(kWdsOpName, ": cannot read a batch of ", n,
+                                    " samples (engine '", engine_, "'): ", ErrnoText(rc));
       return;
     }
-    for (size_t r = 0; r < ranges.size(); r++) {
-      const fr_sample &s = batch->samples[r];
-      const size_t piece = where[r];
-      const size_t c = piece / n;
-      const int64_t sample = out.samples[piece % n];
-      if (s.length != static_cast<int64_t>(ranges[r].length)) {
-        std::string what = s.length == -ENODATA
-                               ? std::string("the shard ends before it (truncated since it "
-                                             "was indexed?)")
-                           : s.length < 0 ? ErrnoText(s.length)
-                                          : dali::make_string("read ", s.length, " bytes");
-        out.error = dali::make_string(
-            kWdsOpName, ": shard '", shard_name, "' at byte ", ranges[r].offset,
-            ": cannot read component '", ext_[c], "' of sample '",
-            index_.keys[static_cast<size_t>(sample)], "' (", ranges[r].length, " bytes): ", what);
-        return;
-      }
-      out.pieces[piece] = Piece{0, s.offset, s.length};
+  }
+  for (size_t r = 0; r < jobs.size(); r++) {
+    const fr_sample &s = batch->samples[r];
+    const size_t piece = where[r];
+    const size_t c = piece / n;
+    const int64_t sample = out.samples[piece % n];
+    if (s.length != static_cast<int64_t>(jobs[r].length)) {
+      std::string what = s.length == -ENODATA
+                             ? std::string("the shard ends before it (truncated since it "
+                                           "was indexed?)")
+                         : s.length < 0 ? ErrnoText(s.length)
+                                        : dali::make_string("read ", s.length, " bytes");
+      out.error = dali::make_string(
+          kWdsOpName, ": shard '", index_.shards[jobs[r].file], "' at byte ", jobs[r].offset,
+          ": cannot read component '", ext_[c], "' of sample '",
+          index_.keys[static_cast<size_t>(sample)], "' (", jobs[r].length, " bytes): ", what);
+      return;
     }
+    out.pieces[piece] = Piece{0, s.offset, s.length};
   }
   out.batches.push_back(std::move(batch));
 }
@@ -679,7 +679,11 @@ epoch.)")
     .AddOptionalArg<int64_t>("shuffle_window",
                              "Blocks of a window with shuffle_block (>= 1 there).", int64_t{0})
     .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 1)
-    .AddOptionalArg("engine", "fastread engine: auto, io_uring, psync.", std::string("auto"))
+    .AddOptionalArg("engine", "fastread engine: auto, io_uring, psync (auto and io_uring read "
+                    "ranges of many shards with psync).", std::string("auto"))
+    .AddOptionalArg("max_open_files",
+                    "Shard descriptors kept open at most (an LRU shared out among the workers; "
+                    "0: the core's default).", 0)
     .AddOptionalArg("workers", "Reader threads, each with its own engine context (0: auto).", 0)
     .AddOptionalArg("queue_depth", "io_uring: reads in flight per ring (0: default).", 0)
     .AddOptionalArg("threads",

@@ -34,138 +34,33 @@ def _want(src, idx):
     return [a.tobytes() for a in src.read(np.asarray(idx))]
 
 
-class _FlakyNative:
-    """A native reader wrapper that raises ``exc`` from its next ``next()``
-    calls as a real NativeReader would: a signal leaves the batch queued
-    (``taken`` unchanged), a failed read uses it up (``taken`` + 1)."""
-
-    def __init__(self, native):
-        self.native = native
-        self.plan = []          # exceptions for the next next() calls; None: pass through
-        self.engine = native.engine
-
-    @property
-    def taken(self):
-        return self.native.taken
-
-    def next(self):
-        exc = self.plan.pop(0) if self.plan else None
-        if isinstance(exc, KeyboardInterrupt):
-            raise exc
-        if exc is not None:
-            batch = self.native.next()     # used up
-            if batch is not None:
-                batch.release()
-            raise exc
-        return self.native.next()
-
-    def next_into(self, out):
-        batch = self.next()
-        if batch is None:
-            return False
-        out.append(batch)
-        return True
-
-    def __getattr__(self, name):
-        return getattr(self.native, name)
-
-
-def _multi_native(src, engine="psync"):
-    opts = fastread.EngineOptions().resolve(engine)
-    native = src.open_native(engine, opts, prefetch=2, workers=1)
-    native._natives = [_FlakyNative(n) for n in native._natives]
-    return native
-
-
-def test_interrupted_wait_delivers_the_batch_on_the_next_call(tmp_path):
-    src = _source(_files(tmp_path))
-    native = _multi_native(src)
+def test_one_native_reader_reads_every_file(tmp_path):
+    """All files through ONE native table reader (not one per file): a
+    shuffled epoch holds every sample once with its bytes, batches mixing
+    files come whole and in the order asked."""
+    paths = _files(tmp_path, count=40, per_file=8)
+    src = _source(paths)
+    native = src.open_native("psync", fastread.EngineOptions().resolve("psync"), prefetch=2,
+                             workers=2)
     try:
-        batches = [[0, 9, 17, 1], [16, 8, 2, 10], [23, 15]]
+        assert isinstance(native, fastread.NativeReader) and native.size == 320
+        rng = np.random.default_rng(1)
+        batches = [rng.choice(320, size=int(rng.integers(1, 30)), replace=False)
+                   for _ in range(30)]
         for b in batches:
-            native.submit(np.array(b))
-        # The first file's part arrives, the wait for the second is interrupted.
-        native._natives[1].plan = [KeyboardInterrupt()]
-        with pytest.raises(KeyboardInterrupt):
-            native.next()
-        assert native.taken == 0 and native.pending == 3
+            native.submit(b)
         for b in batches:
             got = native.next()
+            assert got.indices().tolist() == b.tolist()
             assert [a.tobytes() for a in got.arrays()] == _want(src, b)
-            assert got.indices().tolist() == b
-        assert native.next() is None and native.taken == 3
-    finally:
-        native.close()
-
-
-def test_interrupted_again_while_finishing_loses_nothing(tmp_path):
-    src = _source(_files(tmp_path))
-    native = _multi_native(src)
-    try:
-        native.submit(np.array([0, 9, 17]))
-        native._natives[1].plan = [KeyboardInterrupt()]
-        native._natives[2].plan = [KeyboardInterrupt(), KeyboardInterrupt()]
-        for _ in range(3):
-            with pytest.raises(KeyboardInterrupt):
-                native.next()
-        got = native.next()
-        assert [a.tobytes() for a in got.arrays()] == _want(src, [0, 9, 17])
-    finally:
-        native.close()
-
-
-def test_failed_part_fails_its_batch_only(tmp_path):
-    """A part that fails uses up its batch: the call raises, taken counts
-    it, and the next call returns the next batch whole (the failed batch's
-    parts still queued in other files are dropped, not taken for it)."""
-    src = _source(_files(tmp_path))
-    native = _multi_native(src)
-    try:
-        native.submit(np.array([0, 9, 17]))
-        native.submit(np.array([1, 10, 18]))
-        native._natives[1].plan = [OSError(5, "injected")]
-        # A signal while dropping the failed batch's last part: nothing lost.
-        native._natives[2].plan = [KeyboardInterrupt()]
-        with pytest.raises(OSError, match="injected"):
-            native.next()
-        assert native.taken == 1 and native.pending == 1
-        with pytest.raises(KeyboardInterrupt):
-            native.next()
-        got = native.next()
-        assert [a.tobytes() for a in got.arrays()] == _want(src, [1, 10, 18])
+            got.release()
         assert native.next() is None
     finally:
         native.close()
-
-
-def test_reader_epoch_goes_on_after_an_interrupt(tmp_path):
-    """Through fastread.Reader: an interrupted batch is the next one
-    returned, and the epoch holds every sample exactly once."""
-    src = _source(_files(tmp_path))
-    with fastread.Reader(source=src, batch_size=5, random_shuffle=True, seed=3,
+    with fastread.Reader(source=src, batch_size=7, random_shuffle=True, seed=3,
                          engine="psync") as r:
-        want = [b for arrays, _ in r for b in (a.tobytes() for a in arrays)]
-        r.set_epoch(0)
-        it = iter(r)
-        flaky = [_FlakyNative(n) for n in r._native._natives]
-        r._native._natives = flaky
-        got = [a.tobytes() for a in next(it)[0]]
-        # Every file's next wait is interrupted once: the second batch takes
-        # up to three calls, some of them after parts of it were taken.
-        for f in flaky:
-            f.plan = [KeyboardInterrupt()]
-        interrupts = 0
-        while True:
-            try:
-                arrays, _ = next(it)
-            except KeyboardInterrupt:
-                interrupts += 1
-                continue
-            except StopIteration:
-                break
-            got += [a.tobytes() for a in arrays]
-        assert interrupts >= 1
-    assert got == want
+        got = sorted(a.tobytes() for arrays, _ in r for a in arrays)
+    assert got == sorted(_want(src, np.arange(320)))
 
 
 def test_sigint_during_a_stalled_part_keeps_the_batch(shim, tmp_path):

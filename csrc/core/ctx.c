@@ -244,6 +244,13 @@ static int ctx_open(const fr_config *cfg, fr_ctx **out, char *err, size_t err_le
         ctx->resident = -1;
         ctx->seed = (uint64_t)(uintptr_t)ctx;
     }
+    /* The psync side of fr_read_file_ranges for io_uring: only the settings
+     * psync reads, none of the strings (they are the caller's). */
+    ctx->ranges_cfg = *cfg;
+    ctx->ranges_cfg.engine = "psync";
+    ctx->ranges_cfg.engine_args = "";
+    ctx->ranges_cfg.gpu = NULL;
+    ctx->ranges_cfg.cache_dir = NULL;
     fr_config local = *cfg;
     /* CUDA is loaded only for a context that has GPU work to do. */
     if (cfg->device_id >= 0 &&
@@ -318,6 +325,8 @@ void fr_ctx_close(fr_ctx *ctx)
     free(ctx->memo_scratch);
     if (ctx->alt_state)
         fr_engine_psync.close(ctx->alt_state);
+    if (ctx->ranges_state)
+        fr_engine_psync.close(ctx->ranges_state);
     if (ctx->file_engine)
         ctx->file_engine->close(ctx->file_state);
     fr_ocache_close(ctx->cache);
@@ -520,6 +529,7 @@ static int read_files_untimed(fr_ctx *ctx, const char *const *paths, const int64
      * engine call alone. */
     long t0 = ctx->band_batch ? now_ns() : 0;
     ctx->cache_call = ctx->cache != NULL;
+    ctx->ranges_call = 0;
     if (ctx->cache)
         rc = fr_ctx_cached_read(ctx, paths, size_hints, n, batch);
     else
@@ -588,7 +598,50 @@ int fr_read_ranges(fr_ctx *ctx, const char *path, const fr_range *ranges, size_t
     int rc = begin_batch(batch, n);
     if (rc <= 0)
         return rc;
+    ctx->ranges_call = 0;
     return end_batch(ctx, batch, ctx->engine->read_ranges(ctx->state, path, ranges, n, batch));
+}
+
+int fr_read_file_ranges(fr_ctx *ctx, const char *const *paths, size_t npaths,
+                        const fr_file_range *jobs, size_t n, fr_batch *batch)
+{
+    if (ctx->pid != getpid())
+        return -ECHILD;
+    const fr_engine *e = ctx->engine;
+    void *state = ctx->state;
+    if (!e->read_file_ranges) {
+#ifdef FASTREAD_HAVE_URING
+        /* io_uring reads ranges of one image; ranges of many files go to a
+         * psync pool of the same threads (its rings would need one
+         * registered file table per batch). */
+        if (e != &fr_engine_uring || ctx->gpu)
+            return -ENOTSUP;
+        if (ctx->ranges_failed)
+            return ctx->ranges_failed;
+        if (!ctx->ranges_state) {
+            int rc = fr_engine_psync.open(&ctx->ranges_cfg, &ctx->ranges_state, NULL, 0);
+            if (rc) {
+                ctx->ranges_state = NULL;
+                ctx->ranges_failed = rc;
+                return rc;
+            }
+        }
+        e = &fr_engine_psync;
+        state = ctx->ranges_state;
+#else
+        return -ENOTSUP;
+#endif
+    }
+    int rc = begin_batch(batch, n);
+    if (rc <= 0)
+        return rc;
+    ctx->cache_call = 0;
+    ctx->ranges_call = state == ctx->ranges_state;
+    long t0 = now_ns();
+    rc = end_batch(ctx, batch, e->read_file_ranges(state, paths, npaths, jobs, n, batch));
+    ctx->file_call_ns += now_ns() - t0;
+    ctx->file_calls++;
+    return rc;
 }
 
 int fr_read_keys(fr_ctx *ctx, const uint8_t *keys, size_t key_len, size_t n, fr_batch *batch)
@@ -601,6 +654,7 @@ int fr_read_keys(fr_ctx *ctx, const uint8_t *keys, size_t key_len, size_t n, fr_
     if (rc <= 0)
         return rc;
     ctx->cache_call = 0;
+    ctx->ranges_call = 0;
     long t0 = now_ns();
     rc = end_batch(ctx, batch, ctx->engine->read_keys(ctx->state, keys, key_len, n, batch));
     ctx->file_call_ns += now_ns() - t0;
@@ -622,8 +676,10 @@ int fr_ctx_sample_error(const fr_ctx *ctx, size_t i, char *out, size_t len)
             }
         return 0;
     }
-    /* An auto context's psync side has no messages: its errno says it all. */
-    if (!ctx->engine->sample_error || (ctx->auto_engine && ctx->last_pick == FR_AUTO_PSYNC))
+    /* An auto context's psync side has no messages: its errno says it all;
+     * nor has the psync side of io_uring's fr_read_file_ranges. */
+    if (!ctx->engine->sample_error || (ctx->auto_engine && ctx->last_pick == FR_AUTO_PSYNC) ||
+        ctx->ranges_call)
         return 0;
     return ctx->engine->sample_error(ctx->state, i, out, len);
 }
@@ -674,6 +730,8 @@ long fr_ctx_stat(const fr_ctx *ctx, const char *key)
         if (strncmp(key, "cache_file.", 11) == 0) /* the hits' engine */
             return ctx->file_engine ? ctx->file_engine->stat(ctx->file_state, key + 11) : -1;
     }
+    if (strncmp(key, "fd_cache_", 9) == 0 && ctx->ranges_state) /* io_uring's file ranges */
+        return fr_engine_psync.stat(ctx->ranges_state, key);
     if (strncmp(key, "psync.", 6) == 0) /* the auto context's psync side */
         return ctx->alt_state ? fr_engine_psync.stat(ctx->alt_state, key + 6) : -1;
     return ctx->engine->stat ? ctx->engine->stat(ctx->state, key) : -1;

@@ -73,6 +73,13 @@ struct fr_ctx {
     unsigned band_length_jumps; /* batches in a row 2x or more off band_files */
     fr_auto_trial trial;
 
+    /* fr_read_file_ranges on an engine without it (io_uring): a psync
+     * state of the context's settings, opened on first use. */
+    fr_config ranges_cfg;
+    void *ranges_state;
+    int ranges_failed; /* -errno: psync would not open */
+    int ranges_call;   /* the last call read through ranges_state */
+
     /* fr_read_files calls and the wall time spent in them (the engine's
      * read, the auto pick, any GPU hand-off): against the caller's own
      * clock, what a binding costs around the native call. */

@@ -27,8 +27,11 @@ static const char *const summed_keys[] = {
     "cache_hits",  "cache_misses", "cache_damaged", "cache_bytes_written", "cache_write_errors",
     "cache_evictions", "cache_waits", "s3_requests", "s3_bytes", "file_calls",
     "cql_requests", "cql_retries", "cql_bytes",
+    /* table readers (fr_read_file_ranges): files opened, descriptors evicted */
+    "fd_cache_opens", "fd_cache_evictions",
     /* gauges: a worker adds its change, so the total is the sum of now's */
     "s3_buffer_bytes", "s3_buffer_bytes_max",
+    "fd_cache_open", /* descriptors the workers' LRUs hold */
 };
 #define NSUMMED (sizeof(summed_keys) / sizeof(summed_keys[0]))
 
@@ -69,6 +72,12 @@ struct fr_reader {
     fr_range *ranges;
     uint8_t *keys;  /* key reader: npaths keys of key_len bytes */
     size_t key_len;
+    /* Table reader (fr_reader_open_table): npaths samples, ranges of the
+     * nfiles files in `paths`; the columns are the caller's (borrowed). */
+    int table;
+    size_t nfiles;
+    const uint32_t *t_files;
+    const uint64_t *t_offsets, *t_lengths;
     unsigned prefetch;
     unsigned nworkers;
     fr_pool *pool;
@@ -130,7 +139,8 @@ typedef struct scratch {
     uint64_t *hashes; /* explicit lists: the paths' hashes in the memo */
     fr_range *ranges;
     uint8_t *keys;
-    size_t cap, rcap, kcap;
+    fr_file_range *jobs;
+    size_t cap, rcap, kcap, jcap;
 } scratch;
 
 static int read_keys_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
@@ -166,6 +176,28 @@ static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, f
         sc->ranges[i] = rd->ranges[req->indices[i]];
     }
     return fr_read_ranges(ctx, rd->image, sc->ranges, req->n, b);
+}
+
+static int read_table_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
+                              scratch *sc)
+{
+    if (req->n > sc->jcap) {
+        fr_file_range *j = realloc(sc->jobs, req->n * sizeof(*j));
+        if (!j)
+            return -ENOMEM;
+        sc->jobs = j;
+        sc->jcap = req->n;
+    }
+    for (size_t i = 0; i < req->n; i++) {
+        size_t idx = (size_t)req->indices[i];
+        b->indices[i] = req->indices[i];
+        /* A file index past the table is that sample's -EINVAL (the engine's
+         * check): the columns are not walked at open. */
+        sc->jobs[i] = (fr_file_range){.file = rd->t_files[idx],
+                                      .offset = rd->t_offsets[idx],
+                                      .length = rd->t_lengths[idx]};
+    }
+    return fr_read_file_ranges(ctx, rd->paths, rd->nfiles, sc->jobs, req->n, b);
 }
 
 static int grow_scratch(scratch *sc, size_t n)
@@ -262,6 +294,8 @@ static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch
         return rc;
     if (rd->image)
         return read_ranges_request(rd, ctx, req, b, sc);
+    if (rd->table)
+        return read_table_request(rd, ctx, req, b, sc);
     if (rd->keys)
         return read_keys_request(rd, ctx, req, b, sc);
     if (req->paths)
@@ -416,6 +450,7 @@ static void *worker_main(void *arg)
     free(sc.hashes);
     free(sc.ranges);
     free(sc.keys);
+    free(sc.jobs);
     fr_ctx_close(ctx);
     return NULL;
 }
@@ -614,6 +649,62 @@ int fr_reader_open_keys(const fr_config *cfg, const uint8_t *keys, size_t key_le
     return reader_start(rd, out, err, err_len);
 }
 
+int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t npaths,
+                         const uint32_t *file_ids, const uint64_t *offsets,
+                         const uint64_t *lengths, size_t n, unsigned prefetch,
+                         unsigned workers, fr_reader **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    if (n && (!file_ids || !offsets || !lengths)) {
+        fr_set_err(err, err_len, "a table reader needs file ids, offsets and lengths");
+        return -EINVAL;
+    }
+    if (cfg->o_direct) {
+        fr_set_err(err, err_len, "ranges of many files are read buffered (no O_DIRECT)");
+        return -ENOTSUP;
+    }
+    fr_config c = *cfg;
+    /* io_uring's contexts would read file ranges through a psync pool
+     * beside their idle rings (fr_read_file_ranges): open psync ones, so
+     * the threads are the workers and their psync helpers alone. */
+    if (c.engine && (strcmp(c.engine, "io_uring") == 0 || strcmp(c.engine, "auto") == 0)) {
+        c.engine = "psync";
+        c.engine_args = "";
+        c.auto_engine = 0;
+    }
+    /* The descriptors are shared out among the workers' contexts. */
+    unsigned total = cfg->max_open_files ? cfg->max_open_files : FR_MAX_OPEN_FILES;
+    unsigned w = workers ? workers : 1;
+    c.max_open_files = total / w > 0 ? total / w : 1;
+    fr_reader *rd;
+    int rc = reader_new(&c, prefetch, workers, &rd, err, err_len);
+    if (rc)
+        return rc;
+    rd->table = 1;
+    rd->npaths = n;
+    rd->nfiles = npaths;
+    rd->t_files = file_ids;
+    rd->t_offsets = offsets;
+    rd->t_lengths = lengths;
+    size_t total_len = 0;
+    for (size_t i = 0; i < npaths; i++)
+        total_len += strlen(paths[i]) + 1;
+    rd->blob = malloc(total_len ? total_len : 1);
+    rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
+    if (!rd->blob || !rd->paths) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    char *p = rd->blob;
+    for (size_t i = 0; i < npaths; i++) {
+        size_t len = strlen(paths[i]) + 1;
+        memcpy(p, paths[i], len);
+        rd->paths[i] = p;
+        p += len;
+    }
+    return reader_start(rd, out, err, err_len);
+}
+
 static void enqueue(fr_reader *rd, request *req);
 
 int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
@@ -636,8 +727,8 @@ int fr_reader_submit(fr_reader *rd, const int64_t *indices, size_t n)
 
 int fr_reader_submit_paths(fr_reader *rd, const char *const *paths, size_t n)
 {
-    if (rd->image || rd->keys)
-        return -EINVAL; /* a range or key reader reads its own samples only */
+    if (rd->image || rd->keys || rd->table)
+        return -EINVAL; /* a range, key or table reader reads its own samples only */
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += strlen(paths[i]) + 1;
@@ -779,6 +870,10 @@ const char *fr_reader_path(const fr_reader *rd, size_t index)
         return NULL;
     if (rd->keys)
         return "";
+    if (rd->table) {
+        uint32_t f = rd->t_files[index];
+        return f < rd->nfiles ? rd->paths[f] : NULL;
+    }
     return rd->image ? rd->image : rd->paths[index];
 }
 

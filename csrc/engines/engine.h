@@ -65,6 +65,11 @@ typedef struct fr_engine {
      * per-sample contract as read_files. */
     int (*read_keys)(void *state, const uint8_t *keys, size_t key_len, size_t n,
                      fr_batch *batch);
+    /* Optional (NULL: -ENOTSUP, or for io_uring contexts a psync pool:
+     * see fr_read_file_ranges). Sample i is jobs[i]'s range of
+     * paths[jobs[i].file]; same per-sample contract as read_ranges. */
+    int (*read_file_ranges)(void *state, const char *const *paths, size_t npaths,
+                            const fr_file_range *jobs, size_t n, fr_batch *batch);
 } fr_engine;
 
 #define FR_HINTS_ANY_SIZE 2

@@ -100,6 +100,10 @@ typedef struct fr_config {
      * csrc/core/object_cache.h has the layout, locking and eviction. */
     const char *cache_dir;
     uint64_t cache_bytes;
+    /* fr_read_file_ranges: the most descriptors of the caller's files a
+     * context keeps open (an LRU; see there). 0: FR_MAX_OPEN_FILES. A
+     * reader over a table shares it out among its workers. */
+    unsigned max_open_files;
 } fr_config;
 
 /* fr_config.remember_sizes's default: 65536 paths (a 2 MiB table at most).
@@ -529,6 +533,57 @@ struct fr_gpu *fr_reader_gpu(fr_reader *reader); /* borrowed; NULL without GPU w
 /* Stops the thread. Batches still held by the caller stay valid until they
  * are recycled. */
 void fr_reader_close(fr_reader *reader);
+
+/* ------------------------------------------------------- ranges of many files */
+
+/* Default of fr_config.max_open_files. */
+#define FR_MAX_OPEN_FILES 64u
+
+/* One sample of fr_read_file_ranges: bytes [offset, offset + length) of
+ * the caller's paths[file]. */
+typedef struct fr_file_range {
+    uint32_t file;
+    uint32_t reserved; /* 0 */
+    uint64_t offset;
+    uint64_t length;
+} fr_file_range;
+
+/* Reads jobs[i] as sample i into batch, whatever files the jobs name:
+ * ranges of thousands of shards (WebDataset, Squirrel, CIFAR batch files)
+ * in one call on one context. Descriptors come from the context's LRU of
+ * at most cfg.max_open_files (opened with the checks of a range read:
+ * regular files and block devices only, never a FIFO's wait), keyed by the
+ * file's index: they stay open across calls that pass the same `paths`
+ * pointer, so the caller must not make an index name another file while
+ * reusing a table (a new table pointer empties the LRU). The calling
+ * thread and the engine's helper threads open the batch's missing files
+ * and read the ranges in parallel; a batch touching more files than the
+ * LRU holds is read in windows of that many files.
+ * Per-sample errors: -errno of the file's open (-ENOENT, -EISDIR, -EINVAL
+ * for a FIFO), -ENODATA where the file ends inside the range (a truncated
+ * shard), -EINVAL for a file index >= npaths or a range that overflows.
+ * Engines: psync; s3 (paths are s3:// URLs: ranged GETs of every object on
+ * the context's one multi handle, connections kept across objects);
+ * io_uring and auto contexts read through a psync pool of the same
+ * threads (opened on first use). Others: -ENOTSUP. O_DIRECT: -ENOTSUP. */
+int fr_read_file_ranges(fr_ctx *ctx, const char *const *paths, size_t npaths,
+                        const fr_file_range *jobs, size_t n, fr_batch *batch);
+
+/* A reader over a table of samples that are ranges of many files (or
+ * objects): sample i is bytes [offsets[i], + lengths[i]) of
+ * paths[file_ids[i]], read with fr_read_file_ranges. `paths` is copied;
+ * the columns are BORROWED (n entries each; the caller keeps them alive
+ * and unchanged until fr_reader_close): a memory-mapped index of 10^8
+ * samples opens without being read. Threads: the `workers` and their
+ * contexts' helpers, whatever the number of files; descriptors: at most
+ * cfg.max_open_files in all (each worker's context keeps its share, at
+ * least 1). A file index out of range is that sample's -EINVAL.
+ * fr_reader_path(reader, i) is sample i's file. Engines io_uring and auto
+ * read with psync contexts (fr_read_file_ranges), s3 with s3 ones. */
+int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t npaths,
+                         const uint32_t *file_ids, const uint64_t *offsets,
+                         const uint64_t *lengths, size_t n, unsigned prefetch,
+                         unsigned workers, fr_reader **out, char *err, size_t err_len);
 
 #ifdef __cplusplus
 }

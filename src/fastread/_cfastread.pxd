@@ -1,7 +1,7 @@
 # Declarations of the C core (csrc/include/fastread.h). Logic lives in the .pyx
 # modules that cimport them (_core, _batch, _device_arrays, _adapt, _context,
 # _native_reader).
-from libc.stdint cimport int64_t, uint64_t, uint8_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t, uint8_t
 
 
 cdef extern from "fastread.h" nogil:
@@ -25,6 +25,7 @@ cdef extern from "fastread.h" nogil:
         unsigned remember_sizes
         const char *cache_dir
         uint64_t cache_bytes
+        unsigned max_open_files
 
     void fr_config_init(fr_config *cfg)
     const int FR_AUTO_URING
@@ -145,6 +146,10 @@ cdef extern from "fastread.h" nogil:
     int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
                               size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
                               char *err, size_t err_len)
+    int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t npaths,
+                             const uint32_t *file_ids, const uint64_t *offsets,
+                             const uint64_t *lengths, size_t n, unsigned prefetch,
+                             unsigned workers, fr_reader **out, char *err, size_t err_len)
     int fr_reader_open_keys(const fr_config *cfg, const uint8_t *keys, size_t key_len, size_t n,
                             unsigned prefetch, unsigned workers, fr_reader **out, char *err,
                             size_t err_len) nogil

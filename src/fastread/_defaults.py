@@ -50,6 +50,13 @@ _SETTINGS = {
     # such as 64GiB. The formats' max_inflated= argument wins.
     "formats_max_inflated": ("FASTREAD_FORMATS_MAX_INFLATED", 16 << 30, str),
     "prefetch": ("FASTREAD_PREFETCH", 2, int),
+    # Descriptors a reader over ranges of many files (WebDataset, Squirrel,
+    # CIFAR shards: fastread.formats.MultiFileRanges) keeps open at most, an
+    # LRU shared out among its workers: 10,000 shards read with this many,
+    # whatever their count. 0: min(256, RLIMIT_NOFILE's soft limit / 4). A
+    # value past the soft limit's headroom is clamped, with a warning
+    # (max_open_files below).
+    "max_open_files": ("FASTREAD_MAX_OPEN_FILES", 0, int),
     # Reader threads, each with its own engine context; 0: one per 2 CPUs.
     "workers": ("FASTREAD_WORKERS", 0, int),
     # The CUDA device a reader serves when it needs one (GPU output, the
@@ -121,6 +128,43 @@ def reader_workers(workers=None):
         ranks = node_env()["local_world_size"]
         workers = min(8, max(1, (os.cpu_count() or 1) // 2 // ranks))
     return workers
+
+
+# Descriptors left to the rest of the process when max_open_files is
+# clamped to RLIMIT_NOFILE's headroom (sockets, rings, the caller's files).
+_FD_RESERVE = 32
+
+
+def max_open_files(value=None):
+    """The descriptors a reader over many files may keep open: ``value``,
+    else FASTREAD_MAX_OPEN_FILES, else (0) min(256, soft limit / 4); never
+    more than the soft RLIMIT_NOFILE's headroom (the limit less the
+    descriptors open now, less a reserve of 32): a larger value is clamped
+    with a RuntimeWarning naming the option. At least 1."""
+    import resource
+    import warnings
+    given = value is not None
+    if value is None:
+        value = get("max_open_files")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"max_open_files must be an integer >= 0 (0: automatic), got {value!r}")
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    if value == 0:
+        return max(1, min(256, soft // 4))
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        open_now = 0
+    headroom = max(1, soft - open_now - _FD_RESERVE)
+    if value > headroom:
+        where = "" if given else f" (from {env_var('max_open_files')})"
+        warnings.warn(f"max_open_files={value}{where} is past RLIMIT_NOFILE's headroom ({soft} "
+                      f"soft limit, {open_now} descriptors open): using {headroom}",
+                      RuntimeWarning, stacklevel=3)
+        value = headroom
+    return value
 
 
 def all_settings():

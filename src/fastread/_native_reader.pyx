@@ -3,6 +3,8 @@
 own engine context, reading submitted batches ahead, delivered in order."""
 import os
 
+import numpy as np
+
 cimport numpy as cnp
 from cpython.bytes cimport PyBytes_AS_STRING
 from cpython.exc cimport PyErr_CheckSignals
@@ -25,7 +27,12 @@ cdef class NativeReader:
     ``(offsets[i], lengths[i])`` of one packed image or block device (then
     ``paths`` is ignored and may be None), or, with ``keys=`` (a C-contiguous
     uint8 array of shape (n, key_len)), the rows of n keys that an engine
-    finding rows by key reads (cql)."""
+    finding rows by key reads (cql), or, with ``file_ids=`` (and
+    ``offsets=``, ``lengths=``), byte ranges of many files: sample i is
+    ``lengths[i]`` bytes at ``offsets[i]`` of ``paths[file_ids[i]]``
+    (fr_reader_open_table: one reader, at most ``max_open_files``
+    descriptors, whatever the number of files; the columns are borrowed,
+    kept alive by this object, not copied)."""
     cdef fr_reader *rd
     cdef _PoolOwner owner
     cdef readonly str engine
@@ -38,6 +45,8 @@ cdef class NativeReader:
     cdef readonly int device_id
     cdef readonly bint device_output
     cdef bint files  # samples are files (not ranges of an image)
+    # A table reader's columns: the native reader reads them in place.
+    cdef object _columns
 
     def __cinit__(self, paths, object engine="io_uring", unsigned queue_depth=64, unsigned threads=4,
                   bint o_direct=False, unsigned direct_alignment=4096,
@@ -46,9 +55,24 @@ cdef class NativeReader:
                   bint device_output=False, unsigned spin_us=50, int auto_engine=0,
                   unsigned prefetch=2,
                   unsigned workers=1, image=None, offsets=None, lengths=None,
-                  cache_dir=None, cache_bytes=0, keys=None):
+                  cache_dir=None, cache_bytes=0, keys=None, file_ids=None,
+                  unsigned max_open_files=0):
         cdef list encoded = ([] if image is not None or keys is not None
                              else [encode_path(p) for p in paths])
+        cdef const cnp.uint32_t[::1] t_files
+        cdef const cnp.uint64_t[::1] t_offsets, t_lengths
+        cdef size_t t_n = 0
+        if file_ids is not None:
+            if offsets is None or lengths is None:
+                raise ValueError("a table reader needs offsets= and lengths=")
+            cols = (np.ascontiguousarray(file_ids, dtype=np.uint32),
+                    np.ascontiguousarray(offsets, dtype=np.uint64),
+                    np.ascontiguousarray(lengths, dtype=np.uint64))
+            t_n = len(cols[0])
+            if cols[0].ndim != 1 or cols[1].shape != (t_n,) or cols[2].shape != (t_n,):
+                raise ValueError("file_ids, offsets and lengths must be 1-D, one entry a sample")
+            self._columns = cols
+            t_files, t_offsets, t_lengths = cols
         cdef const unsigned char[:, ::1] key_table = keys if keys is not None else None
         cdef size_t n = len(encoded), i
         cdef bytes image_b = encode_path(image) if image is not None else None
@@ -76,7 +100,18 @@ cdef class NativeReader:
                          register_buffers, register_files, args, device_id, pin_memory,
                          device_output, spin_us, auto_engine)
             cache_b = cache_config(&cfg, cache_dir, cache_bytes)
-            if keys is not None:
+            cfg.max_open_files = max_open_files
+            if file_ids is not None:
+                for i in range(n):
+                    cpaths[i] = PyBytes_AS_STRING(encoded[i])
+                with nogil:
+                    rc = fr_reader_open_table(&cfg, cpaths, n,
+                                              &t_files[0] if t_n else NULL,
+                                              &t_offsets[0] if t_n else NULL,
+                                              &t_lengths[0] if t_n else NULL, t_n,
+                                              prefetch, workers, &self.rd, err, sizeof(err))
+                n = t_n
+            elif keys is not None:
                 with nogil:
                     rc = fr_reader_open_keys(&cfg, &key_table[0, 0] if n else NULL,
                                              key_table.shape[1], n, prefetch, workers,
@@ -104,7 +139,7 @@ cdef class NativeReader:
         self.size = n
         self.device_id = device_id
         self.device_output = device_output
-        self.files = image is None and keys is None
+        self.files = image is None and keys is None and file_ids is None
 
     def __dealloc__(self):
         self._close()

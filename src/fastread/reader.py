@@ -112,7 +112,7 @@ class Reader:
                  drop_last=False, stick_to_shard=True, prefetch=None, workers=None,
                  engine="auto", ring_depth=None, device="cpu", options=None, shuffle_buffer=0,
                  global_batch_size=None, dense=False, shuffle_block=None, shuffle_window=None,
-                 **engine_options):
+                 max_open_files=None, **engine_options):
         if global_batch_size is not None:
             shard_id, num_shards = check_shard_args(shard_id, num_shards)
             local = check_global_batch(global_batch_size, num_shards)
@@ -148,6 +148,13 @@ class Reader:
                               file_filters=file_filters, image=image, index=index, source=source,
                               s3=opts.s3)
         self.labels = check_source(self.source)
+        if max_open_files is not None:
+            # Sources of ranges of many files (MultiFileRanges: WebDataset,
+            # Squirrel, CIFAR) keep at most this many descriptors open.
+            if not hasattr(self.source, "max_open_files"):
+                raise TypeError(f"max_open_files applies to sources of ranges of many files "
+                                f"(WebDataset, Squirrel, ...), not {self.source!r}")
+            self.source.max_open_files = max_open_files
         self.dense = dense_layout(self.source, dense)
         # Names of the samples (paths, or names inside an image), for len() and errors.
         self.paths = self.source.names

@@ -1047,6 +1047,71 @@ static int s3_read_ranges(void *state, const char *path, const fr_range *ranges,
     return 0;
 }
 
+/* ------------------------------------------------------- read_file_ranges */
+
+/* Ranges of many objects: one ranged GET per part_size of each, all on the
+ * context's one multi handle (connections kept across objects and calls). */
+static int s3_read_file_ranges(void *state, const char *const *paths, size_t npaths,
+                               const fr_file_range *jobs, size_t n, fr_batch *batch)
+{
+    s3_engine *s = state;
+    int rc = begin_call(s, batch, n);
+    if (rc)
+        return rc;
+    /* fr_layout_ranges reads offset and length only: the jobs' layout
+     * matches fr_range's from `offset` on, but not its start; copy. */
+    fr_range *ranges = malloc((n ? n : 1) * sizeof(*ranges));
+    if (!ranges)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        ranges[i] = (fr_range){jobs[i].offset, jobs[i].length};
+    rc = fr_layout_ranges(batch, ranges, n, 0, FR_SAMPLE_ALIGN);
+    free(ranges);
+    if (rc)
+        return rc;
+    clear_jobs(s);
+    size_t last = SIZE_MAX; /* the sample whose URL the next one of its object shares */
+    for (size_t i = 0; i < n; i++) {
+        s3_sample *sm = &s->samples[i];
+        if (jobs[i].file >= npaths) {
+            sm->url = "(no object)";
+            fail_sample(s, i, -EINVAL, "file index %" PRIu32 " of %zu objects", jobs[i].file,
+                        npaths);
+            continue;
+        }
+        if (last != SIZE_MAX && jobs[last].file == jobs[i].file) {
+            sm->url = s->samples[last].url;
+            sm->http_off = s->samples[last].http_off;
+        } else {
+            if ((rc = set_url(s, i, paths[jobs[i].file], 1)))
+                return rc;
+            if (sm->err)
+                continue;
+            last = i;
+        }
+        if (batch->samples[i].length < 0 && !sm->err)
+            fail_sample(s, i, (int)batch->samples[i].length,
+                        "range %zu (offset %" PRIu64 ", %" PRIu64 " bytes) overflows", i,
+                        jobs[i].offset, jobs[i].length);
+        if (!sm->err && add_parts(s, JOB_RANGE, i, jobs[i].offset, jobs[i].length, 0))
+            return -ENOMEM;
+    }
+    if ((rc = run_jobs(s)))
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        batch->samples[i].length = s->samples[i].err ? s->samples[i].err
+                                                     : (int64_t)jobs[i].length;
+    return 0;
+}
+
+static int s3_read_file_ranges_call(void *state, const char *const *paths, size_t npaths,
+                                    const fr_file_range *jobs, size_t n, fr_batch *batch)
+{
+    int rc = s3_read_file_ranges(state, paths, npaths, jobs, n, batch);
+    end_call(state);
+    return rc;
+}
+
 /* ------------------------------------------------------------ diagnostics */
 
 static void s3_cancel(void *state, int on)
@@ -1131,6 +1196,7 @@ const fr_engine fr_engine_s3 = {
     .uses_size_hints = FR_HINTS_ANY_SIZE,
     .stat = s3_stat,
     .read_ranges = s3_read_ranges,
+    .read_file_ranges = s3_read_file_ranges_call,
     .sample_error = s3_sample_error,
     .cancel = s3_cancel,
     .cache_scope = s3_cache_scope,

@@ -247,7 +247,7 @@ def _cut(nodes):
 # arguments (O_DIRECT is not among them: tar members are not aligned).
 # ``s3`` (S3Options) goes to the operator folded into engine_args.
 _WDS_NATIVE_OPTIONS = {"workers", "queue_depth", "threads", "register_buffers",
-                       "register_files", "engine_args", "s3"}
+                       "register_files", "engine_args", "s3", "max_open_files"}
 
 
 def _wds_native_obstacle(epoch_end, last_batch_policy, engine, kwargs, whole_shards=False):
@@ -317,7 +317,13 @@ def _native_webdataset(source, *, shard_id, num_shards, random_shuffle, seed, pa
     engine = check_engine(for_paths(engine, source.files[0].path))
     if kwargs.get("s3") is None and source.s3 is not None:
         kwargs = {**kwargs, "s3": source.s3}
-    op_args = operator_args(kwargs, _WDS_NATIVE_OPTIONS, name)
+    op_args = operator_args({k: v for k, v in kwargs.items() if k != "max_open_files"},
+                            _WDS_NATIVE_OPTIONS, name)
+    # Shard descriptors the operator keeps open: max_open_files=, else
+    # FASTREAD_MAX_OPEN_FILES's default, clamped to RLIMIT_NOFILE's headroom
+    # (fastread._defaults.max_open_files).
+    from fastread._defaults import max_open_files
+    op_args["max_open_files"] = max_open_files(kwargs.get("max_open_files"))
     if kwargs.get("shuffle_buffer"):  # webdataset(initial_fill=N, random_shuffle=True)
         op_args["initial_fill"] = kwargs["shuffle_buffer"]
     # As readers.file's operator: page-locked buffers in a pipeline with a

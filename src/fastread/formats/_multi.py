@@ -1,22 +1,23 @@
 """Byte ranges of several files as one sample source.
 
-Record formats keep their samples in a few large files (CIFAR-10's six batch
-files, tar shards): every sample is a byte range of one of them. The native
-range reader (``fr_reader_open_ranges``) reads ranges of one file, so
-:class:`MultiFileRanges` opens one native reader per file and splits each
-submitted batch by file: a batch costs one native submission per file it
-touches (not per sample), every file's ranges are read with many I/Os in
-flight and the GIL released, and the parts are put back together in the
-order the batch asked for. No Python runs per sample except the final list
-of views.
+Record formats keep their samples in many large files (CIFAR-10's six batch
+files, WebDataset and Squirrel shards): every sample is a byte range of one
+of them. :class:`MultiFileRanges` reads them all through ONE native reader
+over a table (``fr_reader_open_table``): the columns file id (u32), offset
+and length (u64) are handed to the C core as they are (borrowed, not
+copied), a batch is one native submission whatever files it touches, and
+the reader's workers read its ranges with the GIL released, each through an
+LRU of at most its share of ``max_open_files`` descriptors. Threads: the
+workers and their engine's helpers; descriptors: ``max_open_files``; both
+whatever the number of shards (10,000 shards read under ``ulimit -n 256``).
 """
-import collections
 import collections.abc
 import os
 
 import numpy as np
 
-from fastread._defaults import reader_workers
+from fastread import _core
+from fastread._defaults import max_open_files as _max_open_files
 from fastread.source import FileRanges, HostBatch, SampleSource
 
 __all__ = ["MultiFileRanges", "MultiBatch"]
@@ -64,175 +65,22 @@ class MultiBatch(HostBatch):
         self.released = True
 
 
-class _MultiNative:
-    """One NativeReader per file behind the NativeReader calls Reader makes
-    (submit, next, reset, close, size, taken, pool_*).
-
-    A batch is one native batch from each file it touches, taken in turn.
-    Each part is known by its number in its file's reader (``seq``: that
-    reader's ``taken`` once the part is handed out), so a part never goes to
-    the wrong batch whatever was interrupted or failed before: parts of
-    batches that failed or were dropped are skipped by number.
-
-    KeyboardInterrupt (any exception a signal handler raises) loses nothing:
-    while waiting for a part, or as a part arrives, the part stays queued in
-    its file's reader (NativeReader.next keeps it); a part taken goes into
-    the batch's own list in the same native call (NativeReader.next_into),
-    and the batch leaves the queue in one step (``taken`` is counted by that
-    same step). The next call finishes the batch and returns it whole. A
-    part that fails (its native reader used it up) fails the whole batch:
-    the call raises, ``taken`` counts the batch, and its parts still queued
-    in the other files' readers are skipped when their turn comes.
-    """
-
-    def __init__(self, source, natives):
-        self._file_of = source.file_index
-        self._local = source.local_index
-        self._natives = natives
-        # Batches submitted and not yet returned, oldest first:
-        # (indices, [(file, positions, seq)], [parts taken so far]).
-        self._queue = collections.deque()
-        # Per file: the seq (1-based number) of the last part submitted to it.
-        self._seq = [n.taken for n in natives]
-        self._submitted = 0   # batches queued here, ever (less those reset)
-        self.size = len(source)
-        self.engine = natives[0].engine if natives else None
-        self.auto_fallback = natives[0].auto_fallback if natives else 0
-
-    @property
-    def taken(self):
-        """Batches handed out or failed (as NativeReader.taken): the Reader
-        tells a batch that failed from a wait a signal interrupted by it.
-        Counted by the queue itself, so it changes in the one step that
-        removes a batch."""
-        return self._submitted - len(self._queue)
-
-    def submit(self, indices):
-        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < 0 or idx.max() >= self.size):
-            raise IndexError(f"sample index out of range 0..{self.size - 1}")
-        files = self._file_of[idx]
-        # Stable sort: within a file the batch's own order is kept.
-        order = np.argsort(files, kind="stable")
-        sorted_files = files[order]
-        starts = np.flatnonzero(np.r_[True, sorted_files[1:] != sorted_files[:-1]]) \
-            if len(idx) else np.empty(0, np.int64)
-        bounds = np.r_[starts, len(idx)]
-        plan = []
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            f = int(sorted_files[a])
-            pos = order[a:b]
-            self._natives[f].submit(self._local[idx[pos]])
-            # Queued in that file's reader: its number there is taken, even
-            # if a later file's submit fails (the part is then skipped).
-            self._seq[f] += 1
-            plan.append((f, pos, self._seq[f]))
-        self._queue.append((idx, plan, []))
-        self._submitted += 1
-
-    def _skip_to(self, native, seq):
-        """Takes and releases the parts queued in ``native`` before part
-        ``seq`` (parts of batches that failed or were dropped). A signal
-        while waiting leaves the rest for the next call."""
-        while native.taken < seq - 1:
-            before = native.taken
-            try:
-                part = native.next()
-            except BaseException:
-                if native.taken == before:  # interrupted: that part is still queued
-                    raise
-                continue                    # it failed: used up all the same
-            if part is None:
-                raise RuntimeError("a file's native reader has no part queued (reset outside "
-                                   "this reader?)")
-            part.release()
-
-    def next(self):
-        out = []
-        return out[0] if self.next_into(out) else None
-
-    def next_into(self, out):
-        """next(), appending the batch to ``out``: True, or False when
-        nothing is queued. The batch leaves the queue by a statement that
-        Python checks no signal at, and goes into ``out`` by the one call
-        after it (a KeyboardInterrupt at that call finds it in ``out``)."""
-        if not self._queue:
-            return False
-        idx, plan, parts = self._queue[0]
-        while len(parts) < len(plan):
-            f, _pos, seq = plan[len(parts)]
-            native = self._natives[f]
-            self._skip_to(native, seq)
-            before, had = native.taken, len(parts)
-            try:
-                got = native.next_into(parts)
-            except BaseException:
-                # The part is in `parts` from the native call that took it:
-                # a KeyboardInterrupt raised as that call returned (Python
-                # runs handlers after a call) finds it there, taken counted,
-                # and the batch goes on next call. Taken and not in `parts`:
-                # used up by a failed read, so the batch fails; its other
-                # files' parts are skipped later. (Judging by `taken` alone
-                # dropped a batch under a SIGINT storm: the caller then
-                # waited forever for it.)
-                if len(parts) == had and native.taken != before:
-                    self._queue.popleft()
-                    for p in parts:
-                        p.release()
-                raise                       # else interrupted: kept for the next call
-            if not got:  # the file's reader lost its queue: ours no longer matches
-                self._queue.popleft()
-                raise RuntimeError(f"the native reader of file {f} has no batch queued "
-                                   "(reset outside this reader?)")
-        batch = MultiBatch(parts, [pos for _f, pos, _seq in plan], idx)
-        del self._queue[0]
-        out.append(batch)
-        return True
-
-    def _clear(self):
-        for _idx, _plan, parts in self._queue:
-            for p in parts:
-                p.release()
-        self._submitted -= len(self._queue)
-        self._queue.clear()
-        self._seq = [n.taken for n in self._natives]
-
-    def reset(self):
-        for n in self._natives:
-            n.reset()
-        self._clear()
-
-    def close(self):
-        for n in self._natives:
-            n.close()
-        self._queue.clear()
-
-    @property
-    def pending(self):
-        return len(self._queue)
-
-    def pool_batches(self):
-        return sum(n.pool_batches() for n in self._natives)
-
-    def pool_idle_bytes(self):
-        return sum(n.pool_idle_bytes() for n in self._natives)
-
-    def pool_idle_device_bytes(self):
-        return sum(n.pool_idle_device_bytes() for n in self._natives)
-
-
 class MultiFileRanges(SampleSource):
     """Samples that are byte ranges of several files: ``files`` (each a
     :class:`fastread.FileRanges`), numbered file after file. ``names`` are
     ``<path>[<name in the file>]``; labels are the files' labels.
 
-    Read with one native range reader per file (see the module's
-    documentation); ``workers`` and the engine's ``threads`` are shared out
-    among the files (at least one each). Host delivery only: ``device="gpu"`` readers need the
-    single-file :class:`fastread.FileRanges`.
+    Read with one native reader for every file (see the module's
+    documentation). ``max_open_files`` (None: FASTREAD_MAX_OPEN_FILES, else
+    min(256, RLIMIT_NOFILE / 4); see :func:`fastread._defaults.max_open_files`)
+    bounds the descriptors it keeps open; set it on the source or pass
+    ``Reader(..., max_open_files=)``. Host delivery only: ``device="gpu"``
+    readers need the single-file :class:`fastread.FileRanges`.
     """
 
     reads_ranges = True
+    max_open_files = None
+    _table = None  # (file ids u32, offsets u64, lengths u64), made on first open
 
     def __init__(self, files):
         files = list(files)
@@ -281,6 +129,11 @@ class MultiFileRanges(SampleSource):
         if n and (np.diff(file_ids.astype(np.int64)) < 0).any():
             raise ValueError("file_ids must not decrease (samples numbered file after file)")
         bounds = np.searchsorted(file_ids, np.arange(len(paths) + 1), side="left")
+        # The native table: the columns as given where their types fit (a
+        # memory-mapped index is read in place), converted once otherwise.
+        table = (np.ascontiguousarray(file_ids, dtype=np.uint32),
+                 np.ascontiguousarray(offsets, dtype=np.uint64),
+                 np.ascontiguousarray(lengths, dtype=np.uint64))
         files = []
         for f, (path, shown) in enumerate(zip(paths, file_names)):
             a, b = int(bounds[f]), int(bounds[f + 1])
@@ -289,6 +142,7 @@ class MultiFileRanges(SampleSource):
             part.shown = shown
             files.append(part)
         self._set_files(files)
+        self._table = table
         self.labels = (np.arange(n, dtype=np.int32) if labels is None
                        else np.asarray(labels, dtype=np.int32))
         if self.labels.shape != (n,):
@@ -296,6 +150,7 @@ class MultiFileRanges(SampleSource):
 
     def _set_files(self, files):
         self.files = files
+        self._table = None
         counts = np.array([len(f) for f in self.files], np.int64)
         self.starts = np.r_[0, np.cumsum(counts)].astype(np.int64)
         n = int(self.starts[-1])
@@ -329,26 +184,26 @@ class MultiFileRanges(SampleSource):
         for f in self.files:
             f.check_options(options)
 
+    def native_table(self):
+        """The columns the native reader reads: (file ids as uint32, offsets
+        and lengths as uint64), one entry a sample."""
+        if self._table is None:
+            if len(self.files) > 1 << 32:
+                raise ValueError(f"{self!r}: at most 2**32 files")
+            self._table = (self.file_index.astype(np.uint32),
+                           np.concatenate([f.offsets for f in self.files]).astype(np.uint64),
+                           self._sizes.astype(np.uint64))
+        return self._table
+
     def open_native(self, engine, options, *, prefetch, workers):
         if not self.files:
             raise ValueError(f"{self!r} has no files to read")
-        per_file = max(1, reader_workers(workers) // len(self.files))
-        # Each file's reader reads its share of a batch: the engine's threads
-        # (io_uring rings, psync threads) are shared out too, or ten shards
-        # would wake forty ring threads for a batch of 64 small samples.
-        threads = options.get("threads")
-        if threads:
-            options = dict(options, threads=max(1, threads // len(self.files)))
-        natives = []
-        try:
-            for f in self.files:
-                natives.append(f.open_native(engine, options, prefetch=prefetch,
-                                             workers=per_file))
-        except BaseException:
-            for n in natives:
-                n.close()
-            raise
-        return _MultiNative(self, natives)
+        file_ids, offsets, lengths = self.native_table()
+        return _core.NativeReader([f.path for f in self.files], engine, prefetch=prefetch,
+                                  workers=workers, file_ids=file_ids, offsets=offsets,
+                                  lengths=lengths,
+                                  max_open_files=_max_open_files(self.max_open_files),
+                                  **options)
 
     def read_batch(self, context, indices):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)

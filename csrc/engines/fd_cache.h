@@ -1,0 +1,63 @@
+/*
+ * An LRU of open descriptors, keyed by a file's index in a caller's table
+ * of paths (fr_read_file_ranges): a context reading ranges of thousands of
+ * shards keeps at most `cap` of them open, the most recently used, so the
+ * process's descriptors stay bounded whatever the shard count.
+ * Internal: not part of the public API. Not thread-safe: one context's
+ * calling thread looks up and inserts; helper threads only use the
+ * descriptors it handed them for the phase in progress (pinned entries are
+ * never evicted while pinned).
+ */
+#ifndef FASTREAD_FD_CACHE_H
+#define FASTREAD_FD_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct fr_fd_entry {
+    uint32_t file; /* index in the caller's paths */
+    int fd;
+    int pinned;            /* in use by the phase in progress */
+    uint32_t prev, next;   /* LRU list (most recent at head); UINT32_MAX: none */
+    uint32_t hnext;        /* hash chain */
+} fr_fd_entry;
+
+typedef struct fr_fd_cache {
+    fr_fd_entry *entries;  /* cap of them */
+    uint32_t *buckets;     /* nbuckets heads (power of two) */
+    uint32_t nbuckets;
+    uint32_t cap, used;
+    uint32_t head, tail;   /* LRU ends */
+    uint32_t free_head;    /* unused entries */
+    /* The paths the keys index; a different table (another call's) empties
+     * the cache first, so a key never names another file. */
+    const void *table;
+    long opens, hits, evictions;
+} fr_fd_cache;
+
+/* 0 or -ENOMEM; cap >= 1. */
+int fr_fd_cache_init(fr_fd_cache *c, uint32_t cap);
+/* Closes every descriptor and frees the cache. */
+void fr_fd_cache_free(fr_fd_cache *c);
+/* Closes every descriptor (keeps the cache usable). */
+void fr_fd_cache_clear(fr_fd_cache *c);
+/* Empties the cache if `table` is not the one its keys index. */
+void fr_fd_cache_use_table(fr_fd_cache *c, const void *table);
+/* The descriptor of `file`, made most recent and pinned; -1 if not cached. */
+int fr_fd_cache_get(fr_fd_cache *c, uint32_t file);
+/* Room for `k` more entries: evicts (closes) the least recent unpinned
+ * ones until used + k <= cap, before the k files are opened, so the
+ * descriptors open never pass cap. 0, or -EBUSY when the pinned entries
+ * leave too little room. */
+int fr_fd_cache_reserve(fr_fd_cache *c, uint32_t k);
+/* Adds `fd` for `file` (not cached), most recent and pinned, evicting one
+ * entry if full; the cache owns and closes it. 0, or -EBUSY (every entry
+ * pinned: fd is not taken). */
+int fr_fd_cache_put(fr_fd_cache *c, uint32_t file, int fd);
+/* Unpins every entry (the phase is over). */
+void fr_fd_cache_unpin_all(fr_fd_cache *c);
+/* Drops `file`'s entry, closing its descriptor (a read through it failed:
+ * the next use opens the path again). */
+void fr_fd_cache_drop(fr_fd_cache *c, uint32_t file);
+
+#endif
