@@ -90,7 +90,7 @@
 #                              (default DALI's 0.65); (a), (b), (d) skip, saying so, without DALI staged;
 #                              (e) readers.image(raw 160 pack, decoded=True) + .gpu(), (f) the same with
 #                              device="gpu" (the native operator's GPU output), each + DALI's GPU crop
-#   bash bench/gpu.sh decoded-gpu  (c), (e), (f) at 160 and 224 alone, with issue 39's verdict for (f)
+#   bash bench/gpu.sh decoded-gpu  (c), (e), (f) at 160 and 224 alone (and (g), (h): their readers alone, at 160), with issue 39's verdict for (f)
 #                              last (>= 2x (e), >= 0.7x (c))
 #   bash bench/gpu.sh pack-decoders  `fastread pack --decode` with DALI's decoder on the GPU
 #                              (issue 33): tests/test_pack_dali.py (its GPU cases run here
@@ -494,7 +494,7 @@ decoded|decoded-gpu)
     # the host outputs + .gpu() (e) and the fused ImageLoader (c), with its verdict.
     modes=a160,a224,b224,c160,c224,d224,e160,f160
     extra=()
-    if [ "$section" = decoded-gpu ]; then modes=c160,e160,f160,c224,e224,f224; extra=(--verdict); fi
+    if [ "$section" = decoded-gpu ]; then modes=c160,e160,f160,g160,h160,c224,e224,f224; extra=(--verdict); fi
     python3 bench/gpu/augment_bench.py "$aug/train" --raw160 "$aug/raw160.img" \
         --raw224 "$aug/raw224.img" --jpeg "$aug/jpeg256.img" --batch 256 --threads 8 \
         --rounds "${AUG_ROUNDS:-3}" --seconds "${AUG_SECONDS:-4}" --json "$json/$section.json" \

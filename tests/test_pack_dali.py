@@ -325,6 +325,40 @@ def test_truncated_jpegs_are_left_to_pillow(tree, tmp_path):
     assert all(why is None for _, _, why in items[:2] + items[3:])
 
 
+def test_plain_jpeg_sizes_are_pillows(tree):
+    """The parser's fast header walk (no Pillow) gives Pillow's size for
+    plain JPEGs, and steps aside (None: Pillow's parser decides) for any
+    JPEG whose orientation, format or frame Pillow would read otherwise."""
+    from PIL import ImageOps
+    from fastread.decode_dali import _plain_jpeg_size
+
+    def jpeg(im, **kw):
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", **kw)
+        return buf.getvalue()
+
+    rgb = Image.fromarray(np.random.default_rng(0).integers(0, 256, (37, 53, 3), np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    plain = [jpeg(rgb), jpeg(rgb, progressive=True), jpeg(rgb.convert("L")),
+             jpeg(rgb, subsampling=0), jpeg(rgb, icc_profile=b"\0" * 200)]
+    plain += [open(p, "rb").read() for p in fastread.scan(tree)[0] if p.endswith(".JPEG")][:8]
+    for data in plain:
+        with Image.open(io.BytesIO(data)) as im:
+            assert im.format == "JPEG" and im.getexif().get(0x0112, 1) == 1
+            assert _plain_jpeg_size(data) == im.size
+            assert upright_size(data) == ImageOps.exif_transpose(im).size
+    others = [jpeg(rgb, exif=exif.tobytes()),                      # EXIF orientation
+              jpeg(rgb.convert("CMYK")),                          # 4 components
+              jpeg(rgb)[:20],                                     # no start of scan
+              b"\xff\xd8\xff\xe0\x00\xff" + jpeg(rgb)[6:],          # a segment past the end
+              jpeg(rgb)[:2] + b"\xff\xff" + jpeg(rgb)[2:],           # a fill byte
+              b"\x89PNG\r\n\x1a\n not a JPEG", b""]
+    for data in others:
+        assert _plain_jpeg_size(data) is None
+    assert upright_size(others[0]) == (37, 53)   # turned, by Pillow's parser
+
+
 def test_a_device_failure_fails_the_pack_not_the_files(tree, tmp_path, monkeypatch):
     """An error of DALI's device (CUDA, memory) is no file's fault: the
     pack fails saying so, instead of handing every file to Pillow."""

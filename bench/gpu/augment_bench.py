@@ -16,6 +16,10 @@ end of every pipeline, each batch touched by a sum on the GPU:
   (f) raw-pack-gpu    readers.image(raw S x S pack, decoded=True,
                       device="gpu"): the native operator writes the pixels
                       into DALI's GPU outputs, then the same (issue 39)
+  (g) raw-read-gpu    (f)'s reader alone: uint8 HWC batches in DALI's GPU
+                      outputs, no augmentation (where (f)'s time goes: the
+                      reader and its copies, or the GPU operators after it)
+  (h) raw-read-host   (e)'s reader alone: host outputs + .gpu(), uint8
 
 --verdict prints issue 39's targets for (f) last: >= 2x (e) (118.9k img/s
 at 160 on an H200 when it was filed) and >= 0.7x (c), in the same run.
@@ -51,12 +55,14 @@ def dali_stream(args, size, source):
                   prefetch_queue_depth=2)
     def pipe():
         raw = {160: args.raw160, 224: args.raw224}.get(size)
-        if source in ("raw-pack-host", "raw-pack-gpu"):
-            device = "gpu" if source == "raw-pack-gpu" else "cpu"
+        if source in ("raw-pack-host", "raw-pack-gpu", "raw-read-host", "raw-read-gpu"):
+            device = "gpu" if source in ("raw-pack-gpu", "raw-read-gpu") else "cpu"
             images, labels = readers.image(image=raw, decoded=True, device=device,
                                            random_shuffle=True, seed=0, name="Reader")
             if device == "cpu":
                 images = images.gpu()
+            if source.startswith("raw-read"):
+                return images, labels if labels.device == "gpu" else labels.gpu()
             images = fn.random_resized_crop(images, size=(size, size), seed=1)
             images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                               mirror=fn.random.coin_flip(seed=2), mean=MEAN,
@@ -148,6 +154,10 @@ def main():
         "e224": ("(e) raw-pack-host", 224, lambda: dali_stream(args, 224, "raw-pack-host")),
         "f160": ("(f) raw-pack-gpu", 160, lambda: dali_stream(args, 160, "raw-pack-gpu")),
         "f224": ("(f) raw-pack-gpu", 224, lambda: dali_stream(args, 224, "raw-pack-gpu")),
+        "g160": ("(g) raw-read-gpu", 160, lambda: dali_stream(args, 160, "raw-read-gpu")),
+        "g224": ("(g) raw-read-gpu", 224, lambda: dali_stream(args, 224, "raw-read-gpu")),
+        "h160": ("(h) raw-read-host", 160, lambda: dali_stream(args, 160, "raw-read-host")),
+        "h224": ("(h) raw-read-host", 224, lambda: dali_stream(args, 224, "raw-read-host")),
     }
     streams, skipped = {}, {}
     for key in args.modes.split(","):
