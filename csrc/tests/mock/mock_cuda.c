@@ -737,6 +737,7 @@ typedef struct admit_arg {
     const fr_dev_store *s;
     const uint8_t *out;
     uint64_t n, k, nthreads, admitted, filled;
+    uint32_t floor; /* fr_rows_pass_floor */
 } admit_arg;
 
 static void *admit_thread(void *p)
@@ -745,7 +746,7 @@ static void *admit_thread(void *p)
     const fr_dev_rows *r = &a->s->rowc;
     for (uint64_t i = a->k; i < a->n; i += a->nthreads) {
         int got = fr_rows_admit_one(r, a->s->row_bytes, r->adm[2 * i],
-                                    a->out + r->adm[2 * i + 1] * a->s->row_bytes);
+                                    a->out + r->adm[2 * i + 1] * a->s->row_bytes, a->floor);
         a->admitted += got != FR_ROWS_OUT;
         a->filled += got == FR_ROWS_FILLED;
     }
@@ -763,6 +764,7 @@ static int fr_rows_admit_host(void **params, unsigned threads)
     if (__atomic_load_n(&s->result->error, __ATOMIC_ACQUIRE) != 0)
         return 0;
     uint64_t n = __atomic_load_n(r->adm_n, __ATOMIC_ACQUIRE);
+    uint32_t floor = fr_rows_pass_floor(r, n);
     if (n > r->adm_cap)
         n = r->adm_cap;
     enum { T = 4 };
@@ -770,7 +772,7 @@ static int fr_rows_admit_host(void **params, unsigned threads)
     pthread_t th[T];
     unsigned started = 0;
     for (unsigned k = 0; k < T; k++) {
-        a[k] = (admit_arg){.s = s, .out = out, .n = n, .k = k, .nthreads = T};
+        a[k] = (admit_arg){.s = s, .out = out, .n = n, .k = k, .nthreads = T, .floor = floor};
         if (pthread_create(&th[k], NULL, admit_thread, &a[k]) != 0)
             break;
         started++;
