@@ -254,6 +254,7 @@ def open_fridx(path):
         if size < _PREAMBLE:
             raise FormatError(path, 0, f"not a fastread index file ({size} bytes)")
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    cols = {}
     try:
         if m[:len(FRIDX_MAGIC)] != FRIDX_MAGIC:
             raise FormatError(path, 0, "not a fastread index file (bad magic)")
@@ -268,7 +269,6 @@ def open_fridx(path):
             if header.get("version") != 1 or header.get("format") != "fastread-webdataset-index":
                 raise FormatError(path, _PREAMBLE, f"unsupported index version "
                                                    f"{header.get('version')!r}")
-            cols = {}
             for name, c in header["columns"].items():
                 dt = np.dtype(c["dtype"])
                 shape = tuple(int(x) for x in c["shape"])
@@ -300,7 +300,11 @@ def open_fridx(path):
                         cols["comp_off"], cols["comp_len"], cols.get("keys"), key_off,
                         header.get("skipped", 0), source=path, keep=m)
     except BaseException:
-        m.close()
+        cols.clear()   # the views go first, or the map cannot close
+        try:
+            m.close()
+        except BufferError:
+            pass       # a view still held by a traceback: closed when it goes
         raise
 
 
