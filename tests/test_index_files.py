@@ -220,7 +220,7 @@ def _rss():
 def test_ten_million_sample_index_opens_bounded(tmp_path):
     """A synthetic 10^7-sample index (arrays made directly, one sparse shard):
     opened from its file with the columns mapped, a few samples read; RSS
-    growth stays within the numbering arrays' bound (<= 40 B a sample)."""
+    growth stays within the issue's bound (<= 32 B a sample)."""
     n = 10_000_000
     shard = tmp_path / "huge.tar"
     with open(shard, "wb") as f:
@@ -245,7 +245,7 @@ def test_ten_million_sample_index_opens_bounded(tmp_path):
     grown = _rss() - before
     mem = src.index_bytes()
     assert mem["index_mapped"] and mem["index_samples"] == n
-    assert grown <= 40 * n, f"RSS grew {grown} bytes for {n} samples"
+    assert grown <= 32 * n, f"RSS grew {grown} bytes for {n} samples"
     assert src.names[n - 1].endswith(f"huge.tar[{n - 1}]")
     print(f"RSS growth {grown / n:.1f} B a sample; index {mem}")
     del src

@@ -645,6 +645,13 @@ class WebDataset(MultiFileRanges):
         if any(t != p for t, p in zip(tars, self.paths)):
             _cache.prune(cache_dir, limit, keep=[t for t, p in zip(tars, self.paths) if t != p])
         super().__init__(shards)
+        # The numbering of samples in 4 bytes each where it fits (MultiFileRanges
+        # builds it in 8), and the sizes as the index's own column, not a copy.
+        if len(self.files) < 2 ** 31:
+            self.file_index = self.file_index.astype(np.int32)
+        if not len(index.counts) or int(index.counts.max()) < 2 ** 31:
+            self.local_index = self.local_index.astype(np.int32)
+        self._sizes = index.length
         # Per component: where it starts in its sample (-1: missing) and its
         # length, int32/uint32 where they fit; component_ranges picks a
         # batch's in one NumPy call each.
@@ -828,8 +835,10 @@ class WebDataset(MultiFileRanges):
         file count in full, though only the pages used are read) and the
         per-sample arrays of the samples' numbering."""
         own = self.index.nbytes
-        multi = sum(int(getattr(self, a).nbytes) for a in
-                    ("file_index", "local_index", "labels", "_sizes") if hasattr(self, a))
+        multi = sum(int(getattr(self, a).nbytes) for a in ("file_index", "local_index", "labels")
+                    if hasattr(self, a))
+        if getattr(self, "_sizes", None) is not None and self._sizes is not self.index.length:
+            multi += int(self._sizes.nbytes)
         return {"index_bytes": own + multi, "index_columns_bytes": own,
                 "index_numbering_bytes": multi,
                 "index_mapped": self.index.source is not None and self.index._keep is not None,
