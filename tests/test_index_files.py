@@ -246,6 +246,11 @@ def test_ten_million_sample_index_opens_bounded(tmp_path):
     mem = src.index_bytes()
     assert mem["index_mapped"] and mem["index_samples"] == n
     assert grown <= 32 * n, f"RSS grew {grown} bytes for {n} samples"
+    from fastread import Reader
+    with Reader(source=src, batch_size=4) as r:
+        mem = r.memory()
+        assert mem["index_samples"] == n and mem["index_bytes"] >= 16 * n
+        next(iter(r))
     assert src.names[n - 1].endswith(f"huge.tar[{n - 1}]")
     print(f"RSS growth {grown / n:.1f} B a sample; index {mem}")
     del src

@@ -45,7 +45,9 @@ static void member(tarbuf *t, char kind, const char *prefix, const char *name, c
     unsigned char h[512] = {0};
     strncpy((char *)h, name, 100);
     snprintf((char *)h + 100, 8, "%07o", 0644);
-    snprintf((char *)h + 124, 12, "%011zo", size);
+    char num[32];
+    snprintf(num, sizeof num, "%011zo", size);
+    memcpy(h + 124, num, 12);
     memcpy(h + 257, "ustar", 6);
     memcpy(h + 263, "00", 2);
     if (prefix)
@@ -55,7 +57,8 @@ static void member(tarbuf *t, char kind, const char *prefix, const char *name, c
     unsigned sum = 0;
     for (int i = 0; i < 512; i++)
         sum += h[i];
-    snprintf((char *)h + 148, 8, "%06o", sum);
+    snprintf(num, sizeof num, "%06o", sum & 0777777u);
+    memcpy(h + 148, num, 7);
     put(t, h, 512);
     put(t, data, size);
     pad(t);
