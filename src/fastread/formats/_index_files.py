@@ -36,6 +36,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import zlib
 
 import numpy as np
@@ -54,6 +55,17 @@ _PREAMBLE = 64
 #: (its identity could repeat after a rewrite within the timestamp granularity).
 RACY_NS = 2_000_000_000
 _ALIGN = 64
+
+
+_KEY_RE = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
+
+
+def split_name(name):
+    """``(key, extension)`` of a member name as webdataset splits it
+    (``a/b.c.d`` -> ``('a/b', 'c.d')``), or None for a name with no
+    extension."""
+    m = _KEY_RE.match(name)
+    return (m.group(1), m.group(2)) if m else None
 
 
 class StaleIndexError(FormatError):
@@ -403,8 +415,6 @@ def write_wds2idx(path, names, name_off, data_off, sizes):
     name up to the first dot of the base name; names with no such key
     left out), v1.2 (v1.1 where a name has white space, which v1.2 cannot
     hold). Atomic (written to a temporary file, renamed)."""
-    from fastread.formats.webdataset import split_name
-
     samples, last = [], None
     no = np.asarray(name_off).tolist()
     offs, szs = np.asarray(data_off).tolist(), np.asarray(sizes).tolist()

@@ -45,7 +45,6 @@ import collections
 import collections.abc
 import mmap
 import os
-import re
 import threading
 import time
 import warnings
@@ -58,6 +57,7 @@ from fastread._safe_open import open_file
 from fastread.engine import EngineOptions, cached_context
 from fastread.files import raise_failures
 from fastread.formats import _cache, _gzip, _index_files
+from fastread.formats._index_files import split_name
 from fastread.formats._multi import MultiFileRanges
 from fastread.formats.cifar import FormatError
 from fastread.s3 import S3Options, is_url
@@ -71,7 +71,6 @@ MISSING_BEHAVIORS = ("empty", "skip", "error")
 #: once, the GIL released) or by the Python reference code (index_tar).
 INDEXERS = ("native", "python")
 _BLOCK = 512
-_KEY_RE = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 
 
 class TarMember(tuple):
@@ -85,14 +84,6 @@ class TarMember(tuple):
     offset = property(lambda self: self[1])
     size = property(lambda self: self[2])
     header = property(lambda self: self[3])   # offset of the member's first header
-
-
-def split_name(name):
-    """``(key, extension)`` of a member name as webdataset splits it
-    (``a/b.c.d`` -> ``('a/b', 'c.d')``), or None for a name with no
-    extension."""
-    m = _KEY_RE.match(name)
-    return (m.group(1), m.group(2)) if m else None
 
 
 def _octal(field, shard, at, what):
