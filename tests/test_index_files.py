@@ -5,7 +5,6 @@ rewritten) is refused when given and rebuilt when found; the node-local
 cache is hit on the second open and memory-mapped; bad index files are named
 in errors; a 10^7-sample synthetic index opens and reads with bounded RSS."""
 import glob
-import json
 import os
 import tarfile
 
