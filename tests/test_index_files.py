@@ -171,6 +171,9 @@ def test_cache_hit_on_second_open(shards, tmp_path):
     fresh = write_tar(tmp_path / "new.tar", [("n.jpg", b"1")])
     WebDataset([fresh], EXT, index_cache=str(tmp_path / "racy"))
     assert not os.path.exists(tmp_path / "racy") or not os.listdir(tmp_path / "racy")
+    # Least recently used entries past the bound go.
+    ix.cache_prune(cache, keep=1)
+    assert len(os.listdir(cache)) == 1
     # A damaged entry is rebuilt and replaced, not read.
     entry = os.path.join(cache, sorted(os.listdir(cache))[0])
     with open(entry, "r+b") as f:

@@ -37,6 +37,7 @@ import json
 import mmap
 import os
 import re
+import time
 import zlib
 
 import numpy as np
@@ -470,3 +471,46 @@ def cache_path(directory, spec, shards):
     h = hashlib.sha256(json.dumps([spec, [[os.path.abspath(p), s, m] for p, s, m in shards]],
                                   sort_keys=True).encode())
     return os.path.join(directory, f"wds-{h.hexdigest()[:32]}{FRIDX_SUFFIX}")
+
+
+#: Entries the index cache keeps; past it the least recently used go.
+CACHE_ENTRIES = 256
+
+
+def cache_touch(entry):
+    """Marks a cache entry used (its mtime: the LRU order of cache_prune)."""
+    try:
+        os.utime(entry)
+    except OSError:
+        pass   # read-only or removed meanwhile: its order only
+
+
+def cache_prune(directory, keep=CACHE_ENTRIES):
+    """Removes the least recently used index cache entries past ``keep``
+    (and temporary files a crashed writer left over an hour ago)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    now, entries = time.time(), []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if name.endswith(".tmp") and now - mtime > 3600:
+            _remove(path)
+        elif name.startswith("wds-") and name.endswith(FRIDX_SUFFIX):
+            entries.append((mtime, path))
+    entries.sort(reverse=True)
+    for _mtime, path in entries[keep:]:
+        _remove(path)
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass   # another process removed it first
+

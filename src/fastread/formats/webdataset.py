@@ -329,6 +329,14 @@ class _Keys(collections.abc.Sequence):
             raise IndexError(i)
         return self._index.key(self._first + i)
 
+    def __eq__(self, other):
+        """Equal to any sequence of the same keys (a list of str, as FileRanges.names)."""
+        if not isinstance(other, collections.abc.Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
 
 #: Shards of s3:// URLs indexed per native call: each is read whole to be
 #: indexed, so this bounds the memory indexing takes (8 shards of 16 MB).
@@ -671,6 +679,7 @@ class WebDataset(MultiFileRanges):
                     index.check_spec(spec, entry)
                     index.check_fresh(paths, entry)
                     self.index_origin = "cache"
+                    _index_files.cache_touch(entry)
                     return index
                 except (FormatError, OSError):
                     pass   # a damaged or raced entry: rebuilt below, and replaced
@@ -689,6 +698,7 @@ class WebDataset(MultiFileRanges):
             try:
                 os.makedirs(directory, exist_ok=True)
                 index.write(entry)
+                _index_files.cache_prune(directory)
             except OSError as e:
                 warnings.warn(f"fastread: the WebDataset index of {len(paths)} shards could "
                               f"not be cached in {directory!r} ({e}); it is rebuilt next time",
