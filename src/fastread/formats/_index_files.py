@@ -46,7 +46,7 @@ from fastread import _defaults
 from fastread.formats.cifar import FormatError
 
 __all__ = ["WdsIndex", "StaleIndexError", "open_fridx", "read_wds2idx", "write_wds2idx",
-           "identity", "cache_path", "FRIDX_MAGIC", "FRIDX_SUFFIX", "WDS2IDX_SUFFIX"]
+           "identity", "cache_path", "load_index_paths", "beside_index", "beside_paths", "FRIDX_MAGIC", "FRIDX_SUFFIX", "WDS2IDX_SUFFIX"]
 
 FRIDX_MAGIC = b"FRIDX\0v1"
 FRIDX_SUFFIX = ".fridx"
@@ -514,3 +514,77 @@ def _remove(path):
     except OSError:
         pass   # another process removed it first
 
+
+# -- where a reader finds an index ------------------------------------------------
+# `members_part(shard, members)`: the reader's grouping of tar members into
+# columns (WebDataset's), for wds2idx files, which list members.
+
+def _index_file_part(index_path, shard, tar, spec, members_part):
+    """(columns, identity record) of one shard from its index file (either format)."""
+    if is_fridx(index_path):
+        idx = open_fridx(index_path)
+        idx.check_spec(spec, index_path)
+        idx.check_fresh([shard], index_path)
+        part = {"start": idx.start, "length": idx.length, "comp_off": idx.comp_off,
+                "comp_len": idx.comp_len, "keys": idx.keys, "key_off": idx.key_off,
+                "skipped": idx.skipped}
+        return part, idx.shards[0]
+    members = read_wds2idx(index_path, tar)
+    size, mtime = identity(shard)
+    return members_part(shard, members), {"path": shard, "size": size, "mtime_ns": mtime}
+
+
+def load_index_paths(index_paths, paths, tars, spec, members_part):
+    """The index from ``index_paths``: one .fridx file for all shards, or a
+    list with one file per shard (.fridx or DALI wds2idx, told apart by
+    their first bytes). Stale or foreign files are refused (StaleIndexError
+    naming the file and the shard)."""
+    if isinstance(index_paths, (str, os.PathLike)):
+        one = os.fspath(index_paths)
+        if len(paths) > 1 or is_fridx(one):
+            if not is_fridx(one):
+                raise FormatError(one, 0, f"one index file for {len(paths)} shards must be a "
+                                          "fastread index (.fridx); DALI's wds2idx files are "
+                                          "one per shard")
+            idx = open_fridx(one)
+            idx.check_spec(spec, one)
+            idx.check_fresh(paths, one)
+            return idx
+        index_paths = [one]
+    index_paths = [os.fspath(p) for p in index_paths]
+    if len(index_paths) != len(paths):
+        raise ValueError(f"index_paths: {len(index_paths)} index files for {len(paths)} shards "
+                         "(one per shard, in the same order, or one .fridx for all)")
+    got = [_index_file_part(ip, p, t, spec, members_part) for ip, p, t in zip(index_paths, paths, tars)]
+    return WdsIndex.from_parts(spec, [g[1] for g in got], [g[0] for g in got])
+
+
+def beside_paths(shard):
+    """Index files looked for next to a shard, in order: ``shard.tar.fridx``,
+    ``shard.tar.idx``, and DALI's wds2idx default name ``shard.idx``."""
+    base = shard[:shard.find(".", shard.rfind("/") + 2)] if "." in os.path.basename(shard) \
+        else shard
+    out = [shard + FRIDX_SUFFIX, shard + WDS2IDX_SUFFIX]
+    if base != shard:
+        out.append(base + WDS2IDX_SUFFIX)
+    return out
+
+
+def beside_index(paths, tars, spec, members_part):
+    """The index from files next to every shard, or None where a shard has
+    none that is fresh and of this spec (then the set is indexed anew)."""
+    got = []
+    for p, t in zip(paths, tars):
+        found = None
+        for cand in beside_paths(p):
+            if not os.path.isfile(cand):
+                continue
+            try:
+                found = _index_file_part(cand, p, t, spec, members_part)
+                break
+            except (FormatError, OSError, ValueError):
+                continue   # stale, foreign or damaged: not used
+        if found is None:
+            return None
+        got.append(found)
+    return WdsIndex.from_parts(spec, [g[1] for g in got], [g[0] for g in got])

@@ -462,78 +462,6 @@ def _members_part(shard, members, source):
                          grouping=source.grouping)
 
 
-def _index_file_part(index_path, shard, tar, source):
-    """(columns, identity record) of one shard from its index file (either format)."""
-    if _index_files.is_fridx(index_path):
-        idx = _index_files.open_fridx(index_path)
-        idx.check_spec(source.spec, index_path)
-        idx.check_fresh([shard], index_path)
-        part = {"start": idx.start, "length": idx.length, "comp_off": idx.comp_off,
-                "comp_len": idx.comp_len, "keys": idx.keys, "key_off": idx.key_off,
-                "skipped": idx.skipped}
-        return part, idx.shards[0]
-    members = _index_files.read_wds2idx(index_path, tar)
-    size, mtime = _index_files.identity(shard)
-    return _members_part(shard, members, source), {"path": shard, "size": size,
-                                                   "mtime_ns": mtime}
-
-
-def _load_index_paths(index_paths, paths, tars, spec, source):
-    """The index from ``index_paths``: one .fridx file for all shards, or a
-    list with one file per shard (.fridx or DALI wds2idx, told apart by
-    their first bytes). Stale or foreign files are refused (StaleIndexError
-    naming the file and the shard)."""
-    if isinstance(index_paths, (str, os.PathLike)):
-        one = os.fspath(index_paths)
-        if len(paths) > 1 or _index_files.is_fridx(one):
-            if not _index_files.is_fridx(one):
-                raise FormatError(one, 0, f"one index file for {len(paths)} shards must be a "
-                                          "fastread index (.fridx); DALI's wds2idx files are "
-                                          "one per shard")
-            idx = _index_files.open_fridx(one)
-            idx.check_spec(spec, one)
-            idx.check_fresh(paths, one)
-            return idx
-        index_paths = [one]
-    index_paths = [os.fspath(p) for p in index_paths]
-    if len(index_paths) != len(paths):
-        raise ValueError(f"index_paths: {len(index_paths)} index files for {len(paths)} shards "
-                         "(one per shard, in the same order, or one .fridx for all)")
-    got = [_index_file_part(ip, p, t, source) for ip, p, t in zip(index_paths, paths, tars)]
-    return _index_files.WdsIndex.from_parts(spec, [g[1] for g in got], [g[0] for g in got])
-
-
-def beside_paths(shard):
-    """Index files looked for next to a shard, in order: ``shard.tar.fridx``,
-    ``shard.tar.idx``, and DALI's wds2idx default name ``shard.idx``."""
-    base = shard[:shard.find(".", shard.rfind("/") + 2)] if "." in os.path.basename(shard) \
-        else shard
-    out = [shard + _index_files.FRIDX_SUFFIX, shard + _index_files.WDS2IDX_SUFFIX]
-    if base != shard:
-        out.append(base + _index_files.WDS2IDX_SUFFIX)
-    return out
-
-
-def _beside_index(paths, tars, spec, source):
-    """The index from files next to every shard, or None where a shard has
-    none that is fresh and of this spec (then the set is indexed anew)."""
-    got = []
-    for p, t in zip(paths, tars):
-        found = None
-        for cand in beside_paths(p):
-            if not os.path.isfile(cand):
-                continue
-            try:
-                found = _index_file_part(cand, p, t, source)
-                break
-            except (FormatError, OSError, ValueError):
-                continue   # stale, foreign or damaged: not used
-        if found is None:
-            return None
-        got.append(found)
-    return _index_files.WdsIndex.from_parts(spec, [g[1] for g in got], [g[0] for g in got])
-
-
 class WebDataset(MultiFileRanges):
     """The samples of WebDataset tar shards ``paths`` (plain or gzip'd; see
     the module's documentation), with the components ``ext`` (a list; each
@@ -666,7 +594,8 @@ class WebDataset(MultiFileRanges):
         spec, paths = self.spec, self.paths
         if index_paths is not None:
             self.index_origin = "index_paths"
-            return _load_index_paths(index_paths, paths, tars, spec, self)
+            return _index_files.load_index_paths(index_paths, paths, tars, spec,
+                                                   self._members_part)
         stats = [_index_files.identity(p) for p in paths]
         directory = _index_files.cache_dir(index_cache)
         entry = None
@@ -683,7 +612,7 @@ class WebDataset(MultiFileRanges):
                     return index
                 except (FormatError, OSError):
                     pass   # a damaged or raced entry: rebuilt below, and replaced
-        index = _beside_index(paths, tars, spec, self)
+        index = _index_files.beside_index(paths, tars, spec, self._members_part)
         if index is not None:
             self.index_origin = "beside"
         else:
@@ -704,6 +633,9 @@ class WebDataset(MultiFileRanges):
                               f"not be cached in {directory!r} ({e}); it is rebuilt next time",
                               RuntimeWarning, stacklevel=4)
         return index
+
+    def _members_part(self, shard, members):
+        return _members_part(shard, members, self)
 
     def _build_index(self, paths, tars, stats):
         """Indexes the shards' tars: in the C core (a few threads, the GIL
