@@ -49,6 +49,12 @@ _SETTINGS = {
     # decompression bomb's disk and time: fastread.formats._gzip); a size
     # such as 64GiB. The formats' max_inflated= argument wins.
     "formats_max_inflated": ("FASTREAD_FORMATS_MAX_INFLATED", 16 << 30, str),
+    # Where the record formats keep the indexes they build (WebDataset: one
+    # memory-mappable file per set of shards, keyed by the shards' paths,
+    # sizes and mtimes and the reader's spec), so the next run and the
+    # node's other ranks open it instead of parsing the shards again;
+    # written atomically by rename. "": ~/.cache/fastread/index; "off": none.
+    "index_cache_dir": ("FASTREAD_INDEX_CACHE_DIR", "", str),
     "prefetch": ("FASTREAD_PREFETCH", 2, int),
     # Descriptors a reader over ranges of many files (WebDataset, Squirrel,
     # CIFAR shards: fastread.formats.MultiFileRanges) keeps open at most, an

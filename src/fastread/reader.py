@@ -514,14 +514,21 @@ class Reader:
         flight its libcurl receive buffer, plus the first bytes of objects
         of unknown size until a batch is laid out; 0 for file engines). All
         of it is bounded by the options, not by the data set: flat from epoch
-        to epoch."""
+        to epoch. Sources with an index of their own (WebDataset) add it:
+        ``index_bytes`` (its columns and numbering, which do grow with the
+        data set; those mapped from an index file count in full) and the
+        rest of what ``source.index_bytes()`` says."""
         self._check_open()
         # Sources served from memory (formats.in_memory) have no engine.
         stat = getattr(self._native, "stat", lambda key: 0)
-        return {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes(),
-                "idle_device_bytes": self._native.pool_idle_device_bytes(),
-                "engine_buffer_bytes": max(0, stat("s3_buffer_bytes")),
-                "engine_buffer_bytes_max": max(0, stat("s3_buffer_bytes_max"))}
+        out = {"batches": self._native.pool_batches(), "idle_bytes": self._native.pool_idle_bytes(),
+               "idle_device_bytes": self._native.pool_idle_device_bytes(),
+               "engine_buffer_bytes": max(0, stat("s3_buffer_bytes")),
+               "engine_buffer_bytes_max": max(0, stat("s3_buffer_bytes_max"))}
+        index_bytes = getattr(self.source, "index_bytes", None)
+        if index_bytes is not None:
+            out.update(index_bytes())
+        return out
 
 
 class _Feed:

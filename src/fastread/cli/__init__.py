@@ -15,6 +15,8 @@ Subcommands, one module each:
   (:mod:`fastread.cli.bmap`).
 * ``fastread upload SRC... s3://bucket/prefix`` -- files and dataset trees
   into a bucket (:mod:`fastread.cli.upload`; ``make-dataset --upload`` too).
+* ``fastread index SHARDS...`` -- index files of WebDataset shards,
+  fastread's memory-mapped ones or DALI's wds2idx (:mod:`fastread.cli.index`).
 * ``fastread cassandra ingest|ids`` -- a tree into Cassandra tables, id
   lists (:mod:`fastread.cli.cassandra`).
 
@@ -24,11 +26,11 @@ needs them, so ``fastread --help`` and ``fastread info`` stay quick.
 import argparse
 import sys
 
-from fastread.cli import bench, bmap, cassandra, info, make_dataset, pack, upload
+from fastread.cli import bench, bmap, cassandra, index, info, make_dataset, pack, upload
 
 #: Subcommand modules; each has ``add_parser(subparsers)`` which registers a
 #: parser whose defaults carry ``run(args) -> int``.
-COMMANDS = (make_dataset, info, bench, pack, bmap, upload, cassandra)
+COMMANDS = (make_dataset, info, bench, pack, bmap, upload, cassandra, index)
 
 
 def build_parser():

@@ -359,8 +359,11 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
     reader, pax and GNU long member names are read.
 
     ``missing_component_behavior`` is DALI's: ``"empty"`` (default), ``"skip"``
-    or ``"error"``. Shards are indexed when the pipeline is defined (their
-    headers parsed once; ``index_paths`` are not needed and ignored);
+    or ``"error"``. Shards are indexed when the pipeline is defined:
+    from ``index_paths`` where given (DALI's wds2idx files, one per shard,
+    or fastread's ``.fridx``: :mod:`fastread.formats._index_files`; a stale
+    one is refused), else from the node-local index cache or index files
+    beside the shards, else their headers parsed natively, once;
     ``.tar.gz`` shards are decompressed once into ``cache_dir`` (bounded
     by ``cache_bytes``, as :class:`fastread.formats.WebDataset`). Shuffling
     draws one permutation of all samples of all shards per epoch, unless
@@ -413,7 +416,8 @@ def webdataset(*, paths, ext, index_paths=None, missing_component_behavior="empt
     s3_read = kwargs.pop("s3_read", None)
     source = WebDataset(paths, ext, missing_component_behavior=missing_component_behavior,
                         case_sensitive_extensions=case_sensitive_extensions, cache_dir=cache_dir,
-                        cache_bytes=cache_bytes, grouping="dali", s3=s3, s3_read=s3_read)
+                        cache_bytes=cache_bytes, grouping="dali", s3=s3, s3_read=s3_read,
+                        index_paths=index_paths)
     # The operator reads members by ranges; where s3:// shards are better
     # streamed whole (read in order: see webdataset.S3_READ_RULE) the
     # external source's reader does that, so it serves the call.

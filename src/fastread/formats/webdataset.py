@@ -42,10 +42,12 @@ permutation per epoch, as for files), not shard order plus a buffer as
 streaming loaders must.
 """
 import collections
+import collections.abc
 import mmap
 import os
-import re
 import threading
+import time
+import warnings
 import zlib
 
 import numpy as np
@@ -54,17 +56,21 @@ from fastread._safe_open import open_file
 
 from fastread.engine import EngineOptions, cached_context
 from fastread.files import raise_failures
-from fastread.formats import _cache, _gzip, _s3_tar
+from fastread.formats import _cache, _gzip, _index_files, _s3_tar
+from fastread.formats._index_files import split_name
 from fastread.formats._multi import MultiFileRanges
 from fastread.formats.cifar import FormatError
 from fastread.s3 import S3Options, is_url
 from fastread.source import FileRanges, HostBatch
 
-__all__ = ["WebDataset", "TarMember", "index_tar", "split_name", "MISSING_BEHAVIORS"]
+__all__ = ["WebDataset", "TarMember", "index_tar", "split_name", "group_members",
+           "MISSING_BEHAVIORS", "INDEXERS"]
 
 MISSING_BEHAVIORS = ("empty", "skip", "error")
+#: How shards without an index file are indexed: in the C core (several at
+#: once, the GIL released) or by the Python reference code (index_tar).
+INDEXERS = ("native", "python")
 _BLOCK = 512
-_KEY_RE = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 
 
 class TarMember(tuple):
@@ -78,14 +84,6 @@ class TarMember(tuple):
     offset = property(lambda self: self[1])
     size = property(lambda self: self[2])
     header = property(lambda self: self[3])   # offset of the member's first header
-
-
-def split_name(name):
-    """``(key, extension)`` of a member name as webdataset splits it
-    (``a/b.c.d`` -> ``('a/b', 'c.d')``), or None for a name with no
-    extension."""
-    m = _KEY_RE.match(name)
-    return (m.group(1), m.group(2)) if m else None
 
 
 def _octal(field, shard, at, what):
@@ -297,14 +295,47 @@ def _plain_tar(path, cache_dir, limit):
 
 class _Shard(FileRanges):
     """A shard's samples as byte ranges of its (plain) tar; errors name the
-    shard as the user gave it."""
+    shard as the user gave it. Built over an index's columns (views: no
+    copy, no object per sample; names decoded from the key blob when asked)."""
 
     def __init__(self, shard, tar_path, offsets, lengths, keys):
-        super().__init__(tar_path, offsets, lengths, names=keys)
+        self.path = os.fspath(tar_path)
+        self.offsets = np.asarray(offsets, np.int64)
+        self.lengths = np.asarray(lengths, np.int64)
+        self.names = keys
+        # One zero for every sample (a read-only view, not an array of them).
+        self.labels = np.broadcast_to(np.int32(0), (len(self.offsets),))
         self.shard = shard
 
     def sample_name(self, i):
         return f"{self.shard}[{self.names[i]}]"
+
+
+class _Keys(collections.abc.Sequence):
+    """Sample keys of one shard, from an index's key blob (decoded per access)."""
+
+    def __init__(self, index, first, n):
+        self._index, self._first, self._n = index, first, n
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._index.key(self._first + i)
+
+    def __eq__(self, other):
+        """Equal to any sequence of the same keys (a list of str, as FileRanges.names)."""
+        if not isinstance(other, collections.abc.Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
 
 
 #: Shards of s3:// URLs indexed per native call: each is read whole to be
@@ -357,6 +388,80 @@ def _index_objects(urls, s3):
     return out
 
 
+#: Threads the native indexer runs on (at most; and at most the CPUs usable).
+_INDEX_THREADS = 4
+
+
+def _python_part(shard, members, wanted, fold, source):
+    """One shard's columns grouped by the Python reference code."""
+    before = source.skipped
+    starts, ends, keys, offs, lens = source._group(shard, members, wanted, fold)
+    skipped, source.skipped = source.skipped - before, before
+    enc = [k.encode("utf-8", "surrogateescape") for k in keys]
+    key_off = np.zeros(len(enc) + 1, np.uint64)
+    if enc:
+        key_off[1:] = np.cumsum([len(k) for k in enc])
+    return {"start": starts, "length": ends - starts, "comp_off": offs, "comp_len": lens,
+            "keys": b"".join(enc), "key_off": key_off, "skipped": skipped}
+
+
+def group_members(shard, names, name_off, data_off, sizes, ext, *,
+                  missing_component_behavior="empty", case_sensitive_extensions=True,
+                  grouping="webdataset", header_off=None):
+    """Groups one shard's tar members into WebDataset samples, natively,
+    exactly as :class:`WebDataset` groups a local shard: ``names`` (bytes,
+    every member's name one after another), ``name_off`` (uint64, members
+    + 1 entries: name i is ``names[name_off[i]:name_off[i+1]]``),
+    ``data_off`` and ``sizes`` (uint64 per member: where its data starts in
+    the shard, its length), ``header_off`` (where its header starts;
+    default ``data_off - 512``, only used in error messages). The other
+    arguments are WebDataset's. Returns the columns: a dict of ``start``,
+    ``length`` (uint64 per sample), ``comp_off`` (int64 (samples, len(ext)),
+    from the sample's start, -1: missing), ``comp_len``, ``keys`` +
+    ``key_off`` (the keys as one blob) and ``skipped``. Raises FormatError
+    naming ``shard`` as WebDataset does. (The S3 header walk hands its
+    members here.)"""
+    import types
+
+    from fastread import _formats
+
+    ext = [ext] if isinstance(ext, str) else list(ext)
+    fold = (lambda x: x) if case_sensitive_extensions else str.lower
+    wanted = {}
+    for k, entry in enumerate(ext):
+        for alt in str(entry).split(";"):
+            wanted.setdefault(fold(alt.strip()), k)
+    if missing_component_behavior not in MISSING_BEHAVIORS:
+        raise ValueError(f"missing_component_behavior must be one of {MISSING_BEHAVIORS}, "
+                         f"got {missing_component_behavior!r}")
+    out = None
+    if case_sensitive_extensions or all(w.isascii() for w in wanted):
+        enc = [(w.encode("utf-8", "surrogateescape"), j) for w, j in wanted.items()]
+        out = _formats.group_members(names, name_off, data_off, sizes, len(ext), enc,
+                                     not case_sensitive_extensions, grouping == "dali",
+                                     MISSING_BEHAVIORS.index(missing_component_behavior), True)
+    if out is not None:
+        return out
+    no = np.asarray(name_off).tolist()
+    do, sz = np.asarray(data_off).tolist(), np.asarray(sizes).tolist()
+    ho = [d - _BLOCK for d in do] if header_off is None else np.asarray(header_off).tolist()
+    blob = bytes(names)
+    members = [TarMember(blob[no[i]:no[i + 1]].decode("utf-8", "surrogateescape"), do[i], sz[i],
+                         ho[i]) for i in range(len(do))]
+    ns = types.SimpleNamespace(ext=ext, grouping=grouping, skipped=0,
+                               missing_component_behavior=missing_component_behavior)
+    ns._group = types.MethodType(WebDataset._group, ns)
+    return _python_part(shard, members, wanted, fold, ns)
+
+
+def _members_part(shard, members, source):
+    """Columns of one shard from its members (names, name_off, data_off, sizes)."""
+    return group_members(shard, *members, source.ext,
+                         missing_component_behavior=source.missing_component_behavior,
+                         case_sensitive_extensions=source.case_sensitive,
+                         grouping=source.grouping)
+
+
 class WebDataset(MultiFileRanges):
     """The samples of WebDataset tar shards ``paths`` (plain or gzip'd; see
     the module's documentation), with the components ``ext`` (a list; each
@@ -388,7 +493,8 @@ class WebDataset(MultiFileRanges):
 
     def __init__(self, paths, ext, missing_component_behavior="empty",
                  case_sensitive_extensions=True, cache_dir=None, grouping="webdataset",
-                 cache_bytes=None, s3=None, s3_read=None, max_inflated=None):
+                 cache_bytes=None, s3=None, s3_read=None, max_inflated=None, index_paths=None,
+                 index_cache=None, indexer="native"):
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths = [os.fspath(p) for p in paths]
@@ -431,41 +537,137 @@ class WebDataset(MultiFileRanges):
         limit = _cache.cache_bytes(cache_bytes)
         inflated = _gzip.max_inflated(max_inflated)
         self.skipped = 0
-        shards, comp_off, comp_len = [], [], []
-        self._tar_sizes = []
-        for path in self.paths:
-            if path in indexed:
-                tar = path
-                members, size = indexed[path]
-            else:
-                tar = _plain_tar(path, cache_dir, inflated)
-                with open_file(tar) as f:
-                    size = os.fstat(f.fileno()).st_size
-                    if size == 0:
-                        raise FormatError(path, 0, "empty file (not a tar archive)")
-                    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                        members = index_tar(m, path)
-            self._tar_sizes.append(size)
-            starts, ends, keys, offs, lens = self._group(path, members, wanted, fold)
-            shards.append(_Shard(path, tar, starts, ends - starts, keys))
-            comp_off.append(offs)
-            comp_len.append(lens)
-        if any(s.path != s.shard for s in shards):
-            _cache.prune(cache_dir, limit, keep=[s.path for s in shards])
+        if indexer not in INDEXERS:
+            raise ValueError(f"indexer must be one of {INDEXERS}, got {indexer!r}")
+        self.indexer = indexer
+        self._wanted, self._fold = wanted, fold
+        self.spec = {"ext": self.ext, "case_sensitive": self.case_sensitive,
+                     "grouping": self.grouping, "missing": self.missing_component_behavior}
+        #: Where the index came from: "built" (native or python), "cache",
+        #: "index_paths" or "beside" (files next to the shards).
+        self.index_origin = None
+        if urls and index_paths is not None:
+            raise ValueError("index_paths are read for local shards only: s3:// shards are "
+                             "indexed from their headers")
+        if urls:
+            tars = list(self.paths)
+            parts = [_python_part(u, indexed[u][0], wanted, fold, self) for u in urls]
+            index = _index_files.WdsIndex.from_parts(
+                self.spec, [{"path": u, "size": indexed[u][1], "mtime_ns": 0} for u in urls],
+                parts)
+            self._tar_sizes = [indexed[u][1] for u in urls]
+            self.index_origin = "built"
+        else:
+            tars = [_plain_tar(path, cache_dir, inflated) for path in self.paths]
+            index = self._local_index(tars, index_paths, index_cache)
+            self._tar_sizes = [int(r["size"]) if t == p else os.path.getsize(t)
+                               for t, p, r in zip(tars, self.paths, index.shards)]
+        self.skipped = index.skipped
+        self.index = index
+        first, _ends = index.shard_bounds()
+        shards = [_Shard(path, tar, index.start[a:a + n], index.length[a:a + n],
+                         _Keys(index, a, n))
+                  for path, tar, a, n in zip(self.paths, tars, first.tolist(),
+                                             index.counts.tolist())]
+        if any(t != p for t, p in zip(tars, self.paths)):
+            _cache.prune(cache_dir, limit, keep=[t for t, p in zip(tars, self.paths) if t != p])
         super().__init__(shards)
-        k = len(self.ext)
-        self.component_offsets = (np.concatenate(comp_off) if comp_off
-                                  else np.zeros((0, k), np.int64))
-        self.component_lengths = (np.concatenate(comp_len) if comp_len
-                                  else np.zeros((0, k), np.int64))
+        # The numbering of samples in 4 bytes each where it fits (MultiFileRanges
+        # builds it in 8), and the sizes as the index's own column, not a copy.
+        if len(self.files) < 2 ** 31:
+            self.file_index = self.file_index.astype(np.int32)
+        if not len(index.counts) or int(index.counts.max()) < 2 ** 31:
+            self.local_index = self.local_index.astype(np.int32)
+        self._sizes = index.length
+        # Per component: where it starts in its sample (-1: missing) and its
+        # length, int32/uint32 where they fit; component_ranges picks a
+        # batch's in one NumPy call each.
+        self.component_offsets = index.comp_off
+        self.component_lengths = index.comp_len
         self.labels = np.arange(len(self), dtype=np.int32)
-        # Per component: where it starts and ends in its sample (-1: missing),
-        # columns that one batch's indices pick in one NumPy call.
-        ends = np.where(self.component_offsets < 0, -1,
-                        self.component_offsets + self.component_lengths)
-        self._starts = [np.ascontiguousarray(self.component_offsets[:, j]) for j in range(k)]
-        self._ends = [np.ascontiguousarray(ends[:, j]) for j in range(k)]
         self._empty = np.zeros(0, np.uint8)
+
+    def _local_index(self, tars, index_paths, index_cache):
+        """The index of local shards: from ``index_paths`` (stale or for
+        another spec: refused), else the node-local cache, else files beside
+        the shards (stale ones ignored), else built (and cached)."""
+        spec, paths = self.spec, self.paths
+        if index_paths is not None:
+            self.index_origin = "index_paths"
+            return _index_files.load_index_paths(index_paths, paths, tars, spec,
+                                                   self._members_part)
+        stats = [_index_files.identity(p) for p in paths]
+        directory = _index_files.cache_dir(index_cache)
+        entry = None
+        if directory is not None:
+            entry = _index_files.cache_path(directory, spec,
+                                            [(p, sz, mt) for p, (sz, mt) in zip(paths, stats)])
+            if os.path.exists(entry):
+                try:
+                    index = _index_files.open_fridx(entry)
+                    index.check_spec(spec, entry)
+                    index.check_fresh(paths, entry)
+                    self.index_origin = "cache"
+                    _index_files.cache_touch(entry)
+                    return index
+                except (FormatError, OSError):
+                    pass   # a damaged or raced entry: rebuilt below, and replaced
+        index = _index_files.beside_index(paths, tars, spec, self._members_part)
+        if index is not None:
+            self.index_origin = "beside"
+        else:
+            index = self._build_index(paths, tars, stats)
+            self.index_origin = "built"
+        # A shard modified in the last RACY_NS may be modified again within
+        # the file system's timestamp granularity (a few ms) with the same
+        # size: its identity would not change, so it is not cached (git's
+        # "racy" rule); the index is built again next time.
+        racy = time.time_ns() - _index_files.RACY_NS
+        if entry is not None and all(mt < racy for _sz, mt in stats):
+            try:
+                os.makedirs(directory, exist_ok=True)
+                index.write(entry)
+                _index_files.cache_prune(directory)
+            except OSError as e:
+                warnings.warn(f"fastread: the WebDataset index of {len(paths)} shards could "
+                              f"not be cached in {directory!r} ({e}); it is rebuilt next time",
+                              RuntimeWarning, stacklevel=4)
+        return index
+
+    def _members_part(self, shard, members):
+        return _members_part(shard, members, self)
+
+    def _build_index(self, paths, tars, stats):
+        """Indexes the shards' tars: in the C core (a few threads, the GIL
+        released) unless ``indexer="python"``; a shard the C core does not
+        finish (any error, or a case it leaves to the reference code) is
+        redone by the Python reference code, which raises its worded
+        FormatError for a bad shard."""
+        wanted, fold = self._wanted, self._fold
+        native = self.indexer == "native" and (self.case_sensitive or all(
+            w.isascii() for w in wanted))
+        results = [None] * len(tars)
+        if native:
+            from fastread import _formats
+
+            enc = [(w.encode("utf-8", "surrogateescape"), j) for w, j in wanted.items()]
+            threads = min(len(tars), _INDEX_THREADS, len(os.sched_getaffinity(0)) or 1)
+            results = _formats.index_files(
+                tars, len(self.ext), enc, not self.case_sensitive, self.grouping == "dali",
+                MISSING_BEHAVIORS.index(self.missing_component_behavior), True, threads)
+        parts = []
+        for path, tar, res in zip(paths, tars, results):
+            if isinstance(res, dict):
+                parts.append(res)
+                continue
+            with open_file(tar) as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    raise FormatError(path, 0, "empty file (not a tar archive)")
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                    members = index_tar(m, path)
+            parts.append(_python_part(path, members, wanted, fold, self))
+        shards = [{"path": p, "size": sz, "mtime_ns": mt} for p, (sz, mt) in zip(paths, stats)]
+        return _index_files.WdsIndex.from_parts(self.spec, shards, parts)
 
     def _group(self, shard, members, wanted, fold):
         """Samples of one shard: (start, end, key, component offsets
@@ -556,7 +758,24 @@ class WebDataset(MultiFileRanges):
         ``(starts, ends)`` pair of int64 arrays per entry, offsets into each
         sample's bytes (start -1: the component is missing)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        return [(starts[idx], ends[idx]) for starts, ends in zip(self._starts, self._ends)]
+        offs = self.component_offsets[idx].astype(np.int64)
+        lens = self.component_lengths[idx].astype(np.int64)
+        ends = np.where(offs < 0, -1, offs + lens)
+        return [(offs[:, j], ends[:, j]) for j in range(offs.shape[1])]
+
+    def index_bytes(self):
+        """Bytes the index takes: its columns (those mapped from an index
+        file count in full, though only the pages used are read) and the
+        per-sample arrays of the samples' numbering."""
+        own = self.index.nbytes
+        multi = sum(int(getattr(self, a).nbytes) for a in ("file_index", "local_index", "labels")
+                    if hasattr(self, a))
+        if getattr(self, "_sizes", None) is not None and self._sizes is not self.index.length:
+            multi += int(self._sizes.nbytes)
+        return {"index_bytes": own + multi, "index_columns_bytes": own,
+                "index_numbering_bytes": multi,
+                "index_mapped": self.index.source is not None and self.index._keep is not None,
+                "index_samples": len(self)}
 
     NATIVE_INDEX_MAGIC = b"FRWDSIX1"
 

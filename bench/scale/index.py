@@ -1,0 +1,167 @@
+"""WebDataset index cost at scale (issue 37, item 2-3): N samples in S local
+shards of tiny samples (two members each, ``%09d.jpg`` of 8 bytes and
+``%09d.cls`` of 1), so only per-sample and per-shard costs show.
+
+Measured, each in a fresh process (the shards in the page cache: the
+first run writes them):
+  build_native   WebDataset(...) indexed by the C core (no index file, no cache)
+  build_python   the same by the Python reference (indexer="python"; the before)
+  cli            `fastread index --combined` (native build + write)
+  open_fridx     WebDataset(index_paths=<the combined .fridx>)
+  open_cache     WebDataset(...) with the node-local cache holding the index
+  first_batch_*  Reader(source=WebDataset(...), batch_size=256) in order: from
+                 construction to the first batch, with the index file, from the
+                 cache, and building natively
+with the time, RSS growth and Reader.memory()/index_bytes() per sample.
+
+    nice -n 5 python bench/scale/index.py [--samples 1000000] [--shards 200]
+        [--dir /var/tmp/fastread-scale-index] [--json OUT]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+_BLOCK = 512
+
+
+def _header(name, size):
+    h = bytearray(_BLOCK)
+    nb = name.encode()
+    h[:len(nb)] = nb
+    h[100:108] = b"0000644\0"
+    h[108:116] = b"0000000\0"
+    h[116:124] = b"0000000\0"
+    h[124:136] = b"%011o\0" % size
+    h[136:148] = b"00000000000\0"
+    h[156:157] = b"0"
+    h[257:263] = b"ustar\0"
+    h[263:265] = b"00"
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def make_shards(root, samples, shards):
+    """S tar shards of N samples in all (written once; reused when present)."""
+    os.makedirs(root, exist_ok=True)
+    per = -(-samples // shards)
+    paths = []
+    jpg, cls = b"JPEGDATA".ljust(_BLOCK, b"\0"), b"7".ljust(_BLOCK, b"\0")
+    done = os.path.join(root, f"DONE-{samples}-{shards}")
+    for s in range(shards):
+        path = os.path.join(root, f"shard-{s:06d}.tar")
+        paths.append(path)
+        if os.path.exists(done):
+            continue
+        lo, hi = s * per, min(samples, (s + 1) * per)
+        parts = []
+        for i in range(lo, hi):
+            parts += [_header(f"{i:09d}.jpg", 8), jpg, _header(f"{i:09d}.cls", 1), cls]
+        parts.append(b"\0" * 1024)
+        with open(path + ".tmp", "wb") as f:
+            f.write(b"".join(parts))
+        os.replace(path + ".tmp", path)
+    if not os.path.exists(done):
+        old = time.time() - 3600   # not "racy": the index cache keeps their index
+        for p in paths:
+            os.utime(p, (old, old))
+        open(done, "w").close()
+    return paths
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def child(mode, paths, fridx, cache):
+    from fastread import Reader
+    from fastread.formats.webdataset import WebDataset
+
+    ext = ["jpg", "cls"]
+    kw = {"build_native": dict(index_cache="off"),
+          "build_python": dict(index_cache="off", indexer="python"),
+          "open_fridx": dict(index_paths=fridx, index_cache="off"),
+          "open_cache": dict(index_cache=cache),
+          "first_batch_fridx": dict(index_paths=fridx, index_cache="off"),
+          "first_batch_cache": dict(index_cache=cache),
+          "first_batch_build": dict(index_cache="off")}[mode]
+    rss0 = _rss()
+    t0 = time.perf_counter()
+    src = WebDataset(paths, ext, **kw)
+    t_index = time.perf_counter() - t0
+    out = {"mode": mode, "samples": len(src), "shards": len(paths), "index_s": t_index,
+           "origin": src.index_origin, **src.index_bytes()}
+    if mode.startswith("first_batch"):
+        r = Reader(source=src, batch_size=256)
+        arrays, labels = next(iter(r))
+        out["first_batch_s"] = time.perf_counter() - t0
+        out["batch"] = len(labels)
+        out["reader_memory"] = r.memory()
+        r.close()
+    out["rss_growth"] = _rss() - rss0
+    out["rss_per_sample"] = out["rss_growth"] / max(1, len(src))
+    out["index_bytes_per_sample"] = out["index_bytes"] / max(1, len(src))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--samples", type=int, default=1_000_000)
+    ap.add_argument("--shards", type=int, default=200)
+    ap.add_argument("--dir", default="/var/tmp/fastread-scale-index")
+    ap.add_argument("--json")
+    ap.add_argument("--skip-python", action="store_true")
+    ap.add_argument("--child")
+    args = ap.parse_args()
+    root = os.path.join(args.dir, f"{args.samples}x{args.shards}")
+    fridx = os.path.join(root, "all.fridx")
+    cache = os.path.join(root, "cache")
+    paths = make_shards(root, args.samples, args.shards)
+    if args.child:
+        print(json.dumps(child(args.child, paths, fridx, cache)))
+        return 0
+    rows = []
+
+    def run(mode):
+        cmd = [sys.executable, __file__, "--samples", str(args.samples), "--shards",
+               str(args.shards), "--dir", args.dir, "--child", mode]
+        res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"{mode:18s} index {r['index_s']:7.3f} s"
+              + (f"  first batch {r['first_batch_s']:7.3f} s" if "first_batch_s" in r else "")
+              + f"  index {r['index_bytes_per_sample']:5.1f} B/sample  RSS +"
+                f"{r['rss_per_sample']:6.1f} B/sample  ({r['origin']})", flush=True)
+
+    run("build_native")
+    if not args.skip_python:
+        run("build_python")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "fastread.cli", "index", *paths, "--ext", "jpg,cls",
+                    "--combined", fridx], check=True, capture_output=True)
+    cli_s = time.perf_counter() - t0
+    rows.append({"mode": "cli", "seconds": cli_s, "file_bytes": os.path.getsize(fridx)})
+    print(f"{'cli':18s} {cli_s:7.3f} s (process included), .fridx "
+          f"{os.path.getsize(fridx) / args.samples:.1f} B/sample", flush=True)
+    run("open_fridx")
+    subprocess.run([sys.executable, __file__, "--samples", str(args.samples), "--shards",
+                    str(args.shards), "--dir", args.dir, "--child", "open_cache"], check=True,
+                   capture_output=True)   # fills the cache (or finds it)
+    run("open_cache")
+    run("first_batch_fridx")
+    run("first_batch_cache")
+    run("first_batch_build")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"samples": args.samples, "shards": args.shards, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

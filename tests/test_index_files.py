@@ -1,0 +1,258 @@
+"""WebDataset index files (fastread.formats._index_files, `fastread index`):
+both formats round-trip and match the index built from the shards; DALI's
+own fn.readers.webdataset reads our wds2idx files; a stale index (shard
+rewritten) is refused when given and rebuilt when found; the node-local
+cache is hit on the second open and memory-mapped; bad index files are named
+in errors; a 10^7-sample synthetic index opens and reads with bounded RSS."""
+import glob
+import os
+import tarfile
+
+import numpy as np
+import pytest
+from conftest import write_tar
+
+from fastread.cli import main as cli
+from fastread.datasets.webdataset import make_webdataset
+from fastread.formats import FormatError
+from fastread.formats import _index_files as ix
+from fastread.formats.webdataset import WebDataset
+
+EXT = ["jpg", "cls"]
+OLD = 1_500_000_000  # shards' mtime set in the past: not "racy", so cacheable
+
+
+def _age(paths):
+    for p in paths:
+        os.utime(p, (OLD, OLD))
+
+
+@pytest.fixture
+def shards(tmp_path):
+    root = tmp_path / "wds"
+    make_webdataset(root, shards=3, per_shard=30, width=16, height=12, seed=2)
+    paths = sorted(glob.glob(str(root / "*.tar")))
+    extra = write_tar(root / "zz.tar", [("a.b/k1.jpg", b"J"), ("a.b/k1.cls", b"1"),
+                                        ("k2.jpg", b"JJ"), ("L" * 120 + ".cls", b"2")],
+                     fmt=tarfile.GNU_FORMAT)
+    paths.append(extra)
+    _age(paths)
+    return paths
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    assert a.index.start.tolist() == b.index.start.tolist()
+    assert a.index.length.tolist() == b.index.length.tolist()
+    assert np.asarray(a.component_offsets).tolist() == np.asarray(b.component_offsets).tolist()
+    assert np.asarray(a.component_lengths).tolist() == np.asarray(b.component_lengths).tolist()
+    assert list(a.names) == list(b.names)
+    idx = np.arange(len(a))
+    assert [x.tobytes() for x in a.read(idx)] == [x.tobytes() for x in b.read(idx)]
+
+
+def test_fridx_round_trip(shards, tmp_path):
+    built = WebDataset(shards, EXT, index_cache="off")
+    out = tmp_path / "idx"
+    assert cli(["index", *shards, "--ext", "jpg,cls", "--out", str(out)]) == 0
+    per = [str(out / (os.path.basename(p) + ".fridx")) for p in shards]
+    one = WebDataset(shards, EXT, index_paths=per, index_cache="off")
+    assert one.index_origin == "index_paths"
+    same(built, one)
+    combined = str(tmp_path / "all.fridx")
+    assert cli(["index", *shards, "--ext", "jpg", "--ext", "cls", "--combined", combined]) == 0
+    whole = WebDataset(shards, EXT, index_paths=combined, index_cache="off")
+    same(built, whole)
+    assert whole.index_bytes()["index_mapped"]
+    # Another spec is refused, naming the file.
+    with pytest.raises(ix.StaleIndexError, match=r"all\.fridx.*index built for"):
+        WebDataset(shards, ["jpg"], index_paths=combined, index_cache="off")
+
+
+def test_wds2idx_round_trip_and_python_equivalence(shards, tmp_path):
+    assert cli(["index", *shards, "--format", "wds2idx", "--out", str(tmp_path)]) == 0
+    idx = [str(tmp_path / (os.path.basename(p).split(".")[0] + ".idx")) for p in shards]
+    first = open(idx[0]).readline().split()
+    assert first[0] == "v1.2" and int(first[1]) == 30
+    for grouping in ("webdataset", "dali"):
+        built = WebDataset(shards, EXT, grouping=grouping, index_cache="off", indexer="python")
+        read = WebDataset(shards, EXT, grouping=grouping, index_paths=idx, index_cache="off")
+        assert read.index.start.tolist() == built.index.start.tolist()
+        assert np.asarray(read.component_offsets).tolist() == \
+            np.asarray(built.component_offsets).tolist()
+        idxs = np.arange(len(read))
+        assert [x.tobytes() for x in read.read(idxs)] == [x.tobytes() for x in built.read(idxs)]
+
+
+def test_dali_reads_our_wds2idx(shards, tmp_path):
+    pytest.importorskip("nvidia.dali")
+    from nvidia.dali import fn, pipeline_def
+
+    plain = shards[:3]
+    assert cli(["index", *plain, "--format", "wds2idx", "--out", str(tmp_path)]) == 0
+    idx = [str(tmp_path / (os.path.basename(p).split(".")[0] + ".idx")) for p in plain]
+    n = 90
+
+    def run(**kw):
+        @pipeline_def(batch_size=n, num_threads=2, device_id=None)
+        def pipe():
+            return tuple(fn.readers.webdataset(paths=plain, ext=EXT, **kw))
+        p = pipe()
+        p.build()
+        return [[np.array(t[i]).tobytes() for i in range(n)] for t in p.run()]
+
+    assert run(index_paths=idx) == run()
+    ours = WebDataset(plain, EXT, grouping="dali", index_paths=idx, index_cache="off")
+    arrays = ours.read(np.arange(n))
+    comps = ours.components(arrays, np.arange(n))
+    assert [[a.tobytes() for a in c] for c in comps] == run(index_paths=idx)
+
+
+def test_stale_refused_or_rebuilt(shards, tmp_path):
+    cache = str(tmp_path / "cache")
+    out = tmp_path / "idx"
+    assert cli(["index", *shards, "--ext", "jpg,cls", "--out", str(out)]) == 0
+    assert cli(["index", *shards, "--format", "wds2idx", "--out", str(out)]) == 0
+    fridx = [str(out / (os.path.basename(p) + ".fridx")) for p in shards]
+    dali = [str(out / (os.path.basename(p).split(".")[0] + ".idx")) for p in shards]
+    first = WebDataset(shards, EXT, index_cache=cache)
+    assert first.index_origin == "built"
+    # Rewrite the last shard: other members, another size.
+    write_tar(shards[-1], [("q%d.jpg" % i, b"new" * 50) for i in range(5)])
+    _age(shards[-1:])
+    os.utime(shards[-1], (OLD + 7, OLD + 7))
+    with pytest.raises(ix.StaleIndexError, match=r"stale index: shard .*zz\.tar"):
+        WebDataset(shards, EXT, index_paths=fridx, index_cache="off")
+    with pytest.raises(ix.StaleIndexError, match=r"zz\.idx.*stale or foreign"):
+        WebDataset(shards, EXT, index_paths=dali, index_cache="off")
+    again = WebDataset(shards, EXT, index_cache=cache)
+    assert again.index_origin == "built"   # the cache entry's key changed with the shard
+    fresh = WebDataset(shards, EXT, index_cache="off", indexer="python")
+    same(again, fresh)
+    # Same size, new mtime: stale all the same.
+    before = os.path.getsize(shards[-1])
+    write_tar(shards[-1], [("r%d.jpg" % i, b"old" * 50) for i in range(5)])
+    assert os.path.getsize(shards[-1]) == before
+    os.utime(shards[-1], (OLD + 9, OLD + 9))
+    same(WebDataset(shards, EXT, index_cache=cache),
+         WebDataset(shards, EXT, index_cache="off", indexer="python"))
+
+
+def test_beside_files_used_and_stale_ones_ignored(shards):
+    assert cli(["index", *shards, "--ext", "jpg,cls"]) == 0
+    src = WebDataset(shards, EXT, index_cache="off")
+    assert src.index_origin == "beside"
+    write_tar(shards[0], [("x.jpg", b"1"), ("x.cls", b"2")])
+    os.utime(shards[0], (OLD + 3, OLD + 3))
+    again = WebDataset(shards, EXT, index_cache="off")
+    assert again.index_origin == "built" and len(again) == 1 + 30 * 2 + 3
+    same(again, WebDataset(shards, EXT, index_cache="off", indexer="python"))
+
+
+def test_cache_hit_on_second_open(shards, tmp_path):
+    cache = str(tmp_path / "cache")
+    a = WebDataset(shards, EXT, index_cache=cache)
+    assert a.index_origin == "built"
+    assert len(os.listdir(cache)) == 1
+    b = WebDataset(shards, EXT, index_cache=cache)
+    assert b.index_origin == "cache" and b.index_bytes()["index_mapped"]
+    same(a, b)
+    # Another spec: another entry.
+    c = WebDataset(shards, ["cls"], index_cache=cache)
+    assert c.index_origin == "built" and len(os.listdir(cache)) == 2
+    # The environment names the directory; "off" disables it.
+    os.environ["FASTREAD_INDEX_CACHE_DIR"] = str(tmp_path / "env")
+    try:
+        WebDataset(shards, EXT)
+        assert len(os.listdir(tmp_path / "env")) == 1
+    finally:
+        del os.environ["FASTREAD_INDEX_CACHE_DIR"]
+    # Shards just written are not cached (their identity could repeat).
+    fresh = write_tar(tmp_path / "new.tar", [("n.jpg", b"1")])
+    WebDataset([fresh], EXT, index_cache=str(tmp_path / "racy"))
+    assert not os.path.exists(tmp_path / "racy") or not os.listdir(tmp_path / "racy")
+    # Least recently used entries past the bound go.
+    ix.cache_prune(cache, keep=1)
+    assert len(os.listdir(cache)) == 1
+    # A damaged entry is rebuilt and replaced, not read.
+    entry = os.path.join(cache, sorted(os.listdir(cache))[0])
+    with open(entry, "r+b") as f:
+        f.seek(70)
+        f.write(b"garbage")
+    for e in os.listdir(cache):
+        p = os.path.join(cache, e)
+        with open(p, "r+b") as f:
+            f.seek(70)
+            f.write(b"garbage")
+    d = WebDataset(shards, EXT, index_cache=cache)
+    assert d.index_origin == "built"
+    same(a, d)
+
+
+def test_bad_index_files_named(shards, tmp_path):
+    one = shards[:1]
+    good = str(tmp_path / "g.fridx")
+    assert cli(["index", *one, "--ext", "jpg,cls", "--combined", good]) == 0
+    data = open(good, "rb").read()
+    cases = {"trunc.fridx": data[:len(data) // 2], "magic.fridx": b"FRIDX\0v9" + data[8:],
+             "short.fridx": data[:30], "hdr.fridx": data[:80] + b"X" + data[81:]}
+    for name, blob in cases.items():
+        p = tmp_path / name
+        p.write_bytes(blob)
+        with pytest.raises(FormatError, match=name.replace(".", r"\.")):
+            WebDataset(one, EXT, index_paths=[str(p)], index_cache="off")
+    for name, text in {"v9.idx": "v9 3\n", "count.idx": "v1.2 5\njpg 512 3 a.jpg\n",
+                       "fields.idx": "v1.2 1\njpg 512\n",
+                       "past.idx": "v1.1 1\njpg 512 999999999\n",
+                       "nohdr.idx": "v1.1 1\njpg 700 3\n"}.items():
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(FormatError, match=name.replace(".", r"\.")):
+            WebDataset(one, EXT, index_paths=[str(p)], index_cache="off")
+    with pytest.raises(ValueError, match="2 index files for 1 shards"):
+        WebDataset(one, EXT, index_paths=[good, good], index_cache="off")
+    assert cli(["index", str(tmp_path / "missing.tar"), "--ext", "jpg"]) == 1
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_ten_million_sample_index_opens_bounded(tmp_path):
+    """A synthetic 10^7-sample index (arrays made directly, one sparse shard):
+    opened from its file with the columns mapped, a few samples read; RSS
+    growth stays within the issue's bound (<= 32 B a sample)."""
+    n = 10_000_000
+    shard = tmp_path / "huge.tar"
+    with open(shard, "wb") as f:
+        f.truncate(n * 1024 + 1024)   # sparse: no disk used
+    os.utime(shard, (OLD, OLD))
+    size, mtime = ix.identity(str(shard))
+    start = np.arange(n, dtype=np.int64) * 1024 + 512
+    index = ix.WdsIndex({"ext": ["bin"], "case_sensitive": True, "grouping": "webdataset",
+                         "missing": "empty"},
+                        [{"path": str(shard), "size": size, "mtime_ns": mtime}],
+                        np.array([n]), start, np.full(n, 512, np.int64),
+                        np.zeros((n, 1), np.int32), np.full((n, 1), 512, np.uint32))
+    path = str(tmp_path / "huge.fridx")
+    index.write(path)
+    del index, start
+    before = _rss()
+    src = WebDataset([str(shard)], ["bin"], index_paths=path, index_cache="off")
+    assert len(src) == n
+    picks = np.array([0, 12345, n - 1])
+    arrays = src.read(picks)
+    assert [a.size for a in arrays] == [512] * 3 and not any(a.any() for a in arrays)
+    grown = _rss() - before
+    mem = src.index_bytes()
+    assert mem["index_mapped"] and mem["index_samples"] == n
+    assert grown <= 32 * n, f"RSS grew {grown} bytes for {n} samples"
+    from fastread import Reader
+    with Reader(source=src, batch_size=4) as r:
+        mem = r.memory()
+        assert mem["index_samples"] == n and mem["index_bytes"] >= 16 * n
+        next(iter(r))
+    assert src.names[n - 1].endswith(f"huge.tar[{n - 1}]")
+    print(f"RSS growth {grown / n:.1f} B a sample; index {mem}")
+    del src
