@@ -45,6 +45,17 @@ def vm_rss_mb():
     return None
 
 
+def vm_hwm_mb():
+    """This process's peak RSS since its exec (VmHWM). Not ru_maxrss: Linux
+    keeps the forking parent's high-water mark across exec, so a child of a
+    large parent would report the parent's."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
 def accepts(fn, name):
     """Whether callable fn takes keyword ``name`` (today's API or a newer one)."""
     try:
@@ -99,13 +110,14 @@ def run_fastread(spec, path):
     import fastread
 
     variant = spec.get("variant") or {}
+    shuffle = variant.get("shuffle", "global")
+    # Before the source is built (an index of 10^6 samples takes a while).
+    if shuffle == "block" and not accepts(fastread.Reader, "shuffle"):
+        raise Unsupported("Reader(shuffle='block') not in this fastread")
     kw = _fastread_source(spec, path)
     if spec.get("workers"):
         kw["workers"] = spec["workers"]
-    shuffle = variant.get("shuffle", "global")
     if shuffle == "block":
-        if not accepts(fastread.Reader, "shuffle"):
-            raise Unsupported("Reader(shuffle='block') not in this fastread")
         kw["shuffle"] = "block"
     elif shuffle == "global":
         kw["random_shuffle"] = True
@@ -281,14 +293,14 @@ def run(spec):
             if bound and batches >= bound:
                 break
     except Unsupported as e:
-        row.update(status="unsupported", error=str(e))
+        row.update(status="unsupported", error=str(e), hwm_mb=vm_hwm_mb())
         return row
     except Exception as e:
         row.update(status="failed", error=f"{type(e).__name__}: {e}"[:500],
                    traceback=traceback.format_exc()[-1500:])
     t_end = time.perf_counter()
     row.update(samples=samples, batches=batches, epoch_s=t_end - t0,
-               bounded=bool(bound), rss_end_mb=vm_rss_mb())
+               bounded=bool(bound), rss_end_mb=vm_rss_mb(), hwm_mb=vm_hwm_mb())
     if t_first is not None and samples > 0:
         after = t_end - t_first
         first = min(spec["batch_size"], samples)
