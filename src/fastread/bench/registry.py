@@ -171,6 +171,23 @@ def broken_families(package=None):
     return dict(_discover(package or FAMILY_PACKAGE)[1])
 
 
+def family_main(name, package=None):
+    """``main(argv) -> exit status`` of family ``name``, for a family that is
+    a run of its own (``fastread bench --family NAME ...``: the scale
+    family sweeps data sets it makes itself). BenchError naming the family
+    when there is none or it has no ``main``."""
+    fams = families(package)
+    if name not in fams:
+        why = broken_families(package).get(name)
+        raise BenchError(f"--family {name}: " + (f"cannot be imported: {why}" if why else
+                         f"no such family (families: {', '.join(fams)})"))
+    main = getattr(fams[name], "main", None)
+    if main is None:
+        raise BenchError(f"--family {name}: the family has no run of its own; its modes run "
+                         f"with `fastread bench DATA --modes ...`")
+    return main
+
+
 def all_modes(env, package=None):
     """Every mode of every family, in display order."""
     out, owner = [], {}

@@ -3,6 +3,7 @@
 This module only parses arguments; the modes, the timing and the report are
 :mod:`fastread.bench`'s (``fastread.bench.harness.run``).
 """
+import argparse
 import sys
 
 from fastread.cli._args import key_value, nonnegative_int, positive_int
@@ -80,6 +81,9 @@ def add_parser(sub):
     p.add_argument("--plot", metavar="OUT.png", help="bar chart of img/s per mode (matplotlib)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars (they show only when stderr is a terminal)")
+    p.add_argument("--family", nargs=argparse.REMAINDER, metavar="NAME ARGS",
+                   help="run a family that is a run of its own (scale: `fastread bench "
+                        "--family scale --help`); everything after NAME is its arguments")
     p.set_defaults(run=run, _parser=p)
     return p
 
@@ -135,6 +139,15 @@ def run(args):
     from fastread.bench.harness import Options, run as run_bench
     from fastread.bench.registry import BenchError
 
+    if args.family is not None:
+        from fastread.bench.registry import family_main
+
+        if not args.family:
+            parser.error("--family: expected a family name (e.g. --family scale)")
+        try:
+            return family_main(args.family[0])(args.family[1:])
+        except BenchError as e:
+            parser.error(str(e))
     if args.data is None and not args.list_modes:
         parser.error("the following arguments are required: DATA")
     if args.plot:
