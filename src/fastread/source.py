@@ -360,6 +360,36 @@ class HostBatch:
         raise ValueError(f"{self._samples} are delivered in host memory only")
 
 
+class ArraysBatch(HostBatch):
+    """A host batch of NumPy arrays already in memory (views of whole shards,
+    of decoded row groups, ...), with the per-sample failures found making
+    it; ``release`` drops the arrays (and ``keep``, what they are views of)."""
+
+    def __init__(self, indices, arrays, failures, keep=()):
+        super().__init__(indices)
+        self._arrays = arrays
+        self._failures = failures
+        self._keep = keep
+
+    def failures(self):
+        return list(self._failures)
+
+    def lengths(self):
+        return np.array([a.size for a in self._arrays], np.int64)
+
+    def arrays(self):
+        return self._arrays
+
+    @property
+    def nbytes(self):
+        return sum(a.nbytes for a in self._arrays)
+
+    def release(self):
+        self._arrays = []
+        self._keep = ()
+        self.released = True
+
+
 class OpenedReader(NamedTuple):
     """What :func:`open_native_reader` opened, and the settings it chose."""
     engine: str                 # the engine it reads with ("auto" resolved by the core)

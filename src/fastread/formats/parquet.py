@@ -73,7 +73,7 @@ from fastread._safe_open import open_file
 from fastread.engine import EngineOptions, cached_context
 from fastread.formats.cifar import FormatError
 from fastread.s3 import S3Options, is_url
-from fastread.source import HostBatch, SampleSource
+from fastread.source import ArraysBatch, SampleSource
 from fastread.formats._parquet_meta import (_FileMeta, _chunk_ranges, _decode, _pa,  # noqa: F401
                                             _read_footers, _read_labels, FOOTER_GUESS,
                                             FOOTER_THREADS)
@@ -669,35 +669,11 @@ def _cut(source, idx, groups, wait=None):
     return ParquetBatch(idx, arrays, failures, keep)
 
 
-class ParquetBatch(HostBatch):
+class ParquetBatch(ArraysBatch):
     """A batch of rows: each sample a view of its row group's decoded value
-    buffer (the row groups stay alive while a view does)."""
+    buffer (the row groups, ``keep``, stay alive while a view does)."""
 
     _samples = "rows of Parquet files"
-
-    def __init__(self, indices, arrays, failures, groups):
-        super().__init__(indices)
-        self._arrays = arrays
-        self._failures = failures
-        self._groups = groups
-
-    def failures(self):
-        return list(self._failures)
-
-    def lengths(self):
-        return np.array([a.size for a in self._arrays], np.int64)
-
-    def arrays(self):
-        return self._arrays
-
-    @property
-    def nbytes(self):
-        return sum(a.nbytes for a in self._arrays)
-
-    def release(self):
-        self._arrays = []
-        self._groups = []
-        self.released = True
 
 
 class _ParquetNative:

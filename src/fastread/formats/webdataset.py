@@ -61,7 +61,7 @@ from fastread.formats._index_files import split_name
 from fastread.formats._multi import MultiFileRanges
 from fastread.formats.cifar import FormatError
 from fastread.s3 import S3Options, is_url
-from fastread.source import FileRanges, HostBatch
+from fastread.source import ArraysBatch, FileRanges
 
 __all__ = ["WebDataset", "TarMember", "index_tar", "split_name", "group_members",
            "MISSING_BEHAVIORS", "INDEXERS"]
@@ -855,33 +855,11 @@ class WebDataset(MultiFileRanges):
         return outs
 
 
-class _ShardBatch(HostBatch):
+class _ShardBatch(ArraysBatch):
     """A batch cut from whole shards held in memory: each sample a view of
     its shard's bytes (the shard arrays stay alive while a view does)."""
 
     _samples = "samples of whole shards"
-
-    def __init__(self, indices, arrays, failures):
-        super().__init__(indices)
-        self._arrays = arrays
-        self._failures = failures
-
-    def failures(self):
-        return list(self._failures)
-
-    def lengths(self):
-        return np.array([a.size for a in self._arrays], np.int64)
-
-    def arrays(self):
-        return self._arrays
-
-    @property
-    def nbytes(self):
-        return sum(a.nbytes for a in self._arrays)
-
-    def release(self):
-        self._arrays = []
-        self.released = True
 
 
 class _WholeShards:
