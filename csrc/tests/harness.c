@@ -195,6 +195,19 @@ static unsigned env_factor(const char *name, unsigned dflt)
     return (unsigned)n;
 }
 
+int fr_test_is_permutation(const int64_t *p, size_t n)
+{
+    unsigned char *seen = calloc(n ? n : 1, 1);
+    int ok = seen != NULL;
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = p[i] >= 0 && (size_t)p[i] < n && !seen[p[i]];
+        if (ok)
+            seen[p[i]] = 1;
+    }
+    free(seen);
+    return ok;
+}
+
 unsigned fr_test_slowdown(void)
 {
 #if defined(__SANITIZE_THREAD__)

@@ -62,6 +62,9 @@ int fr_test_read_as_now(const fr_batch *batch, char *const paths[CH_COUNT]);
  * work to finish within by it (not those they expect to run out). */
 unsigned fr_test_slowdown(void);
 
+/* Whether p[0..n) holds each of 0..n-1 exactly once (an epoch's order). */
+int fr_test_is_permutation(const int64_t *p, size_t n);
+
 /* Why this build of the tests cannot run xNVMe with `engine_args`, or NULL
  * where it can. Under ThreadSanitizer: async=posix (see harness.c). */
 const char *fr_test_xnvme_unrunnable(const char *engine_args);

@@ -15,19 +15,6 @@
 
 #include "harness.h"
 
-static int is_permutation(const int64_t *p, size_t n)
-{
-    unsigned char *seen = calloc(n ? n : 1, 1);
-    int ok = seen != NULL;
-    for (size_t i = 0; ok && i < n; i++) {
-        ok = p[i] >= 0 && (size_t)p[i] < n && !seen[p[i]];
-        if (ok)
-            seen[p[i]] = 1;
-    }
-    free(seen);
-    return ok;
-}
-
 static uint64_t next_random(uint64_t *state)
 {
     uint64_t x = *state += 0x9E3779B97F4A7C15ull;
@@ -79,8 +66,8 @@ static void check_full(size_t n)
     int64_t *b = whole(42, 8, n, FR_ORDER_FULL, 0, 0);
     int64_t *c = malloc((n ? n : 1) * sizeof(*c));
     if (a && b && c) {
-        CHECK(is_permutation(a, n));
-        CHECK(is_permutation(b, n));
+        CHECK(fr_test_is_permutation(a, n));
+        CHECK(fr_test_is_permutation(b, n));
         if (n > 8)
             CHECK(memcmp(a, b, n * sizeof(*a)) != 0); /* the next epoch differs */
         fr_permutation(42, 7, c, n);
@@ -100,7 +87,7 @@ static void check_block(size_t n, uint64_t block, uint64_t window)
     int64_t *p = whole(9, 3, n, FR_ORDER_BLOCK, block, window);
     if (!p)
         return;
-    CHECK(is_permutation(p, n));
+    CHECK(fr_test_is_permutation(p, n));
     size_t blocks = (n + block - 1) / block;
     /* Every block's samples lie within one window's span of positions: its
      * first and last positions at most window*block - 1 apart, and the

@@ -13,19 +13,6 @@
 
 #include "harness.h"
 
-static int is_permutation(const int64_t *p, size_t n)
-{
-    unsigned char *seen = calloc(n ? n : 1, 1);
-    int ok = seen != NULL;
-    for (size_t i = 0; ok && i < n; i++) {
-        ok = p[i] >= 0 && (size_t)p[i] < n && !seen[p[i]];
-        if (ok)
-            seen[p[i]] = 1;
-    }
-    free(seen);
-    return ok;
-}
-
 int main(void)
 {
     static const size_t sizes[] = {0, 1, 2, 3, 1000, 100003};
@@ -34,16 +21,16 @@ int main(void)
         int64_t *a = malloc((n ? n : 1) * sizeof(*a)), *b = malloc((n ? n : 1) * sizeof(*b));
         CHECK(a && b);
         fr_permutation(42, 7, a, n);
-        CHECK(is_permutation(a, n));
+        CHECK(fr_test_is_permutation(a, n));
         fr_permutation(42, 7, b, n);
         CHECK(memcmp(a, b, n * sizeof(*a)) == 0); /* deterministic */
         if (n >= 1000) {
             fr_permutation(42, 8, b, n); /* the next epoch */
-            CHECK(is_permutation(b, n) && memcmp(a, b, n * sizeof(*a)) != 0);
+            CHECK(fr_test_is_permutation(b, n) && memcmp(a, b, n * sizeof(*a)) != 0);
             fr_permutation(43, 7, b, n); /* another seed */
-            CHECK(is_permutation(b, n) && memcmp(a, b, n * sizeof(*a)) != 0);
+            CHECK(fr_test_is_permutation(b, n) && memcmp(a, b, n * sizeof(*a)) != 0);
             fr_permutation(UINT64_MAX, UINT64_MAX, b, n);
-            CHECK(is_permutation(b, n));
+            CHECK(fr_test_is_permutation(b, n));
         }
         free(a);
         free(b);
@@ -65,7 +52,7 @@ int main(void)
             CHECK(memcmp(a, b, n * sizeof(*a)) == 0); /* deterministic */
             for (size_t i = 0; i < n; i++)
                 a[i] -= 10;
-            CHECK(is_permutation(a, n));
+            CHECK(fr_test_is_permutation(a, n));
             int bounded = 1, moved = 0;
             for (size_t pos = 0; pos < n; pos++) {
                 bounded &= (size_t)a[pos] < pos + fill; /* item k at pos >= k - fill + 1 */
@@ -79,7 +66,7 @@ int main(void)
                 CHECK(fr_buffer_shuffle(5, 4, b, n, fill) == 0); /* the next epoch */
                 for (size_t i = 0; i < n; i++)
                     b[i] -= 10;
-                CHECK(is_permutation(b, n) && memcmp(a, b, n * sizeof(*a)) != 0);
+                CHECK(fr_test_is_permutation(b, n) && memcmp(a, b, n * sizeof(*a)) != 0);
             }
             free(a);
             free(b);
