@@ -26,24 +26,9 @@ import time
 
 import numpy as np
 
+from generate import _tar_header  # bench/scale/generate.py: the one ustar writer here
+
 _BLOCK = 512
-
-
-def _header(name, size):
-    h = bytearray(_BLOCK)
-    nb = name.encode()
-    h[:len(nb)] = nb
-    h[100:108] = b"0000644\0"
-    h[108:116] = b"0000000\0"
-    h[116:124] = b"0000000\0"
-    h[124:136] = b"%011o\0" % size
-    h[136:148] = b"00000000000\0"
-    h[156:157] = b"0"
-    h[257:263] = b"ustar\0"
-    h[263:265] = b"00"
-    h[148:156] = b" " * 8
-    h[148:156] = b"%06o\0 " % sum(h)
-    return bytes(h)
 
 
 def make_shards(root, samples, shards):
@@ -61,7 +46,7 @@ def make_shards(root, samples, shards):
         lo, hi = s * per, min(samples, (s + 1) * per)
         parts = []
         for i in range(lo, hi):
-            parts += [_header(f"{i:09d}.jpg", 8), jpg, _header(f"{i:09d}.cls", 1), cls]
+            parts += [_tar_header(f"{i:09d}.jpg", 8), jpg, _tar_header(f"{i:09d}.cls", 1), cls]
         parts.append(b"\0" * 1024)
         with open(path + ".tmp", "wb") as f:
             f.write(b"".join(parts))
