@@ -112,13 +112,15 @@ def run_fastread(spec, path):
     variant = spec.get("variant") or {}
     shuffle = variant.get("shuffle", "global")
     # Before the source is built (an index of 10^6 samples takes a while).
-    if shuffle == "block" and not accepts(fastread.Reader, "shuffle"):
-        raise Unsupported("Reader(shuffle='block') not in this fastread")
+    # Block shuffles are random_shuffle="block" (with shuffle_block /
+    # shuffle_window, their defaults here).
+    if shuffle == "block" and not accepts(fastread.Reader, "shuffle_block"):
+        raise Unsupported("Reader(random_shuffle='block') not in this fastread")
     kw = _fastread_source(spec, path)
     if spec.get("workers"):
         kw["workers"] = spec["workers"]
     if shuffle == "block":
-        kw["shuffle"] = "block"
+        kw["random_shuffle"] = "block"
     elif shuffle == "global":
         kw["random_shuffle"] = True
     for opt in ("max_open_files",):

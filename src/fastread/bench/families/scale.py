@@ -34,7 +34,7 @@ tests/s3_proxy.py). Peers beside them: DALI ``fn.readers.file`` and
 ``webdataset`` library, MosaicML streaming and LitData (their own formats,
 in the venv of bench/scale/peers.py). fastread's newer options are used
 where this build has them (``WebDataset(index_paths=)``,
-``Reader(shuffle="block")``, ``max_open_files``), and each row records the
+``Reader(random_shuffle="block")``, ``max_open_files``), and each row records the
 path it took (``path``); a variant whose option is missing is a row with
 status ``unsupported``.
 
