@@ -41,6 +41,7 @@ def collect():
     # The native DALI operator (fn.fastread.readers.file): loaded, or why not.
     dali_plugin = _plugin.info()
     ray_version, ray_why = ray_data()
+    parquet_version, parquet_why = parquet_support()
     from fastread.decode import choose_decoder
     # What `fastread pack --decode` decodes with by default here, and why.
     decoder = choose_decoder("auto")
@@ -66,6 +67,8 @@ def collect():
         "dali_plugin": dali_plugin,
         # Ray Data, which fastread.ray needs (pip install fastread[ray]), or why it is absent.
         "ray": {"version": ray_version, "reason": ray_why},
+        # pyarrow, which formats.Parquet decodes with (pip install fastread[parquet]), or why not.
+        "parquet": {"pyarrow": parquet_version, "reason": parquet_why},
         "pack_decoder": {"auto": decoder.label, "why": decoder.why},
         "cuda_devices": devices,
         "cuda_reason": why,
@@ -85,6 +88,17 @@ def ray_data():
     return str(getattr(ray, "__version__", "unknown version")), None
 
 
+def parquet_support():
+    """(pyarrow's version, None) where pyarrow.parquet imports
+    (formats.Parquet works), else (None, why not)."""
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as e:
+        return None, f"pyarrow does not import ({e}): pip install fastread[parquet]"
+    return str(pyarrow.__version__), None
+
+
 def run(args):
     try:
         data = collect()
@@ -98,7 +112,7 @@ def run(args):
     out += format_engines(data)
     out += ["", "packages:"]
     width = max(max(map(len, data["packages"])), len("libxnvme"), len("DALI plugin"),
-                len("libcurl (s3)"), len("TLS (cql)"), len("Ray Data"), len("pack --decode"))
+                len("libcurl (s3)"), len("TLS (cql)"), len("Ray Data"), len("Parquet"), len("pack --decode"))
     for label, ver in data["packages"].items():
         out.append(f"  {label:<{width}}  {ver}")
     x = data["xnvme"]
@@ -117,6 +131,9 @@ def run(args):
     r = data["ray"]
     out.append(f"  {'Ray Data':<{width}}  " + (
         f"{r['version']} (fastread.ray)" if r["version"] else f"unavailable: {r['reason']}"))
+    q = data["parquet"]
+    out.append(f"  {'Parquet':<{width}}  " + (
+        f"pyarrow {q['pyarrow']} (formats.Parquet)" if q["pyarrow"] else f"unavailable: {q['reason']}"))
     pd = data["pack_decoder"]
     out.append(f"  {'pack --decode':<{width}}  decoder {pd['auto']} ({pd['why']})")
     out += ["", "CUDA devices:"]
