@@ -55,6 +55,12 @@ FIXTURES = {
     "npy": "from fastread.datasets import make_npy_dataset\n"
            "make_npy_dataset('data/npy', classes=2, per_class=40, shape=(3, 32, 32),"
            " progress=False)\n",
+    # data/imagenet-1k/data/train-0000N-of-00002.parquet: the HF layout of 2 x 32 JPEGs.
+    "parquet": "from fastread.datasets import make_imagenet_like\n"
+               "from fastread.formats.parquet import write_image_parquet\n"
+               "make_imagenet_like('data/pq-tree', classes=2, per_class=32, mean_kb=2,"
+               " width=64, height=48, progress=False)\n"
+               "write_image_parquet('data/pq-tree', 'data/imagenet-1k', files=2, rows_per_group=16)\n",
     # a 2-D float32 table: 100,000 rows of 16.
     "features": "import os, numpy as np\n"
                 "os.makedirs('data', exist_ok=True)\n"
