@@ -143,16 +143,25 @@ typedef struct scratch {
     size_t cap, rcap, kcap, jcap;
 } scratch;
 
+/* Grows *p (a scratch array of *cap elements of `elem` bytes) to hold n:
+ * 0, or -ENOMEM with *p and *cap as they were. */
+static int grow_array(void **p, size_t *cap, size_t n, size_t elem)
+{
+    if (n <= *cap)
+        return 0;
+    void *q = realloc(*p, n * elem);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
 static int read_keys_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
                              scratch *sc)
 {
-    if (req->n > sc->kcap) {
-        uint8_t *k = realloc(sc->keys, req->n * rd->key_len);
-        if (!k)
-            return -ENOMEM;
-        sc->keys = k;
-        sc->kcap = req->n;
-    }
+    if (grow_array((void **)&sc->keys, &sc->kcap, req->n, rd->key_len))
+        return -ENOMEM;
     for (size_t i = 0; i < req->n; i++) {
         b->indices[i] = req->indices[i];
         memcpy(sc->keys + i * rd->key_len, rd->keys + (size_t)req->indices[i] * rd->key_len,
@@ -164,13 +173,8 @@ static int read_keys_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_
 static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
                                scratch *sc)
 {
-    if (req->n > sc->rcap) {
-        fr_range *r = realloc(sc->ranges, req->n * sizeof(*r));
-        if (!r)
-            return -ENOMEM;
-        sc->ranges = r;
-        sc->rcap = req->n;
-    }
+    if (grow_array((void **)&sc->ranges, &sc->rcap, req->n, sizeof(*sc->ranges)))
+        return -ENOMEM;
     for (size_t i = 0; i < req->n; i++) {
         b->indices[i] = req->indices[i];
         sc->ranges[i] = rd->ranges[req->indices[i]];
@@ -181,13 +185,8 @@ static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, f
 static int read_table_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
                               scratch *sc)
 {
-    if (req->n > sc->jcap) {
-        fr_file_range *j = realloc(sc->jobs, req->n * sizeof(*j));
-        if (!j)
-            return -ENOMEM;
-        sc->jobs = j;
-        sc->jcap = req->n;
-    }
+    if (grow_array((void **)&sc->jobs, &sc->jcap, req->n, sizeof(*sc->jobs)))
+        return -ENOMEM;
     for (size_t i = 0; i < req->n; i++) {
         size_t idx = (size_t)req->indices[i];
         b->indices[i] = req->indices[i];
