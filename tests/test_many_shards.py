@@ -47,6 +47,18 @@ def shards(tmp_path_factory):
     return make_shards(str(tmp_path_factory.mktemp("many-shards")))
 
 
+# Both children's watcher: the process's peak threads and descriptors,
+# sampled every 2 ms by a thread started once the reader is built.
+PEAK_WATCH = r"""
+peak = {"threads": 0, "fds": 0}
+stop = threading.Event()
+def watch():
+    while not stop.is_set():
+        peak["threads"] = max(peak["threads"], len(os.listdir("/proc/self/task")))
+        peak["fds"] = max(peak["fds"], len(os.listdir("/proc/self/fd")))
+        time.sleep(0.002)
+"""
+
 CHILD = r"""
 import json, os, resource, sys, threading, time
 import numpy as np
@@ -61,14 +73,7 @@ file_ids = np.repeat(np.arange(len(paths), dtype=np.uint32), per)
 offsets = 8 + np.tile(np.arange(per, dtype=np.uint64) * 16, len(paths))
 src = MultiFileRanges.from_columns(paths, file_ids, offsets, np.full(len(file_ids), 16))
 
-peak = {"threads": 0, "fds": 0}
-stop = threading.Event()
-def watch():
-    while not stop.is_set():
-        peak["threads"] = max(peak["threads"], len(os.listdir("/proc/self/task")))
-        peak["fds"] = max(peak["fds"], len(os.listdir("/proc/self/fd")))
-        time.sleep(0.002)
-base_threads = len(os.listdir("/proc/self/task"))
+""" + PEAK_WATCH + r"""base_threads = len(os.listdir("/proc/self/task"))
 base_fds = len(os.listdir("/proc/self/fd"))
 w = threading.Thread(target=watch, daemon=True)
 w.start()
@@ -240,14 +245,7 @@ from fastread.dali.formats import webdataset
 root, shuffle = sys.argv[1], sys.argv[2] == "1"
 paths = sorted(os.path.join(root, n) for n in os.listdir(root) if n.endswith(".tar"))
 total = 3 * len(paths)
-peak = {"threads": 0, "fds": 0}
-stop = threading.Event()
-def watch():
-    while not stop.is_set():
-        peak["threads"] = max(peak["threads"], len(os.listdir("/proc/self/task")))
-        peak["fds"] = max(peak["fds"], len(os.listdir("/proc/self/fd")))
-        time.sleep(0.002)
-
+""" + PEAK_WATCH + r"""
 @pipeline_def(batch_size=256, num_threads=1, device_id=None, prefetch_queue_depth=1)
 def pipe():
     return tuple(webdataset(paths=paths, ext=["jpg", "cls"], native=True, name="R",
