@@ -66,6 +66,7 @@ from fastread.engine import (RANGE_ONLY, URL_ENGINES, EngineOptions, cached_cont
                              for_paths, open_engine)
 from fastread.files import packed, raise_failures
 from fastread.index import scan
+from fastread.names import NameTable
 
 __all__ = ["SampleSource", "FileList", "FileRanges", "OpenedReader", "check_source",
            "open_native_reader", "read_in_order"]
@@ -196,19 +197,25 @@ class FileRanges(SampleSource):
 
     reads_ranges = True
 
-    def __init__(self, path, offsets, lengths, labels=None, names=None):
+    def __init__(self, path, offsets, lengths, labels=None, names=None, *, checked=False):
+        # checked=True: the caller has checked the ranges already, or defers
+        # that to the reads on purpose (a packed image's large mapped index,
+        # whose columns are not paged in to open it).
         self.path = os.fspath(path)
         what = f"ranges of {self.path!r}"
         self.offsets = _int64_column(offsets, "offsets", what)
         n = len(self.offsets)
         self.lengths = _int64_column(lengths, "lengths", what, n)
-        if n and self.offsets.min() < 0:
+        if n and not checked and self.offsets.min() < 0:
             raise ValueError(f"{what}: offsets must be >= 0 (sample {int(self.offsets.argmin())} "
                              f"starts at {int(self.offsets.min())})")
-        if n and self.lengths.min() < 0:
+        if n and not checked and self.lengths.min() < 0:
             raise ValueError(f"{what}: lengths must be >= 0 (sample {int(self.lengths.argmin())} "
                              f"has {int(self.lengths.min())})")
-        self.names = [str(i) for i in range(n)] if names is None else [str(s) for s in names]
+        # A NameTable (a packed image's version 3 index) stays one blob: a
+        # list of 10^8 strings is what it is there to avoid.
+        self.names = (_Numbers(n) if names is None else names if isinstance(names, NameTable)
+                      else [str(s) for s in names])
         if len(self.names) != n:
             raise ValueError(f"{what}: {len(self.names)} names for {n} ranges")
         self.labels = _int32_labels(np.zeros(n) if labels is None else labels, n, what)
@@ -256,7 +263,9 @@ def _int64_column(values, what, owner, n=None):
                          f"{arr.dtype} of shape {arr.shape}")
     if n is not None and len(arr) != n:
         raise ValueError(f"{owner}: {len(arr)} {what} for {n} samples")
-    return arr.astype(np.int64)
+    # A read-only int64 column (a mapped index's) is used in place; a
+    # writable one is copied, so the caller changing it later changes nothing here.
+    return arr.astype(np.int64, copy=arr.flags.writeable)
 
 
 def _int32_labels(labels, n, owner):
@@ -268,7 +277,37 @@ def _int32_labels(labels, n, owner):
         raise ValueError(f"{owner}: labels must be integers, got {arr.dtype}")
     if arr.size and arr.dtype.kind == "f" and not np.array_equal(arr, np.round(arr)):
         raise ValueError(f"{owner}: labels must be integers, got fractional values")
-    return arr.astype(np.int32)
+    return arr.astype(np.int32, copy=arr.flags.writeable)   # as _int64_column
+
+
+class _Numbers:
+    """The default names of ranges: their numbers as str, made when asked
+    (a list of n strings would be ~60 bytes a sample)."""
+
+    __slots__ = ("_n",)
+
+    def __init__(self, n):
+        self._n = n
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [str(j) for j in range(*i.indices(self._n))]
+        return str(range(self._n)[i])
+
+    def __iter__(self):
+        return (str(j) for j in range(self._n))
+
+    def index(self, value):
+        try:
+            i = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{value!r} is not a sample number") from None
+        if str(i) != value or not 0 <= i < self._n:
+            raise ValueError(f"{value!r} is not a sample number")
+        return i
 
 
 def check_source(source):

@@ -1,0 +1,130 @@
+"""Sample names as one blob and an offsets column, not a Python string each.
+
+A list of 10^8 names costs ~60-100 bytes a name in Python objects (and
+minutes to build); :class:`NameTable` holds the names' bytes back to back
+(``blob``) and ``n + 1`` offsets into it, so the cost is the names' bytes plus
+8 bytes a name, and both may be memory-mapped views of an index file (a name
+is decoded only when asked for). It is an immutable sequence of ``str``:
+``len``, indexing (slices give lists), iteration, ``index`` and ``in`` work
+as on the list it replaces.
+
+Names are file-system names: they are stored with the file-system encoding's
+``surrogateescape`` bytes (``os.fsencode``), so names that are not valid
+UTF-8 round-trip.
+"""
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["NameTable"]
+
+
+class NameTable(Sequence):
+    """Names ``i`` = ``blob[offsets[i]:offsets[i + 1]]`` decoded.
+
+    ``blob``: bytes-like (bytes, a memoryview, a uint8 array, an mmap);
+    ``offsets``: ``n + 1`` non-decreasing integers from 0 to ``len(blob)``
+    (int64 or uint64 arrays are used as they are: no copy)."""
+
+    __slots__ = ("_blob", "_offsets", "_n")
+
+    def __init__(self, blob, offsets):
+        self._blob = np.frombuffer(blob, dtype=np.uint8) if not isinstance(
+            blob, np.ndarray) else blob.reshape(-1).view(np.uint8)
+        offs = np.asarray(offsets)
+        if offs.ndim != 1 or not len(offs) or offs.dtype.kind not in "iu":
+            raise ValueError("NameTable offsets must be a 1-D integer array of n + 1 entries")
+        self._offsets = offs
+        self._n = len(offs) - 1
+
+    @classmethod
+    def from_names(cls, names):
+        """A table of ``names`` (an iterable of str or os.PathLike)."""
+        encoded = [os.fsencode(s) for s in names]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        if encoded:
+            np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        return cls(b"".join(encoded), offsets)
+
+    @property
+    def blob(self):
+        """The names' bytes, back to back (a uint8 array)."""
+        return self._blob
+
+    @property
+    def offsets(self):
+        """``n + 1`` offsets into :attr:`blob`."""
+        return self._offsets
+
+    @property
+    def nbytes(self):
+        """Bytes this table holds (blob and offsets)."""
+        return int(self._blob.nbytes + self._offsets.nbytes)
+
+    def check(self, what):
+        """Raises ValueError naming ``what`` unless the offsets are
+        non-decreasing from 0 to the blob's length (reads all offsets)."""
+        offs = self._offsets
+        if int(offs[0]) != 0 or int(offs[-1]) != len(self._blob):
+            raise ValueError(f"{what}: name offsets do not span the names' bytes "
+                             f"(0..{len(self._blob)})")
+        if self._n and (np.diff(offs) < 0).any():
+            raise ValueError(f"{what}: name offsets decrease")
+
+    def __len__(self):
+        return self._n
+
+    def _name(self, i):
+        start, end = int(self._offsets[i]), int(self._offsets[i + 1])
+        return os.fsdecode(self._blob[start:end].tobytes())
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._name(j) for j in range(*i.indices(self._n))]
+        try:
+            i = int(i.__index__())
+        except AttributeError:
+            raise TypeError(f"NameTable indices must be integers or slices, not "
+                            f"{type(i).__name__}") from None
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("NameTable index out of range")
+        return self._name(i)
+
+    def __iter__(self):
+        for i in range(self._n):
+            yield self._name(i)
+
+    def index(self, value, start=0, stop=None):
+        """The first ``i`` whose name is ``value`` (a scan of the blob for
+        its bytes, not a decode of every name)."""
+        stop = self._n if stop is None else min(stop, self._n)
+        want = os.fsencode(value)
+        blob = self._blob
+        # Candidates: names of the right length, then their bytes compared.
+        lengths = np.diff(self._offsets[start:stop + 1])
+        for j in np.flatnonzero(lengths == len(want)):
+            s = int(self._offsets[start + j])
+            if blob[s:s + len(want)].tobytes() == want:
+                return int(start + j)
+        raise ValueError(f"{value!r} is not in the names")
+
+    def __contains__(self, value):
+        try:
+            self.index(value)
+        except (ValueError, TypeError):
+            return False
+        return True
+
+    def __eq__(self, other):
+        if isinstance(other, NameTable):
+            return (self._n == other._n and np.array_equal(self._offsets, other._offsets)
+                    and np.array_equal(self._blob, other._blob))
+        if isinstance(other, (list, tuple)):
+            return len(other) == self._n and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self):
+        return f"NameTable({self._n} names, {len(self._blob)} bytes)"
