@@ -35,7 +35,6 @@ the pack completes); a killed one (SIGTERM, SIGKILL) leaves its hidden
 temporaries, which the next pack of the same image removes.
 """
 import errno
-import json
 import os
 import re
 import stat
@@ -49,7 +48,12 @@ import numpy as np
 from fastread._safe_open import open_fd
 from fastread.engine import cached_context
 from fastread.errors import ReadError, SpecialFileError
+from fastread.image_index import (  # noqa: F401 (the index's names, as before its module)
+    BINARY_FROM, INDEX_FORMAT, INDEX_MAGIC, INDEX_VERSION, INDEX_VERSION_BINARY,
+    INDEX_VERSION_DECODED, INDEX_VERSIONS, ImageError, _encode_index, _load_index, _url_ranges,
+    verify_columns, write_index)
 from fastread.index import scan
+from fastread.names import NameTable
 from fastread.s3 import S3Options, is_url
 from fastread.source import FileList, FileRanges, read_in_order
 
@@ -58,17 +62,9 @@ __all__ = ["PackedImage", "ImageError", "pack", "verify", "index_path", "is_pack
 MAGIC = b"FRIMAGE\0"
 #: The image's header block layout (unchanged by index version 2).
 VERSION = 1
-#: Index versions: 1, samples are the source files' bytes; 2, decoded packs
-#: (encoding, dtype, shapes, preprocess, skipped). Plain packs still write 1,
-#: so older fastread reads them; a decoded pack is refused there by version.
-INDEX_VERSION = 1
-INDEX_VERSION_DECODED = 2
-INDEX_VERSIONS = (INDEX_VERSION, INDEX_VERSION_DECODED)
 #: What a sample's bytes are: the source file ("file", index version 1), raw
 #: pixels or a re-encoded JPEG (decoded packs).
 ENCODINGS = ("file", "raw", "jpeg")
-INDEX_MAGIC = "FASTREAD-INDEX"
-INDEX_FORMAT = "fastread-packed-image"
 CHECKSUM = "crc32"
 # magic, version, alignment, count, image_size, image id (16 bytes)
 _HEADER = struct.Struct("<8sIIQQ16s")
@@ -78,11 +74,6 @@ _BLKGETSIZE64 = 0x80081272
 #: small enough that a crafted index cannot make a reader allocate without
 #: bound.
 MAX_ALIGNMENT = 1 << 30
-
-
-class ImageError(ValueError):
-    """A packed image or its index is unusable: truncated, corrupt, or the
-    two do not belong together. The message names the file and why."""
 
 
 def index_path(image):
@@ -151,131 +142,6 @@ def _parse_header(raw, path):
             "image_id": image_id.hex()}
 
 
-# -- the index -------------------------------------------------------------------
-
-def _encode_index(doc):
-    body = json.dumps(doc, separators=(",", ":")).encode()
-    head = f"{INDEX_MAGIC} {doc['version']} {len(body)} {zlib.crc32(body):08x}\n".encode()
-    return head + body
-
-
-# The index's header line ("FASTREAD-INDEX <version> <body bytes> <crc>\n")
-# fits in this many bytes (a 20-digit length and 8 hex digits included).
-_INDEX_HEAD_MAX = 64
-
-
-def _url_ranges(url, offsets, lengths, s3, what):
-    """The byte ranges of the object ``url`` as bytes, read in one call on
-    this thread's s3 context. A range the object does not hold raises
-    ImageError saying ``what`` is truncated; any other failure OSError with
-    the engine's words (URL, HTTP status, S3 code; never a secret)."""
-    from fastread.engine import EngineOptions
-
-    ctx = cached_context("s3", EngineOptions(s3=s3))
-    batch = ctx.read_ranges(url, np.asarray(offsets, np.int64), np.asarray(lengths, np.int64))
-    failures = batch.failures()
-    if failures:
-        i, err = failures[0]
-        said = ctx.sample_error(i) or f"{url}: {os.strerror(err)}"
-        if err == errno.ENODATA:
-            raise ImageError(f"{what} is truncated ({said})")
-        raise OSError(err, said)
-    return [a.tobytes() for a in batch.arrays()]
-
-
-def _index_body_length(head):
-    """``(end of the header line, body bytes it announces)`` of an index's
-    first bytes, or None when they hold no header line of the right shape
-    (_load_index then says what is wrong with it)."""
-    nl = head.find(b"\n")
-    parts = head[:nl].decode("ascii", "replace").split(" ") if nl > 0 else []
-    if len(parts) != 4 or parts[0] != INDEX_MAGIC or not parts[2].isdigit():
-        return None
-    return nl, int(parts[2])
-
-
-def _read_index(path, s3):
-    """The index's bytes: its header line, then exactly the body it
-    announces -- from a local regular file (whose size must be header plus
-    body: nothing else is read, so a device or the image named as the index
-    is refused without reading it) or an s3:// object read by ranges, so an
-    index is read like the image it describes."""
-    if not is_url(path):
-        try:
-            # Refused unread, without waiting for a FIFO's writer.
-            fd, st = open_fd(path)
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "index of the packed image not found "
-                                    "(pass index= if it lives elsewhere)", path) from None
-        except SpecialFileError as e:
-            raise ImageError(f"index {path!r} is not a regular file ({e.kind})") from None
-        size = st.st_size
-        with open(fd, "rb") as f:
-            head = f.read(_INDEX_HEAD_MAX)
-            found = _index_body_length(head)
-            if found is None:
-                return head
-            nl, length = found
-            if nl + 1 + length != size:
-                raise ImageError(f"index {path!r} is corrupt: {size - nl - 1} bytes of body, "
-                                 f"its header says {length} (truncated or appended to)")
-            return head + f.read(size - len(head))
-    try:
-        head = _url_ranges(path, [0], [_INDEX_HEAD_MAX], s3, f"index {path!r}")[0]
-    except ImageError:
-        head = b""   # shorter than any index: reported as a bad header line below
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            raise FileNotFoundError(errno.ENOENT, "index of the packed image not found "
-                                    "(pass index= if it lives elsewhere)", path) from None
-        raise
-    found = _index_body_length(head)
-    if found is None:
-        return head   # _load_index names what is wrong with it
-    nl, length = found
-    body = _url_ranges(path, [nl + 1], [length], s3, f"index {path!r}")[0]
-    return head[:nl + 1] + body
-
-
-def _load_index(path, s3=None):
-    data = _read_index(path, s3)
-    nl = data.find(b"\n", 0, 200)
-    parts = data[:nl].decode("ascii", "replace").split(" ") if nl > 0 else []
-    if len(parts) != 4 or parts[0] != INDEX_MAGIC:
-        raise ImageError(f"index {path!r} is corrupt or not a fastread image index (bad "
-                         "header line)")
-    try:
-        version, length, crc = int(parts[1]), int(parts[2]), int(parts[3], 16)
-    except ValueError:
-        raise ImageError(f"index {path!r} is corrupt (bad header line)") from None
-    # Only the form pack writes: int() also takes "A" for "a" in the CRC (a
-    # flipped case bit) or a sign, so a damaged header could still parse.
-    if parts[1:] != [str(version), str(length), f"{crc:08x}"]:
-        raise ImageError(f"index {path!r} is corrupt (bad header line)")
-    if version not in INDEX_VERSIONS:
-        raise ImageError(f"index {path!r} has format version {version}; this fastread reads "
-                         f"versions {', '.join(map(str, INDEX_VERSIONS))}")
-    body = data[nl + 1:]
-    if len(body) != length:
-        raise ImageError(f"index {path!r} is corrupt: {len(body)} bytes of body, its header "
-                         f"says {length} (truncated or appended to)")
-    if zlib.crc32(body) != crc:
-        raise ImageError(f"index {path!r} is corrupt (CRC-32 of its body does not match)")
-    try:
-        doc = json.loads(body)
-    except ValueError as e:
-        raise ImageError(f"index {path!r} is corrupt (invalid JSON: {e})") from None
-    except RecursionError:   # nested deeper than the interpreter's stack (CRC fixed up)
-        raise ImageError(f"index {path!r} is corrupt (its JSON is nested too deep to "
-                         "parse)") from None
-    if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
-        raise ImageError(f"index {path!r} is not a fastread image index")
-    if doc.get("version", version) != version:
-        raise ImageError(f"index {path!r} is corrupt: its header line says version {version}, "
-                         f"its body {doc.get('version')!r}")
-    return doc
-
-
 # -- reading ---------------------------------------------------------------------
 
 def _field_int(doc, key, where, minimum):
@@ -286,8 +152,14 @@ def _field_int(doc, key, where, minimum):
 
 
 def _field_array(doc, key, dtype, where):
-    """doc[key] as a 1-D array of integers that fit ``dtype``."""
+    """doc[key] as a 1-D array of integers that fit ``dtype`` (a version 3
+    index's columns are arrays of that type already: used as they are)."""
     v = doc[key]
+    if isinstance(v, np.ndarray):
+        if v.ndim != 1 or v.dtype.kind != np.dtype(dtype).kind or \
+                v.dtype.itemsize != np.dtype(dtype).itemsize:
+            raise ImageError(f"{where}: {key} is not a column of {np.dtype(dtype)}")
+        return v
     info = np.iinfo(dtype)
     if not isinstance(v, list) or not all(
             isinstance(x, int) and not isinstance(x, bool) and info.min <= x <= info.max
@@ -343,7 +215,9 @@ class PackedImage(FileRanges):
                 raise ImageError(f"{where}: image_id is not a string")
             self.checksum = doc["checksum"]
             self.names = doc["names"]
-            if not isinstance(self.names, list) or not all(isinstance(x, str) for x in self.names):
+            if not isinstance(self.names, NameTable) and (not isinstance(self.names, list) or
+                                                          not all(isinstance(x, str)
+                                                                  for x in self.names)):
                 raise ImageError(f"{where}: names is not a list of strings")
             self.labels = _field_array(doc, "labels", np.int32, where)
             self.offsets = _field_array(doc, "offsets", np.int64, where)
@@ -361,7 +235,11 @@ class PackedImage(FileRanges):
         if self.checksum != CHECKSUM:
             raise ImageError(f"index {self.index_path!r} uses checksum {self.checksum!r}; "
                              f"this fastread knows {CHECKSUM!r}")
-        if n and (self.offsets.min() < self.alignment or (self.offsets % self.alignment).any()
+        # Reading every column is what a large version 3 index skips at
+        # open (doc["verified"] False): a range outside the image then fails
+        # when read, and verify() checks the columns' CRCs.
+        self.index_verified = doc.get("verified", True)
+        if n and self.index_verified and (self.offsets.min() < self.alignment or (self.offsets % self.alignment).any()
                   or self.lengths.min() < 0 or self.lengths.max() > self.image_size
                   or self.offsets.max() > self.image_size
                   or (self.offsets + self.lengths).max() > self.image_size):
@@ -371,7 +249,8 @@ class PackedImage(FileRanges):
         self._check_image()
         # The checks above are the image's own (with their ImageError
         # messages); FileRanges adds the range-source behaviour.
-        super().__init__(self.path, self.offsets, self.lengths, self.labels, self.names)
+        super().__init__(self.path, self.offsets, self.lengths, self.labels, self.names,
+                         checked=True)
 
     def _decoded_fields(self, doc, n):
         """Index version 2's fields (a version 1 index: the files' bytes)."""
@@ -407,14 +286,20 @@ class PackedImage(FileRanges):
             raise ImageError(f"{where}: dtype {doc['dtype']!r:.40} is not a NumPy dtype") from None
         if self.dtype.kind not in "uif" or self.dtype.itemsize > 8:
             raise ImageError(f"{where}: dtype {self.dtype} is not a pixel type")
-        if (not isinstance(shapes, list) or len(shapes) != n or not all(
+        if isinstance(shapes, np.ndarray):   # a version 3 column, (n, 3) int64
+            if shapes.shape != (n, 3) or (doc.get("verified", True) and n and (
+                    shapes.min() <= 0 or shapes.max() >= 2**31)):
+                raise ImageError(f"{where}: shapes must be one [H, W, C] of positive integers "
+                                 "per sample")
+        elif (not isinstance(shapes, list) or len(shapes) != n or not all(
                 isinstance(s, list) and len(s) == 3 and all(
                     isinstance(x, int) and not isinstance(x, bool) and 0 < x < 2**31 for x in s)
                 for s in shapes)):
             raise ImageError(f"{where}: shapes must be one [H, W, C] of positive integers per "
                              "sample")
-        self.shapes = np.asarray(shapes, dtype=np.int64).reshape(n, 3)
-        if self.encoding == "raw" and n:
+        self.shapes = shapes if isinstance(shapes, np.ndarray) else np.asarray(
+            shapes, dtype=np.int64).reshape(n, 3)
+        if self.encoding == "raw" and n and doc.get("verified", True):
             # H * W * C * itemsize can wrap around int64 (2**30 * 2**30 * 16
             # is 0), and pixels() would then reshape a sample's bytes to a
             # shape they do not hold. H * W < 2**62 and C * itemsize < 2**34
@@ -604,7 +489,7 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
          engine="auto", workers=None, prefetch=None, progress=None, file_filters=None,
          on_batch=None, decode=False, resize=None, max_side=None, crop=None, encode="raw",
          quality=90, skip_bad=False, decode_workers=None, decoder="auto", decode_device=None,
-         **engine_options):
+         index_format="auto", **engine_options):
     """Packs the samples of ``file_root`` (fastread.scan order and labels)
     into the image ``out`` and writes its index (``<out>.index`` unless
     ``index`` is given). Returns the :class:`PackedImage`.
@@ -621,6 +506,10 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
     Each pack first removes those of the same image and index whose process
     is no longer alive on this machine (so on a file system shared between
     machines, do not pack to one path from two hosts at once).
+    ``index_format``: ``"json"`` (index versions 1 and 2, readable by older
+    fastread), ``"binary"`` (version 3: memory-mapped columns, 32 bytes a
+    sample plus names, :mod:`fastread.image_index`) or ``"auto"``, binary
+    from ``BINARY_FROM`` (2^20) samples on.
     ``progress``: None shows a bar when stderr is a terminal. ``on_batch(i)``
     is called after batch ``i`` is written (for tests and progress hooks).
 
@@ -670,6 +559,9 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
         if given or encode != "raw" or quality != 90:
             raise ValueError(f"{', '.join(given) or 'encode/quality'} apply only with "
                              "decode=True (--decode)")
+    if index_format not in ("auto", "json", "binary"):
+        raise ValueError(f"index_format must be 'auto', 'json' or 'binary', got "
+                         f"{index_format!r}")
     out = os.fsdecode(out)
     root = os.fspath(file_root)
     if index is not None:
@@ -802,7 +694,8 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
                        shapes=shapes, preprocess=doc_pre,
                        skipped=[list(x) for x in skipped])
         with open(tmp_index, "xb") as f:
-            f.write(_encode_index(doc))
+            write_index(f, doc, binary=index_format == "binary" or (
+                index_format == "auto" and k >= BINARY_FROM))
             f.flush()
             os.fsync(f.fileno())
         # The image first: until the index follows, the old index (if any)
@@ -831,6 +724,8 @@ def verify(image, index=None, *, batch_size=256, engine="auto", progress=None,
     list of ``(name, why)`` for every bad sample (empty: all good). Opening
     errors (truncated image, corrupt or mismatched index) raise."""
     img = image if isinstance(image, PackedImage) else PackedImage(image, index=index)
+    if not img.index_verified:   # a large version 3 index: its columns' CRCs, then the samples
+        verify_columns(img.index_path, img.s3)
     ctx = cached_context(engine, **engine_options)
     bad = []
     bar = _progress(len(img), progress, f"verify {os.path.basename(img.path)}")

@@ -45,6 +45,10 @@ def add_parser(sub):
                    help="sample alignment, a power of two >= 512 (default: 4096)")
     p.add_argument("--block-device", action="store_true",
                    help="OUT is a block device: overwrite it (its data is lost)")
+    p.add_argument("--index-format", choices=("auto", "json", "binary"), default="auto",
+                   help="json: index versions 1/2, read by older fastread; binary: version 3, "
+                        "memory-mapped columns (32 bytes a sample plus names); auto (default): "
+                        "binary from 2^20 samples on")
     d = p.add_argument_group(
         "decoding once (--decode)",
         "Decode every image here (Pillow, a process per CPU; or DALI's nvImageCodec "
@@ -113,6 +117,7 @@ def run_pack(args):
     try:
         img = pack(args.file_root, args.out, index=args.index, alignment=args.alignment,
                    block_device=args.block_device, batch_size=args.batch_size,
+                   index_format=args.index_format,
                    engine=args.engine, progress=False if args.quiet else None, **decode,
                    **opts)
     except (OSError, ValueError, TypeError) as e:
