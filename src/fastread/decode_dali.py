@@ -24,6 +24,7 @@ Per batch of ``batch_size`` files:
    a few threads: it releases the GIL).
 
 Three threads overlap the steps: one reads and parses headers (1-2), one
+builds the pipeline at once (while the first batch is read) and then
 keeps :data:`DEPTH` batches in DALI's pipeline at once (3; DALI runs their
 stages side by side and releases the GIL), and the caller's stores and
 writes (4). At most :data:`IN_FLIGHT` batches are between the reader and the
@@ -501,6 +502,11 @@ class DaliDecoder:
             return sum(1 for j in flight if j.todo and j.results is None)
 
         try:
+            # The pipeline is built now, while the parser's thread reads and
+            # parses the first batch: on a GPU the build (CUDA context, the
+            # decoders' set-up) is most of a pack's fixed start, and nothing
+            # waits for it yet.
+            self._pipeline()
             ended = False
             while not stop.is_set():
                 while not ended and running() < DEPTH:
