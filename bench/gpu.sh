@@ -513,7 +513,9 @@ decoded|decoded-gpu)
 pack-decoders)
     python3 -c 'import nvidia.dali' || { echo "pack-decoders needs DALI: bash bench/gpu.sh stage first"; exit 1; }
     # Each step under its own timeout, so that a stuck one (a pipeline that
-    # never returns) leaves the others their share of the call.
+    # never returns) leaves the others their share of the call. PD_SPEED_ONLY=1:
+    # the interleaved packs alone (no tests, pixel stages or disk pass; no verdict).
+    if [ -z "${PD_SPEED_ONLY:-}" ]; then
     (cd tests && timeout 200 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
         >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
         { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -20 || true; }
@@ -536,11 +538,14 @@ pack-decoders)
         --classes 10 --rounds 1 --decoders dali-gpu --no-decode-only \
         --json "$json/pack-decoders-disk.json" 2>&1 | grep -E "^(round|writing)" |
         sed 's/^/(to the disk) /' || true
+    fi
+    verdict_args=(--tests-log "$json/test_pack_dali.log")
+    if [ -n "${PD_SPEED_ONLY:-}" ]; then verdict_args=(); fi
     # Then to RAM, interleaved rounds, the verdict table last. PD_DECODERS adds the
     # hardware-share variants (dali-gpu-hw0, dali-gpu-hw65: HW_DECODER_LOAD measured).
     timeout 240 python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --out-dir "$packs" \
         --images "$n" --classes 10 --rounds "${PD_ROUNDS:-3}" --json "$json/pack-decoders.json" \
-        --tests-log "$json/test_pack_dali.log" ${PD_DECODERS:+--decoders "$PD_DECODERS"} \
+        "${verdict_args[@]}" ${PD_DECODERS:+--decoders "$PD_DECODERS"} \
         2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/pack-decoders.txt" ||
         echo "(pack_decoders.py failed)"
     rm -rf "$packs"/bench-*.img*

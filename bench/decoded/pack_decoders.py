@@ -30,7 +30,7 @@ waits for.
         [--tree DIR | --dir /var/tmp/fastread-packdecoders --images 2000 --classes 10] \\
         [--out-dir /dev/shm/packs] \\
         [--resize 160] [--crop 160] [--encode raw|jpeg] [--batch-size 256] \\
-        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-hw0,dali-gpu-hw65]] \\
+        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple]] \\
         [--json OUT.json] \\
         [--tests-log test_pack_dali.log] [--target 3]
 """
@@ -108,7 +108,10 @@ def main():
     # to measure decode_dali.HW_DECODER_LOAD's choice against the others.
     # pack() takes the module's constant, so it is set around each run.
     hw_loads = {"dali-gpu-hw0": 0.0, "dali-gpu-hw65": 0.65}
-    for n in hw_loads:
+    # dali-gpu-simple: nvJPEG's own chroma upsampling (FANCY_UPSAMPLING off),
+    # which lets the hardware decoder run: its speed, and its pixels' distance.
+    simple = {"dali-gpu-simple"}
+    for n in list(hw_loads) + list(simple):
         settings[n] = settings["dali-gpu"]
     for n in names:
         if n not in settings:
@@ -136,7 +139,8 @@ def main():
         else:
             batches = DaliDecoder(pre, device=choice.device, batch_size=args.batch_size,
                                   threads=args.workers,
-                                  hw_decoder_load=hw_loads.get(n)).batches(paths)
+                                  hw_decoder_load=hw_loads.get(n),
+                                  fancy_upsampling=n not in simple).batches(paths)
         count, first = 0, None
         for b in batches:
             if first is None:   # the fixed start: pipeline build, device and decoder init
@@ -155,10 +159,11 @@ def main():
         for n in order:
             out = os.path.join(out_dir, f"bench-{n}.img")
             decode_dali.HW_DECODER_LOAD = hw_loads.get(n, default_hw)
+            decode_dali.FANCY_UPSAMPLING = n not in simple
             t0 = time.perf_counter()
             img = fastread.pack(tree, out, **settings[n], **opts)
             dt = time.perf_counter() - t0
-            decode_dali.HW_DECODER_LOAD = default_hw
+            decode_dali.HW_DECODER_LOAD, decode_dali.FANCY_UPSAMPLING = default_hw, True
             times[n].append(dt)
             outs[n] = out
             print(f"round {r} {n}: {dt:.2f} s, {len(paths) / dt:.0f} img/s "

@@ -81,6 +81,15 @@ IN_FLIGHT = DEPTH + 2
 #: threads: fastread.torch.ImageLoader's hw_decoder_load).
 HW_DECODER_LOAD = 1.0
 
+#: libjpeg-turbo's "fancy" chroma upsampling on the GPU (see
+#: :meth:`DaliDecoder.decoder_args`). Measured on the H200 (DALI 2.4,
+#: docs/results/gpu-h200-20261203): with it the mixed decoder's pixels are the
+#: CPU decoder's exactly, which says nvImageCodec decodes such JPEGs on the
+#: host (the hardware decoder has no fancy upsampling); without it the
+#: hardware decoder runs, but small outputs part from Pillow's by up to 7-13
+#: levels per image (tests/test_pack_dali.py allows 2).
+FANCY_UPSAMPLING = True
+
 #: Words of DALI errors that are the machine's, not a file's.
 _DEVICE_FAULTS = ("cuda error", "cudaerror", "cuda_error", "out of memory",
                   "cuda driver", "no cuda-capable device")
@@ -254,12 +263,13 @@ class DaliDecoder:
     DALI's ``num_threads`` (default: every CPU this process may use).
     ``batch_size``: files per pipeline run (and per native read).
     ``hw_decoder_load`` (GPU): the hardware JPEG decoder's share
-    (default :data:`HW_DECODER_LOAD`). Engine arguments go to
+    (default :data:`HW_DECODER_LOAD`); ``fancy_upsampling`` (GPU): libjpeg's
+    chroma upsampling (default :data:`FANCY_UPSAMPLING`). Engine arguments go to
     :func:`fastread.read_batches`."""
 
     def __init__(self, pre, *, device="cpu", device_id=None, batch_size=64, threads=None,
-                 hw_decoder_load=None, engine="auto", prefetch=None, workers=None,
-                 **engine_options):
+                 hw_decoder_load=None, fancy_upsampling=None, engine="auto", prefetch=None,
+                 workers=None, **engine_options):
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -277,6 +287,11 @@ class DaliDecoder:
                              f"{hw_decoder_load!r}")
         self.pre, self.device, self.batch_size, self.threads = pre, device, batch_size, threads
         self.hw_decoder_load = float(hw_decoder_load)
+        if fancy_upsampling is None:
+            fancy_upsampling = FANCY_UPSAMPLING
+        if not isinstance(fancy_upsampling, bool):
+            raise ValueError(f"fancy_upsampling must be True or False, got {fancy_upsampling!r}")
+        self.fancy_upsampling = fancy_upsampling
         self.device_id = (0 if device_id is None else device_id) if device == "gpu" else None
         self.read_args = dict(engine=engine, prefetch=prefetch, workers=workers, **engine_options)
         #: Positions (in the paths given to :meth:`batches`) of the files
@@ -295,7 +310,7 @@ class DaliDecoder:
         small images, more on noisy ones) and the hardware decoder's share."""
         if self.device != "gpu":
             return dict(device="cpu")
-        return dict(device="mixed", jpeg_fancy_upsampling=True,
+        return dict(device="mixed", jpeg_fancy_upsampling=self.fancy_upsampling,
                     hw_decoder_load=self.hw_decoder_load)
 
     def _build(self):
