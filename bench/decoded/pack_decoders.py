@@ -137,10 +137,11 @@ def main():
         if choice.name == "pillow":
             batches = decoded_batches(paths, pre, workers=args.workers)
         else:
-            batches = DaliDecoder(pre, device=choice.device, batch_size=args.batch_size,
-                                  threads=args.workers,
-                                  hw_decoder_load=hw_loads.get(n),
-                                  fancy_upsampling=n not in simple).batches(paths)
+            dec = DaliDecoder(pre, device=choice.device, batch_size=args.batch_size,
+                              threads=args.workers, hw_decoder_load=hw_loads.get(n),
+                              fancy_upsampling=n not in simple)
+            batches = dec.batches(paths)
+            builds[n] = dec.build_seconds
         count, first = 0, None
         for b in batches:
             if first is None:   # the fixed start: pipeline build, device and decoder init
@@ -153,6 +154,7 @@ def main():
     times = {n: [] for n in names}
     alone = {n: [] for n in names}
     starts = {n: [] for n in names}   # decode only: seconds to the first batch
+    builds = {}   # decode only: the last DaliDecoder's pipeline build seconds
     outs = {}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
@@ -173,8 +175,10 @@ def main():
                 alone[n].append(decode_only(n))
                 first, first_len = starts[n][-1]
                 rest = alone[n][-1] - first
+                build = (f", of which the pipeline's build {builds[n][0]:.2f} s"
+                         if builds.get(n) else "")
                 print(f"round {r} {n} decode only: {len(paths) / alone[n][-1]:.0f} img/s "
-                      f"(first batch after {first:.2f} s; the rest at "
+                      f"(first batch after {first:.2f} s{build}; the rest at "
                       f"{(len(paths) - first_len) / rest if rest > 0 else 0:.0f} img/s)",
                       flush=True)
     sink = sink_rate(out_dir, os.path.getsize(next(iter(outs.values()))))

@@ -53,6 +53,7 @@ import io
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -298,6 +299,9 @@ class DaliDecoder:
         #: Pillow decoded because DALI could not.
         self.by_pillow = []
         self.pipelines_built = 0
+        #: Seconds each pipeline build took (the fixed start's part before
+        #: the first run: bench/decoded/pack_decoders.py reports it).
+        self.build_seconds = []
         self._pipe = None
         self._lock = threading.Lock()   # by_pillow: the caller's thread and the parser's
 
@@ -344,9 +348,11 @@ class DaliDecoder:
                                   axis_names="HW", out_of_bounds_policy="error")
             return images, decoded
 
+        t0 = time.perf_counter()
         p = pipe()
         p.build()
         self.pipelines_built += 1
+        self.build_seconds.append(time.perf_counter() - t0)
         return p
 
     def _pipeline(self):
