@@ -17,6 +17,7 @@
 #   bash bench/gpu.sh tests    build, then the GPU tests
 #   bash bench/gpu.sh tests-nouring  the same tests against a build without liburing
 #                              (FASTREAD_URING=OFF): the io_uring cases skip, naming it
+#                              (build-nouring: only its build, e.g. beside `tests`)
 #   bash bench/gpu.sh files    JPEG tree: read-to-GPU and mixed decoding,
 #                              warm and cold, batch 64 and 256; then the native
 #                              DALI operator (+ .gpu()) against fn.readers.file
@@ -101,6 +102,11 @@
 #                              /dev/shm where it has 8 GiB free; once before to /tmp's disk),
 #                              bench/decoded/gpu_pixels.py (which stage parts from Pillow), and a
 #                              verdict table last (GPU tests, pixels, >= 3x Pillow); needs DALI
+#                              PD_DECODERS=pillow,dali-gpu,dali-gpu-hw0,... adds the hardware-share
+#                              variants; PD_LARGE=1 packs the 20k tree too (Pillow vs GPU)
+#   bash bench/gpu.sh parquet-dali  issue 40's DALI row: the 20k tree as Parquet and as files,
+#                              readers.parquet / readers.file / fn.readers.file + mixed decoding,
+#                              interleaved (bench/parquet/dali_decode.py; target parquet >= 0.9x file)
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
@@ -259,11 +265,12 @@ tests)
     python3 -m fastread.cli info
     gpu_tests tests-logs
     ;;
-tests-nouring)
+tests-nouring|build-nouring)
     # The same tests against a build without liburing (FASTREAD_URING=OFF, the
     # README's optional dependency missing), installed beside the normal one:
     # every case parametrized over io_uring skips naming it (issue 39), the
-    # others pass as with it.
+    # others pass as with it. build-nouring: only that build (it may run
+    # while `tests` runs: its own build and install folders).
     nouring=/tmp/fastread-nouring
     stamp_n=$nouring/.built-${stamp##*/}
     if [ ! -e "$stamp_n" ]; then
@@ -278,6 +285,7 @@ tests-nouring)
             exit 1
         fi
     fi
+    if [ "$section" = build-nouring ]; then exit 0; fi
     export PYTHONPATH="$nouring:$PYTHONPATH"
     python3 -c 'import fastread, sys; s = fastread.engines()["io_uring"]
 print("io_uring in this build:", s.files); sys.exit(s.files is True)' || { echo "io_uring is built in: not the build asked for" >&2; exit 1; }
@@ -505,7 +513,9 @@ decoded|decoded-gpu)
 pack-decoders)
     python3 -c 'import nvidia.dali' || { echo "pack-decoders needs DALI: bash bench/gpu.sh stage first"; exit 1; }
     # Each step under its own timeout, so that a stuck one (a pipeline that
-    # never returns) leaves the others their share of the call.
+    # never returns) leaves the others their share of the call. PD_SPEED_ONLY=1:
+    # the interleaved packs alone (no tests, pixel stages or disk pass; no verdict).
+    if [ -z "${PD_SPEED_ONLY:-}" ]; then
     (cd tests && timeout 200 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
         >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
         { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -20 || true; }
@@ -528,13 +538,43 @@ pack-decoders)
         --classes 10 --rounds 1 --decoders dali-gpu --no-decode-only \
         --json "$json/pack-decoders-disk.json" 2>&1 | grep -E "^(round|writing)" |
         sed 's/^/(to the disk) /' || true
-    # Then to RAM, interleaved rounds, the verdict table last.
+    fi
+    verdict_args=(--tests-log "$json/test_pack_dali.log")
+    if [ -n "${PD_SPEED_ONLY:-}" ]; then verdict_args=(); fi
+    # Then to RAM, interleaved rounds, the verdict table last. PD_DECODERS adds the
+    # hardware-share variants (dali-gpu-hw0, dali-gpu-hw65: HW_DECODER_LOAD measured).
     timeout 240 python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --out-dir "$packs" \
         --images "$n" --classes 10 --rounds "${PD_ROUNDS:-3}" --json "$json/pack-decoders.json" \
-        --tests-log "$json/test_pack_dali.log" \
-        2>&1 | grep -v -i "warning" | tee "$json/pack-decoders.txt" || echo "(pack_decoders.py failed)"
+        "${verdict_args[@]}" ${PD_DECODERS:+--decoders "$PD_DECODERS"} \
+        2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/pack-decoders.txt" ||
+        echo "(pack_decoders.py failed)"
     rm -rf "$packs"/bench-*.img*
     tar -cf "$out/results-$section.tar" -C "$json" .
+    # PD_LARGE=1: the 20k tree too (the fixed start amortised as for a user's data set),
+    # Pillow against the GPU, PD_LARGE_ROUNDS rounds (default 1), packs only.
+    if [ -n "${PD_LARGE:-}" ]; then
+        make_jpegs
+        timeout 200 python3 bench/decoded/pack_decoders.py --tree "$jpegs" --dir /tmp/fastread-packdecoders-20k \
+            --out-dir "$packs" --rounds "${PD_LARGE_ROUNDS:-1}" --no-decode-only \
+            --decoders "${PD_LARGE_DECODERS:-pillow,dali-gpu}" --json "$json/pack-decoders-20k.json" \
+            2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/pack-decoders-20k.txt" ||
+            echo "(pack_decoders.py on 20k failed)"
+        rm -rf "$packs"/bench-*.img*
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    fi
+    ;;
+parquet-dali)
+    # Issue 40's DALI row: the 20k tree as Hub-style Parquet (written here, on the device)
+    # and as files, each through a DALI pipeline with mixed (nvJPEG) decoding, interleaved
+    # rounds; target readers.parquet within 10% of readers.file (bench/parquet/dali_decode.py).
+    make_jpegs
+    for bs in ${PQ_BATCHES:-256}; do
+        timeout 300 python3 bench/parquet/dali_decode.py --tree "$jpegs" --batch "$bs" --threads 8 \
+            --rounds "${PQ_ROUNDS:-3}" --json "$json/parquet-dali-bs$bs.json" \
+            2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/parquet-dali-bs$bs.txt" ||
+            echo "(dali_decode.py failed)"
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    done
     ;;
 formats)
     # Datasets as `fastread make-dataset` writes them (what the 2-core table
@@ -627,7 +667,7 @@ s3)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, pack-decoders, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, pack-decoders, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers)" >&2
     exit 2
     ;;
 esac

@@ -530,6 +530,25 @@ def test_dali_threads_must_be_positive(tree, tmp_path):
     assert not (tmp_path / "x.img").exists()
 
 
+def test_gpu_decoder_arguments_follow_the_options(monkeypatch):
+    """The mixed decoder's arguments: libjpeg's chroma upsampling unless told
+    otherwise (the module's FANCY_UPSAMPLING, what pack() takes), the hardware
+    share as given; bad values are refused; the CPU decoder gets neither."""
+    from fastread import decode_dali
+
+    pre = Preprocess(resize=32)
+    args = DaliDecoder(pre, device="gpu").decoder_args()
+    assert args == dict(device="mixed", jpeg_fancy_upsampling=True,
+                        hw_decoder_load=decode_dali.HW_DECODER_LOAD)
+    args = DaliDecoder(pre, device="gpu", fancy_upsampling=False, hw_decoder_load=0).decoder_args()
+    assert args["jpeg_fancy_upsampling"] is False and args["hw_decoder_load"] == 0.0
+    monkeypatch.setattr(decode_dali, "FANCY_UPSAMPLING", False)
+    assert DaliDecoder(pre, device="gpu").decoder_args()["jpeg_fancy_upsampling"] is False
+    assert DaliDecoder(pre, device="cpu").decoder_args() == dict(device="cpu")
+    with pytest.raises(ValueError, match="fancy_upsampling must be True or False"):
+        DaliDecoder(pre, device="gpu", fancy_upsampling=1)
+
+
 def test_decoder_options_need_decode(tree, tmp_path, capsys):
     with pytest.raises(ValueError, match="decoder, decode_device apply only with decode=True"):
         fastread.pack(tree, str(tmp_path / "x.img"), decoder="dali", decode_device="cpu")

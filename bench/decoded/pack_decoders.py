@@ -30,7 +30,8 @@ waits for.
         [--tree DIR | --dir /var/tmp/fastread-packdecoders --images 2000 --classes 10] \\
         [--out-dir /dev/shm/packs] \\
         [--resize 160] [--crop 160] [--encode raw|jpeg] [--batch-size 256] \\
-        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu] [--json OUT.json] \\
+        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple]] \\
+        [--json OUT.json] \\
         [--tests-log test_pack_dali.log] [--target 3]
 """
 import argparse
@@ -102,6 +103,16 @@ def main():
     settings = {"pillow": dict(decoder="pillow"),
                 "dali-cpu": dict(decoder="dali", decode_device="cpu"),
                 "dali-gpu": dict(decoder="dali", decode_device="gpu")}
+    # GPU variants by the mixed decoder's hardware share (dali-gpu-hw0: all
+    # of it on nvJPEG's CUDA decoder; dali-gpu-hw65: DALI's default 0.65),
+    # to measure decode_dali.HW_DECODER_LOAD's choice against the others.
+    # pack() takes the module's constant, so it is set around each run.
+    hw_loads = {"dali-gpu-hw0": 0.0, "dali-gpu-hw65": 0.65}
+    # dali-gpu-simple: nvJPEG's own chroma upsampling (FANCY_UPSAMPLING off),
+    # which lets the hardware decoder run: its speed, and its pixels' distance.
+    simple = {"dali-gpu-simple"}
+    for n in list(hw_loads) + list(simple):
+        settings[n] = settings["dali-gpu"]
     for n in names:
         if n not in settings:
             ap.error(f"--decoders: unknown {n!r}; choose from {', '.join(settings)}")
@@ -111,7 +122,10 @@ def main():
           f"{os.cpu_count()} CPUs; {opts}; GPU: {gpus or why_not}", flush=True)
 
     from fastread.decode import Preprocess, choose_decoder, decoded_batches
+    from fastread import decode_dali
     from fastread.decode_dali import DaliDecoder
+
+    default_hw = decode_dali.HW_DECODER_LOAD
 
     pre = Preprocess(resize=args.resize, crop=args.crop or None, encode=args.encode)
 
@@ -123,8 +137,11 @@ def main():
         if choice.name == "pillow":
             batches = decoded_batches(paths, pre, workers=args.workers)
         else:
-            batches = DaliDecoder(pre, device=choice.device, batch_size=args.batch_size,
-                                  threads=args.workers).batches(paths)
+            dec = DaliDecoder(pre, device=choice.device, batch_size=args.batch_size,
+                              threads=args.workers, hw_decoder_load=hw_loads.get(n),
+                              fancy_upsampling=n not in simple)
+            batches = dec.batches(paths)
+            builds[n] = dec.build_seconds
         count, first = 0, None
         for b in batches:
             if first is None:   # the fixed start: pipeline build, device and decoder init
@@ -137,14 +154,18 @@ def main():
     times = {n: [] for n in names}
     alone = {n: [] for n in names}
     starts = {n: [] for n in names}   # decode only: seconds to the first batch
+    builds = {}   # decode only: the last DaliDecoder's pipeline build seconds
     outs = {}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
             out = os.path.join(out_dir, f"bench-{n}.img")
+            decode_dali.HW_DECODER_LOAD = hw_loads.get(n, default_hw)
+            decode_dali.FANCY_UPSAMPLING = n not in simple
             t0 = time.perf_counter()
             img = fastread.pack(tree, out, **settings[n], **opts)
             dt = time.perf_counter() - t0
+            decode_dali.HW_DECODER_LOAD, decode_dali.FANCY_UPSAMPLING = default_hw, True
             times[n].append(dt)
             outs[n] = out
             print(f"round {r} {n}: {dt:.2f} s, {len(paths) / dt:.0f} img/s "
@@ -154,8 +175,10 @@ def main():
                 alone[n].append(decode_only(n))
                 first, first_len = starts[n][-1]
                 rest = alone[n][-1] - first
+                build = (f", of which the pipeline's build {builds[n][0]:.2f} s"
+                         if builds.get(n) else "")
                 print(f"round {r} {n} decode only: {len(paths) / alone[n][-1]:.0f} img/s "
-                      f"(first batch after {first:.2f} s; the rest at "
+                      f"(first batch after {first:.2f} s{build}; the rest at "
                       f"{(len(paths) - first_len) / rest if rest > 0 else 0:.0f} img/s)",
                       flush=True)
     sink = sink_rate(out_dir, os.path.getsize(next(iter(outs.values()))))

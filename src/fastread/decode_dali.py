@@ -24,6 +24,7 @@ Per batch of ``batch_size`` files:
    a few threads: it releases the GIL).
 
 Three threads overlap the steps: one reads and parses headers (1-2), one
+builds the pipeline at once (while the first batch is read) and then
 keeps :data:`DEPTH` batches in DALI's pipeline at once (3; DALI runs their
 stages side by side and releases the GIL), and the caller's stores and
 writes (4). At most :data:`IN_FLIGHT` batches are between the reader and the
@@ -52,6 +53,7 @@ import io
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -79,6 +81,16 @@ IN_FLIGHT = DEPTH + 2
 #: mixed decoder (1.0 decoded 1.5x as fast as DALI's default 0.65 with 8
 #: threads: fastread.torch.ImageLoader's hw_decoder_load).
 HW_DECODER_LOAD = 1.0
+
+#: libjpeg-turbo's "fancy" chroma upsampling on the GPU (see
+#: :meth:`DaliDecoder.decoder_args`). Measured on the H200 (DALI 2.4,
+#: docs/results/gpu-h200-20261203): with it the mixed decoder's pixels are all
+#: but the CPU decoder's (mean 0.000, largest 1 level) and its speed does not
+#: change with the hardware share, which suggests nvImageCodec decodes such
+#: JPEGs on the host, not in the hardware decoder; without it the
+#: hardware decoder runs, but small outputs part from Pillow's by up to 7-13
+#: levels per image (tests/test_pack_dali.py allows 2).
+FANCY_UPSAMPLING = True
 
 #: Words of DALI errors that are the machine's, not a file's.
 _DEVICE_FAULTS = ("cuda error", "cudaerror", "cuda_error", "out of memory",
@@ -253,12 +265,13 @@ class DaliDecoder:
     DALI's ``num_threads`` (default: every CPU this process may use).
     ``batch_size``: files per pipeline run (and per native read).
     ``hw_decoder_load`` (GPU): the hardware JPEG decoder's share
-    (default :data:`HW_DECODER_LOAD`). Engine arguments go to
+    (default :data:`HW_DECODER_LOAD`); ``fancy_upsampling`` (GPU): libjpeg's
+    chroma upsampling (default :data:`FANCY_UPSAMPLING`). Engine arguments go to
     :func:`fastread.read_batches`."""
 
     def __init__(self, pre, *, device="cpu", device_id=None, batch_size=64, threads=None,
-                 hw_decoder_load=None, engine="auto", prefetch=None, workers=None,
-                 **engine_options):
+                 hw_decoder_load=None, fancy_upsampling=None, engine="auto", prefetch=None,
+                 workers=None, **engine_options):
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -276,12 +289,20 @@ class DaliDecoder:
                              f"{hw_decoder_load!r}")
         self.pre, self.device, self.batch_size, self.threads = pre, device, batch_size, threads
         self.hw_decoder_load = float(hw_decoder_load)
+        if fancy_upsampling is None:
+            fancy_upsampling = FANCY_UPSAMPLING
+        if not isinstance(fancy_upsampling, bool):
+            raise ValueError(f"fancy_upsampling must be True or False, got {fancy_upsampling!r}")
+        self.fancy_upsampling = fancy_upsampling
         self.device_id = (0 if device_id is None else device_id) if device == "gpu" else None
         self.read_args = dict(engine=engine, prefetch=prefetch, workers=workers, **engine_options)
         #: Positions (in the paths given to :meth:`batches`) of the files
         #: Pillow decoded because DALI could not.
         self.by_pillow = []
         self.pipelines_built = 0
+        #: Seconds each pipeline build took (the fixed start's part before
+        #: the first run: bench/decoded/pack_decoders.py reports it).
+        self.build_seconds = []
         self._pipe = None
         self._lock = threading.Lock()   # by_pillow: the caller's thread and the parser's
 
@@ -294,7 +315,7 @@ class DaliDecoder:
         small images, more on noisy ones) and the hardware decoder's share."""
         if self.device != "gpu":
             return dict(device="cpu")
-        return dict(device="mixed", jpeg_fancy_upsampling=True,
+        return dict(device="mixed", jpeg_fancy_upsampling=self.fancy_upsampling,
                     hw_decoder_load=self.hw_decoder_load)
 
     def _build(self):
@@ -328,9 +349,11 @@ class DaliDecoder:
                                   axis_names="HW", out_of_bounds_policy="error")
             return images, decoded
 
+        t0 = time.perf_counter()
         p = pipe()
         p.build()
         self.pipelines_built += 1
+        self.build_seconds.append(time.perf_counter() - t0)
         return p
 
     def _pipeline(self):
@@ -501,6 +524,11 @@ class DaliDecoder:
             return sum(1 for j in flight if j.todo and j.results is None)
 
         try:
+            # The pipeline is built now, while the parser's thread reads and
+            # parses the first batch: on a GPU the build (CUDA context, the
+            # decoders' set-up) is most of a pack's fixed start, and nothing
+            # waits for it yet.
+            self._pipeline()
             ended = False
             while not stop.is_set():
                 while not ended and running() < DEPTH:
