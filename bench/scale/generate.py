@@ -104,15 +104,45 @@ def image_paths(root):
     return os.path.join(root, "data.img"), os.path.join(root, "data.img.index")
 
 
-def make_image(root, n, sparse=False):
+def _digits(values, width):
+    """``values`` as zero-padded decimal ASCII, one row of ``width`` bytes each."""
+    out = np.empty((len(values), width), np.uint8)
+    v = values.copy()
+    for k in range(width - 1, -1, -1):
+        out[:, k] = v % 10 + 48
+        v //= 10
+    return out
+
+
+def _name_table(ids, per):
+    """The names make_files' tree has ("FFFF/NNNNNNNN.jpg") as a NameTable,
+    built by arithmetic: 10^8 Python strings would take minutes and ~10 GB."""
+    from fastread.names import NameTable
+
+    width = 4 + 1 + 8 + 4
+    rows = np.empty((len(ids), width), np.uint8)
+    step = 1 << 22
+    for a in range(0, len(ids), step):
+        part = ids[a:a + step]
+        rows[a:a + len(part), 0:4] = _digits(part // per, 4)
+        rows[a:a + len(part), 4] = ord("/")
+        rows[a:a + len(part), 5:13] = _digits(part, 8)
+        rows[a:a + len(part), 13:] = np.frombuffer(b".jpg", np.uint8)
+    return NameTable(rows.reshape(-1), np.arange(len(ids) + 1, dtype=np.int64) * width)
+
+
+def make_image(root, n, sparse=False, index_format="auto"):
     """A packed image of n samples (names and labels those of make_files'
     tree of n) at ``root/data.img``. sparse: samples are holes (zeros) and
     the file is ftruncate'd to size: 10^7 samples cost 5 GB of apparent
-    size and no blocks. Returns the image path."""
+    size and no blocks. index_format: as pack's ("auto": binary, index
+    version 3, from BINARY_FROM samples on; older builds: JSON). Returns the
+    image path."""
     import fastread.image as fi
 
     params = {"kind": "image", "version": VERSION, "n": n, "sparse": bool(sparse),
-              "alignment": ALIGNMENT, "sample_bytes": SAMPLE_BYTES}
+              "alignment": ALIGNMENT, "sample_bytes": SAMPLE_BYTES,
+              "index": index_format}   # images made before binary indexes are remade
     img, idx = image_paths(root)
     if _reuse(root, params):
         return img
@@ -145,14 +175,24 @@ def make_image(root, n, sparse=False):
         os.pwrite(fd, fi._header_block(ALIGNMENT, n, image_size, image_id), 0)
     finally:
         os.close(fd)
-    names = [f"{int(i) // per:04d}/{int(i):08d}.jpg" for i in ids]
     doc = {"format": fi.INDEX_FORMAT, "version": fi.INDEX_VERSION, "image_id": image_id.hex(),
            "image_size": image_size, "alignment": ALIGNMENT, "checksum": fi.CHECKSUM,
-           "count": n, "file_root": None, "names": names, "labels": labels.tolist(),
-           "offsets": offsets.tolist(), "lengths": lengths.tolist(),
-           "checksums": sums.tolist()}
+           "count": n, "file_root": None}
+    binary = getattr(fi, "BINARY_FROM", None)
     with open(idx, "wb") as f:
-        f.write(fi._encode_index(doc))
+        if binary is not None and (index_format == "binary" or (
+                index_format == "auto" and n >= binary)):
+            # What pack writes at this size (index version 3), made without
+            # a Python object per sample.
+            from fastread.image_index import write_index
+            doc.update(names=_name_table(ids, per), labels=labels, offsets=offsets,
+                       lengths=lengths, checksums=sums)
+            write_index(f, doc, binary=True)
+        else:   # a JSON index (what pack writes below BINARY_FROM, and older builds)
+            doc.update(names=[f"{int(i) // per:04d}/{int(i):08d}.jpg" for i in ids],
+                       labels=labels.tolist(), offsets=offsets.tolist(),
+                       lengths=lengths.tolist(), checksums=sums.tolist())
+            f.write(fi._encode_index(doc))
     _mark(root, params)
     return img
 
