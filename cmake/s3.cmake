@@ -19,7 +19,8 @@ if(NOT FASTREAD_S3 STREQUAL "OFF")
       csrc/engines/s3/s3.c
       csrc/engines/s3/s3_client.c
       csrc/engines/s3/s3_config.c
-      csrc/engines/s3/s3_http.c)
+      csrc/engines/s3/s3_http.c
+      csrc/engines/s3/s3_jobs.c)
     target_compile_definitions(fastread_core PUBLIC FASTREAD_HAVE_S3=1)
     target_link_libraries(fastread_core PUBLIC PkgConfig::CURL)
     message(STATUS "fastread: s3 engine ON (libcurl ${CURL_VERSION})")
