@@ -458,6 +458,41 @@ def _walk_prefixes(url, bucket, prefix, args, workers, max_depth=None):
     return objects, left
 
 
+#: List in C where the build can (libexpat: fastread._s3.list_native()):
+#: False makes every listing parse its pages in Python (what the
+#: benchmark compares against).
+NATIVE_LISTING = True
+
+
+def _native():
+    return NATIVE_LISTING and _s3 is not None and _s3.list_native()
+
+
+def _objects_of(keys, sizes, etags):
+    """S3Objects from the C listing's tables (blob, offsets)."""
+    kb, ko = keys
+    eb, eo = etags
+    ko, eo = ko.tolist(), eo.tolist()
+    return [S3Object(kb[ko[i]:ko[i + 1]].decode("utf-8", "surrogateescape"), s,
+                     eb[eo[i]:eo[i + 1]].decode("utf-8", "surrogateescape"))
+            for i, s in enumerate(sizes.tolist())]
+
+
+def _list_native(url, bucket, prefix, args, workers, delimiter=True, max_depth=None):
+    """``(keys, sizes, etags, prefixes not descended)`` of a walk in C
+    (csrc/engines/s3/s3_list.c): ``workers`` listings in flight on one
+    multi handle, pages parsed by libexpat as they arrive, the keys one
+    blob + offsets; the GIL released throughout."""
+    try:
+        keys, sizes, etags, left, _ = _s3.list_tree(
+            args, bucket, prefix, delimiter, -1 if max_depth is None else max_depth,
+            max(1, min(workers, 1024)))
+    except OSError as e:
+        raise OSError(e.errno, e.strerror.replace(f"s3://{bucket}/{prefix}", url, 1)
+                      if url.startswith("s3://") else f"{url}: {e.strerror}") from None
+    return keys, sizes, etags, left
+
+
 def list_objects(url, s3=None, *, engine_args="", workers=1, **options) -> List[S3Object]:
     """Every object under ``url`` (``s3://bucket/prefix``: keys starting
     with ``prefix``, as S3 compares them: by bytes, not by directories), in
@@ -477,6 +512,13 @@ def list_objects(url, s3=None, *, engine_args="", workers=1, **options) -> List[
     bucket, prefix = split_url(url)
     opts = S3Options.coerce(s3, **options)
     args = engine_args_for(engine_args, opts)
+    if _native():
+        keys, sizes, etags, _ = _list_native(url, bucket, prefix, args, workers,
+                                             delimiter=workers > 1)
+        objects = _objects_of(keys, sizes, etags)
+        if workers > 1:
+            objects.sort(key=_key_order)
+        return objects
     if workers > 1:
         objects, _ = _walk_prefixes(url, bucket, prefix, args, workers)
         objects.sort(key=_key_order)
@@ -520,15 +562,31 @@ def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None
     # Two levels are all a class tree needs (prefix/CLASS/NAME): deeper
     # "directories" are not listed, only seen (they make their class exist,
     # as a flat listing's deeper keys do).
-    objects, deeper = _walk_prefixes(base, bucket, prefix, engine_args_for("", s3),
-                                     LIST_WORKERS, max_depth=2)
-    objects.extend(S3Object(p, 0) for p in deeper)   # never a sample: its name has a '/'
+    args = engine_args_for("", s3)
+    if _native():
+        keys, sizes, etags, deeper = _list_native(base, bucket, prefix, args, LIST_WORKERS,
+                                                  max_depth=2)
+        # Keys decoded here, once each, for the filters (no S3Object).
+        kb, ko = keys
+        eb, eo = etags
+        ko, eo = ko.tolist(), eo.tolist()
+        skip = len(prefix.encode("utf-8", "surrogateescape"))
+        rels = [kb[ko[i] + skip:ko[i + 1]].decode("utf-8", "surrogateescape")
+                for i in range(len(ko) - 1)]
+        versions = lambda i: (eb[eo[i]:eo[i + 1]].decode("utf-8", "surrogateescape"),
+                              int(sizes[i]))
+    else:
+        objects, deeper = _walk_prefixes(base, bucket, prefix, args, LIST_WORKERS, max_depth=2)
+        rels = [o.key[len(prefix):] for o in objects]
+        versions = lambda i: (objects[i].etag, objects[i].size)
+    # Prefixes at the depth limit: never a sample (their names have a '/'),
+    # but they make their class exist, as a flat listing's deeper keys do.
+    rels.extend(p[len(prefix):] for p in deeper)
     matcher = matcher_class(filters, case_sensitive)
     dir_matcher = matcher_class(dir_filters, case_sensitive) if dir_filters is not None else None
     classes = {}
     listed = {}
-    for obj in objects:
-        rel = obj.key[len(prefix):]
+    for i, rel in enumerate(rels):
         cls, slash, name = rel.partition("/")
         if not slash or not cls:
             continue  # an object right under the root: not a sample (as on disk)
@@ -537,7 +595,7 @@ def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None
         names = classes.setdefault(cls, [])
         if name and "/" not in name and matcher(name):
             names.append(name)
-            listed[f"{base}{cls}/{name}"] = (obj.etag, obj.size)
+            listed[f"{base}{cls}/{name}"] = versions(i)
     order = sorted(classes, key=os.fsencode)
     paths, counts = [], []
     for cls in order:
