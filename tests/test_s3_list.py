@@ -125,3 +125,43 @@ def test_errors_name_the_url(s3_server, s3_proxy, objects):
     with pytest.raises(OSError) as e:
         fs3.list_objects(f"s3://{BUCKET}/t/", op, workers=4)
     assert "503" in str(e.value)
+
+
+def list_requests(proxy):
+    return sum(1 for method, target, *_ in proxy.log if "list-type=2" in target)
+
+
+@pytest.mark.parametrize("parser", ["c", "python"])
+def test_a_kept_listing_is_reused_while_fresh(s3_server, s3_proxy, objects, tmp_path, parser,
+                                              monkeypatch):
+    monkeypatch.setattr(fs3, "NATIVE_LISTING", parser == "c")
+    o = opts(s3_server, s3_proxy.endpoint)
+    url = f"s3://{BUCKET}/t"
+    cache = tmp_path / "cache"
+    want = fastread.scan(url, s3=o)
+    n0 = list_requests(s3_proxy)
+    first = fastread.scan(url, s3=o, listing_cache=cache)
+    n1 = list_requests(s3_proxy)
+    again = fastread.scan(url, s3=o, listing_cache=cache)
+    assert list_requests(s3_proxy) == n1 > n0      # the second: no request at all
+    for got in (first, again):
+        assert got[0] == want[0] and (got[1] == want[1]).all()
+        assert got[0].versions == want[0].versions
+    # Too old (max age 0: never reused), or unreadable: listed again.
+    fastread.scan(url, s3=o, listing_cache=cache, listing_max_age_s=0)
+    assert list_requests(s3_proxy) > n1
+    (kept,) = [p for p in (cache / "listings").iterdir() if p.suffix == ".npz"]
+    kept.write_bytes(b"not a listing")
+    n2 = list_requests(s3_proxy)
+    assert fastread.scan(url, s3=o, listing_cache=cache)[0] == want[0]
+    assert list_requests(s3_proxy) > n2
+    # An object added is seen once the kept listing is older than the age allowed.
+    s3_server.put(BUCKET, "t/c00/new.jpg", b"n")
+    try:
+        assert len(fastread.scan(url, s3=o, listing_cache=cache)[0]) == len(want[0])
+        import time
+        time.sleep(1.1)
+        assert len(fastread.scan(url, s3=o, listing_cache=cache,
+                                 listing_max_age_s=1)[0]) == len(want[0]) + 1
+    finally:
+        s3_server.client().delete_object(Bucket=BUCKET, Key="t/c00/new.jpg")

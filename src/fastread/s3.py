@@ -548,37 +548,125 @@ def put_object(url, data, s3=None, *, engine_args="", **options):
         raise _status_error(url, status, err)
 
 
-def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None):
+def _tables(strings):
+    """(blob, n + 1 uint64 offsets) of str: the C listing's layout."""
+    import numpy as np
+    raw = [s.encode("utf-8", "surrogateescape") for s in strings]
+    off = np.zeros(len(raw) + 1, np.uint64)
+    np.cumsum([len(r) for r in raw], out=off[1:])
+    return b"".join(raw), off
+
+
+def _tree_listing(base, bucket, prefix, args):
+    """The two-level walk a class tree needs, as tables: ``(key blob, key
+    offsets, sizes, etag blob, etag offsets, prefixes not descended)``."""
+    import numpy as np
+    # Two levels are all a class tree needs (prefix/CLASS/NAME): deeper
+    # "directories" are not listed, only seen (they make their class exist,
+    # as a flat listing's deeper keys do).
+    if _native():
+        (kb, ko), sizes, (eb, eo), deeper = _list_native(base, bucket, prefix, args,
+                                                         LIST_WORKERS, max_depth=2)
+        return kb, ko, sizes, eb, eo, deeper
+    objects, deeper = _walk_prefixes(base, bucket, prefix, args, LIST_WORKERS, max_depth=2)
+    kb, ko = _tables(o.key for o in objects)
+    eb, eo = _tables(o.etag for o in objects)
+    return kb, ko, np.array([o.size for o in objects], np.int64), eb, eo, deeper
+
+
+#: How long a listing kept in the node-local cache is reused (seconds):
+#: S3 has no cheap question "did anything under this prefix change?" (a
+#: listing is the only answer), so a kept listing is fresh by its age
+#: alone. Objects added or rewritten since are seen after at most this
+#: long; a reader still checks every object it reads against its
+#: Content-Range and ETag, so a stale listing costs missing or failing
+#: samples, never wrong bytes.
+LISTING_MAX_AGE_S = 300.0
+_LISTING_FORMAT = 1
+
+
+def _cached_listing(base, bucket, prefix, args, cache_dir, max_age_s):
+    """_tree_listing, through ``cache_dir/listings/`` where a cache is
+    given: a listing younger than ``max_age_s`` is read back (one file, no
+    request); else listed and kept (written to a temporary name, then
+    renamed: readers see whole files only). The listers of one node take
+    turns on a lock per listing, so that eight ranks starting together make
+    one walk and seven reads."""
+    if not cache_dir or max_age_s is None or max_age_s <= 0:
+        return _tree_listing(base, bucket, prefix, args)
+    import fcntl
+    import hashlib
+    import json
+    import time
+    import numpy as np
+    client = _client(base, args)
+    try:
+        scope = client.cache_scope()   # endpoint + a hash of the key id: no secret
+    finally:
+        client.close()
+    name = hashlib.sha256(f"{scope}\0{base}\0depth2".encode("utf-8", "surrogateescape"))
+    folder = os.path.join(os.fspath(cache_dir), "listings")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name.hexdigest()[:40] + ".npz")
+    with open(path + ".lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                age = time.time() - meta["listed_at"]
+                if (meta.get("format") == _LISTING_FORMAT and meta.get("url") == base and
+                        meta.get("scope") == scope and 0 <= age <= max_age_s):
+                    lb, lo = z["left"].tobytes(), z["loff"].tolist()
+                    return (z["keys"].tobytes(), z["koff"], z["sizes"], z["etags"].tobytes(),
+                            z["eoff"], [lb[lo[i]:lo[i + 1]].decode("utf-8", "surrogateescape")
+                                        for i in range(len(lo) - 1)])
+        except (OSError, KeyError, ValueError):
+            pass   # none yet, unreadable or of another format: listed again
+        listed_at = time.time()   # before the walk: its age errs on the old side
+        kb, ko, sizes, eb, eo, deeper = _tree_listing(base, bucket, prefix, args)
+        lb, lo = _tables(deeper)
+        meta = json.dumps({"format": _LISTING_FORMAT, "url": base, "scope": scope,
+                           "listed_at": listed_at}).encode()
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, meta=np.frombuffer(meta, np.uint8), keys=np.frombuffer(kb, np.uint8),
+                         koff=ko, sizes=sizes, etags=np.frombuffer(eb, np.uint8), eoff=eo,
+                         left=np.frombuffer(lb, np.uint8), loff=lo)
+            os.replace(tmp, path)
+        except OSError:
+            # A cache that cannot be written costs the next run a walk, not this one.
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return kb, ko, sizes, eb, eo, deeper
+
+
+def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None, *,
+              cache_dir=None, max_age_s=LISTING_MAX_AGE_S):
     """``fn.readers.file``'s directory mode over ``s3://bucket/prefix``
     (:func:`fastread.scan` calls this): classes are the "directories" right
     under the prefix (keys ``prefix/CLASS/...``; a key ``prefix/CLASS/``,
     the marker consoles create for an empty folder, makes an empty class),
     samples the objects directly in a class whose names match ``filters``,
     byte-sorted as on local disk. Returns ``(paths, counts per class,
-    classes)``, paths a :class:`ListedURLs` (their listed versions)."""
+    classes)``, paths a :class:`ListedURLs` (their listed versions).
+    ``cache_dir``: a node-local cache where the listing is kept and reused
+    while younger than ``max_age_s`` (:data:`LISTING_MAX_AGE_S`)."""
     base = root if root.endswith("/") else root + "/"
     _require()
     bucket, prefix = split_url(base)
-    # Two levels are all a class tree needs (prefix/CLASS/NAME): deeper
-    # "directories" are not listed, only seen (they make their class exist,
-    # as a flat listing's deeper keys do).
     args = engine_args_for("", s3)
-    if _native():
-        keys, sizes, etags, deeper = _list_native(base, bucket, prefix, args, LIST_WORKERS,
-                                                  max_depth=2)
-        # Keys decoded here, once each, for the filters (no S3Object).
-        kb, ko = keys
-        eb, eo = etags
-        ko, eo = ko.tolist(), eo.tolist()
-        skip = len(prefix.encode("utf-8", "surrogateescape"))
-        rels = [kb[ko[i] + skip:ko[i + 1]].decode("utf-8", "surrogateescape")
-                for i in range(len(ko) - 1)]
-        versions = lambda i: (eb[eo[i]:eo[i + 1]].decode("utf-8", "surrogateescape"),
-                              int(sizes[i]))
-    else:
-        objects, deeper = _walk_prefixes(base, bucket, prefix, args, LIST_WORKERS, max_depth=2)
-        rels = [o.key[len(prefix):] for o in objects]
-        versions = lambda i: (objects[i].etag, objects[i].size)
+    kb, ko, sizes, eb, eo, deeper = _cached_listing(base, bucket, prefix, args, cache_dir,
+                                                    max_age_s)
+    # Keys decoded here, once each, for the filters (no S3Object).
+    skip = len(prefix.encode("utf-8", "surrogateescape"))
+    ko, eo = ko.tolist(), eo.tolist()
+    rels = [kb[ko[i] + skip:ko[i + 1]].decode("utf-8", "surrogateescape")
+            for i in range(len(ko) - 1)]
+    versions = lambda i: (eb[eo[i]:eo[i + 1]].decode("utf-8", "surrogateescape"),
+                          int(sizes[i]))
     # Prefixes at the depth limit: never a sample (their names have a '/'),
     # but they make their class exist, as a flat listing's deeper keys do.
     rels.extend(p[len(prefix):] for p in deeper)
