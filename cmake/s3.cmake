@@ -27,7 +27,12 @@ if(NOT FASTREAD_S3 STREQUAL "OFF")
     message(STATUS "fastread: s3 engine ON (libcurl ${CURL_VERSION})")
     # Listings parsed in C (s3_list.c) where libexpat is (libexpat1-dev);
     # without it fr_s3_list says so and fastread.s3 parses them in Python.
-    pkg_check_modules(EXPAT IMPORTED_TARGET expat)
+    # FASTREAD_EXPAT=OFF leaves libexpat out (the Python parser's build).
+    set(FASTREAD_EXPAT "AUTO" CACHE STRING "S3 listings parsed in C (libexpat): AUTO or OFF")
+    set(EXPAT_FOUND OFF)
+    if(NOT FASTREAD_EXPAT STREQUAL "OFF")
+      pkg_check_modules(EXPAT IMPORTED_TARGET expat)
+    endif()
     if(EXPAT_FOUND)
       target_compile_definitions(fastread_core PRIVATE FASTREAD_HAVE_EXPAT=1)
       target_link_libraries(fastread_core PUBLIC PkgConfig::EXPAT)

@@ -525,8 +525,10 @@ int fr_s3_run_jobs(s3_engine *s)
         long long wait = 100;
         for (size_t k = 0; k < s->nretry; k++) {
             long long d = s->jobs[s->retry[k]].not_before_ms - now;
-            if (d < wait)
-                wait = d < 0 ? 0 : d;
+            /* A retry whose backoff is over waits for a transfer (none was
+             * idle, or it would have started): only the network frees one. */
+            if (d > 0 && d < wait)
+                wait = d;
         }
         if (s->active > 0) {
             CURLMcode mc = curl_multi_poll(s->multi, NULL, 0, (int)wait, NULL);

@@ -849,11 +849,14 @@ static int walk_run(walk *w, char *err, size_t err_len)
             if (finished)
                 continue; /* start the next listings before waiting */
         }
+        /* Wait for the network, or for the earliest backoff to end. A task
+         * that is ready but still queued waits for a transfer, which only
+         * the network frees: it must not shorten the wait (a spin). */
         long long wait = 100;
         for (size_t k = 0; k < w->ntodo; k++) {
             long long d = w->todo[k]->not_before_ms - now;
-            if (d < wait)
-                wait = d < 0 ? 0 : d;
+            if (d > 0 && d < wait)
+                wait = d;
         }
         if (w->active > 0) {
             if (curl_multi_poll(w->multi, NULL, 0, (int)wait, NULL) != CURLM_OK)
