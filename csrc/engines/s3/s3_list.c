@@ -447,7 +447,11 @@ typedef struct task {
     char token[TOKEN_MAX];
     unsigned attempts;
     long long first_ms, not_before_ms;
+    /* The server's last answer to a retried attempt (503 SlowDown) and its
+     * S3 code: the error should a later attempt get none, so that
+     * throttling does not read as a timeout. */
     long last_status;
+    char last_code[64];
 } task;
 
 typedef struct xfer {
@@ -559,6 +563,13 @@ static int start(walk *w, xfer *x, task *t, long long now, char *err, size_t err
         t->first_ms = now;
     long long left = t->first_ms + w->cfg.deadline_ms - now;
     if (left <= 0) {
+        if (t->last_status) {
+            fr_set_err(err, err_len, "s3://%.64s/%.120s: %ld %s (after %u attempts; "
+                       "deadline_ms=%lld reached)", w->bucket, t->prefix, t->last_status,
+                       t->last_code[0] ? t->last_code : "(no S3 error code)", t->attempts,
+                       w->cfg.deadline_ms);
+            return fr_s3_status_errno(t->last_status);
+        }
         fr_set_err(err, err_len, "s3://%.64s/%.120s: no answer within deadline_ms=%lld",
                    w->bucket, t->prefix, w->cfg.deadline_ms);
         return -ETIMEDOUT;
@@ -673,10 +684,9 @@ static int finish(walk *w, xfer *x, CURLcode cc, long long now, char *err, size_
         if (fr_s3_curl_retryable(cc) && retry_later(w, t, now))
             return 0;
         if (t->last_status) {
-            char code_s[64];
-            fr_s3_error_code(x->errbody, x->errlen, code_s, sizeof(code_s));
-            fr_set_err(err, err_len, "s3://%.64s/%.120s: %ld (after %u attempts; the last: %s)",
-                       w->bucket, t->prefix, t->last_status, t->attempts,
+            fr_set_err(err, err_len, "s3://%.64s/%.120s: %ld %s (after %u attempts; the last: "
+                       "%s)", w->bucket, t->prefix, t->last_status,
+                       t->last_code[0] ? t->last_code : "(no S3 error code)", t->attempts,
                        curl_easy_strerror(cc));
             rc = fr_s3_status_errno(t->last_status);
         } else {
@@ -690,6 +700,7 @@ static int finish(walk *w, xfer *x, CURLcode cc, long long now, char *err, size_
         fr_s3_error_code(x->errbody, x->errlen, s3code, sizeof(s3code));
         if (fr_s3_status_retryable(code) && retry_later(w, t, now)) {
             t->last_status = code;
+            fr_set_err(t->last_code, sizeof(t->last_code), "%s", s3code);
             return 0;
         }
         fr_set_err(err, err_len, "s3://%.64s/%.120s: %ld %s", w->bucket, t->prefix, code,
@@ -722,6 +733,7 @@ static int finish(walk *w, xfer *x, CURLcode cc, long long now, char *err, size_
         memcpy(t->token, x->pg.token, sizeof(t->token));
         t->attempts = 0;
         t->last_status = 0;
+        t->last_code[0] = 0;
         t->not_before_ms = 0;
         if (todo_push(w, t)) {
             free_task(t);
