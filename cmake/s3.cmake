@@ -19,10 +19,27 @@ if(NOT FASTREAD_S3 STREQUAL "OFF")
       csrc/engines/s3/s3.c
       csrc/engines/s3/s3_client.c
       csrc/engines/s3/s3_config.c
-      csrc/engines/s3/s3_http.c)
+      csrc/engines/s3/s3_http.c
+      csrc/engines/s3/s3_jobs.c
+      csrc/engines/s3/s3_list.c)
     target_compile_definitions(fastread_core PUBLIC FASTREAD_HAVE_S3=1)
     target_link_libraries(fastread_core PUBLIC PkgConfig::CURL)
     message(STATUS "fastread: s3 engine ON (libcurl ${CURL_VERSION})")
+    # Listings parsed in C (s3_list.c) where libexpat is (libexpat1-dev);
+    # without it fr_s3_list says so and fastread.s3 parses them in Python.
+    # FASTREAD_EXPAT=OFF leaves libexpat out (the Python parser's build).
+    set(FASTREAD_EXPAT "AUTO" CACHE STRING "S3 listings parsed in C (libexpat): AUTO or OFF")
+    set(EXPAT_FOUND OFF)
+    if(NOT FASTREAD_EXPAT STREQUAL "OFF")
+      pkg_check_modules(EXPAT IMPORTED_TARGET expat)
+    endif()
+    if(EXPAT_FOUND)
+      target_compile_definitions(fastread_core PRIVATE FASTREAD_HAVE_EXPAT=1)
+      target_link_libraries(fastread_core PUBLIC PkgConfig::EXPAT)
+      message(STATUS "fastread: S3 listings parsed in C (expat ${EXPAT_VERSION})")
+    else()
+      message(STATUS "fastread: S3 listings parsed in Python (libexpat not found by pkg-config)")
+    endif()
   elseif(FASTREAD_S3 STREQUAL "ON")
     message(FATAL_ERROR "fastread: FASTREAD_S3=ON but libcurl >= 7.84 was not found by "
                         "pkg-config (install libcurl4-openssl-dev, or set PKG_CONFIG_PATH; or "

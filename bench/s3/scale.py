@@ -18,7 +18,9 @@ set in S3, and to list a bucket of 10^5 objects, at 0 and 25 ms round trips.
 (b) Listing: --objects objects of 1 byte under scan/cNNN/ (--classes
     folders), uploaded once in parallel. For each delay: one sequential
     ListObjectsV2 walk (list_objects(workers=1)) vs list_objects(workers=W)
-    (all levels) vs fastread.scan() (two levels, W listings at once).
+    (all levels) vs fastread.scan() (two levels, W listings at once), each
+    with pages parsed in Python and in C (libexpat, many listings on one
+    multi handle: csrc/engines/s3/s3_list.c), in interleaved --rounds.
 
 Delays come from bench/s3/latency.py (tests/s3_proxy.py as a process,
 holding every response the delay). One run, every figure side by side.
@@ -192,17 +194,31 @@ def own_cpu_s():
     return t.user + t.system
 
 
-def listing(url, opts, how, workers):
+#: The listings compared, each with pages parsed in Python (the walk before
+#: the C listing) and in C (csrc/engines/s3/s3_list.c), in one run.
+#: "kept": scan(listing_cache=) with the listing kept by an untimed scan
+#: just before (what a second run, or another rank of the node, pays).
+LISTINGS = [(how, parser) for how in ("sequential", "parallel", "scan")
+            for parser in ("python", "c")] + [("kept", "c")]
+
+
+def listing(url, opts, how, workers, parser="python", cache=None):
     import fastread
     from fastread import s3 as fs3
-    t0 = time.perf_counter()
-    if how == "sequential":
-        n = len(fs3.list_objects(url, opts))
-    elif how == "parallel":
-        n = len(fs3.list_objects(url, opts, workers=workers))
-    else:
-        n = len(fastread.scan(url, s3=opts)[0])
-    return time.perf_counter() - t0, n
+    fs3.NATIVE_LISTING = parser == "c"
+    try:
+        t0 = time.perf_counter()
+        if how == "sequential":
+            n = len(fs3.list_objects(url, opts))
+        elif how == "parallel":
+            n = len(fs3.list_objects(url, opts, workers=workers))
+        elif how == "kept":
+            n = len(fastread.scan(url, s3=opts, listing_cache=cache)[0])
+        else:
+            n = len(fastread.scan(url, s3=opts)[0])
+        return time.perf_counter() - t0, n
+    finally:
+        fs3.NATIVE_LISTING = True
 
 
 def main(argv=None):
@@ -217,6 +233,7 @@ def main(argv=None):
     ap.add_argument("--delays", default="0,25")
     ap.add_argument("--workers", type=int, default=64, help="shards walked at once")
     ap.add_argument("--list-workers", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the listings")
     ap.add_argument("--skip", default="", help="comma-separated: shards, listing")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -271,15 +288,26 @@ def main(argv=None):
                     print(json.dumps(row), flush=True)
                 if "listing" not in skip:
                     url = f"s3://{BUCKET}/scan"
-                    for how in ("sequential", "parallel", "scan"):
-                        s0, c0 = tree_cpu_s(server.proc.pid), own_cpu_s()
-                        secs, n = listing(url, opts, how, args.list_workers)
-                        row = {"delay_ms": d, "via": how_reached, "listing": how, "objects": n,
-                               "seconds": round(secs, 3),
-                               "server_cpu_s": round(tree_cpu_s(server.proc.pid) - s0, 2),
-                               "client_cpu_s": round(own_cpu_s() - c0, 2)}
-                        report["listing"].append(row)
-                        print(json.dumps(row), flush=True)
+                    # Interleaved rounds: every way once a round, so that
+                    # the shared machine's load falls on all of them alike.
+                    for rnd in range(args.rounds):
+                        for how, parser in LISTINGS:
+                            la = os.getloadavg()[0]
+                            cache = os.path.join(args.workdir, "listing-cache")
+                            if how == "kept":   # listed and kept, untimed
+                                shutil.rmtree(cache, ignore_errors=True)
+                                fastread.scan(url, s3=opts, listing_cache=cache)
+                            s0, c0 = tree_cpu_s(server.proc.pid), own_cpu_s()
+                            secs, n = listing(url, opts, how, args.list_workers, parser,
+                                              cache)
+                            row = {"delay_ms": d, "via": how_reached, "round": rnd,
+                                   "listing": how, "parser": parser, "objects": n,
+                                   "seconds": round(secs, 3),
+                                   "server_cpu_s": round(tree_cpu_s(server.proc.pid) - s0, 2),
+                                   "client_cpu_s": round(own_cpu_s() - c0, 2),
+                                   "load1": round(la, 2)}
+                            report["listing"].append(row)
+                            print(json.dumps(row), flush=True)
     report["window"] = _s3_tar.HEADER_WINDOW
     report["load_at_end"] = os.getloadavg()
     if args.json:

@@ -6,13 +6,15 @@ every call into it."""
 import os
 
 from libc.stdint cimport uint64_t
+from libc.string cimport memset
 
 
 from fastread._cs3 cimport (fr_s3_client, fr_s3_client_close, fr_s3_client_open,
                             fr_s3_client_request, fr_s3_client_requests,
                             fr_s3_client_get_range, fr_s3_client_bytes,
                             fr_s3_client_retries, fr_s3_client_cache_scope, fr_s3_describe,
-                            fr_s3_free)
+                            fr_s3_free, fr_s3_list, fr_s3_listing, fr_s3_listing_free,
+                            fr_s3_list_native, fr_s3_strings)
 
 
 def describe():
@@ -164,3 +166,64 @@ cdef class Client:
     @property
     def retries(self):
         return fr_s3_client_retries(self.c) if self.c != NULL else 0
+
+
+def list_native():
+    """True where this build parses listings in C (libexpat)."""
+    return bool(fr_s3_list_native())
+
+
+cdef _table(fr_s3_strings *s):
+    """(blob bytes, uint64 offsets: n + 1) of a C string table: one copy."""
+    import numpy as np
+    blob = s.blob[:s.blob_len] if s.blob_len else b""
+    if s.n == 0:
+        return blob, np.zeros(1, np.uint64)
+    off = np.frombuffer((<char *>s.off)[:(s.n + 1) * 8], np.uint64)
+    return blob, off
+
+
+def list_tree(str engine_args, str bucket, str prefix, bint delimiter, int max_depth,
+              int inflight):
+    """A ListObjectsV2 walk in C (s3_list.h): ``(keys, sizes, etags, left,
+    stats)``: keys and etags as ``(blob, offsets)`` tables (UTF-8 bytes,
+    ``n + 1`` uint64 offsets), sizes an int64 array, left the common
+    prefixes at the depth limit (str), stats the requests, retries and
+    bytes. The GIL is released for the whole walk. Raises OSError naming
+    the URL (ENOTSUP in a build without libexpat)."""
+    import numpy as np
+    for name, value in (("engine_args", engine_args), ("bucket", bucket), ("prefix", prefix)):
+        if "\0" in value:
+            raise ValueError(f"NUL character in the {name} of the listing of "
+                             f"{'s3://' + bucket + '/' + prefix!r}")
+    cdef bytes a = engine_args.encode(), b = bucket.encode(), p = prefix.encode("utf-8")
+    cdef const char *ca = a
+    cdef const char *cb = b
+    cdef const char *cp = p
+    cdef fr_s3_listing l
+    memset(&l, 0, sizeof(l))
+    cdef char err[512]
+    err[0] = 0
+    cdef int rc
+    cdef int d = delimiter
+    with nogil:
+        rc = fr_s3_list(ca, cb, cp, d, max_depth, inflight, &l, err, sizeof(err))
+    try:
+        if rc != 0:
+            msg = err.decode(errors="replace") or os.strerror(-rc)
+            if rc == -22:
+                raise ValueError(msg)
+            raise OSError(-rc, msg)
+        keys = _table(&l.keys)
+        etags = _table(&l.etags)
+        n = l.keys.n
+        sizes = (np.frombuffer((<char *>l.sizes)[:n * 8], np.int64) if n
+                 else np.zeros(0, np.int64))
+        lb, lo = _table(&l.left)
+        left = [lb[lo[i]:lo[i + 1]].decode("utf-8", "surrogateescape")
+                for i in range(l.left.n)]
+        stats = {"requests": l.requests, "retries": l.retries, "bytes": l.bytes,
+                 "inflight_max": l.inflight_max}
+        return keys, sizes, etags, left, stats
+    finally:
+        fr_s3_listing_free(&l)

@@ -344,7 +344,8 @@ def scan(file_root: Optional[PathArg],
          labels: Optional[Sequence[int]] = None,
          dir_filters: Optional[Sequence[str]] = None,
          case_sensitive_filter: bool = False,
-         s3=None) -> Tuple[List[str], np.ndarray]:
+         s3=None, listing_cache=None,
+         listing_max_age_s: Optional[float] = None) -> Tuple[List[str], np.ndarray]:
     """List samples exactly as DALI's ``fn.readers.file`` does (before shuffling
     and sharding).
 
@@ -368,6 +369,13 @@ def scan(file_root: Optional[PathArg],
             (ListObjectsV2) and read like one on disk: "directories" right
             under the prefix are the classes, objects directly in them the
             samples, with the same filters, order and labels.
+        listing_cache: For an ``s3://`` root, a node-local cache directory
+            (a reader's ``cache_dir``) where the listing is kept and reused
+            while it is younger than ``listing_max_age_s`` (default
+            ``fastread.s3.LISTING_MAX_AGE_S``, 300 s; 0: never reused): S3
+            cannot say cheaply whether a prefix changed, so freshness is
+            the listing's age. The ranks of a node take turns on a lock:
+            one lists, the others read its listing.
 
     Returns:
         ``(paths, labels)``: the paths exactly as DALI opens them (the DALI
@@ -424,8 +432,10 @@ def scan(file_root: Optional[PathArg],
         # Imported here: listing a bucket needs the s3 client, a plain scan
         # of a local tree does not.
         from fastread import s3 as _s3
+        age = _s3.LISTING_MAX_AGE_S if listing_max_age_s is None else listing_max_age_s
         paths, counts, _ = _s3.scan_tree(root, filters, dir_filters, _Matcher,
-                                        bool(case_sensitive_filter), s3)
+                                        bool(case_sensitive_filter), s3,
+                                        cache_dir=listing_cache, max_age_s=age)
         lab = np.repeat(np.arange(len(counts), dtype=np.int32), np.asarray(counts, dtype=np.int64))
     else:
         paths, lab = _scan_tree(root, filters, dir_filters, bool(case_sensitive_filter))

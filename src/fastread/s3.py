@@ -458,6 +458,41 @@ def _walk_prefixes(url, bucket, prefix, args, workers, max_depth=None):
     return objects, left
 
 
+#: List in C where the build can (libexpat: fastread._s3.list_native()):
+#: False makes every listing parse its pages in Python (what the
+#: benchmark compares against).
+NATIVE_LISTING = True
+
+
+def _native():
+    return NATIVE_LISTING and _s3 is not None and _s3.list_native()
+
+
+def _objects_of(keys, sizes, etags):
+    """S3Objects from the C listing's tables (blob, offsets)."""
+    kb, ko = keys
+    eb, eo = etags
+    ko, eo = ko.tolist(), eo.tolist()
+    return [S3Object(kb[ko[i]:ko[i + 1]].decode("utf-8", "surrogateescape"), s,
+                     eb[eo[i]:eo[i + 1]].decode("utf-8", "surrogateescape"))
+            for i, s in enumerate(sizes.tolist())]
+
+
+def _list_native(url, bucket, prefix, args, workers, delimiter=True, max_depth=None):
+    """``(keys, sizes, etags, prefixes not descended)`` of a walk in C
+    (csrc/engines/s3/s3_list.c): ``workers`` listings in flight on one
+    multi handle, pages parsed by libexpat as they arrive, the keys one
+    blob + offsets; the GIL released throughout."""
+    try:
+        keys, sizes, etags, left, _ = _s3.list_tree(
+            args, bucket, prefix, delimiter, -1 if max_depth is None else max_depth,
+            max(1, min(workers, 1024)))
+    except OSError as e:
+        raise OSError(e.errno, e.strerror.replace(f"s3://{bucket}/{prefix}", url, 1)
+                      if url.startswith("s3://") else f"{url}: {e.strerror}") from None
+    return keys, sizes, etags, left
+
+
 def list_objects(url, s3=None, *, engine_args="", workers=1, **options) -> List[S3Object]:
     """Every object under ``url`` (``s3://bucket/prefix``: keys starting
     with ``prefix``, as S3 compares them: by bytes, not by directories), in
@@ -477,6 +512,13 @@ def list_objects(url, s3=None, *, engine_args="", workers=1, **options) -> List[
     bucket, prefix = split_url(url)
     opts = S3Options.coerce(s3, **options)
     args = engine_args_for(engine_args, opts)
+    if _native():
+        keys, sizes, etags, _ = _list_native(url, bucket, prefix, args, workers,
+                                             delimiter=workers > 1)
+        objects = _objects_of(keys, sizes, etags)
+        if workers > 1:
+            objects.sort(key=_key_order)
+        return objects
     if workers > 1:
         objects, _ = _walk_prefixes(url, bucket, prefix, args, workers)
         objects.sort(key=_key_order)
@@ -506,29 +548,133 @@ def put_object(url, data, s3=None, *, engine_args="", **options):
         raise _status_error(url, status, err)
 
 
-def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None):
+def _tables(strings):
+    """(blob, n + 1 uint64 offsets) of str: the C listing's layout."""
+    import numpy as np
+    raw = [s.encode("utf-8", "surrogateescape") for s in strings]
+    off = np.zeros(len(raw) + 1, np.uint64)
+    np.cumsum([len(r) for r in raw], out=off[1:])
+    return b"".join(raw), off
+
+
+def _tree_listing(base, bucket, prefix, args):
+    """The two-level walk a class tree needs, as tables: ``(key blob, key
+    offsets, sizes, etag blob, etag offsets, prefixes not descended)``."""
+    import numpy as np
+    # Two levels are all a class tree needs (prefix/CLASS/NAME): deeper
+    # "directories" are not listed, only seen (they make their class exist,
+    # as a flat listing's deeper keys do).
+    if _native():
+        (kb, ko), sizes, (eb, eo), deeper = _list_native(base, bucket, prefix, args,
+                                                         LIST_WORKERS, max_depth=2)
+        return kb, ko, sizes, eb, eo, deeper
+    objects, deeper = _walk_prefixes(base, bucket, prefix, args, LIST_WORKERS, max_depth=2)
+    kb, ko = _tables(o.key for o in objects)
+    eb, eo = _tables(o.etag for o in objects)
+    return kb, ko, np.array([o.size for o in objects], np.int64), eb, eo, deeper
+
+
+#: How long a listing kept in the node-local cache is reused (seconds):
+#: S3 has no cheap question "did anything under this prefix change?" (a
+#: listing is the only answer), so a kept listing is fresh by its age
+#: alone. Objects added or rewritten since are seen after at most this
+#: long; a reader still checks every object it reads against its
+#: Content-Range and ETag, so a stale listing costs missing or failing
+#: samples, never wrong bytes.
+LISTING_MAX_AGE_S = 300.0
+_LISTING_FORMAT = 1
+
+
+def _cached_listing(base, bucket, prefix, args, cache_dir, max_age_s):
+    """_tree_listing, through ``cache_dir/listings/`` where a cache is
+    given: a listing younger than ``max_age_s`` is read back (one file, no
+    request); else listed and kept (written to a temporary name, then
+    renamed: readers see whole files only). The listers of one node take
+    turns on a lock per listing, so that eight ranks starting together make
+    one walk and seven reads."""
+    if not cache_dir or max_age_s is None or max_age_s <= 0:
+        return _tree_listing(base, bucket, prefix, args)
+    import fcntl
+    import hashlib
+    import json
+    import time
+    import numpy as np
+    client = _client(base, args)
+    try:
+        scope = client.cache_scope()   # endpoint + a hash of the key id: no secret
+    finally:
+        client.close()
+    name = hashlib.sha256(f"{scope}\0{base}\0depth2".encode("utf-8", "surrogateescape"))
+    folder = os.path.join(os.fspath(cache_dir), "listings")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name.hexdigest()[:40] + ".npz")
+    with open(path + ".lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                age = time.time() - meta["listed_at"]
+                if (meta.get("format") == _LISTING_FORMAT and meta.get("url") == base and
+                        meta.get("scope") == scope and 0 <= age <= max_age_s):
+                    lb, lo = z["left"].tobytes(), z["loff"].tolist()
+                    return (z["keys"].tobytes(), z["koff"], z["sizes"], z["etags"].tobytes(),
+                            z["eoff"], [lb[lo[i]:lo[i + 1]].decode("utf-8", "surrogateescape")
+                                        for i in range(len(lo) - 1)])
+        except (OSError, KeyError, ValueError):
+            pass   # none yet, unreadable or of another format: listed again
+        listed_at = time.time()   # before the walk: its age errs on the old side
+        kb, ko, sizes, eb, eo, deeper = _tree_listing(base, bucket, prefix, args)
+        lb, lo = _tables(deeper)
+        meta = json.dumps({"format": _LISTING_FORMAT, "url": base, "scope": scope,
+                           "listed_at": listed_at}).encode()
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, meta=np.frombuffer(meta, np.uint8), keys=np.frombuffer(kb, np.uint8),
+                         koff=ko, sizes=sizes, etags=np.frombuffer(eb, np.uint8), eoff=eo,
+                         left=np.frombuffer(lb, np.uint8), loff=lo)
+            os.replace(tmp, path)
+        except OSError:
+            # A cache that cannot be written costs the next run a walk, not this one.
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return kb, ko, sizes, eb, eo, deeper
+
+
+def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None, *,
+              cache_dir=None, max_age_s=LISTING_MAX_AGE_S):
     """``fn.readers.file``'s directory mode over ``s3://bucket/prefix``
     (:func:`fastread.scan` calls this): classes are the "directories" right
     under the prefix (keys ``prefix/CLASS/...``; a key ``prefix/CLASS/``,
     the marker consoles create for an empty folder, makes an empty class),
     samples the objects directly in a class whose names match ``filters``,
     byte-sorted as on local disk. Returns ``(paths, counts per class,
-    classes)``, paths a :class:`ListedURLs` (their listed versions)."""
+    classes)``, paths a :class:`ListedURLs` (their listed versions).
+    ``cache_dir``: a node-local cache where the listing is kept and reused
+    while younger than ``max_age_s`` (:data:`LISTING_MAX_AGE_S`)."""
     base = root if root.endswith("/") else root + "/"
     _require()
     bucket, prefix = split_url(base)
-    # Two levels are all a class tree needs (prefix/CLASS/NAME): deeper
-    # "directories" are not listed, only seen (they make their class exist,
-    # as a flat listing's deeper keys do).
-    objects, deeper = _walk_prefixes(base, bucket, prefix, engine_args_for("", s3),
-                                     LIST_WORKERS, max_depth=2)
-    objects.extend(S3Object(p, 0) for p in deeper)   # never a sample: its name has a '/'
+    args = engine_args_for("", s3)
+    kb, ko, sizes, eb, eo, deeper = _cached_listing(base, bucket, prefix, args, cache_dir,
+                                                    max_age_s)
+    # Keys decoded here, once each, for the filters (no S3Object).
+    skip = len(prefix.encode("utf-8", "surrogateescape"))
+    ko, eo = ko.tolist(), eo.tolist()
+    rels = [kb[ko[i] + skip:ko[i + 1]].decode("utf-8", "surrogateescape")
+            for i in range(len(ko) - 1)]
+    versions = lambda i: (eb[eo[i]:eo[i + 1]].decode("utf-8", "surrogateescape"),
+                          int(sizes[i]))
+    # Prefixes at the depth limit: never a sample (their names have a '/'),
+    # but they make their class exist, as a flat listing's deeper keys do.
+    rels.extend(p[len(prefix):] for p in deeper)
     matcher = matcher_class(filters, case_sensitive)
     dir_matcher = matcher_class(dir_filters, case_sensitive) if dir_filters is not None else None
     classes = {}
     listed = {}
-    for obj in objects:
-        rel = obj.key[len(prefix):]
+    for i, rel in enumerate(rels):
         cls, slash, name = rel.partition("/")
         if not slash or not cls:
             continue  # an object right under the root: not a sample (as on disk)
@@ -537,7 +683,7 @@ def scan_tree(root, filters, dir_filters, matcher_class, case_sensitive, s3=None
         names = classes.setdefault(cls, [])
         if name and "/" not in name and matcher(name):
             names.append(name)
-            listed[f"{base}{cls}/{name}"] = (obj.etag, obj.size)
+            listed[f"{base}{cls}/{name}"] = versions(i)
     order = sorted(classes, key=os.fsencode)
     paths, counts = [], []
     for cls in order:
