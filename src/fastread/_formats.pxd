@@ -17,6 +17,8 @@ cdef extern from "formats/tar_index.h" nogil:
         size_t names_len
 
     void fr_tar_members_free(fr_tar_members *m)
+    int fr_wds2idx_parse(const char *buf, size_t len, fr_tar_members *out, size_t *bad_line,
+                         char *err, size_t err_len)
     int fr_tar_walk(const unsigned char *buf, uint64_t len, fr_tar_members *out,
                     uint64_t *bad_at, char *err, size_t err_len)
 

@@ -13,8 +13,9 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
 from fastread._formats cimport (FR_WDS_DEFER, fr_tar_members, fr_tar_members_free,
-                                fr_tar_walk, fr_wds_group, fr_wds_index_files, fr_wds_samples,
-                                fr_wds_samples_free, fr_wds_shard, fr_wds_spec)
+                                fr_tar_walk, fr_wds2idx_parse, fr_wds_group,
+                                fr_wds_index_files, fr_wds_samples, fr_wds_samples_free,
+                                fr_wds_shard, fr_wds_spec)
 
 DEFER = FR_WDS_DEFER
 
@@ -196,5 +197,33 @@ def walk_tar(buffer, shard="tar"):
         names = m.names[:m.names_len] if m.names_len else b""
         return (names, _u64(m.name_off, m.n + 1) if m.n else np.zeros(1, np.uint64),
                 _u64(m.data_off, m.n), _u64(m.size, m.n), _u64(m.header_off, m.n))
+    finally:
+        fr_tar_members_free(&m)
+
+
+def parse_wds2idx(buffer):
+    """The members a DALI wds2idx index (its text in ``buffer``) lists:
+    ``(names, name_off, data_off, sizes)`` as :func:`group_members` takes
+    them (fr_wds2idx_parse). Raises ValueError ``(line, message)`` for a
+    malformed index (the message starts ``line N:``)."""
+    cdef const unsigned char[::1] view = memoryview(buffer).cast("B")
+    cdef fr_tar_members m
+    cdef size_t bad_line = 0
+    cdef char err[256]
+    cdef int rc
+    cdef size_t n = view.shape[0]
+    cdef const char *p = <const char *>&view[0] if n else NULL
+    err[0] = 0
+    memset(&m, 0, sizeof(m))
+    with nogil:
+        rc = fr_wds2idx_parse(p, n, &m, &bad_line, err, sizeof(err))
+    try:
+        if rc == -12:
+            raise MemoryError()
+        if rc:
+            raise ValueError(int(bad_line), err.decode("utf-8", "replace"))
+        names = m.names[:m.names_len] if m.names_len else b""
+        return (names, _u64(m.name_off, m.n + 1) if m.n else np.zeros(1, np.uint64),
+                _u64(m.data_off, m.n), _u64(m.size, m.n))
     finally:
         fr_tar_members_free(&m)

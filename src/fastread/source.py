@@ -268,7 +268,9 @@ def _int32_labels(labels, n, owner):
         raise ValueError(f"{owner}: labels must be integers, got {arr.dtype}")
     if arr.size and arr.dtype.kind == "f" and not np.array_equal(arr, np.round(arr)):
         raise ValueError(f"{owner}: labels must be integers, got fractional values")
-    return arr.astype(np.int32)
+    # Read-only int32 labels as they are (a mapped column is not copied
+    # into RAM); writable ones are copied (the caller may change theirs).
+    return arr.astype(np.int32, copy=arr.flags.writeable)
 
 
 def check_source(source):
@@ -285,7 +287,12 @@ def check_source(source):
         raise ValueError(f"source {source!r} has no sequence of sample names: {e}") from None
     labels = _int32_labels(source.labels, n, f"source {source!r}")
     sizes = source.sizes
-    if sizes is not None:
+    # An unsigned column of the right shape has nothing to check (no size
+    # is negative) and is not read: a memory-mapped index of 10^8 samples
+    # (WebDataset's .fridx) is not paged in to be checked.
+    unsigned = (isinstance(sizes, np.ndarray) and sizes.dtype.kind == "u"
+                and sizes.shape == (n,))
+    if sizes is not None and not unsigned:
         sizes = _int64_column(sizes, "sizes", f"source {source!r}", n)
         if n and sizes.min() < 0:
             i = int(sizes.argmin())

@@ -98,7 +98,7 @@ class WdsIndex:
     ``size``, ``mtime_ns``; ``counts``: samples per shard (int64)."""
 
     def __init__(self, spec, shards, counts, start, length, comp_off, comp_len, keys=None,
-                 key_off=None, skipped=0, source=None, keep=None):
+                 key_off=None, skipped=0, source=None, keep=None, file_ids=None, labels=None):
         self.spec = dict(spec)
         self.shards = list(shards)
         self.counts = np.asarray(counts, np.int64)
@@ -108,17 +108,45 @@ class WdsIndex:
         self.skipped = int(skipped)
         self.source = source      # the file it came from, if any
         self._keep = keep         # the mmap its columns view
+        # The samples' shard numbers and labels (their numbers): columns of
+        # a .fridx file (mapped: a 10^8-sample index opens without making
+        # 800 MB of them), else made on first use.
+        self._file_ids, self._labels = file_ids, labels
 
     def __len__(self):
         return len(self.start)
 
     @property
+    def file_ids(self):
+        """Each sample's shard number (uint32): the native reader's file column."""
+        if self._file_ids is None:
+            if len(self.shards) > 1 << 32:
+                raise ValueError(f"an index of {len(self.shards)} shards: at most 2**32")
+            self._file_ids = np.repeat(np.arange(len(self.shards), dtype=np.uint32),
+                                       self.counts)
+        return self._file_ids
+
+    @property
+    def labels(self):
+        """Each sample's label: its number (int32)."""
+        if self._labels is None:
+            self._labels = np.arange(len(self), dtype=np.int32)
+            self._labels.setflags(write=False)   # shared with readers, not copied
+        return self._labels
+
+    @property
     def nbytes(self):
         """Bytes of its columns (mapped ones included: what they can take in RAM)."""
         cols = [self.start, self.length, self.comp_off, self.comp_len, self.counts]
-        if self.key_off is not None:
-            cols.append(self.key_off)
+        cols += [c for c in (self.key_off, self._file_ids, self._labels) if c is not None]
         return sum(int(c.nbytes) for c in cols) + (len(self.keys) if self.keys is not None else 0)
+
+    def bytes_per_sample(self):
+        """Bytes a sample of its per-sample columns (keys and their offsets
+        aside: names are counted apart), as :meth:`nbytes` counts them."""
+        k = self.comp_off.shape[1] if self.comp_off.ndim == 2 else 0
+        return (self.start.itemsize + self.length.itemsize + 4 + 4
+                + k * (self.comp_off.itemsize + self.comp_len.itemsize))
 
     @classmethod
     def from_parts(cls, spec, shards, parts):
@@ -168,9 +196,11 @@ class WdsIndex:
             base = int(self.key_off[a])
             keys = self.keys[base:int(self.key_off[b])]
             key_off = self.key_off[a:b + 1] - np.uint64(base)
+        # The shard numbers restart at 0 in the selection: made anew when used.
         return WdsIndex(self.spec, self.shards[first:end], self.counts[first:end],
                         self.start[a:b], self.length[a:b], self.comp_off[a:b],
-                        self.comp_len[a:b], keys, key_off, 0, self.source, self._keep)
+                        self.comp_len[a:b], keys, key_off, 0, self.source, self._keep,
+                        labels=None)
 
     # -- checks ---------------------------------------------------------------------
 
@@ -205,7 +235,9 @@ class WdsIndex:
                 ("length", np.ascontiguousarray(self.length, "<i8")),
                 ("comp_off", np.ascontiguousarray(self.comp_off, self.comp_off.dtype.newbyteorder("<"))),
                 ("comp_len", np.ascontiguousarray(self.comp_len, self.comp_len.dtype.newbyteorder("<"))),
-                ("counts", np.ascontiguousarray(self.counts, "<i8"))]
+                ("counts", np.ascontiguousarray(self.counts, "<i8")),
+                ("file_ids", np.ascontiguousarray(self.file_ids, "<u4")),
+                ("labels", np.ascontiguousarray(self.labels, "<i4"))]
         if self.key_off is not None:
             cols.append(("key_off", np.ascontiguousarray(self.key_off, "<u8")))
             cols.append(("keys", np.frombuffer(bytes(self.keys), np.uint8)))
@@ -309,9 +341,20 @@ def open_fridx(path):
         if key_off is not None and key_off.shape != (n + 1,):
             raise FormatError(path, _PREAMBLE, "column 'key_off' not of one entry per sample "
                                                "+ 1")
+        # file_ids and labels: optional (files written before they were kept
+        # have them made on first use); their values are not read here (a
+        # 10^8-sample index opens without paging 800 MB in): the native
+        # reader refuses a shard number past the shards (-EINVAL, that
+        # sample's error), and labels are the user's.
+        for name, dts in (("file_ids", ("<u4",)), ("labels", ("<i4",))):
+            c = cols.get(name)
+            if c is not None and (c.shape != (n,) or c.dtype.str not in dts):
+                raise FormatError(path, _PREAMBLE, f"column {name!r} not of one {dts[0]} "
+                                                   "entry per sample")
         return WdsIndex(spec, shards, cols["counts"], cols["start"], cols["length"],
                         cols["comp_off"], cols["comp_len"], cols.get("keys"), key_off,
-                        header.get("skipped", 0), source=path, keep=m)
+                        header.get("skipped", 0), source=path, keep=m,
+                        file_ids=cols.get("file_ids"), labels=cols.get("labels"))
     except BaseException:
         cols.clear()   # the views go first, or the map cannot close
         try:
@@ -323,43 +366,65 @@ def open_fridx(path):
 
 # -- DALI's wds2idx ------------------------------------------------------------------
 
-def read_wds2idx(path, shard):
+def read_wds2idx(path, shard, parser="native"):
     """The tar members a DALI wds2idx index lists for ``shard``:
     ``(names, name_off, data_off, sizes)`` as
-    :func:`fastread._formats.group_members` takes them. Raises FormatError
-    naming the index file and its line for anything malformed."""
+    :func:`fastread._formats.group_members` takes them, checked against
+    the shard (:func:`_check_members`). Parsed in C
+    (``fr_wds2idx_parse``) unless ``parser="python"`` (the reference the
+    tests compare it with). Raises FormatError naming the index file and
+    its line for anything malformed."""
     from fastread._safe_open import open_file
 
     with open_file(path) as f:
         text = f.read()
+    if parser == "native":
+        from fastread import _formats
+
+        try:
+            names, name_off, data_off, sz = _formats.parse_wds2idx(text)
+        except ValueError as e:
+            line, msg = e.args
+            raise FormatError(path, None, msg) from None
+    else:
+        names, name_off, data_off, sz = _parse_wds2idx_python(path, text)
+    _check_members(path, shard, data_off, sz)
+    return names, name_off, data_off, sz
+
+
+def _parse_wds2idx_python(path, text):
+    """The reference parse of a wds2idx index's text (``read_wds2idx``'s
+    ``parser="python"``); line numbers count the lines as they are in the
+    file, blank ones included."""
     lines = text.split(b"\n")
     head = lines[0].split()
     if len(head) != 2 or head[0] not in (b"v1.1", b"v1.2"):
-        raise FormatError(path, 0, f"not a DALI wds2idx index (first line {lines[0][:40]!r}; "
-                                   "versions v1.1 and v1.2 are read)")
+        raise FormatError(path, None, f"line 1: not a DALI wds2idx index (first line "
+                                      f"{lines[0][:40]!r}; versions v1.1 and v1.2 are read)")
     per = 4 if head[0] == b"v1.2" else 3
     try:
         count = int(head[1])
     except ValueError:
-        raise FormatError(path, 0, f"sample count {head[1][:20]!r} is not a number") from None
-    body = [ln for ln in lines[1:] if ln.strip()]
+        raise FormatError(path, None, f"line 1: sample count {head[1][:20]!r} is not a "
+                                      "number") from None
+    body = [(no, ln) for no, ln in enumerate(lines[1:], 2) if ln.strip()]
     if len(body) != count:
-        raise FormatError(path, 0, f"the first line says {count} samples, the file has "
-                                   f"{len(body)} lines")
+        raise FormatError(path, None, f"line 1: the first line says {count} samples, the "
+                                      f"file has {len(body)}")
     names, offs, sizes = [], [], []
-    for i, ln in enumerate(body):
+    for i, (no, ln) in enumerate(body):
         fields = ln.split()
         if not fields or len(fields) % per:
-            raise FormatError(path, i + 2, f"line {i + 2}: {len(fields)} fields, not groups of "
-                                           f"{per} ({'ext offset size name' if per == 4 else 'ext offset size'})")
+            raise FormatError(path, None, f"line {no}: {len(fields)} fields, not groups of "
+                                          f"{per} ({'ext offset size name' if per == 4 else 'ext offset size'})")
         for j in range(0, len(fields), per):
             ext = fields[j]
             try:
                 off, size = int(fields[j + 1]), int(fields[j + 2])
             except ValueError:
-                raise FormatError(path, i + 2, f"line {i + 2}: offset/size not numbers") from None
+                raise FormatError(path, None, f"line {no}: offset/size not numbers") from None
             if off < 0 or size < 0:
-                raise FormatError(path, i + 2, f"line {i + 2}: negative offset or size")
+                raise FormatError(path, None, f"line {no}: negative offset or size")
             # v1.2 names the member; v1.1 only its extension: the line is the key.
             names.append(fields[j + 3] if per == 4 else b"%d.%s" % (i, ext))
             offs.append(off)
@@ -367,9 +432,7 @@ def read_wds2idx(path, shard):
     name_off = np.zeros(len(names) + 1, np.uint64)
     if names:
         name_off[1:] = np.cumsum([len(x) for x in names])
-    data_off, sz = np.array(offs, np.uint64), np.array(sizes, np.uint64)
-    _check_members(path, shard, data_off, sz)
-    return b"".join(names), name_off, data_off, sz
+    return b"".join(names), name_off, np.array(offs, np.uint64), np.array(sizes, np.uint64)
 
 
 def _check_members(index, shard, data_off, sizes, probes=8):
