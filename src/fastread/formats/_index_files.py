@@ -46,7 +46,7 @@ from fastread import _defaults
 from fastread.formats.cifar import FormatError
 
 __all__ = ["WdsIndex", "StaleIndexError", "open_fridx", "read_wds2idx", "write_wds2idx",
-           "identity", "cache_path", "load_index_paths", "beside_index", "beside_paths", "FRIDX_MAGIC", "FRIDX_SUFFIX", "WDS2IDX_SUFFIX"]
+           "identity", "cache_path", "write_fridx", "load_index_paths", "beside_index", "beside_paths", "FRIDX_MAGIC", "FRIDX_SUFFIX", "WDS2IDX_SUFFIX"]
 
 FRIDX_MAGIC = b"FRIDX\0v1"
 FRIDX_SUFFIX = ".fridx"
@@ -80,6 +80,29 @@ def identity(path):
     return int(st.st_size), int(st.st_mtime_ns)
 
 
+#: Component offsets kept in tar blocks (uint16, BLOCK_MISSING: missing)
+#: where every one is a multiple of the block (a tar's always are) and
+#: below 32 MiB: 2 bytes a component instead of 4.
+BLOCK = 512
+BLOCK_MISSING = 0xFFFF
+
+
+def _narrow_offsets(a):
+    """(column, unit) of component offsets ``a`` (bytes from the sample's
+    start, -1: missing): uint16 tar blocks (unit 512) where they fit, else
+    int32 / int64 bytes (unit 1)."""
+    a = np.asarray(a)
+    if not a.size:
+        return a.astype(np.uint16), BLOCK
+    present = a >= 0
+    if ((a >= -1).all() and not (a[present] % BLOCK).any()
+            and int(a.max()) // BLOCK < BLOCK_MISSING):
+        out = (a // BLOCK).astype(np.uint16)
+        out[~present] = BLOCK_MISSING
+        return out, BLOCK
+    return _narrow(a, "i"), 1
+
+
 def _narrow(a, kind):
     """``a`` as int32 / uint32 where its values fit (the index's RAM)."""
     a = np.asarray(a)
@@ -98,12 +121,17 @@ class WdsIndex:
     ``size``, ``mtime_ns``; ``counts``: samples per shard (int64)."""
 
     def __init__(self, spec, shards, counts, start, length, comp_off, comp_len, keys=None,
-                 key_off=None, skipped=0, source=None, keep=None, file_ids=None, labels=None):
+                 key_off=None, skipped=0, source=None, keep=None, file_ids=None, labels=None,
+                 comp_unit=1):
         self.spec = dict(spec)
         self.shards = list(shards)
         self.counts = np.asarray(counts, np.int64)
         self.start, self.length = start, length
+        # comp_off as kept: bytes (comp_unit 1, -1 missing) or tar blocks
+        # (comp_unit BLOCK, uint16, BLOCK_MISSING missing); comp_offsets()
+        # gives bytes.
         self.comp_off, self.comp_len = comp_off, comp_len
+        self.comp_unit = int(comp_unit)
         self.keys, self.key_off = keys, key_off
         self.skipped = int(skipped)
         self.source = source      # the file it came from, if any
@@ -115,6 +143,17 @@ class WdsIndex:
 
     def __len__(self):
         return len(self.start)
+
+    def comp_offsets(self, rows=None):
+        """Component offsets in bytes from each sample's start (int64, -1:
+        missing), of every sample or of ``rows``."""
+        raw = self.comp_off if rows is None else self.comp_off[rows]
+        out = raw.astype(np.int64)
+        if self.comp_unit != 1:
+            missing = raw == BLOCK_MISSING
+            out *= self.comp_unit
+            out[missing] = -1
+        return out
 
     @property
     def file_ids(self):
@@ -159,7 +198,7 @@ class WdsIndex:
                if parts else np.zeros(shape, dt))
         start = cat("start", np.int64, 0).astype(np.int64, copy=False)
         length = cat("length", np.int64, 0).astype(np.int64, copy=False)
-        comp_off = _narrow(cat("comp_off", np.int64, (0, k)).reshape(-1, k), "i")
+        comp_off, unit = _narrow_offsets(cat("comp_off", np.int64, (0, k)).reshape(-1, k))
         comp_len = _narrow(cat("comp_len", np.uint64, (0, k)).reshape(-1, k), "u")
         keys = key_off = None
         if parts and all(p.get("keys") is not None for p in parts):
@@ -172,7 +211,7 @@ class WdsIndex:
             key_off = np.concatenate(offs)
         skipped = sum(int(p.get("skipped", 0)) for p in parts)
         return cls(spec, shards, counts, start, length, comp_off, comp_len, keys, key_off,
-                   skipped)
+                   skipped, comp_unit=unit)
 
     def shard_bounds(self):
         """(first, end) sample numbers of every shard."""
@@ -200,7 +239,7 @@ class WdsIndex:
         return WdsIndex(self.spec, self.shards[first:end], self.counts[first:end],
                         self.start[a:b], self.length[a:b], self.comp_off[a:b],
                         self.comp_len[a:b], keys, key_off, 0, self.source, self._keep,
-                        labels=None)
+                        labels=None, comp_unit=self.comp_unit)
 
     # -- checks ---------------------------------------------------------------------
 
@@ -241,39 +280,59 @@ class WdsIndex:
         if self.key_off is not None:
             cols.append(("key_off", np.ascontiguousarray(self.key_off, "<u8")))
             cols.append(("keys", np.frombuffer(bytes(self.keys), np.uint8)))
-        header = {"format": "fastread-webdataset-index", "version": 1, "spec": self.spec,
-                  "shards": self.shards, "samples": len(self), "skipped": self.skipped,
-                  "columns": {}}
-        # Offsets depend on the header's length, which depends on them: lay
-        # out with room for the offsets' digits, then fix.
-        for _ in range(3):
-            blob = json.dumps(header, separators=(",", ":")).encode()
-            at = _round(_PREAMBLE + len(blob) + 64)
-            placed = {}
-            for name, arr in cols:
-                placed[name] = {"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": at}
-                at = _round(at + arr.nbytes)
-            if placed == header["columns"]:
-                break
-            header["columns"] = placed
+        header = {"spec": self.spec, "shards": self.shards, "samples": len(self),
+                  "skipped": self.skipped, "comp_unit": self.comp_unit}
+        arrays = dict(cols)
+        write_fridx(path, header, [(name, arr.dtype.str, arr.shape) for name, arr in cols],
+                    lambda name, out: out.__setitem__(Ellipsis, arrays[name]))
+
+
+def write_fridx(path, header, columns, fill):
+    """Writes a ``.fridx`` file of ``header`` (spec, shards, samples,
+    skipped, comp_unit) and ``columns`` ``[(name, dtype str, shape)]``,
+    each filled in place by ``fill(name, view)`` (a writable map of the
+    column in the file: a column need not be held in RAM, e.g. a 10^8-sample
+    synthetic index written in chunks). Atomic: a temporary file renamed
+    into place (readers see the old file or the new one)."""
+    # Version 2: comp_off may be in tar blocks (comp_unit); a version-1
+    # reader refuses the file rather than read blocks as bytes.
+    header = {"format": "fastread-webdataset-index", "version": 2, **header, "columns": {}}
+    sizes = {name: np.dtype(dt).itemsize * int(np.prod(shape)) for name, dt, shape in columns}
+    # Offsets depend on the header's length, which depends on them: lay
+    # out with room for the offsets' digits, then fix.
+    for _ in range(3):
         blob = json.dumps(header, separators=(",", ":")).encode()
-        data_at = _round(_PREAMBLE + len(blob) + 64)
-        first = min((c["offset"] for c in header["columns"].values()), default=data_at)
-        if first < _PREAMBLE + len(blob):
-            raise AssertionError("fridx layout")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                pre = FRIDX_MAGIC + np.array([len(blob), zlib.crc32(blob)], "<u8").tobytes()
-                f.write(pre.ljust(_PREAMBLE, b"\0"))
-                f.write(blob)
-                for name, arr in cols:
-                    f.seek(header["columns"][name]["offset"])
-                    f.write(arr.tobytes())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        at = _round(_PREAMBLE + len(blob) + 64)
+        placed = {}
+        for name, dt, shape in columns:
+            placed[name] = {"dtype": dt, "shape": list(shape), "offset": at}
+            at = _round(at + sizes[name])
+        if placed == header["columns"]:
+            break
+        header["columns"] = placed
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    first = min((c["offset"] for c in header["columns"].values()), default=at)
+    if first < _PREAMBLE + len(blob):
+        raise AssertionError("fridx layout")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb+") as f:
+            pre = FRIDX_MAGIC + np.array([len(blob), zlib.crc32(blob)], "<u8").tobytes()
+            f.write(pre.ljust(_PREAMBLE, b"\0"))
+            f.write(blob)
+            f.truncate(max(at, _PREAMBLE + len(blob)))
+            if any(sizes.values()):
+                with mmap.mmap(f.fileno(), 0) as m:
+                    for name, dt, shape in columns:
+                        if sizes[name]:
+                            view = np.frombuffer(m, np.dtype(dt), int(np.prod(shape)),
+                                                 header["columns"][name]["offset"])
+                            fill(name, view.reshape(shape))
+                            del view
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _round(n):
@@ -311,7 +370,8 @@ def open_fridx(path):
             raise FormatError(path, _PREAMBLE, "header checksum mismatch (corrupt index file)")
         try:
             header = json.loads(blob)
-            if header.get("version") != 1 or header.get("format") != "fastread-webdataset-index":
+            if header.get("version") not in (1, 2) or \
+                    header.get("format") != "fastread-webdataset-index":
                 raise FormatError(path, _PREAMBLE, f"unsupported index version "
                                                    f"{header.get('version')!r}")
             for name, c in header["columns"].items():
@@ -324,6 +384,13 @@ def open_fridx(path):
                                                  f"file ({size} bytes): truncated")
                 cols[name] = np.frombuffer(m, dt, count, off).reshape(shape)
             spec, shards = header["spec"], header["shards"]
+            unit = int(header.get("comp_unit", 1))
+            if unit not in (1, BLOCK) or (unit == BLOCK and
+                                          np.dtype(header["columns"]["comp_off"]["dtype"])
+                                          != np.dtype("<u2")):
+                raise FormatError(path, _PREAMBLE, f"comp_unit {unit} with a "
+                                                   f"{header['columns']['comp_off']['dtype']} "
+                                                   "comp_off column")
             n, k = int(header["samples"]), len(spec["ext"])
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, FormatError):
@@ -354,7 +421,8 @@ def open_fridx(path):
         return WdsIndex(spec, shards, cols["counts"], cols["start"], cols["length"],
                         cols["comp_off"], cols["comp_len"], cols.get("keys"), key_off,
                         header.get("skipped", 0), source=path, keep=m,
-                        file_ids=cols.get("file_ids"), labels=cols.get("labels"))
+                        file_ids=cols.get("file_ids"), labels=cols.get("labels"),
+                        comp_unit=unit)
     except BaseException:
         cols.clear()   # the views go first, or the map cannot close
         try:
@@ -588,7 +656,7 @@ def _index_file_part(index_path, shard, tar, spec, members_part):
         idx = open_fridx(index_path)
         idx.check_spec(spec, index_path)
         idx.check_fresh([shard], index_path)
-        part = {"start": idx.start, "length": idx.length, "comp_off": idx.comp_off,
+        part = {"start": idx.start, "length": idx.length, "comp_off": idx.comp_offsets(),
                 "comp_len": idx.comp_len, "keys": idx.keys, "key_off": idx.key_off,
                 "skipped": idx.skipped}
         return part, idx.shards[0]

@@ -627,11 +627,18 @@ class WebDataset(MultiFileRanges):
         self.names = _Names(self.files, self.starts)
         self._sizes = _as_dtype(index.length, np.int64, np.uint64)
         self.labels = index.labels
-        # Per component: where it starts in its sample (-1: missing) and its
-        # length, int32/uint32 where they fit; component_ranges picks a
-        # batch's in one NumPy call each.
-        self.component_offsets = index.comp_off
+        # Per component: its length (uint32 where it fits) here, where it
+        # starts in its sample in the index (tar blocks where they fit);
+        # component_ranges picks a batch's in one NumPy call each.
         self.component_lengths = index.comp_len
+
+    @property
+    def component_offsets(self):
+        """Every sample's component offsets in bytes from its start (int64
+        (samples, len(ext)), -1: missing), decoded from the index (which
+        keeps them in tar blocks where they fit): a copy, for inspection;
+        reading uses :meth:`component_ranges`."""
+        return self.index.comp_offsets()
 
     def batch_labels(self, batch, indices):
         """A batch's labels: the samples' numbers (the Reader asks for these
@@ -809,7 +816,7 @@ class WebDataset(MultiFileRanges):
         ``(starts, ends)`` pair of int64 arrays per entry, offsets into each
         sample's bytes (start -1: the component is missing)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        offs = self.component_offsets[idx].astype(np.int64)
+        offs = self.index.comp_offsets(idx)
         lens = self.component_lengths[idx].astype(np.int64)
         ends = np.where(offs < 0, -1, offs + lens)
         return [(offs[:, j], ends[:, j]) for j in range(offs.shape[1])]
