@@ -358,6 +358,10 @@ def open_fridx(path):
         if size < _PREAMBLE:
             raise FormatError(path, 0, f"not a fastread index file ({size} bytes)")
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    # A shuffled epoch touches the columns at random: no read-ahead around
+    # every sample's page (a batch of 256 would map megabytes of neighbours).
+    if hasattr(mmap, "MADV_RANDOM"):
+        m.madvise(mmap.MADV_RANDOM)
     cols = {}
     try:
         if m[:len(FRIDX_MAGIC)] != FRIDX_MAGIC:
