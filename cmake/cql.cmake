@@ -55,6 +55,12 @@ if(FASTREAD_FUZZ)
     target_include_directories(fuzz_wds2idx PRIVATE csrc csrc/include csrc/tests/fuzz)
     target_compile_options(fuzz_wds2idx PRIVATE -fsanitize=fuzzer,address,undefined -g)
     target_link_options(fuzz_wds2idx PRIVATE -fsanitize=fuzzer,address,undefined -pthread)
+    # Squirrel's MessagePack walk (csrc/tests/fuzz/fuzz_squirrel.c).
+    add_executable(fuzz_squirrel csrc/tests/fuzz/fuzz_squirrel.c csrc/formats/squirrel_walk.c
+                   csrc/core/base.c)
+    target_include_directories(fuzz_squirrel PRIVATE csrc csrc/include csrc/tests/fuzz)
+    target_compile_options(fuzz_squirrel PRIVATE -fsanitize=fuzzer,address,undefined -g)
+    target_link_options(fuzz_squirrel PRIVATE -fsanitize=fuzzer,address,undefined -pthread)
   else()
     message(STATUS "fastread: FASTREAD_FUZZ needs clang (libFuzzer); ${CMAKE_C_COMPILER_ID} "
                    "builds none (test_cql_proto runs the same parsers on a seeded corpus)")
