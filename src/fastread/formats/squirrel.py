@@ -318,51 +318,46 @@ def _reference_walk(m, size, path, keys):
     return starts, np.array(ends, np.int64) - starts, rows
 
 
-def _native_walk(m, path, keys):
+def _native_walk(m, path, keys, seen=None):
     """What _reference_walk gives, from the C walk (fr_sq_walk): the shard's
     structure walked in C, and each wanted field decoded by the reference
     (:func:`_field`) once per distinct layout: an array field's bytes but
     its payload (type, shape, the payload's length) or a plain value's
-    bytes (labels), so a shard of 10^5 samples of one shape and 1,000
-    labels decodes ~1,000 fields. None where the walk leaves the shard to
-    the reference (which words the error, if any)."""
+    bytes (labels), so a store of one image shape and 1,000 labels decodes
+    ~1,000 fields. ``seen``: the layouts decoded so far (shared by a
+    store's shards). None where the walk leaves the shard to the reference
+    (which words the error, if any)."""
     from fastread import _formats
 
     try:
         cols = _formats.squirrel_walk(m, keys)
     except ValueError:
         return None
+    seen = {} if seen is None else seen
     start = cols["start"].astype(np.int64)
-    fa = (cols["fa"] + start[:, None]).tolist()
-    fb = (cols["fb"] + start[:, None]).tolist()
-    doff = cols["data_off"]
-    dabs = np.where(doff < 0, -1, doff + start[:, None]).tolist()
-    dlen = cols["data_len"].tolist()
-    seen = {}
-    rows = []
-    view = memoryview(m)
-    try:
-        for i, s in enumerate(start.tolist()):
-            row = []
-            for j, key in enumerate(keys):
-                a, b, d = fa[i][j], fb[i][j], dabs[i][j]
-                if d >= 0:
-                    n = dlen[i][j]
-                    layout = (key, 0, bytes(view[a:d]), bytes(view[d + n:b]))
-                else:
-                    layout = (key, 1, bytes(view[a:b]))
-                got = seen.get(layout)
-                if got is None:
-                    fld = _field(m, a, b, path, key)
-                    # An array's place depends on the sample; its meaning on the layout.
-                    got = seen[layout] = (fld if fld[0] != "array" else
-                                          ("array", fld[1] - a, fld[2], fld[3], fld[4]))
-                row.append(got if got[0] != "array" else
-                           ("array", got[1] + a - s, got[2], got[3], got[4]))
-            rows.append(tuple(row))
-    finally:
-        view.release()
-    return start, cols["length"].astype(np.int64), rows
+    per_key = []
+    for j, key in enumerate(keys):
+        fa = (cols["fa"][:, j] + start).tolist()
+        fb = (cols["fb"][:, j] + start).tolist()
+        doff = cols["data_off"][:, j]
+        d = np.where(doff < 0, -1, doff + start).tolist()
+        e = (np.where(doff < 0, -1, doff + start) + cols["data_len"][:, j]).tolist()
+        # A layout: the field's bytes, its array payload (if any) left out.
+        layouts = [(key, m[x:w]) if y < 0 else (key, m[x:y], m[z:w])
+                   for x, y, z, w in zip(fa, d, e, fb)]
+        out = []
+        for i, lay in enumerate(layouts):
+            got = seen.get(lay)
+            if got is None:
+                fld = _field(m, fa[i], fb[i], path, key)
+                # An array's place depends on the sample; its meaning on the layout.
+                got = seen[lay] = (fld if fld[0] != "array" else
+                                   ("array", fld[1] - fa[i], fld[2], fld[3], fld[4]))
+            out.append(got)
+        per_key.append([got if got[0] != "array" else
+                        ("array", got[1] + x - st, got[2], got[3], got[4])
+                        for got, x, st in zip(out, fa, start.tolist())])
+    return start, cols["length"].astype(np.int64), list(zip(*per_key))
 
 
 class SquirrelStore(MultiFileRanges):
@@ -396,6 +391,7 @@ class SquirrelStore(MultiFileRanges):
         self.indexer = indexer
         parts = []
         self._fields = []   # per sample: tuple per key
+        seen = {}           # field layouts decoded (_native_walk)
         for path in self.shard_paths:
             plain = _plain(path, cache_dir, inflated)
             with open_file(plain) as f:
@@ -404,7 +400,8 @@ class SquirrelStore(MultiFileRanges):
                     starts, lengths = np.zeros(0, np.int64), np.zeros(0, np.int64)
                 else:
                     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                        got = _native_walk(m, path, self.keys) if indexer == "native" else None
+                        got = (_native_walk(m, path, self.keys, seen) if indexer == "native"
+                               else None)
                         if got is None:
                             got = _reference_walk(m, size, path, self.keys)
                         starts, lengths, rows = got
