@@ -44,11 +44,23 @@ if(FASTREAD_FUZZ)
     message(STATUS "fastread: libFuzzer target fuzz_cql ON")
     # The tar walker and WebDataset grouping (csrc/tests/fuzz/fuzz_tar.c).
     add_executable(fuzz_tar csrc/tests/fuzz/fuzz_tar.c csrc/formats/tar_index.c
-                   csrc/formats/wds_group.c csrc/core/base.c)
+                   csrc/formats/wds_group.c csrc/formats/wds2idx.c csrc/core/base.c)
     target_include_directories(fuzz_tar PRIVATE csrc csrc/include csrc/tests/fuzz)
     target_compile_options(fuzz_tar PRIVATE -fsanitize=fuzzer,address,undefined -g)
     target_link_options(fuzz_tar PRIVATE -fsanitize=fuzzer,address,undefined -pthread)
     message(STATUS "fastread: libFuzzer target fuzz_tar ON")
+    # DALI wds2idx index files (csrc/tests/fuzz/fuzz_wds2idx.c).
+    add_executable(fuzz_wds2idx csrc/tests/fuzz/fuzz_wds2idx.c csrc/formats/tar_index.c
+                   csrc/formats/wds2idx.c csrc/core/base.c)
+    target_include_directories(fuzz_wds2idx PRIVATE csrc csrc/include csrc/tests/fuzz)
+    target_compile_options(fuzz_wds2idx PRIVATE -fsanitize=fuzzer,address,undefined -g)
+    target_link_options(fuzz_wds2idx PRIVATE -fsanitize=fuzzer,address,undefined -pthread)
+    # Squirrel's MessagePack walk (csrc/tests/fuzz/fuzz_squirrel.c).
+    add_executable(fuzz_squirrel csrc/tests/fuzz/fuzz_squirrel.c csrc/formats/squirrel_walk.c
+                   csrc/core/base.c)
+    target_include_directories(fuzz_squirrel PRIVATE csrc csrc/include csrc/tests/fuzz)
+    target_compile_options(fuzz_squirrel PRIVATE -fsanitize=fuzzer,address,undefined -g)
+    target_link_options(fuzz_squirrel PRIVATE -fsanitize=fuzzer,address,undefined -pthread)
   else()
     message(STATUS "fastread: FASTREAD_FUZZ needs clang (libFuzzer); ${CMAKE_C_COMPILER_ID} "
                    "builds none (test_cql_proto runs the same parsers on a seeded corpus)")

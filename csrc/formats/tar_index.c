@@ -36,7 +36,7 @@ void fr_tar_members_free(fr_tar_members *m)
     memset(m, 0, sizeof *m);
 }
 
-static int members_push(fr_tar_members *m, const char *name, size_t name_len, uint64_t data,
+int fr_tar_members_push(fr_tar_members *m, const char *name, size_t name_len, uint64_t data,
                         uint64_t size, uint64_t header)
 {
     if (m->n + 1 >= m->cap) {
@@ -286,7 +286,7 @@ int fr_tar_walk(const unsigned char *buf, uint64_t n, fr_tar_members *out, uint6
                 nlen += base;
                 nm = name;
             }
-            int rc = members_push(out, nm, nlen, data, size, pos);
+            int rc = fr_tar_members_push(out, nm, nlen, data, size, pos);
             if (rc)
                 return rc;
             long_name = NULL;

@@ -43,6 +43,24 @@ typedef struct fr_tar_members {
 
 void fr_tar_members_free(fr_tar_members *m);
 
+/* Appends one member (name copied into the blob). 0 or -ENOMEM. */
+int fr_tar_members_push(fr_tar_members *m, const char *name, size_t name_len, uint64_t data,
+                        uint64_t size, uint64_t header);
+
+/* Parses a DALI wds2idx index held in buf[0, len) (its text: a first line
+ * "v1.1 <samples>" or "v1.2 <samples>", then one line per sample of
+ * "<ext> <data offset> <size>" groups, v1.2 adding "<member name>"; blank
+ * lines ignored; fields split on ASCII white space) into the members it
+ * lists, in order, as fr_tar_walk gives them: a v1.2 member's name as
+ * written, a v1.1 one's "<sample number>.<ext>"; header_off is the data
+ * offset - 512 (where the member's tar header should be: the caller
+ * checks a few there). *out zeroed by the caller, or freed and zeroed.
+ * 0; -EINVAL for a malformed index (err says what, *bad_line the 1-based
+ * line: 1 for the first line or a count that does not match); -ENOMEM.
+ * Numbers are decimal digits only, at most 19. */
+int fr_wds2idx_parse(const char *buf, size_t len, fr_tar_members *out, size_t *bad_line,
+                     char *err, size_t err_len);
+
 /* Walks the tar held in buf[0, len) into *out (zeroed by the caller, or
  * freed and zeroed). 0; -EINVAL for a malformed tar (err says what,
  * *bad_at where); -ENOMEM. */

@@ -17,6 +17,8 @@ cdef extern from "formats/tar_index.h" nogil:
         size_t names_len
 
     void fr_tar_members_free(fr_tar_members *m)
+    int fr_wds2idx_parse(const char *buf, size_t len, fr_tar_members *out, size_t *bad_line,
+                         char *err, size_t err_len)
     int fr_tar_walk(const unsigned char *buf, uint64_t len, fr_tar_members *out,
                     uint64_t *bad_at, char *err, size_t err_len)
 
@@ -59,3 +61,20 @@ cdef extern from "formats/tar_index.h" nogil:
 
     int fr_wds_index_files(const char *const *paths, size_t n, const fr_wds_spec *spec,
                            unsigned threads, fr_wds_shard *out)
+
+
+cdef extern from "formats/squirrel_walk.h" nogil:
+    ctypedef struct fr_sq_samples:
+        size_t n
+        int k
+        uint64_t *start
+        uint64_t *length
+        uint64_t *fa
+        uint64_t *fb
+        int64_t *data_off
+        uint64_t *data_len
+
+    void fr_sq_samples_free(fr_sq_samples *s)
+    int fr_sq_walk(const unsigned char *buf, uint64_t len, const char *const *keys,
+                   const size_t *key_len, int k, fr_sq_samples *out, uint64_t *bad_at,
+                   char *err, size_t err_len)

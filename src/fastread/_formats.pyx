@@ -13,8 +13,10 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
 from fastread._formats cimport (FR_WDS_DEFER, fr_tar_members, fr_tar_members_free,
-                                fr_tar_walk, fr_wds_group, fr_wds_index_files, fr_wds_samples,
-                                fr_wds_samples_free, fr_wds_shard, fr_wds_spec)
+                                fr_tar_walk, fr_wds2idx_parse, fr_wds_group,
+                                fr_wds_index_files, fr_wds_samples, fr_wds_samples_free,
+                                fr_wds_shard, fr_wds_spec, fr_sq_samples, fr_sq_samples_free,
+                                fr_sq_walk)
 
 DEFER = FR_WDS_DEFER
 
@@ -198,3 +200,76 @@ def walk_tar(buffer, shard="tar"):
                 _u64(m.data_off, m.n), _u64(m.size, m.n), _u64(m.header_off, m.n))
     finally:
         fr_tar_members_free(&m)
+
+
+def parse_wds2idx(buffer):
+    """The members a DALI wds2idx index (its text in ``buffer``) lists:
+    ``(names, name_off, data_off, sizes)`` as :func:`group_members` takes
+    them (fr_wds2idx_parse). Raises ValueError ``(line, message)`` for a
+    malformed index (the message starts ``line N:``)."""
+    cdef const unsigned char[::1] view = memoryview(buffer).cast("B")
+    cdef fr_tar_members m
+    cdef size_t bad_line = 0
+    cdef char err[256]
+    cdef int rc
+    cdef size_t n = view.shape[0]
+    cdef const char *p = <const char *>&view[0] if n else NULL
+    err[0] = 0
+    memset(&m, 0, sizeof(m))
+    with nogil:
+        rc = fr_wds2idx_parse(p, n, &m, &bad_line, err, sizeof(err))
+    try:
+        if rc == -12:
+            raise MemoryError()
+        if rc:
+            raise ValueError(int(bad_line), err.decode("utf-8", "replace"))
+        names = m.names[:m.names_len] if m.names_len else b""
+        return (names, _u64(m.name_off, m.n + 1) if m.n else np.zeros(1, np.uint64),
+                _u64(m.data_off, m.n), _u64(m.size, m.n))
+    finally:
+        fr_tar_members_free(&m)
+
+
+def squirrel_walk(buffer, keys):
+    """Squirrel samples of an inflated shard in ``buffer`` for the ``keys``
+    (str): a dict of columns ``start``, ``length`` (uint64 per sample),
+    ``fa``, ``fb``, ``data_off`` (int64, -1: none), ``data_len`` ((samples,
+    len(keys))), as fr_sq_walk documents them. Raises ValueError
+    ``(offset, message)`` where the walk leaves the shard to the reference."""
+    cdef const unsigned char[::1] view = memoryview(buffer).cast("B")
+    cdef list enc = [str(key).encode("utf-8", "surrogateescape") for key in keys]
+    cdef int k = len(enc), j
+    cdef const char **ck = <const char **>malloc(max(k, 1) * sizeof(char *))
+    cdef size_t *cl = <size_t *>malloc(max(k, 1) * sizeof(size_t))
+    cdef fr_sq_samples s
+    cdef uint64_t bad_at = 0
+    cdef char err[256]
+    cdef int rc
+    cdef uint64_t n = view.shape[0]
+    cdef const unsigned char *p = &view[0] if n else NULL
+    if ck == NULL or cl == NULL:
+        free(ck)
+        free(cl)
+        raise MemoryError()
+    for j in range(k):
+        ck[j] = enc[j]
+        cl[j] = len(enc[j])
+    err[0] = 0
+    memset(&s, 0, sizeof(s))
+    try:
+        with nogil:
+            rc = fr_sq_walk(p, n, ck, cl, k, &s, &bad_at, err, sizeof(err))
+        if rc == -12:
+            raise MemoryError()
+        if rc:
+            raise ValueError(int(bad_at), err.decode("utf-8", "replace"))
+        m = s.n
+        return {"start": _u64(s.start, m), "length": _u64(s.length, m),
+                "fa": _u64(s.fa, m * k).reshape(m, k).astype(np.int64),
+                "fb": _u64(s.fb, m * k).reshape(m, k).astype(np.int64),
+                "data_off": _i64(s.data_off, m * k).reshape(m, k),
+                "data_len": _u64(s.data_len, m * k).reshape(m, k).astype(np.int64)}
+    finally:
+        fr_sq_samples_free(&s)
+        free(ck)
+        free(cl)

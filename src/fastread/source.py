@@ -324,7 +324,12 @@ def check_source(source):
         raise ValueError(f"source {source!r} has no sequence of sample names: {e}") from None
     labels = _int32_labels(source.labels, n, f"source {source!r}")
     sizes = source.sizes
-    if sizes is not None:
+    # An unsigned column of the right shape has nothing to check (no size
+    # is negative) and is not read: a memory-mapped index of 10^8 samples
+    # (WebDataset's .fridx) is not paged in to be checked.
+    unsigned = (isinstance(sizes, np.ndarray) and sizes.dtype.kind == "u"
+                and sizes.shape == (n,))
+    if sizes is not None and not unsigned:
         sizes = _int64_column(sizes, "sizes", f"source {source!r}", n)
         if n and sizes.min() < 0:
             i = int(sizes.argmin())

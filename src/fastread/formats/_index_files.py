@@ -46,7 +46,7 @@ from fastread import _defaults
 from fastread.formats.cifar import FormatError
 
 __all__ = ["WdsIndex", "StaleIndexError", "open_fridx", "read_wds2idx", "write_wds2idx",
-           "identity", "cache_path", "load_index_paths", "beside_index", "beside_paths", "FRIDX_MAGIC", "FRIDX_SUFFIX", "WDS2IDX_SUFFIX"]
+           "identity", "cache_path", "write_fridx", "load_index_paths", "beside_index", "beside_paths", "FRIDX_MAGIC", "FRIDX_SUFFIX", "WDS2IDX_SUFFIX"]
 
 FRIDX_MAGIC = b"FRIDX\0v1"
 FRIDX_SUFFIX = ".fridx"
@@ -80,6 +80,29 @@ def identity(path):
     return int(st.st_size), int(st.st_mtime_ns)
 
 
+#: Component offsets kept in tar blocks (uint16, BLOCK_MISSING: missing)
+#: where every one is a multiple of the block (a tar's always are) and
+#: below 32 MiB: 2 bytes a component instead of 4.
+BLOCK = 512
+BLOCK_MISSING = 0xFFFF
+
+
+def _narrow_offsets(a):
+    """(column, unit) of component offsets ``a`` (bytes from the sample's
+    start, -1: missing): uint16 tar blocks (unit 512) where they fit, else
+    int32 / int64 bytes (unit 1)."""
+    a = np.asarray(a)
+    if not a.size:
+        return a.astype(np.uint16), BLOCK
+    present = a >= 0
+    if ((a >= -1).all() and not (a[present] % BLOCK).any()
+            and int(a.max()) // BLOCK < BLOCK_MISSING):
+        out = (a // BLOCK).astype(np.uint16)
+        out[~present] = BLOCK_MISSING
+        return out, BLOCK
+    return _narrow(a, "i"), 1
+
+
 def _narrow(a, kind):
     """``a`` as int32 / uint32 where its values fit (the index's RAM)."""
     a = np.asarray(a)
@@ -98,27 +121,71 @@ class WdsIndex:
     ``size``, ``mtime_ns``; ``counts``: samples per shard (int64)."""
 
     def __init__(self, spec, shards, counts, start, length, comp_off, comp_len, keys=None,
-                 key_off=None, skipped=0, source=None, keep=None):
+                 key_off=None, skipped=0, source=None, keep=None, file_ids=None, labels=None,
+                 comp_unit=1):
         self.spec = dict(spec)
         self.shards = list(shards)
         self.counts = np.asarray(counts, np.int64)
         self.start, self.length = start, length
+        # comp_off as kept: bytes (comp_unit 1, -1 missing) or tar blocks
+        # (comp_unit BLOCK, uint16, BLOCK_MISSING missing); comp_offsets()
+        # gives bytes.
         self.comp_off, self.comp_len = comp_off, comp_len
+        self.comp_unit = int(comp_unit)
         self.keys, self.key_off = keys, key_off
         self.skipped = int(skipped)
         self.source = source      # the file it came from, if any
         self._keep = keep         # the mmap its columns view
+        # The samples' shard numbers and labels (their numbers): columns of
+        # a .fridx file (mapped: a 10^8-sample index opens without making
+        # 800 MB of them), else made on first use.
+        self._file_ids, self._labels = file_ids, labels
 
     def __len__(self):
         return len(self.start)
+
+    def comp_offsets(self, rows=None):
+        """Component offsets in bytes from each sample's start (int64, -1:
+        missing), of every sample or of ``rows``."""
+        raw = self.comp_off if rows is None else self.comp_off[rows]
+        out = raw.astype(np.int64)
+        if self.comp_unit != 1:
+            missing = raw == BLOCK_MISSING
+            out *= self.comp_unit
+            out[missing] = -1
+        return out
+
+    @property
+    def file_ids(self):
+        """Each sample's shard number (uint32): the native reader's file column."""
+        if self._file_ids is None:
+            if len(self.shards) > 1 << 32:
+                raise ValueError(f"an index of {len(self.shards)} shards: at most 2**32")
+            self._file_ids = np.repeat(np.arange(len(self.shards), dtype=np.uint32),
+                                       self.counts)
+        return self._file_ids
+
+    @property
+    def labels(self):
+        """Each sample's label: its number (int32)."""
+        if self._labels is None:
+            self._labels = np.arange(len(self), dtype=np.int32)
+            self._labels.setflags(write=False)   # shared with readers, not copied
+        return self._labels
 
     @property
     def nbytes(self):
         """Bytes of its columns (mapped ones included: what they can take in RAM)."""
         cols = [self.start, self.length, self.comp_off, self.comp_len, self.counts]
-        if self.key_off is not None:
-            cols.append(self.key_off)
+        cols += [c for c in (self.key_off, self._file_ids, self._labels) if c is not None]
         return sum(int(c.nbytes) for c in cols) + (len(self.keys) if self.keys is not None else 0)
+
+    def bytes_per_sample(self):
+        """Bytes a sample of its per-sample columns (keys and their offsets
+        aside: names are counted apart), as :meth:`nbytes` counts them."""
+        k = self.comp_off.shape[1] if self.comp_off.ndim == 2 else 0
+        return (self.start.itemsize + self.length.itemsize + 4 + 4
+                + k * (self.comp_off.itemsize + self.comp_len.itemsize))
 
     @classmethod
     def from_parts(cls, spec, shards, parts):
@@ -131,7 +198,7 @@ class WdsIndex:
                if parts else np.zeros(shape, dt))
         start = cat("start", np.int64, 0).astype(np.int64, copy=False)
         length = cat("length", np.int64, 0).astype(np.int64, copy=False)
-        comp_off = _narrow(cat("comp_off", np.int64, (0, k)).reshape(-1, k), "i")
+        comp_off, unit = _narrow_offsets(cat("comp_off", np.int64, (0, k)).reshape(-1, k))
         comp_len = _narrow(cat("comp_len", np.uint64, (0, k)).reshape(-1, k), "u")
         keys = key_off = None
         if parts and all(p.get("keys") is not None for p in parts):
@@ -144,7 +211,7 @@ class WdsIndex:
             key_off = np.concatenate(offs)
         skipped = sum(int(p.get("skipped", 0)) for p in parts)
         return cls(spec, shards, counts, start, length, comp_off, comp_len, keys, key_off,
-                   skipped)
+                   skipped, comp_unit=unit)
 
     def shard_bounds(self):
         """(first, end) sample numbers of every shard."""
@@ -168,9 +235,11 @@ class WdsIndex:
             base = int(self.key_off[a])
             keys = self.keys[base:int(self.key_off[b])]
             key_off = self.key_off[a:b + 1] - np.uint64(base)
+        # The shard numbers restart at 0 in the selection: made anew when used.
         return WdsIndex(self.spec, self.shards[first:end], self.counts[first:end],
                         self.start[a:b], self.length[a:b], self.comp_off[a:b],
-                        self.comp_len[a:b], keys, key_off, 0, self.source, self._keep)
+                        self.comp_len[a:b], keys, key_off, 0, self.source, self._keep,
+                        labels=None, comp_unit=self.comp_unit)
 
     # -- checks ---------------------------------------------------------------------
 
@@ -205,43 +274,65 @@ class WdsIndex:
                 ("length", np.ascontiguousarray(self.length, "<i8")),
                 ("comp_off", np.ascontiguousarray(self.comp_off, self.comp_off.dtype.newbyteorder("<"))),
                 ("comp_len", np.ascontiguousarray(self.comp_len, self.comp_len.dtype.newbyteorder("<"))),
-                ("counts", np.ascontiguousarray(self.counts, "<i8"))]
+                ("counts", np.ascontiguousarray(self.counts, "<i8")),
+                ("file_ids", np.ascontiguousarray(self.file_ids, "<u4")),
+                ("labels", np.ascontiguousarray(self.labels, "<i4"))]
         if self.key_off is not None:
             cols.append(("key_off", np.ascontiguousarray(self.key_off, "<u8")))
             cols.append(("keys", np.frombuffer(bytes(self.keys), np.uint8)))
-        header = {"format": "fastread-webdataset-index", "version": 1, "spec": self.spec,
-                  "shards": self.shards, "samples": len(self), "skipped": self.skipped,
-                  "columns": {}}
-        # Offsets depend on the header's length, which depends on them: lay
-        # out with room for the offsets' digits, then fix.
-        for _ in range(3):
-            blob = json.dumps(header, separators=(",", ":")).encode()
-            at = _round(_PREAMBLE + len(blob) + 64)
-            placed = {}
-            for name, arr in cols:
-                placed[name] = {"dtype": arr.dtype.str, "shape": list(arr.shape), "offset": at}
-                at = _round(at + arr.nbytes)
-            if placed == header["columns"]:
-                break
-            header["columns"] = placed
+        header = {"spec": self.spec, "shards": self.shards, "samples": len(self),
+                  "skipped": self.skipped, "comp_unit": self.comp_unit}
+        arrays = dict(cols)
+        write_fridx(path, header, [(name, arr.dtype.str, arr.shape) for name, arr in cols],
+                    lambda name, out: out.__setitem__(Ellipsis, arrays[name]))
+
+
+def write_fridx(path, header, columns, fill):
+    """Writes a ``.fridx`` file of ``header`` (spec, shards, samples,
+    skipped, comp_unit) and ``columns`` ``[(name, dtype str, shape)]``,
+    each filled in place by ``fill(name, view)`` (a writable map of the
+    column in the file: a column need not be held in RAM, e.g. a 10^8-sample
+    synthetic index written in chunks). Atomic: a temporary file renamed
+    into place (readers see the old file or the new one)."""
+    # Version 2: comp_off may be in tar blocks (comp_unit); a version-1
+    # reader refuses the file rather than read blocks as bytes.
+    header = {"format": "fastread-webdataset-index", "version": 2, **header, "columns": {}}
+    sizes = {name: np.dtype(dt).itemsize * int(np.prod(shape)) for name, dt, shape in columns}
+    # Offsets depend on the header's length, which depends on them: lay
+    # out with room for the offsets' digits, then fix.
+    for _ in range(3):
         blob = json.dumps(header, separators=(",", ":")).encode()
-        data_at = _round(_PREAMBLE + len(blob) + 64)
-        first = min((c["offset"] for c in header["columns"].values()), default=data_at)
-        if first < _PREAMBLE + len(blob):
-            raise AssertionError("fridx layout")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                pre = FRIDX_MAGIC + np.array([len(blob), zlib.crc32(blob)], "<u8").tobytes()
-                f.write(pre.ljust(_PREAMBLE, b"\0"))
-                f.write(blob)
-                for name, arr in cols:
-                    f.seek(header["columns"][name]["offset"])
-                    f.write(arr.tobytes())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        at = _round(_PREAMBLE + len(blob) + 64)
+        placed = {}
+        for name, dt, shape in columns:
+            placed[name] = {"dtype": dt, "shape": list(shape), "offset": at}
+            at = _round(at + sizes[name])
+        if placed == header["columns"]:
+            break
+        header["columns"] = placed
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    first = min((c["offset"] for c in header["columns"].values()), default=at)
+    if first < _PREAMBLE + len(blob):
+        raise AssertionError("fridx layout")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb+") as f:
+            pre = FRIDX_MAGIC + np.array([len(blob), zlib.crc32(blob)], "<u8").tobytes()
+            f.write(pre.ljust(_PREAMBLE, b"\0"))
+            f.write(blob)
+            f.truncate(max(at, _PREAMBLE + len(blob)))
+            if any(sizes.values()):
+                with mmap.mmap(f.fileno(), 0) as m:
+                    for name, dt, shape in columns:
+                        if sizes[name]:
+                            view = np.frombuffer(m, np.dtype(dt), int(np.prod(shape)),
+                                                 header["columns"][name]["offset"])
+                            fill(name, view.reshape(shape))
+                            del view
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _round(n):
@@ -267,6 +358,10 @@ def open_fridx(path):
         if size < _PREAMBLE:
             raise FormatError(path, 0, f"not a fastread index file ({size} bytes)")
         m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    # A shuffled epoch touches the columns at random: no read-ahead around
+    # every sample's page (a batch of 256 would map megabytes of neighbours).
+    if hasattr(mmap, "MADV_RANDOM"):
+        m.madvise(mmap.MADV_RANDOM)
     cols = {}
     try:
         if m[:len(FRIDX_MAGIC)] != FRIDX_MAGIC:
@@ -279,7 +374,8 @@ def open_fridx(path):
             raise FormatError(path, _PREAMBLE, "header checksum mismatch (corrupt index file)")
         try:
             header = json.loads(blob)
-            if header.get("version") != 1 or header.get("format") != "fastread-webdataset-index":
+            if header.get("version") not in (1, 2) or \
+                    header.get("format") != "fastread-webdataset-index":
                 raise FormatError(path, _PREAMBLE, f"unsupported index version "
                                                    f"{header.get('version')!r}")
             for name, c in header["columns"].items():
@@ -292,6 +388,13 @@ def open_fridx(path):
                                                  f"file ({size} bytes): truncated")
                 cols[name] = np.frombuffer(m, dt, count, off).reshape(shape)
             spec, shards = header["spec"], header["shards"]
+            unit = int(header.get("comp_unit", 1))
+            if unit not in (1, BLOCK) or (unit == BLOCK and
+                                          np.dtype(header["columns"]["comp_off"]["dtype"])
+                                          != np.dtype("<u2")):
+                raise FormatError(path, _PREAMBLE, f"comp_unit {unit} with a "
+                                                   f"{header['columns']['comp_off']['dtype']} "
+                                                   "comp_off column")
             n, k = int(header["samples"]), len(spec["ext"])
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, FormatError):
@@ -309,9 +412,21 @@ def open_fridx(path):
         if key_off is not None and key_off.shape != (n + 1,):
             raise FormatError(path, _PREAMBLE, "column 'key_off' not of one entry per sample "
                                                "+ 1")
+        # file_ids and labels: optional (files written before they were kept
+        # have them made on first use); their values are not read here (a
+        # 10^8-sample index opens without paging 800 MB in): the native
+        # reader refuses a shard number past the shards (-EINVAL, that
+        # sample's error), and labels are the user's.
+        for name, dts in (("file_ids", ("<u4",)), ("labels", ("<i4",))):
+            c = cols.get(name)
+            if c is not None and (c.shape != (n,) or c.dtype.str not in dts):
+                raise FormatError(path, _PREAMBLE, f"column {name!r} not of one {dts[0]} "
+                                                   "entry per sample")
         return WdsIndex(spec, shards, cols["counts"], cols["start"], cols["length"],
                         cols["comp_off"], cols["comp_len"], cols.get("keys"), key_off,
-                        header.get("skipped", 0), source=path, keep=m)
+                        header.get("skipped", 0), source=path, keep=m,
+                        file_ids=cols.get("file_ids"), labels=cols.get("labels"),
+                        comp_unit=unit)
     except BaseException:
         cols.clear()   # the views go first, or the map cannot close
         try:
@@ -323,43 +438,65 @@ def open_fridx(path):
 
 # -- DALI's wds2idx ------------------------------------------------------------------
 
-def read_wds2idx(path, shard):
+def read_wds2idx(path, shard, parser="native"):
     """The tar members a DALI wds2idx index lists for ``shard``:
     ``(names, name_off, data_off, sizes)`` as
-    :func:`fastread._formats.group_members` takes them. Raises FormatError
-    naming the index file and its line for anything malformed."""
+    :func:`fastread._formats.group_members` takes them, checked against
+    the shard (:func:`_check_members`). Parsed in C
+    (``fr_wds2idx_parse``) unless ``parser="python"`` (the reference the
+    tests compare it with). Raises FormatError naming the index file and
+    its line for anything malformed."""
     from fastread._safe_open import open_file
 
     with open_file(path) as f:
         text = f.read()
+    if parser == "native":
+        from fastread import _formats
+
+        try:
+            names, name_off, data_off, sz = _formats.parse_wds2idx(text)
+        except ValueError as e:
+            line, msg = e.args
+            raise FormatError(path, None, msg) from None
+    else:
+        names, name_off, data_off, sz = _parse_wds2idx_python(path, text)
+    _check_members(path, shard, data_off, sz)
+    return names, name_off, data_off, sz
+
+
+def _parse_wds2idx_python(path, text):
+    """The reference parse of a wds2idx index's text (``read_wds2idx``'s
+    ``parser="python"``); line numbers count the lines as they are in the
+    file, blank ones included."""
     lines = text.split(b"\n")
     head = lines[0].split()
     if len(head) != 2 or head[0] not in (b"v1.1", b"v1.2"):
-        raise FormatError(path, 0, f"not a DALI wds2idx index (first line {lines[0][:40]!r}; "
-                                   "versions v1.1 and v1.2 are read)")
+        raise FormatError(path, None, f"line 1: not a DALI wds2idx index (first line "
+                                      f"{lines[0][:40]!r}; versions v1.1 and v1.2 are read)")
     per = 4 if head[0] == b"v1.2" else 3
     try:
         count = int(head[1])
     except ValueError:
-        raise FormatError(path, 0, f"sample count {head[1][:20]!r} is not a number") from None
-    body = [ln for ln in lines[1:] if ln.strip()]
+        raise FormatError(path, None, f"line 1: sample count {head[1][:20]!r} is not a "
+                                      "number") from None
+    body = [(no, ln) for no, ln in enumerate(lines[1:], 2) if ln.strip()]
     if len(body) != count:
-        raise FormatError(path, 0, f"the first line says {count} samples, the file has "
-                                   f"{len(body)} lines")
+        raise FormatError(path, None, f"line 1: the first line says {count} samples, the "
+                                      f"file has {len(body)}")
     names, offs, sizes = [], [], []
-    for i, ln in enumerate(body):
+    for i, (no, ln) in enumerate(body):
         fields = ln.split()
         if not fields or len(fields) % per:
-            raise FormatError(path, i + 2, f"line {i + 2}: {len(fields)} fields, not groups of "
-                                           f"{per} ({'ext offset size name' if per == 4 else 'ext offset size'})")
+            raise FormatError(path, None, f"line {no}: {len(fields)} fields, not groups of "
+                                          f"{per} ({'ext offset size name' if per == 4 else 'ext offset size'})")
         for j in range(0, len(fields), per):
             ext = fields[j]
             try:
                 off, size = int(fields[j + 1]), int(fields[j + 2])
             except ValueError:
-                raise FormatError(path, i + 2, f"line {i + 2}: offset/size not numbers") from None
+                raise FormatError(path, None, f"line {no}: offset/size not numbers") from None
             if off < 0 or size < 0:
-                raise FormatError(path, i + 2, f"line {i + 2}: negative offset or size")
+                raise FormatError(path, None, f"line {no}: negative offset or size")
             # v1.2 names the member; v1.1 only its extension: the line is the key.
             names.append(fields[j + 3] if per == 4 else b"%d.%s" % (i, ext))
             offs.append(off)
@@ -367,9 +504,7 @@ def read_wds2idx(path, shard):
     name_off = np.zeros(len(names) + 1, np.uint64)
     if names:
         name_off[1:] = np.cumsum([len(x) for x in names])
-    data_off, sz = np.array(offs, np.uint64), np.array(sizes, np.uint64)
-    _check_members(path, shard, data_off, sz)
-    return b"".join(names), name_off, data_off, sz
+    return b"".join(names), name_off, np.array(offs, np.uint64), np.array(sizes, np.uint64)
 
 
 def _check_members(index, shard, data_off, sizes, probes=8):
@@ -525,7 +660,7 @@ def _index_file_part(index_path, shard, tar, spec, members_part):
         idx = open_fridx(index_path)
         idx.check_spec(spec, index_path)
         idx.check_fresh([shard], index_path)
-        part = {"start": idx.start, "length": idx.length, "comp_off": idx.comp_off,
+        part = {"start": idx.start, "length": idx.length, "comp_off": idx.comp_offsets(),
                 "comp_len": idx.comp_len, "keys": idx.keys, "key_off": idx.key_off,
                 "skipped": idx.skipped}
         return part, idx.shards[0]

@@ -295,6 +295,71 @@ class _Shard(FileRanges):
         return f"{self.shard}[{self.names[i]}]"
 
 
+def _reference_walk(m, size, path, keys):
+    """(starts, lengths, per-sample field rows) of one inflated shard by
+    the Python reference (walk_sample); FormatError for a bad shard."""
+    starts, ends, rows = [], [], []
+    pos = 0
+    while pos < size:
+        end, fields = walk_sample(m, pos, size, path)
+        row = []
+        for k in keys:
+            if k not in fields:
+                raise FormatError(path, pos, f"sample {len(starts)} has no "
+                                  f"key {k!r} (it has {sorted(fields)})")
+            fld = fields[k]
+            row.append(("array", fld[1] - pos, fld[2], fld[3], fld[4])
+                       if fld[0] == "array" else fld)
+        rows.append(tuple(row))
+        starts.append(pos)
+        ends.append(end)
+        pos = end
+    starts = np.array(starts, np.int64)
+    return starts, np.array(ends, np.int64) - starts, rows
+
+
+def _native_walk(m, path, keys, seen=None):
+    """What _reference_walk gives, from the C walk (fr_sq_walk): the shard's
+    structure walked in C, and each wanted field decoded by the reference
+    (:func:`_field`) once per distinct layout: an array field's bytes but
+    its payload (type, shape, the payload's length) or a plain value's
+    bytes (labels), so a store of one image shape and 1,000 labels decodes
+    ~1,000 fields. ``seen``: the layouts decoded so far (shared by a
+    store's shards). None where the walk leaves the shard to the reference
+    (which words the error, if any)."""
+    from fastread import _formats
+
+    try:
+        cols = _formats.squirrel_walk(m, keys)
+    except ValueError:
+        return None
+    seen = {} if seen is None else seen
+    start = cols["start"].astype(np.int64)
+    per_key = []
+    for j, key in enumerate(keys):
+        fa = (cols["fa"][:, j] + start).tolist()
+        fb = (cols["fb"][:, j] + start).tolist()
+        doff = cols["data_off"][:, j]
+        d = np.where(doff < 0, -1, doff + start).tolist()
+        e = (np.where(doff < 0, -1, doff + start) + cols["data_len"][:, j]).tolist()
+        # A layout: the field's bytes, its array payload (if any) left out.
+        layouts = [(key, m[x:w]) if y < 0 else (key, m[x:y], m[z:w])
+                   for x, y, z, w in zip(fa, d, e, fb)]
+        out = []
+        for i, lay in enumerate(layouts):
+            got = seen.get(lay)
+            if got is None:
+                fld = _field(m, fa[i], fb[i], path, key)
+                # An array's place depends on the sample; its meaning on the layout.
+                got = seen[lay] = (fld if fld[0] != "array" else
+                                   ("array", fld[1] - fa[i], fld[2], fld[3], fld[4]))
+            out.append(got)
+        per_key.append([got if got[0] != "array" else
+                        ("array", got[1] + x - st, got[2], got[3], got[4])
+                        for got, x, st in zip(out, fa, start.tolist())])
+    return start, cols["length"].astype(np.int64), list(zip(*per_key))
+
+
 class SquirrelStore(MultiFileRanges):
     """The samples of a squirrel MessagePack store ``url`` (a directory of
     ``*.gz`` shards; or ``shards=`` paths), with the fields ``keys``. Each
@@ -303,11 +368,13 @@ class SquirrelStore(MultiFileRanges):
     A sample lacking a key is a FormatError naming the shard and offset;
     an empty shard has no samples. ``labels`` are the samples' numbers.
     ``cache_dir``, ``cache_bytes`` and ``max_inflated`` are WebDataset's
-    (decompressed copies under ``.../squirrel``).
+    (decompressed copies under ``.../squirrel``). ``indexer``: ``"native"``
+    (the C walk, :func:`_native_walk`; a shard it leaves is redone by the
+    reference) or ``"python"`` (the reference, :func:`walk_sample`).
     """
 
     def __init__(self, url=None, keys=("image", "label"), shards=None, cache_dir=None,
-                 cache_bytes=None, max_inflated=None):
+                 cache_bytes=None, max_inflated=None, indexer="native"):
         self.url = url
         self.shard_paths = [os.fspath(s) for s in shards] if shards is not None \
             else store_shards(url)
@@ -319,32 +386,27 @@ class SquirrelStore(MultiFileRanges):
         self.cache_dir = cache_dir = _cache.cache_dir_for("squirrel", cache_dir)
         limit = _cache.cache_bytes(cache_bytes)
         inflated = _gzip.max_inflated(max_inflated)
+        if indexer not in ("native", "python"):
+            raise ValueError(f"indexer must be 'native' or 'python', got {indexer!r}")
+        self.indexer = indexer
         parts = []
         self._fields = []   # per sample: tuple per key
+        seen = {}           # field layouts decoded (_native_walk)
         for path in self.shard_paths:
             plain = _plain(path, cache_dir, inflated)
-            starts, ends = [], []
             with open_file(plain) as f:
                 size = os.fstat(f.fileno()).st_size
-                if size:
+                if not size:
+                    starts, lengths = np.zeros(0, np.int64), np.zeros(0, np.int64)
+                else:
                     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                        pos = 0
-                        while pos < size:
-                            end, fields = walk_sample(m, pos, size, path)
-                            row = []
-                            for k in self.keys:
-                                if k not in fields:
-                                    raise FormatError(path, pos, f"sample {len(starts)} has no "
-                                                      f"key {k!r} (it has {sorted(fields)})")
-                                fld = fields[k]
-                                row.append(("array", fld[1] - pos, fld[2], fld[3], fld[4])
-                                           if fld[0] == "array" else fld)
-                            self._fields.append(tuple(row))
-                            starts.append(pos)
-                            ends.append(end)
-                            pos = end
-            starts = np.array(starts, np.int64)
-            parts.append(_Shard(path, plain, starts, np.array(ends, np.int64) - starts))
+                        got = (_native_walk(m, path, self.keys, seen) if indexer == "native"
+                               else None)
+                        if got is None:
+                            got = _reference_walk(m, size, path, self.keys)
+                        starts, lengths, rows = got
+                        self._fields.extend(rows)
+            parts.append(_Shard(path, plain, starts, lengths))
         if any(p.path != p.shard for p in parts):
             _cache.prune(cache_dir, limit, keep=[p.path for p in parts])
         super().__init__(parts)

@@ -41,11 +41,9 @@ Shuffling: the index makes every sample addressable, so
 permutation per epoch, as for files), not shard order plus a buffer as
 streaming loaders must.
 """
-import collections
 import collections.abc
 import mmap
 import os
-import threading
 import time
 import warnings
 import zlib
@@ -58,10 +56,11 @@ from fastread.engine import EngineOptions, cached_context
 from fastread.files import raise_failures
 from fastread.formats import _cache, _gzip, _index_files, _s3_tar
 from fastread.formats._index_files import split_name
-from fastread.formats._multi import MultiFileRanges
+from fastread.formats._multi import MultiFileRanges, _Names
+from fastread.formats._wds_whole import _WholeShards
 from fastread.formats.cifar import FormatError
 from fastread.s3 import S3Options, is_url
-from fastread.source import ArraysBatch, FileRanges
+from fastread.source import FileRanges
 
 __all__ = ["WebDataset", "TarMember", "index_tar", "split_name", "group_members",
            "MISSING_BEHAVIORS", "INDEXERS"]
@@ -309,6 +308,36 @@ class _Shard(FileRanges):
 
     def sample_name(self, i):
         return f"{self.shard}[{self.names[i]}]"
+
+
+class _LocalIndex:
+    """Samples' numbers inside their shards, computed for the samples asked
+    (``local_index[idx]``) from the shard numbers and the shards' first
+    sample numbers, instead of a column of 4-8 bytes a sample. A shard
+    number that does not hold the sample (a damaged index file) is a
+    FormatError naming the index."""
+
+    nbytes = 0
+
+    def __init__(self, starts, file_ids, where):
+        self._starts, self._files, self._where = starts, file_ids, where
+
+    def __len__(self):
+        return int(self._starts[-1])
+
+    def __getitem__(self, idx):
+        scalar = np.ndim(idx) == 0
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        f = np.asarray(self._files[idx], dtype=np.int64)
+        nshards = len(self._starts) - 1
+        fc = np.minimum(f, nshards - 1)
+        bad = (f >= nshards) | (idx < self._starts[fc]) | (idx >= self._starts[fc + 1])
+        if bad.any():
+            raise FormatError(self._where or "index", 0, f"damaged index: sample "
+                                                        f"{int(idx[bad.argmax()])} is not in "
+                                                        f"its shard ({int(f[bad.argmax()])})")
+        out = idx - self._starts[f]
+        return int(out[0]) if scalar else out
 
 
 class _Keys(collections.abc.Sequence):
@@ -580,21 +609,41 @@ class WebDataset(MultiFileRanges):
                                              index.counts.tolist())]
         if any(t != p for t, p in zip(tars, self.paths)):
             _cache.prune(cache_dir, limit, keep=[t for t, p in zip(tars, self.paths) if t != p])
-        super().__init__(shards)
-        # The numbering of samples in 4 bytes each where it fits (MultiFileRanges
-        # builds it in 8), and the sizes as the index's own column, not a copy.
-        if len(self.files) < 2 ** 31:
-            self.file_index = self.file_index.astype(np.int32)
-        if not len(index.counts) or int(index.counts.max()) < 2 ** 31:
-            self.local_index = self.local_index.astype(np.int32)
-        self._sizes = index.length
-        # Per component: where it starts in its sample (-1: missing) and its
-        # length, int32/uint32 where they fit; component_ranges picks a
-        # batch's in one NumPy call each.
-        self.component_offsets = index.comp_off
-        self.component_lengths = index.comp_len
-        self.labels = np.arange(len(self), dtype=np.int32)
+        self._set_index_columns(shards, index)
         self._empty = np.zeros(0, np.uint8)
+
+    def _set_index_columns(self, shards, index):
+        """MultiFileRanges' per-sample columns as the index's own (views of
+        it, mapped from a .fridx file or not): the shard numbers (uint32,
+        the native reader's file column), the sizes (uint64, its lengths),
+        the labels; the number of a sample inside its shard is computed per
+        batch (:class:`_LocalIndex`), not kept. Nothing here reads a
+        column: a 10^8-sample index opens without paging it in."""
+        self.files = shards
+        self._table = None
+        self.starts = np.r_[0, np.cumsum(index.counts)].astype(np.int64)
+        self.file_index = index.file_ids
+        self.local_index = _LocalIndex(self.starts, self.file_index, index.source)
+        self.names = _Names(self.files, self.starts)
+        self._sizes = _as_dtype(index.length, np.int64, np.uint64)
+        self.labels = index.labels
+        # Per component: its length (uint32 where it fits) here, where it
+        # starts in its sample in the index (tar blocks where they fit);
+        # component_ranges picks a batch's in one NumPy call each.
+        self.component_lengths = index.comp_len
+
+    @property
+    def component_offsets(self):
+        """Every sample's component offsets in bytes from its start (int64
+        (samples, len(ext)), -1: missing), decoded from the index (which
+        keeps them in tar blocks where they fit): a copy, for inspection;
+        reading uses :meth:`component_ranges`."""
+        return self.index.comp_offsets()
+
+    def batch_labels(self, batch, indices):
+        """A batch's labels: the samples' numbers (the Reader asks for these
+        rather than gathering the labels column)."""
+        return np.asarray(indices, dtype=np.int64).astype(np.int32)
 
     def _local_index(self, tars, index_paths, index_cache):
         """The index of local shards: from ``index_paths`` (stale or for
@@ -767,39 +816,34 @@ class WebDataset(MultiFileRanges):
         ``(starts, ends)`` pair of int64 arrays per entry, offsets into each
         sample's bytes (start -1: the component is missing)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        offs = self.component_offsets[idx].astype(np.int64)
+        offs = self.index.comp_offsets(idx)
         lens = self.component_lengths[idx].astype(np.int64)
         ends = np.where(offs < 0, -1, offs + lens)
         return [(offs[:, j], ends[:, j]) for j in range(offs.shape[1])]
 
     def native_table(self):
-        """The native reader's columns as views of the index's own (file ids
-        from the int32 numbering, the samples' starts and lengths from the
-        index, mapped or not): a reader over 10^8 samples copies nothing
-        (MultiFileRanges' default builds 20 bytes a sample of copies)."""
+        """The native reader's columns as views of the index's own (its
+        shard numbers, the samples' starts and lengths, mapped or not): a
+        reader over 10^8 samples copies nothing (MultiFileRanges' default
+        builds 20 bytes a sample of copies)."""
         if self._table is None:
-            if len(self.files) >= 2 ** 31:
-                return super().native_table()
-            self._table = (_as_dtype(self.file_index, np.int32, np.uint32),
+            self._table = (_as_dtype(self.index.file_ids, np.int32, np.uint32),
                            _as_dtype(self.index.start, np.int64, np.uint64),
-                           _as_dtype(self.index.length, np.int64, np.uint64))
+                           self._sizes)
         return self._table
 
     def index_bytes(self):
         """Bytes the index takes: its columns (those mapped from an index
-        file count in full, though only the pages used are read) and the
-        per-sample arrays of the samples' numbering."""
+        file count in full, though only the pages used are read: see
+        ``index_resident`` for the mapped case) and ``index_bytes_per_sample``,
+        what each sample costs of them beyond its name (docs/scale.md)."""
         own = self.index.nbytes
-        multi = sum(int(getattr(self, a).nbytes) for a in ("file_index", "local_index", "labels")
-                    if hasattr(self, a))
-        if getattr(self, "_sizes", None) is not None and self._sizes is not self.index.length:
-            multi += int(self._sizes.nbytes)
         # Columns of the native reader's table that are copies, not views.
-        for col in (self._table or ()):
-            if col.base is None:
-                multi += int(col.nbytes)
+        multi = sum(int(c.nbytes) for c in (self._table or ()) if c.base is None
+                    and c is not self.index.file_ids)
         return {"index_bytes": own + multi, "index_columns_bytes": own,
                 "index_numbering_bytes": multi,
+                "index_bytes_per_sample": self.index.bytes_per_sample(),
                 "index_mapped": self.index.source is not None and self.index._keep is not None,
                 "index_samples": len(self)}
 
@@ -825,7 +869,8 @@ class WebDataset(MultiFileRanges):
         strings = b"".join(os.fsencode(s) + b"\0" for s in names)
         parts = [self.NATIVE_INDEX_MAGIC,
                  np.array([len(self.files), len(self), k, len(strings)], "<u8").tobytes(),
-                 shard_sizes.tobytes(), self.file_index.astype("<i8").tobytes(), comps.tobytes(),
+                 shard_sizes.tobytes(), np.asarray(self.file_index).astype("<i8").tobytes(),
+                 comps.tobytes(),
                  strings]
         crc = 0
         for part in parts:
@@ -853,190 +898,3 @@ class WebDataset(MultiFileRanges):
             outs.append([a[b:e] if b >= 0 else empty
                          for a, b, e in zip(arrays, starts.tolist(), ends.tolist())])
         return outs
-
-
-class _ShardBatch(ArraysBatch):
-    """A batch cut from whole shards held in memory: each sample a view of
-    its shard's bytes (the shard arrays stay alive while a view does)."""
-
-    _samples = "samples of whole shards"
-
-
-class _WholeShards:
-    """The NativeReader calls Reader makes, served by streaming whole
-    shards: a thread takes the submitted batches in order, reads the
-    shards each needs that it does not hold (one native call for all of
-    them: the s3 engine fetches each in ``part_size`` ranged GETs in
-    parallel, the GIL released) and cuts the samples out as views. It
-    holds the shards of the batch being cut plus ``keep`` more, so reading
-    in shard order fetches every shard once per epoch. It cuts at most
-    ``prefetch`` batches ahead of the one next() hands out: Reader submits
-    a whole epoch at once, and a cut batch pins its shards, so without the
-    bound it would hold every shard of the epoch in memory (a DALI
-    pipeline between epochs read the next one whole while idle). A call
-    that fetches shards also fetches the next ``AHEAD_SHARDS`` shards queued
-    batches will need (looking ``AHEAD_SCAN`` batches ahead), so reading in
-    shard order stalls at one shard boundary in AHEAD_SHARDS + 1, with that
-    many times the requests in flight (held: AHEAD_SHARDS shards more). Two:
-    one (two shards a call) reached 88% of the server's ceiling at 25 ms on
-    the 2-core VM, short of issue 30's 90%."""
-
-    AHEAD_SCAN = 64
-    AHEAD_SHARDS = 2
-
-    def __init__(self, source, engine, options, prefetch, keep=2):
-        from fastread import _core
-
-        self.engine = str(engine)
-        self.size = len(source)
-        self.taken = 0
-        self._source = source
-        self._ctx = _core.Context(self.engine, **options)
-        self._keep = keep
-        self._prefetch = max(1, int(prefetch))
-        self._shards = collections.OrderedDict()   # shard number -> uint8 array (LRU)
-        self._cv = threading.Condition()
-        self._todo = collections.deque()            # (generation, indices)
-        self._done = {}                             # position -> batch or exception
-        self._gen = 0
-        self._submitted = self._next = 0            # positions, for delivery in order
-        self._closed = False
-        self._stats = {}                            # the context's counters, last read
-        self._thread = threading.Thread(target=self._run, name="fastread-wds-whole",
-                                        daemon=True)
-        self._thread.start()
-
-    def submit(self, indices):
-        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < 0 or idx.max() >= self.size):
-            raise IndexError(f"sample index out of range 0..{self.size - 1}")
-        with self._cv:
-            self._todo.append((self._gen, self._submitted, idx))
-            self._submitted += 1
-            self._cv.notify_all()
-
-    def _run(self):
-        while True:
-            with self._cv:
-                while not self._closed and (not self._todo or
-                                            self._todo[0][1] - self._next >= self._prefetch):
-                    self._cv.wait()
-                if self._closed:
-                    return
-                gen, pos, idx = self._todo.popleft()
-                ahead = self._upcoming_shards(idx)
-            try:
-                out = self._cut(idx, ahead)
-            except BaseException as e:  # handed to next(), raised there
-                out = e
-            with self._cv:
-                if gen == self._gen:
-                    self._done[pos] = out
-                    self._cv.notify_all()
-
-    def _upcoming_shards(self, idx):
-        """The first AHEAD_SHARDS shards that batches queued after ``idx``
-        need and ``idx`` does not (within AHEAD_SCAN batches), in order.
-        Called with the lock held."""
-        src = self._source
-        now = set(src.file_index[idx].tolist())
-        out = []
-        for k, (gen, _pos, later) in enumerate(self._todo):
-            if k >= self.AHEAD_SCAN or gen != self._gen or len(out) >= self.AHEAD_SHARDS:
-                break
-            for f in src.file_index[later].tolist():
-                if f not in now and f not in out:
-                    out.append(f)
-                    if len(out) >= self.AHEAD_SHARDS:
-                        break
-        return out
-
-    def _cut(self, idx, ahead=()):
-        src = self._source
-        files = src.file_index[idx]
-        need = list(dict.fromkeys(files.tolist()))
-        missing = [f for f in need if f not in self._shards]
-        failed = {}
-        if missing:
-            fetch = missing + [f for f in ahead if f not in self._shards and f not in missing]
-            batch = self._ctx.read([src.files[f].path for f in fetch])
-            # Taken here, by the one thread that reads with the context, for
-            # stats() (Reader.stats()) to hand out without touching it.
-            self._stats = self._ctx.stats()
-            errs = dict(batch.failures())
-            for i, (f, a) in enumerate(zip(fetch, batch.arrays())):
-                if i not in errs:
-                    self._shards[f] = a
-                elif i < len(missing):   # a read-ahead shard that failed is fetched again when needed
-                    failed[f] = (errs[i], self._ctx.sample_error(i))
-        for f in need:
-            if f in self._shards:
-                self._shards.move_to_end(f)
-        # The read-ahead shards are newer than the ones left behind: LRU keeps them.
-        while len(self._shards) > len(need) + self._keep + self.AHEAD_SHARDS:
-            self._shards.popitem(last=False)
-        arrays, failures = [], []
-        local = src.local_index[idx]
-        for i, (f, j) in enumerate(zip(files.tolist(), local.tolist())):
-            shard = src.files[f]
-            if f in failed:
-                failures.append((i, failed[f][0]))
-                arrays.append(np.zeros(0, np.uint8))
-                continue
-            start = int(shard.offsets[j])
-            end = start + int(shard.lengths[j])
-            data = self._shards[f]
-            if end > data.size:   # the object shrank since it was indexed
-                failures.append((i, 61))   # ENODATA, as a ranged read past the end
-                arrays.append(np.zeros(0, np.uint8))
-                continue
-            arrays.append(data[start:end])
-        return _ShardBatch(idx, arrays, failures)
-
-    def next(self):
-        with self._cv:
-            if self._next >= self._submitted:
-                return None
-            while self._next not in self._done:
-                self._cv.wait(0.1)
-            out = self._done.pop(self._next)
-            self._next += 1
-            self.taken += 1
-            self._cv.notify_all()   # room for the thread to cut one more
-        if isinstance(out, BaseException):
-            raise out
-        return out
-
-    def stats(self):
-        """The context's counters (``s3_requests``, ``s3_bytes``, ...) as of
-        its last read, as NativeReader.stats() gives a Reader's."""
-        return dict(self._stats)
-
-    def reset(self):
-        with self._cv:
-            self._gen += 1
-            self._todo.clear()
-            self._done.clear()
-            self._next = self._submitted
-            self._cv.notify_all()
-
-    def close(self):
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        self._thread.join()
-        self._shards.clear()
-        self._ctx.close()
-
-    @property
-    def pending(self):
-        return self._submitted - self._next
-
-    def pool_batches(self):
-        return 0
-
-    def pool_idle_bytes(self):
-        return 0
-
-    def pool_idle_device_bytes(self):
-        return 0
