@@ -69,7 +69,8 @@ struct fr_reader {
     int64_t *sizes; /* each file's size when last read, -1 before; atomic access */
     size_t npaths;  /* samples: files, or ranges of the image */
     char *image;    /* range reader: the image all samples are ranges of */
-    fr_range *ranges;
+    fr_range *ranges;                      /* copied (fr_reader_open_ranges), or */
+    const uint64_t *c_offsets, *c_lengths; /* borrowed (fr_reader_open_range_columns) */
     uint8_t *keys;  /* key reader: npaths keys of key_len bytes */
     size_t key_len;
     /* Table reader (fr_reader_open_table): npaths samples, ranges of the
@@ -177,7 +178,10 @@ static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, f
         return -ENOMEM;
     for (size_t i = 0; i < req->n; i++) {
         b->indices[i] = req->indices[i];
-        sc->ranges[i] = rd->ranges[req->indices[i]];
+        size_t idx = (size_t)req->indices[i];
+        sc->ranges[i] = rd->ranges ? rd->ranges[idx]
+                                   : (fr_range){.offset = rd->c_offsets[idx],
+                                                .length = rd->c_lengths[idx]};
     }
     return fr_read_ranges(ctx, rd->image, sc->ranges, req->n, b);
 }
@@ -620,6 +624,35 @@ int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_rang
     }
     if (n)
         memcpy(rd->ranges, ranges, n * sizeof(*rd->ranges));
+    return reader_start(rd, out, err, err_len);
+}
+
+int fr_reader_open_range_columns(const fr_config *cfg, const char *image,
+                                 const uint64_t *offsets, const uint64_t *lengths, size_t n,
+                                 unsigned prefetch, unsigned workers, fr_reader **out,
+                                 char *err, size_t err_len)
+{
+    *out = NULL;
+    if (!image || !*image) {
+        fr_set_err(err, err_len, "a range reader needs an image path");
+        return -EINVAL;
+    }
+    if (n && (!offsets || !lengths)) {
+        fr_set_err(err, err_len, "a range reader over columns needs offsets and lengths");
+        return -EINVAL;
+    }
+    fr_reader *rd;
+    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
+    if (rc)
+        return rc;
+    rd->npaths = n;
+    rd->image = strdup(image);
+    if (!rd->image) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    rd->c_offsets = offsets;
+    rd->c_lengths = lengths;
     return reader_start(rd, out, err, err_len);
 }
 

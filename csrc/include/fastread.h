@@ -483,6 +483,16 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
 int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
                           size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
                           char *err, size_t err_len);
+/* fr_reader_open_ranges over borrowed columns: sample i is lengths[i] bytes
+ * at offsets[i] of the image. Nothing is copied or walked at open, so it
+ * costs the same at 10^8 samples as at 10: the caller keeps both columns
+ * alive and unchanged until fr_reader_close (a memory-mapped index's, say).
+ * A range that overflows or, with O_DIRECT, is not aligned is that sample's
+ * -EINVAL when its batch is read (fr_read_ranges' layout), not an error here. */
+int fr_reader_open_range_columns(const fr_config *cfg, const char *image,
+                                 const uint64_t *offsets, const uint64_t *lengths, size_t n,
+                                 unsigned prefetch, unsigned workers, fr_reader **out,
+                                 char *err, size_t err_len);
 /* A reader whose samples are rows found by key (fr_read_keys): sample i is
  * the row of keys[i * key_len, + key_len) (copied: n * key_len bytes, no
  * per-sample allocation). Same submit/next semantics; fr_reader_path

@@ -173,6 +173,34 @@ static void check_reader(const char *engine, int direct, const char *img)
         CHECK(fr_reader_open_ranges(&cfg, img, &u, 1, 2, 1, &rd, err, sizeof(err)) == -EINVAL);
         CHECK(strstr(err, "not aligned") != NULL);
     }
+
+    /* The same ranges as borrowed columns, plus one bad range (overflowing;
+     * unaligned too under O_DIRECT): the same bytes, and the bad one is
+     * its own sample's -EINVAL when read, not an error at open. */
+    uint64_t offs[NR + 1], lens[NR + 1];
+    for (size_t i = 0; i < n; i++) {
+        offs[i] = r[i].offset;
+        lens[i] = r[i].length;
+    }
+    offs[n] = UINT64_MAX - 1;
+    lens[n] = 10;
+    CHECK(fr_reader_open_range_columns(&cfg, img, offs, lens, n + 1, 2, 2, &rd, err,
+                                       sizeof(err)) == 0);
+    CHECK(fr_reader_size(rd) == n + 1);
+    int64_t all[NR + 1];
+    for (size_t i = 0; i <= n; i++)
+        all[i] = (int64_t)(n - i); /* the bad one first, then backwards */
+    CHECK(fr_reader_submit(rd, all, n + 1) == 0);
+    fr_batch *b;
+    CHECK(fr_reader_next(rd, &b) == 0);
+    CHECK(b->count == n + 1);
+    CHECK(b->samples[0].length == -EINVAL);
+    for (size_t j = 1; j <= n; j++)
+        CHECK(same_range(b, j, &r[n - j]));
+    fr_batch_recycle(b);
+    fr_reader_close(rd);
+    CHECK(fr_reader_open_range_columns(&cfg, img, NULL, NULL, 1, 2, 1, &rd, err,
+                                       sizeof(err)) == -EINVAL);
 }
 
 /* An image replaced by rename between two reads through one context (as

@@ -146,6 +146,10 @@ cdef extern from "fastread.h" nogil:
     int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
                               size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
                               char *err, size_t err_len)
+    int fr_reader_open_range_columns(const fr_config *cfg, const char *image,
+                                     const uint64_t *offsets, const uint64_t *lengths,
+                                     size_t n, unsigned prefetch, unsigned workers,
+                                     fr_reader **out, char *err, size_t err_len)
     int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t npaths,
                              const uint32_t *file_ids, const uint64_t *offsets,
                              const uint64_t *lengths, size_t n, unsigned prefetch,

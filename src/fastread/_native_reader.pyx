@@ -12,11 +12,30 @@ from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 
 from fastread._adapt cimport (cache_config, encode_path, engine_name, gpu_error, init_config,
-                              make_ranges, path_pointers, raise_errno)
+                              path_pointers, raise_errno)
 from fastread._batch cimport Batch, _PoolOwner
 from fastread._cfastread cimport *
 
 cnp.import_array()
+
+
+def range_column(values, what):
+    """``values`` as a contiguous uint64 column a range reader may borrow.
+    A read-only int64/uint64 array (a memory-mapped index's column) is
+    viewed, not copied; anything else is copied, so the caller changing its
+    array later changes nothing read, and checked for negative values then
+    (a borrowed column's bad range is that sample's error when read)."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"{what} must be a 1-D sequence of integers")
+    if not arr.flags.writeable and arr.flags.c_contiguous and arr.dtype.itemsize == 8 and \
+            arr.dtype.kind in "iu" and arr.dtype.byteorder in "=<|":
+        return arr.view(np.uint64)
+    copy = np.array(arr, dtype=np.int64)
+    if copy.size and copy.min() < 0:
+        i = int(copy.argmin())
+        raise ValueError(f"range {i}: {what} {int(copy[i])} must be >= 0")
+    return copy.view(np.uint64)
 
 
 cdef class NativeReader:
@@ -77,16 +96,22 @@ cdef class NativeReader:
         cdef size_t n = len(encoded), i
         cdef bytes image_b = encode_path(image) if image is not None else None
         cdef const char *cimage = PyBytes_AS_STRING(image_b) if image is not None else NULL
-        cdef fr_range *ranges = NULL
+        cdef const cnp.uint64_t[::1] c_offsets, c_lengths
         if image is not None:
             if offsets is None or lengths is None:
                 raise ValueError("a range reader needs offsets= and lengths=")
-            ranges = make_ranges(offsets, lengths, &n)
+            # Borrowed columns (fr_reader_open_range_columns): nothing
+            # copied or walked at open, whatever the sample count.
+            cols = (range_column(offsets, "offsets"), range_column(lengths, "lengths"))
+            if cols[0].shape != cols[1].shape:
+                raise ValueError(f"{len(cols[0])} offsets but {len(cols[1])} lengths")
+            self._columns = cols
+            c_offsets, c_lengths = cols
+            n = len(cols[0])
         elif keys is not None:
             n = key_table.shape[0]
         cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
         if cpaths == NULL:
-            free(ranges)
             raise MemoryError()
         cdef fr_config cfg
         cdef char err[256]
@@ -116,10 +141,13 @@ cdef class NativeReader:
                     rc = fr_reader_open_keys(&cfg, &key_table[0, 0] if n else NULL,
                                              key_table.shape[1], n, prefetch, workers,
                                              &self.rd, err, sizeof(err))
-            elif ranges != NULL:
+            elif image is not None:
                 with nogil:
-                    rc = fr_reader_open_ranges(&cfg, cimage, ranges, n, prefetch, workers,
-                                               &self.rd, err, sizeof(err))
+                    rc = fr_reader_open_range_columns(&cfg, cimage,
+                                                      &c_offsets[0] if n else NULL,
+                                                      &c_lengths[0] if n else NULL, n,
+                                                      prefetch, workers, &self.rd, err,
+                                                      sizeof(err))
             else:
                 for i in range(n):
                     cpaths[i] = PyBytes_AS_STRING(encoded[i])
@@ -128,7 +156,6 @@ cdef class NativeReader:
                                         sizeof(err))
         finally:
             free(cpaths)
-            free(ranges)
         if rc != 0:
             msg = err.decode(errors="replace") or os.strerror(-rc)
             if rc == -22:

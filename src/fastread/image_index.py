@@ -287,6 +287,10 @@ def _load_binary(src):
         raise ImageError(f"{where}: no {missing[0]!r} column")
     if src.fd is not None:
         buf = mmap.mmap(src.fd, size, prot=mmap.PROT_READ) if size else b""
+        if size and hasattr(mmap, "MADV_RANDOM"):
+            # A shuffled batch touches a page of each column per sample: no
+            # read-around, which would page in up to MBs per fault.
+            buf.madvise(mmap.MADV_RANDOM)
     else:   # an s3:// index: its columns in one more ranged read
         buf = head + bytes(data_start - len(head)) + (
             src.read(data_start, data_bytes) if data_bytes else b"")

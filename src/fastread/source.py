@@ -206,6 +206,7 @@ class FileRanges(SampleSource):
         self.offsets = _int64_column(offsets, "offsets", what)
         n = len(self.offsets)
         self.lengths = _int64_column(lengths, "lengths", what, n)
+        self.sizes_checked = checked
         if n and not checked and self.offsets.min() < 0:
             raise ValueError(f"{what}: offsets must be >= 0 (sample {int(self.offsets.argmin())} "
                              f"starts at {int(self.offsets.min())})")
@@ -329,6 +330,11 @@ def check_source(source):
     # (WebDataset's .fridx) is not paged in to be checked.
     unsigned = (isinstance(sizes, np.ndarray) and sizes.dtype.kind == "u"
                 and sizes.shape == (n,))
+    # A source that checked its ranges (or defers that to the reads on
+    # purpose: FileRanges(checked=True), a packed image's mapped index) is
+    # not scanned again either.
+    if getattr(source, "sizes_checked", False):
+        unsigned = True
     if sizes is not None and not unsigned:
         sizes = _int64_column(sizes, "sizes", f"source {source!r}", n)
         if n and sizes.min() < 0:
