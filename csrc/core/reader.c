@@ -592,24 +592,15 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
     return reader_start(rd, out, err, err_len);
 }
 
-int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
-                          size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
-                          char *err, size_t err_len)
+/* What both range readers share: the image checked and copied into a reader
+ * of n samples, not yet started (reader_free undoes it). */
+static int range_reader_new(const fr_config *cfg, const char *image, size_t n,
+                            unsigned prefetch, unsigned workers, fr_reader **rd_out, char *err,
+                            size_t err_len)
 {
-    *out = NULL;
     if (!image || !*image) {
         fr_set_err(err, err_len, "a range reader needs an image path");
         return -EINVAL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (fr_check_range(&ranges[i], cfg->o_direct, cfg->direct_alignment) != 0) {
-            fr_set_err(err, err_len,
-                       "range %zu of %s (offset %llu, length %llu) is out of bounds%s", i, image,
-                       (unsigned long long)ranges[i].offset,
-                       (unsigned long long)ranges[i].length,
-                       cfg->o_direct ? " or not aligned to direct_alignment for O_DIRECT" : "");
-            return -EINVAL;
-        }
     }
     fr_reader *rd;
     int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
@@ -617,8 +608,36 @@ int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_rang
         return rc;
     rd->npaths = n;
     rd->image = strdup(image);
+    if (!rd->image) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    *rd_out = rd;
+    return 0;
+}
+
+int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
+                          size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
+                          char *err, size_t err_len)
+{
+    *out = NULL;
+    fr_reader *rd;
+    int rc = range_reader_new(cfg, image, n, prefetch, workers, &rd, err, err_len);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < n; i++) {
+        if (fr_check_range(&ranges[i], cfg->o_direct, cfg->direct_alignment) != 0) {
+            fr_set_err(err, err_len,
+                       "range %zu of %s (offset %llu, length %llu) is out of bounds%s", i, image,
+                       (unsigned long long)ranges[i].offset,
+                       (unsigned long long)ranges[i].length,
+                       cfg->o_direct ? " or not aligned to direct_alignment for O_DIRECT" : "");
+            reader_free(rd);
+            return -EINVAL;
+        }
+    }
     rd->ranges = malloc((n ? n : 1) * sizeof(*rd->ranges));
-    if (!rd->image || !rd->ranges) {
+    if (!rd->ranges) {
         reader_free(rd);
         return -ENOMEM;
     }
@@ -633,24 +652,14 @@ int fr_reader_open_range_columns(const fr_config *cfg, const char *image,
                                  char *err, size_t err_len)
 {
     *out = NULL;
-    if (!image || !*image) {
-        fr_set_err(err, err_len, "a range reader needs an image path");
-        return -EINVAL;
-    }
     if (n && (!offsets || !lengths)) {
         fr_set_err(err, err_len, "a range reader over columns needs offsets and lengths");
         return -EINVAL;
     }
     fr_reader *rd;
-    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
+    int rc = range_reader_new(cfg, image, n, prefetch, workers, &rd, err, err_len);
     if (rc)
         return rc;
-    rd->npaths = n;
-    rd->image = strdup(image);
-    if (!rd->image) {
-        reader_free(rd);
-        return -ENOMEM;
-    }
     rd->c_offsets = offsets;
     rd->c_lengths = lengths;
     return reader_start(rd, out, err, err_len);
