@@ -69,6 +69,19 @@ def test_native_is_the_default_where_the_plugin_loads(packed):
     assert p.reader_meta("R")["epoch_size"] == sum(COUNTS)
 
 
+def test_native_image_over_a_binary_index(packed, tmp_path):
+    # A binary index's names are a NameTable, not a list: the operator still
+    # gets them as DALI's list argument, and reads what the JSON index gives.
+    root, img = packed
+    binary = fastread.pack(root, tmp_path / "binary.img", index_format="binary",
+                           progress=False)
+    assert binary.version == 3
+    iterations = sum(COUNTS) // 4 + 2
+    want = batches(make_pipe(lambda: readers.image(image=img.path, name="R"), 4), iterations)
+    got = batches(make_pipe(lambda: readers.image(image=binary.path, name="R"), 4), iterations)
+    assert got == want
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(random_shuffle=True, seed=9, num_shards=2, shard_id=0)],
                          ids=case_id)
 def test_o_direct_image(packed, kw):

@@ -222,6 +222,8 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
     else:
         names = samples.paths
     data, labels = fn.fastread.readers.file(
-        files=names, labels=samples.labels.tolist(), engine=engine, **stream, **op_args,
+        # DALI's arguments are lists: a NameTable (a binary index's names) or
+        # the default numbers of ranges become one here.
+        files=names if isinstance(names, list) else list(names), labels=samples.labels.tolist(), engine=engine, **stream, **op_args,
         **(layout_args or {}))
     return data, labels
