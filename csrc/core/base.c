@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -76,4 +78,21 @@ int fr_open_data(const char *path, int flags, int block_ok, struct stat *st_out)
     if (st_out)
         *st_out = st;
     return fd;
+}
+
+int fr_grow(void **p, size_t *cap, size_t need, size_t elem, size_t first)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : (first ? first : 1);
+    while (c < need)
+        c = c > SIZE_MAX / 2 ? need : 2 * c;
+    if (elem && c > SIZE_MAX / elem)
+        return -ENOMEM;
+    void *q = realloc(*p, c * elem);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    *cap = c;
+    return 0;
 }

@@ -14,6 +14,12 @@
 void fr_set_err(char *err, size_t err_len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Grows *p, an array of *cap elements of `elem` bytes, to hold at least
+ * `need`: the capacity doubles (from `first` when *cap is 0), so appends cost
+ * amortised O(1). 0, or -ENOMEM (also when the size would overflow) with *p
+ * and *cap as they were. The one growth rule of the core's growing arrays. */
+int fr_grow(void **p, size_t *cap, size_t need, size_t elem, size_t first);
+
 /* v rounded up to a multiple of align (a power of two). */
 static inline size_t fr_round_up(size_t v, size_t align)
 {

@@ -161,16 +161,9 @@ int fr_batch_set_label(fr_batch *batch, size_t i, const uint8_t *bytes, size_t l
 {
     if (i >= batch->label_count)
         return -EINVAL;
-    if (batch->label_bytes_used + len > batch->label_bytes_cap) {
-        size_t cap = batch->label_bytes_cap ? batch->label_bytes_cap : 4096;
-        while (cap < batch->label_bytes_used + len)
-            cap *= 2;
-        uint8_t *p = realloc(batch->label_bytes, cap);
-        if (!p)
-            return -ENOMEM;
-        batch->label_bytes = p;
-        batch->label_bytes_cap = cap;
-    }
+    if (fr_grow((void **)&batch->label_bytes, &batch->label_bytes_cap,
+                batch->label_bytes_used + len, 1, 4096))
+        return -ENOMEM;
     if (len)
         memcpy(batch->label_bytes + batch->label_bytes_used, bytes, len);
     batch->labels[i] = (fr_sample){batch->label_bytes_used, (int64_t)len};

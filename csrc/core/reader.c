@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/base.h"
 #include "core/size_memo.h"
 #include "engines/engine.h"
 #include "gpu/gpu.h"
@@ -144,24 +145,10 @@ typedef struct scratch {
     size_t cap, rcap, kcap, jcap;
 } scratch;
 
-/* Grows *p (a scratch array of *cap elements of `elem` bytes) to hold n:
- * 0, or -ENOMEM with *p and *cap as they were. */
-static int grow_array(void **p, size_t *cap, size_t n, size_t elem)
-{
-    if (n <= *cap)
-        return 0;
-    void *q = realloc(*p, n * elem);
-    if (!q)
-        return -ENOMEM;
-    *p = q;
-    *cap = n;
-    return 0;
-}
-
 static int read_keys_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
                              scratch *sc)
 {
-    if (grow_array((void **)&sc->keys, &sc->kcap, req->n, rd->key_len))
+    if (fr_grow((void **)&sc->keys, &sc->kcap, req->n, rd->key_len, req->n))
         return -ENOMEM;
     for (size_t i = 0; i < req->n; i++) {
         b->indices[i] = req->indices[i];
@@ -174,7 +161,7 @@ static int read_keys_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_
 static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
                                scratch *sc)
 {
-    if (grow_array((void **)&sc->ranges, &sc->rcap, req->n, sizeof(*sc->ranges)))
+    if (fr_grow((void **)&sc->ranges, &sc->rcap, req->n, sizeof(*sc->ranges), req->n))
         return -ENOMEM;
     for (size_t i = 0; i < req->n; i++) {
         b->indices[i] = req->indices[i];
@@ -189,7 +176,7 @@ static int read_ranges_request(fr_reader *rd, fr_ctx *ctx, const request *req, f
 static int read_table_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
                               scratch *sc)
 {
-    if (grow_array((void **)&sc->jobs, &sc->jcap, req->n, sizeof(*sc->jobs)))
+    if (fr_grow((void **)&sc->jobs, &sc->jcap, req->n, sizeof(*sc->jobs), req->n))
         return -ENOMEM;
     for (size_t i = 0; i < req->n; i++) {
         size_t idx = (size_t)req->indices[i];

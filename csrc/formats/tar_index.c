@@ -58,16 +58,8 @@ int fr_tar_members_push(fr_tar_members *m, const char *name, size_t name_len, ui
             m->name_off[0] = 0;
         m->cap = cap;
     }
-    if (m->names_len + name_len > m->names_cap) {
-        size_t cap = m->names_cap ? m->names_cap : 4096;
-        while (cap < m->names_len + name_len)
-            cap *= 2;
-        char *p = realloc(m->names, cap);
-        if (!p)
-            return -ENOMEM;
-        m->names = p;
-        m->names_cap = cap;
-    }
+    if (fr_grow((void **)&m->names, &m->names_cap, m->names_len + name_len, 1, 4096))
+        return -ENOMEM;
     if (name_len)
         memcpy(m->names + m->names_len, name, name_len);
     m->names_len += name_len;

@@ -60,16 +60,8 @@ static int parse_u64(const field *f, uint64_t *out)
 /* Appends to the last member's name (v1.1's "<number>." then "<ext>"). */
 static int extend_last(fr_tar_members *m, const char *p, size_t len)
 {
-    if (m->names_cap - m->names_len < len) {
-        size_t cap = m->names_cap ? m->names_cap : 4096;
-        while (cap - m->names_len < len)
-            cap *= 2;
-        char *q = realloc(m->names, cap);
-        if (!q)
-            return -ENOMEM;
-        m->names = q;
-        m->names_cap = cap;
-    }
+    if (fr_grow((void **)&m->names, &m->names_cap, m->names_len + len, 1, 4096))
+        return -ENOMEM;
     memcpy(m->names + m->names_len, p, len);
     m->names_len += len;
     m->name_off[m->n] = m->names_len;

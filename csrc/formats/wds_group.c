@@ -150,16 +150,8 @@ static int samples_push(fr_wds_samples *s, const fr_wds_spec *spec, uint64_t sta
         s->cap = cap;
     }
     if (spec->want_keys) {
-        if (s->keys_len + key_len > s->keys_cap) {
-            size_t cap = s->keys_cap ? s->keys_cap : 4096;
-            while (cap < s->keys_len + key_len)
-                cap *= 2;
-            char *p = realloc(s->keys, cap);
-            if (!p)
-                return -ENOMEM;
-            s->keys = p;
-            s->keys_cap = cap;
-        }
+        if (fr_grow((void **)&s->keys, &s->keys_cap, s->keys_len + key_len, 1, 4096))
+            return -ENOMEM;
         if (key_len)
             memcpy(s->keys + s->keys_len, key, key_len);
         s->keys_len += key_len;

@@ -74,16 +74,8 @@ static int strings_push(fr_s3_strings *s, const char *p, size_t n)
         s->off = o;
         s->off_cap = cap;
     }
-    if (s->blob_len + n > s->blob_cap) {
-        size_t cap = s->blob_cap ? 2 * s->blob_cap : 16384;
-        while (cap < s->blob_len + n)
-            cap *= 2;
-        char *b = realloc(s->blob, cap);
-        if (!b)
-            return -ENOMEM;
-        s->blob = b;
-        s->blob_cap = cap;
-    }
+    if (fr_grow((void **)&s->blob, &s->blob_cap, s->blob_len + n, 1, 16384))
+        return -ENOMEM;
     if (s->n == 0)
         s->off[0] = 0;
     if (n)
