@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import uuid
 
 import numpy as np
 import pytest
@@ -14,6 +13,10 @@ import fastread
 from fastread import image as im
 from fastread import image_index as ii
 from fastread.names import NameTable
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "bench", "scale"))
+import generate  # noqa: E402  (bench/scale/generate.py)
 
 
 @pytest.fixture(scope="module")
@@ -142,34 +145,12 @@ def test_name_table_is_a_sequence_of_str():
         NameTable(b"abc", np.array([0, 2, 1, 3])).check("table")
 
 
-def _write_synthetic(path, n, alignment=512, length=100, width=8):
-    """A sparse image of n holes of `length` bytes and its binary index,
-    made without a Python object per sample."""
-    image_id = uuid.uuid4().bytes
-    image_size = (n + 1) * alignment
-    with open(path, "wb") as f:
-        f.write(im._header_block(alignment, n, image_size, image_id))
-        f.truncate(image_size)
-    idx = np.arange(n, dtype=np.int64)
-    digits = np.empty((n, width), dtype=np.uint8)
-    v = idx.copy()
-    for k in range(width - 1, -1, -1):
-        digits[:, k] = v % 10 + 48
-        v //= 10
-    doc = {"format": ii.INDEX_FORMAT, "version": 1, "image_id": image_id.hex(),
-           "image_size": image_size, "alignment": alignment, "checksum": "crc32", "count": n,
-           "file_root": None,
-           "names": NameTable(digits.reshape(-1), np.arange(n + 1, dtype=np.int64) * width),
-           "labels": (idx % 1000).astype(np.int32), "offsets": (idx + 1) * alignment,
-           "lengths": np.full(n, length, np.int64), "checksums": np.zeros(n, np.uint32)}
-    with open(im.index_path(path), "wb") as f:
-        ii.write_index(f, doc, binary=True)
-
-
 def test_a_million_sample_index_opens_without_reading_its_columns(tmp_path):
     n = 1_000_000
-    path = tmp_path / "big.img"
-    _write_synthetic(path, n)
+    # The scale benchmark's own sparse image (bench/scale/generate.py), with a
+    # binary index made without a Python object per sample.
+    path = generate.make_image(str(tmp_path), n, sparse=True, index_format="binary")
+    per = -(-n // generate.folders_for(n))
     # In a child: its RSS says what opening pages in (the parent holds the
     # columns it wrote). VERIFY_BELOW=0: what an index over 256 MiB does.
     code = textwrap.dedent(f"""
@@ -183,11 +164,12 @@ def test_a_million_sample_index_opens_without_reading_its_columns(tmp_path):
         img = im.PackedImage({str(path)!r})
         grown = rss() - before
         assert len(img) == {n} and not img.index_verified
-        assert img.names[123456] == '00123456' and int(img.labels[-1]) == {(n - 1) % 1000}
+        assert img.names[123456] == {f"{123456 // per:04d}/00123456.jpg"!r}
+        assert int(img.labels[-1]) == {(n - 1) // per}
         print(grown)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     grown = int(out.stdout.split()[-1])
-    # 32 MB of columns and 8 MB of names; opening touches a few pages of them.
+    # 32 MB of columns and 17 MB of names; opening touches a few pages of them.
     assert grown < 4 << 20, f"opening grew RSS by {grown} bytes"
