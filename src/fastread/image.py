@@ -50,8 +50,8 @@ from fastread.engine import cached_context
 from fastread.errors import ReadError, SpecialFileError
 from fastread.image_index import (  # noqa: F401 (the index's names, as before its module)
     BINARY_FROM, INDEX_FORMAT, INDEX_MAGIC, INDEX_VERSION, INDEX_VERSION_BINARY,
-    INDEX_VERSION_DECODED, INDEX_VERSIONS, ImageError, _encode_index, _load_index, _url_ranges,
-    verify_columns, write_index)
+    INDEX_VERSION_DECODED, INDEX_VERSIONS, ImageError, _encode_index, _load_index, _round_up,
+    _url_ranges, verify_columns, write_index)
 from fastread.index import scan
 from fastread.names import NameTable
 from fastread.s3 import S3Options, is_url
@@ -95,10 +95,6 @@ def is_packed_image(path):
     path = os.fsdecode(path)
     return not path.startswith("s3://") and os.path.isfile(path) and \
         os.path.isfile(index_path(path))
-
-
-def _round_up(v, a):
-    return -(-v // a) * a
 
 
 def _device_size(fd):
