@@ -243,8 +243,9 @@ def test_index_versions(cropped, tmp_path):
     shutil.copy(cropped.path, out)
     shutil.copy(cropped.index_path, out + ".index")
     assert open(out + ".index", "rb").read().startswith(b"FASTREAD-INDEX 2 ")
-    rewrite_index(out + ".index", lambda d: d.update(version=3))
-    with pytest.raises(ImageError, match="format version 3; this fastread reads versions 1, 2"):
+    # A version this fastread does not know (3, the binary index, now it does).
+    rewrite_index(out + ".index", lambda d: d.update(version=4))
+    with pytest.raises(ImageError, match="format version 4; this fastread reads versions 1, 2, 3"):
         fastread.PackedImage(out)
     # Pixels in a version 1 index: refused (an old fastread would serve them as files).
     rewrite_index(out + ".index", lambda d: d.update(version=1))
