@@ -4,13 +4,15 @@
  * zero-length ranges among them, runs longer than one read's vectors, a
  * file that ends inside a run (the ranges before its end delivered, those
  * across or past it -ENODATA), and a file truncated between two calls
- * through a cached descriptor (never stale bytes past the new end). Every
+ * through a cached descriptor (never stale bytes past the new end), shards
+ * of several directories opened relative to one of them. Every
  * sample's bytes are checked against the file's. */
 #define _POSIX_C_SOURCE 200809L /* truncate */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -106,6 +108,49 @@ static void check_engine(const char *engine, char *const paths[2], unsigned char
     fr_ctx_close(ctx);
 }
 
+/* Shards opened relative to the first one's directory (psync's dir_fd),
+ * beside shards of other directories and a missing one: each the bytes of
+ * its own path, the missing one -ENOENT. */
+static void check_directories(const char *engine)
+{
+    enum { NF = 12 };
+    char *paths[NF];
+    unsigned char *data[NF];
+    char sub[512];
+    snprintf(sub, sizeof(sub), "%s/sub", fr_test_dir());
+    CHECK(mkdir(sub, 0700) == 0 || errno == EEXIST);
+    for (int i = 0; i < NF; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "%sd%02d.bin", i % 3 == 2 ? "sub/" : "", i);
+        paths[i] = fr_test_write(name, 100, (unsigned)i + 40);
+        data[i] = load(paths[i], 100);
+    }
+    CHECK(unlink(paths[4]) == 0);
+    fr_ctx *ctx = fr_test_ctx(engine);
+    if (ctx) {
+        fr_pool *pool = fr_pool_new();
+        fr_batch *b = fr_pool_get(pool);
+        fr_file_range jobs[NF];
+        for (int i = 0; i < NF; i++)
+            jobs[i] = (fr_file_range)J((uint32_t)(NF - 1 - i), 3, 50);
+        CHECK(fr_batch_prepare(b, NF) == 0);
+        CHECK(fr_read_file_ranges(ctx, (const char *const *)paths, NF, jobs, NF, b) == 0);
+        for (int i = 0; i < NF; i++) {
+            if (jobs[i].file == 4)
+                CHECK(b->samples[i].length == -ENOENT);
+            else
+                CHECK(exact(b, (size_t)i, data[jobs[i].file], &jobs[i]));
+        }
+        fr_batch_recycle(b);
+        fr_pool_close(pool);
+        fr_ctx_close(ctx);
+    }
+    for (int i = 0; i < NF; i++) {
+        free(paths[i]);
+        free(data[i]);
+    }
+}
+
 int main(void)
 {
     const char *engines[] = {"psync", "io_uring"};
@@ -121,6 +166,7 @@ int main(void)
         char *paths[2] = {fr_test_write(name0, SIZE, 11), fr_test_write(name1, SIZE, 12)};
         unsigned char *data[2] = {load(paths[0], SIZE), load(paths[1], SIZE)};
         check_engine(engines[e], paths, data);
+        check_directories(engines[e]);
         for (int i = 0; i < 2; i++) {
             free(paths[i]);
             free(data[i]);
