@@ -5,6 +5,11 @@
  * open descriptors stay bounded) and each window in two phases: every file is
  * opened and sized, the arena is laid out once, then every file is read and
  * closed. The calling thread works alongside the pool.
+ *
+ * Ranges of many files (fr_read_file_ranges) go through a descriptor LRU
+ * (fd_cache.h) in windows of at most its cap files: the window's misses are
+ * opened by the pool (each closing first the descriptor evicted for it),
+ * then each run of nearby ranges of one file is one preadv.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
