@@ -154,6 +154,35 @@ def test_lru_reuses_descriptors_when_the_shards_fit(shards):
         native.close()
 
 
+@pytest.mark.parametrize("engine", ["psync", "io_uring"])
+def test_nearby_ranges_are_read_together_with_the_same_bytes(shards, engine):
+    """A shard's samples read in order are adjacent: one vector read a
+    shard a batch, not one a sample; io_uring (its psync side) delivers
+    the very bytes psync does."""
+    if engine == "io_uring" and fastread.engines()["io_uring"].files is not True:
+        pytest.skip(f"io_uring: {fastread.engines()['io_uring'].files}")
+    paths, file_ids, offsets, lengths = shards
+    nsh = 300
+    n = nsh * PER_SHARD
+    src = MultiFileRanges.from_columns(paths[:nsh], file_ids[:n], offsets[:n], lengths[:n])
+    native = src.open_native(engine, fastread.EngineOptions().resolve(engine), prefetch=2,
+                             workers=1)
+    batches = 0
+    try:
+        for s in range(0, n, 128):
+            native.submit(np.arange(s, min(s + 128, n)))
+            b = native.next()
+            assert not b.failures()
+            for i, a in zip(range(s, s + 128), b.arrays()):
+                assert a.tobytes() == _sample_bytes(*divmod(i, PER_SHARD))
+            b.release()
+            batches += 1
+        # A shard cut by a batch's end is read in both batches.
+        assert nsh <= native.stat("fd_cache_reads") <= nsh + batches
+    finally:
+        native.close()
+
+
 def test_missing_and_truncated_shards_fail_their_samples_only(tmp_path):
     paths, file_ids, offsets, lengths = make_shards(str(tmp_path / "s"), shards=20)
     os.remove(paths[3])                      # missing

@@ -28,8 +28,9 @@ static const char *const summed_keys[] = {
     "cache_hits",  "cache_misses", "cache_damaged", "cache_bytes_written", "cache_write_errors",
     "cache_evictions", "cache_waits", "s3_requests", "s3_bytes", "file_calls",
     "cql_requests", "cql_retries", "cql_bytes",
-    /* table readers (fr_read_file_ranges): files opened, descriptors evicted */
-    "fd_cache_opens", "fd_cache_evictions",
+    /* table readers (fr_read_file_ranges): files opened, descriptors evicted,
+     * reads (one per run of nearby ranges: psync.c) */
+    "fd_cache_opens", "fd_cache_evictions", "fd_cache_reads",
     /* gauges: a worker adds its change, so the total is the sum of now's */
     "s3_buffer_bytes", "s3_buffer_bytes_max",
     "fd_cache_open", /* descriptors the workers' LRUs hold */

@@ -126,34 +126,55 @@ int fr_fd_cache_get(fr_fd_cache *c, uint32_t file)
     return c->entries[i].fd;
 }
 
-static void remove_entry(fr_fd_cache *c, uint32_t i)
+/* Unlinks entry i; returns its descriptor (the caller closes it). */
+static int remove_entry(fr_fd_cache *c, uint32_t i)
 {
     uint32_t *link;
     (void)find(c, c->entries[i].file, &link);
     *link = c->entries[i].hnext;
     unlink_lru(c, i);
-    close(c->entries[i].fd);
+    int fd = c->entries[i].fd;
     c->entries[i].fd = -1;
     c->entries[i].pinned = 0;
     c->entries[i].next = c->free_head;
     c->free_head = i;
     c->used--;
+    return fd;
 }
 
-int fr_fd_cache_reserve(fr_fd_cache *c, uint32_t k)
+int fr_fd_cache_reserve_take(fr_fd_cache *c, uint32_t k, int *victims, uint32_t *nvictims)
 {
+    *nvictims = 0;
     if (k > c->cap)
         return -EBUSY;
     uint32_t i = c->tail;
     while (c->used + k > c->cap && i != NONE) {
         uint32_t prev = c->entries[i].prev;
         if (!c->entries[i].pinned) {
-            remove_entry(c, i);
+            victims[(*nvictims)++] = remove_entry(c, i);
             c->evictions++;
         }
         i = prev;
     }
     return c->used + k <= c->cap ? 0 : -EBUSY;
+}
+
+int fr_fd_cache_reserve(fr_fd_cache *c, uint32_t k)
+{
+    if (k > c->cap)
+        return -EBUSY;
+    /* At most k victims are taken (each frees one entry): close them here. */
+    int small[16];
+    int *victims = k <= 16 ? small : malloc(k * sizeof(*victims));
+    if (!victims)
+        return -ENOMEM;
+    uint32_t n;
+    int rc = fr_fd_cache_reserve_take(c, k, victims, &n);
+    for (uint32_t v = 0; v < n; v++)
+        close(victims[v]);
+    if (victims != small)
+        free(victims);
+    return rc;
 }
 
 int fr_fd_cache_put(fr_fd_cache *c, uint32_t file, int fd)
@@ -186,5 +207,5 @@ void fr_fd_cache_drop(fr_fd_cache *c, uint32_t file)
 {
     uint32_t i = find(c, file, NULL);
     if (i != NONE)
-        remove_entry(c, i);
+        close(remove_entry(c, i));
 }

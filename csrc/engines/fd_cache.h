@@ -50,6 +50,11 @@ int fr_fd_cache_get(fr_fd_cache *c, uint32_t file);
  * descriptors open never pass cap. 0, or -EBUSY when the pinned entries
  * leave too little room. */
 int fr_fd_cache_reserve(fr_fd_cache *c, uint32_t k);
+/* fr_fd_cache_reserve, but the evicted descriptors (at most k) are handed
+ * to the caller in victims[0 .. *nvictims) to close, not closed here: a
+ * pool closes them in parallel with its opens instead of one by one on the
+ * calling thread (a shuffled epoch over small shards evicts one a sample). */
+int fr_fd_cache_reserve_take(fr_fd_cache *c, uint32_t k, int *victims, uint32_t *nvictims);
 /* Adds `fd` for `file` (not cached), most recent and pinned, evicting one
  * entry if full; the cache owns and closes it. 0, or -EBUSY (every entry
  * pinned: fd is not taken). */
