@@ -469,7 +469,7 @@ reference, never in the pipeline's arguments).)")
     .NumOutput(2)
     .MakeStateful()
     .AddArg("table", "KEYSPACE.TABLE, as the engine's table= (names samples in messages).",
-            dali::DALI_STRING)
+            DALI_STRING)
     .AddOptionalArg("uuids", "The rows' ids (uuid text), one per sample.",
                     std::vector<std::string>())
     .AddOptionalArg("labels", "label_type='none': one label per id (default 0).",

@@ -80,8 +80,10 @@ def _native_cassandra(source, *, shard_id, num_shards, shuffle, seed, pad_last_b
     if source.label_type == "none":
         op_args["labels"] = source.labels.tolist()
     uuids = [str(_uuid.UUID(bytes=row.tobytes())) for row in source.ids]
-    return fn.fastread.readers.cassandra(table=source.table, uuids=uuids,
-                                         label_type=source.label_type, **stream, **op_args)
+    data, label = fn.fastread.readers.cassandra(table=source.table, uuids=uuids,
+                                                label_type=source.label_type, **stream,
+                                                **op_args)
+    return data, label
 
 
 class _BlobLabels(BatchSource):
