@@ -210,7 +210,8 @@ def main():
     ap.add_argument("--delays", default="0,5,25", help="added round trips, ms")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--heap-mb", type=int, default=1536)
-    ap.add_argument("--modes", default="fastread-reader,fastread-dali,python-driver,file-dali")
+    ap.add_argument("--modes", default="fastread-reader,fastread-dali,python-driver,file-dali",
+                    help="comma-separated; MODE@W runs a fastread mode with W reader threads")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = args.modes.split(",")
@@ -235,21 +236,24 @@ def main():
                     for mode in modes:
                         if mode == "file-dali" and delay > 0:
                             continue
+                        # "MODE@W": a fastread mode with W reader threads.
+                        base, _, w = mode.partition("@")
+                        workers = int(w) if w else args.workers
                         fn = {
                             "fastread-reader": lambda: run_fastread(
                                 table, ids, port, args.batch, args.images, args.prefetch,
-                                args.workers),
+                                workers),
                             "fastread-dali": lambda: run_fastread_dali(
                                 table, ids, port, args.batch, args.images, args.prefetch,
-                                args.workers, None),
+                                workers, None),
                             "fastread-dali-ext": lambda: run_fastread_dali(
                                 table, ids, port, args.batch, args.images, args.prefetch,
-                                args.workers, False),
+                                workers, False),
                             "python-driver": lambda: run_python_driver(
                                 table, ids, port, args.batch, args.images,
                                 args.py_concurrency),
                             "file-dali": lambda: run_file_dali(tree, args.batch, args.images),
-                        }[mode]
+                        }[base]
                         r = measure(fn, server, proxy)
                         r.update(mode=mode, delay_ms=delay, round=rnd)
                         results.append(r)
