@@ -48,7 +48,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -67,6 +66,7 @@ constexpr const char *kCqlOpName = "fastread.readers.cassandra";
 constexpr const char *kCqlCheckpointTag = "fastread-cassandra-v1";
 constexpr size_t kUuidBytes = 16;
 constexpr unsigned kCqlUploadSlots = 8;
+constexpr int kDefaultWorkers = 4;
 
 using CqlReaderPtr = std::unique_ptr<fr_reader, CloseWith<fr_reader_close>>;
 using CqlGpuPtr = std::unique_ptr<fr_gpu, CloseWith<fr_gpu_close>>;
@@ -193,10 +193,10 @@ CassandraReader<Backend>::CassandraReader(const dali::OpSpec &spec)
                dali::make_string(kCqlOpName, ": workers must be in 0..64 (0: automatic), got ",
                                  workers));
   if (workers == 0) {
-    // Workers mostly wait on the network: one batch in flight each. Two
-    // overlap a batch's round trips with the next one's even on one core.
-    const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
-    workers = static_cast<int>(std::min(8u, std::max(2u, cpus)));
+    // Workers mostly wait on the network, one batch in flight each: four
+    // keep the node busy across a batch's round trip and its slowest rows
+    // (CassandraSource.default_workers, the same measurement).
+    workers = kDefaultWorkers;
   }
 
   // engine_args are the cql engine's (CassandraSource.engine_args): hosts,
@@ -497,7 +497,7 @@ reference, never in the pipeline's arguments).)")
     .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 2)
     .AddOptionalArg("workers",
                     "Reader threads, each with its own connections and one batch in flight "
-                    "(0: one per CPU, at least 2, at most 8).",
+                    "(0: 4).",
                     0)
     .AddOptionalArg("pin_device",
                     "Page-lock the batches through this CUDA device (-1: pageable).", -1);

@@ -120,9 +120,9 @@ def run_fastread_dali(table, ids, port, batch, n, prefetch, workers, native):
     is_native = "fastread__readers__Cassandra" in p.serialize().decode("latin-1") \
         if native is not False else False
     count, nbytes = run_pipeline(p, n)
-    # The operator's bound: each worker has one batch in flight (its default
-    # workers: one per CPU, at least 2); the external source's: the Reader's.
-    w = workers or (max(2, min(8, os.cpu_count() or 1)) if is_native else 1)
+    # The bound: each worker has one batch in flight (the operator's and
+    # CassandraSource's default: 4 workers).
+    w = workers or 4
     return count, nbytes, None, {"inflight": w * batch, "workers": w, "native": is_native}
 
 
