@@ -163,3 +163,20 @@ def test_native_true_says_why_not(cassandra_server, table):
     uuids, _, _ = table
     with pytest.raises(ValueError, match="epoch_end='stop'"):
         build(cassandra_server, uuids[:20], batch=10, epoch_end="stop")
+
+
+def test_reader_reports_requests_in_flight(cassandra_server, table):
+    import fastread
+    from fastread.cassandra import CassandraSource
+    uuids, _, data = table
+    src = CassandraSource(f"{KS}.rows", uuids, hosts=cassandra_server.host,
+                          port=cassandra_server.port, username=cassandra_server.username,
+                          password=cassandra_server.password)
+    with fastread.Reader(source=src, batch_size=50) as r:
+        assert r.workers == 4  # CassandraSource.default_workers
+        got = [bytes(a) for arrays, _ in r for a in arrays]
+        stats = r.stats()
+    assert got == data
+    # Each worker had up to its batch in flight, never more.
+    assert 1 <= stats["cql_inflight_max"] <= 4 * 50
+    assert stats["cql_requests"] == N
