@@ -212,6 +212,8 @@ def main():
     ap.add_argument("--heap-mb", type=int, default=1536)
     ap.add_argument("--modes", default="fastread-reader,fastread-dali,python-driver,file-dali",
                     help="comma-separated; MODE@W runs a fastread mode with W reader threads")
+    ap.add_argument("--zero-through-proxy", action="store_true",
+                    help="run the 0 ms rounds through the delay proxy too (0 ms added)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = args.modes.split(",")
@@ -230,7 +232,10 @@ def main():
         results = []
         for rnd in range(args.rounds):
             for delay in delays:
-                proxy = Proxy(server.port, delay) if delay > 0 else None
+                # --zero-through-proxy: the 0 ms rounds through the proxy too, so
+                # that "x own 0 ms" compares latency alone, not the proxy's cost.
+                proxy = Proxy(server.port, delay) if delay > 0 or args.zero_through_proxy \
+                    else None
                 port = proxy.port if proxy else server.port
                 try:
                     for mode in modes:
