@@ -5,15 +5,17 @@ Cassandra 5 node (tests/cassandra_server.py) holding the 20,000-JPEG tree
   fastread-reader   fastread.Reader(source=CassandraSource(...)): the cql engine
   fastread-dali     fastread.dali.readers.cassandra in a DALI pipeline (CPU)
   python-driver     cassandra-driver's execute_concurrent_with_args per batch
-                    (a prepared SELECT, `--py-concurrency` in flight): what a
-                    Python user writes
+                    (a prepared SELECT, the function's defaults: 100 in flight):
+                    what a Python user writes
   file-dali         DALI's fn.readers.file on the same files on local disk
                     (no network: run in the 0 ms rounds only)
 
 at 0, 5 and 25 ms added round trip (tests/cassandra_proxy.py as a process of
 its own in front of the node, half each way; this kernel has no sch_netem),
 interleaved: every round runs every mode once, rounds repeated. Reported:
-img/s, GB/s, requests in flight (the bound each client runs with), the
+img/s, GB/s, requests in flight (fastread-reader: the cql engine's peak,
+summed over its workers; fastread-dali: the operator's bound, workers x
+batch; python-driver: its concurrency), the
 client's CPU seconds per GB (this process: the readers' threads and DALI's),
 the server's CPU (its JVM, from /proc) per GB and in cores, the proxy's.
 
@@ -86,32 +88,42 @@ def ingest(server, tree, keyspace):
 
 # -- the modes: each returns (images, bytes) for `n` images -------------------------------
 
-def run_fastread(table, ids, port, batch, n, prefetch):
+def run_fastread(table, ids, port, batch, n, prefetch, workers):
     import fastread
     from fastread.cassandra import CassandraSource
     src = CassandraSource(table, ids, hosts="127.0.0.1", port=port)
     count = nbytes = 0
     with fastread.Reader(source=src, batch_size=batch, random_shuffle=True, seed=1,
-                         prefetch=prefetch) as r:
+                         prefetch=prefetch, workers=workers) as r:
         for arrays, _ in r:
             count += len(arrays)
             nbytes += sum(a.nbytes for a in arrays)
             if count >= n:
                 break
-    return count, nbytes
+        stats = r.stats()
+    return count, nbytes, None, {"inflight": stats.get("cql_inflight_max"),
+                                 "workers": r.workers}
 
 
-def run_fastread_dali(table, ids, port, batch, n, prefetch):
+def run_fastread_dali(table, ids, port, batch, n, prefetch, workers, native):
     from nvidia.dali import pipeline_def
     from fastread.dali import readers
     uuids = [str(u) for u in ids]
+    extra = {"workers": workers} if workers else {}
 
     @pipeline_def(batch_size=batch, num_threads=2, device_id=None, prefetch_queue_depth=2)
     def pipe():
         return readers.cassandra(table=table, source_uuids=uuids, cassandra_ips=["127.0.0.1"],
                                  cassandra_port=port, shuffle_every_epoch=True,
-                                 prefetch_buffers=prefetch)
-    return run_pipeline(pipe(), n)
+                                 prefetch_buffers=prefetch, native=native, **extra)
+    p = pipe()
+    is_native = "fastread__readers__Cassandra" in p.serialize().decode("latin-1") \
+        if native is not False else False
+    count, nbytes = run_pipeline(p, n)
+    # The bound: each worker has one batch in flight (the operator's and
+    # CassandraSource's default: 4 workers).
+    w = workers or 4
+    return count, nbytes, None, {"inflight": w * batch, "workers": w, "native": is_native}
 
 
 def run_pipeline(p, n):
@@ -127,6 +139,8 @@ def run_pipeline(p, n):
 
 
 def run_python_driver(table, ids, port, batch, n, concurrency):
+    """execute_concurrent_with_args as a Python user calls it: its default
+    concurrency (100) unless --py-concurrency says otherwise."""
     from cassandra.cluster import Cluster
     from cassandra.concurrent import execute_concurrent_with_args
     cluster = Cluster(["127.0.0.1"], port=port, protocol_version=4)
@@ -140,16 +154,17 @@ def run_python_driver(table, ids, port, batch, n, concurrency):
         for start in range(0, len(order), batch):
             if count >= n:
                 break
-            rows = execute_concurrent_with_args(
-                session, stmt, [(ids[i],) for i in order[start:start + batch]],
-                concurrency=concurrency, raise_on_first_error=True)
+            params = [(ids[i],) for i in order[start:start + batch]]
+            rows = (execute_concurrent_with_args(session, stmt, params) if concurrency is None
+                    else execute_concurrent_with_args(session, stmt, params,
+                                                      concurrency=concurrency))
             for _, res in rows:
                 row = res.one()
                 nbytes += len(row.data)
                 count += 1
     finally:
         cluster.shutdown()
-    return count, nbytes, time.monotonic() - t0
+    return count, nbytes, time.monotonic() - t0, {"inflight": concurrency or 100}
 
 
 def run_file_dali(tree, batch, n):
@@ -168,15 +183,16 @@ def measure(fn, server, proxy):
     out = fn()
     dt = time.monotonic() - t0
     count, nbytes = out[0], out[1]
-    if len(out) == 3:  # a mode that times itself without its connection setup
+    if len(out) > 2 and out[2] is not None:  # timed without its connection setup
         dt = out[2]
+    extra = out[3] if len(out) > 3 else {}
     gb = nbytes / 1e9
     client, srv = self_cpu() - c0, proc_cpu(server.pid) - s0
     prx = (proc_cpu(proxy.proc.pid) - p0) if proxy else 0.0
     return {"images": count, "bytes": nbytes, "seconds": dt, "img_s": count / dt,
             "gb_s": gb / dt, "client_cpu_s_per_gb": client / gb,
             "server_cpu_s_per_gb": srv / gb, "server_cores": srv / dt,
-            "proxy_cores": prx / dt}
+            "proxy_cores": prx / dt, **extra}
 
 
 def main():
@@ -187,11 +203,17 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--images", type=int, default=6144, help="images per timed run")
     ap.add_argument("--prefetch", type=int, default=4)
-    ap.add_argument("--py-concurrency", type=int, default=256)
+    ap.add_argument("--py-concurrency", type=int, default=None,
+                    help="execute_concurrent_with_args' concurrency (default: its own, 100)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="fastread's reader threads (default: theirs)")
     ap.add_argument("--delays", default="0,5,25", help="added round trips, ms")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--heap-mb", type=int, default=1536)
-    ap.add_argument("--modes", default="fastread-reader,fastread-dali,python-driver,file-dali")
+    ap.add_argument("--modes", default="fastread-reader,fastread-dali,python-driver,file-dali",
+                    help="comma-separated; MODE@W runs a fastread mode with W reader threads")
+    ap.add_argument("--zero-through-proxy", action="store_true",
+                    help="run the 0 ms rounds through the delay proxy too (0 ms added)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = args.modes.split(",")
@@ -205,31 +227,40 @@ def main():
         print(f"ingest: {ing}", flush=True)
         table = "bench20k.data_train"
         # One untimed pass first: the node's JIT and caches warm, for every mode alike.
-        run_fastread(table, ids, server.port, args.batch, args.images, args.prefetch)
+        run_fastread(table, ids, server.port, args.batch, args.images, args.prefetch,
+                     args.workers)
         results = []
         for rnd in range(args.rounds):
             for delay in delays:
-                proxy = Proxy(server.port, delay) if delay > 0 else None
+                # --zero-through-proxy: the 0 ms rounds through the proxy too, so
+                # that "x own 0 ms" compares latency alone, not the proxy's cost.
+                proxy = Proxy(server.port, delay) if delay > 0 or args.zero_through_proxy \
+                    else None
                 port = proxy.port if proxy else server.port
                 try:
                     for mode in modes:
                         if mode == "file-dali" and delay > 0:
                             continue
+                        # "MODE@W": a fastread mode with W reader threads.
+                        base, _, w = mode.partition("@")
+                        workers = int(w) if w else args.workers
                         fn = {
                             "fastread-reader": lambda: run_fastread(
-                                table, ids, port, args.batch, args.images, args.prefetch),
+                                table, ids, port, args.batch, args.images, args.prefetch,
+                                workers),
                             "fastread-dali": lambda: run_fastread_dali(
-                                table, ids, port, args.batch, args.images, args.prefetch),
+                                table, ids, port, args.batch, args.images, args.prefetch,
+                                workers, None),
+                            "fastread-dali-ext": lambda: run_fastread_dali(
+                                table, ids, port, args.batch, args.images, args.prefetch,
+                                workers, False),
                             "python-driver": lambda: run_python_driver(
                                 table, ids, port, args.batch, args.images,
                                 args.py_concurrency),
                             "file-dali": lambda: run_file_dali(tree, args.batch, args.images),
-                        }[mode]
+                        }[base]
                         r = measure(fn, server, proxy)
-                        r.update(mode=mode, delay_ms=delay, round=rnd,
-                                 inflight=(args.py_concurrency if mode == "python-driver"
-                                           else args.batch * args.prefetch
-                                           if mode.startswith("fastread") else None))
+                        r.update(mode=mode, delay_ms=delay, round=rnd)
                         results.append(r)
                         print(json.dumps(r), flush=True)
                 finally:
@@ -238,17 +269,29 @@ def main():
         summary = {}
         for r in results:
             summary.setdefault((r["mode"], r["delay_ms"]), []).append(r)
-        print("\nmode             delay  img/s    GB/s   client CPU s/GB  server CPU s/GB  "
-              "server cores  proxy cores")
+        print("\nmode               delay  img/s    GB/s  in flight  x driver  x own 0 ms  "
+              "client CPU s/GB  server CPU s/GB  server cores  proxy cores")
         table_rows = []
-        for (mode, delay), rs in sorted(summary.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            med = {k: float(np.median([x[k] for x in rs])) for k in
-                   ("img_s", "gb_s", "client_cpu_s_per_gb", "server_cpu_s_per_gb",
-                    "server_cores", "proxy_cores")}
+        med_of = {}
+        for key, rs in summary.items():
+            med_of[key] = {k: float(np.median([x[k] for x in rs])) for k in
+                           ("img_s", "gb_s", "client_cpu_s_per_gb", "server_cpu_s_per_gb",
+                            "server_cores", "proxy_cores")}
+            med_of[key]["inflight"] = rs[-1].get("inflight")
+        for (mode, delay), med in sorted(med_of.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            driver = med_of.get(("python-driver", delay))
+            zero = med_of.get((mode, 0.0))
+            med["x_driver"] = med["img_s"] / driver["img_s"] if driver else None
+            med["x_own_0ms"] = med["img_s"] / zero["img_s"] if zero else None
             table_rows.append({"mode": mode, "delay_ms": delay, **med})
-            print(f"{mode:16s} {delay:5.0f}  {med['img_s']:7.0f}  {med['gb_s']:5.3f}  "
-                  f"{med['client_cpu_s_per_gb']:15.2f}  {med['server_cpu_s_per_gb']:15.2f}  "
-                  f"{med['server_cores']:12.2f}  {med['proxy_cores']:11.2f}")
+            fmt = (lambda v: f"{v:8.2f}" if v is not None else "       -")
+            print(f"{mode:18s} {delay:5.0f}  {med['img_s']:7.0f}  {med['gb_s']:5.3f}  "
+                  f"{str(med['inflight']):>9s}  {fmt(med['x_driver'])}  "
+                  f"{fmt(med['x_own_0ms'])}    {med['client_cpu_s_per_gb']:13.2f}  "
+                  f"{med['server_cpu_s_per_gb']:15.2f}  {med['server_cores']:12.2f}  "
+                  f"{med['proxy_cores']:11.2f}")
+        with open("/proc/loadavg") as f:
+            print("loadavg:", f.read().strip())
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"machine": f"{platform.node()} {os.cpu_count()} CPUs",

@@ -28,6 +28,8 @@ static const char *const summed_keys[] = {
     "cache_hits",  "cache_misses", "cache_damaged", "cache_bytes_written", "cache_write_errors",
     "cache_evictions", "cache_waits", "s3_requests", "s3_bytes", "file_calls",
     "cql_requests", "cql_retries", "cql_bytes",
+    /* the cql engine's peak of requests in flight: the sum of the workers' peaks */
+    "cql_inflight_max",
     /* table readers (fr_read_file_ranges): files opened, descriptors evicted,
      * reads (one per run of nearby ranges: psync.c) */
     "fd_cache_opens", "fd_cache_evictions", "fd_cache_reads",

@@ -129,7 +129,7 @@ cdef fr_range *make_ranges(offsets, lengths, size_t *count) except NULL:
 #: Context.stats() reports: the object cache's and the s3 engine's.
 STAT_KEYS = ("cache_hits", "cache_misses", "cache_damaged", "cache_bytes_written",
              "cache_write_errors", "cache_evictions", "cache_waits", "s3_requests", "s3_bytes",
-             "file_calls", "cql_requests", "cql_retries", "cql_bytes")
+             "file_calls", "cql_requests", "cql_retries", "cql_bytes", "cql_inflight_max")
 # Gauges of memory an engine holds beyond the arenas (the s3 engine's
 # probe and receive buffers): Context.stats() and Reader.memory().
 MEMORY_KEYS = ("s3_buffer_bytes", "s3_buffer_bytes_max")

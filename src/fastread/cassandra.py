@@ -197,6 +197,12 @@ class CassandraSource(SampleSource):
 
     reads_ranges = False
     native_engine = "cql"  # the engine it reads with (source._engine_for)
+    # Reader threads by default: each has one batch of requests in flight
+    # and mostly waits for the node, so they cost no more CPU per row than
+    # one; four keep the node busy across a round trip's wait (one left a
+    # batch's round trip and its tail idle: bench/cassandra/loop_read.py,
+    # docs/cassandra.md "Measured").
+    default_workers = 4
 
     def __init__(self, table, ids, *, hosts, port=9042, data_col="data", label_col="label",
                  id_col="id", label_type="int", username=None, password=None, ssl=False,

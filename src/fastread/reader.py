@@ -482,7 +482,10 @@ class Reader:
         ``cache_damaged``, ``cache_bytes_written``, ``cache_write_errors``,
         ``cache_evictions``, ``cache_waits``: see ``cache_dir``), the s3
         engine's ``s3_requests`` and ``s3_bytes`` (0 where the engine has no
-        such counter), and ``file_calls`` (batches read). Empty once closed."""
+        such counter), the cql engine's ``cql_requests``, ``cql_retries``,
+        ``cql_bytes`` and ``cql_inflight_max`` (each thread's peak of
+        requests in flight, summed), and ``file_calls`` (batches read).
+        Empty once closed."""
         with self._lock:
             return {} if self._native is None else self._native.stats()
 

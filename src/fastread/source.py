@@ -47,6 +47,9 @@ parse the format's index):
 ``native_engine`` (optional)
     The one engine that reads this source (``'cql'``), taken for
     ``engine='auto'``.
+``default_workers`` (optional)
+    Reader threads when neither the caller nor ``FASTREAD_WORKERS`` says:
+    a network source's (each worker keeps one batch in flight).
 ``failure_detail(name)`` (optional)
     The engine's words for why sample ``name`` failed, asked again on this
     thread (a Reader's native threads keep no message).
@@ -465,6 +468,10 @@ def open_native_reader(source, engine, options, *, prefetch=None, workers=None, 
     if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 1 <= prefetch <= 4096:
         raise ValueError(f"prefetch must be an integer in 1..4096 (batches read ahead), "
                          f"got {prefetch!r}")
+    if workers is None and _defaults.get("workers") == 0:
+        # A source whose reads mostly wait on the network (CassandraSource)
+        # says how many batches to keep in flight to cover round trips.
+        workers = getattr(source, "default_workers", None)
     workers = _defaults.reader_workers(workers)
 
     resolved = with_source_s3(source, options, name).resolve(name)

@@ -6,8 +6,10 @@ installed into the ``fastread`` package with ``fastread_dali.version``, the
 DALI version it was compiled against. Loading it registers in DALI
 ``fn.fastread.readers.file`` (``ops.fastread.readers.File``; files as bytes,
 or as arrays for ``readers.numpy``), for the CPU backend and the GPU one
-(``device="gpu"``: outputs in GPU memory), and
-``fn.fastread.readers.webdataset`` (CPU outputs).
+(``device="gpu"``: outputs in GPU memory),
+``fn.fastread.readers.webdataset`` (CPU outputs) and
+``fn.fastread.readers.cassandra`` (rows by key through the cql engine; CPU
+and GPU).
 
 :func:`load` loads it once per process and returns whether it is there;
 :func:`reason` says why not (not built, built against another DALI, DALI
