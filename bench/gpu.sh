@@ -538,6 +538,14 @@ pack-decoders)
     # Each step under its own timeout, so that a stuck one (a pipeline that
     # never returns) leaves the others their share of the call. PD_SPEED_ONLY=1:
     # the interleaved packs alone (no tests, pixel stages or disk pass; no verdict).
+    n="${PD_IMAGES:-5000}"
+    # The packs go to RAM where it has room (the decoders are compared, not
+    # the disk; the run prints the disk's ceiling for such packs too). Set
+    # before the PD_SPEED_ONLY branch: the interleaved packs need them too.
+    packs=/tmp/fastread-packdecoders
+    if [ "$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}')" -gt $((8 << 20)) ] 2>/dev/null; then
+        packs=/dev/shm/fastread-packdecoders
+    fi
     if [ -z "${PD_SPEED_ONLY:-}" ]; then
     (cd tests && timeout 200 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
         >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
@@ -549,13 +557,6 @@ pack-decoders)
     timeout 90 python3 bench/decoded/gpu_pixels.py --json "$json/gpu-pixels.json" 2>&1 | grep -v -i warning |
         tee "$json/gpu-pixels.txt" || echo "(gpu_pixels.py failed)"
     tar -cf "$out/results-$section.tar" -C "$json" .
-    n="${PD_IMAGES:-5000}"
-    # The packs go to RAM where it has room (the decoders are compared, not
-    # the disk; the run prints the disk's ceiling for such packs too).
-    packs=/tmp/fastread-packdecoders
-    if [ "$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}')" -gt $((8 << 20)) ] 2>/dev/null; then
-        packs=/dev/shm/fastread-packdecoders
-    fi
     # Once to the disk (/tmp) first: what a pack there reaches.
     timeout 120 python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --images "$n" \
         --classes 10 --rounds 1 --decoders dali-gpu --no-decode-only \

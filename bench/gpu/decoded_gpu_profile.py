@@ -6,8 +6,11 @@ spends its time (issue 39, item 5), in one process on the GPU machine, warm:
   aug-only   DALI's fn.random_resized_crop + fn.crop_mirror_normalize alone, on
              a GPU external source cycling 4 batches already in GPU memory
              (no_copy): DALI's own augmentation rate at this batch size
-  f          readers.image(pack, decoded=True, device="gpu") + the same
-  g          f's reader alone (uint8 HWC batches in DALI's GPU outputs)
+  f          readers.image(pack, decoded=True, device="gpu") + the same (the
+             native operator as DALI's mixed operator: _image.GPU_OUTPUT_STAGE)
+  f-gpu      the same with the operator as a GPU operator (its copies on the
+             GPU stream, between the augmentation's kernels)
+  g, g-gpu   f's and f-gpu's reader alone (uint8 HWC batches in DALI's GPU outputs)
   e          readers.image(pack, decoded=True) host outputs + .gpu() + the same
 
 Each DALI mode is timed through DALIGenericIterator (what a PyTorch loop
@@ -35,7 +38,8 @@ STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 
 
 def build(args, mode, batch, size, pqd=2, dynamic=None, policy=None, **reader_args):
-    """A built DALI pipeline for `mode` ('aug-only', 'f', 'g', 'e')."""
+    """A built DALI pipeline for `mode` ('aug-only', 'f', 'f-gpu', 'g', 'g-gpu', 'e')."""
+    from fastread.dali import _image
     import torch
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali import pipeline as dpipe
@@ -63,12 +67,18 @@ def build(args, mode, batch, size, pqd=2, dynamic=None, policy=None, **reader_ar
             labels = fn.constant(idata=0, shape=[1], dtype=types.INT32, device="cpu").gpu()
         else:
             device = "cpu" if mode == "e" else "gpu"
-            images, labels = readers.image(image=args.raw160, decoded=True, device=device,
-                                           random_shuffle=True, seed=0, name="Reader",
-                                           **reader_args)
+            stage = _image.GPU_OUTPUT_STAGE
+            if mode.endswith("-gpu"):
+                _image.GPU_OUTPUT_STAGE = "gpu"
+            try:
+                images, labels = readers.image(image=args.raw160, decoded=True, device=device,
+                                               random_shuffle=True, seed=0, name="Reader",
+                                               **reader_args)
+            finally:
+                _image.GPU_OUTPUT_STAGE = stage
             if device == "cpu":
                 images, labels = images.gpu(), labels.gpu()
-        if mode == "g":
+        if mode in ("g", "g-gpu"):
             return images, labels
         images = fn.random_resized_crop(images, size=(size, size), seed=1)
         images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
@@ -146,7 +156,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--sweep-seconds", type=float, default=2.0)
-    ap.add_argument("--modes", default="fused,aug-only,aug-only:run,f,f:run,g,g:run,e")
+    ap.add_argument("--modes", default="fused,aug-only,aug-only:run,f,f:run,f-gpu,g,g-gpu,e")
     ap.add_argument("--sweep", default="batch=256,512,1024;pqd=2,4;dynamic=1,0;"
                                         "policy=PER_BACKEND,PER_OPERATOR,SINGLE")
     ap.add_argument("--sweep-modes", default="f,aug-only")
