@@ -124,9 +124,10 @@ std::string JoinPath(const std::string &dir, const std::string &path) {
 // dynamic executor's default stream policy (one stream per backend) batch
 // k+1's copy overlaps the GPU operators working on batch k; as a GPU
 // operator they queue on the GPU stream between those operators' kernels.
-// On an H200, 256 decoded 160 px images and DALI's random_resized_crop +
-// crop_mirror_normalize: the GPU operator ran at the copy's and the
-// kernels' times added (docs/results/gpu-h200-20261203b).
+// On an H200, batches of 256 decoded 160 px images, then DALI's
+// random_resized_crop + crop_mirror_normalize: 152k img/s as a mixed
+// operator, 142k as a GPU one, 205k for that augmentation alone on a GPU
+// external source (docs/results/gpu-h200-20261203b).
 template <typename Backend>
 class FileReader : public StreamOperator<Backend> {
  public:
