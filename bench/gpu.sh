@@ -93,6 +93,10 @@
 #                              device="gpu" (the native operator's GPU output), each + DALI's GPU crop
 #   bash bench/gpu.sh decoded-gpu  (c), (e), (f) at 160 and 224 alone (and (g), (h): their readers alone, at 160), with issue 39's verdict for (f)
 #                              last (>= 2x (e), >= 0.7x (c))
+#   bash bench/gpu.sh decoded-profile  (f)'s time, piece by piece: DALI's augmentation alone on a
+#                              GPU external source, the reader alone, pipe.run() against the
+#                              iterator, and a sweep of batch / prefetch_queue_depth / exec_dynamic /
+#                              stream policy (bench/gpu/decoded_gpu_profile.py; PROF_* variables)
 #   bash bench/gpu.sh pack-decoders  `fastread pack --decode` with DALI's decoder on the GPU
 #                              (issue 33): tests/test_pack_dali.py (its GPU cases run here
 #                              only), then bench/decoded/pack_decoders.py: Pillow, DALI on the
@@ -510,11 +514,38 @@ decoded|decoded-gpu)
         2>&1 | tee "$json/$section.txt"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
+decoded-profile)
+    # Issue 39 item 5, where the time goes: readers.image(decoded=True, device="gpu") + DALI's
+    # GPU augmentation against DALI's augmentation alone on a GPU external source, the reader
+    # alone, the host path and the fused ImageLoader, then a sweep of batch size,
+    # prefetch_queue_depth, exec_dynamic and the stream policy (bench/gpu/decoded_gpu_profile.py).
+    aug=/tmp/fastread-augment; n="${AUG_IMAGES:-10000}"
+    python3 -m fastread.cli make-dataset "$aug/train" --classes 10 --per-class $((n / 10)) \
+        --seed 0 --workers "$(nproc)" --quiet >/dev/null
+    [ -e "$aug/raw160.img" ] || python3 -m fastread.cli pack "$aug/train" "$aug/raw160.img" \
+        --decode --resize 160 --crop 160 --quiet >/dev/null
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    python3 bench/gpu/decoded_gpu_profile.py --raw160 "$aug/raw160.img" --batch 256 --threads 8 \
+        --rounds "${PROF_ROUNDS:-3}" --seconds "${PROF_SECONDS:-3}" \
+        --sweep-seconds "${PROF_SWEEP_SECONDS:-1.5}" ${PROF_MODES:+--modes "$PROF_MODES"} \
+        ${PROF_SWEEP:+--sweep "$PROF_SWEEP"} ${PROF_SWEEP_MODES:+--sweep-modes "$PROF_SWEEP_MODES"} \
+        --json "$json/profile.json" 2>&1 | grep -v -i -E "warning" | tee "$json/profile.txt" ||
+        echo "(decoded_gpu_profile.py failed)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 pack-decoders)
     python3 -c 'import nvidia.dali' || { echo "pack-decoders needs DALI: bash bench/gpu.sh stage first"; exit 1; }
     # Each step under its own timeout, so that a stuck one (a pipeline that
     # never returns) leaves the others their share of the call. PD_SPEED_ONLY=1:
     # the interleaved packs alone (no tests, pixel stages or disk pass; no verdict).
+    n="${PD_IMAGES:-5000}"
+    # The packs go to RAM where it has room (the decoders are compared, not
+    # the disk; the run prints the disk's ceiling for such packs too). Set
+    # before the PD_SPEED_ONLY branch: the interleaved packs need them too.
+    packs=/tmp/fastread-packdecoders
+    if [ "$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}')" -gt $((8 << 20)) ] 2>/dev/null; then
+        packs=/dev/shm/fastread-packdecoders
+    fi
     if [ -z "${PD_SPEED_ONLY:-}" ]; then
     (cd tests && timeout 200 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
         >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
@@ -526,13 +557,6 @@ pack-decoders)
     timeout 90 python3 bench/decoded/gpu_pixels.py --json "$json/gpu-pixels.json" 2>&1 | grep -v -i warning |
         tee "$json/gpu-pixels.txt" || echo "(gpu_pixels.py failed)"
     tar -cf "$out/results-$section.tar" -C "$json" .
-    n="${PD_IMAGES:-5000}"
-    # The packs go to RAM where it has room (the decoders are compared, not
-    # the disk; the run prints the disk's ceiling for such packs too).
-    packs=/tmp/fastread-packdecoders
-    if [ "$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}')" -gt $((8 << 20)) ] 2>/dev/null; then
-        packs=/dev/shm/fastread-packdecoders
-    fi
     # Once to the disk (/tmp) first: what a pack there reaches.
     timeout 120 python3 bench/decoded/pack_decoders.py --dir /tmp/fastread-packdecoders --images "$n" \
         --classes 10 --rounds 1 --decoders dali-gpu --no-decode-only \
@@ -667,7 +691,7 @@ s3)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, pack-decoders, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers)" >&2
     exit 2
     ;;
 esac

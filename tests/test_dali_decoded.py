@@ -135,6 +135,9 @@ def test_gpu_output_is_the_operators(packs, native):
     assert data.device == "gpu" and labels.device == "gpu"
     assert _schema(data) == "Reshape"
     assert _schema(data.source.inputs[0]) == _schema(labels) == "fastread__readers__File"
+    # DALI's mixed operator: its copies on the mixed stream, beside the GPU
+    # operators that follow (fastread.dali._image.GPU_OUTPUT_STAGE).
+    assert labels.source._op.device == "mixed"
     assert not getattr(pipe, "_fastread_readers", [])
 
 

@@ -421,7 +421,8 @@ def test_require_raises_with_the_reason(tmp_path):
 
 def test_fastread_info_reports_the_plugin():
     # Every operator the library registers, with its backends.
-    for env, want in (({}, "loaded: fn.fastread.readers.file (CPU, GPU), "
+    # (readers.cassandra, where built, comes first: "loaded: " is checked apart.)
+    for env, want in (({}, "fn.fastread.readers.file (CPU, GPU, Mixed), "
                            "fn.fastread.readers.webdataset (CPU)"),
                       ({"FASTREAD_DALI_PLUGIN": "0"}, "unavailable: disabled by FASTREAD_DALI_PLUGIN=0")):
         r = subprocess.run([sys.executable, "-m", "fastread.cli", "info"], capture_output=True,
@@ -429,6 +430,7 @@ def test_fastread_info_reports_the_plugin():
         assert r.returncode == 0, r.stderr
         line = [x for x in r.stdout.splitlines() if "DALI plugin" in x]
         assert len(line) == 1 and want in line[0], r.stdout
+        assert ("loaded: fn.fastread." in line[0]) == (not env), r.stdout
 
 
 PINNED_CHILD = """

@@ -549,6 +549,25 @@ def test_gpu_decoder_arguments_follow_the_options(monkeypatch):
         DaliDecoder(pre, device="gpu", fancy_upsampling=1)
 
 
+def test_gpu_huffman_threshold_goes_to_the_mixed_decoder(monkeypatch):
+    """hybrid_huffman_threshold: left to DALI unless given (the argument or
+    the module's HYBRID_HUFFMAN_THRESHOLD, what pack() takes); 0 sends every
+    image's Huffman decoding to the GPU; bad values are refused."""
+    from fastread import decode_dali
+
+    pre = Preprocess(resize=32)
+    assert "hybrid_huffman_threshold" not in DaliDecoder(pre, device="gpu").decoder_args()
+    args = DaliDecoder(pre, device="gpu", hybrid_huffman_threshold=0).decoder_args()
+    assert args["hybrid_huffman_threshold"] == 0
+    monkeypatch.setattr(decode_dali, "HYBRID_HUFFMAN_THRESHOLD", 250000)
+    assert DaliDecoder(pre, device="gpu").decoder_args()["hybrid_huffman_threshold"] == 250000
+    assert DaliDecoder(pre, device="cpu").decoder_args() == dict(device="cpu")
+    for bad in (-1, 1.5, True, "0"):
+        with pytest.raises(ValueError, match="hybrid_huffman_threshold must be None or an "
+                                             "integer >= 0"):
+            DaliDecoder(pre, device="gpu", hybrid_huffman_threshold=bad)
+
+
 def test_decoder_options_need_decode(tree, tmp_path, capsys):
     with pytest.raises(ValueError, match="decoder, decode_device apply only with decode=True"):
         fastread.pack(tree, str(tmp_path / "x.img"), decoder="dali", decode_device="cpu")

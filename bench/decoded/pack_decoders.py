@@ -30,7 +30,7 @@ waits for.
         [--tree DIR | --dir /var/tmp/fastread-packdecoders --images 2000 --classes 10] \\
         [--out-dir /dev/shm/packs] \\
         [--resize 160] [--crop 160] [--encode raw|jpeg] [--batch-size 256] \\
-        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple]] \\
+        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple,dali-gpu-gpuhuff[-simple]]] \\
         [--json OUT.json] \\
         [--tests-log test_pack_dali.log] [--target 3]
 """
@@ -111,6 +111,13 @@ def main():
     # dali-gpu-simple: nvJPEG's own chroma upsampling (FANCY_UPSAMPLING off),
     # which lets the hardware decoder run: its speed, and its pixels' distance.
     simple = {"dali-gpu-simple"}
+    # dali-gpu-gpuhuff: no hardware share and hybrid_huffman_threshold 0, so
+    # nvJPEG's GPU-hybrid backend decodes Huffman on the GPU for every image
+    # (DALI's default threshold leaves ~100 KB JPEGs on the host's threads);
+    # -simple: the same with nvJPEG's own chroma upsampling.
+    gpu_huffman = {"dali-gpu-gpuhuff", "dali-gpu-gpuhuff-simple"}
+    hw_loads.update({n: 0.0 for n in gpu_huffman})
+    simple.add("dali-gpu-gpuhuff-simple")
     for n in list(hw_loads) + list(simple):
         settings[n] = settings["dali-gpu"]
     for n in names:
@@ -139,7 +146,8 @@ def main():
         else:
             dec = DaliDecoder(pre, device=choice.device, batch_size=args.batch_size,
                               threads=args.workers, hw_decoder_load=hw_loads.get(n),
-                              fancy_upsampling=n not in simple)
+                              fancy_upsampling=n not in simple,
+                              hybrid_huffman_threshold=0 if n in gpu_huffman else None)
             batches = dec.batches(paths)
             builds[n] = dec.build_seconds
         count, first = 0, None
@@ -162,10 +170,12 @@ def main():
             out = os.path.join(out_dir, f"bench-{n}.img")
             decode_dali.HW_DECODER_LOAD = hw_loads.get(n, default_hw)
             decode_dali.FANCY_UPSAMPLING = n not in simple
+            decode_dali.HYBRID_HUFFMAN_THRESHOLD = 0 if n in gpu_huffman else None
             t0 = time.perf_counter()
             img = fastread.pack(tree, out, **settings[n], **opts)
             dt = time.perf_counter() - t0
             decode_dali.HW_DECODER_LOAD, decode_dali.FANCY_UPSAMPLING = default_hw, True
+            decode_dali.HYBRID_HUFFMAN_THRESHOLD = None
             times[n].append(dt)
             outs[n] = out
             print(f"round {r} {n}: {dt:.2f} s, {len(paths) / dt:.0f} img/s "

@@ -92,6 +92,13 @@ HW_DECODER_LOAD = 1.0
 #: levels per image (tests/test_pack_dali.py allows 2).
 FANCY_UPSAMPLING = True
 
+#: nvJPEG's CUDA decoder: images of more pixels than this get the GPU-hybrid
+#: backend (Huffman decoding on the GPU), smaller ones Huffman decoding on
+#: the host's threads. None: DALI's default (1,000,000 pixels, so a data set
+#: of ~500x375 JPEGs is Huffman-decoded on the host). 0 sends every image to
+#: the GPU; bench/decoded/pack_decoders.py's dali-gpu-gpuhuff measures it.
+HYBRID_HUFFMAN_THRESHOLD = None
+
 #: Words of DALI errors that are the machine's, not a file's.
 _DEVICE_FAULTS = ("cuda error", "cudaerror", "cuda_error", "out of memory",
                   "cuda driver", "no cuda-capable device")
@@ -266,12 +273,14 @@ class DaliDecoder:
     ``batch_size``: files per pipeline run (and per native read).
     ``hw_decoder_load`` (GPU): the hardware JPEG decoder's share
     (default :data:`HW_DECODER_LOAD`); ``fancy_upsampling`` (GPU): libjpeg's
-    chroma upsampling (default :data:`FANCY_UPSAMPLING`). Engine arguments go to
+    chroma upsampling (default :data:`FANCY_UPSAMPLING`);
+    ``hybrid_huffman_threshold`` (GPU): pixels above which nvJPEG decodes
+    Huffman on the GPU (default :data:`HYBRID_HUFFMAN_THRESHOLD`). Engine arguments go to
     :func:`fastread.read_batches`."""
 
     def __init__(self, pre, *, device="cpu", device_id=None, batch_size=64, threads=None,
-                 hw_decoder_load=None, fancy_upsampling=None, engine="auto", prefetch=None,
-                 workers=None, **engine_options):
+                 hw_decoder_load=None, fancy_upsampling=None, hybrid_huffman_threshold=None,
+                 engine="auto", prefetch=None, workers=None, **engine_options):
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -294,6 +303,14 @@ class DaliDecoder:
         if not isinstance(fancy_upsampling, bool):
             raise ValueError(f"fancy_upsampling must be True or False, got {fancy_upsampling!r}")
         self.fancy_upsampling = fancy_upsampling
+        if hybrid_huffman_threshold is None:
+            hybrid_huffman_threshold = HYBRID_HUFFMAN_THRESHOLD
+        if hybrid_huffman_threshold is not None and (
+                isinstance(hybrid_huffman_threshold, bool)
+                or not isinstance(hybrid_huffman_threshold, int) or hybrid_huffman_threshold < 0):
+            raise ValueError(f"hybrid_huffman_threshold must be None or an integer >= 0, got "
+                             f"{hybrid_huffman_threshold!r}")
+        self.hybrid_huffman_threshold = hybrid_huffman_threshold
         self.device_id = (0 if device_id is None else device_id) if device == "gpu" else None
         self.read_args = dict(engine=engine, prefetch=prefetch, workers=workers, **engine_options)
         #: Positions (in the paths given to :meth:`batches`) of the files
@@ -315,8 +332,11 @@ class DaliDecoder:
         small images, more on noisy ones) and the hardware decoder's share."""
         if self.device != "gpu":
             return dict(device="cpu")
-        return dict(device="mixed", jpeg_fancy_upsampling=self.fancy_upsampling,
+        args = dict(device="mixed", jpeg_fancy_upsampling=self.fancy_upsampling,
                     hw_decoder_load=self.hw_decoder_load)
+        if self.hybrid_huffman_threshold is not None:   # else DALI's own default
+            args["hybrid_huffman_threshold"] = self.hybrid_huffman_threshold
+        return args
 
     def _build(self):
         from nvidia.dali import fn, pipeline_def, types

@@ -174,12 +174,15 @@ def take_elastic(what, kwargs, stream, pipe):
 
 def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_last_batch,
                   stick_to_shard, prefetch_queue_depth, name, engine, device, device_id, kwargs,
-                  what="fastread.dali.readers.file", layout_args=None):
+                  what="fastread.dali.readers.file", layout_args=None, gpu_stage="gpu"):
     """fn.fastread.readers.file over `samples`: (data, labels); `device` as
     the entry point checked it (fastread.reader.check_device). A FileList
     goes as files= and labels=; a FileRanges (a packed image) as image=,
     its byte ranges and its samples' names and labels.
-    `layout_args`: the operator's npy_* arguments (readers.numpy)."""
+    `layout_args`: the operator's npy_* arguments (readers.numpy).
+    `gpu_stage`: with device="gpu", the operator's DALI backend: "gpu", or
+    "mixed" (its copies on DALI's mixed stream, overlapping the GPU
+    operators that follow: see dali_plugin/fastread_reader.cc)."""
     from nvidia.dali import fn
 
     pipe, stream = stream_args(what, shard_id=shard_id, num_shards=num_shards,
@@ -209,7 +212,9 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
     # from the CPU outputs DALI allocates itself there. The GPU operator
     # always pins them, through the pipeline's device (its own device_id).
     if device == "gpu":
-        op_args["device"] = "gpu"
+        if gpu_stage not in ("gpu", "mixed"):
+            raise ValueError(f"{what}: gpu_stage must be 'gpu' or 'mixed', got {gpu_stage!r}")
+        op_args["device"] = gpu_stage
     else:
         op_args.update(pin_args(kwargs, pipe_device))
     if samples.reads_ranges:

@@ -126,15 +126,16 @@ def info():
 
 def _registered_operators():
     """The plugin's operators as DALI's registry has them, with their
-    backends: ["fn.fastread.readers.file (CPU, GPU)", ...]."""
+    backends: ["fn.fastread.readers.file (CPU, GPU, Mixed)", ...]."""
     import re
 
     from nvidia.dali import backend
 
-    gpu = set(backend.RegisteredGPUOps())
+    gpu, mixed = set(backend.RegisteredGPUOps()), set(backend.RegisteredMixedOps())
     out = []
     for name in sorted(o for o in backend.RegisteredCPUOps() if o.startswith("fastread__")):
         *scope, op = name.split("__")
         snake = re.sub(r"(?<!^)(?=[A-Z])", "_", op).lower()
-        out.append(f"fn.{'.'.join(scope)}.{snake} ({'CPU, GPU' if name in gpu else 'CPU'})")
+        kinds = ["CPU"] + ["GPU"] * (name in gpu) + ["Mixed"] * (name in mixed)
+        out.append(f"fn.{'.'.join(scope)}.{snake} ({', '.join(kinds)})")
     return out
