@@ -266,31 +266,24 @@ class _Pieces:
         self.closed = True
 
 
-#: How long memory freed by decoded row groups stays with the decoding pool
-#: for the next row groups before jemalloc gives it back to the system (ms).
-DECODE_POOL_DECAY_MS = 60_000
-
-
 @functools.lru_cache(maxsize=None)
 def decode_pool():
-    """The Arrow memory pool row groups are decoded into: jemalloc's, its
-    freed memory kept DECODE_POOL_DECAY_MS for reuse; Arrow's default pool
-    where the wheel has no jemalloc. Why: a row group's decoded value buffer
-    is ~90 MB and a global shuffle keeps every row group of the data set
-    decoded at once, so each epoch (each Reader) asks for the decoded data
-    set again; from an allocator that returns freed memory at once (Arrow's
-    default, mimalloc: its purge delay is 10 ms), every byte comes as a
-    fresh page the kernel zeroes first, and that zeroing (clear_page in
-    perf) was 73% of the Parquet Reader's CPU on the 2-core VM. The decay
-    is a setting of jemalloc, which Arrow uses only where asked (its default
-    pool is mimalloc): this changes no other pool of the process."""
+    """The Arrow memory pool row groups are decoded into: jemalloc's where
+    the wheel has it, else Arrow's default pool. Why: a row group's decoded
+    value buffer is ~90 MB, and a global shuffle keeps every row group of
+    the data set decoded at once, so an epoch's decoding writes ~the data
+    set's size of fresh memory. From Arrow's default pool (mimalloc) that
+    memory came as transparent huge pages, which the kernel compacts memory
+    for and zeroes 2 MiB at a time: 1.8 GB of fresh 90 MB buffers cost
+    3.7 s of CPU to write, 1.1-1.5 s from jemalloc's 4 KiB pages (2-core
+    VM), and page zeroing (clear_page in perf) was 73% of the Parquet
+    Reader's CPU. No allocator setting is changed (the pool is jemalloc's
+    as Arrow configures it; the process's default pool is untouched)."""
     pa = _pa()
     try:
-        pool = pa.jemalloc_memory_pool()
-        pa.jemalloc_set_decay_ms(DECODE_POOL_DECAY_MS)
+        return pa.jemalloc_memory_pool()
     except (NotImplementedError, AttributeError, pa.ArrowException):
         return pa.default_memory_pool()
-    return pool
 
 
 def _leaf_indices(meta, leaves):
