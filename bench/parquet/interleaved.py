@@ -23,7 +23,7 @@ from fastread.bench import environment
 from fastread.bench.families import parquet as fam
 from fastread.bench.runners import Config
 
-PEERS = ("parquet-datasets", "parquet-pyarrow-dali", "parquet-ray")
+PEERS = ("parquet-datasets", "parquet-pyarrow-dali", "parquet-ray", "parquet-litdata")
 
 
 def main():
