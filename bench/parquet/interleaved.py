@@ -4,7 +4,12 @@ mode alike; medians and per-round ratios to the fastest Python peer and to
 the files ceiling. Bytes of the image column (no decoding).
 
     python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
-        [--modes parquet-reader,parquet-datasets,...]
+        [--epochs 1] [--modes parquet-reader,parquet-datasets,...]
+
+``--epochs E``: each round times E epochs of one runner (one Reader, one
+pipeline), as a training run of E epochs uses it: fastread's Parquet
+source keeps decoded row groups within ``cache_bytes`` across epochs, so
+E > 1 measures that as well as the first epoch's decoding.
 
 DATA: a Hub-style Parquet directory written by
 fastread.formats.parquet.write_image_parquet (its note names the JPEG tree
@@ -18,7 +23,7 @@ from fastread.bench import environment
 from fastread.bench.families import parquet as fam
 from fastread.bench.runners import Config
 
-PEERS = ("parquet-datasets", "parquet-pyarrow-dali", "parquet-ray")
+PEERS = ("parquet-datasets", "parquet-pyarrow-dali", "parquet-ray", "parquet-litdata")
 
 
 def main():
@@ -27,6 +32,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--modes", default=None)
+    ap.add_argument("--epochs", type=int, default=1)
     args = ap.parse_args()
     env = environment.probe_environment()
     cfg = Config(env=env, dataset=fam.detect(args.data), batch_size=args.batch)
@@ -47,7 +53,7 @@ def main():
             try:
                 t = time.perf_counter()
                 samples = 0
-                while samples < n:
+                while samples < n * args.epochs:
                     got, _nbytes = runner.next()
                     samples += got
                 dt = time.perf_counter() - t
@@ -60,7 +66,8 @@ def main():
     med = {k: statistics.median(v) for k, v in res.items()}
     peers = [k for k in PEERS if k in med]
     best = max(peers, key=med.get) if peers else None
-    print(f"\n{cfg.dataset.describe()}; batch {args.batch}; {args.rounds} rounds; medians:")
+    print(f"\n{cfg.dataset.describe()}; batch {args.batch}; {args.rounds} rounds of "
+          f"{args.epochs} epoch(s); medians:")
     for k, v in med.items():
         line = f"  {k:24s} {v:9.0f} img/s"
         if best:

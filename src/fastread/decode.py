@@ -20,6 +20,7 @@ and tests compare against it (exact) and against a plain Pillow reference
 """
 import collections
 import io
+import itertools
 import os
 from typing import NamedTuple
 
@@ -274,6 +275,8 @@ def preprocess_one(path, pre):
     None)`` or ``(None, None, why)``. Errors are per sample."""
     from PIL import Image
 
+    if path is None:   # a row without bytes (a null Parquet value)
+        return None, None, "no image bytes (a null value)"
     try:
         data, shape = preprocess_file(path, pre)
         return data, shape, None
@@ -289,8 +292,10 @@ def _work(paths, pre):
 
 
 def decoded_batches(paths, pre, *, workers=None, chunk=16):
-    """Yields, in ``paths`` order, one list per chunk of ``(bytes, shape,
-    why)`` (``why`` is None, or why the file could not be decoded).
+    """Yields, in ``paths`` order (an iterable of paths, binary file
+    objects, or None for a row without bytes), one list per chunk of
+    ``(bytes, shape, why)`` (``why`` is None, or why the file could not be
+    decoded).
     ``workers`` processes (default: every CPU this process may use); at most
     ``2 * workers`` chunks are in flight, so memory is bounded by that many
     chunks of preprocessed images. ``workers=0`` runs in this process (for
@@ -300,7 +305,10 @@ def decoded_batches(paths, pre, *, workers=None, chunk=16):
             (os.cpu_count() or 1)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
-    chunks = (paths[i:i + chunk] for i in range(0, len(paths), chunk))
+    # Any iterable, consumed lazily (rows of a Parquet data set come as
+    # they are read: at most the chunks in flight are held).
+    items = iter(paths)
+    chunks = iter(lambda: list(itertools.islice(items, chunk)), [])
     if workers == 0:
         for c in chunks:
             yield _work(c, pre)

@@ -27,14 +27,19 @@ def raise_failures(batch, path_of, paths=True, context=None, detail_of=None):
     """Raises ReadError for a batch with failed samples; path_of(i) names
     sample i. ``paths``: the names are file paths (the error then says what
     a path that is no regular file is); False for names inside an image.
-    ``context``: the Context that read the batch, when it may say more
-    about a failure than its errno (the s3 engine: the HTTP status and
-    S3's error code); else ``detail_of(name)``, when given, asks for it."""
+    A batch with a ``failure_detail(i)`` method says why sample i failed
+    itself (rows of Parquet files); else ``context``: the Context that read
+    the batch, when it may say more about a failure than its errno (the s3
+    engine: the HTTP status and S3's error code); else ``detail_of(name)``,
+    when given, asks for it."""
     failures = batch.failures()
     if failures:
         named = [(path_of(i), err) for i, err in failures]
         detail = None if paths else ""
-        if context is not None:
+        own = getattr(batch, "failure_detail", None)   # a batch that keeps its own words
+        if own is not None and own(failures[0][0]):
+            said = own(failures[0][0])
+        elif context is not None:
             said = context.sample_error(failures[0][0])
         else:
             said = detail_of(named[0][0]) if detail_of is not None else None

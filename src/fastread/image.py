@@ -485,7 +485,7 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
          engine="auto", workers=None, prefetch=None, progress=None, file_filters=None,
          on_batch=None, decode=False, resize=None, max_side=None, crop=None, encode="raw",
          quality=90, skip_bad=False, decode_workers=None, decoder="auto", decode_device=None,
-         index_format="auto", **engine_options):
+         index_format="auto", split=None, **engine_options):
     """Packs the samples of ``file_root`` (fastread.scan order and labels)
     into the image ``out`` and writes its index (``<out>.index`` unless
     ``index`` is given). Returns the :class:`PackedImage`.
@@ -506,6 +506,17 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
     fastread), ``"binary"`` (version 3: memory-mapped columns, 32 bytes a
     sample plus names, :mod:`fastread.image_index`) or ``"auto"``, binary
     from ``BINARY_FROM`` (2^20) samples on.
+    ``file_root`` may be a Parquet data set (a ``.parquet`` file or a
+    directory of them, e.g. the Hub's ``data/<split>-*.parquet``; ``split``
+    chooses the files of one split): its rows are packed in order, each
+    row's image bytes read by fastread's engine and Arrow
+    (:mod:`fastread.formats.parquet_rows`), its label from the label column
+    and its name ``<class>/<path>`` from the ``ClassLabel`` names and the
+    image's ``path`` field, so a set written from a class tree packs into
+    the image that tree packs into. With ``decode=True`` Pillow decodes
+    them (DALI's decoder here reads files). A null image value fails the
+    pack naming the row (with ``decode=True`` and ``skip_bad``, it is left
+    out).
     ``progress``: None shows a bar when stderr is a terminal. ``on_batch(i)``
     is called after batch ``i`` is written (for tests and progress hooks).
 
@@ -586,8 +597,12 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
     for p in ((index,) if is_dev else (out, index)):
         _remove_stale_temporaries(p)
 
-    paths, labels = scan(root, file_filters=file_filters)
-    names = [os.path.relpath(p, root) for p in paths]
+    rows = _parquet_rows(root, split, file_filters, choice)
+    if rows is None:
+        paths, labels = scan(root, file_filters=file_filters)
+        names = [os.path.relpath(p, root) for p in paths]
+    else:   # paths: the rows' names for messages, made on demand
+        paths, labels, names = rows.names, rows.labels, rows.pack_names
 
     image_id = uuid.uuid4().bytes
     tmp_image = out if is_dev else _tmp_name(out)
@@ -615,7 +630,10 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
         bar = _progress(len(paths), progress, f"pack {os.path.basename(out)}")
         k = 0   # samples stored
         i = 0   # source files done
-        if pre is None:
+        if rows is not None:
+            batches = chunks = _parquet_chunks(rows, pre, batch_size, decode_workers, engine,
+                                               engine_options)
+        elif pre is None:
             batches = read_in_order(FileList(paths, labels), batch_size, engine, workers=workers,
                                     prefetch=prefetch, **engine_options)
             chunks = ([(a, None, None) for a in arrays] for arrays, _labels in batches)
@@ -712,6 +730,53 @@ def pack(file_root, out, *, index=None, alignment=4096, block_device=False, batc
                 except FileNotFoundError:
                     pass
     return PackedImage(out, index=index)
+
+
+def _parquet_rows(root, split, file_filters, choice):
+    """The Parquet source ``root`` names (its ``pack_names`` set), or None
+    for a tree of image files."""
+    from fastread.formats.parquet_rows import is_parquet_root, row_names
+    if is_url(root) or not is_parquet_root(root):
+        if split is not None:
+            raise ValueError(f"split= chooses files of a Parquet data set; {root!r} is not one")
+        return None
+    if file_filters is not None:
+        raise ValueError(f"{root!r} is a Parquet data set: file_filters apply to trees of files")
+    if choice is not None and choice.name == "dali":
+        raise ValueError(f"packing the Parquet data set {root!r} decoded: DALI's decoder "
+                         "(decoder='dali', or a GPU decode device) reads files here; choose "
+                         "decoder='pillow' (--decoder pillow)")
+    from fastread.formats import Parquet
+    src = Parquet(root, split=split)
+    src.pack_names = row_names(src)
+    return src
+
+
+def _parquet_chunks(src, pre, batch_size, decode_workers, engine, engine_options):
+    """Lists of (payload, shape, why) for the rows of Parquet source ``src``,
+    in order: the bytes as they are (``pre`` None, batch_size rows a list)
+    or decoded by Pillow's processes (a null row: why says so)."""
+    import io
+    from fastread.formats.parquet_rows import row_blobs
+    blobs = row_blobs(src, engine, **engine_options)
+    if pre is not None:
+        from fastread.decode import decoded_batches
+        return decoded_batches((None if b is None else io.BytesIO(b) for b in blobs), pre,
+                               workers=decode_workers)
+
+    def plain():
+        chunk = []
+        for i, b in enumerate(blobs):
+            if b is None:
+                raise ValueError(f"{src.sample_name(i)}: a null {src.image!r} value: no bytes "
+                                 "to pack")
+            chunk.append((b, None, None))
+            if len(chunk) == batch_size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+    return plain()
 
 
 def verify(image, index=None, *, batch_size=256, engine="auto", progress=None,

@@ -36,7 +36,11 @@ def add_parser(sub):
                     "image OUT, each starting at a multiple of --alignment, plus an index "
                     "(OUT.index: name, label, offset, length, CRC-32). Atomic: written under a "
                     "temporary name and renamed when complete.")
-    p.add_argument("file_root", metavar="FILE_ROOT", help="dataset root, one directory per class")
+    p.add_argument("file_root", metavar="FILE_ROOT",
+                   help="dataset root, one directory per class; or a Parquet data set (a "
+                        ".parquet file or a directory of them, e.g. data/train-*.parquet)")
+    p.add_argument("--split", metavar="NAME",
+                   help="Parquet data sets: pack the files of this split (train-*.parquet)")
     p.add_argument("out", metavar="OUT", help="image file to write (or, with --block-device, "
                                               "a block device to overwrite)")
     p.add_argument("--index", metavar="PATH", help="index file (default: OUT.index; required "
@@ -117,7 +121,7 @@ def run_pack(args):
     try:
         img = pack(args.file_root, args.out, index=args.index, alignment=args.alignment,
                    block_device=args.block_device, batch_size=args.batch_size,
-                   index_format=args.index_format,
+                   index_format=args.index_format, split=args.split,
                    engine=args.engine, progress=False if args.quiet else None, **decode,
                    **opts)
     except (OSError, ValueError, TypeError) as e:

@@ -345,9 +345,6 @@ class Parquet(SampleSource):
             raise ValueError("Parquet column chunks are not aligned: O_DIRECT cannot read "
                              f"{self.paths[0]!r} (choose o_direct=False)")
 
-    def failure_detail(self, name):
-        return _FAILURE_DETAIL.get(name)
-
     def open_native(self, engine, options, *, prefetch, workers):
         return _ParquetNative(self, engine, options, prefetch, workers)
 
@@ -408,18 +405,6 @@ class Parquet(SampleSource):
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables)
-
-
-_FAILURE_DETAIL = {}   # bounded: see _note_failure
-_FAILURE_KEEP = 1024
-
-
-def _note_failure(name, what):
-    """Remembers why sample ``name`` failed, for failure_detail() (the
-    Reader asks on its own thread); the oldest go past _FAILURE_KEEP."""
-    if len(_FAILURE_DETAIL) >= _FAILURE_KEEP:
-        _FAILURE_DETAIL.pop(next(iter(_FAILURE_DETAIL)))
-    _FAILURE_DETAIL[name] = what
 
 
 class _Names:
@@ -644,12 +629,12 @@ def _cut(source, idx, groups, wait=None):
                          source.row_index[idx])
     empty = np.zeros(0, np.uint8)
     arrays, failures, keep = [], [], []
+    why = {}   # batch position -> what failed, kept by the batch (no shared state)
     for i, (f, g, r) in enumerate(zip(files.tolist(), grps.tolist(), rows.tolist())):
         rg = loaded[(f, g)]
         if rg.error is not None:
             failures.append((i, rg.error[0]))
-            _note_failure(source.sample_name(int(idx[i])),
-                          f"{source.paths[f]}: {rg.error[1]}")
+            why[i] = f"{source.paths[f]}: {rg.error[1]}"
             arrays.append(empty)
             continue
         for start, values, offsets, valid in reversed(rg.parts):
@@ -659,14 +644,13 @@ def _cut(source, idx, groups, wait=None):
         if valid is not None and not valid[j]:
             if source.missing == "error":
                 failures.append((i, _ENODATA))
-                _note_failure(source.sample_name(int(idx[i])),
-                              f"null {source.image!r} value")
+                why[i] = f"null {source.image!r} value"
             arrays.append(empty)
             continue
         arrays.append(values[offsets[j]:offsets[j + 1]])
     for key in groups:
         keep.append(loaded[key])
-    return ParquetBatch(idx, arrays, failures, keep)
+    return ParquetBatch(idx, arrays, failures, keep, why)
 
 
 class ParquetBatch(ArraysBatch):
@@ -674,6 +658,15 @@ class ParquetBatch(ArraysBatch):
     buffer (the row groups, ``keep``, stay alive while a view does)."""
 
     _samples = "rows of Parquet files"
+
+    def __init__(self, indices, arrays, failures, keep=(), why=None):
+        super().__init__(indices, arrays, failures, keep)
+        self._why = why or {}
+
+    def failure_detail(self, i):
+        """Why sample ``i`` of the batch failed (file, row group, what), or
+        None: raise_failures asks the batch, so no reader shares the words."""
+        return self._why.get(i)
 
 
 class _ParquetNative:

@@ -23,6 +23,11 @@ DALI where the mode runs DALI).
                                 users write today)
 ``parquet-ray``                 Ray Data ``read_parquet(DATA)
                                 .iter_batches()``
+``parquet-litdata``             LitData's ``StreamingDataset`` over its own
+                                converted format (``litdata.optimize`` of
+                                the rows, made once in ``DATA/.litdata``)
+                                in a ``StreamingDataLoader(num_workers=2,
+                                shuffle=True)``
 ``parquet-files-ceiling``       ``fastread.Reader`` over the same JPEGs as
                                 files (the tree the Parquet was written
                                 from, where its note names it): the ceiling
@@ -103,6 +108,11 @@ def modes(env):
     yield Mode("parquet-ray", NAME, "parquet", "ray.data.read_parquet(DATA).iter_batches()",
                "Ray Data's Parquet reader", check=_check_ray, build=_build_ray,
                role="python", default=CPU)
+    yield Mode("parquet-litdata", NAME, "parquet",
+               "litdata.StreamingDataset(<DATA converted by litdata.optimize>) + "
+               "StreamingDataLoader(num_workers=2, shuffle=True)",
+               "LitData on its own converted format (the conversion made once, untimed)",
+               check=_check_litdata, build=_build_litdata, role="python", default=CPU)
     yield Mode("parquet-files-ceiling", NAME, "parquet",
                f"fastread.Reader(file_root=<the JPEG tree>, random_shuffle=True, "
                f"engine={auto!r})",
@@ -144,6 +154,15 @@ def _check_ray(mode, cfg):
     from fastread.ray import ray_reason
     return ray_reason() or ("--decode is DALI's here" if cfg.decode else
                             _check_engine(mode, cfg))
+
+
+def _check_litdata(mode, cfg):
+    from fastread.bench.environment import try_import
+    for module in ("litdata", "torch"):
+        _m, why = try_import(module)
+        if why:
+            return f"{module} {why} (pip install litdata)"
+    return "--decode is DALI's here" if cfg.decode else _check_engine(mode, cfg)
 
 
 def _check_ceiling(mode, cfg):
@@ -253,18 +272,22 @@ def _build_pyarrow_dali(mode, cfg):
     return DaliRunner(cfg, reader)
 
 
+def _datasets_collate(rows):
+    return [r["image"]["bytes"] for r in rows]
+
+
 def _build_datasets(mode, cfg):
     import datasets
     from torch.utils.data import DataLoader
     ds = datasets.load_dataset("parquet", data_files={"train": cfg.paths}, split="train")
     ds = ds.cast_column("image", datasets.Image(decode=False)).with_format("torch")
-
-    def collate(rows):
-        return [r["image"]["bytes"] for r in rows]
-
     workers = 2
+    # Forked workers, as the mode was first measured with: LitData's
+    # optimize (parquet-litdata, in the same process) leaves spawn the
+    # default, which would make this peer start its workers anew.
     loader = DataLoader(ds, batch_size=cfg.batch_size, shuffle=True, num_workers=workers,
-                        collate_fn=collate, persistent_workers=True)
+                        collate_fn=_datasets_collate, persistent_workers=True,
+                        multiprocessing_context="fork")
     return _BytesRunner(lambda: iter(loader))
 
 
@@ -283,3 +306,47 @@ def _build_ray(mode, cfg):
             images = b.column("image").combine_chunks().field("bytes")
             yield len(images), int(images.buffers()[2].size), b
     return _BytesRunner(epoch)
+
+
+#: Where the LitData row keeps its conversion of DATA (hidden: the Parquet
+#: listing skips dot folders).
+LITDATA_DIR = ".litdata"
+
+
+def _litdata_rows(item):
+    """One Parquet row group as LitData samples (run by litdata.optimize's
+    workers): {"image": the JPEG's bytes, "label": int}."""
+    import pyarrow.parquet as pq
+    path, group = item
+    t = pq.ParquetFile(path).read_row_group(group, columns=["image", "label"])
+    images = t.column("image").combine_chunks().field("bytes").to_pylist()
+    for data, label in zip(images, t.column("label").to_pylist()):
+        yield {"image": data, "label": int(label)}
+
+
+def _litdata_collate(rows):
+    """A batch's image bytes as LitData hands them over (its workers are
+    spawned: a module-level function)."""
+    return [r["image"] for r in rows]
+
+
+def litdata_dir(cfg):
+    """DATA converted to LitData's format, made on first use (untimed: the
+    conversion is what a LitData user does once)."""
+    out = os.path.join(cfg.data_dir, LITDATA_DIR)
+    if os.path.isfile(os.path.join(out, "index.json")):
+        return out
+    import litdata
+    import pyarrow.parquet as pq
+    inputs = [(p, g) for p in cfg.paths for g in range(pq.ParquetFile(p).num_row_groups)]
+    litdata.optimize(fn=_litdata_rows, inputs=inputs, output_dir=out, chunk_bytes="64MB",
+                     num_workers=2, reorder_files=False, verbose=False)
+    return out
+
+
+def _build_litdata(mode, cfg):
+    from litdata import StreamingDataLoader, StreamingDataset
+    ds = StreamingDataset(litdata_dir(cfg), shuffle=True)
+    loader = StreamingDataLoader(ds, batch_size=cfg.batch_size, num_workers=2,
+                                 collate_fn=_litdata_collate)
+    return _BytesRunner(lambda: iter(loader))
