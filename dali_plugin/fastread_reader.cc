@@ -49,6 +49,13 @@
 // a batch of ranges is laid out like a batch of files (dense without
 // O_DIRECT; aligned slots, so per-sample views, with it).
 //
+// A version-3 binary index (image_index=, with the layout
+// fastread.dali.readers.image found when it opened it): the operator maps
+// the index itself (mapped_image_index.h) and reads the ranges in place
+// (fr_reader_open_range_columns), labels and names per batch; no argument
+// holds a value per sample, so a 10^8-sample image builds a pipeline in the
+// time of its index's header.
+//
 // Epochs follow fn.readers.file: the reader never ends. Without
 // pad_last_batch the shard is one endless stream of samples (a batch that
 // crosses an epoch's end is filled from the next epoch); with pad_last_batch
@@ -85,6 +92,7 @@
 #include "dali/pipeline/operator/operator.h"
 #include "engine_args_ref.h"
 #include "fastread.h"
+#include "mapped_image_index.h"
 #include "plugin_common.h"
 #include "stream_operator.h"
 #include "upload_ring.h"
@@ -146,8 +154,17 @@ class FileReader : public StreamOperator<Backend> {
   void Reap();
   void SetRanges(const dali::OpSpec &spec, const std::string &root,
                  const std::vector<std::string> &files, const std::vector<int> &labels);
+  void MapIndex(const dali::OpSpec &spec, const std::string &root,
+                const std::vector<std::string> &files, const std::vector<int> &labels);
   void CheckImage() const;
-  const char *SampleName(int64_t index) const;
+  std::string SampleName(int64_t index) const;
+  int32_t Label(int64_t index) const {
+    return mapped_ ? mapped_->label(index) : labels_[static_cast<size_t>(index)];
+  }
+  fr_range Range(int64_t index) const {
+    return mapped_ ? fr_range{mapped_->offsets()[index], mapped_->lengths()[index]}
+                   : ranges_[static_cast<size_t>(index)];
+  }
   [[noreturn]] void FailSample(int64_t index, int64_t neg_errno) const;
 
   // The data set: files, or (image_ set) byte ranges of one image, whose
@@ -156,6 +173,8 @@ class FileReader : public StreamOperator<Backend> {
   std::string image_;
   std::vector<fr_range> ranges_;
   std::vector<int32_t> labels_;
+  // image_index=: the mapped index instead of paths_, ranges_ and labels_.
+  std::unique_ptr<MappedImageIndex> mapped_;
   int64_t n_ = 0;
   // Arrays (npy_ndim >= 0): each file holds one array of `array_dtype_`
   // whose data starts `array_offset_` bytes in and runs to the file's end;
@@ -197,7 +216,13 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
                                  "' is listed by fastread.dali.readers.file (fastread.index.scan); "
                                  "the native operator takes the result as files= and labels="));
   image_ = spec.GetArgument<std::string>("image");
-  if (!image_.empty()) {
+  const std::string image_index = spec.GetArgument<std::string>("image_index");
+  DALI_ENFORCE(image_index.empty() || !image_.empty(),
+               dali::make_string(kOpName, ": image_index='", image_index,
+                                 "' is the index of a packed image: give image= too"));
+  if (!image_index.empty()) {
+    MapIndex(spec, root, files, labels);
+  } else if (!image_.empty()) {
     SetRanges(spec, root, files, labels);
   } else {
     DALI_ENFORCE(spec.GetRepeatedArgument<int64_t>("range_offsets").empty() &&
@@ -218,11 +243,14 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
       labels_.push_back(labels.empty() ? static_cast<int32_t>(i) : labels[i]);
     }
   }
-  n_ = static_cast<int64_t>(paths_.size());
+  n_ = mapped_ ? mapped_->count() : static_cast<int64_t>(paths_.size());
 
   // With image=, each range holding one array (a decoded packed image's
   // pixels, fastread pack --decode): npy_data_offsets are then all 0.
   array_ndim_ = spec.GetArgument<int>("npy_ndim");
+  DALI_ENFORCE(array_ndim_ < 0 || !mapped_,
+               dali::make_string(kOpName, ": npy_* arguments (one entry per sample) are not "
+                                          "taken with image_index="));
   if (array_ndim_ >= 0) {
     array_dtype_ = spec.GetArgument<dali::DALIDataType>("npy_dtype");
     array_offset_ = spec.GetRepeatedArgument<int64_t>("npy_data_offsets");
@@ -350,6 +378,11 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
   // image per worker, O_DIRECT where asked and the offsets allow); paths_
   // then only name them.
   auto open_reader = [&]() {
+    if (mapped_)  // borrowed: the mapping outlives the reader (declared before it)
+      return fr_reader_open_range_columns(&cfg, image_.c_str(), mapped_->offsets(),
+                                          mapped_->lengths(), static_cast<size_t>(n_),
+                                          prefetch, static_cast<unsigned>(workers), &rd, err,
+                                          sizeof(err));
     if (!image_.empty())
       return fr_reader_open_ranges(&cfg, image_.c_str(), ranges_.data(), ranges_.size(),
                                    prefetch, static_cast<unsigned>(workers), &rd, err,
@@ -445,6 +478,25 @@ void FileReader<Backend>::SetRanges(const dali::OpSpec &spec, const std::string 
   CheckImage();
 }
 
+template <typename Backend>
+void FileReader<Backend>::MapIndex(const dali::OpSpec &spec, const std::string &root,
+                                   const std::vector<std::string> &files,
+                                   const std::vector<int> &labels) {
+  const std::string what = dali::make_string(kOpName, ": image='", image_, "': ");
+  DALI_ENFORCE(root.empty(), dali::make_string(what, "file_root='", root, "' is for files"));
+  DALI_ENFORCE(files.empty() && labels.empty() &&
+                   spec.GetRepeatedArgument<int64_t>("range_offsets").empty() &&
+                   spec.GetRepeatedArgument<int64_t>("range_lengths").empty(),
+               dali::make_string(what, "image_index= gives the samples' ranges, names and "
+                                       "labels: no files=, labels= or range_* too"));
+  mapped_ = std::make_unique<MappedImageIndex>(
+      kOpName, spec.GetArgument<std::string>("image_index"),
+      spec.GetArgument<std::string>("index_head"), spec.GetArgument<int64_t>("index_count"),
+      spec.GetRepeatedArgument<int64_t>("index_columns"),
+      spec.GetArgument<int64_t>("index_names_bytes"), spec.GetArgument<int64_t>("index_bytes"));
+  CheckImage();
+}
+
 // The image is there, is one, and (a regular file) holds every range: said
 // when the pipeline is built rather than at the first batch that reads past
 // its end. An image truncated later fails that batch (FailSample).
@@ -470,6 +522,10 @@ void FileReader<Backend>::CheckImage() const {
                dali::make_string(kOpName, ": image '", image_,
                                  "' is neither a regular file nor a block device"));
   if (!S_ISREG(st.st_mode)) return;  // a device's size is not st_size
+  // A mapped index's ranges are not walked (O(N) page-ins at open):
+  // fastread.PackedImage checked them where it verified the index, and a
+  // range past the end fails its batch (FailSample).
+  if (mapped_) return;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   for (size_t i = 0; i < ranges_.size(); i++) {
     DALI_ENFORCE(ranges_[i].offset + ranges_[i].length <= size,
@@ -482,16 +538,18 @@ void FileReader<Backend>::CheckImage() const {
 }
 
 template <typename Backend>
-const char *FileReader<Backend>::SampleName(int64_t index) const {
+std::string FileReader<Backend>::SampleName(int64_t index) const {
   // The reader's copy of a file's path is paths_[index]; an image's sample
-  // is named by paths_ alone (fr_reader_path gives the image for all).
-  return paths_[static_cast<size_t>(index)].c_str();
+  // is named by paths_ alone (fr_reader_path gives the image for all), or
+  // by the mapped index's name, made when asked.
+  if (mapped_) return image_ + "[" + mapped_->name(index) + "]";
+  return paths_[static_cast<size_t>(index)];
 }
 
 template <typename Backend>
 void FileReader<Backend>::FailSample(int64_t index, int64_t neg_errno) const {
   if (!image_.empty() && neg_errno == -ENODATA) {
-    const fr_range &r = ranges_[static_cast<size_t>(index)];
+    const fr_range r = Range(index);
     DALI_FAIL(dali::make_string(kOpName, ": cannot read sample ", SampleName(index), " (bytes ",
                                 r.offset, "..", r.offset + r.length, "): image '", image_,
                                 "' ends inside it (truncated since the pipeline was built?)"));
@@ -619,7 +677,7 @@ void FileReader<Backend>::RunDevice(dali::Workspace &ws) {
   labels.Resize(dali::uniform_list_shape<1>(n, {1}), DALI_INT32, dali::BatchContiguity::Contiguous);
   std::vector<int32_t> host_labels(static_cast<size_t>(n));
   for (int i = 0; i < n; i++)
-    host_labels[static_cast<size_t>(i)] = labels_[static_cast<size_t>(b->indices[i])];
+    host_labels[static_cast<size_t>(i)] = Label(b->indices[i]);
   uint64_t data_dst = 0;
   if (shape.num_elements() > 0) {
     auto *base = static_cast<uint8_t *>(contiguous_raw_mutable_data(data));
@@ -659,7 +717,7 @@ void FileReader<Backend>::RunHost(dali::Workspace &ws) {
   auto &labels = ws.Output<dali::CPUBackend>(1);
   labels.Resize(dali::uniform_list_shape<1>(n, {1}), DALI_INT32);
   for (int i = 0; i < n; i++) {
-    labels.mutable_tensor<int32_t>(i)[0] = labels_[static_cast<size_t>(b->indices[i])];
+    labels.mutable_tensor<int32_t>(i)[0] = Label(b->indices[i]);
     if (array_ndim_ >= 0) CheckArrayFile(b, i);
   }
 
@@ -733,7 +791,7 @@ void FileReader<Backend>::CheckArrayFile(const fr_batch *b, int i) const {
   const int64_t expected = array_offset_[idx] + array_bytes_[idx];
   if (b->samples[i].length != expected) {
     DALI_ENFORCE(image_.empty(),
-                 dali::make_string(kOpName, ": sample ", paths_[idx], " is ",
+                 dali::make_string(kOpName, ": sample ", SampleName(b->indices[i]), " is ",
                                    b->samples[i].length, " bytes, its shape in npy_shapes needs ",
                                    expected));
     const char *path = fr_reader_path(reader_.get(), idx);
@@ -786,6 +844,20 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                     std::vector<int64_t>())
     .AddOptionalArg("range_lengths", "With image: each sample's length in bytes.",
                     std::vector<int64_t>())
+    .AddOptionalArg("image_index",
+                    "With image: its version-3 binary index, mapped by the operator (the "
+                    "samples' ranges, labels and names; instead of files=, labels=, range_*). "
+                    "fastread.dali.readers.image passes it with the index_* layout it found.",
+                    std::string())
+    .AddOptionalArg("index_head", "With image_index: the index's header line, as read.",
+                    std::string())
+    .AddOptionalArg<int64_t>("index_count", "With image_index: its samples.", 0)
+    .AddOptionalArg("index_columns",
+                    "With image_index: the file offsets of its offsets, lengths, labels, "
+                    "name_offsets and names columns.",
+                    std::vector<int64_t>())
+    .AddOptionalArg<int64_t>("index_names_bytes", "With image_index: its names' bytes.", 0)
+    .AddOptionalArg<int64_t>("index_bytes", "With image_index: the index file's size.", 0)
     .AddOptionalArg("file_list",
                     "Not listed natively: fastread.dali.readers.file turns it into files=.",
                     std::string())

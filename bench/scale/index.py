@@ -17,7 +17,7 @@ with the time, RSS growth and Reader.memory()/index_bytes() per sample.
 ``--synthetic N`` (e.g. 100000000) measures an index too large to build
 here: S sparse shard files (holes: the reads return zeros) and a synthetic
 ``.fridx`` of N samples written column by column in chunks (never in RAM;
-~36 B a sample on disk), then in a fresh process
+~32 B a sample on disk), then in a fresh process
   huge_open          WebDataset(index_paths=<it>): time and RSS
   huge_first_batch   + Reader(random_shuffle=True, batch_size=256): the first
                      batch of a shuffled epoch, time and RSS
@@ -118,7 +118,7 @@ def make_synthetic(root, samples, shards):
                 out[a:b, 0], out[a:b, 1] = 0, 2   # blocks: bytes 0 and 1024
             elif name == "comp_len":
                 out[a:b, 0], out[a:b, 1] = 8, 1
-    cols = [("start", "<i8", (samples,)), ("length", "<i8", (samples,)),
+    cols = [("start", "<i8", (samples,)), ("length", "<u4", (samples,)),
             ("comp_off", "<u2", (samples, 2)), ("comp_len", "<u4", (samples, 2)),
             ("counts", "<i8", (shards,)), ("file_ids", "<u4", (samples,)),
             ("labels", "<i4", (samples,))]
