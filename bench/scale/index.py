@@ -158,7 +158,33 @@ def huge_child(mode, paths, fridx):
     out["rss_growth"] = out["rss"] - rss0
     out["rss_per_sample"] = out["rss_growth"] / max(1, len(src))
     out["index_total_per_sample"] = out["index_bytes"] / max(1, len(src))
+    # Anonymous (what the process made) and file-backed (the index's clean
+    # pages, mapped by fault-around where the page cache holds them: they
+    # depend on what the cache kept of the file, and the kernel may drop
+    # them) apart.
+    out.update(_rss_kinds())
     return out
+
+
+def _drop_from_cache(path):
+    """The page cache's pages of ``path`` dropped (this file's only:
+    POSIX_FADV_DONTNEED), so that every layout's row starts with its index
+    cold, whichever file was written or read last."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _rss_kinds():
+    kinds = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                kinds["rss_" + line[3:7].lower()] = int(line.split()[1]) * 1024
+    return kinds
 
 
 def _rss():
@@ -217,6 +243,9 @@ def huge(args):
     for rnd in range(args.rounds):
         for lengths in layouts:
             for mode in ("huge_open", "huge_first_batch"):
+                if args.cold_index:
+                    _drop_from_cache(make_synthetic(root, args.synthetic, args.shards,
+                                                    lengths)[1])
                 cmd = [sys.executable, __file__, "--synthetic", str(args.synthetic), "--shards",
                        str(args.shards), "--dir", args.dir, "--child", mode, "--lengths",
                        lengths]
@@ -227,7 +256,8 @@ def huge(args):
                 print(f"{lengths} {mode:18s} open {r['index_s']:6.3f} s"
                       + (f"  first batch {r['first_batch_s']:6.3f} s ok={r['batch_ok']}"
                          if "first_batch_s" in r else "")
-                      + f"  RSS {r['rss'] / 2**20:7.1f} MiB (+{r['rss_growth'] / 2**20:.1f})  "
+                      + f"  RSS {r['rss'] / 2**20:7.1f} MiB (+{r['rss_growth'] / 2**20:.1f}; "
+                        f"anon {r['rss_anon'] / 2**20:.1f}, file {r['rss_file'] / 2**20:.1f})  "
                         f"index {r['index_bytes_per_sample']:.1f} B/sample "
                         f"(mapped={r['index_mapped']})", flush=True)
     print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
@@ -252,6 +282,9 @@ def main():
                     help="with --synthetic: the length columns' dtypes to compare, e.g. "
                          "'<i8,<u4' (version 2's layout, then version 3's)")
     ap.add_argument("--rounds", type=int, default=1, help="with --synthetic: interleaved rounds")
+    ap.add_argument("--cold-index", action="store_true",
+                    help="with --synthetic: the index file dropped from the page cache before "
+                         "each row (POSIX_FADV_DONTNEED of that file only)")
     args = ap.parse_args()
     if args.synthetic:
         return huge(args)

@@ -181,7 +181,7 @@ static void check_table_reader(const char *engine, int narrow)
             break;
         for (size_t i = 0; i < 50; i++) {
             int64_t j = idx[s + i];
-            exact &= b->indices[i] == j && b->samples[i].length == lens[j] &&
+            exact &= b->indices[i] == j && b->samples[i].length == (int64_t)lens[j] &&
                      memcmp(b->arena.base + b->samples[i].offset,
                             contents[ids[j]] + offs[j], lens[j]) == 0;
         }
