@@ -462,6 +462,33 @@ def test_fridx_version_3_lengths_and_older_versions(tmp_path):
         ix.open_fridx(bad)
 
 
+def test_uint32_lengths_reach_the_native_reader_uncopied(tmp_path):
+    # The table reader borrows the index's own uint32 length column
+    # (fr_reader_open_table32): no widened copy, none counted, and the
+    # samples read are the tar's.
+    from fastread import Reader
+    shard = tmp_path / "a.tar"
+    write_tar(shard, [(f"k{i:03d}.bin", b"y" * (i + 1)) for i in range(40)])
+    _age([str(shard)])
+    for given in (None, "fridx"):
+        kw = dict(index_cache="off")
+        if given:
+            path = str(tmp_path / "a.fridx")
+            WebDataset([str(shard)], ["bin"], **kw).index.write(path)
+            kw["index_paths"] = path
+        src = WebDataset([str(shard)], ["bin"], **kw)
+        ids, starts, lengths = src.native_table()
+        assert lengths.dtype == np.uint32 and lengths is src.index.length
+        assert src.index_bytes()["index_numbering_bytes"] == 0
+        assert src.index_bytes()["index_bytes_per_sample"] == 8 + 4 + 4 + 4 + 2 + 4
+        with Reader(source=src, batch_size=8, random_shuffle=True, seed=2) as r:
+            got = {}
+            for arrays, labels in r:
+                (parts,) = src.components(arrays, np.asarray(labels, np.int64))
+                got.update((int(i), bytes(a)) for i, a in zip(labels, parts))
+        assert got == {i: b"y" * (i + 1) for i in range(40)}
+
+
 def test_damaged_shard_numbers_are_named(tmp_path):
     """A .fridx whose shard numbers do not hold their samples (the columns
     carry no checksum: they are not read at open) fails the batch that

@@ -846,8 +846,9 @@ class WebDataset(MultiFileRanges):
         what each sample costs of them beyond its name (docs/scale.md)."""
         own = self.index.nbytes
         # Columns of the native reader's table that are copies, not views.
+        own_cols = (self.index.file_ids, self.index.length)   # the index's, not copies
         multi = sum(int(c.nbytes) for c in (self._table or ()) if c.base is None
-                    and c is not self.index.file_ids)
+                    and not any(c is o for o in own_cols))
         return {"index_bytes": own + multi, "index_columns_bytes": own,
                 "index_numbering_bytes": multi,
                 "index_bytes_per_sample": self.index.bytes_per_sample(),
