@@ -161,6 +161,13 @@ class FileReader : public StreamOperator<Backend> {
   int32_t Label(int64_t index) const {
     return mapped_ ? mapped_->label(index) : labels_[static_cast<size_t>(index)];
   }
+  // A sample's array layout (npy_* lists, or a mapped decoded index's shapes).
+  const int64_t *ArrayDims(size_t idx) const {
+    return mapped_ ? mapped_->dims(static_cast<int64_t>(idx))
+                   : array_shape_.data() + idx * static_cast<size_t>(array_ndim_);
+  }
+  int64_t ArrayOffset(size_t idx) const { return mapped_ ? 0 : array_offset_[idx]; }
+  int64_t ArrayBytes(size_t idx) const;
   fr_range Range(int64_t index) const {
     return mapped_ ? fr_range{mapped_->offsets()[index], mapped_->lengths()[index]}
                    : ranges_[static_cast<size_t>(index)];
@@ -185,6 +192,7 @@ class FileReader : public StreamOperator<Backend> {
   std::vector<int64_t> array_offset_;
   std::vector<int64_t> array_bytes_;
   std::vector<int64_t> array_shape_;  // n_ x array_ndim_
+  int64_t array_item_ = 0;            // bytes an element
   // Every array is its whole sample (no header before it): a dense batch of
   // them is one block, shared with DALI as it lies.
   bool arrays_whole_ = false;
@@ -248,10 +256,22 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
   // With image=, each range holding one array (a decoded packed image's
   // pixels, fastread pack --decode): npy_data_offsets are then all 0.
   array_ndim_ = spec.GetArgument<int>("npy_ndim");
-  DALI_ENFORCE(array_ndim_ < 0 || !mapped_,
-               dali::make_string(kOpName, ": npy_* arguments (one entry per sample) are not "
-                                          "taken with image_index="));
-  if (array_ndim_ >= 0) {
+  if (array_ndim_ >= 0 && mapped_) {
+    // A decoded pack's binary index: the shapes are its column, read per
+    // batch (ArrayBytes checks each); every range is one whole array.
+    array_dtype_ = spec.GetArgument<dali::DALIDataType>("npy_dtype");
+    DALI_ENFORCE(array_ndim_ == 3 && mapped_->has_shapes() &&
+                     spec.GetRepeatedArgument<int64_t>("npy_data_offsets").empty() &&
+                     spec.GetRepeatedArgument<int64_t>("npy_shapes").empty(),
+                 dali::make_string(kOpName, ": with image_index=, npy_ndim=3 reads the index's "
+                                            "shapes column (a decoded pack's; give it in "
+                                            "index_columns), no npy_data_offsets / npy_shapes"));
+    DALI_ENFORCE(array_dtype_ != DALI_NO_TYPE && dali::TypeTable::GetTypeInfo(array_dtype_).size() > 0,
+                 dali::make_string(kOpName, ": npy_dtype must be a fixed-size type, got ",
+                                   array_dtype_));
+    array_item_ = static_cast<int64_t>(dali::TypeTable::GetTypeInfo(array_dtype_).size());
+    arrays_whole_ = true;
+  } else if (array_ndim_ >= 0) {
     array_dtype_ = spec.GetArgument<dali::DALIDataType>("npy_dtype");
     array_offset_ = spec.GetRepeatedArgument<int64_t>("npy_data_offsets");
     array_shape_ = spec.GetRepeatedArgument<int64_t>("npy_shapes");
@@ -265,6 +285,7 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
                                    "offset and npy_ndim=", array_ndim_, " dimensions per file (",
                                    files.size(), " files)"));
     const int64_t item = static_cast<int64_t>(dali::TypeTable::GetTypeInfo(array_dtype_).size());
+    array_item_ = item;
     array_bytes_.resize(files.size());
     for (size_t i = 0; i < files.size(); i++) {
       int64_t elems = 1;
@@ -667,10 +688,10 @@ void FileReader<Backend>::RunDevice(dali::Workspace &ws) {
     // ours until the ring recycles it), so the ring copies one range each.
     CheckArrayFile(b, i);
     const size_t idx = static_cast<size_t>(b->indices[i]);
-    const int64_t *dims = array_shape_.data() + idx * static_cast<size_t>(array_ndim_);
+    const int64_t *dims = ArrayDims(idx);
     shape.set_tensor_shape(i, dali::TensorShape<>(dims, dims + array_ndim_));
-    b->samples[i].offset += static_cast<uint64_t>(array_offset_[idx]);
-    b->samples[i].length = array_bytes_[idx];
+    b->samples[i].offset += static_cast<uint64_t>(ArrayOffset(idx));
+    b->samples[i].length = ArrayBytes(idx);
   }
   data.Resize(shape, array_ndim_ >= 0 ? array_dtype_ : DALI_UINT8,
               dali::BatchContiguity::Contiguous);
@@ -731,8 +752,7 @@ void FileReader<Backend>::RunHost(dali::Workspace &ws) {
     // batch as one buffer of the arrays' shapes, passed on without a copy.
     dali::TensorListShape<> shape(n, array_ndim_);
     for (int i = 0; i < n; i++) {
-      const size_t idx = static_cast<size_t>(b->indices[i]);
-      const int64_t *dims = array_shape_.data() + idx * static_cast<size_t>(array_ndim_);
+      const int64_t *dims = ArrayDims(static_cast<size_t>(b->indices[i]));
       shape.set_tensor_shape(i, dali::TensorShape<>(dims, dims + array_ndim_));
     }
     size_t bytes = 0;
@@ -748,9 +768,9 @@ void FileReader<Backend>::RunHost(dali::Workspace &ws) {
     data.SetSize(n);
     for (int i = 0; i < n; i++) {
       const size_t idx = static_cast<size_t>(b->indices[i]);
-      const int64_t *dims = array_shape_.data() + idx * static_cast<size_t>(array_ndim_);
-      std::shared_ptr<void> view(batch, b->arena.base + b->samples[i].offset + array_offset_[idx]);
-      data.SetSample(i, std::move(view), static_cast<size_t>(array_bytes_[idx]), pinned_,
+      const int64_t *dims = ArrayDims(idx);
+      std::shared_ptr<void> view(batch, b->arena.base + b->samples[i].offset + ArrayOffset(idx));
+      data.SetSample(i, std::move(view), static_cast<size_t>(ArrayBytes(idx)), pinned_,
                      dali::TensorShape<>(dims, dims + array_ndim_), array_dtype_,
                      data.device_id(), dali::AccessOrder::host());
     }
@@ -786,14 +806,31 @@ void FileReader<Backend>::RunHost(dali::Workspace &ws) {
 }
 
 template <typename Backend>
+int64_t FileReader<Backend>::ArrayBytes(size_t idx) const {
+  if (!mapped_) return array_bytes_[idx];
+  // The mapped shapes were not walked at open: -1 for extents that are not
+  // an array's (CheckArrayFile then fails the sample, naming it).
+  const int64_t *dims = ArrayDims(idx);
+  int64_t bytes = array_item_;
+  for (int d = 0; d < array_ndim_; d++) {
+    if (dims[d] < 0 || (dims[d] > 0 && bytes > INT64_MAX / dims[d])) return -1;
+    bytes *= dims[d];
+  }
+  return bytes;
+}
+
+template <typename Backend>
 void FileReader<Backend>::CheckArrayFile(const fr_batch *b, int i) const {
   const size_t idx = static_cast<size_t>(b->indices[i]);
-  const int64_t expected = array_offset_[idx] + array_bytes_[idx];
+  const int64_t expected = ArrayOffset(idx) + ArrayBytes(idx);
   if (b->samples[i].length != expected) {
     DALI_ENFORCE(image_.empty(),
                  dali::make_string(kOpName, ": sample ", SampleName(b->indices[i]), " is ",
-                                   b->samples[i].length, " bytes, its shape in npy_shapes needs ",
-                                   expected));
+                                   b->samples[i].length, " bytes, its shape in ",
+                                   mapped_ ? "the index" : "npy_shapes", " needs ",
+                                   expected < 0 ? std::string("no valid size (a negative or "
+                                                              "overflowing extent)")
+                                                : std::to_string(expected)));
     const char *path = fr_reader_path(reader_.get(), idx);
     DALI_FAIL(dali::make_string(kOpName, ": '", path ? path : "?", "' is ", b->samples[i].length,
                                 " bytes now, ", expected,

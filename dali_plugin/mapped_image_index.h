@@ -40,8 +40,9 @@ namespace fastread_dali {
 
 class MappedImageIndex {
  public:
-  // The columns' file offsets in `columns`, in this order.
-  enum Column { kOffsets, kLengths, kLabels, kNameOffsets, kNames, kColumns };
+  // The columns' file offsets in `columns`, in this order; kShapes (int64,
+  // count x 3: a decoded pack's) is optional.
+  enum Column { kOffsets, kLengths, kLabels, kNameOffsets, kNames, kShapes, kColumns };
 
   // `what` prefixes every message (the operator's name). `head`: the index's
   // first line, newline included, as fastread read it; `names_bytes`: the
@@ -52,9 +53,11 @@ class MappedImageIndex {
       : path_(path), count_(count) {
     const std::string where = dali::make_string(what, ": image_index='", path, "': ");
     DALI_ENFORCE(count >= 0 && names_bytes >= 0 && index_bytes > 0 &&
-                     columns.size() == static_cast<size_t>(kColumns),
+                     (columns.size() == static_cast<size_t>(kShapes) ||
+                      columns.size() == static_cast<size_t>(kColumns)),
                  dali::make_string(where, "index_count, index_columns (", columns.size(),
-                                   " given, ", static_cast<int>(kColumns),
+                                   " given, ", static_cast<int>(kShapes), " or ",
+                                   static_cast<int>(kColumns),
                                    " wanted), index_names_bytes and index_bytes describe no "
                                    "index (fastread.dali.readers.image passes them)"));
     // O_NONBLOCK: a FIFO named as the index is refused by fstat, not waited on.
@@ -88,13 +91,13 @@ class MappedImageIndex {
     (void)madvise(map_, size_, MADV_RANDOM);
     const uint64_t n = static_cast<uint64_t>(count);
     const uint64_t sizes[kColumns] = {n * 8, n * 8, n * 4, (n + 1) * 8,
-                                      static_cast<uint64_t>(names_bytes)};
+                                      static_cast<uint64_t>(names_bytes), n * 24};
     static const char *const kNamesOf[kColumns] = {"offsets", "lengths", "labels",
-                                                   "name_offsets", "names"};
-    for (int c = 0; c < kColumns; c++) {
+                                                   "name_offsets", "names", "shapes"};
+    for (int c = 0; c < static_cast<int>(columns.size()); c++) {
       const int64_t at = columns[static_cast<size_t>(c)];
       // 8-aligned (the writer aligns to 64): the views are aligned loads.
-      DALI_ENFORCE(at >= 0 && at % 8 == 0 && n < (UINT64_MAX - 8) / 8 &&
+      DALI_ENFORCE(at >= 0 && at % 8 == 0 && n < (UINT64_MAX - 8) / 24 &&
                        static_cast<uint64_t>(at) <= size_ &&
                        sizes[c] <= size_ - static_cast<uint64_t>(at),
                    dali::make_string(where, "column ", kNamesOf[c], " (at ", at, ", ", sizes[c],
@@ -132,6 +135,11 @@ class MappedImageIndex {
                        static_cast<size_t>(b - a));
   }
   const std::string &path() const { return path_; }
+  bool has_shapes() const { return col_[kShapes] != nullptr; }
+  // Sample i's 3 extents (a decoded pack's HWC), where has_shapes().
+  const int64_t *dims(int64_t i) const {
+    return reinterpret_cast<const int64_t *>(col_[kShapes]) + 3 * static_cast<size_t>(i);
+  }
 
  private:
   std::string path_;

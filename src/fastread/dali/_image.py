@@ -117,10 +117,15 @@ def _check_decoded(img):
 
 def _layout_args(img):
     """The operator's npy_* arguments for a decoded image: each range one
-    whole HWC array (data offset 0) of the index's shape."""
+    whole HWC array (data offset 0) of the index's shape. For a local
+    binary index the operator reads the shapes from the index it maps
+    (image_index=): no list per sample here."""
     from nvidia.dali import types
-    return dict(npy_ndim=3, npy_dtype=types.to_dali_type(img.dtype),
-                npy_data_offsets=[0] * len(img),
+    args = dict(npy_ndim=3, npy_dtype=types.to_dali_type(img.dtype))
+    layout = img.mapped_layout
+    if layout is not None and "shapes" in layout["columns"]:
+        return args
+    return dict(args, npy_data_offsets=[0] * len(img),
                 npy_shapes=[int(x) for x in img.shapes.reshape(-1).tolist()])
 
 

@@ -214,7 +214,11 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
         op_args["device"] = "gpu"
     else:
         op_args.update(pin_args(kwargs, pipe_device))
-    layout = getattr(samples, "mapped_layout", None) if layout_args is None else None
+    # The mapped index serves unless the layout came as lists (npy_shapes:
+    # readers.numpy's headers, a decoded pack's JSON index).
+    layout = getattr(samples, "mapped_layout", None)
+    if layout_args is not None and "npy_shapes" in layout_args:
+        layout = None
     if samples.reads_ranges:
         # O_DIRECT needs aligned offsets: refused here as by the external
         # source (the operator checks again, by sample name).
@@ -224,8 +228,9 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
             # A local binary index: the operator maps it (image_index=), so
             # no argument holds a value per sample (10^8 samples build a
             # pipeline in the time of the index's header).
-            op_args.update(index_args(layout))
-            data, labels = fn.fastread.readers.file(engine=engine, **stream, **op_args)
+            op_args.update(index_args(layout, shapes=layout_args is not None))
+            data, labels = fn.fastread.readers.file(engine=engine, **stream, **op_args,
+                                                    **(layout_args or {}))
             return data, labels
         op_args.update(range_offsets=samples.offsets.tolist(),
                        range_lengths=samples.lengths.tolist())
@@ -244,12 +249,14 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
 _INDEX_COLUMNS = ("offsets", "lengths", "labels", "name_offsets", "names")
 
 
-def index_args(layout):
+def index_args(layout, shapes=False):
     """The operator's image_index arguments from a PackedImage's
     ``mapped_layout`` (image_index.py): the index, its header line, count,
-    size, and where its columns lie."""
+    size, and where its columns lie (with ``shapes``, a decoded pack's
+    shapes column last)."""
     cols = layout["columns"]
+    names = _INDEX_COLUMNS + (("shapes",) if shapes else ())
     return dict(image_index=layout["path"], index_head=layout["head"],
                 index_count=int(layout["count"]), index_bytes=int(layout["bytes"]),
-                index_columns=[int(cols[c][0]) for c in _INDEX_COLUMNS],
+                index_columns=[int(cols[c][0]) for c in names],
                 index_names_bytes=int(cols["names"][1]))
