@@ -11,7 +11,8 @@ memory (the GDS-like path).
 ``decoded=True`` reads a decoded pack (``fastread pack --decode``, raw
 pixels): each sample comes out as its uint8 HWC array (layout ``"HWC"``),
 ready for DALI's augmentation with no decoder. The native operator gets the
-shapes from the index (``npy_*`` arguments, as readers.numpy does), and a
+shapes from the index (``npy_*`` arguments, as readers.numpy does; for a
+local binary index, from the index it maps itself: ``image_index=``), and a
 batch of samples of one shape is one block handed to DALI without a copy;
 with ``device="gpu"`` the operator itself writes each batch into DALI's GPU
 output (one copy per batch from its page-locked arena, on DALI's stream:
