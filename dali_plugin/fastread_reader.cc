@@ -49,6 +49,13 @@
 // a batch of ranges is laid out like a batch of files (dense without
 // O_DIRECT; aligned slots, so per-sample views, with it).
 //
+// A version-3 binary index (image_index=, with the layout
+// fastread.dali.readers.image found when it opened it): the operator maps
+// the index itself (mapped_image_index.h) and reads the ranges in place
+// (fr_reader_open_range_columns), labels and names per batch; no argument
+// holds a value per sample, so a 10^8-sample image builds a pipeline in the
+// time of its index's header.
+//
 // Epochs follow fn.readers.file: the reader never ends. Without
 // pad_last_batch the shard is one endless stream of samples (a batch that
 // crosses an epoch's end is filled from the next epoch); with pad_last_batch
@@ -85,6 +92,7 @@
 #include "dali/pipeline/operator/operator.h"
 #include "engine_args_ref.h"
 #include "fastread.h"
+#include "mapped_image_index.h"
 #include "plugin_common.h"
 #include "stream_operator.h"
 #include "upload_ring.h"
@@ -155,8 +163,24 @@ class FileReader : public StreamOperator<Backend> {
   void Reap();
   void SetRanges(const dali::OpSpec &spec, const std::string &root,
                  const std::vector<std::string> &files, const std::vector<int> &labels);
+  void MapIndex(const dali::OpSpec &spec, const std::string &root,
+                const std::vector<std::string> &files, const std::vector<int> &labels);
   void CheckImage() const;
-  const char *SampleName(int64_t index) const;
+  std::string SampleName(int64_t index) const;
+  int32_t Label(int64_t index) const {
+    return mapped_ ? mapped_->label(index) : labels_[static_cast<size_t>(index)];
+  }
+  // A sample's array layout (npy_* lists, or a mapped decoded index's shapes).
+  const int64_t *ArrayDims(size_t idx) const {
+    return mapped_ ? mapped_->dims(static_cast<int64_t>(idx))
+                   : array_shape_.data() + idx * static_cast<size_t>(array_ndim_);
+  }
+  int64_t ArrayOffset(size_t idx) const { return mapped_ ? 0 : array_offset_[idx]; }
+  int64_t ArrayBytes(size_t idx) const;
+  fr_range Range(int64_t index) const {
+    return mapped_ ? fr_range{mapped_->offsets()[index], mapped_->lengths()[index]}
+                   : ranges_[static_cast<size_t>(index)];
+  }
   [[noreturn]] void FailSample(int64_t index, int64_t neg_errno) const;
 
   // The data set: files, or (image_ set) byte ranges of one image, whose
@@ -165,6 +189,8 @@ class FileReader : public StreamOperator<Backend> {
   std::string image_;
   std::vector<fr_range> ranges_;
   std::vector<int32_t> labels_;
+  // image_index=: the mapped index instead of paths_, ranges_ and labels_.
+  std::unique_ptr<MappedImageIndex> mapped_;
   int64_t n_ = 0;
   // Arrays (npy_ndim >= 0): each file holds one array of `array_dtype_`
   // whose data starts `array_offset_` bytes in and runs to the file's end;
@@ -175,6 +201,7 @@ class FileReader : public StreamOperator<Backend> {
   std::vector<int64_t> array_offset_;
   std::vector<int64_t> array_bytes_;
   std::vector<int64_t> array_shape_;  // n_ x array_ndim_
+  int64_t array_item_ = 0;            // bytes an element
   // Every array is its whole sample (no header before it): a dense batch of
   // them is one block, shared with DALI as it lies.
   bool arrays_whole_ = false;
@@ -206,7 +233,13 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
                                  "' is listed by fastread.dali.readers.file (fastread.index.scan); "
                                  "the native operator takes the result as files= and labels="));
   image_ = spec.GetArgument<std::string>("image");
-  if (!image_.empty()) {
+  const std::string image_index = spec.GetArgument<std::string>("image_index");
+  DALI_ENFORCE(image_index.empty() || !image_.empty(),
+               dali::make_string(kOpName, ": image_index='", image_index,
+                                 "' is the index of a packed image: give image= too"));
+  if (!image_index.empty()) {
+    MapIndex(spec, root, files, labels);
+  } else if (!image_.empty()) {
     SetRanges(spec, root, files, labels);
   } else {
     DALI_ENFORCE(spec.GetRepeatedArgument<int64_t>("range_offsets").empty() &&
@@ -227,12 +260,27 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
       labels_.push_back(labels.empty() ? static_cast<int32_t>(i) : labels[i]);
     }
   }
-  n_ = static_cast<int64_t>(paths_.size());
+  n_ = mapped_ ? mapped_->count() : static_cast<int64_t>(paths_.size());
 
   // With image=, each range holding one array (a decoded packed image's
   // pixels, fastread pack --decode): npy_data_offsets are then all 0.
   array_ndim_ = spec.GetArgument<int>("npy_ndim");
-  if (array_ndim_ >= 0) {
+  if (array_ndim_ >= 0 && mapped_) {
+    // A decoded pack's binary index: the shapes are its column, read per
+    // batch (ArrayBytes checks each); every range is one whole array.
+    array_dtype_ = spec.GetArgument<dali::DALIDataType>("npy_dtype");
+    DALI_ENFORCE(array_ndim_ == 3 && mapped_->has_shapes() &&
+                     spec.GetRepeatedArgument<int64_t>("npy_data_offsets").empty() &&
+                     spec.GetRepeatedArgument<int64_t>("npy_shapes").empty(),
+                 dali::make_string(kOpName, ": with image_index=, npy_ndim=3 reads the index's "
+                                            "shapes column (a decoded pack's; give it in "
+                                            "index_columns), no npy_data_offsets / npy_shapes"));
+    DALI_ENFORCE(array_dtype_ != DALI_NO_TYPE && dali::TypeTable::GetTypeInfo(array_dtype_).size() > 0,
+                 dali::make_string(kOpName, ": npy_dtype must be a fixed-size type, got ",
+                                   array_dtype_));
+    array_item_ = static_cast<int64_t>(dali::TypeTable::GetTypeInfo(array_dtype_).size());
+    arrays_whole_ = true;
+  } else if (array_ndim_ >= 0) {
     array_dtype_ = spec.GetArgument<dali::DALIDataType>("npy_dtype");
     array_offset_ = spec.GetRepeatedArgument<int64_t>("npy_data_offsets");
     array_shape_ = spec.GetRepeatedArgument<int64_t>("npy_shapes");
@@ -246,6 +294,7 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
                                    "offset and npy_ndim=", array_ndim_, " dimensions per file (",
                                    files.size(), " files)"));
     const int64_t item = static_cast<int64_t>(dali::TypeTable::GetTypeInfo(array_dtype_).size());
+    array_item_ = item;
     array_bytes_.resize(files.size());
     for (size_t i = 0; i < files.size(); i++) {
       int64_t elems = 1;
@@ -359,6 +408,11 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
   // image per worker, O_DIRECT where asked and the offsets allow); paths_
   // then only name them.
   auto open_reader = [&]() {
+    if (mapped_)  // borrowed: the mapping outlives the reader (declared before it)
+      return fr_reader_open_range_columns(&cfg, image_.c_str(), mapped_->offsets(),
+                                          mapped_->lengths(), static_cast<size_t>(n_),
+                                          prefetch, static_cast<unsigned>(workers), &rd, err,
+                                          sizeof(err));
     if (!image_.empty())
       return fr_reader_open_ranges(&cfg, image_.c_str(), ranges_.data(), ranges_.size(),
                                    prefetch, static_cast<unsigned>(workers), &rd, err,
@@ -454,6 +508,25 @@ void FileReader<Backend>::SetRanges(const dali::OpSpec &spec, const std::string 
   CheckImage();
 }
 
+template <typename Backend>
+void FileReader<Backend>::MapIndex(const dali::OpSpec &spec, const std::string &root,
+                                   const std::vector<std::string> &files,
+                                   const std::vector<int> &labels) {
+  const std::string what = dali::make_string(kOpName, ": image='", image_, "': ");
+  DALI_ENFORCE(root.empty(), dali::make_string(what, "file_root='", root, "' is for files"));
+  DALI_ENFORCE(files.empty() && labels.empty() &&
+                   spec.GetRepeatedArgument<int64_t>("range_offsets").empty() &&
+                   spec.GetRepeatedArgument<int64_t>("range_lengths").empty(),
+               dali::make_string(what, "image_index= gives the samples' ranges, names and "
+                                       "labels: no files=, labels= or range_* too"));
+  mapped_ = std::make_unique<MappedImageIndex>(
+      kOpName, spec.GetArgument<std::string>("image_index"),
+      spec.GetArgument<std::string>("index_head"), spec.GetArgument<int64_t>("index_count"),
+      spec.GetRepeatedArgument<int64_t>("index_columns"),
+      spec.GetArgument<int64_t>("index_names_bytes"), spec.GetArgument<int64_t>("index_bytes"));
+  CheckImage();
+}
+
 // The image is there, is one, and (a regular file) holds every range: said
 // when the pipeline is built rather than at the first batch that reads past
 // its end. An image truncated later fails that batch (FailSample).
@@ -479,6 +552,10 @@ void FileReader<Backend>::CheckImage() const {
                dali::make_string(kOpName, ": image '", image_,
                                  "' is neither a regular file nor a block device"));
   if (!S_ISREG(st.st_mode)) return;  // a device's size is not st_size
+  // A mapped index's ranges are not walked (O(N) page-ins at open):
+  // fastread.PackedImage checked them where it verified the index, and a
+  // range past the end fails its batch (FailSample).
+  if (mapped_) return;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   for (size_t i = 0; i < ranges_.size(); i++) {
     DALI_ENFORCE(ranges_[i].offset + ranges_[i].length <= size,
@@ -491,16 +568,18 @@ void FileReader<Backend>::CheckImage() const {
 }
 
 template <typename Backend>
-const char *FileReader<Backend>::SampleName(int64_t index) const {
+std::string FileReader<Backend>::SampleName(int64_t index) const {
   // The reader's copy of a file's path is paths_[index]; an image's sample
-  // is named by paths_ alone (fr_reader_path gives the image for all).
-  return paths_[static_cast<size_t>(index)].c_str();
+  // is named by paths_ alone (fr_reader_path gives the image for all), or
+  // by the mapped index's name, made when asked.
+  if (mapped_) return image_ + "[" + mapped_->name(index) + "]";
+  return paths_[static_cast<size_t>(index)];
 }
 
 template <typename Backend>
 void FileReader<Backend>::FailSample(int64_t index, int64_t neg_errno) const {
   if (!image_.empty() && neg_errno == -ENODATA) {
-    const fr_range &r = ranges_[static_cast<size_t>(index)];
+    const fr_range r = Range(index);
     DALI_FAIL(dali::make_string(kOpName, ": cannot read sample ", SampleName(index), " (bytes ",
                                 r.offset, "..", r.offset + r.length, "): image '", image_,
                                 "' ends inside it (truncated since the pipeline was built?)"));
@@ -618,17 +697,17 @@ void FileReader<Backend>::RunDevice(dali::Workspace &ws) {
     // ours until the ring recycles it), so the ring copies one range each.
     CheckArrayFile(b, i);
     const size_t idx = static_cast<size_t>(b->indices[i]);
-    const int64_t *dims = array_shape_.data() + idx * static_cast<size_t>(array_ndim_);
+    const int64_t *dims = ArrayDims(idx);
     shape.set_tensor_shape(i, dali::TensorShape<>(dims, dims + array_ndim_));
-    b->samples[i].offset += static_cast<uint64_t>(array_offset_[idx]);
-    b->samples[i].length = array_bytes_[idx];
+    b->samples[i].offset += static_cast<uint64_t>(ArrayOffset(idx));
+    b->samples[i].length = ArrayBytes(idx);
   }
   data.Resize(shape, array_ndim_ >= 0 ? array_dtype_ : DALI_UINT8,
               dali::BatchContiguity::Contiguous);
   labels.Resize(dali::uniform_list_shape<1>(n, {1}), DALI_INT32, dali::BatchContiguity::Contiguous);
   std::vector<int32_t> host_labels(static_cast<size_t>(n));
   for (int i = 0; i < n; i++)
-    host_labels[static_cast<size_t>(i)] = labels_[static_cast<size_t>(b->indices[i])];
+    host_labels[static_cast<size_t>(i)] = Label(b->indices[i]);
   uint64_t data_dst = 0;
   if (shape.num_elements() > 0) {
     auto *base = static_cast<uint8_t *>(contiguous_raw_mutable_data(data));
@@ -668,7 +747,7 @@ void FileReader<Backend>::RunHost(dali::Workspace &ws) {
   auto &labels = ws.Output<dali::CPUBackend>(1);
   labels.Resize(dali::uniform_list_shape<1>(n, {1}), DALI_INT32);
   for (int i = 0; i < n; i++) {
-    labels.mutable_tensor<int32_t>(i)[0] = labels_[static_cast<size_t>(b->indices[i])];
+    labels.mutable_tensor<int32_t>(i)[0] = Label(b->indices[i]);
     if (array_ndim_ >= 0) CheckArrayFile(b, i);
   }
 
@@ -682,8 +761,7 @@ void FileReader<Backend>::RunHost(dali::Workspace &ws) {
     // batch as one buffer of the arrays' shapes, passed on without a copy.
     dali::TensorListShape<> shape(n, array_ndim_);
     for (int i = 0; i < n; i++) {
-      const size_t idx = static_cast<size_t>(b->indices[i]);
-      const int64_t *dims = array_shape_.data() + idx * static_cast<size_t>(array_ndim_);
+      const int64_t *dims = ArrayDims(static_cast<size_t>(b->indices[i]));
       shape.set_tensor_shape(i, dali::TensorShape<>(dims, dims + array_ndim_));
     }
     size_t bytes = 0;
@@ -699,9 +777,9 @@ void FileReader<Backend>::RunHost(dali::Workspace &ws) {
     data.SetSize(n);
     for (int i = 0; i < n; i++) {
       const size_t idx = static_cast<size_t>(b->indices[i]);
-      const int64_t *dims = array_shape_.data() + idx * static_cast<size_t>(array_ndim_);
-      std::shared_ptr<void> view(batch, b->arena.base + b->samples[i].offset + array_offset_[idx]);
-      data.SetSample(i, std::move(view), static_cast<size_t>(array_bytes_[idx]), pinned_,
+      const int64_t *dims = ArrayDims(idx);
+      std::shared_ptr<void> view(batch, b->arena.base + b->samples[i].offset + ArrayOffset(idx));
+      data.SetSample(i, std::move(view), static_cast<size_t>(ArrayBytes(idx)), pinned_,
                      dali::TensorShape<>(dims, dims + array_ndim_), array_dtype_,
                      data.device_id(), dali::AccessOrder::host());
     }
@@ -737,14 +815,31 @@ void FileReader<Backend>::RunHost(dali::Workspace &ws) {
 }
 
 template <typename Backend>
+int64_t FileReader<Backend>::ArrayBytes(size_t idx) const {
+  if (!mapped_) return array_bytes_[idx];
+  // The mapped shapes were not walked at open: -1 for extents that are not
+  // an array's (CheckArrayFile then fails the sample, naming it).
+  const int64_t *dims = ArrayDims(idx);
+  int64_t bytes = array_item_;
+  for (int d = 0; d < array_ndim_; d++) {
+    if (dims[d] < 0 || (dims[d] > 0 && bytes > INT64_MAX / dims[d])) return -1;
+    bytes *= dims[d];
+  }
+  return bytes;
+}
+
+template <typename Backend>
 void FileReader<Backend>::CheckArrayFile(const fr_batch *b, int i) const {
   const size_t idx = static_cast<size_t>(b->indices[i]);
-  const int64_t expected = array_offset_[idx] + array_bytes_[idx];
+  const int64_t expected = ArrayOffset(idx) + ArrayBytes(idx);
   if (b->samples[i].length != expected) {
     DALI_ENFORCE(image_.empty(),
-                 dali::make_string(kOpName, ": sample ", paths_[idx], " is ",
-                                   b->samples[i].length, " bytes, its shape in npy_shapes needs ",
-                                   expected));
+                 dali::make_string(kOpName, ": sample ", SampleName(b->indices[i]), " is ",
+                                   b->samples[i].length, " bytes, its shape in ",
+                                   mapped_ ? "the index" : "npy_shapes", " needs ",
+                                   expected < 0 ? std::string("no valid size (a negative or "
+                                                              "overflowing extent)")
+                                                : std::to_string(expected)));
     const char *path = fr_reader_path(reader_.get(), idx);
     DALI_FAIL(dali::make_string(kOpName, ": '", path ? path : "?", "' is ", b->samples[i].length,
                                 " bytes now, ", expected,
@@ -799,6 +894,20 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                     std::vector<int64_t>())
     .AddOptionalArg("range_lengths", "With image: each sample's length in bytes.",
                     std::vector<int64_t>())
+    .AddOptionalArg("image_index",
+                    "With image: its version-3 binary index, mapped by the operator (the "
+                    "samples' ranges, labels and names; instead of files=, labels=, range_*). "
+                    "fastread.dali.readers.image passes it with the index_* layout it found.",
+                    std::string())
+    .AddOptionalArg("index_head", "With image_index: the index's header line, as read.",
+                    std::string())
+    .AddOptionalArg<int64_t>("index_count", "With image_index: its samples.", 0)
+    .AddOptionalArg("index_columns",
+                    "With image_index: the file offsets of its offsets, lengths, labels, "
+                    "name_offsets and names columns.",
+                    std::vector<int64_t>())
+    .AddOptionalArg<int64_t>("index_names_bytes", "With image_index: its names' bytes.", 0)
+    .AddOptionalArg<int64_t>("index_bytes", "With image_index: the index file's size.", 0)
     .AddOptionalArg("file_list",
                     "Not listed natively: fastread.dali.readers.file turns it into files=.",
                     std::string())

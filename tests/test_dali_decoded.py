@@ -28,7 +28,14 @@ def packs(disk_tmp):
     jpeg = fastread.pack(root, os.path.join(disk_tmp, "dd_jpeg.img"), decode=True,
                          max_side=64, encode="jpeg", decode_workers=0, progress=False)
     plain = fastread.pack(root, os.path.join(disk_tmp, "dd_plain.img"), progress=False)
-    return dict(crop=crop, var=var, jpeg=jpeg, plain=plain)
+    # Binary indexes (version 3): the operator maps them and reads the
+    # shapes column itself (image_index=), no npy_* list per sample.
+    crop_bin = fastread.pack(root, os.path.join(disk_tmp, "dd_crop_bin.img"), decode=True,
+                             resize=24, crop=20, decode_workers=0, progress=False,
+                             index_format="binary")
+    var_bin = fastread.pack(root, os.path.join(disk_tmp, "dd_var_bin.img"), decode=True,
+                            resize=24, decode_workers=0, progress=False, index_format="binary")
+    return dict(crop=crop, var=var, jpeg=jpeg, plain=plain, crop_bin=crop_bin, var_bin=var_bin)
 
 
 def expected(img):
@@ -45,7 +52,7 @@ def run(pipe, iterations):
     return out
 
 
-@pytest.mark.parametrize("which", ["crop", "var"])
+@pytest.mark.parametrize("which", ["crop", "var", "crop_bin", "var_bin"])
 @pytest.mark.parametrize("native", [True, False], ids=["operator", "external"])
 @pytest.mark.parametrize("kw", [dict(), dict(o_direct=True), dict(num_shards=2, shard_id=1, stick_to_shard=True)],
                          ids=["plain", "o_direct", "shard"])
@@ -94,6 +101,38 @@ def test_followed_by_dali_augmentation_without_a_decoder(packs, device):
         arr = np.array(images.as_tensor())
         assert arr.shape == (8, 3, 16, 16) and arr.dtype == np.float32
         assert np.isfinite(arr).all() and arr.std() > 0.1
+
+
+@pytest.mark.parametrize("which", ["crop_bin", "var_bin"])
+def test_binary_index_passes_no_list_per_sample(packs, which):
+    img = packs[which]
+    assert img.version == 3 and "shapes" in img.mapped_layout["columns"]
+    p = make_pipe(lambda: readers.image(image=img.path, decoded=True, native=True), 4)
+    got = p.serialize()
+    assert b"image_index" in got and b"npy_shapes" not in got and b"range_offsets" not in got
+
+
+def test_damaged_shape_in_a_mapped_index_fails_naming_the_sample(packs, tmp_path):
+    # The mapped shapes are not walked at open (10^8 samples): a damaged one
+    # fails the batch that meets it, naming the sample, never a wrong view.
+    import shutil
+    from fastread.dali._native import index_args
+    from fastread.image import PackedImage
+    img = packs["var_bin"]
+    out = str(tmp_path / "copy.img")
+    shutil.copyfile(img.path, out)
+    shutil.copyfile(img.index_path, out + ".index")
+    mine = PackedImage(out)
+    args = index_args(mine.mapped_layout, shapes=True)
+    with open(out + ".index", "r+b") as f:   # sample 1's height: -5 (size and header kept)
+        f.seek(mine.mapped_layout["columns"]["shapes"][0] + 3 * 8)
+        f.write(np.array([-5], "<i8").tobytes())
+    p = make_pipe(lambda: fn.fastread.readers.file(image=out, npy_ndim=3,
+                                                   npy_dtype=types.UINT8, **args), 4)
+    name = list(mine.names)[1]
+    with pytest.raises(RuntimeError, match=rf"copy\.img\[{name}\] is \d+ bytes, its shape in "
+                                           r"the index needs no valid size"):
+        p.run()
 
 
 def test_native_dense_batch_is_one_block(packs):

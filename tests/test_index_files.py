@@ -7,7 +7,7 @@ in errors; a 10^7-sample synthetic index opens and reads with bounded RSS;
 DALI wds2idx files parsed in C give what the Python reference gives (and
 the same refusals, naming the file and the line); component offsets kept
 in tar blocks where they fit, bytes where not, both round-tripping through
-.fridx (version 1 files still read)."""
+.fridx (version 1 and 2 files still read; version 3 writes lengths as uint32)."""
 import glob
 import os
 import tarfile
@@ -369,7 +369,8 @@ def test_component_offsets_in_blocks_where_they_fit(tmp_path, offs, unit):
     assert index.comp_unit == unit
     assert index.comp_off.dtype == (np.uint16 if unit == 512 else np.int32)
     assert index.comp_offsets().reshape(-1).tolist() == offs
-    assert index.bytes_per_sample() == 8 + 8 + 4 + 4 + index.comp_off.itemsize + 4
+    # start 8, length 4 (uint32: version 3), shard number 4, label 4.
+    assert index.bytes_per_sample() == 8 + 4 + 4 + 4 + index.comp_off.itemsize + 4
     path = str(tmp_path / "x.fridx")
     index.write(path)
     back = ix.open_fridx(path)
@@ -399,6 +400,7 @@ def _rewrite_header(path, edit):
 def test_fridx_version_1_read_and_damage_refused(tmp_path):
     shards = [{"path": "s.tar", "size": 1, "mtime_ns": 1}]
     index = ix.WdsIndex.from_parts(SPEC1, shards, [_part([0, 513, -1])])
+    index.length = index.length.astype(np.int64)   # version 1's lengths
     path = str(tmp_path / "v1.fridx")
     index.write(path)
 
@@ -414,6 +416,77 @@ def test_fridx_version_1_read_and_damage_refused(tmp_path):
     _rewrite_header(blocks, lambda h: h.update(comp_unit=7))
     with pytest.raises(FormatError, match=r"blocks\.fridx.*comp_unit 7"):
         ix.open_fridx(blocks)
+
+
+def test_fridx_version_3_lengths_and_older_versions(tmp_path):
+    # Version 3 keeps the sample lengths as uint32 where they fit (32 B a
+    # sample for two components), and the table reader reads them in place;
+    # a version-2 file (int64 lengths) still reads the same; a length of
+    # 4 GiB or more stays int64; unknown versions and a uint32 length column
+    # in a version-2 file are refused naming the file.
+    shards = [{"path": "s.tar", "size": 1, "mtime_ns": 1}]
+    index = ix.WdsIndex.from_parts(SPEC1, shards, [_part([0, 512, -1])])
+    assert index.length.dtype == np.uint32
+    path = str(tmp_path / "v3.fridx")
+    index.write(path)
+    back = ix.open_fridx(path)
+    assert back.length.dtype == np.dtype("<u4") and back.length.tolist() == [4096] * 3
+    assert back.bytes_per_sample() == 8 + 4 + 4 + 4 + 2 + 4
+
+    v2 = str(tmp_path / "v2.fridx")
+    old = ix.WdsIndex.from_parts(SPEC1, shards, [_part([0, 512, -1])])
+    old.length = old.length.astype(np.int64)     # as version 2 wrote it
+    old.write(v2)
+    _rewrite_header(v2, lambda h: h.update(version=2))
+    back2 = ix.open_fridx(v2)
+    assert back2.length.dtype == np.dtype("<i8") and back2.length.tolist() == [4096] * 3
+    assert back2.comp_offsets().tolist() == back.comp_offsets().tolist()
+
+    big = _part([0, 512])
+    big["length"] = np.array([4096, 1 << 32])
+    wide = ix.WdsIndex.from_parts(SPEC1, shards, [big])
+    assert wide.length.dtype == np.int64
+    wide.write(str(tmp_path / "wide.fridx"))
+    assert ix.open_fridx(str(tmp_path / "wide.fridx")).length.tolist() == [4096, 1 << 32]
+
+    bad = str(tmp_path / "bad.fridx")
+    index.write(bad)
+    _rewrite_header(bad, lambda h: h.update(version=2))
+    with pytest.raises(FormatError, match=r"bad\.fridx.*column 'length' of dtype <u4 in a "
+                                          r"version-2 index"):
+        ix.open_fridx(bad)
+    index.write(bad)
+    _rewrite_header(bad, lambda h: h.update(version=4))
+    with pytest.raises(FormatError, match=r"bad\.fridx.*unsupported index version 4 "
+                                          r"\(versions 1, 2, 3 are read\)"):
+        ix.open_fridx(bad)
+
+
+def test_uint32_lengths_reach_the_native_reader_uncopied(tmp_path):
+    # The table reader borrows the index's own uint32 length column
+    # (fr_reader_open_table32): no widened copy, none counted, and the
+    # samples read are the tar's.
+    from fastread import Reader
+    shard = tmp_path / "a.tar"
+    write_tar(shard, [(f"k{i:03d}.bin", b"y" * (i + 1)) for i in range(40)])
+    _age([str(shard)])
+    for given in (None, "fridx"):
+        kw = dict(index_cache="off")
+        if given:
+            path = str(tmp_path / "a.fridx")
+            WebDataset([str(shard)], ["bin"], **kw).index.write(path)
+            kw["index_paths"] = path
+        src = WebDataset([str(shard)], ["bin"], **kw)
+        ids, starts, lengths = src.native_table()
+        assert lengths.dtype == np.uint32 and lengths is src.index.length
+        assert src.index_bytes()["index_numbering_bytes"] == 0
+        assert src.index_bytes()["index_bytes_per_sample"] == 8 + 4 + 4 + 4 + 2 + 4
+        with Reader(source=src, batch_size=8, random_shuffle=True, seed=2) as r:
+            got = {}
+            for arrays, labels in r:
+                (parts,) = src.components(arrays, np.asarray(labels, np.int64))
+                got.update((int(i), bytes(a)) for i, a in zip(labels, parts))
+        assert got == {i: b"y" * (i + 1) for i in range(40)}
 
 
 def test_damaged_shard_numbers_are_named(tmp_path):

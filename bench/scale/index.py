@@ -17,7 +17,7 @@ with the time, RSS growth and Reader.memory()/index_bytes() per sample.
 ``--synthetic N`` (e.g. 100000000) measures an index too large to build
 here: S sparse shard files (holes: the reads return zeros) and a synthetic
 ``.fridx`` of N samples written column by column in chunks (never in RAM;
-~36 B a sample on disk), then in a fresh process
+~32 B a sample on disk), then in a fresh process
   huge_open          WebDataset(index_paths=<it>): time and RSS
   huge_first_batch   + Reader(random_shuffle=True, batch_size=256): the first
                      batch of a shuffled epoch, time and RSS
@@ -69,14 +69,16 @@ def make_shards(root, samples, shards):
     return paths
 
 
-def make_synthetic(root, samples, shards):
+def make_synthetic(root, samples, shards, lengths="<u4"):
     """A synthetic index of ``samples`` two-component samples (8-byte jpg,
     1-byte cls, laid out as make_shards lays them) over ``shards`` sparse
-    shard files, as one .fridx written in chunks; reused when present."""
+    shard files, as one .fridx written in chunks; reused when present.
+    ``lengths``: the length column's dtype, ``<u4`` (what version 3 writes)
+    or ``<i8`` (version 2's layout: the before)."""
     from fastread.formats import _index_files
 
     os.makedirs(root, exist_ok=True)
-    fridx = os.path.join(root, "all.fridx")
+    fridx = os.path.join(root, "all.fridx" if lengths == "<u4" else "all-i8.fridx")
     done = fridx + ".done"
     per = -(-samples // shards)
     counts = np.full(shards, per, np.int64)
@@ -87,9 +89,13 @@ def make_synthetic(root, samples, shards):
     old = time.time() - 3600
     recs = []
     for p, n in zip(paths, counts.tolist()):
-        with open(p, "wb") as f:
-            f.truncate(n * 4 * _BLOCK + 1024)   # a hole: no disk blocks
-        os.utime(p, (old, old))
+        size = n * 4 * _BLOCK + 1024
+        # Shared by the layouts' index files: made once, so that one's
+        # writing does not make the other's identity stale.
+        if not os.path.exists(p) or os.path.getsize(p) != size:
+            with open(p, "wb") as f:
+                f.truncate(size)   # a hole: no disk blocks
+            os.utime(p, (old, old))
         st = os.stat(p)
         recs.append({"path": p, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     spec = {"ext": ["jpg", "cls"], "case_sensitive": True, "grouping": "webdataset",
@@ -118,7 +124,7 @@ def make_synthetic(root, samples, shards):
                 out[a:b, 0], out[a:b, 1] = 0, 2   # blocks: bytes 0 and 1024
             elif name == "comp_len":
                 out[a:b, 0], out[a:b, 1] = 8, 1
-    cols = [("start", "<i8", (samples,)), ("length", "<i8", (samples,)),
+    cols = [("start", "<i8", (samples,)), ("length", lengths, (samples,)),
             ("comp_off", "<u2", (samples, 2)), ("comp_len", "<u4", (samples, 2)),
             ("counts", "<i8", (shards,)), ("file_ids", "<u4", (samples,)),
             ("labels", "<i4", (samples,))]
@@ -152,7 +158,33 @@ def huge_child(mode, paths, fridx):
     out["rss_growth"] = out["rss"] - rss0
     out["rss_per_sample"] = out["rss_growth"] / max(1, len(src))
     out["index_total_per_sample"] = out["index_bytes"] / max(1, len(src))
+    # Anonymous (what the process made) and file-backed (the index's clean
+    # pages, mapped by fault-around where the page cache holds them: they
+    # depend on what the cache kept of the file, and the kernel may drop
+    # them) apart.
+    out.update(_rss_kinds())
     return out
+
+
+def _drop_from_cache(path):
+    """The page cache's pages of ``path`` dropped (this file's only:
+    POSIX_FADV_DONTNEED), so that every layout's row starts with its index
+    cold, whichever file was written or read last."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _rss_kinds():
+    kinds = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                kinds["rss_" + line[3:7].lower()] = int(line.split()[1]) * 1024
+    return kinds
 
 
 def _rss():
@@ -195,27 +227,40 @@ def child(mode, paths, fridx, cache):
 
 def huge(args):
     root = os.path.join(args.dir, f"synthetic-{args.synthetic}x{args.shards}")
-    t0 = time.perf_counter()
-    paths, fridx = make_synthetic(root, args.synthetic, args.shards)
-    made = time.perf_counter() - t0
+    layouts = [x for x in args.lengths.split(",") if x]
     if args.child:
+        paths, fridx = make_synthetic(root, args.synthetic, args.shards, layouts[0])
         print(json.dumps(huge_child(args.child, paths, fridx)))
         return 0
-    print(f"synthetic index of {args.synthetic} samples in {args.shards} shards: "
-          f"{os.path.getsize(fridx) / 1e9:.2f} GB, {made:.1f} s to make (or find)", flush=True)
+    for lengths in layouts:
+        t0 = time.perf_counter()
+        _paths, fridx = make_synthetic(root, args.synthetic, args.shards, lengths)
+        print(f"synthetic index of {args.synthetic} samples in {args.shards} shards, lengths "
+              f"{lengths}: {os.path.getsize(fridx) / 1e9:.2f} GB, "
+              f"{time.perf_counter() - t0:.1f} s to make (or find)", flush=True)
     rows = []
-    for mode in ("huge_open", "huge_first_batch"):
-        cmd = [sys.executable, __file__, "--synthetic", str(args.synthetic), "--shards",
-               str(args.shards), "--dir", args.dir, "--child", mode]
-        res = subprocess.run(cmd, check=True, capture_output=True, text=True)
-        r = json.loads(res.stdout.strip().splitlines()[-1])
-        rows.append(r)
-        print(f"{mode:18s} open {r['index_s']:6.3f} s"
-              + (f"  first batch {r['first_batch_s']:6.3f} s ok={r['batch_ok']}"
-                 if "first_batch_s" in r else "")
-              + f"  RSS {r['rss'] / 2**20:7.1f} MiB (+{r['rss_growth'] / 2**20:.1f})  index "
-                f"{r['index_bytes_per_sample']:.1f} B/sample (mapped={r['index_mapped']})",
-              flush=True)
+    # Interleaved: every round runs each layout's rows, each in a fresh process.
+    for rnd in range(args.rounds):
+        for lengths in layouts:
+            for mode in ("huge_open", "huge_first_batch"):
+                if args.cold_index:
+                    _drop_from_cache(make_synthetic(root, args.synthetic, args.shards,
+                                                    lengths)[1])
+                cmd = [sys.executable, __file__, "--synthetic", str(args.synthetic), "--shards",
+                       str(args.shards), "--dir", args.dir, "--child", mode, "--lengths",
+                       lengths]
+                res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+                r = json.loads(res.stdout.strip().splitlines()[-1])
+                r.update(lengths=lengths, round=rnd)
+                rows.append(r)
+                print(f"{lengths} {mode:18s} open {r['index_s']:6.3f} s"
+                      + (f"  first batch {r['first_batch_s']:6.3f} s ok={r['batch_ok']}"
+                         if "first_batch_s" in r else "")
+                      + f"  RSS {r['rss'] / 2**20:7.1f} MiB (+{r['rss_growth'] / 2**20:.1f}; "
+                        f"anon {r['rss_anon'] / 2**20:.1f}, file {r['rss_file'] / 2**20:.1f})  "
+                        f"index {r['index_bytes_per_sample']:.1f} B/sample "
+                        f"(mapped={r['index_mapped']})", flush=True)
+    print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"synthetic": args.synthetic, "shards": args.shards, "rows": rows}, f,
@@ -233,6 +278,13 @@ def main():
     ap.add_argument("--child")
     ap.add_argument("--synthetic", type=int, default=0,
                     help="N: a synthetic N-sample index over sparse shards (the 10^8 row)")
+    ap.add_argument("--lengths", default="<u4",
+                    help="with --synthetic: the length columns' dtypes to compare, e.g. "
+                         "'<i8,<u4' (version 2's layout, then version 3's)")
+    ap.add_argument("--rounds", type=int, default=1, help="with --synthetic: interleaved rounds")
+    ap.add_argument("--cold-index", action="store_true",
+                    help="with --synthetic: the index file dropped from the page cache before "
+                         "each row (POSIX_FADV_DONTNEED of that file only)")
     args = ap.parse_args()
     if args.synthetic:
         return huge(args)

@@ -83,6 +83,7 @@ struct fr_reader {
     size_t nfiles;
     const uint32_t *t_files;
     const uint64_t *t_offsets, *t_lengths;
+    const uint32_t *t_lengths32; /* fr_reader_open_table32: instead of t_lengths */
     unsigned prefetch;
     unsigned nworkers;
     fr_pool *pool;
@@ -188,7 +189,8 @@ static int read_table_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr
          * check): the columns are not walked at open. */
         sc->jobs[i] = (fr_file_range){.file = rd->t_files[idx],
                                       .offset = rd->t_offsets[idx],
-                                      .length = rd->t_lengths[idx]};
+                                      .length = rd->t_lengths32 ? rd->t_lengths32[idx]
+                                                                : rd->t_lengths[idx]};
     }
     return fr_read_file_ranges(ctx, rd->paths, rd->nfiles, sc->jobs, req->n, b);
 }
@@ -680,13 +682,15 @@ int fr_reader_open_keys(const fr_config *cfg, const uint8_t *keys, size_t key_le
     return reader_start(rd, out, err, err_len);
 }
 
-int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t npaths,
-                         const uint32_t *file_ids, const uint64_t *offsets,
-                         const uint64_t *lengths, size_t n, unsigned prefetch,
-                         unsigned workers, fr_reader **out, char *err, size_t err_len)
+/* The table readers' one opening: exactly one of lengths / lengths32 is
+ * read (the other NULL). */
+static int table_open(const fr_config *cfg, const char *const *paths, size_t npaths,
+                      const uint32_t *file_ids, const uint64_t *offsets, const uint64_t *lengths,
+                      const uint32_t *lengths32, size_t n, unsigned prefetch, unsigned workers,
+                      fr_reader **out, char *err, size_t err_len)
 {
     *out = NULL;
-    if (n && (!file_ids || !offsets || !lengths)) {
+    if (n && (!file_ids || !offsets || (!lengths && !lengths32))) {
         fr_set_err(err, err_len, "a table reader needs file ids, offsets and lengths");
         return -EINVAL;
     }
@@ -717,6 +721,7 @@ int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t 
     rd->t_files = file_ids;
     rd->t_offsets = offsets;
     rd->t_lengths = lengths;
+    rd->t_lengths32 = lengths32;
     size_t total_len = 0;
     for (size_t i = 0; i < npaths; i++)
         total_len += strlen(paths[i]) + 1;
@@ -734,6 +739,24 @@ int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t 
         p += len;
     }
     return reader_start(rd, out, err, err_len);
+}
+
+int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t npaths,
+                         const uint32_t *file_ids, const uint64_t *offsets,
+                         const uint64_t *lengths, size_t n, unsigned prefetch,
+                         unsigned workers, fr_reader **out, char *err, size_t err_len)
+{
+    return table_open(cfg, paths, npaths, file_ids, offsets, lengths, NULL, n, prefetch,
+                      workers, out, err, err_len);
+}
+
+int fr_reader_open_table32(const fr_config *cfg, const char *const *paths, size_t npaths,
+                           const uint32_t *file_ids, const uint64_t *offsets,
+                           const uint32_t *lengths, size_t n, unsigned prefetch,
+                           unsigned workers, fr_reader **out, char *err, size_t err_len)
+{
+    return table_open(cfg, paths, npaths, file_ids, offsets, NULL, lengths, n, prefetch,
+                      workers, out, err, err_len);
 }
 
 static void enqueue(fr_reader *rd, request *req);

@@ -137,15 +137,18 @@ static void check_ctx(const char *engine)
     CHECK(open_fds() == before); /* the LRU's descriptors closed with it */
 }
 
-static void check_table_reader(const char *engine)
+/* narrow: the uint32 length column (fr_reader_open_table32), its lengths
+ * varied so that a reader reading the wrong column or width fails. */
+static void check_table_reader(const char *engine, int narrow)
 {
     enum { N = NFILES * PER_FILE };
-    static uint32_t ids[N];
+    static uint32_t ids[N], lens32[N];
     static uint64_t offs[N], lens[N];
     for (size_t i = 0; i < N; i++) {
         ids[i] = (uint32_t)(i / PER_FILE);
         offs[i] = (i % PER_FILE) * LEN;
-        lens[i] = LEN;
+        lens[i] = narrow ? LEN - i % 7 : LEN;
+        lens32[i] = (uint32_t)lens[i];
     }
     fr_config cfg;
     fr_config_init(&cfg);
@@ -154,8 +157,10 @@ static void check_table_reader(const char *engine)
     fr_reader *rd = NULL;
     char err[FR_ERRLEN] = "";
     int base = open_fds();
-    int rc = fr_reader_open_table(&cfg, (const char *const *)paths, NFILES, ids, offs, lens, N, 2,
-                                  2, &rd, err, sizeof(err));
+    int rc = narrow ? fr_reader_open_table32(&cfg, (const char *const *)paths, NFILES, ids, offs,
+                                             lens32, N, 2, 2, &rd, err, sizeof(err))
+                    : fr_reader_open_table(&cfg, (const char *const *)paths, NFILES, ids, offs,
+                                           lens, N, 2, 2, &rd, err, sizeof(err));
     CHECK(rc == 0);
     if (rc) {
         fprintf(stderr, "%s\n", err);
@@ -176,9 +181,9 @@ static void check_table_reader(const char *engine)
             break;
         for (size_t i = 0; i < 50; i++) {
             int64_t j = idx[s + i];
-            exact &= b->indices[i] == j && b->samples[i].length == LEN &&
+            exact &= b->indices[i] == j && b->samples[i].length == (int64_t)lens[j] &&
                      memcmp(b->arena.base + b->samples[i].offset,
-                            contents[ids[j]] + offs[j], LEN) == 0;
+                            contents[ids[j]] + offs[j], lens[j]) == 0;
         }
         int now = open_fds() - base;
         peak = now > peak ? now : peak;
@@ -214,7 +219,8 @@ int main(void)
             continue;
         }
         check_ctx(engines[e]);
-        check_table_reader(engines[e]);
+        check_table_reader(engines[e], 0);
+        check_table_reader(engines[e], 1);
     }
     for (int i = 0; i < NFILES; i++) {
         free(paths[i]);

@@ -154,6 +154,10 @@ cdef extern from "fastread.h" nogil:
                              const uint32_t *file_ids, const uint64_t *offsets,
                              const uint64_t *lengths, size_t n, unsigned prefetch,
                              unsigned workers, fr_reader **out, char *err, size_t err_len)
+    int fr_reader_open_table32(const fr_config *cfg, const char *const *paths, size_t npaths,
+                               const uint32_t *file_ids, const uint64_t *offsets,
+                               const uint32_t *lengths, size_t n, unsigned prefetch,
+                               unsigned workers, fr_reader **out, char *err, size_t err_len)
     int fr_reader_open_keys(const fr_config *cfg, const uint8_t *keys, size_t key_len, size_t n,
                             unsigned prefetch, unsigned workers, fr_reader **out, char *err,
                             size_t err_len) nogil

@@ -47,8 +47,8 @@ cdef class NativeReader:
     ``paths`` is ignored and may be None), or, with ``keys=`` (a C-contiguous
     uint8 array of shape (n, key_len)), the rows of n keys that an engine
     finding rows by key reads (cql), or, with ``file_ids=`` (and
-    ``offsets=``, ``lengths=``), byte ranges of many files: sample i is
-    ``lengths[i]`` bytes at ``offsets[i]`` of ``paths[file_ids[i]]``
+    ``offsets=``, ``lengths=``: uint64, or uint32 read as it is), byte
+    ranges of many files: sample i is ``lengths[i]`` bytes at ``offsets[i]`` of ``paths[file_ids[i]]``
     (fr_reader_open_table: one reader, at most ``max_open_files``
     descriptors, whatever the number of files; the columns are borrowed,
     kept alive by this object, not copied)."""
@@ -80,18 +80,27 @@ cdef class NativeReader:
                              else [encode_path(p) for p in paths])
         cdef const cnp.uint32_t[::1] t_files
         cdef const cnp.uint64_t[::1] t_offsets, t_lengths
+        cdef const cnp.uint32_t[::1] t_lengths32
         cdef size_t t_n = 0
+        cdef bint narrow = False
         if file_ids is not None:
             if offsets is None or lengths is None:
                 raise ValueError("a table reader needs offsets= and lengths=")
+            # uint32 lengths are read as they are (fr_reader_open_table32):
+            # a mapped index's 4-byte column is not widened into a copy.
+            narrow = np.asarray(lengths).dtype == np.uint32
             cols = (np.ascontiguousarray(file_ids, dtype=np.uint32),
                     np.ascontiguousarray(offsets, dtype=np.uint64),
-                    np.ascontiguousarray(lengths, dtype=np.uint64))
+                    np.ascontiguousarray(lengths, dtype=np.uint32 if narrow else np.uint64))
             t_n = len(cols[0])
             if cols[0].ndim != 1 or cols[1].shape != (t_n,) or cols[2].shape != (t_n,):
                 raise ValueError("file_ids, offsets and lengths must be 1-D, one entry a sample")
             self._columns = cols
-            t_files, t_offsets, t_lengths = cols
+            t_files, t_offsets = cols[0], cols[1]
+            if narrow:
+                t_lengths32 = cols[2]
+            else:
+                t_lengths = cols[2]
         cdef const unsigned char[:, ::1] key_table = keys if keys is not None else None
         cdef size_t n = len(encoded), i
         cdef bytes image_b = encode_path(image) if image is not None else None
@@ -129,12 +138,21 @@ cdef class NativeReader:
             if file_ids is not None:
                 for i in range(n):
                     cpaths[i] = PyBytes_AS_STRING(encoded[i])
-                with nogil:
-                    rc = fr_reader_open_table(&cfg, cpaths, n,
-                                              &t_files[0] if t_n else NULL,
-                                              &t_offsets[0] if t_n else NULL,
-                                              &t_lengths[0] if t_n else NULL, t_n,
-                                              prefetch, workers, &self.rd, err, sizeof(err))
+                if narrow:
+                    with nogil:
+                        rc = fr_reader_open_table32(&cfg, cpaths, n,
+                                                    &t_files[0] if t_n else NULL,
+                                                    &t_offsets[0] if t_n else NULL,
+                                                    &t_lengths32[0] if t_n else NULL, t_n,
+                                                    prefetch, workers, &self.rd, err,
+                                                    sizeof(err))
+                else:
+                    with nogil:
+                        rc = fr_reader_open_table(&cfg, cpaths, n,
+                                                  &t_files[0] if t_n else NULL,
+                                                  &t_offsets[0] if t_n else NULL,
+                                                  &t_lengths[0] if t_n else NULL, t_n,
+                                                  prefetch, workers, &self.rd, err, sizeof(err))
                 n = t_n
             elif keys is not None:
                 with nogil:

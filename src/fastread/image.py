@@ -223,6 +223,9 @@ class PackedImage(FileRanges):
         except KeyError as e:
             raise ImageError(f"{where}: no {e.args[0]!r} field") from None
         self.file_root = doc.get("file_root")
+        #: A local version-3 index's layout (image_index.py), else None: the
+        #: native DALI operator maps the index with it (readers.image).
+        self.mapped_layout = doc.get("mapped_layout")
         n = len(self.names)
         if not (len(self.labels) == len(self.offsets) == len(self.lengths)
                 == len(self.checksums) == n == count):

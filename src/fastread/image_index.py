@@ -312,6 +312,14 @@ def _load_binary(src):
         doc[name] = arr.reshape(count, 3) if name == "shapes" else arr
     doc["verified"] = verified
     doc["column_crcs"] = {name: spec[2] for name, spec in layout.items()}
+    if src.fd is not None:
+        # Where a local index's columns lie (file offsets and bytes) and its
+        # header line (whose CRC covers this layout): what the native DALI
+        # operator maps the index with (image_index=), no list per sample.
+        doc["mapped_layout"] = {"path": path, "head": src.head[:nl + 1].decode("ascii"),
+                                "bytes": size, "count": count,
+                                "columns": {name: (at, nbytes)
+                                            for name, (at, nbytes, _, _) in layout.items()}}
     return doc
 
 

@@ -11,7 +11,8 @@ memory (the GDS-like path).
 ``decoded=True`` reads a decoded pack (``fastread pack --decode``, raw
 pixels): each sample comes out as its uint8 HWC array (layout ``"HWC"``),
 ready for DALI's augmentation with no decoder. The native operator gets the
-shapes from the index (``npy_*`` arguments, as readers.numpy does), and a
+shapes from the index (``npy_*`` arguments, as readers.numpy does; for a
+local binary index, from the index it maps itself: ``image_index=``), and a
 batch of samples of one shape is one block handed to DALI without a copy;
 with ``device="gpu"`` the operator itself writes each batch into DALI's GPU
 output (one copy per batch from its page-locked arena, on DALI's stream:
@@ -127,10 +128,15 @@ def _check_decoded(img):
 
 def _layout_args(img):
     """The operator's npy_* arguments for a decoded image: each range one
-    whole HWC array (data offset 0) of the index's shape."""
+    whole HWC array (data offset 0) of the index's shape. For a local
+    binary index the operator reads the shapes from the index it maps
+    (image_index=): no list per sample here."""
     from nvidia.dali import types
-    return dict(npy_ndim=3, npy_dtype=types.to_dali_type(img.dtype),
-                npy_data_offsets=[0] * len(img),
+    args = dict(npy_ndim=3, npy_dtype=types.to_dali_type(img.dtype))
+    layout = img.mapped_layout
+    if layout is not None and "shapes" in layout["columns"]:
+        return args
+    return dict(args, npy_data_offsets=[0] * len(img),
                 npy_shapes=[int(x) for x in img.shapes.reshape(-1).tolist()])
 
 

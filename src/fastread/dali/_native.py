@@ -5,7 +5,9 @@ readers: whether it can serve a call, and the call itself.
 arrays' layout too (``npy_*`` arguments, from headers parsed once at
 definition), so that each sample comes out as its array, with no Python per
 batch; ``readers.image`` gives it a packed image and its samples' byte
-ranges (``image``, ``range_offsets``, ``range_lengths``, from the index). Where the operator cannot serve a call (``obstacle``), the readers
+ranges (``image``, ``range_offsets``, ``range_lengths``, from the index),
+or, for a local version-3 binary index, the index itself (``image_index``
+and its layout: the operator maps it, no list per sample). Where the operator cannot serve a call (``obstacle``), the readers
 fall back to their external sources, or raise with the reason when
 ``native=True``.
 """
@@ -217,11 +219,25 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
         op_args["device"] = gpu_stage
     else:
         op_args.update(pin_args(kwargs, pipe_device))
+    # The mapped index serves unless the layout came as lists (npy_shapes:
+    # readers.numpy's headers, a decoded pack's JSON index).
+    layout = getattr(samples, "mapped_layout", None)
+    if layout_args is not None and "npy_shapes" in layout_args:
+        layout = None
     if samples.reads_ranges:
         # O_DIRECT needs aligned offsets: refused here as by the external
         # source (the operator checks again, by sample name).
         samples.check_options(op_args)
-        op_args.update(image=samples.path, range_offsets=samples.offsets.tolist(),
+        op_args["image"] = samples.path
+        if layout is not None:
+            # A local binary index: the operator maps it (image_index=), so
+            # no argument holds a value per sample (10^8 samples build a
+            # pipeline in the time of the index's header).
+            op_args.update(index_args(layout, shapes=layout_args is not None))
+            data, labels = fn.fastread.readers.file(engine=engine, **stream, **op_args,
+                                                    **(layout_args or {}))
+            return data, labels
+        op_args.update(range_offsets=samples.offsets.tolist(),
                        range_lengths=samples.lengths.tolist())
         names = samples.names
     else:
@@ -232,3 +248,20 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
         files=names if isinstance(names, list) else list(names), labels=samples.labels.tolist(), engine=engine, **stream, **op_args,
         **(layout_args or {}))
     return data, labels
+
+
+#: The mapped index's columns in the order of the operator's index_columns.
+_INDEX_COLUMNS = ("offsets", "lengths", "labels", "name_offsets", "names")
+
+
+def index_args(layout, shapes=False):
+    """The operator's image_index arguments from a PackedImage's
+    ``mapped_layout`` (image_index.py): the index, its header line, count,
+    size, and where its columns lie (with ``shapes``, a decoded pack's
+    shapes column last)."""
+    cols = layout["columns"]
+    names = _INDEX_COLUMNS + (("shapes",) if shapes else ())
+    return dict(image_index=layout["path"], index_head=layout["head"],
+                index_count=int(layout["count"]), index_bytes=int(layout["bytes"]),
+                index_columns=[int(cols[c][0]) for c in names],
+                index_names_bytes=int(cols["names"][1]))

@@ -3,7 +3,8 @@
 :class:`WdsIndex` is a set of shards' samples as columns (no object per
 sample): per sample its byte range in its shard (``start``, ``length``),
 per wanted component its offset from the start (-1: missing) and length
-(``comp_off``, ``comp_len``, int32/uint32 where they fit), the keys as one
+(``comp_off``, ``comp_len``, int32/uint32 where they fit; ``length``
+uint32 where every sample is below 4 GiB), the keys as one
 blob with offsets, and per shard its sample count and identity (size and
 mtime_ns of the shard file as given; an index whose shard changed is
 *stale*: never read).
@@ -103,6 +104,23 @@ def _narrow_offsets(a):
     return _narrow(a, "i"), 1
 
 
+def _narrow_lengths(a):
+    """Sample lengths ``a`` as uint32 where every one fits (version 3:
+    4 B a sample, what the native table reader reads in place,
+    fr_reader_open_table32), else int64."""
+    a = np.asarray(a)
+    if not a.size or (int(a.min()) >= 0 and int(a.max()) < 2 ** 32):
+        return a.astype(np.uint32)
+    return a.astype(np.int64)
+
+
+#: The .fridx versions read: 1 (comp_off in bytes), 2 (comp_off in tar
+#: blocks, comp_unit), 3 (the length column uint32 where it fits); the
+#: writer writes 3.
+FRIDX_VERSIONS = (1, 2, 3)
+FRIDX_VERSION = 3
+
+
 def _narrow(a, kind):
     """``a`` as int32 / uint32 where its values fit (the index's RAM)."""
     a = np.asarray(a)
@@ -197,7 +215,7 @@ class WdsIndex:
         cat = (lambda name, dt, shape: np.concatenate([np.asarray(p[name]) for p in parts])
                if parts else np.zeros(shape, dt))
         start = cat("start", np.int64, 0).astype(np.int64, copy=False)
-        length = cat("length", np.int64, 0).astype(np.int64, copy=False)
+        length = _narrow_lengths(cat("length", np.int64, 0))
         comp_off, unit = _narrow_offsets(cat("comp_off", np.int64, (0, k)).reshape(-1, k))
         comp_len = _narrow(cat("comp_len", np.uint64, (0, k)).reshape(-1, k), "u")
         keys = key_off = None
@@ -271,7 +289,8 @@ class WdsIndex:
         """Writes this index as a ``.fridx`` file, atomically (a temporary
         file renamed into place: readers see the old file or the new one)."""
         cols = [("start", np.ascontiguousarray(self.start, "<i8")),
-                ("length", np.ascontiguousarray(self.length, "<i8")),
+                ("length", np.ascontiguousarray(
+                    self.length, "<u4" if self.length.dtype == np.uint32 else "<i8")),
                 ("comp_off", np.ascontiguousarray(self.comp_off, self.comp_off.dtype.newbyteorder("<"))),
                 ("comp_len", np.ascontiguousarray(self.comp_len, self.comp_len.dtype.newbyteorder("<"))),
                 ("counts", np.ascontiguousarray(self.counts, "<i8")),
@@ -294,9 +313,11 @@ def write_fridx(path, header, columns, fill):
     column in the file: a column need not be held in RAM, e.g. a 10^8-sample
     synthetic index written in chunks). Atomic: a temporary file renamed
     into place (readers see the old file or the new one)."""
-    # Version 2: comp_off may be in tar blocks (comp_unit); a version-1
-    # reader refuses the file rather than read blocks as bytes.
-    header = {"format": "fastread-webdataset-index", "version": 2, **header, "columns": {}}
+    # Version 2: comp_off may be in tar blocks (comp_unit); version 3: the
+    # length column may be uint32. An older reader refuses the file rather
+    # than read blocks as bytes or 4-byte lengths as 8-byte ones.
+    header = {"format": "fastread-webdataset-index", "version": FRIDX_VERSION, **header,
+              "columns": {}}
     sizes = {name: np.dtype(dt).itemsize * int(np.prod(shape)) for name, dt, shape in columns}
     # Offsets depend on the header's length, which depends on them: lay
     # out with room for the offsets' digits, then fix.
@@ -374,10 +395,12 @@ def open_fridx(path):
             raise FormatError(path, _PREAMBLE, "header checksum mismatch (corrupt index file)")
         try:
             header = json.loads(blob)
-            if header.get("version") not in (1, 2) or \
+            version = header.get("version")
+            if version not in FRIDX_VERSIONS or \
                     header.get("format") != "fastread-webdataset-index":
-                raise FormatError(path, _PREAMBLE, f"unsupported index version "
-                                                   f"{header.get('version')!r}")
+                raise FormatError(path, _PREAMBLE, f"unsupported index version {version!r} "
+                                                   f"(versions {', '.join(map(str, FRIDX_VERSIONS))}"
+                                                   " are read): rebuild it (fastread index)")
             for name, c in header["columns"].items():
                 dt = np.dtype(c["dtype"])
                 shape = tuple(int(x) for x in c["shape"])
@@ -405,6 +428,13 @@ def open_fridx(path):
             if name not in cols or cols[name].shape != shape:
                 raise FormatError(path, _PREAMBLE, f"column {name!r} missing or not of shape "
                                                    f"{shape}")
+        # start int64 in every version; length int64, or (version 3) uint32.
+        lengths_ok = ("<i8", "<u4") if version >= 3 else ("<i8",)
+        for name, dts in (("start", ("<i8",)), ("length", lengths_ok)):
+            if cols[name].dtype.str not in dts:
+                raise FormatError(path, _PREAMBLE, f"column {name!r} of dtype "
+                                                   f"{cols[name].dtype.str} in a version-"
+                                                   f"{version} index (read: {', '.join(dts)})")
         if int(cols["counts"].sum()) != n:
             raise FormatError(path, _PREAMBLE, "shard sample counts do not add up to the "
                                                "samples")

@@ -300,7 +300,10 @@ class _Shard(FileRanges):
     def __init__(self, shard, tar_path, offsets, lengths, keys):
         self.path = os.fspath(tar_path)
         self.offsets = np.asarray(offsets, np.int64)
-        self.lengths = np.asarray(lengths, np.int64)
+        # uint32 lengths (a version-3 index's) stay views: widened, every
+        # shard's slice would be a copy (800 MB at 10^8 samples).
+        lengths = np.asarray(lengths)
+        self.lengths = lengths if lengths.dtype == np.uint32 else np.asarray(lengths, np.int64)
         self.names = keys
         # One zero for every sample (a read-only view, not an array of them).
         self.labels = np.broadcast_to(np.int32(0), (len(self.offsets),))
@@ -615,7 +618,7 @@ class WebDataset(MultiFileRanges):
     def _set_index_columns(self, shards, index):
         """MultiFileRanges' per-sample columns as the index's own (views of
         it, mapped from a .fridx file or not): the shard numbers (uint32,
-        the native reader's file column), the sizes (uint64, its lengths),
+        the native reader's file column), the sizes (uint32 or uint64, its lengths),
         the labels; the number of a sample inside its shard is computed per
         batch (:class:`_LocalIndex`), not kept. Nothing here reads a
         column: a 10^8-sample index opens without paging it in."""
@@ -625,7 +628,11 @@ class WebDataset(MultiFileRanges):
         self.file_index = index.file_ids
         self.local_index = _LocalIndex(self.starts, self.file_index, index.source)
         self.names = _Names(self.files, self.starts)
-        self._sizes = _as_dtype(index.length, np.int64, np.uint64)
+        # The native table's lengths: a view of the index's (uint32 where
+        # it fits, read in place by fr_reader_open_table32; int64 viewed as
+        # uint64).
+        self._sizes = (index.length if index.length.dtype == np.uint32
+                       else _as_dtype(index.length, np.int64, np.uint64))
         self.labels = index.labels
         # Per component: its length (uint32 where it fits) here, where it
         # starts in its sample in the index (tar blocks where they fit);
@@ -839,8 +846,9 @@ class WebDataset(MultiFileRanges):
         what each sample costs of them beyond its name (docs/scale.md)."""
         own = self.index.nbytes
         # Columns of the native reader's table that are copies, not views.
+        own_cols = (self.index.file_ids, self.index.length)   # the index's, not copies
         multi = sum(int(c.nbytes) for c in (self._table or ()) if c.base is None
-                    and c is not self.index.file_ids)
+                    and not any(c is o for o in own_cols))
         return {"index_bytes": own + multi, "index_columns_bytes": own,
                 "index_numbering_bytes": multi,
                 "index_bytes_per_sample": self.index.bytes_per_sample(),
