@@ -149,25 +149,38 @@ export CUFILE_FORCE_COMPAT_MODE="${CUFILE_FORCE_COMPAT_MODE:-true}"
 # joined: a tar of wheels, e.g. DALI's). They gather in /tmp/stage while the
 # machine stays warm; once the joined parts match SHA256 the wheels go into
 # /tmp/site (--no-index --no-deps).
+# STAGE_TMP: where the parts gather (issue 38's sections keep their own, so
+# that a machine left warm by another section's staging mixes no parts).
+case "$section" in cassandra*) stage_tmp="${STAGE_TMP:-/tmp/stage-cassandra}" ;; *) stage_tmp="${STAGE_TMP:-/tmp/stage}" ;; esac
 stage_wheels() {
-    mkdir -p /tmp/stage
+    local st="$stage_tmp"
+    mkdir -p "$st"
     local p
     for p in .stage/part-* .stage/SHA256; do
-        if [ -e "$p" ]; then cp "$p" /tmp/stage/; fi
+        if [ -e "$p" ]; then cp "$p" "$st"/; fi
     done
-    if [ ! -e /tmp/stage/SHA256 ] || [ -e /tmp/stage/installed ]; then return 0; fi
+    if [ ! -e "$st"/SHA256 ] || [ -e "$st"/installed ]; then return 0; fi
     local want got
-    want=$(cut -d' ' -f1 /tmp/stage/SHA256)
-    got=$(cat /tmp/stage/part-* 2>/dev/null | sha256sum | cut -d' ' -f1)
+    want=$(cut -d' ' -f1 "$st"/SHA256)
+    got=$(cat "$st"/part-* 2>/dev/null | sha256sum | cut -d' ' -f1)
     if [ "$got" != "$want" ]; then
-        echo "staging: $(ls /tmp/stage | grep -c '^part-') parts here; their sha256 is not SHA256's yet"
+        echo "staging: $(ls "$st" | grep -c '^part-') parts here; their sha256 is not SHA256's yet"
         return 0
     fi
-    rm -rf /tmp/stage/wheels && mkdir -p /tmp/stage/wheels
-    cat /tmp/stage/part-* | tar -xf - -C /tmp/stage/wheels
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site /tmp/stage/wheels/*.whl
-    touch /tmp/stage/installed
-    echo "staged: $(ls /tmp/stage/wheels | wc -l) wheels installed into /tmp/site"
+    rm -rf "$st"/wheels && mkdir -p "$st"/wheels
+    cat "$st"/part-* | tar -xf - -C "$st"/wheels
+    if ls "$st"/wheels/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$st"/wheels/*.whl
+    fi
+    # Or wheels unpacked and xz'd (bench/cassandra/carry.sh stage): /tmp/site as pip lays it out.
+    for x in "$st"/wheels/*/site.tar.xz; do
+        if [ -e "$x" ]; then
+            mkdir -p /tmp/site
+            python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$x" /tmp/site
+        fi
+    done
+    touch "$st"/installed
+    echo "staged: $(ls "$st"/wheels | wc -l) wheels installed into /tmp/site"
 }
 stage_wheels
 if [ "$section" = stage ]; then exit 0; fi
@@ -716,7 +729,7 @@ cassandra-prep)
 cassandra)
     carry=/tmp/fastread-cassandra-carry
     if [ ! -x "$carry/jre/bin/java" ]; then
-        tarxz=/tmp/stage/wheels/cassandra/cassandra.tar.xz
+        tarxz="$stage_tmp/wheels/cassandra/cassandra.tar.xz"
         [ -e "$tarxz" ] || { echo "no carried Cassandra in /tmp/stage: bash bench/cassandra/carry.sh stage DIR here, then cassandra-stage with each DIR/part-*" >&2; exit 1; }
         rm -rf "$carry.partial" && mkdir -p "$carry.partial"
         python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$tarxz" "$carry.partial"
