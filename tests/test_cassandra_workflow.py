@@ -147,6 +147,30 @@ def test_dali_reader_outputs_and_checkpoint(cassandra_server, ingested):
     assert set(seen) <= set(want) and len(seen) >= 140  # the last batch rolls over
 
 
+def test_fastread_bench_reads_the_table(cassandra_server, ingested, tmp_path):
+    """`fastread bench cassandra://HOST:PORT/KS.data_SPLIT` (the family
+    cassandra, src/fastread/bench/families/cassandra.py): its ids listed
+    from the metadata table, one epoch of every row in the fastread Reader
+    and the Python driver's modes, the byte counts the rows'."""
+    _, files, _, _ = ingested
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, FASTREAD_CASSANDRA_USERNAME=cassandra_server.username,
+               FASTREAD_CASSANDRA_PASSWORD=cassandra_server.password)
+    url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/{KS}.data_train"
+    r = cli("bench", url, "--no-progress", "--device", "cpu", "--modes",
+            "cassandra-reader,cassandra-python", "--batchsize", "10", "--repeat", "1",
+            "--warmup-runs", "0", "--json", str(out), env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    doc = json.loads(out.read_text())
+    ran = {x["mode"]: x for x in doc["results"]}
+    assert set(ran) == {"cassandra-reader", "cassandra-python"}, doc["skipped"]
+    assert doc["dataset"]["files"] == len(files)
+    for name, x in ran.items():
+        assert x["samples"] == len(files), name
+        assert x["bytes"] == sum(len(d) for d in files.values()), name
+        assert x["img_per_s"] > 0
+
+
 GPU_CHILD = """
 import ctypes, sys, fastread
 from fastread.cassandra import CassandraSource, read_id_file
