@@ -302,7 +302,7 @@ def test_image_loader_decodes_rows_on_the_gpu(cassandra_server, tmp_path):
     DALI's mixed decoder into the same (N, 3, 32, 32) batches as on the CPU,
     labels in order; pixels within the decoders' rounding (nvJPEG against
     libjpeg-turbo: a few levels of 255 at most, measured in the message)."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     dali_or_skip()
     gpu_or_skip()
     from fastread.torch import ImageLoader
