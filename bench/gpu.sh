@@ -111,6 +111,17 @@
 #   bash bench/gpu.sh parquet-dali  issue 40's DALI row: the 20k tree as Parquet and as files,
 #                              readers.parquet / readers.file / fn.readers.file + mixed decoding,
 #                              interleaved (bench/parquet/dali_decode.py; target parquet >= 0.9x file)
+#   bash bench/gpu.sh cassandra-stage  issue 38: one part of bench/cassandra/carry.sh stage's
+#                              .stage per call (DALI's wheels, the Python driver's, a carried
+#                              Cassandra: jlink'd Java 17 + the jars a test node loads); the
+#                              first call also starts, in its own session, a build from a copy
+#                              of the tree (/tmp/fastread-cassandra-src) and the 20k JPEG tree
+#   bash bench/gpu.sh cassandra  once every part is in: the build again with DALI (the same
+#                              build folder), a real Cassandra 5 node on the carried Java:
+#                              test_cassandra_dali.py and test_cassandra_workflow.py (device=
+#                              "gpu" outputs against the CPU ones, Reader / ImageLoader to the
+#                              GPU), then bench/cassandra/loop_read.py at CASS_DELAYS (default
+#                              0,5,25) ms with the node's CPU beside (16 cores: not starved)
 #   bash bench/gpu.sh formats  record formats to the GPU, warm: CIFAR-10 (readers.cifar10 vs DALI
 #                              fed from NumPy, torch loader, torchvision), WebDataset decoded on
 #                              the GPU (the native operator and the external source vs
@@ -142,28 +153,72 @@ export CUFILE_FORCE_COMPAT_MODE="${CUFILE_FORCE_COMPAT_MODE:-true}"
 # joined: a tar of wheels, e.g. DALI's). They gather in /tmp/stage while the
 # machine stays warm; once the joined parts match SHA256 the wheels go into
 # /tmp/site (--no-index --no-deps).
+# STAGE_TMP: where the parts gather (issue 38's sections keep their own, so
+# that a machine left warm by another section's staging mixes no parts).
+case "$section" in cassandra*) stage_tmp="${STAGE_TMP:-/tmp/stage-cassandra}" ;; *) stage_tmp="${STAGE_TMP:-/tmp/stage}" ;; esac
 stage_wheels() {
-    mkdir -p /tmp/stage
+    local st="$stage_tmp"
+    mkdir -p "$st"
     local p
     for p in .stage/part-* .stage/SHA256; do
-        if [ -e "$p" ]; then cp "$p" /tmp/stage/; fi
+        if [ -e "$p" ]; then cp "$p" "$st"/; fi
     done
-    if [ ! -e /tmp/stage/SHA256 ] || [ -e /tmp/stage/installed ]; then return 0; fi
+    if [ ! -e "$st"/SHA256 ] || [ -e "$st"/installed ]; then return 0; fi
     local want got
-    want=$(cut -d' ' -f1 /tmp/stage/SHA256)
-    got=$(cat /tmp/stage/part-* 2>/dev/null | sha256sum | cut -d' ' -f1)
+    want=$(cut -d' ' -f1 "$st"/SHA256)
+    got=$(cat "$st"/part-* 2>/dev/null | sha256sum | cut -d' ' -f1)
     if [ "$got" != "$want" ]; then
-        echo "staging: $(ls /tmp/stage | grep -c '^part-') parts here; their sha256 is not SHA256's yet"
+        echo "staging: $(ls "$st" | grep -c '^part-') parts here; their sha256 is not SHA256's yet"
         return 0
     fi
-    rm -rf /tmp/stage/wheels && mkdir -p /tmp/stage/wheels
-    cat /tmp/stage/part-* | tar -xf - -C /tmp/stage/wheels
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site /tmp/stage/wheels/*.whl
-    touch /tmp/stage/installed
-    echo "staged: $(ls /tmp/stage/wheels | wc -l) wheels installed into /tmp/site"
+    rm -rf "$st"/wheels && mkdir -p "$st"/wheels
+    cat "$st"/part-* | tar -xf - -C "$st"/wheels
+    if ls "$st"/wheels/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$st"/wheels/*.whl
+    fi
+    # Or wheels unpacked and xz'd (bench/cassandra/carry.sh stage): /tmp/site as pip lays it out.
+    for x in "$st"/wheels/*/site.tar.xz; do
+        if [ -e "$x" ]; then
+            mkdir -p /tmp/site
+            python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$x" /tmp/site
+        fi
+    done
+    touch "$st"/installed
+    echo "staged: $(ls "$st"/wheels | wc -l) wheels installed into /tmp/site"
 }
 stage_wheels
 if [ "$section" = stage ]; then exit 0; fi
+# Issue 38's sections build from a copy of the tree in one build folder kept
+# between calls: the first (cassandra-stage) builds there in the background
+# while the next parts travel, the last (cassandra) only adds the DALI plugin.
+cass_src=/tmp/fastread-cassandra-src
+case "$section" in
+cassandra-stage|cassandra)
+    if [ "$PWD" != "$cass_src" ]; then
+        if [ ! -e "$cass_src/.copied" ]; then
+            rm -rf "$cass_src" && mkdir -p "$cass_src"
+            tar -cf - --exclude=./.stage . | tar -xf - -C "$cass_src"
+            touch "$cass_src/.copied"
+        fi
+        if [ "$section" = cassandra-stage ]; then
+            if [ ! -e /tmp/fastread-cassandra-prep.pid ]; then
+                (cd "$cass_src" && setsid nohup bash bench/gpu.sh cassandra-prep \
+                    >/tmp/fastread-cassandra-prep.log 2>&1 </dev/null & echo $! >/tmp/fastread-cassandra-prep.pid)
+                echo "cassandra-prep: the build and the 20k tree started in the background"
+            fi
+            tail -2 /tmp/fastread-cassandra-prep.log 2>/dev/null || true
+            exit 0
+        fi
+        # One pip install at a time in the build folder: the background one first.
+        pid=$(cat /tmp/fastread-cassandra-prep.pid 2>/dev/null || true)
+        t0=$SECONDS
+        while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; do sleep 1; done
+        echo "cassandra-prep: done ($((SECONDS - t0)) s waited): $(tail -1 /tmp/fastread-cassandra-prep.log 2>/dev/null)"
+        cd "$cass_src" && exec bash bench/gpu.sh cassandra
+    fi
+    ;;
+esac
+case "$section" in cassandra*) export FASTREAD_BUILD_DIR=/tmp/fastread-cassandra-build ;; esac
 deps="$PWD/.deps/liburing/usr"
 if [ -d "$deps" ]; then
     export LIBURING_ROOT="$deps" LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -180,7 +235,8 @@ stamp=/tmp/fastread-installed-$(find csrc src cmake dali_plugin CMakeLists.txt p
                                 xargs -0 cat | sha1sum | cut -c1-16)$with_dali
 if [ ! -e "$stamp" ]; then
     # Stamped only when the install worked: a failed build is retried next call.
-    if python3 -m pip install -q --no-build-isolation --no-deps . >/tmp/fastread-install.log 2>&1; then
+    if python3 -m pip install -q --no-build-isolation --no-deps ${FASTREAD_BUILD_DIR:+-C build-dir=$FASTREAD_BUILD_DIR} . \
+            >/tmp/fastread-install.log 2>&1; then
         touch "$stamp"
     else
         grep -v -i warning /tmp/fastread-install.log | tail -40
@@ -690,8 +746,43 @@ s3)
         echo "(the s3 runs ended with status $?: a mode failed, or they timed out)"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
+cassandra-prep)
+    make_jpegs >/dev/null
+    echo "the 20k tree is in $jpegs"
+    ;;
+cassandra)
+    carry=/tmp/fastread-cassandra-carry
+    if [ ! -x "$carry/jre/bin/java" ]; then
+        tarxz="$stage_tmp/wheels/cassandra/cassandra.tar.xz"
+        [ -e "$tarxz" ] || { echo "no carried Cassandra in /tmp/stage: bash bench/cassandra/carry.sh stage DIR here, then cassandra-stage with each DIR/part-*" >&2; exit 1; }
+        rm -rf "$carry.partial" && mkdir -p "$carry.partial"
+        python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$tarxz" "$carry.partial"
+        mv "$carry.partial" "$carry"
+    fi
+    export JAVA_HOME="$carry/jre" FASTREAD_CASSANDRA_CACHE="$carry" FASTREAD_TEST_REQUIRE=cassandra
+    python3 tests/cassandra_server.py check
+    python3 -m fastread.cli info 2>&1 | grep -i -E "cassandra|cql|gpu|cuda" || true
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
+    (cd tests && timeout "${CASS_TEST_TIMEOUT:-300}" python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider \
+        ${CASS_TESTS:-test_cassandra_dali.py test_cassandra_workflow.py}) >"$json/tests.log" 2>&1 &&
+        echo "cassandra tests: $(tail -1 "$json/tests.log")" ||
+        { echo "cassandra tests FAILED:"; grep -E "FAILED|ERROR|Error|assert|SKIPPED" "$json/tests.log" | tail -25 || true; }
+    grep -E "gpu|GPU" "$json/tests.log" | grep -E "PASSED|FAILED|SKIPPED" || true
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    [ -n "${CASS_NO_BENCH:-}" ] && exit 0
+    make_jpegs >/dev/null
+    timeout "${CASS_BENCH_TIMEOUT:-330}" python3 bench/cassandra/loop_read.py --tree "$jpegs" \
+        --workdir /tmp/fastread-cassandra-bench --delays "${CASS_DELAYS:-0,5,25}" \
+        --rounds "${CASS_ROUNDS:-2}" --images "${CASS_IMAGES:-6144}" \
+        --modes "${CASS_MODES:-fastread-reader,fastread-reader-gpu,fastread-dali,fastread-dali-gpu,python-driver,file-dali}" \
+        --json "$json/loop_read.json" 2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff" | tee "$json/loop_read.txt" ||
+        echo "(loop_read.py ended with status $?)"
+    echo "loadavg: $(cat /proc/loadavg)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 *)
-    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
     exit 2
     ;;
 esac

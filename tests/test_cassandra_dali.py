@@ -3,8 +3,10 @@ fastread.dali.readers.cassandra (dali_plugin/fastread_cassandra.cc), against
 the real Apache Cassandra 5 node: exact bytes and labels (0-byte and
 multi-MB blobs), the same order as the external-source reader, exact
 shards, checkpoint resume, a missing id named, labels given or as blobs,
-and a wrong password that fails naming the user but never the secret (nor
-does pipe.serialize() hold the right one)."""
+a wrong password that fails naming the user but never the secret (nor
+does pipe.serialize() hold the right one), and, on a GPU (`bash bench/gpu.sh
+cassandra` runs them there), device="gpu" outputs equal to the CPU ones
+byte for byte, for the operator and the external source."""
 import uuid
 
 import numpy as np
@@ -47,13 +49,20 @@ def table(cassandra_server):
     return [str(u) for u in ids], labels, data
 
 
+def gpu_or_skip():
+    from fastread import _core
+    if not _core.gpu_probe(0)[0]:
+        pytest.skip("needs a CUDA GPU (device 0)")
+
+
 def build(server, uuids, *, batch=25, password=None, checkpoint=None, **kw):
     from nvidia.dali import pipeline_def
 
     from fastread.dali import readers
     kw.setdefault("native", True)
+    device_id = 0 if kw.get("device") == "gpu" else None
 
-    @pipeline_def(batch_size=batch, num_threads=1, device_id=None, prefetch_queue_depth=1,
+    @pipeline_def(batch_size=batch, num_threads=1, device_id=device_id, prefetch_queue_depth=1,
                   enable_checkpointing=True)
     def pipe():
         return readers.cassandra(name="Reader", table=f"{KS}.rows", source_uuids=uuids,
@@ -65,13 +74,17 @@ def build(server, uuids, *, batch=25, password=None, checkpoint=None, **kw):
     return p
 
 
-def run(p, iterations):
+def run(p, iterations, *, gpu=False):
     out = []
     for _ in range(iterations):
         data, label = p.run()
+        infos = [data[i].source_info() for i in range(len(data))]
+        if gpu:  # device="gpu": both outputs in GPU memory, copied back to compare
+            from nvidia.dali.backend import TensorListGPU
+            assert isinstance(data, TensorListGPU) and isinstance(label, TensorListGPU)
+            data, label = data.as_cpu(), label.as_cpu()
         for i in range(len(data)):
-            out.append((np.array(data[i]).tobytes(), np.array(label[i]),
-                        data[i].source_info()))
+            out.append((np.array(data[i]).tobytes(), np.array(label[i]), infos[i]))
     return out
 
 
@@ -180,3 +193,36 @@ def test_reader_reports_requests_in_flight(cassandra_server, table):
     # Each worker had up to its batch in flight, never more.
     assert 1 <= stats["cql_inflight_max"] <= 4 * 50
     assert stats["cql_requests"] == N
+
+
+GPU_CASES = [dict(batch=25), dict(batch=20, shuffle_every_epoch=True, seed=9, shard_id=1,
+                                  num_shards=3),
+             dict(batch=32, label_type="none", labels=list(range(0, 3 * N, 3)))]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["operator", "external-source"])
+@pytest.mark.parametrize("kw", GPU_CASES, ids=["plain", "shuffled-shard", "labels-given"])
+def test_gpu_outputs_equal_the_cpu_ones(cassandra_server, table, native, kw):
+    """device="gpu": the same samples, bytes, labels and source_info as the
+    CPU outputs, batch for batch, over two epochs and a half (the batches'
+    memory reused behind the copies, the 3 MiB row and the empty ones in
+    them), with both outputs in GPU memory."""
+    gpu_or_skip()
+    uuids, _, _ = table
+    kw = dict(kw)
+    if "labels" in kw:
+        kw["labels"] = np.asarray(kw["labels"], dtype=np.int32)
+    iterations = (5 * N) // (2 * kw["batch"]) + 1
+    cpu = build(cassandra_server, uuids, native=native, **kw)
+    want = run(cpu, iterations)
+    del cpu
+    gpu = build(cassandra_server, uuids, native=native, device="gpu", **kw)
+    if native:
+        assert "fastread__readers__Cassandra" in gpu.serialize().decode("latin-1")
+    got = run(gpu, iterations, gpu=True)
+    assert len(got) == len(want)
+    for k, ((gb, gl, gi), (wb, wl, wi)) in enumerate(zip(got, want)):
+        assert gb == wb, k
+        assert gl.dtype == wl.dtype == np.int32 and gl.shape == wl.shape == (1,), k
+        assert gl[0] == wl[0], k
+        assert gi == wi, k

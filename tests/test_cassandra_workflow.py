@@ -4,7 +4,9 @@ numbers them, resumable), `fastread cassandra ids` (from the metadata
 table, and from the plugin's .rows pickle through the restricted
 unpickler), readers.cassandra in a DALI pipeline (its outputs, reader_meta,
 checkpoints), ImageLoader-style GPU delivery through the mock CUDA
-driver, and 2 torchrun ranks (gloo) reading exact shards."""
+driver and, on a real GPU (`bash bench/gpu.sh cassandra`), Reader(device=
+"gpu") and ImageLoader(cassandra=, device="cuda") against their host
+outputs, and 2 torchrun ranks (gloo) reading exact shards."""
 import io
 import json
 import os
@@ -145,6 +147,30 @@ def test_dali_reader_outputs_and_checkpoint(cassandra_server, ingested):
     assert set(seen) <= set(want) and len(seen) >= 140  # the last batch rolls over
 
 
+def test_fastread_bench_reads_the_table(cassandra_server, ingested, tmp_path):
+    """`fastread bench cassandra://HOST:PORT/KS.data_SPLIT` (the family
+    cassandra, src/fastread/bench/families/cassandra.py): its ids listed
+    from the metadata table, one epoch of every row in the fastread Reader
+    and the Python driver's modes, the byte counts the rows'."""
+    _, files, _, _ = ingested
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, FASTREAD_CASSANDRA_USERNAME=cassandra_server.username,
+               FASTREAD_CASSANDRA_PASSWORD=cassandra_server.password)
+    url = f"cassandra://{cassandra_server.host}:{cassandra_server.port}/{KS}.data_train"
+    r = cli("bench", url, "--no-progress", "--device", "cpu", "--modes",
+            "cassandra-reader,cassandra-python", "--batchsize", "10", "--repeat", "1",
+            "--warmup-runs", "0", "--json", str(out), env=env)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    doc = json.loads(out.read_text())
+    ran = {x["mode"]: x for x in doc["results"]}
+    assert set(ran) == {"cassandra-reader", "cassandra-python"}, doc["skipped"]
+    assert doc["dataset"]["files"] == len(files)
+    for name, x in ran.items():
+        assert x["samples"] == len(files), name
+        assert x["bytes"] == sum(len(d) for d in files.values()), name
+        assert x["img_per_s"] > 0
+
+
 GPU_CHILD = """
 import ctypes, sys, fastread
 from fastread.cassandra import CassandraSource, read_id_file
@@ -213,21 +239,95 @@ def test_torchrun_two_ranks_read_exact_shards(cassandra_server, ingested, tmp_pa
     assert abs(len(shards[0]) - len(shards[1])) <= 1
 
 
-def test_image_loader_decodes_rows(cassandra_server, tmp_path):
-    pytest.importorskip("torch")
-    dali_or_skip()
+def gpu_or_skip():
+    from fastread import _core
+    if not _core.gpu_probe(0)[0]:
+        pytest.skip("needs a CUDA GPU (device 0)")
+
+
+def test_gpu_delivery_on_a_real_gpu(cassandra_server, ingested):
+    """Reader(device="gpu") and ImageLoader(cassandra=, device="cuda",
+    decode=False): every row's bytes in GPU memory equal the host reader's,
+    in order (the empty rows too), labels alike."""
+    torch = pytest.importorskip("torch")
+    gpu_or_skip()
+    from fastread.torch import ImageLoader
+    _, _, ids_path, _ = ingested
+    ids, _ = read_id_file(ids_path)
+    src = CassandraSource(f"{KS}.data_train", ids, hosts=cassandra_server.host,
+                          port=cassandra_server.port, username="cassandra",
+                          password="cassandra")
+    host = [(bytes(a), int(lab)) for arrays, labels in fastread.Reader(source=src, batch_size=40)
+            for a, lab in zip(arrays, labels)]
+    assert len(host) == 150
+    got = []
+    with fastread.Reader(source=src, batch_size=40, device="gpu", device_id=0) as r:
+        for arrays, labels in r:
+            labels = torch.as_tensor(labels).cpu().tolist()
+            for a, lab in zip(arrays, labels):
+                assert "data" in a.__cuda_array_interface__
+                blob = torch.as_tensor(a, device="cuda:0").cpu().numpy().tobytes() \
+                    if a.nbytes else b""
+                got.append((blob, int(lab)))
+    assert got == host
+    loader = ImageLoader(cassandra=src, batch_size=40, device="cuda", device_id=0,
+                         decode=False)
+    got = []
+    for images, labels in loader:
+        assert labels.device.type == "cuda" and labels.dtype == torch.int64
+        for t, lab in zip(images, labels.cpu().tolist()):
+            assert t.device.type == "cuda" and t.dtype == torch.uint8
+            got.append((t.cpu().numpy().tobytes(), lab))
+    assert got == host
+
+
+def ingest_jpegs(cassandra_server, tmp_path, split):
     from fastread.cassandra_tools import ingest, list_ids
     from fastread.datasets import make_imagenet_like
-    from fastread.torch import ImageLoader
     root = str(tmp_path / "jpegs")
     make_imagenet_like(root, classes=2, per_class=12, mean_kb=2, width=48, height=40,
                        progress=False)
     session = cassandra_server.session()
-    ingest(session, root, KS, "img", journal=str(tmp_path / "img.ingest"), progress=False)
-    ids, labels = list_ids(session, KS, "img")
-    src = CassandraSource(f"{KS}.data_img", ids, hosts=cassandra_server.host,
+    ingest(session, root, KS, split, journal=str(tmp_path / f"{split}.ingest"),
+           progress=False)
+    ids, labels = list_ids(session, KS, split)
+    src = CassandraSource(f"{KS}.data_{split}", ids, hosts=cassandra_server.host,
                           port=cassandra_server.port, username="cassandra",
                           password="cassandra")
+    return root, src, labels
+
+
+def test_image_loader_decodes_rows_on_the_gpu(cassandra_server, tmp_path):
+    """ImageLoader(cassandra=, device="cuda"): the rows' JPEGs decoded by
+    DALI's mixed decoder into the same (N, 3, 32, 32) batches as on the CPU,
+    labels in order; pixels within the decoders' rounding (nvJPEG against
+    libjpeg-turbo: a few levels of 255 at most, measured in the message)."""
+    pytest.importorskip("torch")
+    dali_or_skip()
+    gpu_or_skip()
+    from fastread.torch import ImageLoader
+    _, src, labels = ingest_jpegs(cassandra_server, tmp_path, "imggpu")
+    cpu = [(x.clone(), y.clone())
+           for x, y in ImageLoader(cassandra=src, batch_size=8, size=32, num_threads=1)]
+    got = []
+    worst = 0.0
+    loader = ImageLoader(cassandra=src, batch_size=8, size=32, num_threads=2, device="cuda",
+                         device_id=0)
+    for (images, labs), (want, want_labs) in zip(loader, cpu):
+        assert images.device.type == "cuda" and tuple(images.shape) == (8, 3, 32, 32)
+        assert labs.cpu().tolist() == want_labs.tolist()
+        got.extend(labs.cpu().tolist())
+        worst = max(worst, float((images.cpu() - want).abs().mean()))
+    assert got == labels
+    # Normalized units (std ~0.225 of [0, 1]): 0.1 is about 6 levels of 255.
+    assert worst < 0.1, f"GPU and CPU decodes differ by {worst:.4f} on average"
+
+
+def test_image_loader_decodes_rows(cassandra_server, tmp_path):
+    pytest.importorskip("torch")
+    dali_or_skip()
+    from fastread.torch import ImageLoader
+    root, src, labels = ingest_jpegs(cassandra_server, tmp_path, "img")
     loader = ImageLoader(cassandra=src, batch_size=8, size=32, num_threads=1)
     got = []
     for images, labs in loader:

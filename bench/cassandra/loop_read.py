@@ -4,6 +4,9 @@ Cassandra 5 node (tests/cassandra_server.py) holding the 20,000-JPEG tree
 
   fastread-reader   fastread.Reader(source=CassandraSource(...)): the cql engine
   fastread-dali     fastread.dali.readers.cassandra in a DALI pipeline (CPU)
+  fastread-dali-gpu the same with device="gpu": the operator's outputs in GPU
+                    memory (a GPU machine)
+  fastread-reader-gpu  fastread.Reader(..., device="gpu"): batches in GPU memory
   python-driver     cassandra-driver's execute_concurrent_with_args per batch
                     (a prepared SELECT, the function's defaults: 100 in flight):
                     what a Python user writes
@@ -88,13 +91,14 @@ def ingest(server, tree, keyspace):
 
 # -- the modes: each returns (images, bytes) for `n` images -------------------------------
 
-def run_fastread(table, ids, port, batch, n, prefetch, workers):
+def run_fastread(table, ids, port, batch, n, prefetch, workers, device="cpu"):
     import fastread
     from fastread.cassandra import CassandraSource
     src = CassandraSource(table, ids, hosts="127.0.0.1", port=port)
     count = nbytes = 0
+    gpu = {"device": "gpu", "device_id": 0} if device == "gpu" else {}
     with fastread.Reader(source=src, batch_size=batch, random_shuffle=True, seed=1,
-                         prefetch=prefetch, workers=workers) as r:
+                         prefetch=prefetch, workers=workers, **gpu) as r:
         for arrays, _ in r:
             count += len(arrays)
             nbytes += sum(a.nbytes for a in arrays)
@@ -105,13 +109,16 @@ def run_fastread(table, ids, port, batch, n, prefetch, workers):
                                  "workers": r.workers}
 
 
-def run_fastread_dali(table, ids, port, batch, n, prefetch, workers, native):
+def run_fastread_dali(table, ids, port, batch, n, prefetch, workers, native, device="cpu"):
     from nvidia.dali import pipeline_def
     from fastread.dali import readers
     uuids = [str(u) for u in ids]
     extra = {"workers": workers} if workers else {}
+    if device == "gpu":
+        extra["device"] = "gpu"
 
-    @pipeline_def(batch_size=batch, num_threads=2, device_id=None, prefetch_queue_depth=2)
+    @pipeline_def(batch_size=batch, num_threads=2, device_id=0 if device == "gpu" else None,
+                  prefetch_queue_depth=2)
     def pipe():
         return readers.cassandra(table=table, source_uuids=uuids, cassandra_ips=["127.0.0.1"],
                                  cassandra_port=port, shuffle_every_epoch=True,
@@ -127,13 +134,16 @@ def run_fastread_dali(table, ids, port, batch, n, prefetch, workers, native):
 
 
 def run_pipeline(p, n):
-    """Runs a built-to-be DALI pipeline until `n` samples came out."""
+    """Runs a built-to-be DALI pipeline until `n` samples came out. Bytes
+    are counted from the outputs' shapes (uint8): no copy of the samples,
+    which would be the benchmark's cost, not the reader's, and works for
+    GPU outputs alike."""
     p.build()
     count = nbytes = 0
     while count < n:
         data, _ = p.run()
         count += len(data)
-        nbytes += sum(np.array(data.at(i)).nbytes for i in range(len(data)))
+        nbytes += sum(int(np.prod(s)) for s in data.shape())
     del p
     return count, nbytes
 
@@ -251,6 +261,12 @@ def main():
                             "fastread-dali": lambda: run_fastread_dali(
                                 table, ids, port, args.batch, args.images, args.prefetch,
                                 workers, None),
+                            "fastread-reader-gpu": lambda: run_fastread(
+                                table, ids, port, args.batch, args.images, args.prefetch,
+                                workers, "gpu"),
+                            "fastread-dali-gpu": lambda: run_fastread_dali(
+                                table, ids, port, args.batch, args.images, args.prefetch,
+                                workers, None, "gpu"),
                             "fastread-dali-ext": lambda: run_fastread_dali(
                                 table, ids, port, args.batch, args.images, args.prefetch,
                                 workers, False),
