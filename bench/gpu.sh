@@ -776,7 +776,7 @@ cassandra)
         --workdir /tmp/fastread-cassandra-bench --delays "${CASS_DELAYS:-0,5,25}" \
         --rounds "${CASS_ROUNDS:-2}" --images "${CASS_IMAGES:-6144}" \
         --modes "${CASS_MODES:-fastread-reader,fastread-reader-gpu,fastread-dali,fastread-dali-gpu,python-driver,file-dali}" \
-        --json "$json/loop_read.json" 2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff" | tee "$json/loop_read.txt" ||
+        ${CASS_EXTRA:-} --json "$json/loop_read.json" 2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff" | tee "$json/loop_read.txt" ||
         echo "(loop_read.py ended with status $?)"
     echo "loadavg: $(cat /proc/loadavg)"
     tar -cf "$out/results-$section.tar" -C "$json" .
