@@ -83,3 +83,19 @@ size_t fr_path_table_get(const fr_path_table *t, size_t i, char *buf, size_t cap
     }
     return dlen + nlen;
 }
+
+int fr_path_table_fill(const fr_path_table *t, const int64_t *indices, size_t n, char **buf,
+                       size_t *cap, const char **paths)
+{
+    size_t total = 0;
+    for (size_t k = 0; k < n; k++)
+        total += fr_path_table_len(t, (size_t)indices[k]) + 1;
+    if (fr_grow((void **)buf, cap, total, 1, total))
+        return -ENOMEM;
+    size_t at = 0;
+    for (size_t k = 0; k < n; k++) {
+        paths[k] = *buf + at;
+        at += fr_path_table_get(t, (size_t)indices[k], *buf + at, total - at) + 1;
+    }
+    return 0;
+}

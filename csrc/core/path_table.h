@@ -37,5 +37,11 @@ size_t fr_path_table_len(const fr_path_table *t, size_t i);
 /* Writes path i and a NUL into buf if it fits in cap bytes; returns its
  * length either way (snprintf's contract). i < t->n. */
 size_t fr_path_table_get(const fr_path_table *t, size_t i, char *buf, size_t cap);
+/* paths[k] = path indices[k] (k < n), written back to back with their
+ * NULs into *buf, grown as fr_grow does (*cap its capacity), so that one
+ * worker's buffer serves every batch. Sized first: the pointers are set
+ * once the buffer is final. 0, or -ENOMEM with *buf as it was. */
+int fr_path_table_fill(const fr_path_table *t, const int64_t *indices, size_t n, char **buf,
+                       size_t *cap, const char **paths);
 
 #endif

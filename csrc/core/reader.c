@@ -154,24 +154,6 @@ typedef struct scratch {
     size_t cap, rcap, kcap, jcap, pcap;
 } scratch;
 
-/* sc->paths[0..n) = the tree's paths of req's samples, written into
- * sc->pbuf (sized first, so that the pointers are set once it is final). */
-static int tree_paths(const fr_reader *rd, const request *req, scratch *sc)
-{
-    size_t total = 0;
-    for (size_t i = 0; i < req->n; i++)
-        total += fr_path_table_len(&rd->tree, (size_t)req->indices[i]) + 1;
-    if (fr_grow((void **)&sc->pbuf, &sc->pcap, total, 1, total))
-        return -ENOMEM;
-    size_t at = 0;
-    for (size_t i = 0; i < req->n; i++) {
-        sc->paths[i] = sc->pbuf + at;
-        at += fr_path_table_get(&rd->tree, (size_t)req->indices[i], sc->pbuf + at,
-                                total - at) + 1;
-    }
-    return 0;
-}
-
 static int read_keys_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
                              scratch *sc)
 {
@@ -319,7 +301,8 @@ static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch
         return read_list_request(rd, ctx, req, b, sc);
     if ((rc = grow_scratch(sc, req->n)) != 0)
         return rc;
-    if (rd->is_tree && (rc = tree_paths(rd, req, sc)) != 0)
+    if (rd->is_tree && (rc = fr_path_table_fill(&rd->tree, req->indices, req->n, &sc->pbuf,
+                                                 &sc->pcap, sc->paths)) != 0)
         return rc;
     for (size_t i = 0; i < req->n; i++) {
         int64_t idx = req->indices[i];
@@ -633,8 +616,7 @@ int fr_reader_open_tree(const fr_config *cfg, const char *dirs, const uint64_t *
         reader_free(rd);
         return -ENOMEM;
     }
-    for (size_t i = 0; i < n; i++)
-        rd->sizes[i] = -1;
+    memset(rd->sizes, 0xff, n * sizeof(int64_t)); /* every size -1: not read yet */
     return reader_start(rd, out, err, err_len);
 }
 
