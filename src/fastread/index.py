@@ -279,10 +279,16 @@ def _scan_tree(root: str, filters: List[str], dir_filters: Optional[List[str]],
         if table:
             # Each directory's names packed as they come: no str per path
             # outlives its directory's listing.
-            encoded = [os.fsencode(n) for n in names]
             prefixes.append(prefix)
-            blobs.append(b"".join(encoded))
-            lengths.append(np.fromiter(map(len, encoded), dtype=np.int64, count=len(names)))
+            joined = "".join(names)
+            if joined.isascii():  # O(1) in CPython; then a byte is a character
+                blobs.append(joined.encode("ascii"))
+                lens = map(len, names)
+            else:
+                encoded = [os.fsencode(n) for n in names]
+                blobs.append(b"".join(encoded))
+                lens = map(len, encoded)
+            lengths.append(np.fromiter(lens, dtype=np.int64, count=len(names)))
         else:
             paths.extend([prefix + n for n in names])
     labels = np.repeat(np.arange(len(counts), dtype=np.int32), np.asarray(counts, dtype=np.int64))
