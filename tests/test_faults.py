@@ -117,7 +117,7 @@ def reader_epochs_script(reader_args, epochs):
                     break
                 except fastread.ReadError as e:
                     got.append(["err", e.errno, os.fsdecode(e.filename)])
-            out.append([r.paths, got])
+            out.append([list(r.paths), got])  # a PathTable: a sequence, not a list
     print(json.dumps(out))
     """
 

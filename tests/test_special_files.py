@@ -182,7 +182,7 @@ def tree_case(tmp_path, engine, change, epochs=2):
         import shutil
         results = []
         with fastread.Reader({str(root)!r}, batch_size=3, engine={engine!r}) as r:
-            paths = r.paths
+            paths = list(r.paths)  # a PathTable: a sequence, not a list
             victim = paths[4]
             def one_epoch():
                 got = []

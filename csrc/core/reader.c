@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "core/base.h"
+#include "core/path_table.h"
 #include "core/size_memo.h"
 #include "engines/engine.h"
 #include "gpu/gpu.h"
@@ -70,6 +71,10 @@ struct fr_reader {
     long totals[NSUMMED];
     char *blob;
     const char **paths;
+    /* Tree reader (fr_reader_open_tree): the paths as borrowed columns,
+     * each batch's paths assembled by its worker (scratch.pbuf). */
+    int is_tree;
+    fr_path_table tree;
     int64_t *sizes; /* each file's size when last read, -1 before; atomic access */
     size_t npaths;  /* samples: files, or ranges of the image */
     char *image;    /* range reader: the image all samples are ranges of */
@@ -146,7 +151,8 @@ typedef struct scratch {
     fr_range *ranges;
     uint8_t *keys;
     fr_file_range *jobs;
-    size_t cap, rcap, kcap, jcap;
+    char *pbuf; /* a tree reader's batch of paths, back to back */
+    size_t cap, rcap, kcap, jcap, pcap;
 } scratch;
 
 static int read_keys_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch *b,
@@ -297,10 +303,14 @@ static int read_request(fr_reader *rd, fr_ctx *ctx, const request *req, fr_batch
         return read_list_request(rd, ctx, req, b, sc);
     if ((rc = grow_scratch(sc, req->n)) != 0)
         return rc;
+    if (rd->is_tree && (rc = fr_path_table_fill(&rd->tree, req->indices, req->n, &sc->pbuf,
+                                                 &sc->pcap, sc->paths)) != 0)
+        return rc;
     for (size_t i = 0; i < req->n; i++) {
         int64_t idx = req->indices[i];
         b->indices[i] = idx;
-        sc->paths[i] = rd->paths[idx];
+        if (!rd->is_tree)
+            sc->paths[i] = rd->paths[idx];
         sc->hints[i] = __atomic_load_n(&rd->sizes[idx], __ATOMIC_RELAXED);
     }
     rc = fr_read_files(ctx, sc->paths, sc->hints, req->n, b);
@@ -446,6 +456,7 @@ static void *worker_main(void *arg)
     free(sc.ranges);
     free(sc.keys);
     free(sc.jobs);
+    free(sc.pbuf);
     fr_ctx_close(ctx);
     return NULL;
 }
@@ -581,6 +592,33 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
         rd->sizes[i] = -1;
         p += len;
     }
+    return reader_start(rd, out, err, err_len);
+}
+
+int fr_reader_open_tree(const fr_config *cfg, const char *dirs, const uint64_t *dir_offsets,
+                        size_t ndirs, const uint32_t *dir_ids, const char *names,
+                        const uint64_t *name_offsets, size_t n, unsigned prefetch,
+                        unsigned workers, fr_reader **out, char *err, size_t err_len)
+{
+    *out = NULL;
+    fr_path_table tree = {.dirs = dirs, .dir_offsets = dir_offsets, .ndirs = ndirs,
+                          .dir_ids = dir_ids, .names = names, .name_offsets = name_offsets,
+                          .n = n};
+    int rc = fr_path_table_check(&tree, err, err_len);
+    if (rc)
+        return rc;
+    fr_reader *rd;
+    if ((rc = reader_new(cfg, prefetch, workers, &rd, err, err_len)) != 0)
+        return rc;
+    rd->npaths = n;
+    rd->is_tree = 1;
+    rd->tree = tree;
+    rd->sizes = malloc((n ? n : 1) * sizeof(int64_t));
+    if (!rd->sizes) {
+        reader_free(rd);
+        return -ENOMEM;
+    }
+    memset(rd->sizes, 0xff, n * sizeof(int64_t)); /* every size -1: not read yet */
     return reader_start(rd, out, err, err_len);
 }
 
@@ -920,7 +958,7 @@ size_t fr_reader_pending(fr_reader *rd)
 
 const char *fr_reader_path(const fr_reader *rd, size_t index)
 {
-    if (index >= rd->npaths)
+    if (index >= rd->npaths || rd->is_tree)
         return NULL;
     if (rd->keys)
         return "";
@@ -929,6 +967,19 @@ const char *fr_reader_path(const fr_reader *rd, size_t index)
         return f < rd->nfiles ? rd->paths[f] : NULL;
     }
     return rd->image ? rd->image : rd->paths[index];
+}
+
+size_t fr_reader_path_copy(const fr_reader *rd, size_t index, char *buf, size_t cap)
+{
+    if (index < rd->npaths && rd->is_tree)
+        return fr_path_table_get(&rd->tree, index, buf, cap);
+    const char *p = fr_reader_path(rd, index);
+    if (!p)
+        return (size_t)-1;
+    size_t len = strlen(p);
+    if (len < cap)
+        memcpy(buf, p, len + 1);
+    return len;
 }
 
 const char *fr_reader_engine(const fr_reader *reader)

@@ -475,6 +475,21 @@ typedef struct fr_reader fr_reader;
 int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
                    unsigned prefetch, unsigned workers, fr_reader **out, char *err,
                    size_t err_len);
+/* A reader whose samples are the files of a tree, the paths given as
+ * BORROWED columns instead of strings (core/path_table.h): path i is
+ * dirs[dir_offsets[d], dir_offsets[d + 1]) + names[name_offsets[i],
+ * name_offsets[i + 1]) with d = dir_ids[i], nothing NUL-terminated. The
+ * caller keeps the five columns alive and unchanged until fr_reader_close;
+ * the reader adds 8 bytes a file (the sizes it learns), so 10^6 files in
+ * 1,000 folders cost their names' bytes plus 20 bytes each, not a copy of
+ * every path. The columns are checked (offsets non-decreasing from 0, dir
+ * ids < ndirs, no NUL, paths < 4096 bytes) in one walk: -EINVAL and why in
+ * err. Otherwise fr_reader_open's reader. fr_reader_path is NULL for it:
+ * use fr_reader_path_copy. */
+int fr_reader_open_tree(const fr_config *cfg, const char *dirs, const uint64_t *dir_offsets,
+                        size_t ndirs, const uint32_t *dir_ids, const char *names,
+                        const uint64_t *name_offsets, size_t n, unsigned prefetch,
+                        unsigned workers, fr_reader **out, char *err, size_t err_len);
 /* A reader whose samples are ranges of one image (a packed image or a block
  * device) instead of files: sample i is ranges[i] (copied), read with
  * fr_read_ranges. Same submit/next semantics; fr_reader_path returns the
@@ -518,7 +533,14 @@ int fr_reader_next_timed(fr_reader *reader, fr_batch **out, unsigned timeout_ms)
 /* Drops every queued and finished batch not yet taken by fr_reader_next. */
 void fr_reader_reset(fr_reader *reader);
 size_t fr_reader_pending(fr_reader *reader); /* submitted and not yet taken */
+/* Sample index's file (the image of a range reader, "" for a key reader);
+ * NULL past the end and for a tree reader, whose paths are not stored
+ * whole (fr_reader_path_copy names every reader's samples). */
 const char *fr_reader_path(const fr_reader *reader, size_t index);
+/* Sample index's path written with a NUL into buf if it fits in cap bytes;
+ * returns its length either way (snprintf's contract), (size_t)-1 past the
+ * end. Thread-safe: the reader's paths do not change once open. */
+size_t fr_reader_path_copy(const fr_reader *reader, size_t index, char *buf, size_t cap);
 size_t fr_reader_size(const fr_reader *reader);
 /* The engine the reader's contexts read with (engine "auto" resolved, as
  * fr_ctx_engine), and their "auto_fallback" stat (fr_ctx_open). */

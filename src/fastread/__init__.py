@@ -25,7 +25,7 @@ from fastread.formats import Cifar10, FormatError, MultiFileRanges, SquirrelStor
 from fastread.bmap import build_bmap, load_bmap
 from fastread.image import ImageError, PackedImage, pack, verify
 from fastread.index import scan
-from fastread.names import NameTable
+from fastread.names import NameTable, PathTable
 from fastread.reader import Reader
 from fastread.s3 import S3Options
 from fastread.source import FileList, FileRanges, SampleSource
@@ -36,5 +36,5 @@ __all__ = [
     "Batch", "BatchIterator", "Cifar10", "Context", "DeviceArray", "FeatureStore", "FormatError", "MultiFileRanges",
     "SquirrelStore", "WebDataset", "EngineOptions", "EngineStatus", "FileList", "FileRanges", "ImageError",
     "NativeReader", "PackedImage", "ReadError", "Reader", "S3Options", "SampleSource", "build_bmap", "engines", "load_bmap", "open_context", "pack", "read_batches", "read_files", "scan", "verify",
-    "NameTable", "__version__",
+    "NameTable", "PathTable", "__version__",
 ]

@@ -168,6 +168,11 @@ cdef extern from "fastread.h" nogil:
     void fr_reader_reset(fr_reader *reader)
     size_t fr_reader_pending(fr_reader *reader)
     const char *fr_reader_path(const fr_reader *reader, size_t index)
+    size_t fr_reader_path_copy(const fr_reader *reader, size_t index, char *buf, size_t cap) nogil
+    int fr_reader_open_tree(const fr_config *cfg, const char *dirs, const uint64_t *dir_offsets,
+                            size_t ndirs, const uint32_t *dir_ids, const char *names,
+                            const uint64_t *name_offsets, size_t n, unsigned prefetch,
+                            unsigned workers, fr_reader **out, char *err, size_t err_len) nogil
     size_t fr_reader_size(const fr_reader *reader)
     const char *fr_reader_engine(const fr_reader *reader)
     long fr_reader_auto_fallback(const fr_reader *reader)

@@ -19,6 +19,21 @@ from fastread._cfastread cimport *
 cnp.import_array()
 
 
+def _tree_columns(table):
+    """A PathTable's five columns as the tree reader borrows them: the blobs
+    as uint8 arrays, the offsets as uint64, the ids as uint32 (views where
+    they already are; the tree reader checks their values at open)."""
+    return (np.ascontiguousarray(table.dirs.blob, dtype=np.uint8),
+            np.ascontiguousarray(table.dirs.offsets).view(np.uint64)
+            if table.dirs.offsets.dtype.itemsize == 8 else
+            np.ascontiguousarray(table.dirs.offsets, dtype=np.uint64),
+            np.ascontiguousarray(table.dir_ids, dtype=np.uint32),
+            np.ascontiguousarray(table.names.blob, dtype=np.uint8),
+            np.ascontiguousarray(table.names.offsets).view(np.uint64)
+            if table.names.offsets.dtype.itemsize == 8 else
+            np.ascontiguousarray(table.names.offsets, dtype=np.uint64))
+
+
 def range_column(values, what):
     """``values`` as a contiguous uint64 column a range reader may borrow.
     A read-only int64/uint64 array (a memory-mapped index's column) is
@@ -51,7 +66,9 @@ cdef class NativeReader:
     ranges of many files: sample i is ``lengths[i]`` bytes at ``offsets[i]`` of ``paths[file_ids[i]]``
     (fr_reader_open_table: one reader, at most ``max_open_files``
     descriptors, whatever the number of files; the columns are borrowed,
-    kept alive by this object, not copied)."""
+    kept alive by this object, not copied). ``paths`` may be a
+    :class:`fastread.PathTable`: its columns are read in place
+    (fr_reader_open_tree), no string made a path."""
     cdef fr_reader *rd
     cdef _PoolOwner owner
     cdef readonly str engine
@@ -76,8 +93,16 @@ cdef class NativeReader:
                   unsigned workers=1, image=None, offsets=None, lengths=None,
                   cache_dir=None, cache_bytes=0, keys=None, file_ids=None,
                   unsigned max_open_files=0):
-        cdef list encoded = ([] if image is not None or keys is not None
+        tree = (getattr(paths, "dir_ids", None) is not None and image is None
+                and keys is None and file_ids is None)
+        cdef list encoded = ([] if image is not None or keys is not None or tree
                              else [encode_path(p) for p in paths])
+        cdef const unsigned char[::1] w_dirs, w_names
+        cdef const cnp.uint64_t[::1] w_doffs, w_noffs
+        cdef const cnp.uint32_t[::1] w_ids
+        cdef const char *c_dirs = NULL
+        cdef const char *c_names = NULL
+        cdef size_t w_ndirs = 0
         cdef const cnp.uint32_t[::1] t_files
         cdef const cnp.uint64_t[::1] t_offsets, t_lengths
         cdef const cnp.uint32_t[::1] t_lengths32
@@ -119,6 +144,17 @@ cdef class NativeReader:
             n = len(cols[0])
         elif keys is not None:
             n = key_table.shape[0]
+        elif tree:
+            cols = _tree_columns(paths)
+            self._columns = cols
+            w_dirs, w_doffs, w_ids, w_names, w_noffs = cols
+            if len(w_doffs) < 1 or len(w_noffs) != len(w_ids) + 1:
+                raise ValueError("a PathTable's offsets must have one entry more than its "
+                                 "directories and its files")
+            w_ndirs = len(w_doffs) - 1
+            n = len(w_ids)
+            c_dirs = <const char *>&w_dirs[0] if len(w_dirs) else NULL
+            c_names = <const char *>&w_names[0] if len(w_names) else NULL
         cdef const char **cpaths = <const char **>malloc((n if n else 1) * sizeof(char *))
         if cpaths == NULL:
             raise MemoryError()
@@ -159,6 +195,11 @@ cdef class NativeReader:
                     rc = fr_reader_open_keys(&cfg, &key_table[0, 0] if n else NULL,
                                              key_table.shape[1], n, prefetch, workers,
                                              &self.rd, err, sizeof(err))
+            elif tree:
+                with nogil:
+                    rc = fr_reader_open_tree(&cfg, c_dirs, &w_doffs[0], w_ndirs,
+                                             &w_ids[0] if n else NULL, c_names, &w_noffs[0], n,
+                                             prefetch, workers, &self.rd, err, sizeof(err))
             elif image is not None:
                 with nogil:
                     rc = fr_reader_open_range_columns(&cfg, cimage,
@@ -268,6 +309,7 @@ cdef class NativeReader:
         cdef int rc
         cdef Batch batch
         cdef size_t i
+        cdef char pathbuf[4096]  # a tree reader's paths are shorter (FR_PATH_TABLE_MAX)
         if self.held is not None:
             batch, self.held = self.held, None
         else:
@@ -297,9 +339,10 @@ cdef class NativeReader:
                 # become the samples' own errors.
                 with nogil:
                     for i in range(b.count):
-                        if b.samples[i].length > 0:
-                            fr_batch_reread_first_byte(b, i,
-                                                       fr_reader_path(rd, <size_t>b.indices[i]))
+                        if b.samples[i].length > 0 and fr_reader_path_copy(
+                                rd, <size_t>b.indices[i], pathbuf, sizeof(pathbuf)) < \
+                                sizeof(pathbuf):
+                            fr_batch_reread_first_byte(b, i, pathbuf)
             batch = Batch.wrap(b, self.owner)
         # A signal that came while the batch arrived: its exception now,
         # with the batch kept (raised by the caller's next bytecode, it
@@ -327,10 +370,13 @@ cdef class NativeReader:
         return fr_reader_pending(self._get()) + (self.held is not None)
 
     def path(self, size_t index):
-        cdef const char *p = fr_reader_path(self._get(), index)
-        if p == NULL:
+        cdef fr_reader *rd = self._get()
+        cdef size_t n = fr_reader_path_copy(rd, index, NULL, 0)
+        if n == <size_t>-1:
             raise IndexError(index)
-        return os.fsdecode(<bytes>p)
+        buf = bytearray(n + 1)
+        fr_reader_path_copy(rd, index, <char *>buf, n + 1)
+        return os.fsdecode(bytes(buf[:n]))
 
     def pool_batches(self):
         return fr_pool_batches(self.owner.pool)

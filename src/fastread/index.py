@@ -78,6 +78,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from fastread._safe_open import open_file
+from fastread.names import NameTable, PathTable
 
 __all__ = [
     "DALI_DEFAULT_FILTERS",
@@ -258,21 +259,47 @@ def _list_files(dirpath: str, matcher: _Matcher) -> List[str]:
     return _byte_sorted(out)
 
 
-def _scan_tree(root: str, filters: List[str], dir_filters: Optional[List[str]],
+def _walk_tree(root: str, filters: List[str], dir_filters: Optional[List[str]],
                case_sensitive: bool):
+    """``(prefix, names)`` per class directory, in label order: the one walk
+    behind both of scan()'s outputs (a list, or a PathTable)."""
     matcher = _Matcher(filters, case_sensitive)
     dir_matcher = _Matcher(dir_filters, case_sensitive) if dir_filters is not None else None
-    classes = _list_classes(root, dir_matcher)
-    paths: List[str] = []
-    counts = []
-    for cls in classes:
+    for cls in _list_classes(root, dir_matcher):
         prefix = _join_path(root, cls) + "/"
-        names = _list_files(prefix[:-1], matcher)
-        paths.extend([prefix + n for n in names])
+        yield prefix, _list_files(prefix[:-1], matcher)
+
+
+def _scan_tree(root: str, filters: List[str], dir_filters: Optional[List[str]],
+               case_sensitive: bool, table: bool):
+    paths: List[str] = []
+    prefixes, counts, blobs, lengths = [], [], [], []
+    for prefix, names in _walk_tree(root, filters, dir_filters, case_sensitive):
         counts.append(len(names))
-    labels = np.repeat(np.arange(len(classes), dtype=np.int32),
-                       np.asarray(counts, dtype=np.int64))
-    return paths, labels
+        if table:
+            # Each directory's names packed as they come: no str per path
+            # outlives its directory's listing.
+            prefixes.append(prefix)
+            joined = "".join(names)
+            if joined.isascii():  # O(1) in CPython; then a byte is a character
+                blobs.append(joined.encode("ascii"))
+                lens = map(len, names)
+            else:
+                encoded = [os.fsencode(n) for n in names]
+                blobs.append(b"".join(encoded))
+                lens = map(len, encoded)
+            lengths.append(np.fromiter(lens, dtype=np.int64, count=len(names)))
+        else:
+            paths.extend([prefix + n for n in names])
+    labels = np.repeat(np.arange(len(counts), dtype=np.int32), np.asarray(counts, dtype=np.int64))
+    if not table:
+        return paths, labels
+    # One directory a class: a file's directory id is its label.
+    offsets = np.zeros(len(labels) + 1, dtype=np.int64)
+    if len(labels):
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    return PathTable(NameTable.from_names(prefixes), labels.astype(np.uint32),
+                     NameTable(b"".join(blobs), offsets)), labels
 
 
 def _atoi(digits: bytes) -> int:
@@ -345,7 +372,8 @@ def scan(file_root: Optional[PathArg],
          dir_filters: Optional[Sequence[str]] = None,
          case_sensitive_filter: bool = False,
          s3=None, listing_cache=None,
-         listing_max_age_s: Optional[float] = None) -> Tuple[List[str], np.ndarray]:
+         listing_max_age_s: Optional[float] = None,
+         table: bool = False) -> Tuple[Sequence[str], np.ndarray]:
     """List samples exactly as DALI's ``fn.readers.file`` does (before shuffling
     and sharding).
 
@@ -376,6 +404,12 @@ def scan(file_root: Optional[PathArg],
             cannot say cheaply whether a prefix changed, so freshness is
             the listing's age. The ranks of a node take turns on a lock:
             one lists, the others read its listing.
+        table: Return the paths as a :class:`fastread.PathTable` (one
+            directory table, the names as one blob and offsets: ~12 bytes a
+            file beyond its name instead of a ``str``), which
+            :class:`fastread.FileList` and the native reader take as it is.
+            An ``s3://`` listing stays a list (its objects' versions ride
+            on it).
 
     Returns:
         ``(paths, labels)``: the paths exactly as DALI opens them (the DALI
@@ -416,7 +450,8 @@ def scan(file_root: Optional[PathArg],
             lab = labels.astype(np.int32)
         else:
             lab = np.arange(len(files), dtype=np.int32)
-        return [_join_path(root or "", f) for f in files], lab
+        joined = [_join_path(root or "", f) for f in files]
+        return (PathTable.from_paths(joined) if table else joined), lab
 
     if file_list is not None:
         file_list = _to_str(file_list, "file_list")
@@ -425,7 +460,8 @@ def scan(file_root: Optional[PathArg],
         if root is None:
             idx = file_list.rfind("/")
             root = file_list[:idx] if idx >= 0 else ""
-        return _parse_file_list(file_list, root)
+        paths, lab = _parse_file_list(file_list, root)
+        return (PathTable.from_paths(paths) if table else paths), lab
 
     filters = list(DALI_DEFAULT_FILTERS) if file_filters is None else file_filters
     if root.startswith("s3://"):
@@ -438,7 +474,7 @@ def scan(file_root: Optional[PathArg],
                                         cache_dir=listing_cache, max_age_s=age)
         lab = np.repeat(np.arange(len(counts), dtype=np.int32), np.asarray(counts, dtype=np.int64))
     else:
-        paths, lab = _scan_tree(root, filters, dir_filters, bool(case_sensitive_filter))
+        paths, lab = _scan_tree(root, filters, dir_filters, bool(case_sensitive_filter), table)
     # An s3:// listing's paths are a ListedURLs (a list with each object's
     # listed version), which FileList keeps for the node-local cache.
     if not paths:

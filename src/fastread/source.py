@@ -69,7 +69,7 @@ from fastread.engine import (RANGE_ONLY, URL_ENGINES, EngineOptions, cached_cont
                              for_paths, open_engine)
 from fastread.files import packed, raise_failures
 from fastread.index import scan
-from fastread.names import NameTable
+from fastread.names import NameTable, PathTable
 
 __all__ = ["SampleSource", "FileList", "FileRanges", "OpenedReader", "check_source",
            "open_native_reader", "read_in_order"]
@@ -153,7 +153,9 @@ class FileList(SampleSource):
     when it is read."""
 
     def __init__(self, paths, labels=None):
-        self.names = [os.fspath(p) for p in paths]
+        # A PathTable (scan(table=True): a directory table and one blob of
+        # names) stays as it is: the native reader reads its columns in place.
+        self.names = paths if isinstance(paths, PathTable) else [os.fspath(p) for p in paths]
         # {url: (etag, size)} when the paths come from an s3:// listing
         # (fastread.s3.ListedURLs): the node-local cache is checked against it.
         self.versions = getattr(paths, "versions", None)
@@ -168,7 +170,7 @@ class FileList(SampleSource):
         (see :func:`fastread.scan`; ``s3``: how to list an s3:// root)."""
         paths, labels = scan(file_root, file_filters=file_filters, file_list=file_list,
                              files=files, labels=labels, dir_filters=dir_filters,
-                             case_sensitive_filter=case_sensitive_filter, s3=s3)
+                             case_sensitive_filter=case_sensitive_filter, s3=s3, table=True)
         return cls(paths, labels)
 
     @property
