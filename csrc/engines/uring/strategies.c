@@ -703,5 +703,8 @@ void fr_uring_run_phase(void *arg, int phase, unsigned worker)
     case PH_RANGES:
         ring_ranges(u, r);
         break;
+    case PH_FILE_RANGES:
+        fr_uring_ring_files(u, r);
+        break;
     }
 }
