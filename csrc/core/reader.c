@@ -32,10 +32,11 @@ static const char *const summed_keys[] = {
     "cql_inflight_max",
     /* table readers (fr_read_file_ranges): files opened, descriptors evicted,
      * reads (one per run of nearby ranges: psync.c) */
-    "fd_cache_opens", "fd_cache_evictions", "fd_cache_reads",
+    "fd_cache_opens", "fd_cache_evictions", "fd_cache_reads", "fd_cache_hits",
     /* gauges: a worker adds its change, so the total is the sum of now's */
     "s3_buffer_bytes", "s3_buffer_bytes_max",
     "fd_cache_open", /* descriptors the workers' LRUs hold */
+    "file_ranges_native", /* workers reading file ranges on io_uring rings */
 };
 #define NSUMMED (sizeof(summed_keys) / sizeof(summed_keys[0]))
 
