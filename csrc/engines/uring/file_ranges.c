@@ -19,9 +19,14 @@
  * of them (max_open_files shared out among the rings); an evicted slot is
  * simply opened into again, and the kernel drops the file it held.
  *
- * Runs (fr_file_runs: nearby ranges of one file, one vector read) are
- * claimed by the rings a few at a time, as every phase's items; a run of a
- * file this ring holds is one READV, a run of a file whose open is still
+ * Runs (fr_file_runs: nearby ranges of one file, one vector read) go to
+ * the ring a hash of their file names, so each ring holds its own share of
+ * the shards and the rings' LRUs add up (claimed by any ring, 100 shards
+ * read shuffled through 4 rings of 64 slots opened a file for a third of
+ * the samples: every ring wanted every shard); a ring that has read its
+ * own takes the rest of another's (a batch of few shards, read in order,
+ * is still read by every ring). A run of a file this ring holds is one
+ * READV, a run of a file whose open is still
  * in flight on this ring waits for it (its read is queued once the open
  * completes: it may not be linked behind a chain it is not part of). A
  * slot is pinned while anything of this call may still use it; a ring
@@ -82,6 +87,12 @@ typedef struct uring_files {
     unsigned *run_slot;   /* the slot the run reads */
     _Atomic(uring_ring *) *run_live; /* the ring with the run's requests in flight */
     size_t nruns, njobs;
+    /* The runs by ring: ring w's are by_ring[ring_end[w - 1] .. ring_end[w])
+     * (ring_end[-1] = 0), taken in order through next[w]. */
+    uint32_t *by_ring;
+    size_t *ring_end;
+    atomic_size_t *next;
+    unsigned nrings;
     unsigned char *gap;   /* FR_COALESCE_GAP bytes the gaps between ranges land in */
     int dir_fd;           /* the first shard's directory (O_PATH), or -1 */
     const char *dir;
@@ -129,11 +140,29 @@ int fr_uring_files_check(const struct io_uring *ring, char *why, size_t why_len)
 static uring_files *files_of(uring *u)
 {
     if (!u->files) {
-        u->files = calloc(1, sizeof(*u->files));
-        if (u->files)
-            u->files->dir_fd = -1;
+        uring_files *F = calloc(1, sizeof(*F));
+        if (!F)
+            return NULL;
+        F->dir_fd = -1;
+        F->nrings = u->nrings;
+        F->ring_end = calloc(u->nrings, sizeof(*F->ring_end));
+        F->next = calloc(u->nrings, sizeof(*F->next));
+        if (!F->ring_end || !F->next) {
+            free(F->ring_end);
+            free(F->next);
+            free(F);
+            return NULL;
+        }
+        u->files = F;
     }
     return u->files;
+}
+
+/* The ring that reads file `file`'s runs (a multiplicative hash: shard
+ * numbers in order spread over every ring). */
+static unsigned ring_of(const uring_files *F, uint32_t file)
+{
+    return (unsigned)(((uint64_t)(file * 2654435761u) * F->nrings) >> 32);
 }
 
 static int grow_files(uring_files *F, size_t n)
@@ -163,6 +192,7 @@ static int grow_files(uring_files *F, size_t n)
     GROW(run_next, cap);
     GROW(run_slot, cap);
     GROW(run_live, cap);
+    GROW(by_ring, cap);
 #undef GROW
     F->cap = cap;
     if (!F->gap && !(F->gap = malloc(FR_COALESCE_GAP)))
@@ -246,6 +276,22 @@ int fr_uring_files_prepare(uring *u, const char *const *paths, size_t npaths,
         F->run_live[k] = NULL;
     }
     F->run_iov[nr] = (uint32_t)v;
+    /* Grouped by ring (a counting sort: each ring's runs in sorted order). */
+    for (unsigned w = 0; w < F->nrings; w++)
+        F->ring_end[w] = 0;
+    for (size_t k = 0; k < nr; k++)
+        F->ring_end[ring_of(F, jobs[F->sorted[F->runs[k]]].file)]++;
+    size_t at = 0;
+    for (unsigned w = 0; w < F->nrings; w++) {
+        size_t c = F->ring_end[w];
+        F->ring_end[w] = at; /* for now: the start */
+        atomic_store_explicit(&F->next[w], at, memory_order_relaxed);
+        at += c;
+    }
+    for (size_t k = 0; k < nr; k++) {
+        unsigned w = ring_of(F, jobs[F->sorted[F->runs[k]]].file);
+        F->by_ring[F->ring_end[w]++] = (uint32_t)k;
+    }
     F->paths = paths;
     F->npaths = npaths;
     F->jobs = jobs;
@@ -357,6 +403,20 @@ void fr_uring_ring_files_free(uring_ring *r)
     free(R->waiters);
     free(R);
     r->files = NULL;
+}
+
+/* The next run for ring `w`: its own first, then the rest of the others'.
+ * Called once per item the pool let this ring claim (fr_threadpool_claim
+ * counts the runs), so one is always left. */
+static size_t take_run(uring_files *F, unsigned w)
+{
+    for (unsigned d = 0; d < F->nrings; d++) {
+        unsigned o = (w + d) % F->nrings;
+        size_t at = atomic_fetch_add_explicit(&F->next[o], 1, memory_order_relaxed);
+        if (at < F->ring_end[o])
+            return F->by_ring[at];
+    }
+    return SIZE_MAX; /* cannot happen: the pool counted one run for this claim */
 }
 
 static uint32_t run_file(const uring_files *F, size_t k)
@@ -521,6 +581,8 @@ void fr_uring_ring_files(uring *u, uring_ring *r)
                 break;
             }
             took++;
+            if ((k = take_run(F, (unsigned)(r - u->rings))) == SIZE_MAX)
+                continue;
             if (!start_run(u, r, R, k, buf_index, &inflight))
                 pending = k;
         }
@@ -656,6 +718,9 @@ void fr_uring_files_free(uring *u)
     free(F->run_next);
     free(F->run_slot);
     free(F->run_live);
+    free(F->by_ring);
+    free(F->ring_end);
+    free((void *)F->next);
     free(F->gap);
     free(F);
     u->files = NULL;
