@@ -168,6 +168,30 @@ static void check_many_shards(void)
     fr_batch_recycle(b);
     fr_pool_close(pool);
     fr_ctx_close(ctx);
+
+    /* 60 shards read shuffled, 32 slots a ring: each shard's runs go to
+     * one ring (one run a shard: never taken by another), so each shard is
+     * opened once, however many calls (any ring taking any run opened a
+     * shard for a third of the samples). */
+    ctx = ctx_with(1, 128, NULL);
+    pool = fr_pool_new();
+    b = fr_pool_get(pool);
+    uint64_t seed = 5;
+    for (int call = 0; call < 30; call++) {
+        fr_file_range some[50];
+        for (size_t i = 0; i < 50; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            some[i] = job((size_t)((seed >> 33) % (60 * PER)));
+        }
+        CHECK(fr_batch_prepare(b, 50) == 0);
+        CHECK(fr_read_file_ranges(ctx, (const char *const *)paths, NF, some, 50, b) == 0);
+        for (size_t i = 0; i < 50; i++)
+            CHECK(exact(b, i, &some[i]));
+    }
+    CHECK(fr_ctx_stat(ctx, "fd_cache_opens") == 60);
+    fr_batch_recycle(b);
+    fr_pool_close(pool);
+    fr_ctx_close(ctx);
 }
 
 static void check_errors(void)

@@ -24,8 +24,10 @@
  * the shards and the rings' LRUs add up (claimed by any ring, 100 shards
  * read shuffled through 4 rings of 64 slots opened a file for a third of
  * the samples: every ring wanted every shard); a ring that has read its
- * own takes the rest of another's (a batch of few shards, read in order,
- * is still read by every ring). A run of a file this ring holds is one
+ * own takes the rest of another's whose runs are at least two a file (a
+ * batch of few shards, read in order, is still read by every ring, each
+ * opening those few; a shuffled batch's runs, one a file, stay with their
+ * ring: taken by another they would be opened twice, and evict). A run of a file this ring holds is one
  * READV, a run of a file whose open is still
  * in flight on this ring waits for it (its read is queued once the open
  * completes: it may not be linked behind a chain it is not part of). A
@@ -92,6 +94,7 @@ typedef struct uring_files {
     uint32_t *by_ring;
     size_t *ring_end;
     atomic_size_t *next;
+    unsigned char *stealable; /* ring w's runs are >= 2 a file: others may take them */
     unsigned nrings;
     unsigned char *gap;   /* FR_COALESCE_GAP bytes the gaps between ranges land in */
     int dir_fd;           /* the first shard's directory (O_PATH), or -1 */
@@ -147,15 +150,22 @@ static uring_files *files_of(uring *u)
         F->nrings = u->nrings;
         F->ring_end = calloc(u->nrings, sizeof(*F->ring_end));
         F->next = calloc(u->nrings, sizeof(*F->next));
-        if (!F->ring_end || !F->next) {
+        F->stealable = calloc(u->nrings, 1);
+        if (!F->ring_end || !F->next || !F->stealable) {
             free(F->ring_end);
-            free(F->next);
+            free((void *)F->next);
+            free(F->stealable);
             free(F);
             return NULL;
         }
         u->files = F;
     }
     return u->files;
+}
+
+static uint32_t run_file(const uring_files *F, size_t k)
+{
+    return F->jobs[F->sorted[F->runs[k]]].file;
 }
 
 /* The ring that reads file `file`'s runs (a multiplicative hash: shard
@@ -250,6 +260,7 @@ int fr_uring_files_prepare(uring *u, const char *const *paths, size_t npaths,
             F->sorted[valid++] = (uint32_t)i; /* not a bad range */
     }
     fr_sort_file_jobs(jobs, F->sorted, valid);
+    F->jobs = jobs; /* run_file's, below */
     size_t nr = fr_file_runs(jobs, F->sorted, 0, valid, F->runs);
     /* Each run's vectors: its ranges' slots, the gaps between them into
      * the discard buffer (the kernel may write it from several reads at
@@ -291,6 +302,12 @@ int fr_uring_files_prepare(uring *u, const char *const *paths, size_t npaths,
     for (size_t k = 0; k < nr; k++) {
         unsigned w = ring_of(F, jobs[F->sorted[F->runs[k]]].file);
         F->by_ring[F->ring_end[w]++] = (uint32_t)k;
+    }
+    for (unsigned w = 0; w < F->nrings; w++) {
+        size_t a = w ? F->ring_end[w - 1] : 0, files = 0;
+        for (size_t x = a; x < F->ring_end[w]; x++)
+            files += x == a || run_file(F, F->by_ring[x]) != run_file(F, F->by_ring[x - 1]);
+        F->stealable[w] = F->ring_end[w] - a >= 2 * files && files > 0;
     }
     F->paths = paths;
     F->npaths = npaths;
@@ -405,23 +422,22 @@ void fr_uring_ring_files_free(uring_ring *r)
     r->files = NULL;
 }
 
-/* The next run for ring `w`: its own first, then the rest of the others'.
- * Called once per item the pool let this ring claim (fr_threadpool_claim
- * counts the runs), so one is always left. */
+/* The next run for ring `w`: its own first, then the rest of the others'
+ * that may be taken; SIZE_MAX when none is left for it. Each run taken
+ * takes one of the pool's items too (fr_threadpool_claim, its number
+ * unused), so the pool sees every item claimed only once every run is:
+ * then rings not yet woken skip the phase, and only then. */
 static size_t take_run(uring_files *F, unsigned w)
 {
     for (unsigned d = 0; d < F->nrings; d++) {
         unsigned o = (w + d) % F->nrings;
+        if (d && !F->stealable[o])
+            continue;
         size_t at = atomic_fetch_add_explicit(&F->next[o], 1, memory_order_relaxed);
         if (at < F->ring_end[o])
             return F->by_ring[at];
     }
-    return SIZE_MAX; /* cannot happen: the pool counted one run for this claim */
-}
-
-static uint32_t run_file(const uring_files *F, size_t k)
-{
-    return F->jobs[F->sorted[F->runs[k]]].file;
+    return SIZE_MAX;
 }
 
 /* Queues run k's read from slot `slot`: one READV, or a READ (into the
@@ -575,14 +591,13 @@ void fr_uring_ring_files(uring *u, uring_ring *r)
         }
         size_t took = 0;
         while (pending == SIZE_MAX && more && took < u->per_turn && inflight + 2 <= most) {
-            size_t k;
-            if (!fr_threadpool_claim(u->pool, &k)) {
+            size_t k = take_run(F, (unsigned)(r - u->rings)), token;
+            if (k == SIZE_MAX) {
                 more = 0;
                 break;
             }
+            (void)fr_threadpool_claim(u->pool, &token); /* see take_run */
             took++;
-            if ((k = take_run(F, (unsigned)(r - u->rings))) == SIZE_MAX)
-                continue;
             if (!start_run(u, r, R, k, buf_index, &inflight))
                 pending = k;
         }
@@ -721,6 +736,7 @@ void fr_uring_files_free(uring *u)
     free(F->by_ring);
     free(F->ring_end);
     free((void *)F->next);
+    free(F->stealable);
     free(F->gap);
     free(F);
     u->files = NULL;
