@@ -5,10 +5,12 @@ order; samples/s and CPU microseconds a sample (the process's user + system
 time, every thread's, over the timed epochs), interleaved rounds.
 
     python bench/engines/file_ranges_ab.py --dir /tmp/frms-30k-1024 [--shards 100,10000]
-        [--rounds 5] [--batch 256] [--workers 1] [--engines psync,io_uring]
+        [--rounds 5] [--batch 256] [--workers 1] [--engines psync,io_uring,io_uring@16000]
 
 --dir is a tree bench/dali/many_shards.py made (one folder per shard count,
-shards of ``jpg`` + ``cls``). CPU a sample is the cost the shard count adds:
+shards of ``jpg`` + ``cls``). ``ENGINE@N``: that engine with
+max_open_files=N (io_uring's slots are no process descriptors: a table as
+large as the shards, up to RLIMIT_NOFILE, holds every one). CPU a sample is the cost the shard count adds:
 on a machine with spare cores the rate hides it, here (2 cores) it is the
 rate.
 """
@@ -69,8 +71,11 @@ def main():
         src = WebDataset(paths, EXT)
         n = len(src)
         print(f"# {s} shards: {n} samples, indexed in {time.perf_counter() - t:.1f} s", flush=True)
+        default_open = src.max_open_files
         for e in engines:
-            native = src.open_native(e, fastread.EngineOptions().resolve(e), prefetch=4,
+            name, _, most = e.partition("@")
+            src.max_open_files = int(most) if most else default_open
+            native = src.open_native(name, fastread.EngineOptions().resolve(name), prefetch=4,
                                      workers=args.workers)
             readers[(s, e)] = (native, n)
     rng = np.random.default_rng(0)
@@ -87,7 +92,7 @@ def main():
                 res.setdefault((s, o, e), []).append((got / wall, used / got * 1e6))
     print(f"{args.rounds} interleaved rounds, batch {args.batch}, workers {args.workers}, "
           f"{os.cpu_count()} CPUs; load {open('/proc/loadavg').read().strip()}")
-    print(f"{'shards':>7} {'order':9} {'engine':9} {'samples/s':>10} {'cpu us/s.':>9} "
+    print(f"{'shards':>7} {'order':9} {'engine':14} {'samples/s':>10} {'cpu us/s.':>9} "
           f"{'vs 100 sh. (same eng.)':>22} {'vs psync':>8}")
     first = int(args.shards.split(",")[0])
     for (s, o, e), v in sorted(res.items()):
@@ -96,7 +101,7 @@ def main():
         base = statistics.median(x[0] for x in res[(first, o, e)])
         ps = res.get((s, o, "psync"))
         vs = rate / statistics.median(x[0] for x in ps) if ps else float("nan")
-        print(f"{s:>7} {o:9} {e:9} {rate:>10.0f} {us:>9.2f} {rate / base:>21.2f}x {vs:>7.2f}x")
+        print(f"{s:>7} {o:9} {e:14} {rate:>10.0f} {us:>9.2f} {rate / base:>21.2f}x {vs:>7.2f}x")
     for (s, e), (native, n) in readers.items():
         print(f"# {s} {e}: fd_cache_opens {native.stat('fd_cache_opens')} "
               f"hits {native.stat('fd_cache_hits')} reads {native.stat('fd_cache_reads')} "

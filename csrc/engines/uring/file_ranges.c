@@ -24,10 +24,11 @@
  * the shards and the rings' LRUs add up (claimed by any ring, 100 shards
  * read shuffled through 4 rings of 64 slots opened a file for a third of
  * the samples: every ring wanted every shard); a ring that has read its
- * own takes the rest of another's whose runs are at least two a file (a
+ * own takes the rest of another's whose runs are all of one shard (a
  * batch of few shards, read in order, is still read by every ring, each
- * opening those few; a shuffled batch's runs, one a file, stay with their
- * ring: taken by another they would be opened twice, and evict). A run of a file this ring holds is one
+ * opening those few; a shuffled batch's runs stay with their ring: taken
+ * by another they would be opened twice, and evict: 100 shards shuffled,
+ * runs of 2-3 a shard in a batch, still opened a file for 14% of them). A run of a file this ring holds is one
  * READV, a run of a file whose open is still
  * in flight on this ring waits for it (its read is queued once the open
  * completes: it may not be linked behind a chain it is not part of). A
@@ -94,7 +95,7 @@ typedef struct uring_files {
     uint32_t *by_ring;
     size_t *ring_end;
     atomic_size_t *next;
-    unsigned char *stealable; /* ring w's runs are >= 2 a file: others may take them */
+    unsigned char *stealable; /* ring w's runs are of one file: others may take them */
     unsigned nrings;
     unsigned char *gap;   /* FR_COALESCE_GAP bytes the gaps between ranges land in */
     int dir_fd;           /* the first shard's directory (O_PATH), or -1 */
@@ -307,7 +308,7 @@ int fr_uring_files_prepare(uring *u, const char *const *paths, size_t npaths,
         size_t a = w ? F->ring_end[w - 1] : 0, files = 0;
         for (size_t x = a; x < F->ring_end[w]; x++)
             files += x == a || run_file(F, F->by_ring[x]) != run_file(F, F->by_ring[x - 1]);
-        F->stealable[w] = F->ring_end[w] - a >= 2 * files && files > 0;
+        F->stealable[w] = files == 1 && F->ring_end[w] - a >= 2;
     }
     F->paths = paths;
     F->npaths = npaths;
