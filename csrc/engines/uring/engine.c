@@ -54,8 +54,10 @@ static void uring_close(void *state)
         fr_threadpool_run_helpers(u->pool, PH_TEARDOWN, 0);
         fr_threadpool_stop(u->pool);
     }
-    if (u->caller_ring && u->rings)
+    if (u->caller_ring && u->rings) {
+        fr_uring_ring_files_free(&u->rings[0]);
         fr_uring_ring_teardown(&u->rings[0]);
+    }
     fr_image_cache_close(&u->image);
     fr_uring_files_free(u);
     free(u->rings);
@@ -222,6 +224,8 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
      * files open in its table (file_ranges.c). */
     unsigned open_files = cfg->max_open_files ? cfg->max_open_files : FR_MAX_OPEN_FILES;
     u->files_cap = open_files / n > 0 ? open_files / n : 1;
+    u->files_stuck = fr_uring_files_stuck;
+    u->files_path = fr_uring_files_run_path;
     /* Without SINGLE_ISSUER any thread may submit to a ring, so the caller
      * drives ring 0 itself: it starts at once instead of sleeping while
      * every ring thread wakes, twice per call without size hints (size,

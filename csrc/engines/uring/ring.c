@@ -79,7 +79,6 @@ ready:
 
 void fr_uring_ring_teardown(uring_ring *r)
 {
-    fr_uring_ring_files_free(r);
     if (r->up)
         io_uring_queue_exit(&r->ring);
     r->up = 0;
@@ -176,7 +175,7 @@ static size_t cancel_stuck(uring *u, uring_ring *r)
 {
     size_t issued = 0, n = u->cap;
     if (u->phase == PH_FILE_RANGES)
-        return fr_uring_files_stuck(u, r);
+        return u->files_stuck(u, r);
     if (!u->paths)
         return 0; /* ranges of an image: opened and checked by the caller */
     for (size_t i = 0; i < n; i++) {

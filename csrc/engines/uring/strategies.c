@@ -680,6 +680,7 @@ void fr_uring_run_phase(void *arg, int phase, unsigned worker)
         fr_uring_ring_setup(u, r);
         break;
     case PH_TEARDOWN:
+        fr_uring_ring_files_free(r);
         fr_uring_ring_teardown(r);
         break;
     case PH_CHAINED:

@@ -249,6 +249,12 @@ typedef struct uring {
     unsigned files_cap;
     int files_native;
     struct uring_files *files;
+    /* file_ranges.c's answers to ring.c (the stuck check) and faults.c
+     * (a run's path), set by engine.c: file_ranges.c calls into ring.c,
+     * so ring.c and faults.c call it back through these, not by name (no
+     * call cycle between the objects: tests/test_layering.py). */
+    size_t (*files_stuck)(struct uring *u, uring_ring *r);
+    const char *(*files_path)(const struct uring *u, size_t k);
 } uring;
 
 static inline uint64_t pack(size_t i, unsigned slot, enum op op)
