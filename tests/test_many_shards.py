@@ -366,3 +366,42 @@ def test_dali_native_webdataset_over_3000_shards_under_ulimit_256(tar_shards, sh
     # CPUs), started with the pipeline: nothing per shard while it reads.
     assert got["threads"] - got["base_threads"] <= 8, got
     assert got["fds"] - got["base_fds"] <= 64 + 16, got
+
+
+@pytest.mark.parametrize("register_files", [True, False], ids=["rings", "psync-fallback"])
+def test_io_uring_reads_shards_on_its_rings_or_falls_back_to_psync(shards, register_files):
+    """engine="io_uring": shards held in the rings' registered file tables
+    (no process descriptor a shard, a second epoch of shards that fit opens
+    none on a ring that holds them); without register_files (as on a kernel
+    without linked direct opens) the same bytes through psync."""
+    _uring_rings_or_skip()
+    paths, file_ids, offsets, lengths = shards
+    n = 200 * PER_SHARD
+    src = MultiFileRanges.from_columns(paths[:200], file_ids[:n], offsets[:n], lengths[:n])
+    src.max_open_files = 1024
+    opts = fastread.EngineOptions(register_files=register_files).resolve("io_uring")
+    native = src.open_native("io_uring", opts, prefetch=2, workers=1)
+    order = np.random.default_rng(1).permutation(n)
+    try:
+        for epoch in range(2):
+            for s in range(0, n, 128):
+                idx = order[s:s + 128]
+                native.submit(idx)
+                b = native.next()
+                assert not b.failures()
+                for i, a in zip(idx.tolist(), b.arrays()):
+                    assert a.tobytes() == _sample_bytes(*divmod(i, PER_SHARD))
+                b.release()
+            if epoch == 0:
+                opened = native.stat("fd_cache_opens")
+        rings = native.stat("file_ranges_native")
+        if register_files:
+            assert rings in (0, 1)  # 0: this kernel has no linked direct opens
+        else:
+            assert rings <= 0
+        if rings == 1:
+            # Each shard goes to one ring, whose slots hold all it was given.
+            assert opened == 200 and native.stat("fd_cache_opens") == 200
+            assert native.stat("fd_cache_open") == 200
+    finally:
+        native.close()
