@@ -67,6 +67,7 @@ import fastread
 from fastread.formats import MultiFileRanges
 
 root, shuffle, workers, max_open = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
+engine = sys.argv[5]
 paths = sorted(os.path.join(root, n) for n in os.listdir(root))
 per = 3
 file_ids = np.repeat(np.arange(len(paths), dtype=np.uint32), per)
@@ -80,7 +81,7 @@ w.start()
 seen = np.zeros(len(file_ids), np.int64)
 bad = 0
 with fastread.Reader(source=src, batch_size=256, random_shuffle=shuffle, seed=7,
-                     workers=workers, max_open_files=max_open, engine="auto") as r:
+                     workers=workers, max_open_files=max_open, engine=engine) as r:
     for epoch in range(2):
         r.set_epoch(epoch)
         for arrays, labels in r:
@@ -91,24 +92,44 @@ with fastread.Reader(source=src, batch_size=256, random_shuffle=shuffle, seed=7,
                 bad += b != want
                 seen[lab] += 1
         fds_after = len(os.listdir("/proc/self/fd"))
+    rings = r._native.stat("file_ranges_native")
     engine = r.engine
 stop.set()
 w.join()
 print(json.dumps({"min": int(seen.min()), "max": int(seen.max()), "bad": bad,
                   "threads": peak["threads"], "fds": peak["fds"], "base_threads": base_threads,
-                  "base_fds": base_fds, "engine": engine}))
+                  "base_fds": base_fds, "engine": engine, "rings": rings}))
 """
 
 
+def _uring_rings_or_skip():
+    """Skips naming why where io_uring cannot read file ranges on its rings."""
+    info = fastread.engines()["io_uring"]
+    if info.files is not True:
+        pytest.skip(f"io_uring: {info.files}")
+
+
+@pytest.mark.parametrize("engine", ["auto", "io_uring"])
 @pytest.mark.parametrize("shuffle", [False, True], ids=["in-order", "shuffled"])
-def test_ten_thousand_shards_under_ulimit_256(shards, shuffle):
+def test_ten_thousand_shards_under_ulimit_256(shards, shuffle, engine):
+    """auto reads shards with psync; io_uring on its rings (direct
+    descriptors: none of the process's per shard) where the kernel has
+    linked direct opens, else with psync too: bounded alike."""
+    if engine == "io_uring":
+        _uring_rings_or_skip()
     paths, *_ = shards
     workers, max_open = 2, 64
     out = subprocess.run([sys.executable, "-c", CHILD, os.path.dirname(paths[0]),
-                          "1" if shuffle else "0", str(workers), str(max_open)],
+                          "1" if shuffle else "0", str(workers), str(max_open), engine],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
+    if engine == "auto":
+        assert got["rings"] <= 0, got  # psync: no rings (-1: no such counter)
+    else:
+        assert got["engine"] == "io_uring", got
+        # Both workers on their rings, unless the kernel refused (psync then).
+        assert got["rings"] in (0, workers), got
     # Two epochs: every sample exactly twice, every byte right.
     assert (got["min"], got["max"], got["bad"]) == (2, 2, 0), got
     # Threads: the workers and their psync helpers (threads=4: 3 each),
@@ -183,15 +204,18 @@ def test_nearby_ranges_are_read_together_with_the_same_bytes(shards, engine):
         native.close()
 
 
-def test_missing_and_truncated_shards_fail_their_samples_only(tmp_path):
+@pytest.mark.parametrize("engine", ["psync", "io_uring"])
+def test_missing_and_truncated_shards_fail_their_samples_only(tmp_path, engine):
     paths, file_ids, offsets, lengths = make_shards(str(tmp_path / "s"), shards=20)
     os.remove(paths[3])                      # missing
     with open(paths[7], "r+b") as f:         # truncated inside its second sample
         f.truncate(8 + SAMPLE + 4)
+    if engine == "io_uring":
+        _uring_rings_or_skip()
     src = MultiFileRanges.from_columns(paths, file_ids, offsets, lengths)
     want_bad = {3 * PER_SHARD + k for k in range(PER_SHARD)} | {7 * PER_SHARD + 1,
                                                                  7 * PER_SHARD + 2}
-    native = src.open_native("psync", fastread.EngineOptions().resolve("psync"), prefetch=2,
+    native = src.open_native(engine, fastread.EngineOptions().resolve(engine), prefetch=2,
                              workers=2)
     try:
         native.submit(np.arange(len(src)))
@@ -208,7 +232,7 @@ def test_missing_and_truncated_shards_fail_their_samples_only(tmp_path):
     finally:
         native.close()
     # Through the Reader: the error names the shard's path.
-    with fastread.Reader(source=src, batch_size=len(src), engine="psync") as r:
+    with fastread.Reader(source=src, batch_size=len(src), engine=engine) as r:
         with pytest.raises(fastread.ReadError, match="shard-00000[37]"):
             next(iter(r))
 
@@ -342,3 +366,42 @@ def test_dali_native_webdataset_over_3000_shards_under_ulimit_256(tar_shards, sh
     # CPUs), started with the pipeline: nothing per shard while it reads.
     assert got["threads"] - got["base_threads"] <= 8, got
     assert got["fds"] - got["base_fds"] <= 64 + 16, got
+
+
+@pytest.mark.parametrize("register_files", [True, False], ids=["rings", "psync-fallback"])
+def test_io_uring_reads_shards_on_its_rings_or_falls_back_to_psync(shards, register_files):
+    """engine="io_uring": shards held in the rings' registered file tables
+    (no process descriptor a shard, a second epoch of shards that fit opens
+    none on a ring that holds them); without register_files (as on a kernel
+    without linked direct opens) the same bytes through psync."""
+    _uring_rings_or_skip()
+    paths, file_ids, offsets, lengths = shards
+    n = 200 * PER_SHARD
+    src = MultiFileRanges.from_columns(paths[:200], file_ids[:n], offsets[:n], lengths[:n])
+    src.max_open_files = 1024
+    opts = fastread.EngineOptions(register_files=register_files).resolve("io_uring")
+    native = src.open_native("io_uring", opts, prefetch=2, workers=1)
+    order = np.random.default_rng(1).permutation(n)
+    try:
+        for epoch in range(2):
+            for s in range(0, n, 128):
+                idx = order[s:s + 128]
+                native.submit(idx)
+                b = native.next()
+                assert not b.failures()
+                for i, a in zip(idx.tolist(), b.arrays()):
+                    assert a.tobytes() == _sample_bytes(*divmod(i, PER_SHARD))
+                b.release()
+            if epoch == 0:
+                opened = native.stat("fd_cache_opens")
+        rings = native.stat("file_ranges_native")
+        if register_files:
+            assert rings in (0, 1)  # 0: this kernel has no linked direct opens
+        else:
+            assert rings <= 0
+        if rings == 1:
+            # Each shard goes to one ring, whose slots hold all it was given.
+            assert opened == 200 and native.stat("fd_cache_opens") == 200
+            assert native.stat("fd_cache_open") == 200
+    finally:
+        native.close()

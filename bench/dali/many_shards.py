@@ -21,7 +21,10 @@ with tarfile; the index files are DALI's v1.2 format (what its ``wds2idx``
 tool writes: ``v1.2 <samples>``, then one line a sample of ``ext offset size
 name`` per component), written from tarfile's own member offsets.
 
-Modes: ``reader`` (fastread.Reader over fastread.formats.WebDataset),
+Modes: ``reader`` (fastread.Reader over fastread.formats.WebDataset, its
+default engine: psync for shards), ``reader_uring`` (the same with
+engine="io_uring": each ring's LRU of direct descriptors, a miss one linked
+openat -> readv chain),
 ``dali_idx`` and ``dali`` (fn.readers.webdataset with and without
 index_paths), ``fr_dali`` (fastread.dali.formats.webdataset, native=False:
 fastread's Reader feeding a DALI pipeline), ``fr_dali_native`` (the same,
@@ -42,7 +45,7 @@ import threading
 import time
 
 EXT = ["jpg", "cls"]
-MODES = ("reader", "dali_idx", "dali", "fr_dali", "fr_dali_native")
+MODES = ("reader", "reader_uring", "dali_idx", "dali", "fr_dali", "fr_dali_native")
 
 
 def make_layout(root, samples, shards, size):
@@ -114,11 +117,12 @@ def child(args):
     rates = []
     with Peak() as peak:
         t0 = time.perf_counter()
-        if mode == "reader":
+        if mode in ("reader", "reader_uring"):
             import fastread
             from fastread.formats.webdataset import WebDataset
+            engine = {"engine": "io_uring"} if mode == "reader_uring" else {}
             r = fastread.Reader(source=WebDataset(paths, EXT), batch_size=args.batch,
-                                random_shuffle=shuffle, seed=1, workers=args.workers)
+                                random_shuffle=shuffle, seed=1, workers=args.workers, **engine)
             startup = time.perf_counter() - t0
 
             def epoch(e):
@@ -230,7 +234,7 @@ def main(argv=None):
 
     print(f"{args.samples} samples of {args.size} B + cls, batch {args.batch}, "
           f"median of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs")
-    print(f"{'shards':>7} {'order':9} {'mode':9} {'samples/s':>10} {'vs dali_idx':>11} "
+    print(f"{'shards':>7} {'order':9} {'mode':12} {'samples/s':>10} {'vs dali_idx':>11} "
           f"{'vs 100 sh.':>10} {'startup s':>9} {'threads':>7} {'fds':>5}")
     for s in layouts:
         for order in orders:
@@ -239,11 +243,11 @@ def main(argv=None):
                 rate = med(key, "rate")
                 if rate is None:
                     errs = [m["error"] for m in results.get(key, []) if "error" in m]
-                    print(f"{s:>7} {order:9} {mode:9} failed: {errs[:1]}")
+                    print(f"{s:>7} {order:9} {mode:12} failed: {errs[:1]}")
                     continue
                 base = med((s, order, "dali_idx"), "rate")
                 first = med((layouts[0], order, mode), "rate")
-                print(f"{s:>7} {order:9} {mode:9} {rate:>10.0f} "
+                print(f"{s:>7} {order:9} {mode:12} {rate:>10.0f} "
                       f"{(rate / base if base else float('nan')):>10.2f}x "
                       f"{(rate / first if first else float('nan')):>9.2f}x "
                       f"{med(key, 'startup'):>9.2f} {max(m['threads'] for m in results[key] if 'error' not in m):>7} "

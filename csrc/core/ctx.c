@@ -609,12 +609,20 @@ int fr_read_file_ranges(fr_ctx *ctx, const char *const *paths, size_t npaths,
         return -ECHILD;
     const fr_engine *e = ctx->engine;
     void *state = ctx->state;
-    if (!e->read_file_ranges) {
+    int via_psync = !e->read_file_ranges;
 #ifdef FASTREAD_HAVE_URING
-        /* io_uring reads ranges of one image; ranges of many files go to a
-         * psync pool of the same threads (its rings would need one
-         * registered file table per batch). */
-        if (e != &fr_engine_uring || ctx->gpu)
+    /* io_uring reads them on its rings (engines/uring/file_ranges.c) where
+     * the kernel takes direct opens linked to reads; otherwise through a
+     * psync pool of the same threads. */
+    if (e == &fr_engine_uring) {
+        if (ctx->gpu)
+            return -ENOTSUP;
+        via_psync = e->stat(state, "file_ranges_native") != 1;
+    }
+#endif
+    if (via_psync) {
+#ifdef FASTREAD_HAVE_URING
+        if (e != &fr_engine_uring)
             return -ENOTSUP;
         if (ctx->ranges_failed)
             return ctx->ranges_failed;

@@ -33,10 +33,11 @@ static const char *const summed_keys[] = {
     "cql_inflight_max",
     /* table readers (fr_read_file_ranges): files opened, descriptors evicted,
      * reads (one per run of nearby ranges: psync.c) */
-    "fd_cache_opens", "fd_cache_evictions", "fd_cache_reads",
+    "fd_cache_opens", "fd_cache_evictions", "fd_cache_reads", "fd_cache_hits",
     /* gauges: a worker adds its change, so the total is the sum of now's */
     "s3_buffer_bytes", "s3_buffer_bytes_max",
     "fd_cache_open", /* descriptors the workers' LRUs hold */
+    "file_ranges_native", /* workers reading file ranges on io_uring rings */
 };
 #define NSUMMED (sizeof(summed_keys) / sizeof(summed_keys[0]))
 
@@ -737,10 +738,17 @@ static int table_open(const fr_config *cfg, const char *const *paths, size_t npa
         return -ENOTSUP;
     }
     fr_config c = *cfg;
-    /* io_uring's contexts would read file ranges through a psync pool
-     * beside their idle rings (fr_read_file_ranges): open psync ones, so
-     * the threads are the workers and their psync helpers alone. */
-    if (c.engine && (strcmp(c.engine, "io_uring") == 0 || strcmp(c.engine, "auto") == 0)) {
+    /* io_uring's contexts read file ranges on their rings where the kernel
+     * allows (engines/uring/file_ranges.c); elsewhere, and for auto (psync
+     * measured no slower at 100 shards: docs/benchmarks.md), they would
+     * read them through a psync pool beside their idle rings: open psync
+     * ones, so the threads are the workers and their helpers alone. */
+    int uring_rings = 0;
+#ifdef FASTREAD_HAVE_URING
+    uring_rings = c.engine && strcmp(c.engine, "io_uring") == 0 && fr_uring_files_usable(&c);
+#endif
+    if (c.engine && !uring_rings &&
+        (strcmp(c.engine, "io_uring") == 0 || strcmp(c.engine, "auto") == 0)) {
         c.engine = "psync";
         c.engine_args = "";
         c.auto_engine = 0;

@@ -78,6 +78,10 @@ extern const fr_engine fr_engine_psync;
 extern const fr_engine fr_engine_cufile; /* loads CUDA and libcufile at run time */
 #ifdef FASTREAD_HAVE_URING
 extern const fr_engine fr_engine_uring;
+/* Whether io_uring contexts of `cfg` read fr_read_file_ranges on their
+ * rings (direct opens linked to reads: Linux 5.17, register_files, no
+ * O_DIRECT), not through a psync pool beside them; opens a probe ring. */
+int fr_uring_files_usable(const fr_config *cfg);
 #endif
 #ifdef FASTREAD_HAVE_S3
 extern const fr_engine fr_engine_s3; /* "s3": objects over HTTP(S) (engines/s3/, libcurl) */

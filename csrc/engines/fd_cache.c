@@ -32,6 +32,7 @@ int fr_fd_cache_init(fr_fd_cache *c, uint32_t cap)
     c->cap = cap;
     c->table = NULL;
     c->opens = c->hits = c->evictions = 0;
+    c->keys_only = 0;
     c->used = 0;
     c->head = c->tail = NONE;
     for (uint32_t b = 0; b < nb; b++)
@@ -49,7 +50,7 @@ void fr_fd_cache_clear(fr_fd_cache *c)
     if (!c->entries)
         return;
     for (uint32_t i = 0; i < c->cap; i++) {
-        if (c->entries[i].fd >= 0)
+        if (c->entries[i].fd >= 0 && !c->keys_only)
             close(c->entries[i].fd);
         c->entries[i].fd = -1;
         c->entries[i].pinned = 0;
@@ -170,7 +171,7 @@ int fr_fd_cache_reserve(fr_fd_cache *c, uint32_t k)
         return -ENOMEM;
     uint32_t n;
     int rc = fr_fd_cache_reserve_take(c, k, victims, &n);
-    for (uint32_t v = 0; v < n; v++)
+    for (uint32_t v = 0; v < n && !c->keys_only; v++)
         close(victims[v]);
     if (victims != small)
         free(victims);
@@ -206,6 +207,9 @@ void fr_fd_cache_unpin_all(fr_fd_cache *c)
 void fr_fd_cache_drop(fr_fd_cache *c, uint32_t file)
 {
     uint32_t i = find(c, file, NULL);
-    if (i != NONE)
-        close(remove_entry(c, i));
+    if (i != NONE) {
+        int fd = remove_entry(c, i);
+        if (!c->keys_only)
+            close(fd);
+    }
 }

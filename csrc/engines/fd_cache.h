@@ -33,6 +33,10 @@ typedef struct fr_fd_cache {
      * the cache first, so a key never names another file. */
     const void *table;
     long opens, hits, evictions;
+    /* Set after init: the values are not descriptors the cache owns but
+     * slots of the caller's (io_uring's registered file table), never
+     * closed: an evicted or dropped one is only forgotten. */
+    int keys_only;
 } fr_fd_cache;
 
 /* 0 or -ENOMEM; cap >= 1. */

@@ -377,3 +377,54 @@ int fr_image_cache_get(fr_image_cache *c, const char *path, int o_direct)
     c->ino = st.st_ino;
     return 1;
 }
+
+/* qsort has no context argument (no global state here), so a shell sort:
+ * a batch is hundreds of jobs. */
+static int job_before(const fr_file_range *jobs, uint32_t a, uint32_t b)
+{
+    if (jobs[a].file != jobs[b].file)
+        return jobs[a].file < jobs[b].file;
+    if (jobs[a].offset != jobs[b].offset)
+        return jobs[a].offset < jobs[b].offset;
+    return a < b;
+}
+
+void fr_sort_file_jobs(const fr_file_range *jobs, uint32_t *v, size_t n)
+{
+    static const size_t gaps[] = {1750, 701, 301, 132, 57, 23, 10, 4, 1};
+    for (size_t g = 0; g < sizeof(gaps) / sizeof(gaps[0]); g++) {
+        size_t gap = gaps[g];
+        for (size_t i = gap; i < n; i++) {
+            uint32_t x = v[i];
+            size_t j = i;
+            while (j >= gap && job_before(jobs, x, v[j - gap])) {
+                v[j] = v[j - gap];
+                j -= gap;
+            }
+            v[j] = x;
+        }
+    }
+}
+
+size_t fr_file_runs(const fr_file_range *jobs, const uint32_t *v, size_t first, size_t end,
+                    uint32_t *runs)
+{
+    size_t nruns = 0;
+    uint64_t at = 0;
+    int niov = 0;
+    for (size_t pos = first; pos < end; pos++) {
+        const fr_file_range *r = &jobs[v[pos]];
+        int fresh = pos == first || r->file != jobs[v[pos - 1]].file || r->offset < at ||
+                    r->offset - at > FR_COALESCE_GAP || niov + 2 > FR_COALESCE_IOV;
+        if (fresh) {
+            runs[nruns++] = (uint32_t)pos;
+            niov = 0;
+        } else if (r->offset > at) {
+            niov++; /* the gap's vector */
+        }
+        niov++;
+        at = r->offset + r->length;
+    }
+    runs[nruns] = (uint32_t)end;
+    return nruns;
+}

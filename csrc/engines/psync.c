@@ -28,13 +28,8 @@
 
 #define WINDOW 256
 #define MAX_THREADS 16
-/* Ranges of one file in a batch whose gap is at most COALESCE_GAP bytes are
- * one preadv: the gap's bytes land in a discard buffer on the worker's
- * stack. A WebDataset sample's members are a 512-byte tar header apart and
- * samples read in order are adjacent, so a batch costs a read a run, not a
- * read a member. A run is at most COALESCE_IOV vectors (jobs and gaps). */
-#define COALESCE_GAP 8192
-#define COALESCE_IOV 64
+/* Runs of nearby ranges (FR_COALESCE_GAP, FR_COALESCE_IOV: range_io.h)
+ * are one preadv, gaps into a discard buffer on the worker's stack. */
 /* Misses in a window worth opening their directory for (see dir_fd):
  * measured on the 2-core VM (6.18), open(2) of a path 7 components deep
  * took 2.2 us, openat(2) of its last component 1.8 us. */
@@ -260,8 +255,8 @@ static void file_range_one(psync *p, size_t k)
             p->batch->samples[p->sorted[pos]].length = fd;
         return;
     }
-    unsigned char gap[COALESCE_GAP];
-    struct iovec iov[COALESCE_IOV];
+    unsigned char gap[FR_COALESCE_GAP];
+    struct iovec iov[FR_COALESCE_IOV];
     int niov = 0;
     uint64_t start = p->jobs[p->sorted[a]].offset, at = start;
     for (size_t pos = a; pos < b; pos++) {
@@ -303,29 +298,10 @@ static void file_range_one(psync *p, size_t k)
         settle_job(p, p->sorted[pos], err, done);
 }
 
-/* Splits sorted positions [first, end) (the window's jobs) into runs:
- * the same file, each job starting at or past the previous one's end and
- * within COALESCE_GAP of it (an overlapping job starts a run of its own: a
- * vector read cannot deliver the same bytes twice). */
+/* The window's runs (fr_file_runs): sorted positions [first, end). */
 static void make_runs(psync *p, size_t first, size_t end)
 {
-    p->nruns = 0;
-    uint64_t at = 0;
-    int niov = 0;
-    for (size_t pos = first; pos < end; pos++) {
-        const fr_file_range *r = &p->jobs[p->sorted[pos]];
-        int fresh = pos == first || r->file != p->jobs[p->sorted[pos - 1]].file ||
-                    r->offset < at || r->offset - at > COALESCE_GAP || niov + 2 > COALESCE_IOV;
-        if (fresh) {
-            p->runs[p->nruns++] = (uint32_t)pos;
-            niov = 0;
-        } else if (r->offset > at) {
-            niov++; /* the gap's vector */
-        }
-        niov++;
-        at = r->offset + r->length;
-    }
-    p->runs[p->nruns] = (uint32_t)end;
+    p->nruns = fr_file_runs(p->jobs, p->sorted, first, end, p->runs);
 }
 
 static void run_phase(void *arg, int ph)
@@ -519,36 +495,6 @@ static int grow_file_scratch(psync *p, size_t n)
     return 0;
 }
 
-/* Jobs in (file, offset) order: a file's ranges read in order (the page
- * cache's read-ahead) and each file's jobs one run. qsort has no context
- * argument (no global state here), so a shell sort: a batch is hundreds
- * of jobs. */
-static int job_before(const fr_file_range *jobs, uint32_t a, uint32_t b)
-{
-    if (jobs[a].file != jobs[b].file)
-        return jobs[a].file < jobs[b].file;
-    if (jobs[a].offset != jobs[b].offset)
-        return jobs[a].offset < jobs[b].offset;
-    return a < b;
-}
-
-static void sort_jobs(const fr_file_range *jobs, uint32_t *v, size_t n)
-{
-    static const size_t gaps[] = {1750, 701, 301, 132, 57, 23, 10, 4, 1};
-    for (size_t g = 0; g < sizeof(gaps) / sizeof(gaps[0]); g++) {
-        size_t gap = gaps[g];
-        for (size_t i = gap; i < n; i++) {
-            uint32_t x = v[i];
-            size_t j = i;
-            while (j >= gap && job_before(jobs, x, v[j - gap])) {
-                v[j] = v[j - gap];
-                j -= gap;
-            }
-            v[j] = x;
-        }
-    }
-}
-
 /* The directory of `path` for this call's opens (see dir_fd); none for a
  * path in the working or root directory, or when it cannot be opened. */
 static void open_dir(psync *p, const char *path)
@@ -607,7 +553,7 @@ static int psync_read_file_ranges(void *state, const char *const *paths, size_t 
         else if (batch->samples[i].length == 0)
             p->sorted[valid++] = (uint32_t)i; /* not a bad range */
     }
-    sort_jobs(jobs, p->sorted, valid);
+    fr_sort_file_jobs(jobs, p->sorted, valid);
     p->fpaths = paths;
     p->jobs = jobs;
     p->batch = batch;

@@ -58,4 +58,27 @@ void fr_image_cache_init(fr_image_cache *c);
 int fr_image_cache_get(fr_image_cache *c, const char *path, int o_direct);
 void fr_image_cache_close(fr_image_cache *c);
 
+/* Ranges of one file in a fr_read_file_ranges batch whose gap is at most
+ * FR_COALESCE_GAP bytes are one vector read (psync's preadv, io_uring's
+ * READV): the gap's bytes land in a discard buffer. A WebDataset sample's
+ * members are a 512-byte tar header apart and samples read in order are
+ * adjacent, so a batch costs a read a run, not a read a member. A run is at
+ * most FR_COALESCE_IOV vectors (jobs and gaps). */
+#define FR_COALESCE_GAP 8192
+#define FR_COALESCE_IOV 64
+
+/* Sorts job numbers v[0..n) by (file, offset, number): a file's ranges
+ * read in order (the page cache's read-ahead) and each file's jobs one
+ * run. */
+void fr_sort_file_jobs(const fr_file_range *jobs, uint32_t *v, size_t n);
+
+/* Splits sorted positions [first, end) of v (jobs in fr_sort_file_jobs's
+ * order) into runs: the same file, each job starting at or past the
+ * previous one's end and within FR_COALESCE_GAP of it (an overlapping job
+ * starts a run of its own: a vector read cannot deliver the same bytes
+ * twice), at most FR_COALESCE_IOV vectors. runs[k] is run k's first
+ * sorted position, runs[nruns] = end; returns nruns. */
+size_t fr_file_runs(const fr_file_range *jobs, const uint32_t *v, size_t first, size_t end,
+                    uint32_t *runs);
+
 #endif

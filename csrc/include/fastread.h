@@ -596,8 +596,15 @@ typedef struct fr_file_range {
  * shard), -EINVAL for a file index >= npaths or a range that overflows.
  * Engines: psync; s3 (paths are s3:// URLs: ranged GETs of every object on
  * the context's one multi handle, connections kept across objects);
- * io_uring and auto contexts read through a psync pool of the same
- * threads (opened on first use). Others: -ENOTSUP. O_DIRECT: -ENOTSUP. */
+ * io_uring (and auto) contexts on their rings where the kernel has linked
+ * direct opens (Linux 5.17) and register_files is on: each ring's share
+ * of max_open_files files held in its registered file table, not the
+ * process's descriptors; opened without the fstat (a path that stopped
+ * being a regular file or block device is caught only when its read never
+ * completes: -EINVAL after a second; a character device's bytes are read
+ * as they come), fr_ctx_sample_error naming the path of a failed open or
+ * read; elsewhere through a psync pool of the same threads (opened on
+ * first use). Others: -ENOTSUP. O_DIRECT: -ENOTSUP. */
 int fr_read_file_ranges(fr_ctx *ctx, const char *const *paths, size_t npaths,
                         const fr_file_range *jobs, size_t n, fr_batch *batch);
 
@@ -610,8 +617,9 @@ int fr_read_file_ranges(fr_ctx *ctx, const char *const *paths, size_t npaths,
  * contexts' helpers, whatever the number of files; descriptors: at most
  * cfg.max_open_files in all (each worker's context keeps its share, at
  * least 1). A file index out of range is that sample's -EINVAL.
- * fr_reader_path(reader, i) is sample i's file. Engines io_uring and auto
- * read with psync contexts (fr_read_file_ranges), s3 with s3 ones. */
+ * fr_reader_path(reader, i) is sample i's file. Engine io_uring reads on
+ * its rings where fr_read_file_ranges can (else, and for auto, with psync
+ * contexts), s3 with s3 ones. */
 int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t npaths,
                          const uint32_t *file_ids, const uint64_t *offsets,
                          const uint64_t *lengths, size_t n, unsigned prefetch,

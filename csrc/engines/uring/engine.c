@@ -54,9 +54,12 @@ static void uring_close(void *state)
         fr_threadpool_run_helpers(u->pool, PH_TEARDOWN, 0);
         fr_threadpool_stop(u->pool);
     }
-    if (u->caller_ring && u->rings)
+    if (u->caller_ring && u->rings) {
+        fr_uring_ring_files_free(&u->rings[0]);
         fr_uring_ring_teardown(&u->rings[0]);
+    }
     fr_image_cache_close(&u->image);
+    fr_uring_files_free(u);
     free(u->rings);
     free(u->range_res);
     free(u->sizes);
@@ -176,6 +179,8 @@ static int parse_args(uring *u, const char *args, char *err, size_t err_len)
     return 0;
 }
 
+static int all_fixed_files(const uring *u);
+
 static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_len)
 {
     uring *u = calloc(1, sizeof(*u));
@@ -215,6 +220,12 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
      * batch anyway. */
     for (unsigned k = 0; k < n; k++)
         u->rings[k].depth = u->depth;
+    /* fr_read_file_ranges: each ring keeps its share of max_open_files
+     * files open in its table (file_ranges.c). */
+    unsigned open_files = cfg->max_open_files ? cfg->max_open_files : FR_MAX_OPEN_FILES;
+    u->files_cap = open_files / n > 0 ? open_files / n : 1;
+    u->files_stuck = fr_uring_files_stuck;
+    u->files_path = fr_uring_files_run_path;
     /* Without SINGLE_ISSUER any thread may submit to a ring, so the caller
      * drives ring 0 itself: it starts at once instead of sleeping while
      * every ring thread wakes, twice per call without size hints (size,
@@ -243,8 +254,23 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
             return rc;
         }
     }
+    u->files_native = cfg->register_files && !cfg->o_direct && all_fixed_files(u) &&
+                      fr_uring_files_check(&u->rings[0].ring, NULL, 0) == 0;
     *state = u;
     return 0;
+}
+
+int fr_uring_files_usable(const fr_config *cfg)
+{
+    if (!cfg->register_files || cfg->o_direct)
+        return 0;
+    struct io_uring ring;
+    if (io_uring_queue_init(2, &ring, 0) < 0)
+        return 0;
+    int ok = io_uring_register_files_sparse(&ring, 1) == 0 &&
+             fr_uring_files_check(&ring, NULL, 0) == 0;
+    io_uring_queue_exit(&ring);
+    return ok;
 }
 
 static int grow_scratch(uring *u, size_t n)
@@ -485,10 +511,17 @@ static int end_call(uring *u, size_t n, int rc)
     return rc;
 }
 
+static void not_file_ranges(uring *u)
+{
+    if (u->files)
+        fr_uring_files_last_off(u);
+}
+
 static int uring_read_files(void *state, const char *const *paths, const int64_t *size_hints,
                             size_t n, fr_batch *batch)
 {
     uring *u = state;
+    not_file_ranges(u);
     int rc = grow_scratch(u, n);
     if (rc)
         return rc;
@@ -582,6 +615,7 @@ static int uring_read_ranges(void *state, const char *path, const fr_range *rang
                              fr_batch *batch)
 {
     uring *u = state;
+    not_file_ranges(u);
     int rc = grow_range_scratch(u, n);
     if (rc)
         return rc;
@@ -627,10 +661,43 @@ static int uring_read_ranges(void *state, const char *path, const fr_range *rang
     return 0;
 }
 
+/* Ranges of many files on the rings (file_ranges.c); -ENOTSUP where this
+ * kernel or configuration cannot (the context then reads them with psync:
+ * fr_read_file_ranges in ctx.c asks "file_ranges_native" first). */
+static int uring_read_file_ranges(void *state, const char *const *paths, size_t npaths,
+                                  const fr_file_range *jobs, size_t n, fr_batch *batch)
+{
+    uring *u = state;
+    if (!u->files_native)
+        return -ENOTSUP;
+    if (n > UINT32_MAX)
+        return -EINVAL;
+    size_t nruns;
+    int rc = fr_uring_files_prepare(u, paths, npaths, jobs, n, batch, &nruns);
+    if (rc)
+        return rc;
+    u->paths = NULL; /* no file list: the stuck check asks file_ranges.c */
+    u->batch = batch;
+    u->order = NULL;
+    u->first = 0;
+    if (nruns)
+        rc = run_rings(u, PH_FILE_RANGES, nruns);
+    fr_uring_files_settle(u, batch);
+    return rc;
+}
+
+static int uring_sample_error(const void *state, size_t i, char *out, size_t len)
+{
+    return fr_uring_files_error(state, i, out, len);
+}
+
 static long uring_stat(const void *state, const char *key)
 {
     const uring *u = state;
     const uring_ring *r0 = &u->rings[0];
+    long v;
+    if (fr_uring_files_stat(u, key, &v))
+        return v;
     if (strcmp(key, "fixed_files") == 0)
         return all_fixed_files(u);
     if (strcmp(key, "fixed_buffers") == 0)
@@ -675,4 +742,6 @@ const fr_engine fr_engine_uring = {
     .uses_size_hints = 1,
     .stat = uring_stat,
     .read_ranges = uring_read_ranges,
+    .sample_error = uring_sample_error,
+    .read_file_ranges = uring_read_file_ranges,
 };

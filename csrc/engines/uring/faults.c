@@ -35,6 +35,9 @@ void fr_uring_fault_inject(uring *u, struct io_uring_cqe *cqe)
     if (u->phase == PH_RANGES) {
         op = OP_READ;
         path = u->image.path;
+    } else if (u->phase == PH_FILE_RANGES) {
+        op = ud_op(cqe->user_data);
+        path = u->files_path(u, ud_index(cqe->user_data));
     } else {
         op = ud_op(cqe->user_data);
         path = u->paths ? u->paths[ud_index(cqe->user_data)] : NULL;

@@ -64,8 +64,10 @@ ready:
         r->setup_rc = -ENOMEM;
         return;
     }
-    /* One slot per file in flight, and one more for a range reader's image. */
-    if (u->cfg.register_files && io_uring_register_files_sparse(&r->ring, r->depth + 1) == 0) {
+    /* One slot per file in flight, one more for a range reader's image, and
+     * files_cap for the LRU of fr_read_file_ranges (file_ranges.c). */
+    if (u->cfg.register_files &&
+        io_uring_register_files_sparse(&r->ring, r->depth + 1 + u->files_cap) == 0) {
         r->fixed_files = 1;
         for (unsigned i = 0; i < r->depth; i++)
             r->free_slots[i] = r->depth - 1 - i;
@@ -172,6 +174,8 @@ static int64_t not_a_file(const char *path)
 static size_t cancel_stuck(uring *u, uring_ring *r)
 {
     size_t issued = 0, n = u->cap;
+    if (u->phase == PH_FILE_RANGES)
+        return u->files_stuck(u, r);
     if (!u->paths)
         return 0; /* ranges of an image: opened and checked by the caller */
     for (size_t i = 0; i < n; i++) {

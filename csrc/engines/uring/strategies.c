@@ -680,6 +680,7 @@ void fr_uring_run_phase(void *arg, int phase, unsigned worker)
         fr_uring_ring_setup(u, r);
         break;
     case PH_TEARDOWN:
+        fr_uring_ring_files_free(r);
         fr_uring_ring_teardown(r);
         break;
     case PH_CHAINED:
@@ -702,6 +703,9 @@ void fr_uring_run_phase(void *arg, int phase, unsigned worker)
         break;
     case PH_RANGES:
         ring_ranges(u, r);
+        break;
+    case PH_FILE_RANGES:
+        fr_uring_ring_files(u, r);
         break;
     }
 }

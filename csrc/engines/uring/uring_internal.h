@@ -71,6 +71,9 @@
  *   strategies.c the ways a ring reads a phase's files (linked, chained,
  *                open/read windows, pipelined, direct, ranges) and the
  *                pool's entry point that picks one
+ *   file_ranges.c ranges of many files (fr_read_file_ranges): per ring an
+ *                LRU of files in direct-descriptor slots, each miss one
+ *                linked openat -> read chain, nearby ranges one READV
  *   engine.c     engine_args, open/close, read_files/read_ranges (which
  *                phases run, in which order, and the repair afterwards),
  *                stats, and fr_engine_uring
@@ -102,7 +105,8 @@ enum phase {
     PH_READ,
     PH_PIPELINED,
     PH_DIRECT,
-    PH_RANGES
+    PH_RANGES,
+    PH_FILE_RANGES
 };
 
 /* Setup flag sets, tried in order from the one asked for until the kernel
@@ -139,6 +143,9 @@ typedef struct uring_ring {
     unsigned nopened;
     unsigned busy; /* PH_PIPELINED: files opened whose close has not completed */
     uint64_t image_gen; /* the image generation in fixed slot `depth`, 0: none */
+    /* fr_read_file_ranges (file_ranges.c): the LRU of the files this ring
+     * holds in slots depth + 1 .. of its table; made on first use. */
+    struct ring_files *files;
 } uring_ring;
 
 /* Test-only fault injection (engine_args fault_*=, see parse_args): makes
@@ -235,6 +242,19 @@ typedef struct uring {
     _Atomic(uring_ring *) *live;
     unsigned *live_slot; /* its direct-descriptor slot (chained, linked) */
     int64_t *stuck;      /* 0, or the error of file i's cancelled requests */
+
+    /* fr_read_file_ranges through the rings (file_ranges.c): slots per
+     * ring for the files' LRU (max_open_files shared out), whether this
+     * kernel takes the chains (files_native), the call's state. */
+    unsigned files_cap;
+    int files_native;
+    struct uring_files *files;
+    /* file_ranges.c's answers to ring.c (the stuck check) and faults.c
+     * (a run's path), set by engine.c: file_ranges.c calls into ring.c,
+     * so ring.c and faults.c call it back through these, not by name (no
+     * call cycle between the objects: tests/test_layering.py). */
+    size_t (*files_stuck)(struct uring *u, uring_ring *r);
+    const char *(*files_path)(const struct uring *u, size_t k);
 } uring;
 
 static inline uint64_t pack(size_t i, unsigned slot, enum op op)
@@ -294,6 +314,35 @@ int fr_uring_buffer_index(uring_ring *r, const fr_arena *arena);
 /* Submits, waits and reaps once, handing completions to fn; (size_t)-1 when
  * the ring broke (drained, error recorded in u->phase_err). */
 size_t fr_uring_turn(uring *u, uring_ring *r, size_t *inflight, cqe_fn fn);
+
+/* ---- file_ranges.c: ranges of many files (fr_read_file_ranges) ---- */
+
+/* Whether a ring of this kernel can open into direct descriptors and read
+ * through them in one linked chain: 0, or -ENOTSUP with why. */
+int fr_uring_files_check(const struct io_uring *ring, char *why, size_t why_len);
+/* The caller's side of one call: lays the jobs out, sorts them into runs
+ * (returned in *nruns) and builds their vectors; 0 or -errno. */
+int fr_uring_files_prepare(uring *u, const char *const *paths, size_t npaths,
+                           const fr_file_range *jobs, size_t n, fr_batch *batch, size_t *nruns);
+/* After PH_FILE_RANGES: each job's length or -errno, the runs the rings
+ * could not finish read again the slow way. */
+void fr_uring_files_settle(uring *u, fr_batch *batch);
+/* PH_FILE_RANGES on ring r. */
+void fr_uring_ring_files(uring *u, uring_ring *r);
+/* Cancels ring r's reads of paths that are no files any more (see
+ * STUCK_CHECK_MS); returns the cancels submitted. */
+size_t fr_uring_files_stuck(uring *u, uring_ring *r);
+/* The path run k of the call in progress reads (the fault plan's). */
+const char *fr_uring_files_run_path(const uring *u, size_t k);
+/* The engine's next call is no file-range call (sample_error says nothing). */
+void fr_uring_files_last_off(uring *u);
+/* Why sample i of the last call failed (1), or 0. */
+int fr_uring_files_error(const uring *u, size_t i, char *out, size_t len);
+/* A fd_cache_* or file_range_* statistic into *out: 1, or 0 if not one. */
+int fr_uring_files_stat(const uring *u, const char *key, long *out);
+/* Frees ring r's LRU (its thread, at teardown) and the call's state. */
+void fr_uring_ring_files_free(uring_ring *r);
+void fr_uring_files_free(uring *u);
 
 /* ---- faults.c: test-only fault injection ---- */
 
