@@ -1,11 +1,11 @@
 /*
- * A test-only LD_PRELOAD shim that makes libc's open/openat/read/pread fail,
+ * A test-only LD_PRELOAD shim that makes libc's open/openat/read/pread/preadv fail,
  * return short or stall for chosen paths. Built by tests/test_faults.py with
  * cc; never part of fastread.
  *
  * Environment:
  *   FR_FAULT_PATH   substring of the paths to fault (required)
- *   FR_FAULT_OP     open | read  (read covers read and pread on descriptors
+ *   FR_FAULT_OP     open | read  (read covers read, pread and preadv on descriptors
  *                   opened from a matching path)
  *   FR_FAULT_MODE   eio | eintr | eagain | short | stall
  *   FR_FAULT_COUNT  faults to inject in all (default 1; -1: every call)
@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -103,6 +104,7 @@ typedef int (*openat_fn)(int, const char *, int, ...);
 typedef int (*open_fn)(const char *, int, ...);
 typedef ssize_t (*pread_fn)(int, void *, size_t, off_t);
 typedef ssize_t (*read_fn)(int, void *, size_t);
+typedef ssize_t (*preadv_fn)(int, const struct iovec *, int, off_t);
 typedef int (*close_fn)(int);
 
 static int do_open(const char *name, int dirfd, const char *path, int flags, mode_t mode)
@@ -176,6 +178,35 @@ ssize_t pread(int fd, void *buf, size_t len, off_t off) { return do_pread("pread
 ssize_t pread64(int fd, void *buf, size_t len, off_t off)
 {
     return do_pread("pread64", fd, buf, len, off);
+}
+
+/* psync reads a run of nearby ranges of a file with one preadv
+ * (csrc/engines/psync.c): the same faults; `short` drops the run's last
+ * vector, or halves a lone one, so the caller sees a short read. */
+static ssize_t do_preadv(const char *name, int fd, const struct iovec *iov, int iovcnt, off_t off)
+{
+    preadv_fn real = (preadv_fn)dlsym(RTLD_NEXT, name);
+    if (faulted_fd(fd) && take("read")) {
+        if (fail_now() < 0)
+            return -1;
+        if (is_short() && iovcnt > 1)
+            return real(fd, iov, iovcnt - 1, off);
+        if (is_short() && iovcnt == 1 && iov[0].iov_len > 1) {
+            struct iovec half = {iov[0].iov_base, iov[0].iov_len / 2};
+            return real(fd, &half, 1, off);
+        }
+    }
+    return real(fd, iov, iovcnt, off);
+}
+
+ssize_t preadv(int fd, const struct iovec *iov, int iovcnt, off_t off)
+{
+    return do_preadv("preadv", fd, iov, iovcnt, off);
+}
+
+ssize_t preadv64(int fd, const struct iovec *iov, int iovcnt, off_t off)
+{
+    return do_preadv("preadv64", fd, iov, iovcnt, off);
 }
 
 ssize_t read(int fd, void *buf, size_t len)
