@@ -1,6 +1,10 @@
 /* The descriptor LRU of fr_read_file_ranges (see fd_cache.h). */
+/* O_PATH, AT_FDCWD (fr_shard_dir) */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "engines/fd_cache.h"
@@ -212,4 +216,44 @@ void fr_fd_cache_drop(fr_fd_cache *c, uint32_t file)
         if (!c->keys_only)
             close(fd);
     }
+}
+
+void fr_shard_dir_open(fr_shard_dir *d, const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path)
+        return;
+    size_t len = (size_t)(slash - path);
+    char buf[4096];
+    if (len >= sizeof(buf))
+        return;
+    memcpy(buf, path, len);
+    buf[len] = 0;
+    int fd;
+    do {
+        fd = open(buf, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return;
+    d->fd = fd;
+    d->dir = path;
+    d->len = len;
+}
+
+const char *fr_shard_dir_name(const fr_shard_dir *d, const char *path, int *dirfd)
+{
+    if (d->fd >= 0 && strncmp(path, d->dir, d->len) == 0 && path[d->len] == '/' &&
+        path[d->len + 1] && !strchr(path + d->len + 1, '/')) {
+        *dirfd = d->fd;
+        return path + d->len + 1;
+    }
+    *dirfd = AT_FDCWD;
+    return path;
+}
+
+void fr_shard_dir_close(fr_shard_dir *d)
+{
+    if (d->fd >= 0)
+        close(d->fd);
+    fr_shard_dir_init(d);
 }

@@ -69,4 +69,30 @@ void fr_fd_cache_unpin_all(fr_fd_cache *c);
  * the next use opens the path again). */
 void fr_fd_cache_drop(fr_fd_cache *c, uint32_t file);
 
+/* The directory of a call's shards, open (O_PATH) for that call so that its
+ * shards are opened relative to it (openat of the last component: no walk
+ * of the whole path each). Used by psync's and io_uring's file ranges. Not
+ * thread-safe: one per engine state. */
+typedef struct fr_shard_dir {
+    int fd;          /* -1: none; shards open by their full paths */
+    const char *dir; /* borrowed: the path it was opened from */
+    size_t len;      /* bytes of `dir` before its last '/' */
+} fr_shard_dir;
+
+static inline void fr_shard_dir_init(fr_shard_dir *d)
+{
+    d->fd = -1;
+    d->dir = NULL;
+    d->len = 0;
+}
+/* Opens the directory of `path` (borrowed until fr_shard_dir_close). Where
+ * it has none, is too long or does not open, d stays without one: each
+ * shard's own open then says why, by its own path. */
+void fr_shard_dir_open(fr_shard_dir *d, const char *path);
+/* What to openat `path` by: its name inside d's directory with *dirfd = d's
+ * descriptor where `path` is a file directly in it, else path itself with
+ * *dirfd = AT_FDCWD. */
+const char *fr_shard_dir_name(const fr_shard_dir *d, const char *path, int *dirfd);
+void fr_shard_dir_close(fr_shard_dir *d);
+
 #endif

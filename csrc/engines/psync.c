@@ -30,7 +30,7 @@
 #define MAX_THREADS 16
 /* Runs of nearby ranges (FR_COALESCE_GAP, FR_COALESCE_IOV: range_io.h)
  * are one preadv, gaps into a discard buffer on the worker's stack. */
-/* Misses in a window worth opening their directory for (see dir_fd):
+/* Misses in a window worth opening their directory for (see dir):
  * measured on the 2-core VM (6.18), open(2) of a path 7 components deep
  * took 2.2 us, openat(2) of its last component 1.8 us. */
 #define DIR_MIN_MISSES 8
@@ -80,12 +80,10 @@ typedef struct psync {
     /* The directory of the call's first shard, open (O_PATH) for the call
      * once a window has DIR_MIN_MISSES files to open: shards there are
      * opened relative to it (openat of the last component: no walk of the
-     * whole path each). -1: none. Opened afresh each call, so a directory
+     * whole path each; fr_shard_dir). Opened afresh each call, so a directory
      * replaced between batches is seen by the next one. */
-    int dir_fd;
+    fr_shard_dir dir;
     int dir_tried;
-    const char *dir;
-    size_t dir_len;
     size_t win_cap;
     size_t nmisses;
     long file_range_windows;
@@ -195,13 +193,8 @@ static void file_open_one(psync *p, size_t k)
         close(p->victims[k]);
     uint32_t slot = p->misses[k];
     const char *path = p->fpaths[p->win_files[slot]];
-    int dir = AT_FDCWD;
-    const char *name = path;
-    if (p->dir_fd >= 0 && strncmp(path, p->dir, p->dir_len) == 0 && path[p->dir_len] == '/' &&
-        path[p->dir_len + 1] && !strchr(path + p->dir_len + 1, '/')) {
-        dir = p->dir_fd;
-        name = path + p->dir_len + 1;
-    }
+    int dir;
+    const char *name = fr_shard_dir_name(&p->dir, path, &dir);
     int fd;
     do {
         fd = openat(dir, name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
@@ -354,7 +347,7 @@ static int psync_open(const fr_config *cfg, void **state, char *err, size_t err_
         return -ENOMEM;
     p->cfg = *cfg;
     p->window = WINDOW;
-    p->dir_fd = -1;
+    fr_shard_dir_init(&p->dir);
     fr_image_cache_init(&p->image);
     unsigned n = cfg->threads;
     if (n == 0) {
@@ -495,36 +488,17 @@ static int grow_file_scratch(psync *p, size_t n)
     return 0;
 }
 
-/* The directory of `path` for this call's opens (see dir_fd); none for a
+/* The directory of `path` for this call's opens (see dir); none for a
  * path in the working or root directory, or when it cannot be opened. */
 static void open_dir(psync *p, const char *path)
 {
     p->dir_tried = 1;
-    const char *slash = strrchr(path, '/');
-    if (!slash || slash == path)
-        return;
-    size_t len = (size_t)(slash - path);
-    char buf[4096];
-    if (len >= sizeof(buf))
-        return;
-    memcpy(buf, path, len);
-    buf[len] = 0;
-    int fd;
-    do {
-        fd = open(buf, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0)
-        return; /* each shard's open says why, by its own path */
-    p->dir_fd = fd;
-    p->dir = path;
-    p->dir_len = len;
+    fr_shard_dir_open(&p->dir, path);
 }
 
 static void close_dir(psync *p)
 {
-    if (p->dir_fd >= 0)
-        close(p->dir_fd);
-    p->dir_fd = -1;
+    fr_shard_dir_close(&p->dir);
     p->dir_tried = 0;
 }
 

@@ -98,9 +98,7 @@ typedef struct uring_files {
     unsigned char *stealable; /* ring w's runs are of one file: others may take them */
     unsigned nrings;
     unsigned char *gap;   /* FR_COALESCE_GAP bytes the gaps between ranges land in */
-    int dir_fd;           /* the first shard's directory (O_PATH), or -1 */
-    const char *dir;
-    size_t dir_len;
+    fr_shard_dir dir;     /* the first shard's directory (O_PATH), or none */
     int last;             /* the engine's last call was one of these */
     long repairs;         /* jobs read again the slow way */
 } uring_files;
@@ -147,7 +145,7 @@ static uring_files *files_of(uring *u)
         uring_files *F = calloc(1, sizeof(*F));
         if (!F)
             return NULL;
-        F->dir_fd = -1;
+        fr_shard_dir_init(&F->dir);
         F->nrings = u->nrings;
         F->ring_end = calloc(u->nrings, sizeof(*F->ring_end));
         F->next = calloc(u->nrings, sizeof(*F->next));
@@ -209,29 +207,6 @@ static int grow_files(uring_files *F, size_t n)
     if (!F->gap && !(F->gap = malloc(FR_COALESCE_GAP)))
         return -ENOMEM;
     return 0;
-}
-
-/* As psync's open_dir: the directory of `path`, for this call's opens. */
-static void open_dir(uring_files *F, const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash || slash == path)
-        return;
-    size_t len = (size_t)(slash - path);
-    char buf[4096];
-    if (len >= sizeof(buf))
-        return;
-    memcpy(buf, path, len);
-    buf[len] = 0;
-    int fd;
-    do {
-        fd = open(buf, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0)
-        return; /* each shard's open says why, by its own path */
-    F->dir_fd = fd;
-    F->dir = path;
-    F->dir_len = len;
 }
 
 int fr_uring_files_prepare(uring *u, const char *const *paths, size_t npaths,
@@ -317,7 +292,7 @@ int fr_uring_files_prepare(uring *u, const char *const *paths, size_t npaths,
     F->nruns = nr;
     F->njobs = n;
     if (nr >= DIR_MIN_RUNS)
-        open_dir(F, paths[jobs[F->sorted[0]].file]);
+        fr_shard_dir_open(&F->dir, paths[jobs[F->sorted[0]].file]);
     *nruns = nr;
     return 0;
 }
@@ -340,9 +315,7 @@ static void repair_run(uring *u, uring_files *F, size_t k)
 void fr_uring_files_settle(uring *u, fr_batch *batch)
 {
     uring_files *F = u->files;
-    if (F->dir_fd >= 0)
-        close(F->dir_fd);
-    F->dir_fd = -1;
+    fr_shard_dir_close(&F->dir);
     for (size_t k = 0; k < F->nruns; k++) {
         int64_t res = F->run_res[k];
         if (F->run_stuck[k])
@@ -496,12 +469,8 @@ static int start_run(uring *u, uring_ring *r, ring_files *R, size_t k, int buf_i
     R->state[fresh - R->base] = SLOT_OPENING;
     R->waiters[fresh - R->base] = NONE;
     const char *path = F->paths[file], *name = path;
-    int dir = AT_FDCWD;
-    if (F->dir_fd >= 0 && strncmp(path, F->dir, F->dir_len) == 0 && path[F->dir_len] == '/' &&
-        path[F->dir_len + 1] && !strchr(path + F->dir_len + 1, '/')) {
-        dir = F->dir_fd;
-        name = path + F->dir_len + 1;
-    }
+    int dir;
+    name = fr_shard_dir_name(&F->dir, path, &dir);
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
     /* O_NONBLOCK: a FIFO put in a shard's place opens at once instead of
      * waiting for a writer (no O_CLOEXEC: direct descriptors refuse it). */
@@ -719,8 +688,7 @@ void fr_uring_files_free(uring *u)
     uring_files *F = u->files;
     if (!F)
         return;
-    if (F->dir_fd >= 0)
-        close(F->dir_fd);
+    fr_shard_dir_close(&F->dir);
     free(F->ranges);
     free(F->sorted);
     free(F->runs);

@@ -94,6 +94,20 @@ def _secrets_by_reference(engine_args):
     return f"fastread_engine_args_ref={token}"
 
 
+def workers_and_name(kwargs, name):
+    """The operator arguments `workers` (checked: an integer in 1..64, as
+    the operators' own bound) and `name`, where given."""
+    out = {}
+    workers = kwargs.get("workers")
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
+            raise ValueError(f"workers must be an integer in 1..64, got {workers!r}")
+        out["workers"] = workers
+    if name is not None:
+        out["name"] = name
+    return out
+
+
 def operator_args(kwargs, options, name):
     """The engine and Reader options among `kwargs` that an operator takes
     (`options`), checked as the external source checks them (ValueError /
@@ -105,13 +119,7 @@ def operator_args(kwargs, options, name):
         op_args["engine_args"] = engine_args_for(op_args.get("engine_args", ""), s3)
     if "engine_args" in op_args:
         op_args["engine_args"] = _secrets_by_reference(op_args["engine_args"])
-    workers = kwargs.get("workers")
-    if workers is not None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
-            raise ValueError(f"workers must be an integer in 1..64, got {workers!r}")
-        op_args["workers"] = workers
-    if name is not None:
-        op_args["name"] = name
+    op_args.update(workers_and_name(kwargs, name))
     return op_args
 
 

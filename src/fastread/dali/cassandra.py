@@ -66,13 +66,7 @@ def _native_cassandra(source, *, shard_id, num_shards, shuffle, seed, pad_last_b
                                        prefetch_queue_depth=prefetch)
     kwargs = _native.take_elastic(what, kwargs, stream, pipe)
     op_args = {"engine_args": _native._secrets_by_reference(source.engine_args())}
-    workers = kwargs.get("workers")
-    if workers is not None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
-            raise ValueError(f"workers must be an integer in 1..64, got {workers!r}")
-        op_args["workers"] = workers
-    if name is not None:
-        op_args["name"] = name
+    op_args.update(_native.workers_and_name(kwargs, name))
     if device == "gpu":
         op_args["device"] = "gpu"
     else:
