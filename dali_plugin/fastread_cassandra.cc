@@ -129,7 +129,6 @@ class CassandraReader : public StreamOperator<Backend> {
 
  private:
   void DropReadAhead() override;
-  void TopUp();
   BatchPtr TakeBatch();
   void RunHost(dali::Workspace &ws);
   void RunDevice(dali::Workspace &ws);
@@ -147,8 +146,7 @@ class CassandraReader : public StreamOperator<Backend> {
   int device_id_ = -1;
   CqlReaderPtr reader_;
   CqlRingPtr ring_;
-  size_t ahead_ = 2;
-  size_t pending_ = 0;
+  size_t ahead_ = 2;  // batches queued ahead (StreamOperator::QueueAhead)
   bool pinned_ = false;
   BatchPtr current_;
 };
@@ -289,29 +287,9 @@ std::string CassandraReader<Backend>::FailureDetail(int64_t index) const {
 }
 
 template <typename Backend>
-void CassandraReader<Backend>::TopUp() {
-  while (pending_ < ahead_) {
-    std::vector<int64_t> idx = this->SubmitNext();
-    const int rc = fr_reader_submit(reader_.get(), idx.data(), idx.size());
-    DALI_ENFORCE(rc == 0, dali::make_string(kCqlOpName, ": cannot queue a batch: ",
-                                            ErrnoText(rc)));
-    pending_++;
-  }
-}
-
-template <typename Backend>
 BatchPtr CassandraReader<Backend>::TakeBatch() {
-  TopUp();
-  fr_batch *raw = nullptr;
-  const int rc = fr_reader_next(reader_.get(), &raw);
-  DALI_ENFORCE(rc == 0, dali::make_string(kCqlOpName, ": table '", table_, "': reader failed: ",
-                                          ErrnoText(rc)));
-  pending_--;
-  this->Taken();
-  BatchPtr batch(raw);
-  DALI_ENFORCE(batch->status == 0,
-               dali::make_string(kCqlOpName, ": table '", table_, "': a batch failed: ",
-                                 ErrnoText(batch->status)));
+  this->QueueAhead(reader_.get(), ahead_);
+  BatchPtr batch = this->TakeQueued(reader_.get(), "table '" + table_ + "'");
   for (size_t i = 0; i < batch->count; i++) {
     if (batch->samples[i].length >= 0) continue;
     const std::string detail = FailureDetail(batch->indices[i]);
@@ -446,8 +424,7 @@ void CassandraReader<Backend>::RunDevice(dali::Workspace &ws) {
 template <typename Backend>
 void CassandraReader<Backend>::DropReadAhead() {
   current_.reset();
-  fr_reader_reset(reader_.get());
-  pending_ = 0;
+  this->DropQueued(reader_.get());
 }
 
 }  // namespace fastread_dali

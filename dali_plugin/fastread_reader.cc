@@ -153,7 +153,6 @@ class FileReader : public StreamOperator<Backend> {
 
  private:
   void DropReadAhead() override;
-  void TopUp();
   BatchPtr TakeBatch();
   void MarkDense(fr_batch *batch) const;
   static bool Contiguous(const fr_batch *batch);
@@ -210,11 +209,11 @@ class FileReader : public StreamOperator<Backend> {
   // closed (its copies waited for) before the reader, and the device last.
   GpuPtr gpu_;
   int device_id_ = -1;
-  // The native reader and the batches submitted to it, not yet taken.
+  // The native reader, and how many batches it reads ahead
+  // (StreamOperator::QueueAhead).
   ReaderPtr reader_;
   RingPtr ring_;
   size_t ahead_ = 2;
-  size_t pending_ = 0;
   std::string engine_;
   bool dense_ = true;
   bool pinned_ = false;  // the arenas are page-locked (pin_device)
@@ -607,28 +606,9 @@ bool FileReader<Backend>::Contiguous(const fr_batch *batch) {
 }
 
 template <typename Backend>
-void FileReader<Backend>::TopUp() {
-  while (pending_ < ahead_) {
-    std::vector<int64_t> idx = this->SubmitNext();
-    int rc = fr_reader_submit(reader_.get(), idx.data(), idx.size());
-    DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": cannot queue a batch: ", ErrnoText(rc)));
-    pending_++;
-  }
-}
-
-template <typename Backend>
 BatchPtr FileReader<Backend>::TakeBatch() {
-  TopUp();
-  fr_batch *raw = nullptr;
-  int rc = fr_reader_next(reader_.get(), &raw);
-  DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": reader (engine '", engine_,
-                                          "') failed: ", ErrnoText(rc)));
-  pending_--;
-  this->Taken();
-  BatchPtr batch(raw);
-  DALI_ENFORCE(batch->status == 0,
-               dali::make_string(kOpName, ": a batch failed (engine '", engine_, "'): ",
-                                 ErrnoText(batch->status)));
+  this->QueueAhead(reader_.get(), ahead_);
+  BatchPtr batch = this->TakeQueued(reader_.get(), "engine '" + engine_ + "'");
   MarkDense(batch.get());
   if (batch->dense_spill && image_.empty()) {
     // A file took the slow path in a dense batch: its growth check byte may
@@ -850,8 +830,7 @@ void FileReader<Backend>::CheckArrayFile(const fr_batch *b, int i) const {
 template <typename Backend>
 void FileReader<Backend>::DropReadAhead() {
   current_.reset();
-  fr_reader_reset(reader_.get());
-  pending_ = 0;
+  this->DropQueued(reader_.get());
 }
 
 }  // namespace fastread_dali

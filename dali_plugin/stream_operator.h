@@ -1,4 +1,4 @@
-// What fastread's DALI reader operators (fastread_reader.cc,
+// What fastread's DALI reader operators (fastread_reader.cc, fastread_cassandra.cc,
 // fastread_webdataset.cc) share as DALI readers: the sample stream built
 // from DALI's reader arguments (plugin_common.h's SampleStream), the reader
 // metadata DALI's iterators ask for (pipe.reader_meta(name)), and
@@ -170,6 +170,34 @@ class StreamOperator : public dali::Operator<Backend> {
 
   // Batches queued (SubmitNext) and not yet taken.
   size_t Queued() const { return submitted_.size(); }
+
+  // For an operator over one fr_reader (fastread_reader.cc,
+  // fastread_cassandra.cc): queues reads of the stream's next batches until
+  // `ahead` are queued.
+  void QueueAhead(fr_reader *rd, size_t ahead) {
+    while (Queued() < ahead) {
+      std::vector<int64_t> idx = SubmitNext();
+      const int rc = fr_reader_submit(rd, idx.data(), idx.size());
+      DALI_ENFORCE(rc == 0, dali::make_string(op_name_, ": cannot queue a batch: ",
+                                              ErrnoText(rc)));
+    }
+  }
+  // Then the oldest queued batch, taken (Taken) and checked as a whole;
+  // `what` (e.g. "engine 'psync'", "table 'ks.t'") says whose read failed.
+  // Its samples' failures are the operator's to report.
+  BatchPtr TakeQueued(fr_reader *rd, const std::string &what) {
+    fr_batch *raw = nullptr;
+    const int rc = fr_reader_next(rd, &raw);
+    DALI_ENFORCE(rc == 0, dali::make_string(op_name_, ": ", what, ": reader failed: ",
+                                            ErrnoText(rc)));
+    Taken();
+    BatchPtr batch(raw);
+    DALI_ENFORCE(batch->status == 0, dali::make_string(op_name_, ": ", what, ": a batch failed: ",
+                                                       ErrnoText(batch->status)));
+    return batch;
+  }
+  // Drops what the reader queued (DropReadAhead of such an operator).
+  void DropQueued(fr_reader *rd) { fr_reader_reset(rd); }
 
   // Drops every batch read or being read ahead (RestoreState, before the
   // stream moves to the checkpoint's position).
