@@ -11,11 +11,21 @@ pipeline), as a training run of E epochs uses it: fastread's Parquet
 source keeps decoded row groups within ``cache_bytes`` across epochs, so
 E > 1 measures that as well as the first epoch's decoding.
 
+The order of the modes turns by one each round (round r starts at mode r),
+so that no mode always runs right after the same one: a mode run straight
+after a fastread Parquet mode gets the ~1.8 GB of pages Arrow's jemalloc
+pool just freed, already faulted in (jemalloc returns them to the kernel
+only after its decay time), and skips the page faults a fresh process
+pays; with a fixed order readers.parquet always ran straight after the
+Reader (issue 40: "3x faster" over the same source, equal in fresh
+processes). Each line also gives the minor page faults the epoch took.
+
 DATA: a Hub-style Parquet directory written by
 fastread.formats.parquet.write_image_parquet (its note names the JPEG tree
 that the ceiling reads as files).
 """
 import argparse
+import resource
 import statistics
 import time
 
@@ -48,20 +58,24 @@ def main():
     batches = -(-n // args.batch)
     res = {m.name: [] for m in runnable}
     for rnd in range(-1, args.rounds):          # round -1: untimed warm-up
-        for m in runnable:
+        turn = rnd % len(runnable) if runnable else 0
+        for m in runnable[turn:] + runnable[:turn]:
             runner = m.build(m, cfg)
             try:
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t = time.perf_counter()
                 samples = 0
                 while samples < n * args.epochs:
                     got, _nbytes = runner.next()
                     samples += got
                 dt = time.perf_counter() - t
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             finally:
                 runner.close()
             if rnd >= 0:
                 res[m.name].append(samples / dt)
-                print(f"round {rnd}: {m.name:24s} {samples / dt:9.0f} img/s", flush=True)
+                print(f"round {rnd}: {m.name:24s} {samples / dt:9.0f} img/s  "
+                      f"{faults:8d} page faults", flush=True)
     del batches
     med = {k: statistics.median(v) for k, v in res.items()}
     peers = [k for k in PEERS if k in med]
