@@ -395,3 +395,36 @@ def test_ray_read_parquet(hub, tree):
             fray.read_parquet(hub, image="pixels")
     finally:
         ray.shutdown()
+
+
+def test_populate_write_keeps_the_bytes_and_refuses_read_only():
+    """The pre-faulting of a row group's decode memory (_prefault) faults
+    pages in without changing them: what a buffer holds stays; a read-only
+    buffer is refused (the advice populates for writing)."""
+    from fastread import _core
+    import errno as _errno
+    buf = bytearray(os.urandom(3 * 4096 + 123))
+    before = bytes(buf)
+    assert _core.populate_write(buf) in (0, _errno.EINVAL)
+    assert bytes(buf) == before
+    assert _core.populate_write(bytearray()) == 0
+    with pytest.raises((TypeError, ValueError, BufferError)):
+        _core.populate_write(b"read only")
+
+
+def test_prefault_then_decode_gives_the_same_rows(hub):
+    """A row group decoded after _prefault (jemalloc's pool) equals pyarrow's
+    own reading of it."""
+    from fastread.formats import _parquet_meta as meta_mod
+    src = Parquet(hub)
+    m = src.metas[0]
+    pool = meta_mod.decode_pool()
+    meta_mod._prefault(m, 0, src._leaves_of(m), pool)
+    with fastread.Reader(source=src, batch_size=64) as r:
+        images, _labels = next(iter(r))
+    want = []
+    for path in src.paths:
+        col = pq.read_table(path, columns=["image"]).column("image").combine_chunks()
+        want += col.field("bytes").to_pylist()
+    assert len(images) == min(64, len(want))
+    assert [bytes(a) for a in images] == want[:len(images)]

@@ -4,24 +4,57 @@ mode alike; medians and per-round ratios to the fastest Python peer and to
 the files ceiling. Bytes of the image column (no decoding).
 
     python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
-        [--epochs 1] [--modes parquet-reader,parquet-datasets,...]
+        [--epochs 1] [--modes parquet-reader,parquet-datasets,...] [--without-prefault]
 
 ``--epochs E``: each round times E epochs of one runner (one Reader, one
 pipeline), as a training run of E epochs uses it: fastread's Parquet
 source keeps decoded row groups within ``cache_bytes`` across epochs, so
 E > 1 measures that as well as the first epoch's decoding.
 
+The order of the modes turns by one each round (round r starts at mode r),
+so that no mode always runs right after the same one: a mode run straight
+after a fastread Parquet mode gets the ~1.8 GB of pages Arrow's jemalloc
+pool just freed, already faulted in (jemalloc returns them to the kernel
+only after its decay time), and skips the page faults a fresh process
+pays; with a fixed order readers.parquet always ran straight after the
+Reader (issue 40: "3x faster" over the same source, equal in fresh
+processes). Each line also gives the minor page faults the epoch took.
+
 DATA: a Hub-style Parquet directory written by
 fastread.formats.parquet.write_image_parquet (its note names the JPEG tree
 that the ceiling reads as files).
 """
 import argparse
+import dataclasses
+import resource
 import statistics
 import time
 
 from fastread.bench import environment
 from fastread.bench.families import parquet as fam
 from fastread.bench.runners import Config
+
+def _without_prefault(mode):
+    """``mode`` with the Parquet source's pre-faulting of decode memory off
+    (fastread.formats._parquet_meta._prefault a no-op while it runs): the
+    before of a before/after in one run."""
+    from fastread.formats import _parquet_meta
+
+    def build(m, cfg):
+        kept = _parquet_meta._prefault
+        _parquet_meta._prefault = lambda *a: None
+        runner = mode.build(mode, cfg)
+        close = runner.close
+
+        def closing():
+            try:
+                close()
+            finally:
+                _parquet_meta._prefault = kept
+        runner.close = closing
+        return runner
+    return dataclasses.replace(mode, name=mode.name + "-noprefault", build=build)
+
 
 PEERS = ("parquet-datasets", "parquet-pyarrow-dali", "parquet-ray", "parquet-litdata")
 
@@ -33,10 +66,17 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--modes", default=None)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="seconds of pause before each mode's epoch (past jemalloc's decay "
+                         "time, ~1 s: no mode inherits the pages the one before freed)")
+    ap.add_argument("--without-prefault", action="store_true",
+                    help="also run parquet-reader with the pre-faulting off")
     args = ap.parse_args()
     env = environment.probe_environment()
     cfg = Config(env=env, dataset=fam.detect(args.data), batch_size=args.batch)
     modes = [m for m in fam.modes(env) if args.modes is None or m.name in args.modes.split(",")]
+    if args.without_prefault:
+        modes += [_without_prefault(m) for m in modes if m.name == "parquet-reader"]
     runnable = []
     for m in modes:
         why = m.check(m, cfg)
@@ -48,20 +88,26 @@ def main():
     batches = -(-n // args.batch)
     res = {m.name: [] for m in runnable}
     for rnd in range(-1, args.rounds):          # round -1: untimed warm-up
-        for m in runnable:
+        turn = rnd % len(runnable) if runnable else 0
+        for m in runnable[turn:] + runnable[:turn]:
+            if args.gap:
+                time.sleep(args.gap)
             runner = m.build(m, cfg)
             try:
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t = time.perf_counter()
                 samples = 0
                 while samples < n * args.epochs:
                     got, _nbytes = runner.next()
                     samples += got
                 dt = time.perf_counter() - t
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             finally:
                 runner.close()
             if rnd >= 0:
                 res[m.name].append(samples / dt)
-                print(f"round {rnd}: {m.name:24s} {samples / dt:9.0f} img/s", flush=True)
+                print(f"round {rnd}: {m.name:24s} {samples / dt:9.0f} img/s  "
+                      f"{faults:8d} page faults", flush=True)
     del batches
     med = {k: statistics.median(v) for k, v in res.items()}
     peers = [k for k in PEERS if k in med]
