@@ -50,6 +50,25 @@ unsigned fr_resident_sample(const void *map, size_t len, unsigned n, uint64_t *s
     return in;
 }
 
+/* Linux's value (uapi asm-generic/mman-common.h, 5.14), for C libraries
+ * whose headers lack it. */
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+int fr_populate_write(void *buf, size_t len)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0)
+        return EINVAL;
+    uintptr_t mask = (uintptr_t)page - 1;
+    uintptr_t a = (uintptr_t)buf;
+    uintptr_t start = (a + mask) & ~mask, end = (a + len) & ~mask;
+    if (len == 0 || end <= start)
+        return 0;
+    return madvise((void *)start, (size_t)(end - start), MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+}
+
 int fr_open_data(const char *path, int flags, int block_ok, struct stat *st_out)
 {
     int fd;

@@ -47,6 +47,13 @@ unsigned fr_usable_cpus(void);
 unsigned fr_resident_sample(const void *map, size_t len, unsigned n, uint64_t *seed,
                             unsigned *asked);
 
+/* Faults in the whole pages inside [buf, buf + len) for writing with one
+ * madvise(MADV_POPULATE_WRITE): the kernel allocates and zeroes them at once
+ * instead of one page fault per 4 KiB page as they are first written (the
+ * Parquet source's row groups: docs/parquet.md). 0, or the errno (EINVAL on
+ * a kernel before 5.14: nothing was done). Thread-safe. */
+int fr_populate_write(void *buf, size_t len);
+
 /* Opens `path` for reading data that must be a regular file (or, with
  * block_ok, a block device): O_RDONLY | O_CLOEXEC | O_NOCTTY | `flags`, with
  * O_NONBLOCK so that a FIFO put in its place cannot block the open; then

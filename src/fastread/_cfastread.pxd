@@ -183,6 +183,10 @@ cdef extern from "fastread.h" nogil:
     void fr_reader_close(fr_reader *reader)
 
 
+cdef extern from "core/base.h" nogil:
+    int fr_populate_write(void *buf, size_t len)
+
+
 cdef extern from "core/auto_trial.h" nogil:
     # engine="auto"'s timed trials for large cached files.
     const unsigned FR_AUTO_TRIAL_FIRST

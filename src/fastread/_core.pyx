@@ -229,19 +229,6 @@ def gpu_probe(int device=0):
     return (rc == 0, why.decode(errors="replace"))
 
 
-cdef extern from "sys/mman.h" nogil:
-    int madvise(void *addr, size_t length, int advice)
-cdef extern from "unistd.h" nogil:
-    long sysconf(int name)
-    int _SC_PAGESIZE
-from libc.errno cimport errno
-from libc.stdint cimport uintptr_t
-
-# Linux's MADV_POPULATE_WRITE (uapi asm-generic/mman-common.h, Linux 5.14):
-# spelled here because older C libraries' headers lack it.
-cdef int _MADV_POPULATE_WRITE = 23
-
-
 def populate_write(unsigned char[::1] buf):
     """Faults in the whole pages of the writable buffer ``buf`` for writing
     in one ``madvise(MADV_POPULATE_WRITE)``: the kernel allocates and zeroes
@@ -250,18 +237,9 @@ def populate_write(unsigned char[::1] buf):
     or the errno (EINVAL: a kernel before 5.14; nothing was done). Thread-
     safe; the GIL is released."""
     cdef size_t n = buf.shape[0]
+    cdef int rc = 0
     if n == 0:
         return 0
-    cdef long page = sysconf(_SC_PAGESIZE)
-    if page <= 0:
-        return EINVAL
-    cdef uintptr_t a = <uintptr_t>&buf[0]
-    cdef uintptr_t start = (a + <uintptr_t>page - 1) & ~(<uintptr_t>page - 1)
-    cdef uintptr_t end = (a + n) & ~(<uintptr_t>page - 1)
-    cdef int rc = 0
-    if end <= start:
-        return 0
     with nogil:
-        if madvise(<void *>start, end - start, _MADV_POPULATE_WRITE) != 0:
-            rc = errno
+        rc = fr_populate_write(&buf[0], n)
     return rc
