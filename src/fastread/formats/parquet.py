@@ -552,20 +552,27 @@ class _Loader:
 class _RowGroupCache:
     """Row groups being loaded or loaded, by (file, group): futures, the
     least recently used loaded ones dropped past ``budget`` decoded bytes
-    (a batch holding one keeps it alive all the same). The KEEP_RECENT
-    most recently used stay whatever the budget: reading in file order
-    (a shuffle buffer) then loads every row group once, even where one row
-    group is larger than the budget."""
+    (a batch holding one keeps it alive all the same). Row groups whose
+    every row has been asked for since they were loaded go first: with a
+    shuffle buffer a sample may linger in the buffer while many later row
+    groups are read, and its row group must still be there when it comes
+    out. The KEEP_RECENT most recently used stay whatever the budget:
+    reading in file order (a shuffle buffer) then loads every row group
+    once, even where one row group is larger than the budget."""
 
     KEEP_RECENT = 4
 
-    def __init__(self, loader, budget, executor):
+    def __init__(self, loader, budget, executor, rows=None):
         import collections
         self.loader, self.budget, self.executor = loader, budget, executor
         self._entries = collections.OrderedDict()
         self._held = 0
         self._lock = threading.Lock()
         self.loads = 0
+        # rows[(file, group)]: the group's row count; _asked: rows asked for
+        # since the entry was made (a whole epoch asks each row once).
+        self._rows = rows
+        self._asked = {}
 
     def get(self, key):
         with self._lock:
@@ -589,15 +596,35 @@ class _RowGroupCache:
                 return
             if fut.exception() is not None or fut.result().error is not None:
                 del self._entries[key]   # tried again when next needed
+                self._asked.pop(key, None)
                 return
             self._held += fut.result().nbytes
-            while self._held > self.budget and len(self._entries) > self.KEEP_RECENT:
-                old, oldest = next(iter(self._entries.items()))
-                if not oldest.done():
-                    break
-                del self._entries[old]
-                if oldest.exception() is None:
-                    self._held -= oldest.result().nbytes
+            self._evict()
+
+    def _read_through(self, key):
+        rows = self._rows(key) if self._rows is not None else None
+        return rows is not None and self._asked.get(key, 0) >= rows
+
+    def _drop(self, key):
+        fut = self._entries.pop(key)
+        self._asked.pop(key, None)
+        if fut.exception() is None:
+            self._held -= fut.result().nbytes
+
+    def _evict(self):
+        """Past the budget: the loaded row groups read through first (least
+        recently used first), then the least recently used, keeping the
+        KEEP_RECENT most recent."""
+        if self._held > self.budget:
+            for old in [k for k, f in self._entries.items() if f.done() and self._read_through(k)]:
+                if self._held <= self.budget or len(self._entries) <= self.KEEP_RECENT:
+                    return
+                self._drop(old)
+        while self._held > self.budget and len(self._entries) > self.KEEP_RECENT:
+            old, oldest = next(iter(self._entries.items()))
+            if not oldest.done():
+                break
+            self._drop(old)
 
     def pending(self):
         """Loads asked for and not finished."""
@@ -606,11 +633,22 @@ class _RowGroupCache:
 
     def wanted(self, source, idx):
         """{(file, group): future} for the row groups of samples ``idx``."""
-        return {key: self.get(key) for key in source.groups_of(idx)}
+        out = {key: self.get(key) for key in source.groups_of(idx)}
+        if self._rows is not None and len(idx):
+            keys, counts = np.unique(source.file_index[idx].astype(np.int64) << 32
+                                     | source.group_index[idx], return_counts=True)
+            with self._lock:
+                for k, c in zip(keys.tolist(), counts.tolist()):
+                    key = (k >> 32, k & 0xFFFFFFFF)
+                    if key in self._entries:
+                        self._asked[key] = self._asked.get(key, 0) + c
+                self._evict()
+        return out
 
     def clear(self):
         with self._lock:
             self._entries.clear()
+            self._asked.clear()
             self._held = 0
 
 
@@ -697,7 +735,8 @@ class _ParquetNative:
         self._pool = _futures.ThreadPoolExecutor(self.threads,
                                                  thread_name_prefix="fastread-parquet")
         self._loader = _Loader(source, self.engine, options)
-        self._cache = _RowGroupCache(self._loader, source.cache_bytes, self._pool)
+        self._cache = _RowGroupCache(self._loader, source.cache_bytes, self._pool,
+                                     rows=lambda key: source.metas[key[0]].rows[key[1]])
         self._queue = collections.deque()   # [indices, groups or None]
         self._lock = threading.Lock()
 
