@@ -406,6 +406,28 @@ void fr_sort_file_jobs(const fr_file_range *jobs, uint32_t *v, size_t n)
     }
 }
 
+int fr_prepare_file_jobs(fr_batch *batch, const fr_file_range *jobs, size_t n, size_t npaths,
+                         fr_range *ranges, size_t dio_align, uint32_t *sorted, size_t *valid)
+{
+    for (size_t i = 0; i < n; i++) {
+        ranges[i].offset = jobs[i].offset;
+        ranges[i].length = jobs[i].length;
+    }
+    int rc = fr_layout_ranges(batch, ranges, n, 0, dio_align);
+    if (rc)
+        return rc;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (jobs[i].file >= npaths)
+            batch->samples[i].length = -EINVAL;
+        else if (batch->samples[i].length == 0)
+            sorted[k++] = (uint32_t)i; /* not a bad range */
+    }
+    fr_sort_file_jobs(jobs, sorted, k);
+    *valid = k;
+    return 0;
+}
+
 size_t fr_file_runs(const fr_file_range *jobs, const uint32_t *v, size_t first, size_t end,
                     uint32_t *runs)
 {

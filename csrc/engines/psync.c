@@ -514,20 +514,10 @@ static int psync_read_file_ranges(void *state, const char *const *paths, size_t 
     if (rc)
         return rc;
     fr_fd_cache_use_table(&p->fdc, paths);
-    for (size_t i = 0; i < n; i++) {
-        p->job_ranges[i].offset = jobs[i].offset;
-        p->job_ranges[i].length = jobs[i].length;
-    }
-    if ((rc = fr_layout_ranges(batch, p->job_ranges, n, 0, p->cfg.direct_alignment)))
+    size_t valid;
+    if ((rc = fr_prepare_file_jobs(batch, jobs, n, npaths, p->job_ranges, p->cfg.direct_alignment,
+                                   p->sorted, &valid)))
         return rc;
-    size_t valid = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (jobs[i].file >= npaths)
-            batch->samples[i].length = -EINVAL;
-        else if (batch->samples[i].length == 0)
-            p->sorted[valid++] = (uint32_t)i; /* not a bad range */
-    }
-    fr_sort_file_jobs(jobs, p->sorted, valid);
     p->fpaths = paths;
     p->jobs = jobs;
     p->batch = batch;

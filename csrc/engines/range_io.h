@@ -72,6 +72,14 @@ void fr_image_cache_close(fr_image_cache *c);
  * run. */
 void fr_sort_file_jobs(const fr_file_range *jobs, uint32_t *v, size_t n);
 
+/* What every engine reading a table batch does first: lays the n jobs'
+ * ranges out in the batch (`ranges`: n entries of scratch), fails a job
+ * naming a file at or past npaths with -EINVAL, and returns in
+ * sorted[0 .. *valid) the jobs left to read, in fr_sort_file_jobs's order.
+ * 0, or fr_layout_ranges's error. */
+int fr_prepare_file_jobs(fr_batch *batch, const fr_file_range *jobs, size_t n, size_t npaths,
+                         fr_range *ranges, size_t dio_align, uint32_t *sorted, size_t *valid);
+
 /* Splits sorted positions [first, end) of v (jobs in fr_sort_file_jobs's
  * order) into runs: the same file, each job starting at or past the
  * previous one's end and within FR_COALESCE_GAP of it (an overlapping job

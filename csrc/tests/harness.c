@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -244,4 +245,16 @@ int fr_test_finish(const char *name)
     }
     printf("%s: ok\n", name);
     return 0;
+}
+
+int fr_test_open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n - 3; /* ".", ".." and the directory's own descriptor */
 }

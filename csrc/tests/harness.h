@@ -30,6 +30,9 @@ void fr_test_cleanup(void);
  * its path (static storage per call index, caller copies if needed). */
 char *fr_test_write(const char *name, size_t size, unsigned seed);
 
+/* Descriptors this process has open (a test's leak check), or -1. */
+int fr_test_open_fds(void);
+
 /* 1 if the sample holds exactly the bytes of file `path`. */
 int fr_test_same(const fr_batch *batch, size_t i, const char *path);
 

@@ -23,23 +23,11 @@
 static char *paths[NFILES];
 static unsigned char *contents[NFILES];
 
-static int open_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n - 3; /* ".", ".." and the directory's own descriptor */
-}
-
 static void check_lru(void)
 {
     fr_fd_cache c;
     CHECK(fr_fd_cache_init(&c, 3) == 0);
-    int base = open_fds();
+    int base = fr_test_open_fds();
     int fds[5];
     for (int i = 0; i < 5; i++)
         fds[i] = dup(0);
@@ -67,7 +55,7 @@ static void check_lru(void)
     CHECK(fr_fd_cache_put(&c, 7, fds[4]) == 0);
     fr_fd_cache_use_table(&c, contents); /* another table: emptied */
     CHECK(c.used == 0 && fr_fd_cache_get(&c, 7) == -1);
-    CHECK(open_fds() == base); /* every descriptor it took is closed */
+    CHECK(fr_test_open_fds() == base); /* every descriptor it took is closed */
     fr_fd_cache_free(&c);
 }
 
@@ -77,7 +65,7 @@ static void check_ctx(const char *engine)
     fr_config_init(&cfg);
     cfg.engine = engine;
     cfg.max_open_files = 8;
-    int before = open_fds(); /* io_uring's rings hold descriptors too */
+    int before = fr_test_open_fds(); /* io_uring's rings hold descriptors too */
     fr_ctx *ctx = NULL;
     char err[FR_ERRLEN] = "";
     if (fr_ctx_open(&cfg, &ctx, err, sizeof(err)) != 0) {
@@ -96,7 +84,7 @@ static void check_ctx(const char *engine)
                                   .length = LEN - (k % 7)};
     jobs[N] = (fr_file_range){.file = NFILES, .offset = 0, .length = 1}; /* past the table */
     jobs[N + 1] = (fr_file_range){.file = 0, .offset = 0, .length = 0};  /* empty */
-    int base = open_fds();
+    int base = fr_test_open_fds();
     for (int round = 0; round < 2; round++) {
         CHECK(fr_batch_prepare(b, N + 2) == 0);
         CHECK(fr_read_file_ranges(ctx, (const char *const *)paths, NFILES, jobs, N + 2, b) == 0);
@@ -110,7 +98,7 @@ static void check_ctx(const char *engine)
         CHECK(exact);
         CHECK(b->samples[N].length == -EINVAL);
         CHECK(b->samples[N + 1].length == 0);
-        CHECK(open_fds() - base <= 8); /* the LRU's cap, after 40 files */
+        CHECK(fr_test_open_fds() - base <= 8); /* the LRU's cap, after 40 files */
     }
     CHECK(fr_ctx_stat(ctx, "fd_cache_evictions") > 0);
     /* Errors of their samples only: a missing file, a truncated one, a directory. */
@@ -134,7 +122,7 @@ static void check_ctx(const char *engine)
     fr_batch_recycle(b);
     fr_pool_close(pool);
     fr_ctx_close(ctx);
-    CHECK(open_fds() == before); /* the LRU's descriptors closed with it */
+    CHECK(fr_test_open_fds() == before); /* the LRU's descriptors closed with it */
 }
 
 /* narrow: the uint32 length column (fr_reader_open_table32), its lengths
@@ -156,7 +144,7 @@ static void check_table_reader(const char *engine, int narrow)
     cfg.max_open_files = 10; /* 5 a worker */
     fr_reader *rd = NULL;
     char err[FR_ERRLEN] = "";
-    int base = open_fds();
+    int base = fr_test_open_fds();
     int rc = narrow ? fr_reader_open_table32(&cfg, (const char *const *)paths, NFILES, ids, offs,
                                              lens32, N, 2, 2, &rd, err, sizeof(err))
                     : fr_reader_open_table(&cfg, (const char *const *)paths, NFILES, ids, offs,
@@ -185,7 +173,7 @@ static void check_table_reader(const char *engine, int narrow)
                      memcmp(b->arena.base + b->samples[i].offset,
                             contents[ids[j]] + offs[j], lens[j]) == 0;
         }
-        int now = open_fds() - base;
+        int now = fr_test_open_fds() - base;
         peak = now > peak ? now : peak;
         fr_batch_recycle(b);
     }

@@ -29,18 +29,6 @@
 static char *paths[NF];
 static unsigned char data[NF][HDR + PER * LEN];
 
-static int open_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n - 3;
-}
-
 static fr_ctx *ctx_with(int register_files, unsigned max_open, const char *args)
 {
     fr_config cfg;
@@ -81,7 +69,7 @@ static int shuffled_epochs(fr_ctx *ctx, fr_batch *b, int *fd_peak)
     enum { N = NF * PER, B = 128 };
     static size_t order[N];
     fr_file_range jobs[B];
-    int wrong = 0, base = open_fds();
+    int wrong = 0, base = fr_test_open_fds();
     uint64_t seed = 1;
     for (int epoch = 0; epoch < 3; epoch++) {
         for (size_t i = 0; i < N; i++)
@@ -101,7 +89,7 @@ static int shuffled_epochs(fr_ctx *ctx, fr_batch *b, int *fd_peak)
             CHECK(fr_read_file_ranges(ctx, (const char *const *)paths, NF, jobs, n, b) == 0);
             for (size_t i = 0; i < n; i++)
                 wrong += !exact(b, i, &jobs[i]);
-            int now = open_fds() - base;
+            int now = fr_test_open_fds() - base;
             if (now > *fd_peak)
                 *fd_peak = now;
         }

@@ -221,21 +221,12 @@ int fr_uring_files_prepare(uring *u, const char *const *paths, size_t npaths,
     int rc = grow_files(F, n);
     if (rc)
         return rc;
-    for (size_t i = 0; i < n; i++) {
-        F->ranges[i].offset = jobs[i].offset;
-        F->ranges[i].length = jobs[i].length;
-    }
-    if ((rc = fr_layout_ranges(batch, F->ranges, n, 0, u->cfg.direct_alignment)))
+    size_t valid;
+    if ((rc = fr_prepare_file_jobs(batch, jobs, n, npaths, F->ranges, u->cfg.direct_alignment,
+                                   F->sorted, &valid)))
         return rc;
-    size_t valid = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         F->job_run[i] = NONE;
-        if (jobs[i].file >= npaths)
-            batch->samples[i].length = -EINVAL;
-        else if (batch->samples[i].length == 0)
-            F->sorted[valid++] = (uint32_t)i; /* not a bad range */
-    }
-    fr_sort_file_jobs(jobs, F->sorted, valid);
     F->jobs = jobs; /* run_file's, below */
     size_t nr = fr_file_runs(jobs, F->sorted, 0, valid, F->runs);
     /* Each run's vectors: its ranges' slots, the gaps between them into
