@@ -171,7 +171,6 @@ def _read_footers(paths, sizes, s3):
 
 def _read_labels(meta, label, s3):
     """The label column of every row group of one file (int32; null: -1)."""
-    pa = _pa()
     if meta.kind == "arrow":
         parts = [b.column(b.schema.get_field_index(label)) for b in meta.arrow_batches]
         return _labels_of(meta.path, parts, label)

@@ -117,13 +117,11 @@ def _list_files(paths, s3):
         if is_url(p):
             from fastread.s3 import list_objects
             if p.endswith(_EXTS):
-                bucket_prefix = p
                 objs = [o for o in list_objects(p, s3) if p.endswith("/" + o.key)]
                 if not objs:
                     raise FileNotFoundError(f"{p}: no such object")
                 out.append(p)
                 sizes.append(objs[0].size)
-                del bucket_prefix
                 continue
             base = p.rstrip("/") + "/"
             bucket = p[len("s3://"):].split("/", 1)[0]
