@@ -5,6 +5,15 @@ the files ceiling. Bytes of the image column (no decoding).
 
     python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
         [--epochs 1] [--modes parquet-reader,parquet-datasets,...] [--without-prefault]
+        [--cache warm|cold]
+
+``--cache cold``: before each mode's timed epoch(s), the pages of every file
+it could read leave the page cache (``posix_fadvise(DONTNEED)`` per file:
+DATA with its LitData copy, the JPEG tree of the ceiling, the ``datasets``
+cache's Arrow files), so each mode starts from the disk without
+``drop_caches``, which is machine-wide and would disturb other jobs on a
+shared machine. Behind a virtio disk the host's own cache may still answer:
+the files ceiling, evicted the same way, is the measure of what "cold" gave.
 
 ``--epochs E``: each round times E epochs of one runner (one Reader, one
 pipeline), as a training run of E epochs uses it: fastread's Parquet
@@ -26,6 +35,7 @@ that the ceiling reads as files).
 """
 import argparse
 import dataclasses
+import os
 import resource
 import statistics
 import time
@@ -33,6 +43,28 @@ import time
 from fastread.bench import environment
 from fastread.bench.families import parquet as fam
 from fastread.bench.runners import Config
+from fastread.bench.sweep import evict
+
+
+def _files_below(*roots):
+    out = []
+    for root in roots:
+        for d, _dirs, names in os.walk(root):
+            out += [os.path.join(d, n) for n in names]
+    return out
+
+
+def _cold_files(data):
+    """Every file a mode could read: DATA (with its LitData copy), the JPEG
+    tree it was written from, the `datasets` cache (its Arrow copies)."""
+    hf = os.environ.get("HF_DATASETS_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"),
+        "datasets")
+    roots = [data, hf]
+    tree = fam.source_tree(data)
+    if tree:
+        roots.append(tree)
+    return _files_below(*[r for r in roots if os.path.isdir(r)])
 
 def _without_prefault(mode):
     """``mode`` with the Parquet source's pre-faulting of decode memory off
@@ -69,6 +101,9 @@ def main():
     ap.add_argument("--gap", type=float, default=0.0,
                     help="seconds of pause before each mode's epoch (past jemalloc's decay "
                          "time, ~1 s: no mode inherits the pages the one before freed)")
+    ap.add_argument("--cache", choices=("warm", "cold"), default="warm",
+                    help="cold: every file a mode could read evicted from the page cache "
+                         "before its epoch(s) (per file, not drop_caches)")
     ap.add_argument("--without-prefault", action="store_true",
                     help="also run parquet-reader with the pre-faulting off")
     args = ap.parse_args()
@@ -87,11 +122,16 @@ def main():
     n = cfg.dataset.samples
     batches = -(-n // args.batch)
     res = {m.name: [] for m in runnable}
+    cold_files = _cold_files(args.data) if args.cache == "cold" else []
     for rnd in range(-1, args.rounds):          # round -1: untimed warm-up
         turn = rnd % len(runnable) if runnable else 0
         for m in runnable[turn:] + runnable[:turn]:
             if args.gap:
                 time.sleep(args.gap)
+            if args.cache == "cold":
+                # Before the build, as a fresh machine: what a mode reads while it
+                # builds (footers, a pipeline's first prefetch) comes from the disk too.
+                evict(cold_files)
             runner = m.build(m, cfg)
             try:
                 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -113,7 +153,7 @@ def main():
     peers = [k for k in PEERS if k in med]
     best = max(peers, key=med.get) if peers else None
     print(f"\n{cfg.dataset.describe()}; batch {args.batch}; {args.rounds} rounds of "
-          f"{args.epochs} epoch(s); medians:")
+          f"{args.epochs} epoch(s), page cache {args.cache}; medians:")
     for k, v in med.items():
         line = f"  {k:24s} {v:9.0f} img/s"
         if best:
