@@ -243,6 +243,17 @@ def test_max_open_files_is_clamped_to_the_headroom():
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert _defaults.max_open_files(0) == max(1, min(256, soft // 4))
     assert _defaults.max_open_files(10) == 10
+    # io_uring's slots are no process descriptors: its default holds every
+    # file where half the soft limit covers them, else the plain default.
+    auto = max(1, min(256, soft // 4))
+    if soft // 2 > auto + 1:
+        many = soft // 2
+        assert _defaults.max_open_files(0, "io_uring", many) == many
+        assert _defaults.max_open_files(0, "io_uring", many + 1) == auto
+        assert _defaults.max_open_files(0, "psync", many) == auto
+        assert _defaults.max_open_files(0, "auto", many) == auto
+    assert _defaults.max_open_files(0, "io_uring", 1) == auto
+    assert _defaults.max_open_files(7, "io_uring", soft // 2) == 7
     with pytest.warns(RuntimeWarning, match="max_open_files"):
         assert _defaults.max_open_files(soft * 2) < soft
     with pytest.raises(ValueError, match="max_open_files"):
