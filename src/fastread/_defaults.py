@@ -141,25 +141,27 @@ def reader_workers(workers=None):
 _FD_RESERVE = 32
 
 
-def max_open_files(value=None, engine=None, files=None):
+def max_open_files(value=None, engine=None, files=None, workers=1):
     """The descriptors a reader over many files may keep open: ``value``,
     else FASTREAD_MAX_OPEN_FILES, else (0) min(256, soft limit / 4); never
     more than the soft RLIMIT_NOFILE's headroom (the limit less the
     descriptors open now, less a reserve of 32): a larger value is clamped
     with a RuntimeWarning naming the option. At least 1.
 
-    The automatic value for ``engine="io_uring"`` over ``files`` files is
-    min(files, soft limit / 2) where that is more (and within the
-    headroom, silently): its rings hold the files in their registered
-    tables, not in process descriptors, and each ring's table is bounded
+    The automatic value for ``engine="io_uring"`` over ``files`` files
+    read by ``workers`` contexts, where files <= soft limit / 2, is
+    (files * 1.25 + 64) * workers where that is more (within the headroom,
+    silently): every worker's context reads any shard, and its rings share
+    the files out by a hash (hence the slack). The rings hold them in their
+    registered tables, not in process descriptors, and each ring's table is bounded
     by RLIMIT_NOFILE alone, so every shard of a 10^4-shard set stays open
     and a shuffled epoch opens none (1 KB samples, 10^4 shards, 2-core VM:
     1.7x the samples/s of 256, 3.7 against 5.9 us of CPU a sample;
     docs/scale.md). Only where it holds them all: an LRU holding a part
     of 10^5 one-sample shards saves no opens (a shard comes back once an
     epoch), so past that the 256 stands. Where io_uring cannot hold files
-    (no linked direct opens) the reader falls back to psync, and the value
-    bounds real descriptors: hence half the soft limit, within the headroom."""
+    (no linked direct opens) the reader falls back to psync and the value
+    bounds real descriptors: hence never past the headroom."""
     import resource
     import warnings
     given = value is not None
@@ -173,9 +175,10 @@ def max_open_files(value=None, engine=None, files=None):
     auto = value == 0
     if auto:
         value = max(1, min(256, soft // 4))
-        if not (engine == "io_uring" and files and value < files <= soft // 2):
+        want = (files + files // 4 + 64) * max(1, workers) if files else 0
+        if not (engine == "io_uring" and files and files <= soft // 2 and want > value):
             return value
-        value = files
+        value = want
     try:
         open_now = len(os.listdir("/proc/self/fd"))
     except OSError:
