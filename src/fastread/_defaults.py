@@ -156,8 +156,8 @@ def max_open_files(value=None, engine=None, files=None, workers=1):
     registered tables, not in process descriptors, and each ring's table is bounded
     by RLIMIT_NOFILE alone, so every shard of a 10^4-shard set stays open
     and a shuffled epoch opens none (1 KB samples, 10^4 shards, 2-core VM:
-    1.7x the samples/s of 256, 3.7 against 5.9 us of CPU a sample;
-    docs/scale.md). Only where it holds them all: an LRU holding a part
+    1.4-1.9x the samples/s of 256, 3.7-3.8 against 5.6-6.3 us of CPU a
+    sample; docs/benchmarks.md "Many shards at real sample sizes"). Only where it holds them all: an LRU holding a part
     of 10^5 one-sample shards saves no opens (a shard comes back once an
     epoch), so past that the 256 stands. Where io_uring cannot hold files
     (no linked direct opens) the reader falls back to psync and the value
