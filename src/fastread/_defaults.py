@@ -153,13 +153,14 @@ def max_open_files(value=None, engine=None, files=None, workers=1):
     (files * 1.25 + 64) * workers where that is more (within the headroom,
     silently): every worker's context reads any shard, and its rings share
     the files out by a hash (hence the slack). The rings hold them in their
-    registered tables, not in process descriptors, and each ring's table is bounded
-    by RLIMIT_NOFILE alone, so every shard of a 10^4-shard set stays open
-    and a shuffled epoch opens none (1 KB samples, 10^4 shards, 2-core VM:
-    1.4-1.9x the samples/s of 256, 3.7-3.8 against 5.6-6.3 us of CPU a
-    sample; docs/benchmarks.md "Many shards at real sample sizes"). Only where it holds them all: an LRU holding a part
-    of 10^5 one-sample shards saves no opens (a shard comes back once an
-    epoch), so past that the 256 stands. Where io_uring cannot hold files
+    registered tables, not in process descriptors, and each ring's table is
+    bounded by RLIMIT_NOFILE alone, so every shard of a 10^4-shard set stays
+    open and a shuffled epoch opens none (1 KB samples, 10^4 shards, 2-core
+    VM: 1.4-1.9x the samples/s of 256, 3.7-3.8 against 5.6-6.3 us of CPU a
+    sample; docs/benchmarks.md "Many shards at real sample sizes"). Only
+    where it holds them all: an LRU holding a part of 10^5 one-sample
+    shards saves no opens (a shard comes back once an epoch), so past that
+    the 256 stands. Where io_uring cannot hold files
     (no linked direct opens) the reader falls back to psync and the value
     bounds real descriptors: hence never past the headroom."""
     import resource
