@@ -243,6 +243,21 @@ def test_max_open_files_is_clamped_to_the_headroom():
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert _defaults.max_open_files(0) == max(1, min(256, soft // 4))
     assert _defaults.max_open_files(10) == 10
+    # io_uring's slots are no process descriptors: its default holds every
+    # file where half the soft limit covers them, else the plain default.
+    auto = max(1, min(256, soft // 4))
+    open_now = len(os.listdir("/proc/self/fd"))
+    headroom = soft - open_now - 32
+    many = min(soft // 8, 2000)
+    want = many + many // 4 + 64
+    if auto < want and 2 * want < headroom - 8:
+        assert _defaults.max_open_files(0, "io_uring", many) == want
+        assert _defaults.max_open_files(0, "io_uring", many, 2) == 2 * want
+        assert _defaults.max_open_files(0, "psync", many) == auto
+        assert _defaults.max_open_files(0, "auto", many) == auto
+    assert _defaults.max_open_files(0, "io_uring", soft // 2 + 1) == auto
+    assert _defaults.max_open_files(0, "io_uring", 1) == auto
+    assert _defaults.max_open_files(7, "io_uring", many) == 7
     with pytest.warns(RuntimeWarning, match="max_open_files"):
         assert _defaults.max_open_files(soft * 2) < soft
     with pytest.raises(ValueError, match="max_open_files"):
@@ -403,5 +418,41 @@ def test_io_uring_reads_shards_on_its_rings_or_falls_back_to_psync(shards, regis
             # Each shard goes to one ring, whose slots hold all it was given.
             assert opened == 200 and native.stat("fd_cache_opens") == 200
             assert native.stat("fd_cache_open") == 200
+    finally:
+        native.close()
+
+
+def test_io_uring_default_holds_every_shard_on_its_rings(shards):
+    """max_open_files unset, engine="io_uring", more shards than the plain
+    default (256) holds: the default holds every one in the rings' tables
+    (no process descriptor each), so a shuffled epoch after the first
+    opens none; where the rings cannot hold files, skipped naming why."""
+    _uring_rings_or_skip()
+    paths, file_ids, offsets, lengths = shards
+    count = min(len(paths), 600)
+    n = count * PER_SHARD
+    src = MultiFileRanges.from_columns(paths[:count], file_ids[:n], offsets[:n], lengths[:n])
+    from fastread import _defaults
+    if _defaults.max_open_files(0, "io_uring", count) <= count:
+        pytest.skip(f"RLIMIT_NOFILE's soft limit leaves no room for {count} shards")
+    fds_before = len(os.listdir("/proc/self/fd"))
+    native = src.open_native("io_uring", fastread.EngineOptions().resolve("io_uring"),
+                             prefetch=2, workers=1)
+    try:
+        for epoch in range(2):
+            order = np.random.default_rng(epoch).permutation(n)
+            for s in range(0, n, 128):
+                idx = order[s:s + 128]
+                native.submit(idx)
+                b = native.next()
+                assert not b.failures()
+                for i, a in zip(idx.tolist(), b.arrays()):
+                    assert a.tobytes() == _sample_bytes(*divmod(i, PER_SHARD))
+                b.release()
+            fds = len(os.listdir("/proc/self/fd"))
+        if native.stat("file_ranges_native") != 1:
+            pytest.skip("io_uring: this kernel has no linked direct opens (read through psync)")
+        assert native.stat("fd_cache_opens") == count  # each once, none in epoch 2
+        assert fds - fds_before <= 16, (fds_before, fds)
     finally:
         native.close()

@@ -12,9 +12,11 @@ and descriptors are its own: a watcher thread samples /proc/self/task and
 /proc/self/fd every 2 ms), builds its reader (timed: ``startup``), reads
 one untimed epoch, then ``--epochs`` timed ones; samples/s is the best
 timed epoch. Rounds are interleaved: every (layout, order, mode) runs once
-per round, and the report gives each cell's median over the rounds and its
-ratio to fn.readers.webdataset's (with index files) in the same layout and
-order, and fastread's rate against its own 100-shard rate.
+per round, and the report gives each cell's median over the rounds, its
+ratios to fn.readers.webdataset's with index files and without in the same
+layout and order, and its rate against its own in the first layout (the
+same bytes in the fewest shards); a measurement past --timeout counts as
+failed.
 
 Shards hold ``jpg`` (``--size`` random bytes) and ``cls`` members, written
 with tarfile; the index files are DALI's v1.2 format (what its ``wds2idx``
@@ -189,6 +191,8 @@ def main(argv=None):
     ap.add_argument("--orders", default="in_order,shuffled")
     ap.add_argument("--dir", default=None, help="where the shards go (kept between runs)")
     ap.add_argument("--json", default=None, help="write every measurement here")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds a measurement may take before it counts as failed")
     ap.add_argument("--child-mode", help=argparse.SUPPRESS)
     ap.add_argument("--child-dir", help=argparse.SUPPRESS)
     ap.add_argument("--child-shuffle", type=int, help=argparse.SUPPRESS)
@@ -216,8 +220,15 @@ def main(argv=None):
                            "--dali-threads", str(args.dali_threads)]
                     if args.workers:
                         cmd += ["--workers", str(args.workers)]
-                    out = subprocess.run(cmd, capture_output=True, text=True)
                     key = (s, order, mode)
+                    try:
+                        out = subprocess.run(cmd, capture_output=True, text=True,
+                                             timeout=args.timeout)
+                    except subprocess.TimeoutExpired:
+                        results.setdefault(key, []).append(
+                            {"error": f"timed out after {args.timeout:.0f} s"})
+                        print(f"# round {rnd} {key}: timed out", file=sys.stderr)
+                        continue
                     if out.returncode != 0:
                         err = (out.stderr.strip().splitlines() or ["?"])[-1][:200]
                         results.setdefault(key, []).append({"error": err})
@@ -234,8 +245,9 @@ def main(argv=None):
 
     print(f"{args.samples} samples of {args.size} B + cls, batch {args.batch}, "
           f"median of {args.rounds} interleaved rounds; {os.cpu_count()} CPUs")
-    print(f"{'shards':>7} {'order':9} {'mode':12} {'samples/s':>10} {'vs dali_idx':>11} "
-          f"{'vs 100 sh.':>10} {'startup s':>9} {'threads':>7} {'fds':>5}")
+    print(f"{'shards':>7} {'order':9} {'mode':14} {'samples/s':>10} {'vs dali_idx':>11} "
+          f"{'vs dali':>8} {'vs 100 sh.':>10} {'MB/s':>7} {'startup s':>9} {'threads':>7} "
+          f"{'fds':>5}")
     for s in layouts:
         for order in orders:
             for mode in modes:
@@ -243,13 +255,16 @@ def main(argv=None):
                 rate = med(key, "rate")
                 if rate is None:
                     errs = [m["error"] for m in results.get(key, []) if "error" in m]
-                    print(f"{s:>7} {order:9} {mode:12} failed: {errs[:1]}")
+                    print(f"{s:>7} {order:9} {mode:14} failed: {errs[:1]}")
                     continue
                 base = med((s, order, "dali_idx"), "rate")
+                base_noidx = med((s, order, "dali"), "rate")
                 first = med((layouts[0], order, mode), "rate")
-                print(f"{s:>7} {order:9} {mode:12} {rate:>10.0f} "
+                print(f"{s:>7} {order:9} {mode:14} {rate:>10.0f} "
                       f"{(rate / base if base else float('nan')):>10.2f}x "
+                      f"{(rate / base_noidx if base_noidx else float('nan')):>7.2f}x "
                       f"{(rate / first if first else float('nan')):>9.2f}x "
+                      f"{rate * args.size / 1e6:>7.0f} "
                       f"{med(key, 'startup'):>9.2f} {max(m['threads'] for m in results[key] if 'error' not in m):>7} "
                       f"{max(m['fds'] for m in results[key] if 'error' not in m):>5}")
     if args.json:

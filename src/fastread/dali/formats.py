@@ -321,9 +321,11 @@ def _native_webdataset(source, *, shard_id, num_shards, random_shuffle, seed, pa
                             _WDS_NATIVE_OPTIONS, name)
     # Shard descriptors the operator keeps open: max_open_files=, else
     # FASTREAD_MAX_OPEN_FILES's default, clamped to RLIMIT_NOFILE's headroom
-    # (fastread._defaults.max_open_files).
+    # (fastread._defaults.max_open_files: io_uring's default holds every
+    # shard where half the soft limit covers them).
     from fastread._defaults import max_open_files
-    op_args["max_open_files"] = max_open_files(kwargs.get("max_open_files"))
+    op_args["max_open_files"] = max_open_files(kwargs.get("max_open_files"), engine,
+                                               len(source.files))
     if kwargs.get("shuffle_buffer"):  # webdataset(initial_fill=N, random_shuffle=True)
         op_args["initial_fill"] = kwargs["shuffle_buffer"]
     # As readers.file's operator: page-locked buffers in a pipeline with a

@@ -72,8 +72,9 @@ class MultiFileRanges(SampleSource):
 
     Read with one native reader for every file (see the module's
     documentation). ``max_open_files`` (None: FASTREAD_MAX_OPEN_FILES, else
-    min(256, RLIMIT_NOFILE / 4); see :func:`fastread._defaults.max_open_files`)
-    bounds the descriptors it keeps open; set it on the source or pass
+    min(256, RLIMIT_NOFILE / 4), for engine="io_uring" every file, each
+    worker's, where they are at most RLIMIT_NOFILE / 2; see
+    :func:`fastread._defaults.max_open_files`) bounds the descriptors it keeps open; set it on the source or pass
     ``Reader(..., max_open_files=)``. Host delivery only: ``device="gpu"``
     readers need the single-file :class:`fastread.FileRanges`.
     """
@@ -202,7 +203,8 @@ class MultiFileRanges(SampleSource):
         return _core.NativeReader([f.path for f in self.files], engine, prefetch=prefetch,
                                   workers=workers, file_ids=file_ids, offsets=offsets,
                                   lengths=lengths,
-                                  max_open_files=_max_open_files(self.max_open_files),
+                                  max_open_files=_max_open_files(self.max_open_files, engine,
+                                                                 len(self.files), workers),
                                   **options)
 
     def read_batch(self, context, indices):
