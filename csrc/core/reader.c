@@ -16,13 +16,13 @@
 #include <time.h>
 
 #include "core/base.h"
+#include "core/reader_internal.h"
 #include "core/path_table.h"
 #include "core/size_memo.h"
 #include "engines/engine.h"
 #include "gpu/gpu.h"
 #include "engines/range_io.h"
 
-#define MAX_WORKERS 64
 
 /* Context counters a reader sums over its workers (fr_reader_stat). */
 static const char *const summed_keys[] = {
@@ -40,6 +40,7 @@ static const char *const summed_keys[] = {
     "file_ranges_native", /* workers reading file ranges on io_uring rings */
 };
 #define NSUMMED (sizeof(summed_keys) / sizeof(summed_keys[0]))
+_Static_assert(NSUMMED == FR_READER_NSUMMED, "FR_READER_NSUMMED (reader_internal.h) counts summed_keys");
 
 /* A submitted batch: dataset indices (fr_reader_submit), or a list of
  * paths of its own (fr_reader_submit_paths: indices NULL, `paths` pointing
@@ -60,81 +61,6 @@ static void free_request(request *r)
     free(r);
 }
 
-struct fr_reader {
-    fr_config cfg;
-    char engine[32];
-    char opened_engine[32]; /* what the first context opened reads with ("auto" resolved) */
-    long auto_fallback;     /* its "auto_fallback" stat */
-    char *engine_args;
-    char *cache_dir;
-    /* summed_keys over the workers' contexts, added by each worker after
-     * each batch (under lock): a context is read by its own thread only. */
-    long totals[NSUMMED];
-    char *blob;
-    const char **paths;
-    /* Tree reader (fr_reader_open_tree): the paths as borrowed columns,
-     * each batch's paths assembled by its worker (scratch.pbuf). */
-    int is_tree;
-    fr_path_table tree;
-    int64_t *sizes; /* each file's size when last read, -1 before; atomic access */
-    size_t npaths;  /* samples: files, or ranges of the image */
-    char *image;    /* range reader: the image all samples are ranges of */
-    fr_range *ranges;                      /* copied (fr_reader_open_ranges), or */
-    const uint64_t *c_offsets, *c_lengths; /* borrowed (fr_reader_open_range_columns) */
-    uint8_t *keys;  /* key reader: npaths keys of key_len bytes */
-    size_t key_len;
-    /* Table reader (fr_reader_open_table): npaths samples, ranges of the
-     * nfiles files in `paths`; the columns are the caller's (borrowed). */
-    int table;
-    size_t nfiles;
-    const uint32_t *t_files;
-    const uint64_t *t_offsets, *t_lengths;
-    const uint32_t *t_lengths32; /* fr_reader_open_table32: instead of t_lengths */
-    unsigned prefetch;
-    unsigned nworkers;
-    fr_pool *pool;
-    fr_gpu *gpu; /* shared by the workers' contexts and the pool's pinning */
-
-    pthread_t threads[MAX_WORKERS];
-    unsigned nthreads;
-    /* Each worker's context while it is open, and the generation of the
-     * batch it reads (under lock): fr_reader_reset cancels the reads it
-     * makes stale (fr_ctx_cancel), so a stalled request does not hold a
-     * new epoch, or close, up to its deadline. */
-    fr_ctx *ctxs[MAX_WORKERS];
-    uint64_t reading_gen[MAX_WORKERS];
-    int reading[MAX_WORKERS];
-    unsigned nctxs;
-    pthread_mutex_t lock;
-    pthread_cond_t work_cv;
-    pthread_cond_t ready_cv;
-    request *req_head, *req_tail;
-    fr_batch *ready;      /* finished batches, sorted by seq */
-    size_t nready;
-    unsigned nbusy;       /* workers reading a batch */
-    size_t outstanding;   /* submitted and not yet taken, this generation */
-    uint64_t generation;  /* bumped by reset: older work is dropped */
-    uint64_t next_seq;    /* seq of the next request a worker takes */
-    uint64_t deliver_seq; /* seq the consumer gets next */
-    int dense;            /* fr_reader_set_dense: 0, 1, or -1 (not set: each batch's own) */
-    int stop;
-
-    unsigned started;
-    int open_rc;
-    char open_err[FR_ERRLEN];
-
-    /* The sizes of the files of explicit lists (fr_reader_submit_paths),
-     * shared by the workers as `sizes` is for a path table: a list read by
-     * one worker gives the sizes to whichever worker reads it next, so a
-     * second pass over the lists reads with every size known, as a
-     * Reader's second epoch does (each worker's context would know only the
-     * lists it happened to read). Made at the first such list; lookups
-     * share memo_lock, stores (only when a size changed) hold it alone. */
-    fr_size_memo *memo;
-    pthread_rwlock_t memo_lock;
-    int memo_made; /* 1: memo_lock initialised */
-    long hinted_lists; /* lists read with every size known (under lock) */
-};
 
 static void free_requests(request *r)
 {
@@ -369,7 +295,7 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&rd->lock);
         return NULL;
     }
-    unsigned me = rd->nctxs++; /* < MAX_WORKERS: one per thread */
+    unsigned me = rd->nctxs++; /* < FR_READER_MAX_WORKERS: one per thread */
     rd->ctxs[me] = ctx;
 
     scratch sc = {0};
@@ -462,7 +388,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-static void reader_free(fr_reader *rd)
+void fr_reader_free_unstarted(fr_reader *rd)
 {
     fr_size_memo_free(rd->memo);
     if (rd->memo_made)
@@ -481,16 +407,16 @@ static void reader_free(fr_reader *rd)
 }
 
 /* The common part of opening: checks, the config copy and the pool. */
-static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers, fr_reader **out,
-                      char *err, size_t err_len)
+int fr_reader_new_unstarted(const fr_config *cfg, unsigned prefetch, unsigned workers,
+                            fr_reader **out, char *err, size_t err_len)
 {
     *out = NULL;
     if (prefetch == 0) {
         fr_set_err(err, err_len, "prefetch must be at least 1");
         return -EINVAL;
     }
-    if (workers == 0 || workers > MAX_WORKERS) {
-        fr_set_err(err, err_len, "workers must be in 1..%d, got %u", MAX_WORKERS, workers);
+    if (workers == 0 || workers > FR_READER_MAX_WORKERS) {
+        fr_set_err(err, err_len, "workers must be in 1..%d, got %u", FR_READER_MAX_WORKERS, workers);
         return -EINVAL;
     }
     fr_reader *rd = calloc(1, sizeof(*rd));
@@ -504,7 +430,7 @@ static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers,
     rd->cache_dir = strdup(cfg->cache_dir ? cfg->cache_dir : "");
     rd->pool = fr_pool_new();
     if (!rd->engine_args || !rd->cache_dir || !rd->pool) {
-        reader_free(rd);
+        fr_reader_free_unstarted(rd);
         return -ENOMEM;
     }
     rd->cfg.engine_args = rd->engine_args;
@@ -514,7 +440,7 @@ static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers,
         /* One fr_gpu for every worker: one driver load, one cuFile driver. */
         int rc = fr_gpu_open(cfg->device_id, &rd->gpu, err, err_len);
         if (rc) {
-            reader_free(rd);
+            fr_reader_free_unstarted(rd);
             return rc;
         }
         rd->cfg.gpu = rd->gpu;
@@ -530,8 +456,7 @@ static int reader_new(const fr_config *cfg, unsigned prefetch, unsigned workers,
     return 0;
 }
 
-/* Starts the worker threads; on failure closes the reader. */
-static int reader_start(fr_reader *rd, fr_reader **out, char *err, size_t err_len)
+int fr_reader_start(fr_reader *rd, fr_reader **out, char *err, size_t err_len)
 {
     pthread_mutex_init(&rd->lock, NULL);
     /* Without it the lists are read without shared sizes (list_memo). */
@@ -563,246 +488,6 @@ static int reader_start(fr_reader *rd, fr_reader **out, char *err, size_t err_le
     }
     *out = rd;
     return 0;
-}
-
-int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
-                   unsigned prefetch, unsigned workers, fr_reader **out, char *err,
-                   size_t err_len)
-{
-    fr_reader *rd;
-    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
-    *out = NULL;
-    if (rc)
-        return rc;
-    rd->npaths = npaths;
-    size_t total = 0;
-    for (size_t i = 0; i < npaths; i++)
-        total += strlen(paths[i]) + 1;
-    rd->blob = malloc(total ? total : 1);
-    rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
-    rd->sizes = malloc((npaths ? npaths : 1) * sizeof(int64_t));
-    if (!rd->blob || !rd->paths || !rd->sizes) {
-        reader_free(rd);
-        return -ENOMEM;
-    }
-    char *p = rd->blob;
-    for (size_t i = 0; i < npaths; i++) {
-        size_t len = strlen(paths[i]) + 1;
-        memcpy(p, paths[i], len);
-        rd->paths[i] = p;
-        rd->sizes[i] = -1;
-        p += len;
-    }
-    return reader_start(rd, out, err, err_len);
-}
-
-int fr_reader_open_tree(const fr_config *cfg, const char *dirs, const uint64_t *dir_offsets,
-                        size_t ndirs, const uint32_t *dir_ids, const char *names,
-                        const uint64_t *name_offsets, size_t n, unsigned prefetch,
-                        unsigned workers, fr_reader **out, char *err, size_t err_len)
-{
-    *out = NULL;
-    fr_path_table tree = {.dirs = dirs, .dir_offsets = dir_offsets, .ndirs = ndirs,
-                          .dir_ids = dir_ids, .names = names, .name_offsets = name_offsets,
-                          .n = n};
-    int rc = fr_path_table_check(&tree, err, err_len);
-    if (rc)
-        return rc;
-    fr_reader *rd;
-    if ((rc = reader_new(cfg, prefetch, workers, &rd, err, err_len)) != 0)
-        return rc;
-    rd->npaths = n;
-    rd->is_tree = 1;
-    rd->tree = tree;
-    rd->sizes = malloc((n ? n : 1) * sizeof(int64_t));
-    if (!rd->sizes) {
-        reader_free(rd);
-        return -ENOMEM;
-    }
-    memset(rd->sizes, 0xff, n * sizeof(int64_t)); /* every size -1: not read yet */
-    return reader_start(rd, out, err, err_len);
-}
-
-/* What both range readers share: the image checked and copied into a reader
- * of n samples, not yet started (reader_free undoes it). */
-static int range_reader_new(const fr_config *cfg, const char *image, size_t n,
-                            unsigned prefetch, unsigned workers, fr_reader **rd_out, char *err,
-                            size_t err_len)
-{
-    if (!image || !*image) {
-        fr_set_err(err, err_len, "a range reader needs an image path");
-        return -EINVAL;
-    }
-    fr_reader *rd;
-    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
-    if (rc)
-        return rc;
-    rd->npaths = n;
-    rd->image = strdup(image);
-    if (!rd->image) {
-        reader_free(rd);
-        return -ENOMEM;
-    }
-    *rd_out = rd;
-    return 0;
-}
-
-int fr_reader_open_ranges(const fr_config *cfg, const char *image, const fr_range *ranges,
-                          size_t n, unsigned prefetch, unsigned workers, fr_reader **out,
-                          char *err, size_t err_len)
-{
-    *out = NULL;
-    fr_reader *rd;
-    int rc = range_reader_new(cfg, image, n, prefetch, workers, &rd, err, err_len);
-    if (rc)
-        return rc;
-    for (size_t i = 0; i < n; i++) {
-        if (fr_check_range(&ranges[i], cfg->o_direct, cfg->direct_alignment) != 0) {
-            fr_set_err(err, err_len,
-                       "range %zu of %s (offset %llu, length %llu) is out of bounds%s", i, image,
-                       (unsigned long long)ranges[i].offset,
-                       (unsigned long long)ranges[i].length,
-                       cfg->o_direct ? " or not aligned to direct_alignment for O_DIRECT" : "");
-            reader_free(rd);
-            return -EINVAL;
-        }
-    }
-    rd->ranges = malloc((n ? n : 1) * sizeof(*rd->ranges));
-    if (!rd->ranges) {
-        reader_free(rd);
-        return -ENOMEM;
-    }
-    if (n)
-        memcpy(rd->ranges, ranges, n * sizeof(*rd->ranges));
-    return reader_start(rd, out, err, err_len);
-}
-
-int fr_reader_open_range_columns(const fr_config *cfg, const char *image,
-                                 const uint64_t *offsets, const uint64_t *lengths, size_t n,
-                                 unsigned prefetch, unsigned workers, fr_reader **out,
-                                 char *err, size_t err_len)
-{
-    *out = NULL;
-    if (n && (!offsets || !lengths)) {
-        fr_set_err(err, err_len, "a range reader over columns needs offsets and lengths");
-        return -EINVAL;
-    }
-    fr_reader *rd;
-    int rc = range_reader_new(cfg, image, n, prefetch, workers, &rd, err, err_len);
-    if (rc)
-        return rc;
-    rd->c_offsets = offsets;
-    rd->c_lengths = lengths;
-    return reader_start(rd, out, err, err_len);
-}
-
-int fr_reader_open_keys(const fr_config *cfg, const uint8_t *keys, size_t key_len, size_t n,
-                        unsigned prefetch, unsigned workers, fr_reader **out, char *err,
-                        size_t err_len)
-{
-    *out = NULL;
-    if (key_len < 1 || key_len > 256) {
-        fr_set_err(err, err_len, "a key reader's keys are 1..256 bytes long, got %zu", key_len);
-        return -EINVAL;
-    }
-    fr_reader *rd;
-    int rc = reader_new(cfg, prefetch, workers, &rd, err, err_len);
-    if (rc)
-        return rc;
-    rd->npaths = n;
-    rd->key_len = key_len;
-    rd->keys = malloc(n ? n * key_len : 1);
-    if (!rd->keys) {
-        reader_free(rd);
-        return -ENOMEM;
-    }
-    if (n)
-        memcpy(rd->keys, keys, n * key_len);
-    return reader_start(rd, out, err, err_len);
-}
-
-/* The table readers' one opening: exactly one of lengths / lengths32 is
- * read (the other NULL). */
-static int table_open(const fr_config *cfg, const char *const *paths, size_t npaths,
-                      const uint32_t *file_ids, const uint64_t *offsets, const uint64_t *lengths,
-                      const uint32_t *lengths32, size_t n, unsigned prefetch, unsigned workers,
-                      fr_reader **out, char *err, size_t err_len)
-{
-    *out = NULL;
-    if (n && (!file_ids || !offsets || (!lengths && !lengths32))) {
-        fr_set_err(err, err_len, "a table reader needs file ids, offsets and lengths");
-        return -EINVAL;
-    }
-    if (cfg->o_direct) {
-        fr_set_err(err, err_len, "ranges of many files are read buffered (no O_DIRECT)");
-        return -ENOTSUP;
-    }
-    fr_config c = *cfg;
-    /* io_uring's contexts read file ranges on their rings where the kernel
-     * allows (engines/uring/file_ranges.c); elsewhere, and for auto (psync
-     * measured no slower at 100 shards: docs/benchmarks.md), they would
-     * read them through a psync pool beside their idle rings: open psync
-     * ones, so the threads are the workers and their helpers alone. */
-    int uring_rings = 0;
-#ifdef FASTREAD_HAVE_URING
-    uring_rings = c.engine && strcmp(c.engine, "io_uring") == 0 && fr_uring_files_usable(&c);
-#endif
-    if (c.engine && !uring_rings &&
-        (strcmp(c.engine, "io_uring") == 0 || strcmp(c.engine, "auto") == 0)) {
-        c.engine = "psync";
-        c.engine_args = "";
-        c.auto_engine = 0;
-    }
-    /* The descriptors are shared out among the workers' contexts. */
-    unsigned total = cfg->max_open_files ? cfg->max_open_files : FR_MAX_OPEN_FILES;
-    unsigned w = workers ? workers : 1;
-    c.max_open_files = total / w > 0 ? total / w : 1;
-    fr_reader *rd;
-    int rc = reader_new(&c, prefetch, workers, &rd, err, err_len);
-    if (rc)
-        return rc;
-    rd->table = 1;
-    rd->npaths = n;
-    rd->nfiles = npaths;
-    rd->t_files = file_ids;
-    rd->t_offsets = offsets;
-    rd->t_lengths = lengths;
-    rd->t_lengths32 = lengths32;
-    size_t total_len = 0;
-    for (size_t i = 0; i < npaths; i++)
-        total_len += strlen(paths[i]) + 1;
-    rd->blob = malloc(total_len ? total_len : 1);
-    rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
-    if (!rd->blob || !rd->paths) {
-        reader_free(rd);
-        return -ENOMEM;
-    }
-    char *p = rd->blob;
-    for (size_t i = 0; i < npaths; i++) {
-        size_t len = strlen(paths[i]) + 1;
-        memcpy(p, paths[i], len);
-        rd->paths[i] = p;
-        p += len;
-    }
-    return reader_start(rd, out, err, err_len);
-}
-
-int fr_reader_open_table(const fr_config *cfg, const char *const *paths, size_t npaths,
-                         const uint32_t *file_ids, const uint64_t *offsets,
-                         const uint64_t *lengths, size_t n, unsigned prefetch,
-                         unsigned workers, fr_reader **out, char *err, size_t err_len)
-{
-    return table_open(cfg, paths, npaths, file_ids, offsets, lengths, NULL, n, prefetch,
-                      workers, out, err, err_len);
-}
-
-int fr_reader_open_table32(const fr_config *cfg, const char *const *paths, size_t npaths,
-                           const uint32_t *file_ids, const uint64_t *offsets,
-                           const uint32_t *lengths, size_t n, unsigned prefetch,
-                           unsigned workers, fr_reader **out, char *err, size_t err_len)
-{
-    return table_open(cfg, paths, npaths, file_ids, offsets, NULL, lengths, n, prefetch,
-                      workers, out, err, err_len);
 }
 
 static void enqueue(fr_reader *rd, request *req);
@@ -1038,5 +723,5 @@ void fr_reader_close(fr_reader *rd)
     pthread_cond_destroy(&rd->ready_cv);
     pthread_mutex_destroy(&rd->lock);
     /* Batches the caller still holds keep the pool, and their memory, alive. */
-    reader_free(rd);
+    fr_reader_free_unstarted(rd);
 }
