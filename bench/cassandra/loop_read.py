@@ -284,9 +284,10 @@ def main():
                          "epoch: ~1,000 img/s, 6144 is a 6 s run)")
     ap.add_argument("--prefetch", type=int, default=4,
                     help="batches read ahead (MODE@W/P overrides it per mode)")
-    ap.add_argument("--proxy", choices=("auto", "native", "python"), default="auto",
+    ap.add_argument("--proxy", choices=("auto", "native", "python", "both"), default="auto",
                     help="the delay proxy: native (bench/tools/delayproxy, Go), python "
-                         "(tests/cassandra_proxy.py); auto: native where its binary is")
+                         "(tests/cassandra_proxy.py); auto: native where its binary is; both: "
+                         "every round runs each mode behind each (modes named MODE~PROXY)")
     ap.add_argument("--proxy-bin", default=None,
                     help=f"the native proxy's binary (default {NATIVE_PROXY})")
     ap.add_argument("--py-concurrency", type=int, default=None,
@@ -309,9 +310,11 @@ def main():
     modes = args.modes.split(",")
     delays = [float(d) for d in args.delays.split(",")]
     native_proxy = find_native_proxy(args.proxy_bin) if args.proxy != "python" else None
-    if args.proxy == "native" and not native_proxy:
-        sys.exit(f"--proxy native: no executable {args.proxy_bin or NATIVE_PROXY} "
+    if args.proxy in ("native", "both") and not native_proxy:
+        sys.exit(f"--proxy {args.proxy}: no executable {args.proxy_bin or NATIVE_PROXY} "
                  "(build bench/tools/delayproxy)")
+    # The proxies each round goes through (None: tests/cassandra_proxy.py).
+    round_proxies = [native_proxy, None] if args.proxy == "both" else [native_proxy]
     print(f"delay proxy: {native_proxy or 'tests/cassandra_proxy.py'}", flush=True)
     tree = ensure_tree(args.tree)
     server = cs.Cassandra(args.workdir, heap_mb=args.heap_mb)
@@ -342,11 +345,14 @@ def main():
         print("rtt (no proxy):", json.dumps(r), flush=True)
         results = []
         for rnd in range(args.rounds):
-            for delay in delays:
+            for delay, proxy_bin in [(d, b) for d in delays for b in round_proxies]:
                 # --zero-through-proxy: the 0 ms rounds through the proxy too, so
                 # that "x own 0 ms" compares latency alone, not the proxy's cost.
-                proxy = Proxy(server.port, delay, native_proxy) \
-                    if delay > 0 or args.zero_through_proxy else None
+                via = delay > 0 or args.zero_through_proxy
+                if not via and proxy_bin is not round_proxies[0]:
+                    continue  # no proxy: one set of 0 ms runs, whatever --proxy says
+                proxy = Proxy(server.port, delay, proxy_bin) if via else None
+                label = f"~{proxy.kind}" if proxy and len(round_proxies) > 1 else ""
                 port = proxy.port if proxy else server.port
                 try:
                     for mode in modes:
@@ -379,7 +385,7 @@ def main():
                             "file-dali": lambda: run_file_dali(tree, args.batch, args.images),
                         }[base]
                         r = measure(fn, server, proxy)
-                        r.update(mode=mode, delay_ms=delay, round=rnd,
+                        r.update(mode=mode + label, delay_ms=delay, round=rnd,
                                  proxy=proxy.kind if proxy else None)
                         results.append(r)
                         print(json.dumps(r), flush=True)
@@ -389,7 +395,7 @@ def main():
         summary = {}
         for r in results:
             summary.setdefault((r["mode"], r["delay_ms"]), []).append(r)
-        print("\nmode               delay  img/s    GB/s  in flight  x driver  x own 0 ms  "
+        print("\nmode                         delay  img/s    GB/s  in flight  x driver  x own 0 ms  "
               "client CPU s/GB  server CPU s/GB  server cores  proxy cores  steady img/s  "
               "x own 0 ms steady  seconds")
         table_rows = []
@@ -402,7 +408,8 @@ def main():
             med_of[key]["img_s_steady"] = float(np.median(st)) if st else None
             med_of[key]["inflight"] = rs[-1].get("inflight")
         for (mode, delay), med in sorted(med_of.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            driver = med_of.get(("python-driver", delay))
+            driver = med_of.get(("python-driver" + mode.partition("~")[1] +
+                                 mode.partition("~")[2], delay))
             zero = med_of.get((mode, 0.0))
             med["x_driver"] = med["img_s"] / driver["img_s"] if driver else None
             med["x_own_0ms"] = med["img_s"] / zero["img_s"] if zero else None
@@ -410,7 +417,7 @@ def main():
                 if zero and med["img_s_steady"] and zero["img_s_steady"] else None
             table_rows.append({"mode": mode, "delay_ms": delay, **med})
             fmt = (lambda v: f"{v:8.2f}" if v is not None else "       -")
-            print(f"{mode:18s} {delay:5.0f}  {med['img_s']:7.0f}  {med['gb_s']:5.3f}  "
+            print(f"{mode:28s} {delay:5.0f}  {med['img_s']:7.0f}  {med['gb_s']:5.3f}  "
                   f"{str(med['inflight']):>9s}  {fmt(med['x_driver'])}  "
                   f"{fmt(med['x_own_0ms'])}    {med['client_cpu_s_per_gb']:13.2f}  "
                   f"{med['server_cpu_s_per_gb']:15.2f}  {med['server_cores']:12.2f}  "
