@@ -13,8 +13,9 @@ Cassandra 5 node (tests/cassandra_server.py) holding the 20,000-JPEG tree
   file-dali         DALI's fn.readers.file on the same files on local disk
                     (no network: run in the 0 ms rounds only)
 
-at 0, 5 and 25 ms added round trip (tests/cassandra_proxy.py as a process of
-its own in front of the node, half each way; this kernel has no sch_netem),
+at 0, 5 and 25 ms added round trip (a delay proxy as a process of its own in
+front of the node, half each way; this kernel has no sch_netem: --proxy native,
+bench/tools/delayproxy in Go, where built, else tests/cassandra_proxy.py),
 interleaved: every round runs every mode once, rounds repeated. Reported:
 img/s, GB/s, requests in flight (fastread-reader: the cql engine's peak,
 summed over its workers; fastread-dali: the operator's bound, workers x
