@@ -1,0 +1,3 @@
+module fastread/bench/delayproxy
+
+go 1.21
