@@ -198,11 +198,16 @@ class CassandraSource(SampleSource):
     reads_ranges = False
     native_engine = "cql"  # the engine it reads with (source._engine_for)
     # Reader threads by default: each has one batch of requests in flight
-    # and mostly waits for the node, so they cost no more CPU per row than
-    # one; four keep the node busy across a round trip's wait (one left a
-    # batch's round trip and its tail idle: bench/cassandra/loop_read.py,
-    # docs/cassandra.md "Measured").
-    default_workers = 4
+    # and waits for its slowest row, so the threads bound what is in flight
+    # (workers x batch rows) and cost no more CPU per row than one. Four keep
+    # a node on 2 cores busy (one left a batch's round trip and its tail
+    # idle); on 16 cores four carried 54-67% of the 0 ms rate at 25 ms and
+    # eight 85-100%, the node then the limit (bench/cassandra/loop_read.py,
+    # docs/cassandra.md "Measured"): half the CPUs, 4 to 16. The native
+    # operator's default (fastread_cassandra.cc, DefaultWorkers) is the same rule.
+    default_workers = max(4, min(16, (len(os.sched_getaffinity(0))
+                                      if hasattr(os, "sched_getaffinity") else
+                                      (os.cpu_count() or 2)) // 2))
 
     def __init__(self, table, ids, *, hosts, port=9042, data_col="data", label_col="label",
                  id_col="id", label_type="int", username=None, password=None, ssl=False,
