@@ -160,9 +160,10 @@ def run_fastread_dali(table, ids, port, batch, n, prefetch, workers, native, dev
         if native is not False else False
     t0 = time.monotonic()
     count, nbytes, first = run_pipeline(p, n)
-    # The bound: each worker has one batch in flight (the operator's and
-    # CassandraSource's default: 4 workers).
-    w = workers or 4
+    # The bound: each worker has one batch in flight (the operator's default
+    # is CassandraSource's: half the CPUs, 4 to 16).
+    from fastread.cassandra import CassandraSource
+    w = workers or CassandraSource.default_workers
     return count, nbytes, None, {"inflight": w * batch, "workers": w, "native": is_native,
                                  "prefetch": prefetch, "first": first,
                                  "end": time.monotonic() - t0}
