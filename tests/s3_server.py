@@ -182,7 +182,11 @@ class FastreadClient:
 
 class SeaweedFS:
     """One SeaweedFS server (master + volume + filer + S3 gateway) with its
-    data under `workdir`. start() waits until a signed PUT and GET work."""
+    data under `workdir`. start() waits until a signed PUT and GET work.
+    tests/s3_minio.py's MinIO reuses everything here but how the server
+    starts (its own command, one port)."""
+
+    NAME = "SeaweedFS"   # in messages: which server did not start or die
 
     def __init__(self, workdir=None, access_key=ACCESS_KEY, secret_key=SECRET_KEY,
                  region=REGION, weed=None):
@@ -256,6 +260,13 @@ class SeaweedFS:
             "-master.resumeState=false",
         ]
 
+    # Hooks that MinIO (tests/s3_minio.py) overrides.
+    def _choose_ports(self):
+        return choose_ports()
+
+    def _server_env(self):
+        return None   # weed takes everything on its command line
+
     def start(self):
         """Start weed (new ports when the keep_ports is False or none were
         chosen yet) and wait until it serves signed requests."""
@@ -269,14 +280,15 @@ class SeaweedFS:
         last_error = None
         for attempt in range(START_ATTEMPTS):
             if not (keep_ports and self.ports):
-                self.ports = choose_ports()
+                self.ports = self._choose_ports()
             self._log = open(self.logpath, "ab")
             self._log.write(f"\n==== start {time.strftime('%H:%M:%S')} attempt {attempt + 1}: "
                             f"{' '.join(self._command(ids_path))}\n".encode())
             self._log.flush()
             self.proc = subprocess.Popen(self._command(ids_path), cwd=self.workdir,
                                          stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                         stderr=subprocess.STDOUT, env=self._server_env(),
+                                         preexec_fn=_die_with_parent)
             try:
                 self._wait_ready()
                 return self
@@ -288,7 +300,7 @@ class SeaweedFS:
                 if "address already in use" not in self.log_tail(4000):
                     break
                 time.sleep(1.0)
-        raise RuntimeError(f"SeaweedFS did not start: {last_error}")
+        raise RuntimeError(f"{self.NAME} did not start: {last_error}")
 
     def _wait_ready(self):
         """Until the S3 port answers HTTP and a signed PUT + GET round-trips
@@ -298,7 +310,8 @@ class SeaweedFS:
         last = "no answer yet"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited with status {self.proc.returncode}; "
+                raise RuntimeError(f"{self.NAME} ({self.proc.args[0]}) exited with status "
+                                   f"{self.proc.returncode}; "
                                    f"log {self.logpath} ends:\n{self.log_tail()}")
             if not answered:
                 try:
@@ -355,7 +368,8 @@ class SeaweedFS:
         try:
             self.proc.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"weed pid {self.proc.pid} survived SIGKILL for {STOP_TIMEOUT_S} s")
+            raise RuntimeError(f"{self.NAME} pid {self.proc.pid} survived SIGKILL "
+                               f"for {STOP_TIMEOUT_S} s")
         self._close_log()
 
     def restart(self):

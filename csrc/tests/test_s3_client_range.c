@@ -42,6 +42,14 @@ static void test_check_range(void)
     n = 200;
     CHECK(fr_s3_client_check_range(416, "", 8192, 512, &n, &total) == NULL);
     CHECK(n == 0 && total == UINT64_MAX);
+    /* A range from byte 0 refused: an empty object, with or without the
+     * Content-Range (MinIO sends none). */
+    n = 200;
+    CHECK(fr_s3_client_check_range(416, "bytes */0", 0, 512, &n, &total) == NULL);
+    CHECK(n == 0 && total == 0);
+    n = 200;
+    CHECK(fr_s3_client_check_range(416, "", 0, 512, &n, &total) == NULL);
+    CHECK(n == 0 && total == 0);
     /* A server that ignores Range: the whole object, cut to the range,
      * only from the start. */
     n = 3000;

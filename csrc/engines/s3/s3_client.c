@@ -281,6 +281,8 @@ const char *fr_s3_client_check_range(long code, const char *content_range, uint6
     } else if (code == 416) {
         if (have && a == UINT64_MAX)
             *total = t; /* a Content-Range of a total and no range: past the end */
+        else if (!have && first == 0)
+            *total = 0; /* only an empty object refuses bytes 0-N (MinIO: no Content-Range) */
         *resp_len = 0;
     } else if (code == 200) {
         /* A server that ignores Range sends the whole object. */

@@ -45,7 +45,9 @@ long fr_s3_client_request(fr_s3_client *c, const char *method, const char *bucke
  * fr_s3_client_request. Returns the HTTP status: 206 with the bytes in
  * *resp (fewer than len where the object ends inside the range) and the
  * object's size in *total; 416 (the range starts at or past the end) with
- * *resp_len 0 and *total the size where the server said it; 200 (a server
+ * *resp_len 0 and *total the size where the server said it (0 for a
+ * refused range from byte 0, said or not: only an empty object refuses
+ * it); 200 (a server
  * that ignores Range; only accepted for first == 0) with at most len bytes
  * and *total the object's size; other statuses as fr_s3_client_request
  * (*total UINT64_MAX). -EIO when a 206 is not the range asked for (err

@@ -405,8 +405,11 @@ static void finish(s3_engine *s, s3_xfer *t, CURLcode cc, long long now)
         uint64_t first, last, total;
         int unsatisfied = code == 416 && fr_s3_parse_content_range(t->resp.content_range, &first,
                                                                    &last, &total) == 0;
-        if (unsatisfied && job->kind == JOB_PROBE && total == 0) {
-            /* S3 answers any range of an empty object so. */
+        /* A probe asks for bytes 0-N, which only an empty object cannot
+         * satisfy (RFC 9110 14.1.1). S3 says so with a Content-Range
+         * of total 0; MinIO sends a 416 with no Content-Range (nor ETag). */
+        if (code == 416 && job->kind == JOB_PROBE &&
+            ((unsatisfied && total == 0) || !t->resp.content_range[0])) {
             sm->size = 0;
             sm->buf_len = 0;
             memcpy(sm->etag, t->resp.etag, sizeof(sm->etag));
