@@ -15,7 +15,7 @@ import re
 import secrets
 
 from fastread import _defaults
-from fastread.dali import _plugin
+from fastread.dali import _listing, _plugin
 from fastread.dali._common import _DALI_ONLY_ARGS, check_elastic
 from fastread.engine import (GPU_ENGINES, RANGE_ONLY, URL_ENGINES, EngineOptions, check_engine,
                              check_option, for_paths)
@@ -250,6 +250,15 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
         names = samples.names
     else:
         names = samples.paths
+        # A long local list goes as a listing the operator maps (file_index=):
+        # no argument of N strings; s3:// URLs and short lists stay files=.
+        if (layout_args is None and engine not in URL_ENGINES and
+                len(names) >= _listing.MIN_FILES):
+            listed = _listing.listing_args(names, samples.labels)
+            if listed is not None:
+                data, labels = fn.fastread.readers.file(engine=engine, **stream, **op_args,
+                                                        **listed)
+                return data, labels
     data, labels = fn.fastread.readers.file(
         # DALI's arguments are lists: a NameTable (a binary index's names) or
         # the default numbers of ranges become one here.
