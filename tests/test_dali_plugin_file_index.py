@@ -155,3 +155,13 @@ def test_missing_file_fails_naming_it(tree, tmp_path, cache):
     with pytest.raises(RuntimeError, match=victim):
         for _ in range(10):
             p.run()
+
+
+def test_listings_are_pruned_with_the_index_cache(tree, cache):
+    from fastread.formats._index_files import cache_prune
+    paths, labels = scan(tree)
+    made = [_listing.listing_args(paths, labels + k, directory=str(cache))["file_index"]
+            for k in range(3)]
+    os.utime(made[0], (1, 1))   # the least recently used
+    cache_prune(str(cache), keep=2)
+    assert sorted(os.listdir(cache)) == sorted(os.path.basename(p) for p in made[1:])
