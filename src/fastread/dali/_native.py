@@ -187,7 +187,8 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
                   what="fastread.dali.readers.file", layout_args=None, gpu_stage="gpu"):
     """fn.fastread.readers.file over `samples`: (data, labels); `device` as
     the entry point checked it (fastread.reader.check_device). A FileList
-    goes as files= and labels=; a FileRanges (a packed image) as image=,
+    goes as files= and labels=, or, from _listing.MIN_FILES local files on,
+    as a binary listing the operator maps (file_index=); a FileRanges (a packed image) as image=,
     its byte ranges and its samples' names and labels.
     `layout_args`: the operator's npy_* arguments (readers.numpy).
     `gpu_stage`: with device="gpu", the operator's DALI backend: "gpu", or
