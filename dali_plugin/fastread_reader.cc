@@ -92,6 +92,7 @@
 #include "dali/pipeline/operator/operator.h"
 #include "engine_args_ref.h"
 #include "fastread.h"
+#include "mapped_file_list.h"
 #include "mapped_image_index.h"
 #include "plugin_common.h"
 #include "stream_operator.h"
@@ -167,7 +168,9 @@ class FileReader : public StreamOperator<Backend> {
   void CheckImage() const;
   std::string SampleName(int64_t index) const;
   int32_t Label(int64_t index) const {
-    return mapped_ ? mapped_->label(index) : labels_[static_cast<size_t>(index)];
+    return mapped_   ? mapped_->label(index)
+           : listed_ ? listed_->label(index)
+                     : labels_[static_cast<size_t>(index)];
   }
   // A sample's array layout (npy_* lists, or a mapped decoded index's shapes).
   const int64_t *ArrayDims(size_t idx) const {
@@ -190,6 +193,8 @@ class FileReader : public StreamOperator<Backend> {
   std::vector<int32_t> labels_;
   // image_index=: the mapped index instead of paths_, ranges_ and labels_.
   std::unique_ptr<MappedImageIndex> mapped_;
+  // file_index=: the mapped listing instead of paths_ and labels_.
+  std::unique_ptr<MappedFileList> listed_;
   int64_t n_ = 0;
   // Arrays (npy_ndim >= 0): each file holds one array of `array_dtype_`
   // whose data starts `array_offset_` bytes in and runs to the file's end;
@@ -236,7 +241,18 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
   DALI_ENFORCE(image_index.empty() || !image_.empty(),
                dali::make_string(kOpName, ": image_index='", image_index,
                                  "' is the index of a packed image: give image= too"));
-  if (!image_index.empty()) {
+  const std::string file_index = spec.GetArgument<std::string>("file_index");
+  if (!file_index.empty()) {
+    DALI_ENFORCE(image_.empty() && image_index.empty() && root.empty() && files.empty() &&
+                     labels.empty(),
+                 dali::make_string(kOpName, ": file_index='", file_index,
+                                   "' lists the files (full paths) and their labels: no "
+                                   "image=, image_index=, file_root=, files= or labels= too"));
+    listed_ = std::make_unique<MappedFileList>(
+        kOpName, file_index, spec.GetArgument<std::string>("index_head"),
+        spec.GetArgument<int64_t>("index_count"), spec.GetArgument<int64_t>("index_dirs"),
+        spec.GetArgument<int64_t>("index_bytes"));
+  } else if (!image_index.empty()) {
     MapIndex(spec, root, files, labels);
   } else if (!image_.empty()) {
     SetRanges(spec, root, files, labels);
@@ -259,7 +275,9 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
       labels_.push_back(labels.empty() ? static_cast<int32_t>(i) : labels[i]);
     }
   }
-  n_ = mapped_ ? mapped_->count() : static_cast<int64_t>(paths_.size());
+  n_ = mapped_   ? mapped_->count()
+       : listed_ ? listed_->count()
+                 : static_cast<int64_t>(paths_.size());
 
   // With image=, each range holding one array (a decoded packed image's
   // pixels, fastread pack --decode): npy_data_offsets are then all 0.
@@ -412,6 +430,11 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
                                           mapped_->lengths(), static_cast<size_t>(n_),
                                           prefetch, static_cast<unsigned>(workers), &rd, err,
                                           sizeof(err));
+    if (listed_)  // borrowed too: declared before reader_, so it outlives it
+      return fr_reader_open_tree(&cfg, listed_->dirs_blob(), listed_->dir_offsets(),
+                                 listed_->dirs(), listed_->dir_ids(), listed_->names_blob(),
+                                 listed_->name_offsets(), static_cast<size_t>(n_), prefetch,
+                                 static_cast<unsigned>(workers), &rd, err, sizeof(err));
     if (!image_.empty())
       return fr_reader_open_ranges(&cfg, image_.c_str(), ranges_.data(), ranges_.size(),
                                    prefetch, static_cast<unsigned>(workers), &rd, err,
@@ -434,7 +457,10 @@ FileReader<Backend>::FileReader(const dali::OpSpec &spec)
   }
   pinned_ = rc == 0 && cfg.pin_memory;
   DALI_ENFORCE(rc == 0, dali::make_string(kOpName, ": cannot open a reader with engine '",
-                                          engine_, "': ", err[0] ? err : ErrnoText(rc)));
+                                          engine_, "'",
+                                          listed_ ? " over file_index='" + listed_->path() + "'"
+                                                  : std::string(),
+                                          ": ", err[0] ? err : ErrnoText(rc)));
   reader_.reset(rd);
   engine_ = fr_reader_engine(rd);  // what it reads with ("auto" resolved), for messages
   if constexpr (kGpu) {
@@ -572,6 +598,7 @@ std::string FileReader<Backend>::SampleName(int64_t index) const {
   // is named by paths_ alone (fr_reader_path gives the image for all), or
   // by the mapped index's name, made when asked.
   if (mapped_) return image_ + "[" + mapped_->name(index) + "]";
+  if (listed_) return listed_->name(index);
   return paths_[static_cast<size_t>(index)];
 }
 
@@ -615,8 +642,10 @@ BatchPtr FileReader<Backend>::TakeBatch() {
     // sit on the next sample's first byte (fastread.h). Rare; read them all.
     // (Range reads ask for no growth check byte and never set it.)
     for (size_t i = 0; i < batch->count; i++) {
+      // A tree reader (file_index=) stores no whole paths: its name is made.
       const char *path = fr_reader_path(reader_.get(), static_cast<size_t>(batch->indices[i]));
-      if (path) fr_batch_reread_first_byte(batch.get(), i, path);
+      const std::string made = path || !listed_ ? std::string() : SampleName(batch->indices[i]);
+      if (path || listed_) fr_batch_reread_first_byte(batch.get(), i, path ? path : made.c_str());
     }
   }
   for (size_t i = 0; i < batch->count; i++) {
@@ -878,15 +907,23 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                     "samples' ranges, labels and names; instead of files=, labels=, range_*). "
                     "fastread.dali.readers.image passes it with the index_* layout it found.",
                     std::string())
-    .AddOptionalArg("index_head", "With image_index: the index's header line, as read.",
+    .AddOptionalArg("index_head", "With image_index or file_index: its header line, as read.",
                     std::string())
-    .AddOptionalArg<int64_t>("index_count", "With image_index: its samples.", 0)
+    .AddOptionalArg<int64_t>("index_count", "With image_index or file_index: its samples.", 0)
     .AddOptionalArg("index_columns",
                     "With image_index: the file offsets of its offsets, lengths, labels, "
                     "name_offsets and names columns.",
                     std::vector<int64_t>())
     .AddOptionalArg<int64_t>("index_names_bytes", "With image_index: its names' bytes.", 0)
-    .AddOptionalArg<int64_t>("index_bytes", "With image_index: the index file's size.", 0)
+    .AddOptionalArg<int64_t>("index_bytes", "With image_index or file_index: the file's size.",
+                             0)
+    .AddOptionalArg("file_index",
+                    "A binary listing of the files (full paths) and their labels, mapped by "
+                    "the operator instead of files= and labels= (dali_plugin/mapped_file_list.h); "
+                    "fastread.dali.readers.file writes it for long lists and passes index_head, "
+                    "index_count, index_dirs and index_bytes.",
+                    std::string())
+    .AddOptionalArg<int64_t>("index_dirs", "With file_index: its directories.", 0)
     .AddOptionalArg("file_list",
                     "Not listed natively: fastread.dali.readers.file turns it into files=.",
                     std::string())

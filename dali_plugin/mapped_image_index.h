@@ -38,6 +38,42 @@
 
 namespace fastread_dali {
 
+// Maps `path` read-only, refused (DALI_ENFORCE, messages prefixed by
+// `where`) unless it is a regular file of exactly `index_bytes` bytes whose
+// first head.size() bytes are `head`: the index the pipeline was defined
+// with, not one rewritten since. Returns the mapping (munmap it).
+inline void *MapIndexFile(const std::string &where, const std::string &path,
+                          const std::string &head, int64_t index_bytes) {
+  void *map = nullptr;
+  // O_NONBLOCK: a FIFO named as the index is refused by fstat, not waited on.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  DALI_ENFORCE(fd >= 0, dali::make_string(where, "cannot open: ", ErrnoText(-errno)));
+  struct stat st;
+  int failed = fstat(fd, &st) == 0 ? 0 : errno;
+  std::string line(head.size(), '\0');
+  if (!failed && S_ISREG(st.st_mode) && st.st_size == index_bytes) {
+    ssize_t got = pread(fd, &line[0], line.size(), 0);
+    if (got < 0) failed = errno;
+    else line.resize(static_cast<size_t>(got));
+    if (!failed && line == head) {
+      map = mmap(nullptr, static_cast<size_t>(index_bytes), PROT_READ, MAP_SHARED, fd, 0);
+      if (map == MAP_FAILED) {
+        failed = errno;
+        map = nullptr;
+      }
+    }
+  }
+  // The mapping holds the file: the descriptor is not needed past here.
+  if (close(fd) != 0 && !failed) failed = errno;
+  DALI_ENFORCE(!failed, dali::make_string(where, "cannot read: ", ErrnoText(-failed)));
+  DALI_ENFORCE(S_ISREG(st.st_mode), dali::make_string(where, "not a regular file"));
+  DALI_ENFORCE(st.st_size == index_bytes && line == head,
+               dali::make_string(where, "is not the index the pipeline was defined with (",
+                                 st.st_size, " bytes, ", index_bytes, " expected, or another "
+                                 "header line): rewritten since? define the pipeline again"));
+  return map;
+}
+
 class MappedImageIndex {
  public:
   // The columns' file offsets in `columns`, in this order; kShapes (int64,
@@ -60,32 +96,7 @@ class MappedImageIndex {
                                    static_cast<int>(kColumns),
                                    " wanted), index_names_bytes and index_bytes describe no "
                                    "index (fastread.dali.readers.image passes them)"));
-    // O_NONBLOCK: a FIFO named as the index is refused by fstat, not waited on.
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    DALI_ENFORCE(fd >= 0, dali::make_string(where, "cannot open: ", ErrnoText(-errno)));
-    struct stat st;
-    int failed = fstat(fd, &st) == 0 ? 0 : errno;
-    std::string line(head.size(), '\0');
-    if (!failed && S_ISREG(st.st_mode) && st.st_size == index_bytes) {
-      ssize_t got = pread(fd, &line[0], line.size(), 0);
-      if (got < 0) failed = errno;
-      else line.resize(static_cast<size_t>(got));
-      if (!failed && line == head) {
-        map_ = mmap(nullptr, static_cast<size_t>(index_bytes), PROT_READ, MAP_SHARED, fd, 0);
-        if (map_ == MAP_FAILED) {
-          failed = errno;
-          map_ = nullptr;
-        }
-      }
-    }
-    // The mapping holds the file: the descriptor is not needed past here.
-    if (close(fd) != 0 && !failed) failed = errno;
-    DALI_ENFORCE(!failed, dali::make_string(where, "cannot read: ", ErrnoText(-failed)));
-    DALI_ENFORCE(S_ISREG(st.st_mode), dali::make_string(where, "not a regular file"));
-    DALI_ENFORCE(st.st_size == index_bytes && line == head,
-                 dali::make_string(where, "is not the index the pipeline was defined with (",
-                                   st.st_size, " bytes, ", index_bytes, " expected, or another "
-                                   "header line): rewritten since? define the pipeline again"));
+    map_ = MapIndexFile(where, path, head, index_bytes);
     size_ = static_cast<size_t>(index_bytes);
     // Advice only: a kernel that ignores it still reads correctly.
     (void)madvise(map_, size_, MADV_RANDOM);

@@ -133,3 +133,15 @@ def test_broken_columns_refused_by_the_reader():
     bad = _PT(good.dirs, good.dir_ids, NameTable(good.names.blob, offs))
     with pytest.raises(ValueError, match="name offset 2 decreases"):
         NativeReader(bad, "psync")
+
+
+def test_name_table_take_gathers_in_order():
+    # A Ray read task's names (fastread.ray ImageDatasource): numpy gathers.
+    names = ["a", "bcd", "", "\u00e9f", "ghij"]
+    t = NameTable.from_names(names)
+    for idx in ([4, 0, 2, 3], [], [1, 1], list(range(5))[::-1]):
+        got = t.take(np.array(idx, dtype=np.int64))
+        got.check("take")
+        assert list(got) == [names[i] for i in idx]
+    with pytest.raises(IndexError):
+        t.take([5])

@@ -436,3 +436,20 @@ def test_decode_scales_deep_greyscale():
     px = decode_image(buf.getvalue(), "depth16.png")
     assert px.shape == (4, 256, 3) and px.dtype == np.uint8
     np.testing.assert_array_equal(px[:, :, 1], np.rint(ramp / 257.0).astype(np.uint8))
+
+
+def test_binary_index_tasks_plan_name_tables(ray_cluster, tree, tmp_path):
+    # A binary index's names stay a NameTable per planned task (no Python
+    # string a sample at plan time); the rows are the same.
+    from fastread.names import NameTable
+    from fastread.ray.datasource import ImageDatasource
+    root, content = tree
+    out = str(tmp_path / "train.img")
+    fastread.pack(root, out, progress=False, index_format="binary")
+    img = fastread.PackedImage(out)
+    assert isinstance(img.names, NameTable)
+    src = ImageDatasource(img, batch_size=8, shuffle=True, seed=2)
+    assert all(isinstance(fn.args[4], NameTable) for fn, *_ in src._tasks)
+    got = rows_of(fastread.ray.read_image(img, batch_size=8, shuffle=True, seed=2))
+    assert got == {n: (int(lab), content[os.path.join(root, n)])
+                   for n, lab in zip(img.names, img.labels)}

@@ -75,6 +75,21 @@ class NameTable(Sequence):
     def __len__(self):
         return self._n
 
+    def take(self, indices):
+        """A NameTable of the names at ``indices`` (an integer array), in
+        that order, gathered with numpy: no Python string a name (a Ray read
+        task's names, say)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(idx) and (idx.min() < 0 or idx.max() >= self._n):
+            raise IndexError("NameTable.take: index out of range")
+        starts = self._offsets[idx].astype(np.int64)
+        lengths = self._offsets[idx + 1].astype(np.int64) - starts
+        offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        # Byte j of name k comes from starts[k] + (j - offsets[k]).
+        shift = np.repeat(starts - offsets[:-1], lengths)
+        return NameTable(self._blob[np.arange(offsets[-1], dtype=np.int64) + shift], offsets)
+
     def _name(self, i):
         start, end = int(self._offsets[i]), int(self._offsets[i + 1])
         return os.fsdecode(self._blob[start:end].tobytes())

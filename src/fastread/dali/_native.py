@@ -15,7 +15,7 @@ import re
 import secrets
 
 from fastread import _defaults
-from fastread.dali import _plugin
+from fastread.dali import _listing, _plugin
 from fastread.dali._common import _DALI_ONLY_ARGS, check_elastic
 from fastread.engine import (GPU_ENGINES, RANGE_ONLY, URL_ENGINES, EngineOptions, check_engine,
                              check_option, for_paths)
@@ -187,7 +187,8 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
                   what="fastread.dali.readers.file", layout_args=None, gpu_stage="gpu"):
     """fn.fastread.readers.file over `samples`: (data, labels); `device` as
     the entry point checked it (fastread.reader.check_device). A FileList
-    goes as files= and labels=; a FileRanges (a packed image) as image=,
+    goes as files= and labels=, or, from _listing.MIN_FILES local files on,
+    as a binary listing the operator maps (file_index=); a FileRanges (a packed image) as image=,
     its byte ranges and its samples' names and labels.
     `layout_args`: the operator's npy_* arguments (readers.numpy).
     `gpu_stage`: with device="gpu", the operator's DALI backend: "gpu", or
@@ -250,6 +251,15 @@ def native_reader(samples, *, shard_id, num_shards, random_shuffle, seed, pad_la
         names = samples.names
     else:
         names = samples.paths
+        # A long local list goes as a listing the operator maps (file_index=):
+        # no argument of N strings; s3:// URLs and short lists stay files=.
+        if (layout_args is None and engine not in URL_ENGINES and
+                len(names) >= _listing.MIN_FILES):
+            listed = _listing.listing_args(names, samples.labels)
+            if listed is not None:
+                data, labels = fn.fastread.readers.file(engine=engine, **stream, **op_args,
+                                                        **listed)
+                return data, labels
     data, labels = fn.fastread.readers.file(
         # DALI's arguments are lists: a NameTable (a binary index's names) or
         # the default numbers of ranges become one here.

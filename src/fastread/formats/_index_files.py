@@ -666,7 +666,9 @@ def cache_prune(directory, keep=CACHE_ENTRIES):
             continue
         if name.endswith(".tmp") and now - mtime > 3600:
             _remove(path)
-        elif name.startswith("wds-") and name.endswith(FRIDX_SUFFIX):
+        elif ((name.startswith("wds-") and name.endswith(FRIDX_SUFFIX)) or
+              # readers.file's listings (fastread.dali._listing)
+              (name.startswith("files-") and name.endswith(".frlist"))):
             entries.append((mtime, path))
     entries.sort(reverse=True)
     for _mtime, path in entries[keep:]:

@@ -20,6 +20,7 @@ from ray.data.block import BlockAccessor, BlockMetadata
 import fastread
 from fastread.engine import EngineOptions, check_engine
 from fastread.files import read_files_packed
+from fastread.names import NameTable
 from fastread.formats.parquet import Parquet
 from fastread.formats.squirrel import store_shards
 from fastread.s3 import S3Options, is_url
@@ -300,6 +301,7 @@ class FilesDatasource(_Batched):
 # -- packed images -------------------------------------------------------------------
 
 def _read_range_batch(path, offsets, lengths, labels, names, decode, engine, opts):
+    names = list(names)   # a NameTable planned (ImageDatasource): strings now, in the task
     part = FileRanges(path, offsets, lengths, labels, names)
     if decode:
         return [_block(part.read(np.arange(len(part)), engine, opts), labels, names, True)]
@@ -328,7 +330,10 @@ class ImageDatasource(_Batched):
         self.batch_size = batch_size
         self._tasks = []
         for idx in _batches(len(image), batch_size, shuffle, seed):
-            names = [image.names[i] for i in idx.tolist()]
+            # A binary index's names: a NameTable of the task's (numpy), not a
+            # Python string a sample held by every planned task.
+            names = (image.names.take(idx) if isinstance(image.names, NameTable)
+                     else [image.names[i] for i in idx.tolist()])
             fn = functools.partial(_read_range_batch, image.path, image.offsets[idx],
                                    image.lengths[idx], image.labels[idx], names, bool(decode),
                                    self._engine, self._opts)
