@@ -20,7 +20,7 @@ endif()
 
 # The plugin's sources: one file per operator (add new operators here).
 set(FASTREAD_DALI_PLUGIN_SOURCES dali_plugin/fastread_reader.cc dali_plugin/fastread_webdataset.cc
-    dali_plugin/fastread_cassandra.cc)
+    dali_plugin/fastread_cassandra.cc dali_plugin/reader_schemas.cc)
 
 # The GPU outputs' upload ring (dali_plugin/upload_ring.c): C11 over the core's
 # dlopen'ed CUDA driver, no DALI, so it is built and tested (on the mock

@@ -452,6 +452,7 @@ reference, never in the pipeline's arguments).)")
     .NumInput(0)
     .NumOutput(2)
     .MakeStateful()
+    .AddParent("fastread__ShardedReaderBase")
     .AddArg("table", "KEYSPACE.TABLE, as the engine's table= (names samples in messages).",
             DALI_STRING)
     .AddOptionalArg("uuids", "The rows' ids (uuid text), one per sample.",
@@ -464,24 +465,13 @@ reference, never in the pipeline's arguments).)")
                     "The cql engine's key=value,... options (CassandraSource.engine_args), "
                     "or a reference to them (fastread_engine_args_ref=...).",
                     std::string())
-    .AddOptionalArg("shard_id", "Index of this shard.", 0)
-    .AddOptionalArg("num_shards", "Number of shards the ids are split into.", 1)
     .AddOptionalArg("random_shuffle",
                     "One permutation of all ids per epoch (the same on every rank).", false)
     .AddOptionalArg<int64_t>("seed", "Shuffle seed; the same on every rank (-1: 0).", -1)
-    .AddOptionalArg("pad_last_batch",
-                    "Pad every shard with its last sample to equal shards and whole batches.",
-                    false)
-    .AddOptionalArg("stick_to_shard", "Read the same shard every epoch.", false)
-    .AddOptionalArg<int64_t>("global_batch_size",
-                             "Elastic sharding (0: off), as fn.fastread.readers.file's.",
-                             int64_t{0})
-    .AddOptionalArg<int64_t>("shuffle_block", "As fn.fastread.readers.file's.", int64_t{0})
-    .AddOptionalArg<int64_t>("shuffle_window", "As fn.fastread.readers.file's.", int64_t{0})
     .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 2)
     .AddOptionalArg("workers",
                     "Reader threads, each with its own connections and one batch in flight "
-                    "(0: 4).",
+                    "(0: half the CPUs, 4 to 16).",
                     0)
     .AddOptionalArg("pin_device",
                     "Page-lock the batches through this CUDA device (-1: pageable).", -1);

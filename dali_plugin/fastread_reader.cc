@@ -888,6 +888,8 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
     .NumInput(0)
     .NumOutput(2)
     .MakeStateful()
+    .AddParent("fastread__ShardedReaderBase")
+    .AddParent("fastread__EngineReaderBase")
     .AddOptionalArg("file_root", "Directory that relative ``files`` are joined to.",
                     std::string())
     .AddOptionalArg("files", "Paths of the samples.", std::vector<std::string>())
@@ -927,8 +929,6 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
     .AddOptionalArg("file_list",
                     "Not listed natively: fastread.dali.readers.file turns it into files=.",
                     std::string())
-    .AddOptionalArg("shard_id", "Index of this shard.", 0)
-    .AddOptionalArg("num_shards", "Number of shards the data set is split into.", 1)
     .AddOptionalArg("random_shuffle",
                     "One permutation of the whole data set per epoch (same on every rank).",
                     false)
@@ -937,29 +937,16 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                              "Shuffle seed. Give the same one on every rank: without it DALI "
                              "draws one per pipeline, and ranks' shards would not partition "
                              "the epoch (fastread.dali.readers.file passes -1, meaning 0).",
-                             -1)
-    .AddOptionalArg("pad_last_batch",
-                    "Pad every shard with its last sample to equal shards and whole batches.",
-                    false)
-    .AddOptionalArg("stick_to_shard", "Read the same shard every epoch.", false)
-    .AddOptionalArg<int64_t>("global_batch_size",
-                             "Elastic sharding (0: off): each epoch's order of the whole data "
-                             "set, cut into global batches of this size, every rank reading its "
-                             "slice (batch_size = global_batch_size / num_shards); checkpoints "
+                             -1); checkpoints "
                              "then resume at another num_shards. Needs pad_last_batch and "
                              "stick_to_shard.",
-                             int64_t{0})  // not a bare 0: that would pick the no-default overload
-    .AddOptionalArg<int64_t>("shuffle_block",
-                             "With random_shuffle: 0, a full shuffle (fr_order's); N > 0, the "
+                             int64_t{0})  // not a bare 0: that would pick the no-default overload; N > 0, the "
                              "block order: blocks of N consecutive samples permuted, samples "
                              "permuted within windows of shuffle_window blocks (runs of "
                              "neighbouring samples: fastread.sampling.check_shuffle).",
                              int64_t{0})
-    .AddOptionalArg<int64_t>("shuffle_window",
-                             "Blocks of a window with shuffle_block (>= 1 there).", int64_t{0})
     .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 1)
     .AddOptionalArg("engine", "fastread engine: auto, io_uring, psync, ...", std::string("auto"))
-    .AddOptionalArg("workers", "Reader threads, each with its own engine context (0: auto).", 0)
     .AddOptionalArg("queue_depth", "io_uring: files in flight per ring (0: default).", 0)
     .AddOptionalArg("threads", "psync threads / io_uring rings per worker (-1: one per two CPUs, at most 4).", -1)
     .AddOptionalArg("o_direct", "Open files with O_DIRECT.", false)
@@ -968,11 +955,6 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                     "which DALI does not copy (not with o_direct, which needs aligned slots).",
                     true)
     .AddOptionalArg("direct_alignment", "O_DIRECT alignment in bytes.", 4096)
-    .AddOptionalArg("register_buffers", "io_uring: register arenas (where the kernel allows).",
-                    true)
-    .AddOptionalArg("register_files", "io_uring: direct descriptors (where the kernel allows).",
-                    true)
-    .AddOptionalArg("engine_args", "Engine-specific key=value,... options.", std::string())
     .AddOptionalArg("pin_device",
                     "Page-lock the reader's buffers through this CUDA device's primary context, "
                     "so that DALI's copies of the outputs to the GPU are DMA from them (-1: "

@@ -646,11 +646,11 @@ epoch.)")
       return static_cast<int>(spec.GetRepeatedArgument<std::string>("ext").size());
     })
     .MakeStateful()
+    .AddParent("fastread__ShardedReaderBase")
+    .AddParent("fastread__EngineReaderBase")
     .AddArg("index", "The index file written by fastread.dali.readers.webdataset.",
             DALI_STRING)
     .AddArg("ext", "The components, one output each (as indexed).", DALI_STRING_VEC)
-    .AddOptionalArg("shard_id", "Index of this shard.", 0)
-    .AddOptionalArg("num_shards", "Number of shards the data set is split into.", 1)
     .AddOptionalArg("random_shuffle",
                     "One permutation of all samples per epoch (same on every rank).", false)
     .AddOptionalArg<int64_t>("initial_fill",
@@ -658,41 +658,23 @@ epoch.)")
                              "samples in order through a shuffle buffer of N (as DALI's reader).",
                              int64_t{0})
     .AddOptionalArg<int64_t>("seed",
-                             "Shuffle seed; give the same one on every rank (-1 means 0).", -1)
-    .AddOptionalArg("pad_last_batch",
-                    "Pad every shard with its last sample to equal shards and whole batches.",
-                    false)
-    .AddOptionalArg("stick_to_shard", "Read the same shard every epoch.", false)
-    .AddOptionalArg<int64_t>("global_batch_size",
-                             "Elastic sharding (0: off): each epoch's order of the whole data "
-                             "set, cut into global batches of this size, every rank reading its "
-                             "slice (batch_size = global_batch_size / num_shards); checkpoints "
+                             "Shuffle seed; give the same one on every rank (-1 means 0).", -1); checkpoints "
                              "then resume at another num_shards. Needs pad_last_batch and "
                              "stick_to_shard.",
-                             int64_t{0})  // not a bare 0: that would pick the no-default overload
-    .AddOptionalArg<int64_t>("shuffle_block",
-                             "With random_shuffle: 0, a full shuffle (fr_order's); N > 0, the "
+                             int64_t{0})  // not a bare 0: that would pick the no-default overload; N > 0, the "
                              "block order: blocks of N consecutive samples permuted, samples "
                              "permuted within windows of shuffle_window blocks (runs of "
                              "neighbouring samples: fastread.sampling.check_shuffle).",
                              int64_t{0})
-    .AddOptionalArg<int64_t>("shuffle_window",
-                             "Blocks of a window with shuffle_block (>= 1 there).", int64_t{0})
     .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 1)
     .AddOptionalArg("engine", "fastread engine: auto, io_uring, psync (auto and io_uring read "
                     "ranges of many shards with psync).", std::string("auto"))
     .AddOptionalArg("max_open_files",
                     "Shard descriptors kept open at most (an LRU shared out among the workers; "
                     "0: the core's default).", 0)
-    .AddOptionalArg("workers", "Reader threads, each with its own engine context (0: auto).", 0)
     .AddOptionalArg("queue_depth", "io_uring: reads in flight per ring (0: default).", 0)
     .AddOptionalArg("threads",
                     "psync threads / io_uring rings per worker (-1: one per two CPUs).", -1)
-    .AddOptionalArg("register_buffers", "io_uring: register arenas (where the kernel allows).",
-                    true)
-    .AddOptionalArg("register_files", "io_uring: direct descriptors (where the kernel allows).",
-                    true)
-    .AddOptionalArg("engine_args", "Engine-specific key=value,... options.", std::string())
     .AddOptionalArg("pin_device",
                     "Page-lock the read buffers through this CUDA device's primary context "
                     "(-1: pageable; fastread.dali.readers.webdataset passes the pipeline's "
