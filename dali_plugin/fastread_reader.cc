@@ -937,14 +937,7 @@ over as in DALI's readers (see ``pipe.reader_meta(name)``).)")
                              "Shuffle seed. Give the same one on every rank: without it DALI "
                              "draws one per pipeline, and ranks' shards would not partition "
                              "the epoch (fastread.dali.readers.file passes -1, meaning 0).",
-                             -1); checkpoints "
-                             "then resume at another num_shards. Needs pad_last_batch and "
-                             "stick_to_shard.",
-                             int64_t{0})  // not a bare 0: that would pick the no-default overload; N > 0, the "
-                             "block order: blocks of N consecutive samples permuted, samples "
-                             "permuted within windows of shuffle_window blocks (runs of "
-                             "neighbouring samples: fastread.sampling.check_shuffle).",
-                             int64_t{0})
+                             -1)
     .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 1)
     .AddOptionalArg("engine", "fastread engine: auto, io_uring, psync, ...", std::string("auto"))
     .AddOptionalArg("queue_depth", "io_uring: files in flight per ring (0: default).", 0)

@@ -658,14 +658,7 @@ epoch.)")
                              "samples in order through a shuffle buffer of N (as DALI's reader).",
                              int64_t{0})
     .AddOptionalArg<int64_t>("seed",
-                             "Shuffle seed; give the same one on every rank (-1 means 0).", -1); checkpoints "
-                             "then resume at another num_shards. Needs pad_last_batch and "
-                             "stick_to_shard.",
-                             int64_t{0})  // not a bare 0: that would pick the no-default overload; N > 0, the "
-                             "block order: blocks of N consecutive samples permuted, samples "
-                             "permuted within windows of shuffle_window blocks (runs of "
-                             "neighbouring samples: fastread.sampling.check_shuffle).",
-                             int64_t{0})
+                             "Shuffle seed; give the same one on every rank (-1 means 0).", -1)
     .AddOptionalArg("prefetch_queue_depth", "Batches read ahead (at least 2 are).", 1)
     .AddOptionalArg("engine", "fastread engine: auto, io_uring, psync (auto and io_uring read "
                     "ranges of many shards with psync).", std::string("auto"))
