@@ -18,8 +18,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from fresh import run_child  # noqa: E402
 
 PER_DIR = 1000
 EXISTING = 8 * PER_DIR   # files made on disk: the first batches and read-ahead
@@ -91,14 +94,7 @@ def make_tree(root, n):
 
 
 def measure(root, n, mode, cache, timeout):
-    try:
-        out = subprocess.run([sys.executable, "-c", CHILD, root, str(n), mode, cache],
-                             capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"over {timeout} s (stopped)"}
-    if out.returncode != 0:
-        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, root, n, mode, cache, timeout=timeout)
 
 
 def main(argv=None):

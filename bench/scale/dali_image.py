@@ -16,12 +16,12 @@ arguments made), then to its first shuffled batch of 256.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import generate  # noqa: E402
+from fresh import run_child  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -62,11 +62,7 @@ print(json.dumps({"build_s": t_build, "build_rss": r_build, "first_batch_s": t_f
 
 
 def measure(path, mode):
-    out = subprocess.run([sys.executable, "-c", CHILD, path, mode], capture_output=True,
-                         text=True)
-    if out.returncode != 0:
-        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, path, mode)
 
 
 def main(argv=None):

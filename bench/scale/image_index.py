@@ -12,12 +12,12 @@ build a ``Reader(random_shuffle=True)`` and take its first batch.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import generate  # noqa: E402
+from fresh import run_child  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -44,10 +44,7 @@ print(json.dumps({"n": len(img), "version": img.version, "open_s": t_open, "open
 
 
 def measure(path):
-    out = subprocess.run([sys.executable, "-c", CHILD, path], capture_output=True, text=True)
-    if out.returncode != 0:
-        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, path)
 
 
 def main(argv=None):
