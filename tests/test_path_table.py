@@ -145,3 +145,17 @@ def test_name_table_take_gathers_in_order():
         assert list(got) == [names[i] for i in idx]
     with pytest.raises(IndexError):
         t.take([5])
+
+
+def test_path_table_take_keeps_only_the_directories_it_uses():
+    # A Ray read task's files (fastread.ray FilesDatasource): numpy gathers,
+    # the directory table cut to the task's directories.
+    paths = ["/r/a/x.jpg", "/r/b/y.jpg", "z.jpg", "/r/a/\u00e9.png", "/r/c/w.jpg", "/r/b/v"]
+    t = PathTable.from_paths(paths)
+    for idx in ([3, 0, 5], [], [2, 2], [4], list(range(6))[::-1]):
+        got = t.take(np.array(idx, dtype=np.int64))
+        got.check("take")
+        assert got.tolist() == [paths[i] for i in idx]
+        assert len(got.dirs) == len({paths[i].rpartition("/")[0] for i in idx})
+    with pytest.raises(IndexError):
+        t.take([6])

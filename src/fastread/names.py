@@ -204,6 +204,16 @@ class PathTable(Sequence):
     def __len__(self):
         return len(self.names)
 
+    def take(self, indices):
+        """A PathTable of the paths at ``indices`` (an integer array), in that
+        order, gathered with numpy: its directory table only the directories
+        those paths use, so its size follows ``len(indices)``, not the whole
+        table's (a Ray read task's files, say)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        names = self.names.take(idx)   # checks the range, as a list would
+        used, ids = np.unique(self.dir_ids[idx], return_inverse=True)
+        return PathTable(self.dirs.take(used), ids.reshape(-1).astype(np.uint32), names)
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
