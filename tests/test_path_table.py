@@ -145,3 +145,52 @@ def test_name_table_take_gathers_in_order():
         assert list(got) == [names[i] for i in idx]
     with pytest.raises(IndexError):
         t.take([5])
+
+
+def test_path_table_take_keeps_only_the_directories_it_uses():
+    # A Ray read task's files (fastread.ray FilesDatasource): numpy gathers,
+    # the directory table cut to the task's directories.
+    paths = ["/r/a/x.jpg", "/r/b/y.jpg", "z.jpg", "/r/a/\u00e9.png", "/r/c/w.jpg", "/r/b/v"]
+    t = PathTable.from_paths(paths)
+    for idx in ([3, 0, 5], [], [2, 2], [4], list(range(6))[::-1]):
+        got = t.take(np.array(idx, dtype=np.int64))
+        got.check("take")
+        assert got.tolist() == [paths[i] for i in idx]
+        assert len(got.dirs) == len({paths[i].rpartition("/")[0] for i in idx})
+    with pytest.raises(IndexError):
+        t.take([6])
+
+
+def test_from_paths_numpy_split_matches_the_loop(monkeypatch):
+    # PathTable.from_paths splits ASCII str paths with numpy, a chunk at a
+    # time; it must give the loop's table (same directories, ids, names) for
+    # any mix of slashes, empty paths, prefixes and chunk edges.
+    import random
+
+    import fastread.names as names_mod
+
+    def loop(paths):
+        with monkeypatch.context() as m:
+            m.setattr(names_mod, "_split_ascii_paths", lambda p: None)
+            return PathTable.from_paths(paths)
+
+    rng = random.Random(3)
+    parts = ["a", "b", "/", "c/", "//", "x.jpg", ""]
+    for trial in range(200):
+        paths = ["".join(rng.choice(parts) for _ in range(rng.randrange(0, 6)))
+                 for _ in range(rng.randrange(0, 30))]
+        if trial % 3 == 0:
+            paths.sort()
+        monkeypatch.setattr(names_mod, "_SPLIT_CHUNK", rng.choice([1, 2, 3, 7, 1 << 16]))
+        fast, slow = PathTable.from_paths(paths), loop(paths)
+        fast.check("from_paths")
+        assert fast.tolist() == paths
+        assert list(fast.dirs) == list(slow.dirs)
+        assert fast.dir_ids.tolist() == slow.dir_ids.tolist()
+        assert list(fast.names) == list(slow.names)
+    # What the numpy split leaves to the loop: non-ASCII names, NUL, PathLike.
+    assert names_mod._split_ascii_paths(["d/\u00e9.jpg"]) is None
+    assert names_mod._split_ascii_paths(["d/a\0b"]) is None
+    assert PathTable.from_paths(["d/\u00e9.jpg", "d/x"]).tolist() == ["d/\u00e9.jpg", "d/x"]
+    with pytest.raises(ValueError, match="NUL"):
+        PathTable.from_paths(["d/a\0b"])

@@ -453,3 +453,61 @@ def test_binary_index_tasks_plan_name_tables(ray_cluster, tree, tmp_path):
     got = rows_of(fastread.ray.read_image(img, batch_size=8, shuffle=True, seed=2))
     assert got == {n: (int(lab), content[os.path.join(root, n)])
                    for n, lab in zip(img.names, img.labels)}
+
+
+def _synthetic_table(n, dirs=1000):
+    """A PathTable of ``n`` files "/data/cDDDD/NNNNNNNNN.jpg" in ``dirs``
+    directories, built with numpy: no Python string a file."""
+    from fastread.names import NameTable, PathTable
+
+    digits = (np.arange(n, dtype=np.int64)[:, None] // 10 ** np.arange(8, -1, -1)) % 10 + 48
+    rows = np.concatenate([digits.astype(np.uint8),
+                           np.broadcast_to(np.frombuffer(b".jpg", np.uint8), (n, 4))], axis=1)
+    names = NameTable(rows.reshape(-1), np.arange(n + 1, dtype=np.int64) * rows.shape[1])
+    prefixes = NameTable.from_names([f"/data/c{d:04d}/" for d in range(dirs)])
+    return PathTable(prefixes, np.arange(n, dtype=np.int64) * dirs // n, names)
+
+
+def test_files_plan_holds_no_string_a_file():
+    # read_files plans in O(index): 10^6 files of a PathTable (scan(table=True)'s
+    # listing) cut into shuffled tasks hold numpy columns, not a Python string
+    # a file (one would be a pymalloc block of ~60 B each: 10^6 blocks).
+    import sys
+    import tracemalloc
+
+    skip_unless("ray", ray_reason())
+    from fastread.names import PathTable
+    from fastread.ray.datasource import FilesDatasource
+    from fastread.sampling import epoch_indices
+
+    n, batch = 1_000_000, 8192
+    table = _synthetic_table(n)
+    labels = np.arange(n, dtype=np.int64) % 1000
+    files = fastread.FileList(table, labels)
+    tracemalloc.start()
+    try:
+        blocks = sys.getallocatedblocks()
+        base = tracemalloc.get_traced_memory()[0]
+        src = FilesDatasource(files, batch_size=batch, shuffle=True, seed=5)
+        tasks = src.get_read_tasks(1)
+        held = tracemalloc.get_traced_memory()[0] - base
+        new_blocks = sys.getallocatedblocks() - blocks
+    finally:
+        tracemalloc.stop()
+    assert len(tasks) == -(-n // batch) == 123
+    # Bounds: fewer Python objects than one per 100 files (a few dozen a
+    # task); bytes the names' 13 + 8 of offset, 4 of directory id and 4 of
+    # label a file, and slack for the per-task objects, well under a str's ~60.
+    assert new_blocks < n // 100, f"{new_blocks} new Python objects for {n} files"
+    assert held < n * (13 + 16 + 8), f"{held / n:.1f} bytes a file held by the plan"
+    assert all(t.metadata.input_files is None for t in tasks)
+    assert sum(t.metadata.num_rows for t in tasks) == n
+    # The tasks' files are the permutation's, in its order, with their labels.
+    order = epoch_indices(n, shuffle=True, seed=5)
+    for k in (0, 57, len(tasks) - 1):
+        fn = src._tasks[k][0]
+        part, labs = fn.args[0], fn.args[1]
+        assert isinstance(part, PathTable) and len(part.dirs) <= 1000
+        idx = order[k * batch:(k + 1) * batch]
+        assert part.tolist() == [table[i] for i in idx.tolist()]
+        np.testing.assert_array_equal(labs, labels[idx])

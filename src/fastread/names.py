@@ -179,6 +179,10 @@ class PathTable(Sequence):
     def from_paths(cls, paths):
         """A table of ``paths`` (str or os.PathLike), each split at its last
         ``/``; paths sharing a directory share one prefix."""
+        paths = paths if isinstance(paths, list) else list(paths)
+        fast = _split_ascii_paths(paths)
+        if fast is not None:
+            return cls(*fast)
         prefixes = {}
         ids, tails = [], []
         for p in paths:
@@ -203,6 +207,16 @@ class PathTable(Sequence):
 
     def __len__(self):
         return len(self.names)
+
+    def take(self, indices):
+        """A PathTable of the paths at ``indices`` (an integer array), in that
+        order, gathered with numpy: its directory table only the directories
+        those paths use, so its size follows ``len(indices)``, not the whole
+        table's (a Ray read task's files, say)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        names = self.names.take(idx)   # checks the range, as a list would
+        used, ids = np.unique(self.dir_ids[idx], return_inverse=True)
+        return PathTable(self.dirs.take(used), ids.reshape(-1).astype(np.uint32), names)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -229,3 +243,73 @@ class PathTable(Sequence):
 
     def __repr__(self):
         return f"PathTable({len(self)} paths in {len(self.dirs)} directories, {self.nbytes} bytes)"
+
+
+# Paths split a chunk at a time: numpy's temporaries stay a few MB whatever
+# the list's length.
+_SPLIT_CHUNK = 1 << 16
+
+
+def _split_ascii_paths(paths):
+    """``(dirs, dir_ids, names)`` of ``paths`` (a list) split at each one's
+    last ``/`` with numpy, one chunk at a time, as ``PathTable.from_paths``'
+    loop splits them, ~4x faster (a caller's list of 10^6 paths given to
+    ``fastread.ray.read_files``): only for ``str`` paths that are ASCII (then
+    a character is a byte) and hold no NUL; None otherwise, for the loop,
+    which handles and names the rest."""
+    prefixes = {}
+    ids, blobs, name_lengths = [], [], []
+    for c in range(0, len(paths), _SPLIT_CHUNK):
+        part = paths[c:c + _SPLIT_CHUNK]
+        try:
+            joined = "".join(part)
+        except TypeError:   # bytes or os.PathLike entries
+            return None
+        if not joined.isascii() or "\0" in joined:
+            return None
+        b = np.frombuffer(joined.encode("ascii"), np.uint8)
+        lengths = np.fromiter(map(len, part), np.int64, len(part))
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        # Each path's directory prefix: up to its last "/" (none: "").
+        slashes = np.flatnonzero(b == ord("/"))
+        dlen = np.zeros(len(part), np.int64)
+        if len(slashes):
+            k = np.searchsorted(slashes, ends) - 1
+            last = slashes[np.maximum(k, 0)]
+            has = (k >= 0) & (last >= starts)
+            dlen[has] = last[has] - starts[has] + 1
+        # Runs of paths in one directory (a listing keeps them together):
+        # a path starts a new run unless its prefix has the previous one's
+        # length and bytes; only a run's first path is looked up by name.
+        new = np.ones(len(part), bool)
+        cand = np.flatnonzero(dlen[1:] == dlen[:-1]) + 1
+        new[cand[dlen[cand] == 0]] = False
+        cand = cand[dlen[cand] > 0]
+        if len(cand):
+            seg = dlen[cand]
+            seg_starts = np.zeros(len(cand), np.int64)
+            np.cumsum(seg[:-1], out=seg_starts[1:])
+            within = np.arange(int(seg.sum()), dtype=np.int64) - np.repeat(seg_starts, seg)
+            eq = b[np.repeat(starts[cand], seg) + within] == \
+                b[np.repeat(starts[cand - 1], seg) + within]
+            new[cand[np.logical_and.reduceat(eq, seg_starts)]] = False
+        heads = np.flatnonzero(new)
+        run_ids = np.fromiter(
+            (prefixes.setdefault(joined[s:s + d], len(prefixes))
+             for s, d in zip(starts[heads].tolist(), dlen[heads].tolist())),
+            np.int64, len(heads))
+        ids.append(run_ids[np.cumsum(new) - 1])
+        # The names: the bytes after each prefix (a 0/1 mask over the chunk).
+        edge = np.zeros(len(b) + 1, np.int8)
+        sel = dlen > 0
+        edge[starts[sel]] += 1
+        edge[starts[sel] + dlen[sel]] -= 1
+        blobs.append(b[np.cumsum(edge[:-1], dtype=np.int8) == 0])
+        name_lengths.append(lengths - dlen)
+    offsets = np.zeros(len(paths) + 1, np.int64)
+    if paths:
+        np.cumsum(np.concatenate(name_lengths), out=offsets[1:])
+    return (NameTable.from_names(prefixes),
+            np.concatenate(ids).astype(np.uint32) if ids else np.zeros(0, np.uint32),
+            NameTable(np.concatenate(blobs) if blobs else np.zeros(0, np.uint8), offsets))

@@ -20,7 +20,7 @@ from ray.data.block import BlockAccessor, BlockMetadata
 import fastread
 from fastread.engine import EngineOptions, check_engine
 from fastread.files import read_files_packed
-from fastread.names import NameTable
+from fastread.names import NameTable, PathTable
 from fastread.formats.parquet import Parquet
 from fastread.formats.squirrel import store_shards
 from fastread.s3 import S3Options, is_url
@@ -252,6 +252,9 @@ class _Batched(ray.data.Datasource):
 # -- whole files ----------------------------------------------------------------------
 
 def _read_file_batch(paths, labels, decode, engine, opts):
+    # A PathTable planned (FilesDatasource): the task's path strings now, in
+    # the task, not held by the driver's plan.
+    paths = paths.tolist() if isinstance(paths, PathTable) else list(paths)
     if decode:
         return [_block(fastread.read_files(paths, engine, opts), labels, paths, True)]
     # The files back to back in the engine's arena, which the block's
@@ -262,8 +265,25 @@ def _read_file_batch(paths, labels, decode, engine, opts):
     return [_columns(_packed_column(data, offsets), labels, paths)]
 
 
+def _path_table(paths):
+    """``paths`` as a :class:`PathTable` (as it is when it is one)."""
+    return paths if isinstance(paths, PathTable) else PathTable.from_paths(paths)
+
+
 class FilesDatasource(_Batched):
-    """Whole files (see :func:`fastread.ray.read_files`)."""
+    """Whole files (see :func:`fastread.ray.read_files`).
+
+    Planned in O(index): the listing is a :class:`PathTable` (a local tree
+    scanned with ``table=True``; a list of paths or an s3:// listing turned
+    into one), and each task carries its files as ``PathTable.take`` of it
+    (numpy columns: the names' bytes, 8 B of offset and 4 B of directory id a
+    file, and only the directories it uses), not a Python string a file; the
+    task makes its path strings when it runs. ``input_files`` is None: Ray
+    2.60 uses it only for ``Dataset.input_files()`` and for the aggregate
+    metadata ``count()`` and ``schema()`` build, which concatenates every
+    task's list into one (O(N) strings again), and it pickles it into each
+    task's ``ray.put``; the estimate of blocks it might feed comes from the
+    task count (``num_outputs``) here."""
 
     def __init__(self, source, *, file_filters=None, labels=None, shuffle=False, seed=None,
                  batch_size=None, decode=False, engine="auto", options=None, s3=None,
@@ -271,14 +291,17 @@ class FilesDatasource(_Batched):
         self._engine, self._opts = _engine_args(engine, options, s3, engine_options or {})
         _check_batch_size(batch_size, auto=True)
         if isinstance(source, fastread.FileList):
-            paths, labs = list(source.paths), np.asarray(source.labels, np.int32)
+            paths, labs = _path_table(source.paths), np.asarray(source.labels, np.int32)
         elif isinstance(source, (str, bytes, os.PathLike)):
             if labels is not None:
                 raise ValueError("labels= goes with a list of paths; a directory's labels are "
                                  "its class subdirectories'")
-            paths, labs = fastread.scan(source, file_filters=file_filters, s3=s3)
+            # table=True: a local tree's listing as columns; an s3:// one
+            # stays a list of URLs (its versions, unused here), made a table.
+            paths, labs = fastread.scan(source, file_filters=file_filters, s3=s3, table=True)
+            paths = _path_table(paths)
         else:
-            paths, labs = fastread.scan(None, files=list(source), labels=labels)
+            paths, labs = fastread.scan(None, files=list(source), labels=labels, table=True)
         self.paths, self.labels = paths, np.asarray(labs, np.int32)
         self._source = source
         if batch_size is None:
@@ -286,10 +309,9 @@ class FilesDatasource(_Batched):
         self.batch_size = batch_size
         self._tasks = []
         for idx in _batches(len(paths), batch_size, shuffle, seed):
-            part = [paths[i] for i in idx.tolist()]
-            fn = functools.partial(_read_file_batch, part, self.labels[idx], bool(decode),
-                                   self._engine, self._opts)
-            self._tasks.append((fn, len(part), None, tuple(part)))
+            fn = functools.partial(_read_file_batch, paths.take(idx), self.labels[idx],
+                                   bool(decode), self._engine, self._opts)
+            self._tasks.append((fn, len(idx), None, None))
 
     def get_name(self):
         return "fastread.read_files"
