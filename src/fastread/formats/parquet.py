@@ -47,6 +47,9 @@ samples come from. What that costs depends on the order:
   row-group-aware shuffle), every row group is read and decoded once per
   epoch and the cache needs to hold only the ``prefetch`` batches ahead
   (it keeps the 4 row groups used last whatever ``cache_bytes`` says);
+  where the data set decoded (:meth:`Parquet.decoded_bytes`) is beyond
+  ``cache_bytes``, a row group goes once all its rows were asked for, and
+  its pages serve the next decode;
 - a global shuffle (``random_shuffle`` without a buffer) touches about
   ``min(batch_size, row groups)`` row groups per batch: with the decoded
   image column within ``cache_bytes`` each is still read once per epoch;
