@@ -108,6 +108,29 @@ def test_shuffle_buffer_reads_each_row_group_once(hub, tree):
     assert loads == groups   # each row group once, though the cache holds ~nothing
 
 
+@pytest.mark.parametrize("fits", [True, False])
+def test_file_order_keeps_row_groups_only_when_the_set_fits(hub, tree, fits):
+    # The set decoded within cache_bytes: the second epoch comes from the
+    # cache. Beyond it: each row group goes once read through (its pages
+    # reused by the next decode), loaded again the next epoch.
+    probe = Parquet(hub)
+    size = probe.decoded_bytes()   # the footers' estimate: values, lengths, page headers
+    values = sum(len(d) for d in tree[3])
+    assert values < size < 2 * values
+    src = Parquet(hub, cache_bytes=size if fits else size // 2)
+    groups = sum(len(m.rows) for m in src.metas)
+    with fastread.Reader(source=src, batch_size=4, random_shuffle=False) as r:
+        for epoch in range(2):
+            got = [a.tobytes() for arrays, _ in r for a in arrays]
+            assert got == tree[3]
+        stats = r.stats()
+    assert stats["row_group_loads"] == (groups if fits else 2 * groups)
+    if fits:
+        assert stats["row_group_bytes_cached"] >= values
+    else:   # at most the batches in flight's: a few row groups, not half the set
+        assert stats["row_group_bytes_cached"] <= values // 4
+
+
 @pytest.mark.parametrize("compression", ["none", "snappy", "zstd", "gzip", "lz4"])
 @pytest.mark.parametrize("dictionary", [False, True])
 def test_codecs_and_encodings(tmp_path, compression, dictionary):

@@ -5,7 +5,7 @@ the files ceiling. Bytes of the image column (no decoding).
 
     python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
         [--epochs 1] [--modes parquet-reader,parquet-datasets,...] [--without-prefault]
-        [--cache warm|cold]
+        [--cache warm|cold] [--small-cache]
 
 ``--cache cold``: before each mode's timed epoch(s), the pages of every file
 it could read leave the page cache (``posix_fadvise(DONTNEED)`` per file:
@@ -88,6 +88,28 @@ def _without_prefault(mode):
     return dataclasses.replace(mode, name=mode.name + "-noprefault", build=build)
 
 
+def _small_cache(mode, spill):
+    """``mode`` (file order) with the row-group cache's budget below the
+    data set's decoded size (:data:`SMALL_CACHE`), as for a data set larger
+    than memory: with ``spill`` (row groups dropped once read through) or,
+    the before of a before/after in one run, without it."""
+    from fastread.formats import parquet as pqmod
+
+    def build(m, cfg):
+        kept_default, kept_size = pqmod.DEFAULT_CACHE_BYTES, pqmod.Parquet.decoded_bytes
+        pqmod.DEFAULT_CACHE_BYTES = SMALL_CACHE
+        if not spill:
+            pqmod.Parquet.decoded_bytes = lambda self: 0
+        try:
+            return mode.build(mode, cfg)   # the source and its cache are made here
+        finally:
+            pqmod.DEFAULT_CACHE_BYTES, pqmod.Parquet.decoded_bytes = kept_default, kept_size
+    tag = "-1g" if spill else "-1g-nospill"
+    return dataclasses.replace(mode, name=mode.name + tag, build=build)
+
+
+#: The budget of --small-cache (of the 20k set's 1.8 GB decoded).
+SMALL_CACHE = 1 << 30
 PEERS = ("parquet-datasets", "parquet-pyarrow-dali", "parquet-ray", "parquet-litdata")
 
 
@@ -109,6 +131,9 @@ def main():
                          "instead of once with the engine 'auto' picks")
     ap.add_argument("--without-prefault", action="store_true",
                     help="also run parquet-reader with the pre-faulting off")
+    ap.add_argument("--small-cache", action="store_true",
+                    help="also run parquet-reader-fileorder with cache_bytes=1 GiB, with and "
+                         "without dropping row groups once read through")
     args = ap.parse_args()
     env = environment.probe_environment()
     cfg = Config(env=env, dataset=fam.detect(args.data), batch_size=args.batch)
@@ -123,6 +148,9 @@ def main():
         modes = [m for m in modes if m.name in wanted]
     if args.without_prefault:
         modes += [_without_prefault(m) for m in modes if m.name == "parquet-reader"]
+    if args.small_cache:
+        modes += [_small_cache(m, spill) for m in modes if m.name == "parquet-reader-fileorder"
+                  for spill in (True, False)]
     runnable = []
     for m in modes:
         why = m.check(m, cfg)

@@ -12,6 +12,11 @@ DALI where the mode runs DALI).
                                 random_shuffle=True)``: column chunks read
                                 as ranges by fastread's engine, decoded by
                                 Arrow, rows as views
+``parquet-reader-fileorder``    the same Reader in file order (no shuffle):
+                                the order of ``parquet-pyarrow-dali``
+``parquet-reader-buffer``       the same Reader with ``shuffle_buffer=``
+                                :data:`SHUFFLE_BUFFER` (the row-group-aware
+                                shuffle: row groups read in file order)
 ``parquet-dali-fastread``       ``fastread.dali.readers.parquet(paths=DATA,
                                 random_shuffle=True)`` in DALI
 ``parquet-datasets``            ``datasets.load_dataset("parquet")``
@@ -43,6 +48,9 @@ from fastread.bench.registry import Dataset, Mode, add_dataset_kind, default_eng
 NAME = "parquet"
 ORDER = 65
 CPU = ("cpu",)
+#: Samples of the shuffle buffer of ``parquet-reader-buffer``: 4 row groups
+#: of the 1,000-row data set (DALI's ``initial_fill`` default is 1,024).
+SHUFFLE_BUFFER = 4096
 
 add_dataset_kind("parquet", "a Hugging Face-style directory of Parquet files (data/*.parquet)")
 
@@ -91,6 +99,18 @@ def modes(env):
                "fastread's Parquet source: column chunks read as ranges, Arrow decodes, "
                "rows as views", engine=auto, check=_check_engine, build=_build_reader,
                default=CPU)
+    # The same order as the peers that do not shuffle (pyarrow's
+    # iter_batches, Ray): compared with them, not with a global shuffle.
+    yield Mode("parquet-reader-fileorder", NAME, "parquet",
+               f"fastread.Reader(source=Parquet(DATA), random_shuffle=False, engine={auto!r})",
+               "fastread's Parquet source in file order (as pyarrow's iter_batches reads)",
+               engine=auto, check=_check_engine, build=_build_reader_fileorder, default=CPU)
+    yield Mode("parquet-reader-buffer", NAME, "parquet",
+               f"fastread.Reader(source=Parquet(DATA), random_shuffle=True, "
+               f"shuffle_buffer={SHUFFLE_BUFFER}, engine={auto!r})",
+               "fastread's Parquet source with the row-group-aware shuffle (a buffer over "
+               "rows read in file order)", engine=auto, check=_check_engine,
+               build=_build_reader_buffer, default=CPU)
     yield Mode("parquet-dali-fastread", NAME, "parquet",
                "fastread.dali.readers.parquet(paths=DATA, random_shuffle=True)",
                "fastread's Parquet reader in a DALI pipeline", engine=auto,
@@ -200,13 +220,21 @@ class _BytesRunner:
             self._closer()
 
 
-def _build_reader(mode, cfg):
+def _build_reader(mode, cfg, **order):
     import fastread
     from fastread.bench.runners import ReaderRunner
     from fastread.formats import Parquet
+    order = order or {"random_shuffle": True}
     return ReaderRunner(fastread.Reader(source=Parquet(cfg.data_dir), batch_size=cfg.batch_size,
-                                        random_shuffle=True, engine=mode.engine,
-                                        **cfg.engine_options))
+                                        engine=mode.engine, **order, **cfg.engine_options))
+
+
+def _build_reader_fileorder(mode, cfg):
+    return _build_reader(mode, cfg, random_shuffle=False)
+
+
+def _build_reader_buffer(mode, cfg):
+    return _build_reader(mode, cfg, random_shuffle=True, shuffle_buffer=SHUFFLE_BUFFER)
 
 
 def _build_ceiling(mode, cfg):
