@@ -25,7 +25,6 @@ objects) or of sample counts when verify is off and counting is cheaper.
 """
 import inspect
 import json
-import math
 import os
 import resource
 import sys

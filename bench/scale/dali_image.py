@@ -21,7 +21,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import generate  # noqa: E402
-from fresh import run_child  # noqa: E402
+from fresh import print_build_rows, run_child  # noqa: E402
 
 CHILD = r"""
 import json, sys, time
@@ -83,17 +83,7 @@ def main(argv=None):
                 row = {"n": n, "mode": mode, "round": rnd, **measure(img, mode)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print("\n| N | operator's samples | pipeline built s | RSS then MB | first shuffled batch s "
-          "| RSS then MB | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "error" in r:
-            print(f"| {r['n']:,} | {r['mode']} | {r['error']} |  |  |  |  |")
-            continue
-        print(f"| {r['n']:,} | {r['mode']} | {r['build_s']:.3f} | {r['build_rss'] / 2**20:,.0f} "
-              f"| {r['first_batch_s']:.3f} | {r['first_batch_rss'] / 2**20:,.0f} | "
-              f"{r['peak_rss'] / 2**20:,.0f} |")
-    print(f"load average: {open('/proc/loadavg').read().split()[:3]}")
+    print_build_rows(rows, "operator's samples", "first shuffled batch s")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=2)

@@ -17,3 +17,19 @@ def run_child(code, *args, timeout=None):
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_build_rows(rows, what, first):
+    """The markdown table of pipeline-build rows (build_s, build_rss,
+    first_batch_s, first_batch_rss, peak_rss; or error), then the load."""
+    print(f"\n| N | {what} | pipeline built s | RSS then MB | {first} "
+          "| RSS then MB | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['n']:,} | {r['mode']} | {r['error']} |  |  |  |  |")
+            continue
+        print(f"| {r['n']:,} | {r['mode']} | {r['build_s']:.3f} | {r['build_rss'] / 2**20:,.0f} "
+              f"| {r['first_batch_s']:.3f} | {r['first_batch_rss'] / 2**20:,.0f} | "
+              f"{r['peak_rss'] / 2**20:,.0f} |")
+    print(f"load average: {open('/proc/loadavg').read().split()[:3]}")

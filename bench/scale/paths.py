@@ -16,7 +16,6 @@ after one untimed warm-up row that fills the dentry cache.
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time

@@ -16,6 +16,27 @@
 #include "core/reader_internal.h"
 #include "engines/range_io.h"
 
+/* The reader's own copy of `paths`: one blob, rd->paths pointing into it
+ * (freed with the reader). 0 or -ENOMEM. */
+static int copy_paths(fr_reader *rd, const char *const *paths, size_t npaths)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < npaths; i++)
+        total += strlen(paths[i]) + 1;
+    rd->blob = malloc(total ? total : 1);
+    rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
+    if (!rd->blob || !rd->paths)
+        return -ENOMEM;
+    char *p = rd->blob;
+    for (size_t i = 0; i < npaths; i++) {
+        size_t len = strlen(paths[i]) + 1;
+        memcpy(p, paths[i], len);
+        rd->paths[i] = p;
+        p += len;
+    }
+    return 0;
+}
+
 int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths,
                    unsigned prefetch, unsigned workers, fr_reader **out, char *err,
                    size_t err_len)
@@ -26,24 +47,13 @@ int fr_reader_open(const fr_config *cfg, const char *const *paths, size_t npaths
     if (rc)
         return rc;
     rd->npaths = npaths;
-    size_t total = 0;
-    for (size_t i = 0; i < npaths; i++)
-        total += strlen(paths[i]) + 1;
-    rd->blob = malloc(total ? total : 1);
-    rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
     rd->sizes = malloc((npaths ? npaths : 1) * sizeof(int64_t));
-    if (!rd->blob || !rd->paths || !rd->sizes) {
+    if (!rd->sizes || copy_paths(rd, paths, npaths) != 0) {
         fr_reader_free_unstarted(rd);
         return -ENOMEM;
     }
-    char *p = rd->blob;
-    for (size_t i = 0; i < npaths; i++) {
-        size_t len = strlen(paths[i]) + 1;
-        memcpy(p, paths[i], len);
-        rd->paths[i] = p;
+    for (size_t i = 0; i < npaths; i++)
         rd->sizes[i] = -1;
-        p += len;
-    }
     return fr_reader_start(rd, out, err, err_len);
 }
 
@@ -219,21 +229,9 @@ static int table_open(const fr_config *cfg, const char *const *paths, size_t npa
     rd->t_offsets = offsets;
     rd->t_lengths = lengths;
     rd->t_lengths32 = lengths32;
-    size_t total_len = 0;
-    for (size_t i = 0; i < npaths; i++)
-        total_len += strlen(paths[i]) + 1;
-    rd->blob = malloc(total_len ? total_len : 1);
-    rd->paths = malloc((npaths ? npaths : 1) * sizeof(char *));
-    if (!rd->blob || !rd->paths) {
+    if (copy_paths(rd, paths, npaths) != 0) {
         fr_reader_free_unstarted(rd);
         return -ENOMEM;
-    }
-    char *p = rd->blob;
-    for (size_t i = 0; i < npaths; i++) {
-        size_t len = strlen(paths[i]) + 1;
-        memcpy(p, paths[i], len);
-        rd->paths[i] = p;
-        p += len;
     }
     return fr_reader_start(rd, out, err, err_len);
 }
