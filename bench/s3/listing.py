@@ -92,6 +92,8 @@ def main(argv=None):
     ap.add_argument("--delays", default="0,25")
     ap.add_argument("--inflight", default="32,64,128", help="scan()'s listings in flight")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-boto3", action="store_true",
+                    help="leave out boto3's paginator (where boto3 is not installed: the GPU machine)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -101,7 +103,7 @@ def main(argv=None):
     from scale import ensure_uploaded
     from fastread import s3 as fs3
     delays = [int(d) for d in args.delays.split(",")]
-    hows = (["boto3", "sequential"] + [f"scan-{w}" for w in args.inflight.split(",")]
+    hows = ([] if args.no_boto3 else ["boto3"]) + (["sequential"] + [f"scan-{w}" for w in args.inflight.split(",")]
             + ["kept"])
     fs3.NATIVE_LISTING = True
     report = {"machine": f"{platform.node()} {platform.platform()}, {os.cpu_count()} CPUs",
@@ -121,7 +123,7 @@ def main(argv=None):
             servers[kind] = (srv, base)
             for d in delays:
                 ep, via, _ = stack.enter_context(delayed_endpoint(srv.endpoint, d))
-                eps[kind, d] = (ep, via, srv.client(endpoint=ep))
+                eps[kind, d] = (ep, via, None if args.no_boto3 else srv.client(endpoint=ep))
         for rnd in range(args.rounds):
             for d in delays:
                 for kind, (srv, base) in servers.items():
