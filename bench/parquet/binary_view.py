@@ -16,6 +16,8 @@ decode, one thread), minor page faults it took, the bytes it left held in
 the pool (the decoded column while the table lives), and where the
 values' bytes are: the number of data buffers, and for the uncompressed
 file how many of them lie inside the file's own buffer (no copy at all) and how many are slices of one page.
+Last, the split of such a decode's cost: the values' bytes written into
+fresh memory, fresh memory populated without a copy, the copy alone.
 ``--rss``: each variant once more in a fresh child process, for its peak
 RSS (ru_maxrss is a process's high-water mark, so it cannot be measured
 interleaved).
@@ -106,6 +108,35 @@ def one(buf, binary_type, pool):
     return table, t1 - t0, c1 - c0, ru1.ru_minflt - ru0.ru_minflt, pool.bytes_allocated() - held0
 
 
+def memory_split(nbytes, pool, rounds):
+    """Medians (ms) of writing ``nbytes`` (a row group's values) into fresh
+    pool memory (page faults, the kernel's zeroing, the copy), populating
+    fresh memory without copying, and the copy alone into memory already
+    faulted in: how a decode's time divides between the copy and the
+    fresh pages it lands in."""
+    import numpy as np
+    from fastread import _core
+    src = np.frombuffer(np.random.default_rng(0).bytes(nbytes), np.uint8)
+    fresh, populate_ms, copy = [], [], []
+    for _ in range(rounds):
+        buf = pa.allocate_buffer(nbytes, memory_pool=pool)
+        dst = np.frombuffer(buf, np.uint8)
+        t = time.perf_counter()
+        dst[:] = src
+        fresh.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        dst[:] = src
+        copy.append(time.perf_counter() - t)
+        del dst, buf
+        buf = pa.allocate_buffer(nbytes, memory_pool=pool)
+        t = time.perf_counter()
+        _core.populate_write(memoryview(buf).cast("B"))
+        populate_ms.append(time.perf_counter() - t)
+        del buf
+        time.sleep(0.2)     # past jemalloc's decay: the next buffer is fresh pages
+    return [statistics.median(x) * 1e3 for x in (fresh, populate_ms, copy)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("tree")
@@ -157,6 +188,9 @@ def main():
             base, peak = (float(x) for x in out.split()[-2:])
             line += f"  {peak:5.0f} (+{peak - base:.0f})"
         print(line, flush=True)
+    fresh, populate_ms, copy = memory_split(nbytes, pool, a.rounds)
+    print(f"{nbytes / 1e6:.1f} MB into fresh pool memory {fresh:.1f} ms, populating fresh "
+          f"memory (no copy) {populate_ms:.1f} ms, the copy into faulted memory {copy:.1f} ms")
     print(f"load {open('/proc/loadavg').read().split()[:3]}")
 
 
