@@ -5,7 +5,7 @@ the files ceiling. Bytes of the image column (no decoding).
 
     python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
         [--epochs 1] [--modes parquet-reader,parquet-datasets,...] [--without-prefault]
-        [--cache warm|cold] [--small-cache]
+        [--cache warm|cold] [--small-cache] [--also DATA2]... [--touch]
 
 ``--cache cold``: before each mode's timed epoch(s), the pages of every file
 it could read leave the page cache (``posix_fadvise(DONTNEED)`` per file:
@@ -108,6 +108,46 @@ def _small_cache(mode, spill):
     return dataclasses.replace(mode, name=mode.name + tag, build=build)
 
 
+def _over(mode, data, cfg):
+    """``mode`` over another data set ``data`` (the same rows written another
+    way, e.g. the image column uncompressed), named ``MODE@<dir name>``:
+    both data sets' Reader in the same rounds, side by side."""
+    from fastread.formats import Parquet
+    n = len(Parquet(data))
+    if n != cfg.dataset.samples:
+        raise SystemExit(f"--also {data}: {n} rows, DATA has {cfg.dataset.samples}")
+    # fam.detect knows Parquet directories only; a save_to_disk-like directory
+    # of .arrow files (the same rows as Arrow IPC) is read by the same source.
+    ds = fam.detect(data) or dataclasses.replace(cfg.dataset, root=data)
+    other = dataclasses.replace(cfg, dataset=ds)
+
+    def build(m, _cfg):
+        return mode.build(mode, other)
+    return dataclasses.replace(mode, name=f"{mode.name}@{os.path.basename(os.path.normpath(data))}",
+                               build=build)
+
+
+def _touching(runner):
+    """``runner`` whose batches are read, not only handed out: one byte of
+    every 4 KiB page of every sample is summed before the batch counts.
+    Why: a source whose samples are views of a memory-mapped file (the
+    .arrow files) hands out views without reading a byte (0 page faults);
+    a consumer (a decoder) reads them all, and for a map that is when the
+    page faults come. The other modes' samples are already in memory, so
+    for them this costs the same small Python loop."""
+    epoch = runner.new_epoch
+
+    def reading(batches):
+        for arrays, labels in batches:
+            for a in arrays:
+                if len(a):
+                    int(a[::4096].sum())
+            yield arrays, labels
+    runner._it = reading(runner._it)          # the epoch the runner already began
+    runner.new_epoch = lambda: reading(epoch())
+    return runner
+
+
 #: The budget of --small-cache (of the 20k set's 1.8 GB decoded).
 SMALL_CACHE = 1 << 30
 PEERS = ("parquet-datasets", "parquet-pyarrow-dali", "parquet-ray", "parquet-litdata")
@@ -134,6 +174,12 @@ def main():
     ap.add_argument("--small-cache", action="store_true",
                     help="also run parquet-reader-fileorder with cache_bytes=1 GiB, with and "
                          "without dropping row groups once read through")
+    ap.add_argument("--also", action="append", default=[], metavar="DATA2",
+                    help="also run fastread's Parquet Reader modes over DATA2 (the same rows "
+                         "written another way, Parquet or .arrow files), as MODE@<DATA2's name>, in the same rounds; may be given more than once")
+    ap.add_argument("--touch", action="store_true",
+                    help="read one byte of every 4 KiB page of every sample (a consumer's "
+                         "reads: a memory map's page faults come then)")
     args = ap.parse_args()
     env = environment.probe_environment()
     cfg = Config(env=env, dataset=fam.detect(args.data), batch_size=args.batch)
@@ -151,6 +197,8 @@ def main():
     if args.small_cache:
         modes += [_small_cache(m, spill) for m in modes if m.name == "parquet-reader-fileorder"
                   for spill in (True, False)]
+    modes += [_over(m, d, cfg) for d in args.also for m in modes
+              if m.name.startswith("parquet-reader")]
     runnable = []
     for m in modes:
         why = m.check(m, cfg)
@@ -172,6 +220,8 @@ def main():
                 # builds (footers, a pipeline's first prefetch) comes from the disk too.
                 evict(cold_files)
             runner = m.build(m, cfg)
+            if args.touch:
+                runner = _touching(runner)
             try:
                 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 t = time.perf_counter()
