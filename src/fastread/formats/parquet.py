@@ -243,6 +243,24 @@ class Parquet(SampleSource):
         self.metas = _read_footers(files, sizes, self.s3)
         self._resolve_columns(pa)
         self._build_index(pa)
+        self._setup_native()
+
+    def _setup_native(self):
+        """The native route per file (formats._parquet_native): Arrow's C++
+        reader over the engine's buffer, values as views of it. ``native_why``:
+        None where every Parquet file takes it, else why (not) for the first
+        that does not."""
+        from fastread.formats import _parquet_native
+        self.native_why = None
+        for m in self.metas:
+            if m.kind != "parquet":
+                continue
+            if self.columns:
+                why = "columns= asks for Arrow tables"
+            else:
+                m.native, m.native_column, why = _parquet_native.footer_for(m, self._image_leaf)
+            if why is not None and self.native_why is None:
+                self.native_why = f"{m.path}: {why}"
 
     # -- the index -------------------------------------------------------------
     def _resolve_columns(self, pa):
@@ -394,7 +412,7 @@ class Parquet(SampleSource):
         cannot be read."""
         pa = _pa()
         ctx = self._context(engine, options, engine_options)
-        rg = _Loader(self, ctx.engine, None, context=ctx).load(file, group)
+        rg = _Loader(self, ctx.engine, None, context=ctx).load(file, group, table=True)
         if rg.error is not None:
             raise FormatError(self.paths[file], None, rg.error[1])
         col = rg.table.column(self.image)
@@ -420,7 +438,7 @@ class Parquet(SampleSource):
         tables = []
         for i in idx.tolist():
             f, g, r = int(self.file_index[i]), int(self.group_index[i]), int(self.row_index[i])
-            tables.append(loader.load(f, g).table.slice(r, 1))
+            tables.append(loader.load(f, g, table=True).table.slice(r, 1))
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables)
@@ -467,7 +485,9 @@ def _class_names(schema, label):
 
 class _RowGroup:
     """One decoded row group: the Arrow table (kept alive by every view),
-    and per chunk of the image column (row start, values, offsets, valid)."""
+    and per chunk of the image column (row start, values, begin, end, valid,
+    side, in_side: value j is values[begin[j]:end[j]], or side[...] where
+    in_side[j]). table is None where the native route decoded it."""
     __slots__ = ("table", "parts", "nbytes", "error")
 
     def __init__(self, table, parts, nbytes, error=None):
@@ -498,7 +518,7 @@ def _image_parts(source, column):
         if arr.null_count:
             v = arr.is_valid().to_numpy(zero_copy_only=False)
             valid = v if valid is None else valid & v
-        out.append((start, values, offsets, valid))
+        out.append((start, values, offsets[:-1], offsets[1:], valid, None, None))
         start += len(arr)
     return out
 
@@ -515,6 +535,8 @@ class _Loader:
         self._all = []                 # every context opened, closed by close()
         self._all_lock = threading.Lock()
         self.stats = {}
+        self.native_loads = 0      # row groups decoded through the shim
+        self.native_copied = 0     # values it copied (not views of the chunk)
 
     def _ctx(self):
         if self._context is not None:
@@ -533,7 +555,9 @@ class _Loader:
                 ctx.close()
             self._all = []
 
-    def load(self, f, g):
+    def load(self, f, g, table=False):
+        """Row group ``g`` of file ``f``: its samples' values (``table``: as an
+        Arrow table too, pyarrow's route)."""
         src = self.source
         meta = src.metas[f]
         if meta.kind == "arrow":
@@ -558,6 +582,8 @@ class _Loader:
                 return _RowGroup(None, None, 0, (_ENODATA, f"row group {g}: {len(a)} of "
                                                  f"{lens[i]} bytes at {offs[i]} (truncated "
                                                  "file)"))
+        if meta.native is not None and not table:
+            return self._load_native(meta, g, arrays[0])
         pa = _pa()
         try:
             table = _decode(meta, g, src._leaves_of(meta), list(zip(offs.tolist(), arrays)))
@@ -566,6 +592,26 @@ class _Loader:
             return _RowGroup(None, None, 0, (_EIO, f"row group {g}: Arrow cannot decode it "
                                                    f"({e})"))
         return _RowGroup(table, parts, table.nbytes)
+
+    def _load_native(self, meta, g, chunk):
+        """The image column chunk (the only one read: no ``columns``) decoded
+        by Arrow's C++ reader through the shim; values views of ``chunk``
+        where Arrow leaves them there (formats._parquet_native)."""
+        from fastread.formats import _parquet_native
+        rg = meta.metadata.row_group(g)
+        col = rg.column(meta.native_column)
+        try:
+            values, begin, end, valid, side, in_side, copied = _parquet_native.decode(
+                meta.native, meta.native_column, g, chunk, meta.rows[g],
+                int(col.total_uncompressed_size))
+        except (OSError, ValueError, NotImplementedError, MemoryError) as e:
+            return _RowGroup(None, None, 0, (_EIO, f"row group {g}: Arrow cannot decode it "
+                                                   f"({e})"))
+        with self._all_lock:
+            self.native_loads += 1
+            self.native_copied += copied
+        nbytes = values.nbytes + (side.nbytes if side is not None else 0)
+        return _RowGroup(None, [(0, values, begin, end, valid, side, in_side)], nbytes)
 
 
 class _RowGroupCache:
@@ -712,7 +758,7 @@ def _cut(source, idx, groups, wait=None):
             why[i] = f"{source.paths[f]}: {rg.error[1]}"
             arrays.append(empty)
             continue
-        for start, values, offsets, valid in reversed(rg.parts):
+        for start, values, begin, end, valid, side, in_side in reversed(rg.parts):
             if r >= start:
                 break
         j = r - start
@@ -722,7 +768,8 @@ def _cut(source, idx, groups, wait=None):
                 why[i] = f"null {source.image!r} value"
             arrays.append(empty)
             continue
-        arrays.append(values[offsets[j]:offsets[j + 1]])
+        buf = side if in_side is not None and in_side[j] else values
+        arrays.append(buf[begin[j]:end[j]])
     for key in groups:
         keep.append(loaded[key])
     return ParquetBatch(idx, arrays, failures, keep, why)
@@ -823,6 +870,8 @@ class _ParquetNative:
     def stats(self):
         out = dict(self._loader.stats)
         out["row_group_loads"] = self._cache.loads
+        out["row_groups_native"] = self._loader.native_loads
+        out["values_copied_native"] = self._loader.native_copied
         out["row_group_bytes_cached"] = self._cache.held()
         return out
 

@@ -1,0 +1,107 @@
+"""The Parquet source's native route (issue 40): a row group's image column
+chunk, read by fastread's engine into a buffer it owns, decoded by Apache
+Arrow's own C++ Parquet library (``fastread._parquet_native``, a shim built
+against the pyarrow wheel's libparquet, the GIL released), its values handed
+out as views of that buffer: for an uncompressed image column nothing is
+copied after the engine's read (Arrow's page reader slices the chunk, its
+PLAIN decoder points into the slices). Values Arrow does not leave in the
+chunk (decompressed pages, whose buffer it reuses at the next page;
+dictionary values, which its decoder copies) are copied once into one side
+buffer per row group, in place of Arrow's copy into a BinaryArray.
+
+Used where the shim was built (``FASTREAD_PARQUET_NATIVE``, AUTO: where
+pyarrow's headers were found at build time) and the running pyarrow is the
+Arrow it was built against; else the source reads through pyarrow's Python
+reader as before (:func:`status` says why; ``fastread info`` shows it).
+Only for the Reader's samples: ``columns=``, :meth:`Parquet.row_group` and
+:meth:`Parquet.table` want Arrow tables and take pyarrow's route."""
+import functools
+
+import numpy as np
+
+#: Set to False (or ``FASTREAD_PARQUET_NATIVE=0`` in the environment) to read
+#: every row group through pyarrow's Python reader: the before of a
+#: before/after, or a way round a fault of the shim.
+ENABLED = True
+
+
+@functools.lru_cache(maxsize=None)
+def _probe():
+    try:
+        import pyarrow
+    except ImportError as e:
+        return None, f"pyarrow does not import ({e})"
+    try:
+        from fastread import _parquet_native as mod
+    except ImportError as e:
+        return None, (f"not built (fastread._parquet_native: {e}); built where pyarrow's "
+                      "headers are found at build time (FASTREAD_PARQUET_NATIVE)")
+    have = str(getattr(pyarrow, "cpp_version", pyarrow.__version__))
+    if mod.ARROW_VERSION != have:
+        return None, (f"built against Arrow {mod.ARROW_VERSION}, but the pyarrow here is "
+                      f"Arrow {have}: rebuild fastread")
+    return mod, None
+
+
+def status():
+    """(the shim module, None) where row groups are decoded natively here,
+    else (None, why not)."""
+    import os
+    if not ENABLED:
+        return None, "switched off (fastread.formats._parquet_native.ENABLED = False)"
+    if os.environ.get("FASTREAD_PARQUET_NATIVE", "").strip().lower() in ("0", "off", "false",
+                                                                         "no"):
+        return None, "switched off (FASTREAD_PARQUET_NATIVE=0)"
+    return _probe()
+
+
+def footer_for(meta, leaf):
+    """The shim's parsed footer of one Parquet file and the leaf column's
+    index, or (None, why not): a leaf the shim cannot read (not BYTE_ARRAY,
+    repeated, encrypted) takes pyarrow's route."""
+    mod, why = status()
+    if mod is None:
+        return None, None, why
+    thrift = getattr(meta, "thrift", None)
+    if thrift is None:
+        return None, None, "no footer bytes kept"
+    schema = meta.metadata.schema
+    cols = [i for i in range(meta.metadata.num_columns) if schema.column(i).path == leaf]
+    if len(cols) != 1:
+        return None, None, f"no single leaf {leaf!r}"
+    try:
+        footer = mod.Footer(np.frombuffer(thrift, np.uint8))
+        if meta.metadata.num_row_groups:
+            footer.chunk_info(0, cols[0])
+    except (NotImplementedError, ValueError) as e:
+        return None, None, str(e)
+    return footer, cols[0], None
+
+
+def decode(footer, column, g, chunk, rows, uncompressed):
+    """One row group's image values: (values, begin, end, valid, side,
+    in_side, copied) for the Parquet source's ``_cut``: value j is
+    ``values[begin[j]:end[j]]`` (``side[...]`` where ``in_side[j]``), null
+    where ``valid[j]`` is False (``valid`` None: none null). ``values`` is
+    the chunk (views) or, where every value was copied, the side buffer.
+    Raises OSError / ValueError / NotImplementedError / MemoryError naming
+    what Arrow said."""
+    begin, length, side, copied = footer.read_chunk(g, column, chunk, rows, uncompressed)
+    valid = None
+    nulls = length < 0
+    if nulls.any():
+        valid = ~nulls
+        length = np.where(nulls, 0, length)
+        begin = np.where(nulls, 0, begin)
+    in_side = None
+    values = chunk
+    if side is not None:
+        neg = begin < 0
+        begin = np.where(neg, -begin - 1, begin)
+        if valid is not None:
+            neg &= valid
+        if copied == int(rows - (0 if valid is None else int(nulls.sum()))):
+            values, side = side, None     # all copied: the chunk is not held
+        else:
+            in_side = neg
+    return values, begin, begin + length, valid, side, in_side, copied
