@@ -6,6 +6,7 @@ the files ceiling. Bytes of the image column (no decoding).
     python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
         [--epochs 1] [--modes parquet-reader,parquet-datasets,...] [--without-prefault]
         [--cache warm|cold] [--small-cache] [--also DATA2]... [--touch]
+        [--without-native]
 
 ``--cache cold``: before each mode's timed epoch(s), the pages of every file
 it could read leave the page cache (``posix_fadvise(DONTNEED)`` per file:
@@ -86,6 +87,24 @@ def _without_prefault(mode):
         runner.close = closing
         return runner
     return dataclasses.replace(mode, name=mode.name + "-noprefault", build=build)
+
+
+def _without_native(mode):
+    """``mode`` with the Parquet source's native route off
+    (fastread.formats._parquet_native.ENABLED False while the source is
+    built: every row group through pyarrow's Python reader, values copied
+    into a BinaryArray), named ``MODE-pyarrow``: the before of a
+    before/after in one run (issue 40)."""
+    from fastread.formats import _parquet_native
+
+    def build(m, cfg):
+        kept = _parquet_native.ENABLED
+        _parquet_native.ENABLED = False
+        try:
+            return mode.build(mode, cfg)   # the source decides its route when built
+        finally:
+            _parquet_native.ENABLED = kept
+    return dataclasses.replace(mode, name=mode.name + "-pyarrow", build=build)
 
 
 def _small_cache(mode, spill):
@@ -171,6 +190,9 @@ def main():
                          "instead of once with the engine 'auto' picks")
     ap.add_argument("--without-prefault", action="store_true",
                     help="also run parquet-reader with the pre-faulting off")
+    ap.add_argument("--without-native", action="store_true",
+                    help="also run parquet-reader and parquet-reader-fileorder with the "
+                         "source's native route off (MODE-pyarrow: pyarrow's Python reader)")
     ap.add_argument("--small-cache", action="store_true",
                     help="also run parquet-reader-fileorder with cache_bytes=1 GiB, with and "
                          "without dropping row groups once read through")
@@ -194,6 +216,9 @@ def main():
         modes = [m for m in modes if m.name in wanted]
     if args.without_prefault:
         modes += [_without_prefault(m) for m in modes if m.name == "parquet-reader"]
+    if args.without_native:
+        modes += [_without_native(m) for m in modes
+                  if m.name in ("parquet-reader", "parquet-reader-fileorder")]
     if args.small_cache:
         modes += [_small_cache(m, spill) for m in modes if m.name == "parquet-reader-fileorder"
                   for spill in (True, False)]
