@@ -21,15 +21,15 @@ _MOD, _WHY = _parquet_native.status()
 pytestmark = pytest.mark.skipif(_MOD is None, reason=f"native Parquet route: {_WHY}")
 
 
-def rows(path, native, missing="error", **kw):
+def rows(path, native, missing="error", ranged=True, **kw):
     """Every row of ``path`` by one route (a Reader in file order), with the
     source and the Reader's stats."""
-    kept = _parquet_native.ENABLED
-    _parquet_native.ENABLED = native
+    kept = _parquet_native.ENABLED, _parquet_native.RANGED
+    _parquet_native.ENABLED, _parquet_native.RANGED = native, ranged
     try:
         src = Parquet(path, missing=missing, **kw)
     finally:
-        _parquet_native.ENABLED = kept
+        _parquet_native.ENABLED, _parquet_native.RANGED = kept
     out = []
     with fastread.Reader(source=src, batch_size=7) as r:
         for arrays, _labels in r:
@@ -40,11 +40,15 @@ def rows(path, native, missing="error", **kw):
 
 def both(path, **kw):
     nat, src, stats = rows(path, True, **kw)
+    held, _, held_stats = rows(path, True, ranged=False, **kw)
     ref, ref_src, ref_stats = rows(path, False, **kw)
     assert src.native_why is None, src.native_why
     assert ref_stats["row_groups_native"] == 0 and "ENABLED" in ref_src.native_why
     assert stats["row_groups_native"] == stats["row_group_loads"] > 0
-    assert nat == ref
+    # Ranged where nothing was copied (every value a range of the file).
+    assert (stats["row_groups_ranged"] > 0) == (stats["values_copied_native"] == 0)
+    assert held_stats["row_groups_ranged"] == 0
+    assert nat == ref == held
     return nat, stats
 
 
@@ -197,6 +201,32 @@ def test_a_damaged_chunk_fails_its_samples_naming_file_and_row_group(tmp_path):
         src.read([10])
     with pytest.raises(FormatError, match=f"{path}.*row group 1"):
         src.row_group(0, 1)
+
+
+def test_ranged_rows_shuffled_and_a_shrunk_file_named(tmp_path):
+    vals = values(60, seed=8, hi=20000)
+    path = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"image": pa.array(vals, pa.binary())}), str(path),
+                   row_group_size=20, compression="none", use_dictionary=False)
+    src = Parquet(str(path))
+    assert src.ranged
+    with fastread.Reader(source=src, batch_size=8, random_shuffle=True, seed=4) as r:
+        got = [a.tobytes() for e in range(2) for arrays, _ in r for a in arrays]
+        stats = r.stats()
+    # Two epochs, every row group indexed once and kept as 16 B a row.
+    assert sorted(got) == sorted(vals * 2) and stats["row_groups_ranged"] == 3
+    assert stats["row_group_loads"] == 3 and stats["row_group_bytes_cached"] == 60 * 16
+    # The file cut after it was indexed: the rows past the cut fail, named.
+    cut = pq.read_metadata(str(path)).row_group(2).column(0).data_page_offset + 100
+    with fastread.Reader(source=Parquet(str(path)), batch_size=20) as r:
+        assert [a.tobytes() for arrays, _ in r for a in arrays] == vals
+        assert r.stats()["row_groups_ranged"] == 3
+        with open(path, "r+b") as f:
+            f.truncate(cut)
+        with pytest.raises(fastread.ReadError,
+                           match=f"{path}\\[row group 2, row \\d+\\].*(shrank|No data)"):
+            for _ in r:
+                pass
 
 
 def test_where_the_route_is_not_taken_it_says_why(tmp_path, monkeypatch):

@@ -252,6 +252,9 @@ class Parquet(SampleSource):
         that does not."""
         from fastread.formats import _parquet_native
         self.native_why = None
+        # Whether a Reader keeps uncompressed row groups as file ranges
+        # (_parquet_native.RANGED, as it is when the source is built; local files).
+        self.ranged = bool(_parquet_native.RANGED) and not any(is_url(p) for p in self.paths)
         for m in self.metas:
             if m.kind != "parquet":
                 continue
@@ -488,10 +491,11 @@ class _RowGroup:
     and per chunk of the image column (row start, values, begin, end, valid,
     side, in_side: value j is values[begin[j]:end[j]], or side[...] where
     in_side[j]). table is None where the native route decoded it."""
-    __slots__ = ("table", "parts", "nbytes", "error")
+    __slots__ = ("table", "parts", "nbytes", "error", "ranged")
 
     def __init__(self, table, parts, nbytes, error=None):
         self.table, self.parts, self.nbytes, self.error = table, parts, nbytes, error
+        self.ranged = False    # parts give file offsets (values None): read per batch
 
 
 def _image_parts(source, column):
@@ -528,14 +532,18 @@ class _Loader:
     per thread: a context is used by one thread at a time) and decoded by
     Arrow. Errors are kept in the row group (its samples fail), not raised."""
 
-    def __init__(self, source, engine, options, context=None):
+    def __init__(self, source, engine, options, context=None, ranged=False):
         self.source, self.engine, self.options = source, engine, options
         self._context = context
+        # ranged: a row group whose values all lie in its chunk (uncompressed
+        # PLAIN) is kept as their file ranges, the chunk let go (formats._parquet_native).
+        self.ranged = bool(ranged) and source.ranged
         self._local = threading.local()
         self._all = []                 # every context opened, closed by close()
         self._all_lock = threading.Lock()
         self.stats = {}
         self.native_loads = 0      # row groups decoded through the shim
+        self.ranged_loads = 0      # ... of them kept as file ranges
         self.native_copied = 0     # values it copied (not views of the chunk)
 
     def _ctx(self):
@@ -610,6 +618,16 @@ class _Loader:
         with self._all_lock:
             self.native_loads += 1
             self.native_copied += copied
+        if self.ranged and side is None and values is chunk:
+            # Every value is a range of the file: keep the ranges (16 B a row),
+            # read them per batch; the chunk's arena goes back to its pool.
+            with self._all_lock:
+                self.ranged_loads += 1
+            at = int(meta.chunks[g][0][0])
+            rg = _RowGroup(None, [(0, None, begin + at, end + at, valid, None, None)],
+                           begin.nbytes + end.nbytes)
+            rg.ranged = True
+            return rg
         nbytes = values.nbytes + (side.nbytes if side is not None else 0)
         return _RowGroup(None, [(0, values, begin, end, valid, side, in_side)], nbytes)
 
@@ -735,9 +753,10 @@ class _RowGroupCache:
             self._held = 0
 
 
-def _cut(source, idx, groups, wait=None):
+def _cut(source, idx, groups, wait=None, ctx=None):
     """The batch of samples ``idx`` as views of their decoded row groups
-    (``groups``: {(file, group): future})."""
+    (``groups``: {(file, group): future}); the rows of ranged row groups
+    read as byte ranges of their files by ``ctx``."""
     loaded = {}
     for key, fut in groups.items():
         if wait is not None:
@@ -751,6 +770,7 @@ def _cut(source, idx, groups, wait=None):
     empty = np.zeros(0, np.uint8)
     arrays, failures, keep = [], [], []
     why = {}   # batch position -> what failed, kept by the batch (no shared state)
+    ranged = {}   # file -> [(batch position, offset, length, row group, row)]
     for i, (f, g, r) in enumerate(zip(files.tolist(), grps.tolist(), rows.tolist())):
         rg = loaded[(f, g)]
         if rg.error is not None:
@@ -768,8 +788,16 @@ def _cut(source, idx, groups, wait=None):
                 why[i] = f"null {source.image!r} value"
             arrays.append(empty)
             continue
+        if rg.ranged:
+            ranged.setdefault(f, []).append((i, int(begin[j]), int(end[j] - begin[j]), g, r))
+            arrays.append(empty)
+            continue
         buf = side if in_side is not None and in_side[j] else values
         arrays.append(buf[begin[j]:end[j]])
+    if ranged:
+        from fastread.formats._parquet_native import read_ranged
+        read_ranged(source, ctx, ranged, arrays, failures, why)
+        failures.sort()
     for key in groups:
         keep.append(loaded[key])
     return ParquetBatch(idx, arrays, failures, keep, why)
@@ -818,7 +846,13 @@ class _ParquetNative:
         self._ahead = 2 * self.threads   # row-group loads in flight beyond the window
         self._pool = _futures.ThreadPoolExecutor(self.threads,
                                                  thread_name_prefix="fastread-parquet")
-        self._loader = _Loader(source, self.engine, options)
+        self._loader = _Loader(source, self.engine, options, ranged=True)
+        # Where row groups may be kept as file ranges, each batch's rows are
+        # read on these threads (a load never waits behind a batch's read).
+        self._fetch = None
+        if self._loader.ranged and any(m.native is not None for m in source.metas):
+            self._fetch = _futures.ThreadPoolExecutor(self.threads,
+                                                      thread_name_prefix="fastread-parquet-rows")
         self._cache = _RowGroupCache(self._loader, source.cache_bytes, self._pool,
                                      rows=lambda key: source.metas[key[0]].rows[key[1]],
                                      spill=source.decoded_bytes() > source.cache_bytes)
@@ -849,6 +883,16 @@ class _ParquetNative:
             if k >= self._prefetch and self._cache.pending() >= self._ahead:
                 break
             item[1] = self._cache.wanted(self._source, item[0])
+        if self._fetch is not None:
+            for k, item in enumerate(self._queue):
+                if k >= self._prefetch:
+                    break
+                if item[1] is not None and len(item) == 2:
+                    item.append(self._fetch.submit(self._cut_here, item[0], item[1]))
+
+    def _cut_here(self, idx, groups):
+        """A batch cut on a fetch thread, ranged rows read by its context."""
+        return _cut(self._source, idx, groups, ctx=self._loader._ctx())
 
     def next(self):
         with self._lock:
@@ -859,7 +903,14 @@ class _ParquetNative:
                 item[1] = self._cache.wanted(self._source, item[0])
         # Waits in steps so that a signal (KeyboardInterrupt) gets through;
         # the batch stays queued until it is cut.
-        batch = _cut(self._source, item[0], item[1], wait=_wait)
+        if self._fetch is not None:
+            with self._lock:
+                if len(item) == 2:
+                    item.append(self._fetch.submit(self._cut_here, item[0], item[1]))
+            _wait(item[2])
+            batch = item[2].result()
+        else:
+            batch = _cut(self._source, item[0], item[1], wait=_wait)
         with self._lock:
             if self._queue and self._queue[0] is item:
                 self._queue.popleft()
@@ -872,6 +923,7 @@ class _ParquetNative:
         out["row_group_loads"] = self._cache.loads
         out["row_groups_native"] = self._loader.native_loads
         out["values_copied_native"] = self._loader.native_copied
+        out["row_groups_ranged"] = self._loader.ranged_loads
         out["row_group_bytes_cached"] = self._cache.held()
         return out
 
@@ -882,6 +934,8 @@ class _ParquetNative:
     def close(self):
         with self._lock:
             self._queue.clear()
+        if self._fetch is not None:
+            self._fetch.shutdown(wait=True, cancel_futures=True)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._cache.clear()
         self._loader.close()
