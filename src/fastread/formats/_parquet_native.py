@@ -155,3 +155,57 @@ def read_ranged(source, ctx, ranged, arrays, failures, why):
                           "(the file shrank since it was indexed)")
             else:
                 arrays[i] = got[k]
+
+
+def cut_ranged(source, idx, files, grps, rows, loaded, ctx):
+    """A batch whose row groups are all ranged (``_cut``'s common case with
+    an uncompressed image column), the lookups done with NumPy: each row's
+    file range from its row group's index, then one engine call per file.
+    Returns (arrays, failures, why) in batch order."""
+    import os
+    n = len(idx)
+    begin = np.zeros(n, np.int64)
+    end = np.zeros(n, np.int64)
+    ok = np.ones(n, bool)
+    for (f, g), rg in loaded.items():
+        sel = np.flatnonzero((files == f) & (grps == g))
+        _start, _values, b, e, valid, _side, _in_side = rg.parts[0]
+        r = rows[sel]
+        begin[sel] = b[r]
+        end[sel] = e[r]
+        if valid is not None:
+            ok[sel] = valid[r]
+    empty = np.zeros(0, np.uint8)
+    arrays = [empty] * n
+    failures, why = [], {}
+    if source.missing == "error":
+        for i in np.flatnonzero(~ok).tolist():
+            failures.append((i, _ENODATA))
+            why[i] = f"null {source.image!r} value"
+    want = ok & (end > begin)
+    for f in np.unique(files[want]).tolist():
+        sel = np.flatnonzero(want & (files == f))
+        path = source.paths[f]
+        offs, lens = begin[sel], end[sel] - begin[sel]
+        try:
+            batch = ctx.read_ranges(path, offs, lens)
+        except (OSError, ValueError, MemoryError) as e:
+            for i in sel.tolist():
+                failures.append((i, getattr(e, "errno", None) or _EIO))
+                why[i] = f"{path}: row group {int(grps[i])}, row {int(rows[i])}: {e}"
+            continue
+        bad = dict(batch.failures())
+        got = batch.arrays()
+        for k, i in enumerate(sel.tolist()):
+            a = got[k]
+            if k in bad or len(a) != lens[k]:
+                err = bad.get(k, _ENODATA)
+                said = (ctx.sample_error(k) or os.strerror(err)) if k in bad else \
+                    f"{len(a)} of {int(lens[k])} bytes (the file shrank since it was indexed)"
+                failures.append((i, err))
+                why[i] = (f"{path}: reading row group {int(grps[i])}, row {int(rows[i])} "
+                          f"({int(lens[k])} bytes at {int(offs[k])}): {said}")
+            else:
+                arrays[i] = a
+    failures.sort()
+    return arrays, failures, why

@@ -767,6 +767,11 @@ def _cut(source, idx, groups, wait=None, ctx=None):
             loaded[key] = _RowGroup(None, None, 0, (_EIO, f"row group {key[1]}: {e}"))
     files, grps, rows = (source.file_index[idx], source.group_index[idx],
                          source.row_index[idx])
+    if loaded and ctx is not None and all(rg.error is None and rg.ranged
+                                          for rg in loaded.values()):
+        from fastread.formats._parquet_native import cut_ranged
+        arrays, failures, why = cut_ranged(source, idx, files, grps, rows, loaded, ctx)
+        return ParquetBatch(idx, arrays, failures, list(loaded.values()), why)
     empty = np.zeros(0, np.uint8)
     arrays, failures, keep = [], [], []
     why = {}   # batch position -> what failed, kept by the batch (no shared state)
