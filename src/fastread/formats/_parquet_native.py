@@ -19,6 +19,12 @@ import functools
 
 import numpy as np
 
+#: Compressed image chunks through the shim too (their values copied once
+#: into a side buffer in place of Arrow's copy into a BinaryArray): off by
+#: default, as it measured the same CPU as pyarrow's route (Snappy, 90.6 MB
+#: row groups: 93.3 against 92.8 ms; docs/parquet.md) with no view to gain.
+COMPRESSED = False
+
 #: Set to False (or ``FASTREAD_PARQUET_NATIVE=0`` in the environment) to read
 #: every row group through pyarrow's Python reader: the before of a
 #: before/after, or a way round a fault of the shim.

@@ -22,15 +22,20 @@ How a Parquet file is read:
 - **Row groups** when a batch needs them: the column chunks of the image
   column (and of ``columns``) are byte ranges given by the footer, read by
   the engine (many in flight; the s3 engine splits each into ``part_size``
-  ranged GETs) and handed to Arrow's C++ Parquet reader
-  (``ParquetFile.read_row_group`` over the bytes fastread read, with the
-  footer already parsed): decompression (Snappy, Zstd, Gzip, LZ4, none) and
-  decoding (plain, dictionary, delta) are Arrow's, with the GIL released.
-  This is route (b) of issue 40: pyarrow driven from Python; the bytes
-  reach Arrow through a Python file object that hands out zero-copy views of
-  the engine's buffers (one call per column chunk, not per row).
-- **Samples** are zero-copy uint8 views of the decoded binary column's value
-  buffer; a view keeps that Arrow buffer alive. A null value (or a null
+  ranged GETs) and handed to Arrow's C++ Parquet library: decompression
+  (Snappy, Zstd, Gzip, LZ4, none) and decoding (plain, dictionary, delta)
+  are Arrow's, with the GIL released. Where the native shim is built
+  (:mod:`._parquet_native`: Arrow's page and column readers over the
+  engine's buffer, linked from C++) it decodes the image column chunk;
+  else pyarrow's reader does (``ParquetReader.read_row_group`` over the
+  bytes fastread read, with the footer already parsed, through a Python
+  file object that hands out zero-copy views of the engine's buffers).
+- **Samples** are zero-copy uint8 views: of the chunk where Arrow's decoder
+  left the value there (an uncompressed PLAIN column; a Reader keeps such a
+  row group as its values' file ranges and reads each batch's rows by
+  range), of one buffer the shim copied the values into (compressed pages,
+  dictionaries), or of the decoded binary column's value buffer (pyarrow's
+  route); a view keeps its buffer alive. A null value (or a null
   struct) is a failed sample whose error names the file, the row group and
   the row (``missing="error"``), or an empty array (``missing="empty"``).
 
@@ -189,14 +194,18 @@ class Parquet(SampleSource):
     numbers). ``columns``: more columns read with each row group, for
     :meth:`table`. ``missing``: what a null image value gives ("error": a
     failed sample naming file, row group and row; "empty": an empty array).
-    ``cache_bytes``: the decoded row groups a reader keeps. ``s3``: an
+    ``cache_bytes``: the decoded row groups a reader keeps. ``ranged``
+    (native route, local files): a Reader keeps an uncompressed row group
+    as its values' file ranges and reads rows by range (True; None: the
+    default, ``_parquet_native.RANGED``), or holds the chunk (False: later
+    epochs from memory). ``s3``: an
     :class:`fastread.S3Options` (or mapping) for ``s3://`` paths.
     """
 
     reads_ranges = True
 
     def __init__(self, paths, image="image", label="label", columns=None, split=None, *,
-                 missing="error", cache_bytes=None, s3=None):
+                 missing="error", cache_bytes=None, s3=None, ranged=None):
         pa = _pa()
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -213,6 +222,7 @@ class Parquet(SampleSource):
         self.image, self.label_column = image, label
         self.columns = list(columns or [])
         self.split = split
+        self._ranged_arg = ranged
         files, sizes = [], []
         for p in given:
             if not is_url(p) and os.path.isdir(p) and (
@@ -254,7 +264,8 @@ class Parquet(SampleSource):
         self.native_why = None
         # Whether a Reader keeps uncompressed row groups as file ranges
         # (_parquet_native.RANGED, as it is when the source is built; local files).
-        self.ranged = bool(_parquet_native.RANGED) and not any(is_url(p) for p in self.paths)
+        want = _parquet_native.RANGED if self._ranged_arg is None else self._ranged_arg
+        self.ranged = bool(want) and not any(is_url(p) for p in self.paths)
         for m in self.metas:
             if m.kind != "parquet":
                 continue
@@ -590,7 +601,7 @@ class _Loader:
                 return _RowGroup(None, None, 0, (_ENODATA, f"row group {g}: {len(a)} of "
                                                  f"{lens[i]} bytes at {offs[i]} (truncated "
                                                  "file)"))
-        if meta.native is not None and not table:
+        if meta.native is not None and not table and _native_for(meta, g):
             return self._load_native(meta, g, arrays[0])
         pa = _pa()
         try:
@@ -630,6 +641,17 @@ class _Loader:
             return rg
         nbytes = values.nbytes + (side.nbytes if side is not None else 0)
         return _RowGroup(None, [(0, values, begin, end, valid, side, in_side)], nbytes)
+
+
+def _native_for(meta, g):
+    """Whether row group ``g``'s image chunk takes the native route: an
+    uncompressed one (views or file ranges); a compressed one only with
+    ``_parquet_native.COMPRESSED`` (its values are copied either way)."""
+    from fastread.formats import _parquet_native
+    if _parquet_native.COMPRESSED:
+        return True
+    col = meta.metadata.row_group(g).column(meta.native_column)
+    return col.compression == "UNCOMPRESSED"
 
 
 class _RowGroupCache:
