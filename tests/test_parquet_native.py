@@ -6,7 +6,6 @@ Snappy, Zstd, Gzip; plain, dictionary and delta encodings; nulls of the leaf
 and of the HF struct; several row groups and files; large values; multi-page
 chunks. Skipped, naming why, where the shim is not built or cannot be used."""
 import gc
-import os
 
 import numpy as np
 import pytest
@@ -224,6 +223,7 @@ def test_ranged_rows_shuffled_and_a_shrunk_file_named(tmp_path):
     # Two epochs, every row group indexed once and kept as 16 B a row.
     assert sorted(got) == sorted(vals * 2) and stats["row_groups_ranged"] == 3
     assert stats["row_group_loads"] == 3 and stats["row_group_bytes_cached"] == 60 * 16
+    assert src.decoded_bytes() == 60 * 16          # the index is what the cache holds
     # The file cut after it was indexed: the rows past the cut fail, named.
     cut = pq.read_metadata(str(path)).row_group(2).column(0).data_page_offset + 100
     with fastread.Reader(source=Parquet(str(path)), batch_size=20) as r:
@@ -265,3 +265,18 @@ def test_info_names_the_route():
     from fastread.cli.info import collect
     q = collect()["parquet"]
     assert q["native"] is True and q["native_reason"] is None
+
+
+def test_write_image_parquet_writes_the_image_bytes_uncompressed(tmp_path):
+    from fastread.datasets import make_imagenet_like
+    from fastread.formats.parquet import write_image_parquet
+    root = str(tmp_path / "jpegs")
+    make_imagenet_like(root, classes=2, per_class=3, width=32, height=24, mean_kb=2,
+                       progress=False, workers=1)
+    out = write_image_parquet(root, str(tmp_path / "hub"), rows_per_group=4)
+    rg = pq.read_metadata(out[0]).row_group(0)
+    codecs = {rg.column(c).path_in_schema: rg.column(c).compression for c in range(rg.num_columns)}
+    assert codecs == {"image.bytes": "UNCOMPRESSED", "image.path": "SNAPPY", "label": "SNAPPY"}
+    with fastread.Reader(source=Parquet(str(tmp_path / "hub")), batch_size=4) as r:
+        list(r)
+        assert r.stats()["row_groups_ranged"] == 2

@@ -390,8 +390,10 @@ class Parquet(SampleSource):
     def decoded_bytes(self):
         """About what every row group decoded takes: the footers' uncompressed
         size of the columns read (Parquet), the record batches' size (Arrow
-        IPC, views of the map). What the row-group cache compares with its
-        budget to know whether a later epoch can be served from it."""
+        IPC, views of the map); a row group a Reader keeps as file ranges
+        (:attr:`ranged`, an uncompressed image chunk) 16 B a row. What the
+        row-group cache compares with its budget to know whether a later
+        epoch can be served from it."""
         total = 0
         for m in self.metas:
             if m.kind == "arrow":
@@ -399,6 +401,9 @@ class Parquet(SampleSource):
                 continue
             leaves = set(self._leaves_of(m))
             for g in range(len(m.rows)):
+                if self.ranged and m.native is not None and _native_for(m, g):
+                    total += 16 * m.rows[g]
+                    continue
                 rg = m.metadata.row_group(g)
                 total += sum(int(rg.column(c).total_uncompressed_size)
                              for c in range(rg.num_columns)
