@@ -280,3 +280,16 @@ def test_write_image_parquet_writes_the_image_bytes_uncompressed(tmp_path):
     with fastread.Reader(source=Parquet(str(tmp_path / "hub")), batch_size=4) as r:
         list(r)
         assert r.stats()["row_groups_ranged"] == 2
+
+
+def test_index_by_map_gives_the_same_rows(tmp_path, monkeypatch):
+    vals = values(50, seed=11, hi=9000, nulls=(7,))
+    path = str(tmp_path / "m.parquet")
+    pq.write_table(pa.table({"image": pa.array(vals, pa.binary())}), path, row_group_size=16,
+                   compression="none", use_dictionary=False)
+    monkeypatch.setattr(_parquet_native, "INDEX_BY_MAP", True)
+    src = Parquet(path, missing="empty")
+    with fastread.Reader(source=src, batch_size=6, random_shuffle=True, seed=2) as r:
+        got = sorted(a.tobytes() for arrays, _ in r for a in arrays)
+        assert r.stats()["row_groups_ranged"] == 4
+    assert got == sorted(v or b"" for v in vals)

@@ -6,7 +6,7 @@ the files ceiling. Bytes of the image column (no decoding).
     python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
         [--epochs 1] [--modes parquet-reader,parquet-datasets,...] [--without-prefault]
         [--cache warm|cold] [--small-cache] [--also DATA2]... [--touch]
-        [--without-native] [--native-held]
+        [--without-native] [--native-held] [--index-by-map]
 
 ``--cache cold``: before each mode's timed epoch(s), the pages of every file
 it could read leave the page cache (``posix_fadvise(DONTNEED)`` per file:
@@ -124,6 +124,32 @@ def _native_held(mode):
     return dataclasses.replace(mode, name=mode.name + "-held", build=build)
 
 
+def _index_by_map(mode):
+    """``mode`` with the ranged route's index pass over a read-only map of
+    each chunk (fastread.formats._parquet_native.INDEX_BY_MAP while the
+    Reader runs: Arrow touches only the length prefixes; the rows are still
+    read by the engine), named ``MODE-mapidx``."""
+    from fastread.formats import _parquet_native
+
+    def build(m, cfg):
+        _parquet_native.INDEX_BY_MAP = True     # loads may start as the Reader is built
+        try:
+            runner = mode.build(mode, cfg)
+        except BaseException:
+            _parquet_native.INDEX_BY_MAP = False
+            raise
+        close = runner.close
+
+        def closing():
+            try:
+                close()
+            finally:
+                _parquet_native.INDEX_BY_MAP = False
+        runner.close = closing
+        return runner
+    return dataclasses.replace(mode, name=mode.name + "-mapidx", build=build)
+
+
 def _small_cache(mode, spill):
     """``mode`` (file order) with the row-group cache's budget below the
     data set's decoded size (:data:`SMALL_CACHE`), as for a data set larger
@@ -214,6 +240,9 @@ def main():
                     help="also run parquet-reader and parquet-reader-fileorder with the "
                          "native route holding chunks (MODE-held: views of the chunk) "
                          "instead of reading file ranges")
+    ap.add_argument("--index-by-map", action="store_true",
+                    help="also run parquet-reader and parquet-reader-fileorder with the "
+                         "ranged route's index pass over a memory map (MODE-mapidx)")
     ap.add_argument("--small-cache", action="store_true",
                     help="also run parquet-reader-fileorder with cache_bytes=1 GiB, with and "
                          "without dropping row groups once read through")
@@ -242,6 +271,8 @@ def main():
         modes += [_without_native(m) for m in readers]
     if args.native_held:
         modes += [_native_held(m) for m in readers]
+    if args.index_by_map:
+        modes += [_index_by_map(m) for m in readers]
     if args.small_cache:
         modes += [_small_cache(m, spill) for m in modes if m.name == "parquet-reader-fileorder"
                   for spill in (True, False)]

@@ -16,6 +16,7 @@ reader as before (:func:`status` says why; ``fastread info`` shows it).
 Only for the Reader's samples: ``columns=``, :meth:`Parquet.row_group` and
 :meth:`Parquet.table` want Arrow tables and take pyarrow's route."""
 import functools
+import os
 
 import numpy as np
 
@@ -52,7 +53,6 @@ def _probe():
 def status():
     """(the shim module, None) where row groups are decoded natively here,
     else (None, why not)."""
-    import os
     if not ENABLED:
         return None, "switched off (fastread.formats._parquet_native.ENABLED = False)"
     if os.environ.get("FASTREAD_PARQUET_NATIVE", "").strip().lower() in ("0", "off", "false",
@@ -125,13 +125,38 @@ RANGED = True
 _ENODATA = 61
 _EIO = 5
 
+#: Experimental, off: a Reader's ranged route lets Arrow locate the values in
+#: a read-only memory map of the chunk instead of the engine's copy of it
+#: (Arrow's PLAIN decoder then touches only the pages holding length
+#: prefixes and page headers); the rows themselves are still read by the
+#: engine. The index pass is then no second read of every byte. A file cut
+#: while mapped can raise SIGBUS, as for the .arrow files' maps.
+INDEX_BY_MAP = False
+
+
+def mapped_chunk(meta, offs, lens):
+    """The image column chunk as a read-only uint8 view of a map of the
+    file (the map kept by the view), or None where it cannot be mapped."""
+    import mmap
+    from fastread._safe_open import open_file
+    try:
+        with open_file(meta.path) as f:
+            size = os.fstat(f.fileno()).st_size
+            off, n = int(offs[0]), int(lens[0])
+            if off + n > size:
+                return None
+            start = off - off % mmap.ALLOCATIONGRANULARITY
+            mm = mmap.mmap(f.fileno(), off + n - start, access=mmap.ACCESS_READ, offset=start)
+    except (OSError, ValueError):
+        return None
+    return np.frombuffer(mm, np.uint8, count=n, offset=off - start)
+
 
 def read_ranged(source, ctx, ranged, arrays, failures, why):
     """Reads the rows of ranged row groups of one batch (``ranged``: file ->
     [(batch position, offset, length, row group, row)]) as byte ranges, one
     engine call per file, into ``arrays``; a range that fails or comes back
     short fails its sample, named as the source names them."""
-    import os
     if ctx is None:
         raise RuntimeError("ranged row groups need an engine context to read their rows")
     for f, items in ranged.items():
@@ -168,7 +193,6 @@ def cut_ranged(source, idx, files, grps, rows, loaded, ctx):
     an uncompressed image column), the lookups done with NumPy: each row's
     file range from its row group's index, then one engine call per file.
     Returns (arrays, failures, why) in batch order."""
-    import os
     n = len(idx)
     begin = np.zeros(n, np.int64)
     end = np.zeros(n, np.int64)

@@ -590,6 +590,12 @@ class _Loader:
             table = pa.Table.from_batches([batch]).select([src.image] + src.columns)
             return _RowGroup(table, _image_parts(src, table.column(src.image)), 0)
         offs, lens = meta.chunks[g]
+        if self.ranged and meta.native is not None and not table and _native_for(meta, g):
+            from fastread.formats import _parquet_native
+            if _parquet_native.INDEX_BY_MAP:
+                mapped = _parquet_native.mapped_chunk(meta, offs, lens)
+                if mapped is not None:
+                    return self._load_native(meta, g, mapped)
         ctx = self._ctx()
         batch = ctx.read_ranges(meta.path, offs, lens)
         if ctx is not self._context:
