@@ -118,8 +118,8 @@ def decode(footer, column, g, chunk, rows, uncompressed):
 #: row) and reads each batch's rows as byte ranges of the files, the chunk's
 #: arena recycled at once; False: the chunk is kept and the rows are views
 #: of it (the decoded set held in fresh memory: on the 2-core VM every held
-#: byte was a page fault). Local files only (for s3:// the chunk is kept:
-#: a second pass of ranged GETs would double the traffic).
+#: byte was a page fault). Local files only (s3:// objects take pyarrow's
+#: route: a second pass of ranged GETs would double the traffic).
 RANGED = True
 
 _ENODATA = 61

@@ -266,11 +266,17 @@ class Parquet(SampleSource):
         # (_parquet_native.RANGED, as it is when the source is built; local files).
         want = _parquet_native.RANGED if self._ranged_arg is None else self._ranged_arg
         self.ranged = bool(want) and not any(is_url(p) for p in self.paths)
+        remote = any(is_url(p) for p in self.paths)
         for m in self.metas:
             if m.kind != "parquet":
                 continue
             if self.columns:
                 why = "columns= asks for Arrow tables"
+            elif remote:
+                # No file ranges for objects (a second pass of GETs), and held
+                # views of the engine's arenas measured slower than pyarrow's
+                # copy on the 2-core VM (docs/parquet.md): not measured on S3.
+                why = "s3:// objects are decoded by pyarrow's route"
             else:
                 m.native, m.native_column, why = _parquet_native.footer_for(m, self._image_leaf)
             if why is not None and self.native_why is None:
