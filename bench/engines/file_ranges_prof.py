@@ -124,7 +124,7 @@ def main():
                 "fd_cache_slots"):
         try:
             stats[key] = (native.stat(key) if args.kind == "table"
-                          else r.stats().get(key) if hasattr(r, "stats") else None)
+                          else r._native.stat(key))  # the Reader's native reader
         except Exception as exc:  # noqa: BLE001 (a counter this reader lacks)
             stats[key] = repr(exc)
     print(json.dumps({

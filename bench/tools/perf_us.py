@@ -6,7 +6,8 @@ the first profile is the base, each other one's column says what it adds.
         [--top 30] [--min-us 0.01]
 
 SAMPLES: the samples (records) read while perf recorded, what each
-profile's time is divided by (file_ranges_prof.py prints it). Rows:
+profile's time is divided by (file_ranges_prof.py prints it); A.data+B.data:N
+sums several profiles (rounds) over their N samples in all. Rows:
 user space vs kernel totals, then symbols (dso + symbol, unresolved
 addresses of one object folded into "DSO [unresolved]") by the largest
 difference against the base.
@@ -44,8 +45,11 @@ def main():
     args = ap.parse_args()
     cols = []
     for spec in args.profiles:
-        path, _, n = spec.rpartition(":")
-        cols.append({k: v / 1e3 / int(n) for k, v in profile(path).items()})
+        paths, _, n = spec.rpartition(":")
+        by = collections.Counter()
+        for path in paths.split("+"):
+            by.update(profile(path))
+        cols.append({k: v / 1e3 / int(n) for k, v in by.items()})
     names = args.names.split(",") if args.names else [f"p{i}" for i in range(len(cols))]
     w = 10
     head = f"{'us a sample':44}" + "".join(f"{n:>{w}}" for n in names)
