@@ -36,9 +36,6 @@ int fr_fd_cache_init(fr_fd_cache *c, uint32_t cap)
         return -ENOMEM;
     }
     c->npinned = 0;
-    c->clock = 0;
-    c->stale = 0;
-    c->sort_buf = NULL;
     c->nbuckets = nb;
     c->cap = cap;
     c->table = NULL;
@@ -50,7 +47,6 @@ int fr_fd_cache_init(fr_fd_cache *c, uint32_t cap)
         c->buckets[b] = NONE;
     for (uint32_t i = 0; i < cap; i++) {
         c->entries[i].fd = -1;
-        c->entries[i].pin_at = NONE;
         c->entries[i].next = i + 1 < cap ? i + 1 : NONE;
     }
     c->free_head = 0;
@@ -65,14 +61,13 @@ void fr_fd_cache_clear(fr_fd_cache *c)
         if (c->entries[i].fd >= 0 && !c->keys_only)
             close(c->entries[i].fd);
         c->entries[i].fd = -1;
-        c->entries[i].pin_at = NONE;
+        c->entries[i].pinned = 0;
         c->entries[i].next = i + 1 < c->cap ? i + 1 : NONE;
     }
     for (uint32_t b = 0; b < c->nbuckets; b++)
         c->buckets[b] = NONE;
     c->free_head = 0;
     c->npinned = 0;
-    c->stale = 0;
     c->used = 0;
     c->head = c->tail = NONE;
 }
@@ -83,11 +78,9 @@ void fr_fd_cache_free(fr_fd_cache *c)
     free(c->entries);
     free(c->buckets);
     free(c->pinned_list);
-    free(c->sort_buf);
     c->entries = NULL;
     c->buckets = NULL;
     c->pinned_list = NULL;
-    c->sort_buf = NULL;
 }
 
 void fr_fd_cache_use_table(fr_fd_cache *c, const void *table)
@@ -123,44 +116,13 @@ static void push_front(fr_fd_cache *c, uint32_t i)
         c->tail = i;
 }
 
-static int cmp_u64_desc(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x < y) - (x > y);
-}
-
-/* The LRU list put back in order of last use (most recent at the head),
- * after hits on a cache that was not full only stamped their entries:
- * (stamp, entry) pairs sorted by the stamp (each use has its own). Where
- * the pairs' buffer cannot be made the order stays approximate: what is
- * evicted then may not be the least recent, nothing worse. */
-static void sort_lru(fr_fd_cache *c)
-{
-    c->stale = 0;
-    if (c->used < 2)
-        return;
-    if (!c->sort_buf && !(c->sort_buf = malloc(2 * (size_t)c->cap * sizeof(*c->sort_buf))))
-        return;
-    uint64_t *key = c->sort_buf;
-    size_t n = 0;
-    for (uint32_t i = c->head; i != NONE; i = c->entries[i].next) {
-        key[2 * n] = c->entries[i].used_at;
-        key[2 * n + 1] = i;
-        n++;
-    }
-    /* Pairs sorted by their first word: qsort over 16-byte elements. */
-    qsort(key, n, 2 * sizeof(*key), cmp_u64_desc);
-    c->head = c->tail = NONE;
-    for (size_t k = n; k-- > 0;)
-        push_front(c, (uint32_t)key[2 * k + 1]);
-}
-
 /* Entry i pinned for the phase, listed once. */
 static void pin(fr_fd_cache *c, uint32_t i)
 {
     fr_fd_entry *e = &c->entries[i];
-    if (e->pin_at != NONE)
+    if (e->pinned)
         return;
+    e->pinned = 1;
     e->pin_at = c->npinned;
     c->pinned_list[c->npinned++] = i;
 }
@@ -169,12 +131,12 @@ static void pin(fr_fd_cache *c, uint32_t i)
 static void unpin(fr_fd_cache *c, uint32_t i)
 {
     fr_fd_entry *e = &c->entries[i];
-    if (e->pin_at == NONE)
+    if (!e->pinned)
         return;
     uint32_t last = c->pinned_list[--c->npinned];
     c->pinned_list[e->pin_at] = last;
     c->entries[last].pin_at = e->pin_at;
-    e->pin_at = NONE;
+    e->pinned = 0;
 }
 
 static uint32_t find(const fr_fd_cache *c, uint32_t file, uint32_t **link)
@@ -192,13 +154,8 @@ int fr_fd_cache_get(fr_fd_cache *c, uint32_t file)
     uint32_t i = find(c, file, NULL);
     if (i == NONE)
         return -1;
-    c->entries[i].used_at = ++c->clock;
-    if (c->used < c->cap) {
-        c->stale = 1; /* no eviction before it is full: sorted then */
-    } else if (c->head != i) {
-        unlink_lru(c, i);
-        push_front(c, i);
-    }
+    unlink_lru(c, i);
+    push_front(c, i);
     pin(c, i);
     c->hits++;
     return c->entries[i].fd;
@@ -225,12 +182,10 @@ int fr_fd_cache_reserve_take(fr_fd_cache *c, uint32_t k, int *victims, uint32_t 
     *nvictims = 0;
     if (k > c->cap)
         return -EBUSY;
-    if (c->used + k > c->cap && c->stale)
-        sort_lru(c);
     uint32_t i = c->tail;
     while (c->used + k > c->cap && i != NONE) {
         uint32_t prev = c->entries[i].prev;
-        if (c->entries[i].pin_at == NONE) {
+        if (!c->entries[i].pinned) {
             victims[(*nvictims)++] = remove_entry(c, i);
             c->evictions++;
         }
@@ -267,7 +222,6 @@ int fr_fd_cache_put(fr_fd_cache *c, uint32_t file, int fd)
     fr_fd_entry *e = &c->entries[i];
     e->file = file;
     e->fd = fd;
-    e->used_at = ++c->clock;
     pin(c, i);
     uint32_t b = bucket_of(c, file);
     e->hnext = c->buckets[b];
@@ -281,7 +235,7 @@ int fr_fd_cache_put(fr_fd_cache *c, uint32_t file, int fd)
 void fr_fd_cache_unpin_all(fr_fd_cache *c)
 {
     for (uint32_t p = 0; p < c->npinned; p++)
-        c->entries[c->pinned_list[p]].pin_at = NONE;
+        c->entries[c->pinned_list[p]].pinned = 0;
     c->npinned = 0;
 }
 

@@ -15,11 +15,10 @@
 #include <stdint.h>
 
 typedef struct fr_fd_entry {
-    uint64_t used_at;      /* the cache's clock at its last use */
-    uint32_t file;         /* index in the caller's paths */
+    uint32_t file; /* index in the caller's paths */
     int fd;
-    uint32_t pin_at;       /* pinned (in use by the phase in progress): its place
-                            * in the cache's pinned list; UINT32_MAX: not pinned */
+    int pinned;            /* in use by the phase in progress */
+    uint32_t pin_at;       /* its place in the cache's pinned list, while pinned */
     uint32_t prev, next;   /* LRU list (most recent at head); UINT32_MAX: none */
     uint32_t hnext;        /* hash chain */
 } fr_fd_entry;
@@ -36,15 +35,6 @@ typedef struct fr_fd_cache {
      * of 10^4 shards held open, unpinned once a call, walked all 10^4). */
     uint32_t *pinned_list; /* cap of them */
     uint32_t npinned;
-    /* A hit while the cache is not full only stamps its entry (used_at),
-     * without moving it to the head: the order matters only to eviction,
-     * which needs a full cache, and the move touches two more entries (with
-     * every one of 10^4 shards held, three cache misses a sample). `stale`
-     * says the list may be out of order; the first eviction after sorts it
-     * by the stamps, so what is evicted is still the least recent. */
-    uint64_t clock;
-    int stale;
-    uint64_t *sort_buf;    /* the sort's keys, made at its first use */
     /* The paths the keys index; a different table (another call's) empties
      * the cache first, so a key never names another file. */
     const void *table;
