@@ -3,7 +3,7 @@ cpu-clock event: each sample's period is nanoseconds of CPU), side by side:
 the first profile is the base, each other one's column says what it adds.
 
     python bench/tools/perf_us.py BASE.data:SAMPLES OTHER.data:SAMPLES [...]
-        [--top 30] [--min-us 0.01]
+        [--top 30] [--min-us 0.01] [--names A,B] [--group NAME=SYM,SYM ...]
 
 SAMPLES: the samples (records) read while perf recorded, what each
 profile's time is divided by (file_ranges_prof.py prints it); A.data+B.data:N
@@ -42,6 +42,8 @@ def main():
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--min-us", type=float, default=0.01)
     ap.add_argument("--names", default=None, help="comma-separated column names")
+    ap.add_argument("--group", action="append", default=[],
+                    help="NAME=SYM,SYM,...: a row summing those symbols (any object)")
     args = ap.parse_args()
     cols = []
     for spec in args.profiles:
@@ -70,6 +72,10 @@ def main():
         vals = [sum(v for (d, _), v in c.items() if d == dso) for c in cols]
         if max(vals) >= args.min_us:
             row("  " + dso, vals)
+    for g in args.group:
+        label, _, syms = g.partition("=")
+        want = set(syms.split(","))
+        row("= " + label, [sum(v for (_, sym), v in c.items() if sym[4:] in want) for c in cols])
     print()
     keys = {k for c in cols for k in c}
     diff = sorted(keys, key=lambda k: -max(abs(c.get(k, 0) - cols[0].get(k, 0)) for c in cols[1:])
