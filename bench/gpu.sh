@@ -110,7 +110,14 @@
 #                              bench/decoded/gpu_pixels.py (which stage parts from Pillow), and a
 #                              verdict table last (GPU tests, pixels, >= 3x Pillow); needs DALI
 #                              PD_DECODERS=pillow,dali-gpu,dali-gpu-hw0,... adds the hardware-share
-#                              variants; PD_LARGE=1 packs the 20k tree too (Pillow vs GPU)
+#                              variants; PD_LARGE=1 packs the 20k tree too (Pillow vs GPU;
+#                              PD_LARGE_DECODE_ONLY=1 times the decoders alone there too);
+#                              PD_START=1 adds bench/decoded/dali_start.py (the GPU decoder's
+#                              fixed start, piece by piece)
+#   bash bench/gpu.sh pack-rule  the hardware route of the GPU pack decoder (issue 39):
+#                              tests/test_pack_dali.py, bench/decoded/hw_rule.py (the route's
+#                              distance from Pillow per subsampling and downscale factor) and
+#                              bench/decoded/gpu_pixels.py (the tests' tree, image by image)
 #   bash bench/gpu.sh parquet-dali  issue 40's DALI row: the 20k tree as Parquet and as files,
 #                              readers.parquet / readers.file / fn.readers.file + mixed decoding,
 #                              interleaved (bench/parquet/dali_decode.py; target parquet >= 0.9x file)
@@ -639,14 +646,44 @@ pack-decoders)
     # Pillow against the GPU, PD_LARGE_ROUNDS rounds (default 1), packs only.
     if [ -n "${PD_LARGE:-}" ]; then
         make_jpegs
-        timeout 200 python3 bench/decoded/pack_decoders.py --tree "$jpegs" --dir /tmp/fastread-packdecoders-20k \
-            --out-dir "$packs" --rounds "${PD_LARGE_ROUNDS:-1}" --no-decode-only \
+        timeout 300 python3 bench/decoded/pack_decoders.py --tree "$jpegs" --dir /tmp/fastread-packdecoders-20k \
+            --out-dir "$packs" --rounds "${PD_LARGE_ROUNDS:-1}" $([ -n "${PD_LARGE_DECODE_ONLY:-}" ] || echo --no-decode-only) \
             --decoders "${PD_LARGE_DECODERS:-pillow,dali-gpu}" --json "$json/pack-decoders-20k.json" \
             2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/pack-decoders-20k.txt" ||
             echo "(pack_decoders.py on 20k failed)"
         rm -rf "$packs"/bench-*.img*
         tar -cf "$out/results-$section.tar" -C "$json" .
     fi
+    # PD_START=1: where the GPU decoder's fixed start goes (import, CUDA, the
+    # pipeline's build, its first runs), per variant, each in a fresh process.
+    if [ -n "${PD_START:-}" ]; then
+        make_jpegs >/dev/null
+        timeout 150 python3 bench/decoded/dali_start.py --tree "$jpegs" --json "$json/dali-start.json" \
+            2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/dali-start.txt" ||
+            echo "(dali_start.py failed)"
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    fi
+    ;;
+pack-rule)
+    # The hardware route (issue 39): tests/test_pack_dali.py (its GPU cases), the
+    # tests' tree per image (bench/decoded/gpu_pixels.py: header, factor, route, each
+    # variant's difference from Pillow) and the rule's table (bench/decoded/hw_rule.py:
+    # the hardware route's distance from Pillow per subsampling, content and factor).
+    python3 -c 'import nvidia.dali' || { echo "pack-rule needs DALI: bash bench/gpu.sh stage first"; exit 1; }
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
+    (cd tests && timeout 240 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
+        >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
+        { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -30 || true; }
+    grep -E "::test_(gpu|hardware|routed)" "$json/test_pack_dali.log" || true
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    timeout 120 python3 bench/decoded/hw_rule.py --json "$json/hw-rule.json" 2>&1 |
+        grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/hw-rule.txt" || echo "(hw_rule.py failed)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    timeout 150 python3 bench/decoded/gpu_pixels.py --json "$json/gpu-pixels.json" 2>&1 | grep -v -i warning |
+        tee "$json/gpu-pixels.txt" || echo "(gpu_pixels.py failed)"
+    echo "loadavg: $(cat /proc/loadavg)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 parquet-dali)
     # Issue 40's DALI row: the 20k tree as Hub-style Parquet (written here, on the device)
@@ -799,7 +836,7 @@ cassandra)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, pack-rule, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
     exit 2
     ;;
 esac

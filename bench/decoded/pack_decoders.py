@@ -14,6 +14,14 @@ Pillow pack pixel by pixel (mean absolute difference per image, the worst
 image's, and the largest single difference), the numbers the tests'
 tolerance (tests/test_pack_dali.py) stands on.
 
+GPU variants: ``dali-gpu`` is the pack's decoder (the hardware route of
+fastread.decode_dali.HW_MIN_DOWNSCALE: plain baseline JPEGs that the resize
+shrinks enough go to the hardware JPEG decoder, the rest to the fancy, host
+path); ``dali-gpu-fancy`` every image on the fancy path (the route off);
+``dali-gpu-simple`` every image on nvJPEG's own upsampling (the hardware
+decoder for every JPEG it takes); ``-hw0``/``-hw65`` the hardware share,
+``-gpuhuff`` Huffman decoding on the GPU.
+
 Each round also times each decoder alone, its batches consumed and nothing
 written ("decode only": Pillow's process pool, DaliDecoder's threads; with
 the seconds to its first batch, the fixed start a pack of this size pays:
@@ -30,7 +38,7 @@ waits for.
         [--tree DIR | --dir /var/tmp/fastread-packdecoders --images 2000 --classes 10] \\
         [--out-dir /dev/shm/packs] \\
         [--resize 160] [--crop 160] [--encode raw|jpeg] [--batch-size 256] \\
-        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple,dali-gpu-gpuhuff[-simple]]] \\
+        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-fancy,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple,dali-gpu-gpuhuff[-simple]]] \\
         [--json OUT.json] \\
         [--tests-log test_pack_dali.log] [--target 3]
 """
@@ -118,7 +126,10 @@ def main():
     gpu_huffman = {"dali-gpu-gpuhuff", "dali-gpu-gpuhuff-simple"}
     hw_loads.update({n: 0.0 for n in gpu_huffman})
     simple.add("dali-gpu-gpuhuff-simple")
-    for n in list(hw_loads) + list(simple):
+    # dali-gpu-fancy: no hardware route (decode_dali.HW_MIN_DOWNSCALE empty):
+    # every image on the fancy (host) path, the pack decoder before the route.
+    unrouted = {"dali-gpu-fancy"}
+    for n in list(hw_loads) + list(simple) + list(unrouted):
         settings[n] = settings["dali-gpu"]
     for n in names:
         if n not in settings:
@@ -133,6 +144,7 @@ def main():
     from fastread.decode_dali import DaliDecoder
 
     default_hw = decode_dali.HW_DECODER_LOAD
+    default_route = decode_dali.HW_MIN_DOWNSCALE
 
     pre = Preprocess(resize=args.resize, crop=args.crop or None, encode=args.encode)
 
@@ -147,9 +159,11 @@ def main():
             dec = DaliDecoder(pre, device=choice.device, batch_size=args.batch_size,
                               threads=args.workers, hw_decoder_load=hw_loads.get(n),
                               fancy_upsampling=n not in simple,
-                              hybrid_huffman_threshold=0 if n in gpu_huffman else None)
+                              hybrid_huffman_threshold=0 if n in gpu_huffman else None,
+                              hw_min_downscale={} if n in unrouted else None)
             batches = dec.batches(paths)
             builds[n] = dec.build_seconds
+            routed[n] = dec
         count, first = 0, None
         for b in batches:
             if first is None:   # the fixed start: pipeline build, device and decoder init
@@ -163,30 +177,51 @@ def main():
     alone = {n: [] for n in names}
     starts = {n: [] for n in names}   # decode only: seconds to the first batch
     builds = {}   # decode only: the last DaliDecoder's pipeline build seconds
+    routed = {}   # decode only: the last DaliDecoder (its hardware route's count)
     outs = {}
+    failed = set()
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
+            if n in failed:
+                continue
             out = os.path.join(out_dir, f"bench-{n}.img")
             decode_dali.HW_DECODER_LOAD = hw_loads.get(n, default_hw)
             decode_dali.FANCY_UPSAMPLING = n not in simple
             decode_dali.HYBRID_HUFFMAN_THRESHOLD = 0 if n in gpu_huffman else None
+            decode_dali.HW_MIN_DOWNSCALE = {} if n in unrouted else default_route
             t0 = time.perf_counter()
-            img = fastread.pack(tree, out, **settings[n], **opts)
+            try:
+                img = fastread.pack(tree, out, **settings[n], **opts)
+            except Exception as e:   # one variant that cannot run: say so, the others go on
+                print(f"round {r} {n}: FAILED ({type(e).__name__}: "
+                      f"{(str(e).strip().splitlines() or ['?'])[-1][:200]}); left out", flush=True)
+                failed.add(n)
+                continue
+            finally:
+                decode_dali.HW_DECODER_LOAD, decode_dali.FANCY_UPSAMPLING = default_hw, True
+                decode_dali.HYBRID_HUFFMAN_THRESHOLD = None
+                decode_dali.HW_MIN_DOWNSCALE = default_route
             dt = time.perf_counter() - t0
-            decode_dali.HW_DECODER_LOAD, decode_dali.FANCY_UPSAMPLING = default_hw, True
-            decode_dali.HYBRID_HUFFMAN_THRESHOLD = None
             times[n].append(dt)
             outs[n] = out
             print(f"round {r} {n}: {dt:.2f} s, {len(paths) / dt:.0f} img/s "
                   f"(decoder {img.preprocess['decoder']}, {len(img)} samples, "
                   f"{len(img.skipped)} skipped)", flush=True)
             if not args.no_decode_only:
-                alone[n].append(decode_only(n))
+                try:
+                    alone[n].append(decode_only(n))
+                except Exception as e:
+                    print(f"round {r} {n} decode only: FAILED ({type(e).__name__}: "
+                          f"{(str(e).strip().splitlines() or ['?'])[-1][:200]})", flush=True)
+                    continue
                 first, first_len = starts[n][-1]
                 rest = alone[n][-1] - first
                 build = (f", of which the pipeline's build {builds[n][0]:.2f} s"
                          if builds.get(n) else "")
+                if n in routed and routed[n].routed:
+                    build += f"; {routed[n].hardware} of {len(paths)} by the hardware route"
+
                 print(f"round {r} {n} decode only: {len(paths) / alone[n][-1]:.0f} img/s "
                       f"(first batch after {first:.2f} s{build}; the rest at "
                       f"{(len(paths) - first_len) / rest if rest > 0 else 0:.0f} img/s)",
@@ -196,6 +231,7 @@ def main():
           f"{sink / (os.path.getsize(next(iter(outs.values()))) / len(paths)):.0f} samples/s "
           "of these packs at most", flush=True)
 
+    names = [n for n in names if n not in failed]
     rows = []
     base = len(paths) / statistics.median(times["pillow"]) if "pillow" in times else None
     for n in names:
