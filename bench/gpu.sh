@@ -114,6 +114,10 @@
 #                              PD_LARGE_DECODE_ONLY=1 times the decoders alone there too);
 #                              PD_START=1 adds bench/decoded/dali_start.py (the GPU decoder's
 #                              fixed start, piece by piece)
+#   bash bench/gpu.sh pack-why  tests/test_pack_dali.py, then DALI's own decoding rate per chroma
+#                              upsampling and hardware share, alone and with the pack's resize,
+#                              crop and copy (bench/decoded/dali_decode_rate.py), nvidia-smi dmon
+#                              beside it (the jpg column: the hardware decoder's load)
 #   bash bench/gpu.sh pack-rule  the hardware route of the GPU pack decoder (issue 39):
 #                              tests/test_pack_dali.py, bench/decoded/hw_rule.py (the route's
 #                              distance from Pillow per subsampling and downscale factor) and
@@ -664,6 +668,35 @@ pack-decoders)
         tar -cf "$out/results-$section.tar" -C "$json" .
     fi
     ;;
+pack-why)
+    # Why the hardware JPEG decoder does not speed the GPU pack up (issue 39): the
+    # tests again (their GPU cases, the hardware route's), then DALI's own decoding
+    # rate per upsampling and hardware share, and with the pack's resize, crop and
+    # copy to the host (bench/decoded/dali_decode_rate.py), nvidia-smi dmon beside it
+    # (its jpg column: the hardware decoder's load).
+    python3 -c 'import nvidia.dali' || { echo "pack-why needs DALI: bash bench/gpu.sh stage first"; exit 1; }
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
+    if [ "${PW_TESTS:-1}" != 0 ]; then
+    (cd tests && timeout 240 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
+        >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
+        { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -30 || true; }
+    grep -E "::test_(gpu|hardware|routed)" "$json/test_pack_dali.log" || true
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    fi
+    tree=/tmp/fastread-packdecoders/train
+    python3 -c "from fastread.datasets import make_imagenet_like as m; m('$tree', classes=10, per_class=500, progress=False)"
+    nvidia-smi dmon -s u -o T -d 1 >"$json/dmon.txt" 2>&1 &
+    dmon=$!
+    sleep 2
+    timeout 200 python3 bench/decoded/dali_decode_rate.py --tree "$tree" --json "$json/decode-rate.json" 2>&1 |
+        grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/decode-rate.txt" || echo "(dali_decode_rate.py failed)"
+    sleep 2
+    kill "$dmon" 2>/dev/null || true
+    cat "$json/dmon.txt"
+    echo "loadavg: $(cat /proc/loadavg)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
 pack-rule)
     # The hardware route (issue 39): tests/test_pack_dali.py (its GPU cases), the
     # tests' tree per image (bench/decoded/gpu_pixels.py: header, factor, route, each
@@ -836,7 +869,7 @@ cassandra)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, pack-rule, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, pack-rule, pack-why, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
     exit 2
     ;;
 esac

@@ -371,7 +371,9 @@ def test_hardware_route_is_decided_from_the_header():
     the route where its subsampling is in the table and the resize shrinks
     it by at least that factor on both axes; progressive JPEGs, JPEGs the
     walk steps aside for (EXIF, CMYK) and subsamplings not in the table
-    never do. The route is on only for the GPU with the fancy upsampling."""
+    never do. The route is on only for the GPU with the fancy upsampling and
+    a table: off by default (measured no faster on the H200)."""
+    from fastread import decode_dali
     from fastread.decode_dali import _plain_jpeg_header, hardware_route
 
     rgb = Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 96, 3), np.uint8))
@@ -395,13 +397,16 @@ def test_hardware_route_is_decided_from_the_header():
     assert not hardware_route(prog, (10, 10), table)       # no progressive JPEG
     assert not hardware_route(None, (10, 10), table)       # not a plain JPEG
     assert not hardware_route(h420, (10, 10), {})
+    assert not hardware_route(h420, (10, 10))              # the default table: empty
+    safe = decode_dali.HW_SAFE_MIN_DOWNSCALE
+    assert hardware_route(h420, (24, 16), safe) and not hardware_route(h420, (25, 17), safe)
     pre = Preprocess(resize=32)
-    assert DaliDecoder(pre, device="gpu").routed
-    assert not DaliDecoder(pre, device="gpu", hw_min_downscale={}).routed
-    assert not DaliDecoder(pre, device="gpu", fancy_upsampling=False).routed
-    assert not DaliDecoder(pre, device="cpu").routed
-    assert DaliDecoder(pre, device="gpu").decoder_args(hardware=True)["jpeg_fancy_upsampling"] \
-        is False
+    assert decode_dali.HW_MIN_DOWNSCALE == {} and not DaliDecoder(pre, device="gpu").routed
+    assert DaliDecoder(pre, device="gpu", hw_min_downscale=safe).routed
+    assert not DaliDecoder(pre, device="gpu", fancy_upsampling=False, hw_min_downscale=safe).routed
+    assert not DaliDecoder(pre, device="cpu", hw_min_downscale=safe).routed
+    args = DaliDecoder(pre, device="gpu", hw_min_downscale=safe).decoder_args(hardware=True)
+    assert args["jpeg_fancy_upsampling"] is False
     for bad in ([2.0], {"4:2:0": -1}, {"4:2:0": True}):
         with pytest.raises(ValueError, match="hw_min_downscale must be a dict"):
             DaliDecoder(pre, device="gpu", hw_min_downscale=bad)
@@ -692,9 +697,9 @@ def test_gpu_skip_bad_keeps_the_good_files(tree, tmp_path):
 @needs_gpu
 def test_gpu_hardware_route_stays_within_the_bound(tmp_path):
     """JPEGs the hardware route takes (plain baseline ones the resize shrinks
-    enough: decode_dali.HW_MIN_DOWNSCALE) decode on the hardware decoder,
-    within the GPU bound of the Pillow path; a progressive one beside them
-    takes the fancy path."""
+    enough: decode_dali.HW_SAFE_MIN_DOWNSCALE, the opt-in table) decode on
+    the hardware decoder, within the GPU bound of the Pillow path; a
+    progressive one beside them takes the fancy path."""
     from fastread import decode_dali
     from fastread.decode_dali import _plain_jpeg_header, hardware_route
 
@@ -708,12 +713,13 @@ def test_gpu_hardware_route_stays_within_the_bound(tmp_path):
     (root / cls[1] / "gray.jpg").write_bytes(_jpeg(rgb.convert("L"), quality=90))
     (root / cls[1] / "prog.jpg").write_bytes(_jpeg(rgb, quality=90, progressive=True))
     paths = fastread.scan(str(root))[0]
-    pre = Preprocess(resize=64, crop=56)
+    pre = Preprocess(resize=56, crop=48)   # 240 -> 56: shrunk 4.3x
+    safe = decode_dali.HW_SAFE_MIN_DOWNSCALE
     heads = [_plain_jpeg_header(open(p, "rb").read()) for p in paths]
-    want = [hardware_route(h, pre.target_size(*h[:2])) for h in heads]
+    want = [hardware_route(h, pre.target_size(*h[:2]), safe) for h in heads]
     assert sum(want) >= 8 and not want[[os.path.basename(p) for p in paths].index("prog.jpg")]
-    dec = DaliDecoder(pre, device="gpu", batch_size=5, threads=2)
-    assert dec.routed and dec.hw_min_downscale == decode_dali.HW_MIN_DOWNSCALE
+    dec = DaliDecoder(pre, device="gpu", batch_size=5, threads=2, hw_min_downscale=safe)
+    assert dec.routed
     got = [x for b in dec.batches(paths) for x in b]
     assert dec.hardware == sum(want) and dec.by_pillow == []
     for p, (data, shape, why) in zip(paths, got):

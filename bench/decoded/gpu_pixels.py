@@ -12,9 +12,9 @@ difference:
 
   dali-cpu            DALI's CPU decoder and resize (the reference: ~0.2)
   gpu                 fancy chroma upsampling for every image, hardware share 1.0
-  gpu-routed          the pack's GPU decoder: the hardware route
-                      (fastread.decode_dali.HW_MIN_DOWNSCALE) for the JPEGs it
-                      names, the fancy path for the rest
+  gpu-routed          the hardware route with fastread.decode_dali's
+                      HW_SAFE_MIN_DOWNSCALE for the JPEGs it names, the fancy
+                      path for the rest
   gpu-simple          nvJPEG's default chroma upsampling (replication), hardware 1.0
   gpu-hw0             fancy upsampling, no hardware decoder (nvJPEG's CUDA decoder)
   gpu-simple-hw0      neither
@@ -27,7 +27,8 @@ hw0 variants differ from the others, the hardware decoder.
 
 Then, per setting, a line per image: its header (chroma subsampling, size,
 EXIF orientation, start-of-frame marker), its downscale factor, whether the
-hardware route takes it, and its mean difference under each variant.
+hardware route (HW_SAFE_MIN_DOWNSCALE) takes it, and its mean difference under
+each variant.
 
     python bench/decoded/gpu_pixels.py [--tree DIR] [--variants ...] [--json OUT]
 """
@@ -72,7 +73,9 @@ def variant_decoder(name, pre, threads):
     if name == "dali-cpu":
         return DaliDecoder(pre, device="cpu", batch_size=16, threads=threads)
     if name == "gpu-routed":
-        return DaliDecoder(pre, device="gpu", batch_size=16, threads=threads)
+        from fastread.decode_dali import HW_SAFE_MIN_DOWNSCALE
+        return DaliDecoder(pre, device="gpu", batch_size=16, threads=threads,
+                           hw_min_downscale=HW_SAFE_MIN_DOWNSCALE)
     fancy = "simple" not in name
     hw = 0.0 if name.endswith("hw0") else 1.0
 
@@ -154,7 +157,8 @@ def header_facts(path, pre):
     hardware route) of one file, from what the pack's parser reads."""
     from PIL import Image
 
-    from fastread.decode_dali import _plain_jpeg_header, _upright, hardware_route
+    from fastread.decode_dali import (HW_SAFE_MIN_DOWNSCALE, _plain_jpeg_header, _upright,
+                                      hardware_route)
 
     data = open(path, "rb").read()
     try:
@@ -175,7 +179,7 @@ def header_facts(path, pre):
     factor = min(size[0] / t[0], size[1] / t[1])
     return (sampling if fmt == "JPEG" else fmt, f"{size[0]}x{size[1]}", orientation,
             f"0x{plain[3]:X}" if plain else "(Pillow's)", round(factor, 2),
-            hardware_route(head, t))
+            hardware_route(head, t, HW_SAFE_MIN_DOWNSCALE))
 
 
 def main():

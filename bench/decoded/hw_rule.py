@@ -2,8 +2,8 @@
 decoder with nvJPEG's own chroma upsampling (``jpeg_fancy_upsampling=False``,
 which lets the GPU's hardware JPEG decoder decode) parts from Pillow's
 pixels, per chroma subsampling, content and downscale factor; the fancy
-(host) route beside it as the control. fastread.decode_dali.HW_MIN_DOWNSCALE
-is read from this table.
+(host) route beside it as the control. fastread.decode_dali's
+HW_SAFE_MIN_DOWNSCALE is read from this table.
 
 Sources (made here, in memory): ``--images`` ImageNet-like JPEGs
 (fastread.datasets.make_imagenet_like, 500x375) and as many noise images

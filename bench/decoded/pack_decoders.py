@@ -14,10 +14,14 @@ Pillow pack pixel by pixel (mean absolute difference per image, the worst
 image's, and the largest single difference), the numbers the tests'
 tolerance (tests/test_pack_dali.py) stands on.
 
-GPU variants: ``dali-gpu`` is the pack's decoder (the hardware route of
-fastread.decode_dali.HW_MIN_DOWNSCALE: plain baseline JPEGs that the resize
-shrinks enough go to the hardware JPEG decoder, the rest to the fancy, host
-path); ``dali-gpu-fancy`` every image on the fancy path (the route off);
+GPU variants: ``dali-gpu`` is the pack's decoder as it stands
+(fastread.decode_dali's defaults); ``dali-gpu-fancy`` every image on the
+fancy (host) path, the hardware route off (HW_MIN_DOWNSCALE empty);
+``dali-gpu-routed`` the hardware route with HW_SAFE_MIN_DOWNSCALE (plain
+baseline JPEGs that the resize shrinks enough to the hardware JPEG decoder,
+the rest to the fancy path), ``dali-gpu-routed2`` with 4:2:0 and 4:2:2 from
+2x (the table first measured, within the tests' bound on ImageNet-like
+JPEGs but not on noise);
 ``dali-gpu-simple`` every image on nvJPEG's own upsampling (the hardware
 decoder for every JPEG it takes); ``-hw0``/``-hw65`` the hardware share,
 ``-gpuhuff`` Huffman decoding on the GPU.
@@ -38,7 +42,7 @@ waits for.
         [--tree DIR | --dir /var/tmp/fastread-packdecoders --images 2000 --classes 10] \\
         [--out-dir /dev/shm/packs] \\
         [--resize 160] [--crop 160] [--encode raw|jpeg] [--batch-size 256] \\
-        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-fancy,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple,dali-gpu-gpuhuff[-simple]]] \\
+        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-fancy,dali-gpu-routed[2],dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple,dali-gpu-gpuhuff[-simple]]] \\
         [--json OUT.json] \\
         [--tests-log test_pack_dali.log] [--target 3]
 """
@@ -84,6 +88,7 @@ def main():
     import numpy as np
 
     import fastread
+    from fastread import decode_dali
     from fastread.decode import _dali_gpus
     from fastread.datasets import make_imagenet_like
 
@@ -126,10 +131,11 @@ def main():
     gpu_huffman = {"dali-gpu-gpuhuff", "dali-gpu-gpuhuff-simple"}
     hw_loads.update({n: 0.0 for n in gpu_huffman})
     simple.add("dali-gpu-gpuhuff-simple")
-    # dali-gpu-fancy: no hardware route (decode_dali.HW_MIN_DOWNSCALE empty):
-    # every image on the fancy (host) path, the pack decoder before the route.
-    unrouted = {"dali-gpu-fancy"}
-    for n in list(hw_loads) + list(simple) + list(unrouted):
+    # The hardware route's tables (decode_dali.HW_MIN_DOWNSCALE) by variant:
+    # dali-gpu-fancy none (every image on the fancy, host path).
+    tables = {"dali-gpu-fancy": {}, "dali-gpu-routed": decode_dali.HW_SAFE_MIN_DOWNSCALE,
+              "dali-gpu-routed2": {"gray": 0.0, "4:4:4": 0.0, "4:2:2": 2.0, "4:2:0": 2.0}}
+    for n in list(hw_loads) + list(simple) + list(tables):
         settings[n] = settings["dali-gpu"]
     for n in names:
         if n not in settings:
@@ -140,7 +146,6 @@ def main():
           f"{os.cpu_count()} CPUs; {opts}; GPU: {gpus or why_not}", flush=True)
 
     from fastread.decode import Preprocess, choose_decoder, decoded_batches
-    from fastread import decode_dali
     from fastread.decode_dali import DaliDecoder
 
     default_hw = decode_dali.HW_DECODER_LOAD
@@ -160,7 +165,7 @@ def main():
                               threads=args.workers, hw_decoder_load=hw_loads.get(n),
                               fancy_upsampling=n not in simple,
                               hybrid_huffman_threshold=0 if n in gpu_huffman else None,
-                              hw_min_downscale={} if n in unrouted else None)
+                              hw_min_downscale=tables.get(n))
             batches = dec.batches(paths)
             builds[n] = dec.build_seconds
             routed[n] = dec
@@ -189,7 +194,7 @@ def main():
             decode_dali.HW_DECODER_LOAD = hw_loads.get(n, default_hw)
             decode_dali.FANCY_UPSAMPLING = n not in simple
             decode_dali.HYBRID_HUFFMAN_THRESHOLD = 0 if n in gpu_huffman else None
-            decode_dali.HW_MIN_DOWNSCALE = {} if n in unrouted else default_route
+            decode_dali.HW_MIN_DOWNSCALE = tables.get(n, default_route)
             t0 = time.perf_counter()
             try:
                 img = fastread.pack(tree, out, **settings[n], **opts)
