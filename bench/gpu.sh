@@ -117,11 +117,11 @@
 #   bash bench/gpu.sh pack-why  tests/test_pack_dali.py, then DALI's own decoding rate per chroma
 #                              upsampling and hardware share, alone and with the pack's resize,
 #                              crop and copy (bench/decoded/dali_decode_rate.py), nvidia-smi dmon
-#                              beside it (the jpg column: the hardware decoder's load)
-#   bash bench/gpu.sh pack-rule  the hardware route of the GPU pack decoder (issue 39):
-#                              tests/test_pack_dali.py, bench/decoded/hw_rule.py (the route's
-#                              distance from Pillow per subsampling and downscale factor) and
-#                              bench/decoded/gpu_pixels.py (the tests' tree, image by image)
+#                              beside it (the jpg column: the hardware decoder's load); PW_TESTS=0
+#                              leaves the tests out
+#   bash bench/gpu.sh pack-pixels  tests/test_pack_dali.py, bench/decoded/hw_rule.py (nvJPEG's
+#                              upsampling's distance from Pillow per subsampling and downscale
+#                              factor) and bench/decoded/gpu_pixels.py (the tests' tree, image by image)
 #   bash bench/gpu.sh parquet-dali  issue 40's DALI row: the 20k tree as Parquet and as files,
 #                              readers.parquet / readers.file / fn.readers.file + mixed decoding,
 #                              interleaved (bench/parquet/dali_decode.py; target parquet >= 0.9x file)
@@ -681,7 +681,7 @@ pack-why)
     (cd tests && timeout 240 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
         >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
         { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -30 || true; }
-    grep -E "::test_(gpu|hardware|routed)" "$json/test_pack_dali.log" || true
+    grep -E "::test_gpu" "$json/test_pack_dali.log" || true
     tar -cf "$out/results-$section.tar" -C "$json" .
     fi
     tree=/tmp/fastread-packdecoders/train
@@ -697,18 +697,18 @@ pack-why)
     echo "loadavg: $(cat /proc/loadavg)"
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
-pack-rule)
-    # The hardware route (issue 39): tests/test_pack_dali.py (its GPU cases), the
-    # tests' tree per image (bench/decoded/gpu_pixels.py: header, factor, route, each
-    # variant's difference from Pillow) and the rule's table (bench/decoded/hw_rule.py:
-    # the hardware route's distance from Pillow per subsampling, content and factor).
-    python3 -c 'import nvidia.dali' || { echo "pack-rule needs DALI: bash bench/gpu.sh stage first"; exit 1; }
+pack-pixels)
+    # The GPU pack decoder's pixels (issue 39): tests/test_pack_dali.py (its GPU cases), the
+    # tests' tree per image (bench/decoded/gpu_pixels.py: header, factor, each variant's
+    # difference from Pillow) and nvJPEG's own upsampling's distance from Pillow per
+    # subsampling, content and factor (bench/decoded/hw_rule.py).
+    python3 -c 'import nvidia.dali' || { echo "pack-pixels needs DALI: bash bench/gpu.sh stage first"; exit 1; }
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
     echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
     (cd tests && timeout 240 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
         >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
         { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -30 || true; }
-    grep -E "::test_(gpu|hardware|routed)" "$json/test_pack_dali.log" || true
+    grep -E "::test_gpu" "$json/test_pack_dali.log" || true
     tar -cf "$out/results-$section.tar" -C "$json" .
     timeout 120 python3 bench/decoded/hw_rule.py --json "$json/hw-rule.json" 2>&1 |
         grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/hw-rule.txt" || echo "(hw_rule.py failed)"
@@ -869,7 +869,7 @@ cassandra)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, pack-rule, pack-why, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, pack-pixels, pack-why, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
     exit 2
     ;;
 esac

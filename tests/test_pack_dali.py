@@ -359,95 +359,14 @@ def test_plain_jpeg_sizes_are_pillows(tree):
     assert upright_size(others[0]) == (37, 53)   # turned, by Pillow's parser
 
 
-def _jpeg(im, **kw):
-    buf = io.BytesIO()
-    im.save(buf, "JPEG", **kw)
-    return buf.getvalue()
-
-
-def test_hardware_route_is_decided_from_the_header():
-    """The hardware route (decode_dali.HW_MIN_DOWNSCALE): the header walk
-    reads the chroma subsampling and the frame; a plain baseline JPEG takes
-    the route where its subsampling is in the table and the resize shrinks
-    it by at least that factor on both axes; progressive JPEGs, JPEGs the
-    walk steps aside for (EXIF, CMYK) and subsamplings not in the table
-    never do. The route is on only for the GPU with the fancy upsampling and
-    a table: off by default (measured no faster on the H200)."""
-    from fastread import decode_dali
-    from fastread.decode_dali import _plain_jpeg_header, hardware_route
-
-    rgb = Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 96, 3), np.uint8))
-    h420 = _plain_jpeg_header(_jpeg(rgb))
-    assert h420 == (96, 64, "4:2:0", 0xC0)
-    h444 = _plain_jpeg_header(_jpeg(rgb, subsampling=0))
-    h422 = _plain_jpeg_header(_jpeg(rgb, subsampling=1))
-    gray = _plain_jpeg_header(_jpeg(rgb.convert("L")))
-    prog = _plain_jpeg_header(_jpeg(rgb, progressive=True, subsampling=0))
-    assert (h444[2], h422[2], gray[2], prog[2:]) == ("4:4:4", "4:2:2", "gray", ("4:4:4", 0xC2))
-    exif = Image.Exif()
-    exif[0x0112] = 1
-    assert _plain_jpeg_header(_jpeg(rgb, exif=exif.tobytes())) is None
-    table = {"4:2:0": 2.0, "4:4:4": 0.0, "gray": 0.0}
-    assert hardware_route(h420, (48, 32), table)           # shrunk 2x
-    assert not hardware_route(h420, (49, 33), table)       # not quite
-    assert not hardware_route(h420, (48, 40), table)       # one axis short of 2x
-    assert hardware_route(h444, (200, 133), table)         # nothing to upsample: any scale
-    assert hardware_route(gray, (96, 64), table)
-    assert not hardware_route(h422, (10, 10), table)       # not in the table
-    assert not hardware_route(prog, (10, 10), table)       # no progressive JPEG
-    assert not hardware_route(None, (10, 10), table)       # not a plain JPEG
-    assert not hardware_route(h420, (10, 10), {})
-    assert not hardware_route(h420, (10, 10))              # the default table: empty
-    safe = decode_dali.HW_SAFE_MIN_DOWNSCALE
-    assert hardware_route(h420, (24, 16), safe) and not hardware_route(h420, (25, 17), safe)
-    pre = Preprocess(resize=32)
-    assert decode_dali.HW_MIN_DOWNSCALE == {} and not DaliDecoder(pre, device="gpu").routed
-    assert DaliDecoder(pre, device="gpu", hw_min_downscale=safe).routed
-    assert not DaliDecoder(pre, device="gpu", fancy_upsampling=False, hw_min_downscale=safe).routed
-    assert not DaliDecoder(pre, device="cpu", hw_min_downscale=safe).routed
-    args = DaliDecoder(pre, device="gpu", hw_min_downscale=safe).decoder_args(hardware=True)
-    assert args["jpeg_fancy_upsampling"] is False
-    for bad in ([2.0], {"4:2:0": -1}, {"4:2:0": True}):
-        with pytest.raises(ValueError, match="hw_min_downscale must be a dict"):
-            DaliDecoder(pre, device="gpu", hw_min_downscale=bad)
-
-
-def test_routed_pipeline_splits_and_merges_in_order(tree, tmp_path):
-    """The routed pipeline (DALI's conditional execution between two
-    decoders, by the per-sample flag) keeps every sample's place: run here
-    with DALI's CPU decoder in both branches (the route's mechanics, no GPU),
-    its pixels are those of the one-decoder pipeline, whichever branch each
-    sample took, also for a batch all in one branch and one failed sample
-    run alone."""
-    from fastread import decode_dali
-
+def test_dali_decoder_says_where_its_time_went(tree):
+    """DaliDecoder.seconds: each step's time over a call of batches() (what
+    bench/decoded/pack_decoders.py prints)."""
     paths = fastread.scan(tree)[0]
-    pre = Preprocess(resize=40, crop=32)
-
-    def run(routed, table):
-        dec = DaliDecoder(pre, device="cpu", batch_size=5, threads=2, hw_min_downscale=table)
-        dec.routed = routed
-        return dec, [x for b in dec.batches(paths) for x in b]
-
-    _, ref = run(False, {})
-    for table in ({"4:2:0": 0.0}, {"4:2:0": 100.0}, {"4:2:0": 1.8, "4:4:4": 0.0}):
-        dec, got = run(True, table)
-        assert dec.pipelines_built == 1
-        assert [s for _, s, _ in got] == [s for _, s, _ in ref]
-        for (a, _, _), (b, _, _) in zip(ref, got):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-        if table["4:2:0"] == 0.0:
-            assert dec.hardware > 0
-        if table["4:2:0"] == 100.0:
-            assert dec.hardware == 0
-    dec = DaliDecoder(pre, device="cpu", batch_size=5, threads=2, hw_min_downscale={"4:2:0": 0})
-    dec.routed = True
-    data = np.fromfile(next(p for p in paths if p.endswith(".JPEG")), np.uint8)
-    size = pre.target_size(*upright_size(data))
-    one = dec._run([data], [size], [True])
-    assert one[0][0].shape == (32, 32, 3)
-    assert decode_dali.hardware_route(decode_dali._plain_jpeg_header(data), size,
-                                      {"4:2:0": 0.0})
+    dec = DaliDecoder(Preprocess(resize=40, crop=32), device="cpu", batch_size=5, threads=2)
+    assert sum(len(b) for b in dec.batches(paths)) == len(paths)
+    assert set(dec.seconds) == {"read", "parse", "feed", "wait", "store"}
+    assert all(v >= 0 for v in dec.seconds.values()) and dec.seconds["wait"] > 0
 
 
 def test_a_device_failure_fails_the_pack_not_the_files(tree, tmp_path, monkeypatch):
@@ -692,43 +611,6 @@ def test_gpu_skip_bad_keeps_the_good_files(tree, tmp_path):
     ref = fastread.pack(root, str(tmp_path / "ref.img"), decode=True, decoder="pillow",
                         resize=40, crop=32, skip_bad=True, decode_workers=0, progress=False)
     compare(ref, img, MEAN_GPU, MAX_GPU)
-
-
-@needs_gpu
-def test_gpu_hardware_route_stays_within_the_bound(tmp_path):
-    """JPEGs the hardware route takes (plain baseline ones the resize shrinks
-    enough: decode_dali.HW_SAFE_MIN_DOWNSCALE, the opt-in table) decode on
-    the hardware decoder, within the GPU bound of the Pillow path; a
-    progressive one beside them takes the fancy path."""
-    from fastread import decode_dali
-    from fastread.decode_dali import _plain_jpeg_header, hardware_route
-
-    root = tmp_path / "big" / "train"
-    make_imagenet_like(root, classes=2, per_class=4, width=320, height=240, mean_kb=24,
-                       workers=1, progress=False)
-    cls = classes(root)
-    with Image.open(fastread.scan(str(root))[0][0]) as im:
-        rgb = im.convert("RGB")
-    (root / cls[0] / "s444.jpg").write_bytes(_jpeg(rgb, quality=90, subsampling=0))
-    (root / cls[1] / "gray.jpg").write_bytes(_jpeg(rgb.convert("L"), quality=90))
-    (root / cls[1] / "prog.jpg").write_bytes(_jpeg(rgb, quality=90, progressive=True))
-    paths = fastread.scan(str(root))[0]
-    pre = Preprocess(resize=56, crop=48)   # 240 -> 56: shrunk 4.3x
-    safe = decode_dali.HW_SAFE_MIN_DOWNSCALE
-    heads = [_plain_jpeg_header(open(p, "rb").read()) for p in paths]
-    want = [hardware_route(h, pre.target_size(*h[:2]), safe) for h in heads]
-    assert sum(want) >= 8 and not want[[os.path.basename(p) for p in paths].index("prog.jpg")]
-    dec = DaliDecoder(pre, device="gpu", batch_size=5, threads=2, hw_min_downscale=safe)
-    assert dec.routed
-    got = [x for b in dec.batches(paths) for x in b]
-    assert dec.hardware == sum(want) and dec.by_pillow == []
-    for p, (data, shape, why) in zip(paths, got):
-        assert why is None
-        ref, ref_shape = preprocess_file(p, pre)
-        assert tuple(shape) == ref_shape
-        d = np.abs(np.frombuffer(memoryview(data).cast("B"), np.uint8).astype(np.int16)
-                   - np.frombuffer(ref, np.uint8).astype(np.int16))
-        assert d.mean() <= MEAN_GPU and d.max() <= MAX_GPU, (p, d.mean(), d.max())
 
 
 @needs_gpu

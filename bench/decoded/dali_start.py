@@ -10,8 +10,8 @@ pipeline: the decoders' set-up), ``run1`` and ``run2`` (two runs of
 ``build2`` (a second DaliDecoder's pipeline in the same process: what
 stays of a build once CUDA is up). Variants: ``fancy`` (one decoder, the
 host's upsampling), ``simple`` (one decoder, nvJPEG's upsampling: the
-hardware decoder), ``routed`` (both, by the hardware route), each with
-``--threads`` DALI threads, and ``fancy-t4`` (4 threads).
+hardware decoder's output as it comes), each with ``--threads`` DALI
+threads, and ``fancy-t4`` (4 threads).
 
     python bench/decoded/dali_start.py --tree DIR [--batch 256] [--threads 16] [--json OUT]
 """
@@ -22,8 +22,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = {"fancy": dict(hw_min_downscale={}), "simple": dict(fancy_upsampling=False),
-            "routed": dict(), "fancy-t4": dict(hw_min_downscale={}, threads=4)}
+VARIANTS = {"fancy": dict(), "simple": dict(fancy_upsampling=False), "fancy-t4": dict(threads=4)}
 
 
 def child(tree, variant, batch, threads, device="gpu"):
@@ -59,18 +58,12 @@ def child(tree, variant, batch, threads, device="gpu"):
     dec = DaliDecoder(pre, device=device, batch_size=batch, **kw)
     dec._pipeline()
     t["build"] = time.perf_counter() - t0
-    from fastread.decode_dali import _upright, hardware_route
     for k in (1, 2):
         part = datas[(k - 1) * batch:k * batch]
-        heads = [_upright(d) for d in part]
-        sizes = [pre.target_size(*s) for s, _ in heads]
-        hw = [hardware_route(h, s, dec.hw_min_downscale) for (_, h), s in zip(heads, sizes)] \
-            if dec.routed else None
+        sizes = [pre.target_size(*upright_size(d)) for d in part]
         t0 = time.perf_counter()
-        dec._run(part, sizes, hw)
+        dec._run(part, sizes)
         t[f"run{k}"] = time.perf_counter() - t0
-        if hw is not None:
-            t[f"run{k}_hardware"] = sum(hw)
     t0 = time.perf_counter()
     DaliDecoder(pre, device=device, batch_size=batch, **kw)._pipeline()
     t["build2"] = time.perf_counter() - t0
@@ -93,8 +86,8 @@ def main():
         return 0
     out = {}
     keys = ("import", "cuda", "build", "run1", "run2", "build2")
-    print("| variant | " + " | ".join(f"{k} (s)" for k in keys) + " | hardware route (run1) |")
-    print("|---|" + "---:|" * (len(keys) + 1))
+    print("| variant | " + " | ".join(f"{k} (s)" for k in keys) + " |")
+    print("|---|" + "---:|" * len(keys))
     for v in args.variants.split(","):
         r = subprocess.run([sys.executable, __file__, "--tree", args.tree, "--batch", str(args.batch),
                             "--threads", str(args.threads), "--device", args.device,
@@ -106,8 +99,7 @@ def main():
             continue
         t = json.loads(lines[-1])
         out[v] = t
-        print(f"| {v} | " + " | ".join(f"{t[k]:.3f}" for k in keys)
-              + f" | {t.get('run1_hardware', '-')} |", flush=True)
+        print(f"| {v} | " + " | ".join(f"{t[k]:.3f}" for k in keys) + " |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -12,9 +12,6 @@ difference:
 
   dali-cpu            DALI's CPU decoder and resize (the reference: ~0.2)
   gpu                 fancy chroma upsampling for every image, hardware share 1.0
-  gpu-routed          the hardware route with fastread.decode_dali's
-                      HW_SAFE_MIN_DOWNSCALE for the JPEGs it names, the fancy
-                      path for the rest
   gpu-simple          nvJPEG's default chroma upsampling (replication), hardware 1.0
   gpu-hw0             fancy upsampling, no hardware decoder (nvJPEG's CUDA decoder)
   gpu-simple-hw0      neither
@@ -26,9 +23,8 @@ cause; if gpu-simple is off by more than gpu, the chroma upsampling; if the
 hw0 variants differ from the others, the hardware decoder.
 
 Then, per setting, a line per image: its header (chroma subsampling, size,
-EXIF orientation, start-of-frame marker), its downscale factor, whether the
-hardware route (HW_SAFE_MIN_DOWNSCALE) takes it, and its mean difference under
-each variant.
+EXIF orientation, progressive or not), its downscale factor (source over
+target, the smaller axis), and its mean difference under each variant.
 
     python bench/decoded/gpu_pixels.py [--tree DIR] [--variants ...] [--json OUT]
 """
@@ -72,19 +68,14 @@ def variant_decoder(name, pre, threads):
 
     if name == "dali-cpu":
         return DaliDecoder(pre, device="cpu", batch_size=16, threads=threads)
-    if name == "gpu-routed":
-        from fastread.decode_dali import HW_SAFE_MIN_DOWNSCALE
-        return DaliDecoder(pre, device="gpu", batch_size=16, threads=threads,
-                           hw_min_downscale=HW_SAFE_MIN_DOWNSCALE)
     fancy = "simple" not in name
     hw = 0.0 if name.endswith("hw0") else 1.0
 
     class Variant(DaliDecoder):
-        def decoder_args(self, hardware=False):
+        def decoder_args(self):
             return dict(device="mixed", jpeg_fancy_upsampling=fancy, hw_decoder_load=hw)
 
-    return Variant(pre, device="gpu", batch_size=16, threads=threads, hw_decoder_load=hw,
-                   hw_min_downscale={})
+    return Variant(pre, device="gpu", batch_size=16, threads=threads, hw_decoder_load=hw)
 
 
 def gpu_resize(pre, arrays, sizes):
@@ -153,18 +144,17 @@ def compare(name, pre, paths, names, threads):
 
 
 def header_facts(path, pre):
-    """(subsampling, "WxH", orientation, SOF marker, downscale factor,
-    hardware route) of one file, from what the pack's parser reads."""
+    """(subsampling, upright "WxH", EXIF orientation, progressive,
+    downscale factor) of one file, from its header."""
     from PIL import Image
 
-    from fastread.decode_dali import (HW_SAFE_MIN_DOWNSCALE, _plain_jpeg_header, _upright,
-                                      hardware_route)
+    from fastread.decode_dali import upright_size
 
     data = open(path, "rb").read()
     try:
-        size, head = _upright(data)
+        size = upright_size(data)
     except Exception as e:
-        return (f"({type(e).__name__})", "-", "-", "-", "-", False)
+        return (f"({type(e).__name__})", "-", "-", "-", "-")
     with Image.open(path) as im:
         orientation = im.getexif().get(0x0112, 1)
         fmt = im.format
@@ -174,12 +164,11 @@ def header_facts(path, pre):
             sampling = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}.get(
                 JpegImagePlugin.get_sampling(im), "other") if len(im.layer) == 3 else \
                 f"{len(im.layer)} comp."
-    plain = _plain_jpeg_header(data)
+        progressive = bool(im.info.get("progressive") or im.info.get("progression"))
     t = pre.target_size(*size)
     factor = min(size[0] / t[0], size[1] / t[1])
     return (sampling if fmt == "JPEG" else fmt, f"{size[0]}x{size[1]}", orientation,
-            f"0x{plain[3]:X}" if plain else "(Pillow's)", round(factor, 2),
-            hardware_route(head, t, HW_SAFE_MIN_DOWNSCALE))
+            progressive, round(factor, 2))
 
 
 def main():
@@ -201,8 +190,8 @@ def main():
     names = [os.path.relpath(p, tree) for p in paths]
     _, gpus, why = _dali_gpus()
     variants = args.variants.split(",") if args.variants else \
-        ["dali-cpu"] + (["gpu", "gpu-routed", "gpu-simple", "gpu-hw0", "gpu-simple-hw0",
-                         "gpu-resize"] if gpus else [])
+        ["dali-cpu"] + (["gpu", "gpu-simple", "gpu-hw0", "gpu-simple-hw0", "gpu-resize"]
+                        if gpus else [])
     print(f"tree {tree}: {len(paths)} files; GPU: {gpus or why}", flush=True)
     table = {}
     print("| variant | setting | mean | worst image (mean) | largest | decoded by Pillow |")
@@ -220,9 +209,9 @@ def main():
                   f"({r['worst_mean']:.2f}) | {r['max']} | {len(r['by_pillow'])} |", flush=True)
     per = [v for v in variants if v != "gpu-resize"]
     print()
-    print("| setting | image | subsampling | size | orientation | SOF | factor | hardware route | "
+    print("| setting | image | subsampling | size | orientation | progressive | factor | "
           + " | ".join(per) + " |")
-    print("|---|---|---|---|---:|---|---:|---|" + "---:|" * len(per))
+    print("|---|---|---|---|---:|---|---:|" + "---:|" * len(per))
     for setting in args.settings.split(";"):
         pre = Preprocess(**SETTINGS[setting])
         for i, (p, n) in enumerate(zip(paths, names)):

@@ -15,13 +15,8 @@ image's, and the largest single difference), the numbers the tests'
 tolerance (tests/test_pack_dali.py) stands on.
 
 GPU variants: ``dali-gpu`` is the pack's decoder as it stands
-(fastread.decode_dali's defaults); ``dali-gpu-fancy`` every image on the
-fancy (host) path, the hardware route off (HW_MIN_DOWNSCALE empty);
-``dali-gpu-routed`` the hardware route with HW_SAFE_MIN_DOWNSCALE (plain
-baseline JPEGs that the resize shrinks enough to the hardware JPEG decoder,
-the rest to the fancy path), ``dali-gpu-routed2`` with 4:2:0 and 4:2:2 from
-2x (the table first measured, within the tests' bound on ImageNet-like
-JPEGs but not on noise);
+(fastread.decode_dali's defaults); ``dali-gpu-depth4``/``-depth8`` with 4 or
+8 pipeline runs in flight (decode_dali.DEPTH, default 2);
 ``dali-gpu-simple`` every image on nvJPEG's own upsampling (the hardware
 decoder for every JPEG it takes); ``-hw0``/``-hw65`` the hardware share,
 ``-gpuhuff`` Huffman decoding on the GPU.
@@ -42,7 +37,7 @@ waits for.
         [--tree DIR | --dir /var/tmp/fastread-packdecoders --images 2000 --classes 10] \\
         [--out-dir /dev/shm/packs] \\
         [--resize 160] [--crop 160] [--encode raw|jpeg] [--batch-size 256] \\
-        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-fancy,dali-gpu-routed[2],dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple,dali-gpu-gpuhuff[-simple]]] \\
+        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-depth4,dali-gpu-depth8,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple,dali-gpu-gpuhuff[-simple]]] \\
         [--json OUT.json] \\
         [--tests-log test_pack_dali.log] [--target 3]
 """
@@ -131,11 +126,9 @@ def main():
     gpu_huffman = {"dali-gpu-gpuhuff", "dali-gpu-gpuhuff-simple"}
     hw_loads.update({n: 0.0 for n in gpu_huffman})
     simple.add("dali-gpu-gpuhuff-simple")
-    # The hardware route's tables (decode_dali.HW_MIN_DOWNSCALE) by variant:
-    # dali-gpu-fancy none (every image on the fancy, host path).
-    tables = {"dali-gpu-fancy": {}, "dali-gpu-routed": decode_dali.HW_SAFE_MIN_DOWNSCALE,
-              "dali-gpu-routed2": {"gray": 0.0, "4:4:4": 0.0, "4:2:2": 2.0, "4:2:0": 2.0}}
-    for n in list(hw_loads) + list(simple) + list(tables):
+    # Runs in flight (decode_dali.DEPTH; IN_FLIGHT follows it), by variant.
+    depths = {"dali-gpu-depth4": 4, "dali-gpu-depth8": 8}
+    for n in list(hw_loads) + list(simple) + list(depths):
         settings[n] = settings["dali-gpu"]
     for n in names:
         if n not in settings:
@@ -149,7 +142,11 @@ def main():
     from fastread.decode_dali import DaliDecoder
 
     default_hw = decode_dali.HW_DECODER_LOAD
-    default_route = decode_dali.HW_MIN_DOWNSCALE
+    default_depth = decode_dali.DEPTH
+
+    def set_depth(n):
+        decode_dali.DEPTH = depths.get(n, default_depth)
+        decode_dali.IN_FLIGHT = decode_dali.DEPTH + 2
 
     pre = Preprocess(resize=args.resize, crop=args.crop or None, encode=args.encode)
 
@@ -164,11 +161,10 @@ def main():
             dec = DaliDecoder(pre, device=choice.device, batch_size=args.batch_size,
                               threads=args.workers, hw_decoder_load=hw_loads.get(n),
                               fancy_upsampling=n not in simple,
-                              hybrid_huffman_threshold=0 if n in gpu_huffman else None,
-                              hw_min_downscale=tables.get(n))
+                              hybrid_huffman_threshold=0 if n in gpu_huffman else None)
             batches = dec.batches(paths)
             builds[n] = dec.build_seconds
-            routed[n] = dec
+            decoders[n] = dec
         count, first = 0, None
         for b in batches:
             if first is None:   # the fixed start: pipeline build, device and decoder init
@@ -182,7 +178,7 @@ def main():
     alone = {n: [] for n in names}
     starts = {n: [] for n in names}   # decode only: seconds to the first batch
     builds = {}   # decode only: the last DaliDecoder's pipeline build seconds
-    routed = {}   # decode only: the last DaliDecoder (its hardware route's count)
+    decoders = {}   # decode only: the last DaliDecoder (its seconds per step)
     outs = {}
     failed = set()
     for r in range(args.rounds):
@@ -194,7 +190,7 @@ def main():
             decode_dali.HW_DECODER_LOAD = hw_loads.get(n, default_hw)
             decode_dali.FANCY_UPSAMPLING = n not in simple
             decode_dali.HYBRID_HUFFMAN_THRESHOLD = 0 if n in gpu_huffman else None
-            decode_dali.HW_MIN_DOWNSCALE = tables.get(n, default_route)
+            set_depth(n)
             t0 = time.perf_counter()
             try:
                 img = fastread.pack(tree, out, **settings[n], **opts)
@@ -206,7 +202,7 @@ def main():
             finally:
                 decode_dali.HW_DECODER_LOAD, decode_dali.FANCY_UPSAMPLING = default_hw, True
                 decode_dali.HYBRID_HUFFMAN_THRESHOLD = None
-                decode_dali.HW_MIN_DOWNSCALE = default_route
+                set_depth(None)
             dt = time.perf_counter() - t0
             times[n].append(dt)
             outs[n] = out
@@ -215,17 +211,21 @@ def main():
                   f"{len(img.skipped)} skipped)", flush=True)
             if not args.no_decode_only:
                 try:
+                    set_depth(n)
                     alone[n].append(decode_only(n))
                 except Exception as e:
                     print(f"round {r} {n} decode only: FAILED ({type(e).__name__}: "
                           f"{(str(e).strip().splitlines() or ['?'])[-1][:200]})", flush=True)
                     continue
+                finally:
+                    set_depth(None)
                 first, first_len = starts[n][-1]
                 rest = alone[n][-1] - first
                 build = (f", of which the pipeline's build {builds[n][0]:.2f} s"
                          if builds.get(n) else "")
-                if n in routed and routed[n].routed:
-                    build += f"; {routed[n].hardware} of {len(paths)} by the hardware route"
+                if n in decoders:
+                    build += "; seconds per step: " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in decoders[n].seconds.items())
 
                 print(f"round {r} {n} decode only: {len(paths) / alone[n][-1]:.0f} img/s "
                       f"(first batch after {first:.2f} s{build}; the rest at "

@@ -92,41 +92,6 @@ HW_DECODER_LOAD = 1.0
 #: levels per image (tests/test_pack_dali.py allows 2).
 FANCY_UPSAMPLING = True
 
-#: The hardware route (issue 39): per image, decided from what the header
-#: walk already read, the mixed decoder with nvJPEG's own chroma
-#: upsampling (``jpeg_fancy_upsampling=False``), which lets the GPU's
-#: hardware JPEG decoder decode it, or the fancy one (libjpeg-turbo's
-#: interpolation, on the host: the pixels Pillow gets). nvJPEG replicates
-#: each chroma sample where libjpeg interpolates, so a chroma-subsampled
-#: JPEG parts from Pillow by several levels unless the resize averages the
-#: difference away; without subsampling there is nothing to upsample. The
-#: table: chroma subsampling (:func:`_plain_jpeg_header`'s) -> the least
-#: downscale factor (source over target, the smaller of the two axes) at
-#: which such a JPEG takes the hardware route; a subsampling not in it never
-#: does, nor does any JPEG that is not a plain baseline one (progressive,
-#: EXIF or XMP present, 4 components, ...: :func:`_plain_jpeg_header` steps
-#: aside). Empty (the default): every image on the fancy path. Measured on
-#: the H200 (DALI 2.4, 16 cores; docs/decoded.md "The hardware route"), the
-#: route buys no speed there: the hardware decoder's steady rate in the pack
-#: (nvJPEG's upsampling for every image) was the fancy path's (9,656 against
-#: 9,750 img/s, 20,000 JPEGs), and two decoders in one pipeline built in
-#: 2.4-2.5 s instead of 1.7 and decoded at 5-6k img/s: 0.65x Pillow at 5,000
-#: JPEGs where the fancy path packed at 0.86x. :data:`HW_SAFE_MIN_DOWNSCALE`
-#: is the table to opt in with where the hardware decoder pays.
-HW_MIN_DOWNSCALE = {}
-
-#: The hardware route's table within the tests' pixel bound on any content
-#: (bench/decoded/hw_rule.py on the H200): the worst image at most 1.0 level
-#: from Pillow's (the tests allow 2.0) at every factor from these up, on
-#: ImageNet-like JPEGs (at most 0.84 at any factor, any subsampling) and on
-#: noise (4:2:0: 4.6 levels at 2x, 1.75 at 3x, 0.77 at 4x; 4:2:2: 3.1, 1.19,
-#: 0.63; 4:4:4 and grey at most 0.30 at any factor, upscaling too).
-HW_SAFE_MIN_DOWNSCALE = {"gray": 0.0, "4:4:4": 0.0, "4:2:2": 4.0, "4:2:0": 4.0}
-
-#: Start-of-frame markers of the hardware route: baseline and extended
-#: sequential Huffman (the hardware decoder takes no progressive JPEG).
-_HW_SOF = (0xC0, 0xC1)
-
 #: nvJPEG's CUDA decoder: images of more pixels than this get the GPU-hybrid
 #: backend (Huffman decoding on the GPU), smaller ones Huffman decoding on
 #: the host's threads. None: DALI's default (1,000,000 pixels, so a data set
@@ -188,28 +153,15 @@ def jpeg_is_truncated(data):
 _PLAIN_SOF = (0xC0, 0xC1, 0xC2)
 
 
-def _sampling(data, at, comps):
-    """The chroma subsampling of a frame's ``comps`` components whose
-    specifications start at ``data[at]`` (id, H << 4 | V, table each):
-    "gray", "4:4:4", "4:2:2", "4:2:0", or "other" (4:4:0, 4:1:1, mixed)."""
-    if comps == 1:
-        return "gray"
-    f = [(data[at + 3 * k + 1] >> 4, data[at + 3 * k + 1] & 15) for k in range(comps)]
-    if f[1] != f[2] or f[1] != (1, 1):
-        return "other"
-    return {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0"}.get(f[0], "other")
-
-
-def _plain_jpeg_header(data):
-    """(width, height, chroma subsampling, start-of-frame marker) of a JPEG
-    that Pillow would open as a plain "JPEG" with orientation 1, from its
-    marker segments alone; None where anything is out of the ordinary (then
-    Pillow's parser decides: see :func:`upright_size`). Ordinary: SOI, then
-    well-formed segments up to the first start of scan, one 8-bit frame
-    (:data:`_PLAIN_SOF`) of 1 or 3 components and non-zero size, no APP1
-    segment (EXIF and XMP, the orientation's sources, live there), no APP2
-    "MPF" (Pillow opens those as MPO), a size under Pillow's
-    decompression-bomb limit. The subsampling is :func:`_sampling`'s.
+def _plain_jpeg_size(data):
+    """(width, height) of a JPEG that Pillow would open as a plain
+    "JPEG" with orientation 1, from its marker segments alone; None where
+    anything is out of the ordinary (then Pillow's parser decides: see
+    :func:`upright_size`). Ordinary: SOI, then well-formed segments up to the
+    first start of scan, one 8-bit frame (:data:`_PLAIN_SOF`) of 1 or 3
+    components and non-zero size, no APP1 segment (EXIF and XMP, the
+    orientation's sources, live there), no APP2 "MPF" (Pillow opens those as
+    MPO), a size under Pillow's decompression-bomb limit.
 
     Pillow's ``Image.open`` + ``getexif`` cost 0.3-0.6 ms a file (measured,
     2-core VM): on the parser's one thread that capped the GPU decoder near
@@ -241,9 +193,9 @@ def _plain_jpeg_header(data):
                 return None
             bits, comps = data[i + 4], data[i + 9]
             h, w = (data[i + 5] << 8) | data[i + 6], (data[i + 7] << 8) | data[i + 8]
-            if bits != 8 or comps not in (1, 3) or not w or not h or length < 8 + 3 * comps:
+            if bits != 8 or comps not in (1, 3) or not w or not h:
                 return None
-            size = (w, h, _sampling(data, i + 10, comps), marker)
+            size = (w, h)
         i += 2 + length
     else:
         return None              # no start of scan
@@ -255,52 +207,19 @@ def _plain_jpeg_header(data):
     return size
 
 
-def _plain_jpeg_size(data):
-    """(width, height) of :func:`_plain_jpeg_header`'s plain JPEG, or None."""
-    head = _plain_jpeg_header(data)
-    return None if head is None else head[:2]
-
-
-def hardware_route(header, target, table=None):
-    """Whether a JPEG takes the hardware route (:data:`HW_MIN_DOWNSCALE`):
-    ``header`` is :func:`_plain_jpeg_header`'s (None: not a plain JPEG, so
-    never), ``target`` the (width, height) it is resized to."""
-    if header is None:
-        return False
-    table = HW_MIN_DOWNSCALE if table is None else table
-    w, h, sampling, marker = header
-    least = table.get(sampling)
-    if least is None or marker not in _HW_SOF:
-        return False
-    return min(w / target[0], h / target[1]) >= least
-
-
 def upright_size(data):
     """(width, height) of the image in ``data`` as shown, EXIF orientation
     applied (what ``ImageOps.exif_transpose`` gives and DALI's decoders
     output), from its header: Pillow opens lazily and decodes nothing.
     Raises what Pillow raises for a file it does not recognise, and
     :class:`ForPillow` for one DALI must not be given."""
-    return _upright(data)[0]
-
-
-def _upright(data):
-    """(:func:`upright_size`'s size, :func:`_plain_jpeg_header`'s header or
-    None): the parser's one walk of a file's header."""
     from PIL import Image
 
-    head = _plain_jpeg_header(data)
-    if head is not None:   # the common case, without Pillow (as Pillow reads it)
+    size = _plain_jpeg_size(data)
+    if size is not None:   # the common case, without Pillow (as Pillow reads it)
         if jpeg_is_truncated(data):
             raise ForPillow("a truncated JPEG")
-        return head[:2], head
-    return _upright_by_pillow(data), None
-
-
-def _upright_by_pillow(data):
-    """:func:`upright_size` by Pillow's header parser (anything but a plain JPEG)."""
-    from PIL import Image
-
+        return size
     with Image.open(io.BytesIO(data)) as im:
         w, h = im.size
         fmt = im.format
@@ -334,15 +253,13 @@ class _Job:
     """A batch between reading and yielding. ``out``: per sample its item,
     set already for those settled before decoding (unreadable; left to
     Pillow); ``todo``: (position, bytes, upright (w, h)) of the samples for
-    DALI; ``sizes``: their target (w, h); ``hw``: per sample of ``todo``
-    whether it takes the hardware route (None: no route, one decoder);
-    ``base``: the batch's first position in the paths; ``results``: DALI's
-    per sample (pixels, decoded (H, W)) or None, once decoded."""
-    __slots__ = ("out", "todo", "sizes", "hw", "base", "results")
+    DALI; ``sizes``: their target (w, h); ``base``: the batch's first
+    position in the paths; ``results``: DALI's per sample (pixels, decoded
+    (H, W)) or None, once decoded."""
+    __slots__ = ("out", "todo", "sizes", "base", "results")
 
     def __init__(self, n, base):
         self.out, self.todo, self.sizes, self.base, self.results = [None] * n, [], [], base, None
-        self.hw = None
 
 
 _END = object()   # the end of a queue's jobs
@@ -358,15 +275,12 @@ class DaliDecoder:
     (default :data:`HW_DECODER_LOAD`); ``fancy_upsampling`` (GPU): libjpeg's
     chroma upsampling (default :data:`FANCY_UPSAMPLING`);
     ``hybrid_huffman_threshold`` (GPU): pixels above which nvJPEG decodes
-    Huffman on the GPU (default :data:`HYBRID_HUFFMAN_THRESHOLD`);
-    ``hw_min_downscale`` (GPU, with the fancy upsampling): the hardware
-    route's table (default :data:`HW_MIN_DOWNSCALE`; ``{}``: no route).
-    Engine arguments go to :func:`fastread.read_batches`."""
+    Huffman on the GPU (default :data:`HYBRID_HUFFMAN_THRESHOLD`). Engine arguments go to
+    :func:`fastread.read_batches`."""
 
     def __init__(self, pre, *, device="cpu", device_id=None, batch_size=64, threads=None,
                  hw_decoder_load=None, fancy_upsampling=None, hybrid_huffman_threshold=None,
-                 hw_min_downscale=None, engine="auto", prefetch=None, workers=None,
-                 **engine_options):
+                 engine="auto", prefetch=None, workers=None, **engine_options):
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -397,21 +311,6 @@ class DaliDecoder:
             raise ValueError(f"hybrid_huffman_threshold must be None or an integer >= 0, got "
                              f"{hybrid_huffman_threshold!r}")
         self.hybrid_huffman_threshold = hybrid_huffman_threshold
-        if hw_min_downscale is None:
-            hw_min_downscale = HW_MIN_DOWNSCALE
-        if not isinstance(hw_min_downscale, dict) or any(
-                isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0
-                for v in hw_min_downscale.values()):
-            raise ValueError("hw_min_downscale must be a dict of chroma subsampling -> a "
-                             f"number >= 0, got {hw_min_downscale!r}")
-        self.hw_min_downscale = dict(hw_min_downscale)
-        #: Whether the pipeline has the two routes (GPU, fancy upsampling
-        #: asked for, a non-empty table); without fancy upsampling every
-        #: image goes to the hardware decoder anyway.
-        self.routed = device == "gpu" and self.fancy_upsampling and bool(self.hw_min_downscale)
-        #: Samples given to DALI's hardware route (those decoded by it, unless
-        #: DALI then failed on them and Pillow took them).
-        self.hardware = 0
         self.device_id = (0 if device_id is None else device_id) if device == "gpu" else None
         self.read_args = dict(engine=engine, prefetch=prefetch, workers=workers, **engine_options)
         #: Positions (in the paths given to :meth:`batches`) of the files
@@ -421,22 +320,26 @@ class DaliDecoder:
         #: Seconds each pipeline build took (the fixed start's part before
         #: the first run: bench/decoded/pack_decoders.py reports it).
         self.build_seconds = []
+        #: Seconds spent per step over :meth:`batches` (each step on its one
+        #: thread): "read" (the reader's batches, waited for), "parse" (the
+        #: headers), "feed" (inputs fed and runs scheduled), "wait" (a run's
+        #: outputs waited for and copied to the host), "store" (the caller's
+        #: thread: items made, re-encoded). Where a pack's time goes
+        #: (bench/decoded/pack_decoders.py prints them).
+        self.seconds = dict.fromkeys(("read", "parse", "feed", "wait", "store"), 0.0)
         self._pipe = None
         self._lock = threading.Lock()   # by_pillow: the caller's thread and the parser's
 
     # -- the pipeline ---------------------------------------------------------
 
-    def decoder_args(self, hardware=False):
+    def decoder_args(self):
         """fn.decoders.image's arguments: on the GPU the CPU decoder's chroma
         upsampling (libjpeg-turbo's "fancy" one, Pillow's too: nvJPEG's
         default replicates each chroma sample, 2 to 4 levels off Pillow on
-        small images, more on noisy ones) and the hardware decoder's share.
-        ``hardware``: the hardware route's decoder (nvJPEG's own upsampling,
-        which the hardware decoder does)."""
+        small images, more on noisy ones) and the hardware decoder's share."""
         if self.device != "gpu":
             return dict(device="cpu")
-        args = dict(device="mixed",
-                    jpeg_fancy_upsampling=self.fancy_upsampling and not hardware,
+        args = dict(device="mixed", jpeg_fancy_upsampling=self.fancy_upsampling,
                     hw_decoder_load=self.hw_decoder_load)
         if self.hybrid_huffman_threshold is not None:   # else DALI's own default
             args["hybrid_huffman_threshold"] = self.hybrid_huffman_threshold
@@ -446,8 +349,7 @@ class DaliDecoder:
         from nvidia.dali import fn, pipeline_def, types
 
         crop = self.pre.crop
-        decoder_args, routed = self.decoder_args(), self.routed
-        hardware_args = self.decoder_args(hardware=True) if routed else None
+        decoder_args = self.decoder_args()
 
         # DEPTH runs in flight, each fed and scheduled explicitly (its outputs
         # are its batch's). prefetch_queue_depth 1: a deeper queue makes the
@@ -456,25 +358,14 @@ class DaliDecoder:
         # exist"); the dynamic executor queues further scheduled runs all the
         # same. It also lets the decoded shapes of GPU images come back to
         # the CPU (a GPU-to-CPU step the older executors refuse).
-        # The hardware route: DALI's conditional execution splits each batch
-        # by the per-sample flag "hw" between the two decoders and merges
-        # their outputs back in order (a branch may get no sample).
         @pipeline_def(batch_size=self.batch_size, num_threads=self.threads,
-                      device_id=self.device_id, exec_dynamic=True, prefetch_queue_depth=1,
-                      enable_conditionals=routed)
+                      device_id=self.device_id, exec_dynamic=True, prefetch_queue_depth=1)
         def pipe():
             raw = fn.external_source(name="raw", dtype=types.UINT8, ndim=1)
             width = fn.external_source(name="width", dtype=types.FLOAT, ndim=0)
             height = fn.external_source(name="height", dtype=types.FLOAT, ndim=0)
-            if routed:
-                hw = fn.external_source(name="hw", dtype=types.BOOL, ndim=0)
-                if hw:
-                    images = fn.decoders.image(raw, output_type=types.RGB, **hardware_args)
-                else:
-                    images = fn.decoders.image(raw, output_type=types.RGB, **decoder_args)
-            else:
-                images = fn.decoders.image(raw, output_type=types.RGB,   # adjust_orientation=True
-                                           **decoder_args)
+            images = fn.decoders.image(raw, output_type=types.RGB,   # adjust_orientation=True
+                                       **decoder_args)
             decoded = images.shape(device="cpu")
             images = fn.resize(images, resize_x=width, resize_y=height,
                                interp_type=types.INTERP_LINEAR, antialias=True)
@@ -505,18 +396,15 @@ class DaliDecoder:
                               f"built: {lines[-1] if lines else type(e).__name__}") from e
         return self._pipe
 
-    def _start(self, datas, sizes, hw=None):
+    def _start(self, datas, sizes):
         """Feeds one run (``datas``: uint8 arrays of file bytes; target
-        ``sizes`` [(w, h)]; ``hw``: per sample, the hardware route or not,
-        where the pipeline has the routes) and schedules it; its outputs
-        come from :meth:`_take`, runs in the order started."""
+        ``sizes`` [(w, h)]) and schedules it; its outputs come from
+        :meth:`_take`, runs in the order started."""
         p = self._pipeline()
         try:
             p.feed_input("raw", datas)
             p.feed_input("width", [np.float32(w) for w, _ in sizes])
             p.feed_input("height", [np.float32(h) for _, h in sizes])
-            if self.routed:
-                p.feed_input("hw", [np.bool_(x) for x in (hw or [False] * len(datas))])
             if self.pre.crop is not None:
                 p.feed_input("anchor", [np.array(crop_box(w, h, self.pre.crop)[::-1],
                                                  dtype=np.int32) for w, h in sizes])
@@ -543,9 +431,9 @@ class DaliDecoder:
             raise
         return [(pixels[i], (int(shapes[i][0]), int(shapes[i][1]))) for i in range(n)]
 
-    def _run(self, datas, sizes, hw=None):
+    def _run(self, datas, sizes):
         """One run, waited for (see :meth:`_start`, :meth:`_take`)."""
-        self._start(datas, sizes, hw)
+        self._start(datas, sizes)
         return self._take(len(datas))
 
     def _one_by_one(self, job):
@@ -556,9 +444,9 @@ class DaliDecoder:
         if len(job.todo) == 1:
             return [None]
         out = []
-        for k, ((_, d, _), s) in enumerate(zip(job.todo, job.sizes)):
+        for (_, d, _), s in zip(job.todo, job.sizes):
             try:
-                out.extend(self._run([d], [s], None if job.hw is None else [job.hw[k]]))
+                out.extend(self._run([d], [s]))
             except (RuntimeError, ValueError) as e:
                 _raise_if_not_a_files_fault(e)
                 out.append(None)
@@ -604,7 +492,9 @@ class DaliDecoder:
                     return
                 if isinstance(job, BaseException):
                     raise job
+                t0 = time.perf_counter()
                 items = self._finish(job, encoders)
+                self.seconds["store"] += time.perf_counter() - t0
                 yield items
                 permits.release()
         finally:
@@ -638,6 +528,7 @@ class DaliDecoder:
                     permits.acquire()
                     if stop.is_set():
                         return
+                    t0 = time.perf_counter()
                     try:
                         arrays = next(it)
                     except StopIteration:
@@ -647,7 +538,11 @@ class DaliDecoder:
                     chunk = pending.popleft()
                     if arrays is None:
                         arrays = [self._read_one(p) for p in chunk]
-                    parsed.put(self._prepare(arrays, base))
+                    t1 = time.perf_counter()
+                    job = self._prepare(arrays, base)
+                    self.seconds["read"] += t1 - t0
+                    self.seconds["parse"] += time.perf_counter() - t1
+                    parsed.put(job)
                     base += len(chunk)
         except BaseException as e:   # to the caller, in order, after the batches before it
             parsed.put(e)
@@ -692,18 +587,24 @@ class DaliDecoder:
             decoded.put(_END)
 
     def _start_job(self, job, flight):
+        t0 = time.perf_counter()
         try:
-            self._start([a for _, a, _ in job.todo], job.sizes, job.hw)
+            self._start([a for _, a, _ in job.todo], job.sizes)
         except (RuntimeError, ValueError) as e:
             _raise_if_not_a_files_fault(e)
             self._recover(flight + collections.deque([job]), failed=None)
+        finally:
+            self.seconds["feed"] += time.perf_counter() - t0
 
     def _take_job(self, head, flight):
+        t0 = time.perf_counter()
         try:
             head.results = self._take(len(head.todo))
         except (RuntimeError, ValueError) as e:
             _raise_if_not_a_files_fault(e)
             self._recover(flight, failed=head)
+        finally:
+            self.seconds["wait"] += time.perf_counter() - t0
 
     def _recover(self, jobs, failed):
         """After a failed run (the pipeline dropped): ``failed`` (the job whose
@@ -720,7 +621,7 @@ class DaliDecoder:
 
     def _run_or_split(self, job):
         try:
-            return self._run([a for _, a, _ in job.todo], job.sizes, job.hw)
+            return self._run([a for _, a, _ in job.todo], job.sizes)
         except (RuntimeError, ValueError) as e:
             _raise_if_not_a_files_fault(e)
             return self._one_by_one(job)
@@ -728,23 +629,16 @@ class DaliDecoder:
     def _prepare(self, arrays, base):
         """A batch before decoding (a :class:`_Job`)."""
         job = _Job(len(arrays), base)
-        out, todo, heads = job.out, job.todo, []
+        out, todo = job.out, job.todo
         for j, a in enumerate(arrays):
             if isinstance(a, str):
                 out[j] = (None, None, a)
                 continue
             try:
-                size, head = _upright(a)
+                todo.append((j, a, upright_size(a)))
             except Exception:   # not an image Pillow's header parser knows, or ForPillow
                 out[j] = self._by_pillow(base + j, a)
-                continue
-            todo.append((j, a, size))
-            heads.append(head)
         job.sizes = [self.pre.target_size(w, h) for _, _, (w, h) in todo]
-        if self.routed:
-            table = self.hw_min_downscale
-            job.hw = [hardware_route(head, t, table) for head, t in zip(heads, job.sizes)]
-            self.hardware += sum(job.hw)
         return job
 
     def _finish(self, job, encoders):
