@@ -84,12 +84,13 @@ HW_DECODER_LOAD = 1.0
 
 #: libjpeg-turbo's "fancy" chroma upsampling on the GPU (see
 #: :meth:`DaliDecoder.decoder_args`). Measured on the H200 (DALI 2.4,
-#: docs/results/gpu-h200-20261203): with it the mixed decoder's pixels are all
-#: but the CPU decoder's (mean 0.000, largest 1 level) and its speed does not
-#: change with the hardware share, which suggests nvImageCodec decodes such
-#: JPEGs on the host, not in the hardware decoder; without it the
-#: hardware decoder runs, but small outputs part from Pillow's by up to 7-13
-#: levels per image (tests/test_pack_dali.py allows 2).
+#: docs/results/gpu-h200-20261204): with it the mixed decoder's pixels are all
+#: but the CPU decoder's (mean 0.000, largest 1 level) and the hardware JPEG
+#: decoder still decodes (nvidia-smi dmon: its engine 62-67% busy, DALI's own
+#: pipeline at 13-22k img/s; 0% with a hardware share of 0); without it
+#: (nvJPEG's replication) small outputs part from Pillow's by up to 7-13
+#: levels per image (tests/test_pack_dali.py allows 2) and the pack is no
+#: faster (docs/decoded.md "Why not 3x Pillow").
 FANCY_UPSAMPLING = True
 
 #: nvJPEG's CUDA decoder: images of more pixels than this get the GPU-hybrid
