@@ -90,7 +90,7 @@ HW_DECODER_LOAD = 1.0
 #: pipeline at 13-22k img/s; 0% with a hardware share of 0); without it
 #: (nvJPEG's replication) small outputs part from Pillow's by up to 7-13
 #: levels per image (tests/test_pack_dali.py allows 2) and the pack is no
-#: faster (docs/decoded.md "Why not 3x Pillow").
+#: faster (docs/decoded.md "Why the GPU pack is not 3x Pillow").
 FANCY_UPSAMPLING = True
 
 #: nvJPEG's CUDA decoder: images of more pixels than this get the GPU-hybrid
