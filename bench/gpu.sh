@@ -821,7 +821,8 @@ w(sys.argv[1], sys.argv[2], files=int(sys.argv[3]))" "$jpegs" "$pqs3" "${PQS3_FI
         s3_setup
         echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
         timeout 500 python3 bench/s3/s3_parquet.py "$pqs3" --files "${PQS3_FILES:-8}" \
-            --rounds "${S3_ROUNDS:-2}" --delays "${S3_DELAYS:-0,25}" 2>&1 | tee "$json/s3-parquet.txt" ||
+            --rounds "${S3_ROUNDS:-2}" --delays "${S3_DELAYS:-0,25}" --proxy "${PQS3_PROXY:-s3}" 2>&1 |
+            tee "$json/s3-parquet${PQS3_PROXY:+-$PQS3_PROXY}.txt" ||
             echo "(s3_parquet.py ended with status $?)"
         echo "loadavg after: $(cat /proc/loadavg)"
         tar -cf "$out/results-$section.tar" -C "$json" .

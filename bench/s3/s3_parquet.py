@@ -7,14 +7,22 @@ column are delivered (not decoded); both read every row once per epoch, in
 file order.
 
     python bench/s3/s3_parquet.py DATA [--files 2] [--delays 0,25] [--rounds 3]
-        [--batch 64]
+        [--batch 64] [--proxy s3|tcp] [--proxy-bin PATH]
+
+--proxy tcp puts bench/tools/delayproxy (Go; `CGO_ENABLED=0 go build -o
+build/tools/delayproxy ./bench/tools/delayproxy`) in front instead of
+tests/s3_proxy.py: it delays every chunk by half the round trip each way
+rather than holding each response, and forwards at loopback rates where
+the Python proxy, one process, may be what bounds a 16-core run.
 
 DATA: a Hub-style directory (``data/*.parquet``, e.g. written by
 fastread.formats.parquet.write_image_parquet); the first ``--files`` files
 are uploaded.
 """
 import argparse
+import contextlib
 import os
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -31,6 +39,28 @@ import fastread  # noqa: E402
 import s3_server  # noqa: E402
 from fastread.formats import Parquet  # noqa: E402
 from latency import ProxyProcess  # noqa: E402
+
+
+@contextlib.contextmanager
+def tcp_proxy(binary, endpoint, delay_ms):
+    """The Go delay proxy in front of ``endpoint`` (http://127.0.0.1:PORT):
+    ``delay_ms`` added to each round trip (half each way). Yields an object
+    with ``endpoint``, like ProxyProcess."""
+    port = endpoint.rstrip("/").rsplit(":", 1)[1]
+    proc = subprocess.Popen([binary, port, str(delay_ms / 2)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        if not line.isdigit():
+            raise RuntimeError(f"delay proxy {binary} printed no port ({line!r})")
+        yield argparse.Namespace(endpoint=f"http://127.0.0.1:{line}")
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def fastread_epoch(url, opts, batch, shuffle):
@@ -64,7 +94,14 @@ def main():
     ap.add_argument("--delays", default="0,25")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--proxy", choices=("s3", "tcp"), default="s3",
+                    help="s3: tests/s3_proxy.py holding each response; tcp: the Go delay proxy")
+    ap.add_argument("--proxy-bin", default=os.path.join(HERE, "..", "..", "build", "tools",
+                                                         "delayproxy"))
     args = ap.parse_args()
+    if args.proxy == "tcp" and not os.access(args.proxy_bin, os.X_OK):
+        sys.exit(f"--proxy tcp: no executable {args.proxy_bin} (CGO_ENABLED=0 go build -o "
+                 "build/tools/delayproxy ./bench/tools/delayproxy)")
     local = sorted(os.path.join(args.data, "data", n)
                    for n in os.listdir(os.path.join(args.data, "data"))
                    if n.endswith(".parquet"))[:args.files]
@@ -78,10 +115,11 @@ def main():
         mb = sum(os.path.getsize(p) for p in local) / 1e6
         rows = len(Parquet(local))
         print(f"{len(local)} files, {mb:.0f} MB, {rows} rows, batch {args.batch}; SeaweedFS "
-              f"on loopback; machine: {os.cpu_count()} CPUs")
+              f"on loopback; delay proxy: {args.proxy}; machine: {os.cpu_count()} CPUs")
         results = {}
         for d in delays:
-            with ProxyProcess(srv.endpoint, d) as proxy:
+            with (tcp_proxy(args.proxy_bin, srv.endpoint, d) if args.proxy == "tcp"
+                  else ProxyProcess(srv.endpoint, d)) as proxy:
                 opts = fastread.S3Options(endpoint_url=proxy.endpoint, region=srv.region,
                                           access_key_id=srv.access_key,
                                           secret_access_key=srv.secret_key)
