@@ -820,10 +820,21 @@ w(sys.argv[1], sys.argv[2], files=int(sys.argv[3]))" "$jpegs" "$pqs3" "${PQS3_FI
     if [ "$section" = parquet-s3 ]; then
         s3_setup
         echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
-        timeout 500 python3 bench/s3/s3_parquet.py "$pqs3" --files "${PQS3_FILES:-8}" \
-            --rounds "${S3_ROUNDS:-2}" --delays "${S3_DELAYS:-0,25}" --proxy "${PQS3_PROXY:-s3}" 2>&1 |
-            tee "$json/s3-parquet${PQS3_PROXY:+-$PQS3_PROXY}.txt" ||
-            echo "(s3_parquet.py ended with status $?)"
+        # PQS3_CONFIGS: runs of extra arguments, '|'-separated (e.g. "|--workers 16"),
+        # each a run of its own (server, upload and all).
+        IFS='|' read -r -a configs <<<"${PQS3_CONFIGS:-}"
+        [ "${#configs[@]}" -gt 0 ] || configs=("")
+        k=0
+        for cfg in "${configs[@]}"; do
+            echo "== s3_parquet.py ${cfg:-(defaults)}"
+            # shellcheck disable=SC2086
+            timeout 500 python3 bench/s3/s3_parquet.py "$pqs3" --files "${PQS3_FILES:-8}" \
+                --rounds "${S3_ROUNDS:-2}" --delays "${S3_DELAYS:-0,25}" --proxy "${PQS3_PROXY:-s3}" $cfg 2>&1 |
+                tee "$json/s3-parquet${PQS3_PROXY:+-$PQS3_PROXY}-$k.txt" ||
+                echo "(s3_parquet.py ended with status $?)"
+            k=$((k + 1))
+            tar -cf "$out/results-$section.tar" -C "$json" .
+        done
         echo "loadavg after: $(cat /proc/loadavg)"
         tar -cf "$out/results-$section.tar" -C "$json" .
     fi

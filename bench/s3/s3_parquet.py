@@ -63,12 +63,13 @@ def tcp_proxy(binary, endpoint, delay_ms):
             proc.wait()
 
 
-def fastread_epoch(url, opts, batch, shuffle):
+def fastread_epoch(url, opts, batch, shuffle, workers=None):
     src = Parquet(url, s3=opts)
     t = time.perf_counter()
     n = nbytes = 0
+    kw = {} if workers is None else {"workers": workers}
     with fastread.Reader(source=src, batch_size=batch, random_shuffle=shuffle,
-                         s3=opts) as r:
+                         s3=opts, **kw) as r:
         for arrays, _ in r:
             n += len(arrays)
             nbytes += sum(a.size for a in arrays)
@@ -94,6 +95,11 @@ def main():
     ap.add_argument("--delays", default="0,25")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="the Reader's workers (default: its own; Parquet loads on max(workers, "
+                         "min(8, CPUs)) threads)")
+    ap.add_argument("--part-size", type=int, default=None, help="S3Options.part_size")
+    ap.add_argument("--inflight", type=int, default=None, help="S3Options.inflight")
     ap.add_argument("--proxy", choices=("s3", "tcp"), default="s3",
                     help="s3: tests/s3_proxy.py holding each response; tcp: the Go delay proxy")
     ap.add_argument("--proxy-bin", default=os.path.join(HERE, "..", "..", "build", "tools",
@@ -115,14 +121,16 @@ def main():
         mb = sum(os.path.getsize(p) for p in local) / 1e6
         rows = len(Parquet(local))
         print(f"{len(local)} files, {mb:.0f} MB, {rows} rows, batch {args.batch}; SeaweedFS "
-              f"on loopback; delay proxy: {args.proxy}; machine: {os.cpu_count()} CPUs")
+              f"on loopback; delay proxy: {args.proxy}; workers {args.workers}, part_size "
+              f"{args.part_size}, inflight {args.inflight}; machine: {os.cpu_count()} CPUs")
         results = {}
         for d in delays:
             with (tcp_proxy(args.proxy_bin, srv.endpoint, d) if args.proxy == "tcp"
                   else ProxyProcess(srv.endpoint, d)) as proxy:
                 opts = fastread.S3Options(endpoint_url=proxy.endpoint, region=srv.region,
                                           access_key_id=srv.access_key,
-                                          secret_access_key=srv.secret_key)
+                                          secret_access_key=srv.secret_key,
+                                          part_size=args.part_size, inflight=args.inflight)
                 host = proxy.endpoint.split("://", 1)[1].rstrip("/")
                 fs = pafs.S3FileSystem(access_key=srv.access_key, secret_key=srv.secret_key,
                                        endpoint_override=host, scheme="http",
@@ -131,9 +139,10 @@ def main():
                 url = f"s3://{bucket}/hf"
                 for rnd in range(args.rounds):
                     for name, run in (
-                            ("fastread", lambda: fastread_epoch(url, opts, args.batch, False)),
+                            ("fastread",
+                             lambda: fastread_epoch(url, opts, args.batch, False, args.workers)),
                             ("fastread-shuffled",
-                             lambda: fastread_epoch(url, opts, args.batch, True)),
+                             lambda: fastread_epoch(url, opts, args.batch, True, args.workers)),
                             ("pyarrow-S3FileSystem", lambda: pyarrow_epoch(keys, fs, args.batch))):
                         n, nbytes, dt = run()
                         assert n == rows, (name, n, rows)
