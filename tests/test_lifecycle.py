@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -279,3 +280,61 @@ def test_no_fd_or_rss_growth_over_open_close_cycles_and_epochs(tree, engine):
         assert len(_fds()) == len(fds), _new_fds(fds)
         grown = _rss_kib() - rss
         assert grown < 8 * 1024, f"RSS grew by {grown} KiB over 20 epochs"
+
+
+_CUT_CHILD = """
+import sys
+import numpy as np
+import fastread
+from fastread.formats import MultiFileRanges
+root, probe = sys.argv[1], sys.argv[2]
+if probe == "engines":
+    fastread.engines()
+elif probe == "reader":
+    with fastread.Reader(root, batch_size=64, engine="io_uring", workers=2) as r:
+        for _ in r:
+            pass
+else:
+    paths, _ = fastread.scan(root)
+    src = MultiFileRanges.from_columns(paths, np.arange(len(paths), dtype=np.uint32),
+                                       np.zeros(len(paths), np.uint64),
+                                       np.ones(len(paths), np.uint64))
+    with fastread.Reader(source=src, batch_size=64, engine="io_uring", workers=2) as r:
+        for _ in r:
+            pass
+sys.stderr.write("ready\\n")
+sys.stderr.flush()
+print("x" * 86403)
+"""
+
+
+@pytest.mark.parametrize("probe", ["engines", "reader", "table_reader"])
+def test_io_uring_probes_leave_the_callers_next_blocking_write_whole(tree, probe):
+    """A thread that sets up an io_uring ring is on that ring's task list,
+    and the kernel's teardown of the ring, asynchronous and tens of ms after
+    it is closed, interrupts whatever blocking call the thread is in then,
+    as a signal would: a write into a full pipe returns short, and with
+    PYTHONUNBUFFERED=1 print() drops the rest. That was test_limits' child
+    stdout cut at 64 KiB + a newline with exit status 0 (about 1 run in 10): its
+    Reader probed io_uring on the main thread, which then printed 86 KB.
+    Probes now set their rings up on a thread of their own. Here the parent
+    reads the child's stdout only 0.3 s after the child starts printing, so
+    the print blocks on a full pipe while the teardown runs."""
+    if fastread.engines()["io_uring"].files is not True:
+        pytest.skip(f"io_uring: {fastread.engines()['io_uring'].files}")
+    root, _ = tree
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-c", _CUT_CHILD, root, probe], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    try:
+        lines = []
+        while not lines or lines[-1] not in (b"ready\n", b""):
+            lines.append(p.stderr.readline())
+        time.sleep(0.3)
+        out = p.stdout.read()
+        err = p.stderr.read()
+        assert p.wait(timeout=60) == 0, (b"".join(lines) + err)[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert len(out) == 86404, f"stdout cut at {len(out)} bytes"

@@ -359,6 +359,16 @@ def test_plain_jpeg_sizes_are_pillows(tree):
     assert upright_size(others[0]) == (37, 53)   # turned, by Pillow's parser
 
 
+def test_dali_decoder_says_where_its_time_went(tree):
+    """DaliDecoder.seconds: each step's time over a call of batches() (what
+    bench/decoded/pack_decoders.py prints)."""
+    paths = fastread.scan(tree)[0]
+    dec = DaliDecoder(Preprocess(resize=40, crop=32), device="cpu", batch_size=5, threads=2)
+    assert sum(len(b) for b in dec.batches(paths)) == len(paths)
+    assert set(dec.seconds) == {"read", "parse", "feed", "wait", "store"}
+    assert all(v >= 0 for v in dec.seconds.values()) and dec.seconds["wait"] > 0
+
+
 def test_a_device_failure_fails_the_pack_not_the_files(tree, tmp_path, monkeypatch):
     """An error of DALI's device (CUDA, memory) is no file's fault: the
     pack fails saying so, instead of handing every file to Pillow."""

@@ -11,7 +11,7 @@ preprocess_file), its worst image (name and mean) and largest single
 difference:
 
   dali-cpu            DALI's CPU decoder and resize (the reference: ~0.2)
-  gpu                 the pack's GPU settings: fancy chroma upsampling, hardware decoder 1.0
+  gpu                 fancy chroma upsampling for every image, hardware share 1.0
   gpu-simple          nvJPEG's default chroma upsampling (replication), hardware 1.0
   gpu-hw0             fancy upsampling, no hardware decoder (nvJPEG's CUDA decoder)
   gpu-simple-hw0      neither
@@ -21,6 +21,10 @@ difference:
 If gpu-resize is off while dali-cpu is not, the GPU's resampling is the
 cause; if gpu-simple is off by more than gpu, the chroma upsampling; if the
 hw0 variants differ from the others, the hardware decoder.
+
+Then, per setting, a line per image: its header (chroma subsampling, size,
+EXIF orientation, progressive or not), its downscale factor (source over
+target, the smaller axis), and its mean difference under each variant.
 
     python bench/decoded/gpu_pixels.py [--tree DIR] [--variants ...] [--json OUT]
 """
@@ -136,7 +140,35 @@ def compare(name, pre, paths, names, threads):
         worst = max(worst, int(d.max()))
     k = int(np.argmax(means))
     return {"mean": float(np.mean(means)), "worst_image": names[k], "worst_mean": means[k],
-            "max": worst, "by_pillow": by_pillow}
+            "max": worst, "by_pillow": by_pillow, "per_image": means}
+
+
+def header_facts(path, pre):
+    """(subsampling, upright "WxH", EXIF orientation, progressive,
+    downscale factor) of one file, from its header."""
+    from PIL import Image
+
+    from fastread.decode_dali import upright_size
+
+    data = open(path, "rb").read()
+    try:
+        size = upright_size(data)
+    except Exception as e:
+        return (f"({type(e).__name__})", "-", "-", "-", "-")
+    with Image.open(path) as im:
+        orientation = im.getexif().get(0x0112, 1)
+        fmt = im.format
+        sampling = "-"
+        if fmt == "JPEG":
+            from PIL import JpegImagePlugin
+            sampling = {0: "4:4:4", 1: "4:2:2", 2: "4:2:0"}.get(
+                JpegImagePlugin.get_sampling(im), "other") if len(im.layer) == 3 else \
+                f"{len(im.layer)} comp."
+        progressive = bool(im.info.get("progressive") or im.info.get("progression"))
+    t = pre.target_size(*size)
+    factor = min(size[0] / t[0], size[1] / t[1])
+    return (sampling if fmt == "JPEG" else fmt, f"{size[0]}x{size[1]}", orientation,
+            progressive, round(factor, 2))
 
 
 def main():
@@ -158,7 +190,8 @@ def main():
     names = [os.path.relpath(p, tree) for p in paths]
     _, gpus, why = _dali_gpus()
     variants = args.variants.split(",") if args.variants else \
-        ["dali-cpu"] + (["gpu", "gpu-simple", "gpu-hw0", "gpu-simple-hw0", "gpu-resize"] if gpus else [])
+        ["dali-cpu"] + (["gpu", "gpu-simple", "gpu-hw0", "gpu-simple-hw0", "gpu-resize"]
+                        if gpus else [])
     print(f"tree {tree}: {len(paths)} files; GPU: {gpus or why}", flush=True)
     table = {}
     print("| variant | setting | mean | worst image (mean) | largest | decoded by Pillow |")
@@ -174,6 +207,21 @@ def main():
             table[f"{v} {setting}"] = r
             print(f"| {v} | {setting} | {r['mean']:.3f} | {r['worst_image']} "
                   f"({r['worst_mean']:.2f}) | {r['max']} | {len(r['by_pillow'])} |", flush=True)
+    per = [v for v in variants if v != "gpu-resize"]
+    print()
+    print("| setting | image | subsampling | size | orientation | progressive | factor | "
+          + " | ".join(per) + " |")
+    print("|---|---|---|---|---:|---|---:|" + "---:|" * len(per))
+    for setting in args.settings.split(";"):
+        pre = Preprocess(**SETTINGS[setting])
+        for i, (p, n) in enumerate(zip(paths, names)):
+            facts = header_facts(p, pre)
+            table.setdefault("per_image", {}).setdefault(setting, {})[n] = {
+                "facts": list(facts), **{v: table[f"{v} {setting}"]["per_image"][i]
+                                         for v in per if f"{v} {setting}" in table}}
+            print(f"| {setting} | {n} | " + " | ".join(str(x) for x in facts) + " | "
+                  + " | ".join(f"{table[f'{v} {setting}']['per_image'][i]:.2f}"
+                               if f"{v} {setting}" in table else "-" for v in per) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"tree": tree, "files": len(paths), "results": table}, f, indent=1)

@@ -14,6 +14,13 @@ Pillow pack pixel by pixel (mean absolute difference per image, the worst
 image's, and the largest single difference), the numbers the tests'
 tolerance (tests/test_pack_dali.py) stands on.
 
+GPU variants: ``dali-gpu`` is the pack's decoder as it stands
+(fastread.decode_dali's defaults); ``dali-gpu-depth4``/``-depth8`` with 4 or
+8 pipeline runs in flight (decode_dali.DEPTH, default 2);
+``dali-gpu-simple`` every image on nvJPEG's own upsampling (the hardware
+decoder for every JPEG it takes); ``-hw0``/``-hw65`` the hardware share,
+``-gpuhuff`` Huffman decoding on the GPU.
+
 Each round also times each decoder alone, its batches consumed and nothing
 written ("decode only": Pillow's process pool, DaliDecoder's threads; with
 the seconds to its first batch, the fixed start a pack of this size pays:
@@ -30,7 +37,7 @@ waits for.
         [--tree DIR | --dir /var/tmp/fastread-packdecoders --images 2000 --classes 10] \\
         [--out-dir /dev/shm/packs] \\
         [--resize 160] [--crop 160] [--encode raw|jpeg] [--batch-size 256] \\
-        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple,dali-gpu-gpuhuff[-simple]]] \\
+        [--rounds 3] [--decoders pillow,dali-cpu,dali-gpu[,dali-gpu-depth4,dali-gpu-depth8,dali-gpu-hw0,dali-gpu-hw65,dali-gpu-simple,dali-gpu-gpuhuff[-simple]]] \\
         [--json OUT.json] \\
         [--tests-log test_pack_dali.log] [--target 3]
 """
@@ -76,6 +83,7 @@ def main():
     import numpy as np
 
     import fastread
+    from fastread import decode_dali
     from fastread.decode import _dali_gpus
     from fastread.datasets import make_imagenet_like
 
@@ -118,7 +126,9 @@ def main():
     gpu_huffman = {"dali-gpu-gpuhuff", "dali-gpu-gpuhuff-simple"}
     hw_loads.update({n: 0.0 for n in gpu_huffman})
     simple.add("dali-gpu-gpuhuff-simple")
-    for n in list(hw_loads) + list(simple):
+    # Runs in flight (decode_dali.DEPTH; IN_FLIGHT follows it), by variant.
+    depths = {"dali-gpu-depth4": 4, "dali-gpu-depth8": 8}
+    for n in list(hw_loads) + list(simple) + list(depths):
         settings[n] = settings["dali-gpu"]
     for n in names:
         if n not in settings:
@@ -129,10 +139,14 @@ def main():
           f"{os.cpu_count()} CPUs; {opts}; GPU: {gpus or why_not}", flush=True)
 
     from fastread.decode import Preprocess, choose_decoder, decoded_batches
-    from fastread import decode_dali
     from fastread.decode_dali import DaliDecoder
 
     default_hw = decode_dali.HW_DECODER_LOAD
+    default_depth = decode_dali.DEPTH
+
+    def set_depth(n):
+        decode_dali.DEPTH = depths.get(n, default_depth)
+        decode_dali.IN_FLIGHT = decode_dali.DEPTH + 2
 
     pre = Preprocess(resize=args.resize, crop=args.crop or None, encode=args.encode)
 
@@ -150,6 +164,7 @@ def main():
                               hybrid_huffman_threshold=0 if n in gpu_huffman else None)
             batches = dec.batches(paths)
             builds[n] = dec.build_seconds
+            decoders[n] = dec
         count, first = 0, None
         for b in batches:
             if first is None:   # the fixed start: pipeline build, device and decoder init
@@ -163,30 +178,55 @@ def main():
     alone = {n: [] for n in names}
     starts = {n: [] for n in names}   # decode only: seconds to the first batch
     builds = {}   # decode only: the last DaliDecoder's pipeline build seconds
+    decoders = {}   # decode only: the last DaliDecoder (its seconds per step)
     outs = {}
+    failed = set()
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for n in order:
+            if n in failed:
+                continue
             out = os.path.join(out_dir, f"bench-{n}.img")
             decode_dali.HW_DECODER_LOAD = hw_loads.get(n, default_hw)
             decode_dali.FANCY_UPSAMPLING = n not in simple
             decode_dali.HYBRID_HUFFMAN_THRESHOLD = 0 if n in gpu_huffman else None
+            set_depth(n)
             t0 = time.perf_counter()
-            img = fastread.pack(tree, out, **settings[n], **opts)
+            try:
+                img = fastread.pack(tree, out, **settings[n], **opts)
+            except Exception as e:   # one variant that cannot run: say so, the others go on
+                print(f"round {r} {n}: FAILED ({type(e).__name__}: "
+                      f"{(str(e).strip().splitlines() or ['?'])[-1][:200]}); left out", flush=True)
+                failed.add(n)
+                continue
+            finally:
+                decode_dali.HW_DECODER_LOAD, decode_dali.FANCY_UPSAMPLING = default_hw, True
+                decode_dali.HYBRID_HUFFMAN_THRESHOLD = None
+                set_depth(None)
             dt = time.perf_counter() - t0
-            decode_dali.HW_DECODER_LOAD, decode_dali.FANCY_UPSAMPLING = default_hw, True
-            decode_dali.HYBRID_HUFFMAN_THRESHOLD = None
             times[n].append(dt)
             outs[n] = out
             print(f"round {r} {n}: {dt:.2f} s, {len(paths) / dt:.0f} img/s "
                   f"(decoder {img.preprocess['decoder']}, {len(img)} samples, "
                   f"{len(img.skipped)} skipped)", flush=True)
             if not args.no_decode_only:
-                alone[n].append(decode_only(n))
+                try:
+                    set_depth(n)
+                    alone[n].append(decode_only(n))
+                except Exception as e:
+                    print(f"round {r} {n} decode only: FAILED ({type(e).__name__}: "
+                          f"{(str(e).strip().splitlines() or ['?'])[-1][:200]})", flush=True)
+                    continue
+                finally:
+                    set_depth(None)
                 first, first_len = starts[n][-1]
                 rest = alone[n][-1] - first
                 build = (f", of which the pipeline's build {builds[n][0]:.2f} s"
                          if builds.get(n) else "")
+                if n in decoders:
+                    build += "; seconds per step: " + ", ".join(
+                        f"{k} {v:.2f}" for k, v in decoders[n].seconds.items())
+
                 print(f"round {r} {n} decode only: {len(paths) / alone[n][-1]:.0f} img/s "
                       f"(first batch after {first:.2f} s{build}; the rest at "
                       f"{(len(paths) - first_len) / rest if rest > 0 else 0:.0f} img/s)",
@@ -196,6 +236,7 @@ def main():
           f"{sink / (os.path.getsize(next(iter(outs.values()))) / len(paths)):.0f} samples/s "
           "of these packs at most", flush=True)
 
+    names = [n for n in names if n not in failed]
     rows = []
     base = len(paths) / statistics.median(times["pillow"]) if "pillow" in times else None
     for n in names:

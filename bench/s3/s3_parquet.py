@@ -7,14 +7,22 @@ column are delivered (not decoded); both read every row once per epoch, in
 file order.
 
     python bench/s3/s3_parquet.py DATA [--files 2] [--delays 0,25] [--rounds 3]
-        [--batch 64]
+        [--batch 64] [--proxy s3|tcp] [--proxy-bin PATH]
+
+--proxy tcp puts bench/tools/delayproxy (Go; `CGO_ENABLED=0 go build -o
+build/tools/delayproxy ./bench/tools/delayproxy`) in front instead of
+tests/s3_proxy.py: it delays every chunk by half the round trip each way
+rather than holding each response, and forwards at loopback rates where
+the Python proxy, one process, may be what bounds a 16-core run.
 
 DATA: a Hub-style directory (``data/*.parquet``, e.g. written by
 fastread.formats.parquet.write_image_parquet); the first ``--files`` files
 are uploaded.
 """
 import argparse
+import contextlib
 import os
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -33,12 +41,35 @@ from fastread.formats import Parquet  # noqa: E402
 from latency import ProxyProcess  # noqa: E402
 
 
-def fastread_epoch(url, opts, batch, shuffle):
+@contextlib.contextmanager
+def tcp_proxy(binary, endpoint, delay_ms):
+    """The Go delay proxy in front of ``endpoint`` (http://127.0.0.1:PORT):
+    ``delay_ms`` added to each round trip (half each way). Yields an object
+    with ``endpoint``, like ProxyProcess."""
+    port = endpoint.rstrip("/").rsplit(":", 1)[1]
+    proc = subprocess.Popen([binary, port, str(delay_ms / 2)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        if not line.isdigit():
+            raise RuntimeError(f"delay proxy {binary} printed no port ({line!r})")
+        yield argparse.Namespace(endpoint=f"http://127.0.0.1:{line}")
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def fastread_epoch(url, opts, batch, shuffle, workers=None):
     src = Parquet(url, s3=opts)
     t = time.perf_counter()
     n = nbytes = 0
+    kw = {} if workers is None else {"workers": workers}
     with fastread.Reader(source=src, batch_size=batch, random_shuffle=shuffle,
-                         s3=opts) as r:
+                         s3=opts, **kw) as r:
         for arrays, _ in r:
             n += len(arrays)
             nbytes += sum(a.size for a in arrays)
@@ -64,7 +95,19 @@ def main():
     ap.add_argument("--delays", default="0,25")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="the Reader's workers (default: its own; Parquet loads on max(workers, "
+                         "min(8, CPUs)) threads)")
+    ap.add_argument("--part-size", type=int, default=None, help="S3Options.part_size")
+    ap.add_argument("--inflight", type=int, default=None, help="S3Options.inflight")
+    ap.add_argument("--proxy", choices=("s3", "tcp"), default="s3",
+                    help="s3: tests/s3_proxy.py holding each response; tcp: the Go delay proxy")
+    ap.add_argument("--proxy-bin", default=os.path.join(HERE, "..", "..", "build", "tools",
+                                                         "delayproxy"))
     args = ap.parse_args()
+    if args.proxy == "tcp" and not os.access(args.proxy_bin, os.X_OK):
+        sys.exit(f"--proxy tcp: no executable {args.proxy_bin} (CGO_ENABLED=0 go build -o "
+                 "build/tools/delayproxy ./bench/tools/delayproxy)")
     local = sorted(os.path.join(args.data, "data", n)
                    for n in os.listdir(os.path.join(args.data, "data"))
                    if n.endswith(".parquet"))[:args.files]
@@ -78,13 +121,16 @@ def main():
         mb = sum(os.path.getsize(p) for p in local) / 1e6
         rows = len(Parquet(local))
         print(f"{len(local)} files, {mb:.0f} MB, {rows} rows, batch {args.batch}; SeaweedFS "
-              f"on loopback; machine: {os.cpu_count()} CPUs")
+              f"on loopback; delay proxy: {args.proxy}; workers {args.workers}, part_size "
+              f"{args.part_size}, inflight {args.inflight}; machine: {os.cpu_count()} CPUs")
         results = {}
         for d in delays:
-            with ProxyProcess(srv.endpoint, d) as proxy:
+            with (tcp_proxy(args.proxy_bin, srv.endpoint, d) if args.proxy == "tcp"
+                  else ProxyProcess(srv.endpoint, d)) as proxy:
                 opts = fastread.S3Options(endpoint_url=proxy.endpoint, region=srv.region,
                                           access_key_id=srv.access_key,
-                                          secret_access_key=srv.secret_key)
+                                          secret_access_key=srv.secret_key,
+                                          part_size=args.part_size, inflight=args.inflight)
                 host = proxy.endpoint.split("://", 1)[1].rstrip("/")
                 fs = pafs.S3FileSystem(access_key=srv.access_key, secret_key=srv.secret_key,
                                        endpoint_override=host, scheme="http",
@@ -93,9 +139,10 @@ def main():
                 url = f"s3://{bucket}/hf"
                 for rnd in range(args.rounds):
                     for name, run in (
-                            ("fastread", lambda: fastread_epoch(url, opts, args.batch, False)),
+                            ("fastread",
+                             lambda: fastread_epoch(url, opts, args.batch, False, args.workers)),
                             ("fastread-shuffled",
-                             lambda: fastread_epoch(url, opts, args.batch, True)),
+                             lambda: fastread_epoch(url, opts, args.batch, True, args.workers)),
                             ("pyarrow-S3FileSystem", lambda: pyarrow_epoch(keys, fs, args.batch))):
                         n, nbytes, dt = run()
                         assert n == rows, (name, n, rows)

@@ -25,13 +25,17 @@ int fr_fd_cache_init(fr_fd_cache *c, uint32_t cap)
         nb <<= 1;
     c->entries = calloc(cap, sizeof(*c->entries));
     c->buckets = malloc(nb * sizeof(*c->buckets));
-    if (!c->entries || !c->buckets) {
+    c->pinned_list = malloc(cap * sizeof(*c->pinned_list));
+    if (!c->entries || !c->buckets || !c->pinned_list) {
         free(c->entries);
         free(c->buckets);
+        free(c->pinned_list);
         c->entries = NULL;
         c->buckets = NULL;
+        c->pinned_list = NULL;
         return -ENOMEM;
     }
+    c->npinned = 0;
     c->nbuckets = nb;
     c->cap = cap;
     c->table = NULL;
@@ -63,6 +67,7 @@ void fr_fd_cache_clear(fr_fd_cache *c)
     for (uint32_t b = 0; b < c->nbuckets; b++)
         c->buckets[b] = NONE;
     c->free_head = 0;
+    c->npinned = 0;
     c->used = 0;
     c->head = c->tail = NONE;
 }
@@ -72,8 +77,10 @@ void fr_fd_cache_free(fr_fd_cache *c)
     fr_fd_cache_clear(c);
     free(c->entries);
     free(c->buckets);
+    free(c->pinned_list);
     c->entries = NULL;
     c->buckets = NULL;
+    c->pinned_list = NULL;
 }
 
 void fr_fd_cache_use_table(fr_fd_cache *c, const void *table)
@@ -109,6 +116,29 @@ static void push_front(fr_fd_cache *c, uint32_t i)
         c->tail = i;
 }
 
+/* Entry i pinned for the phase, listed once. */
+static void pin(fr_fd_cache *c, uint32_t i)
+{
+    fr_fd_entry *e = &c->entries[i];
+    if (e->pinned)
+        return;
+    e->pinned = 1;
+    e->pin_at = c->npinned;
+    c->pinned_list[c->npinned++] = i;
+}
+
+/* Entry i unpinned and off the list (the list's last takes its place). */
+static void unpin(fr_fd_cache *c, uint32_t i)
+{
+    fr_fd_entry *e = &c->entries[i];
+    if (!e->pinned)
+        return;
+    uint32_t last = c->pinned_list[--c->npinned];
+    c->pinned_list[e->pin_at] = last;
+    c->entries[last].pin_at = e->pin_at;
+    e->pinned = 0;
+}
+
 static uint32_t find(const fr_fd_cache *c, uint32_t file, uint32_t **link)
 {
     uint32_t *at = &c->buckets[bucket_of(c, file)];
@@ -126,7 +156,7 @@ int fr_fd_cache_get(fr_fd_cache *c, uint32_t file)
         return -1;
     unlink_lru(c, i);
     push_front(c, i);
-    c->entries[i].pinned = 1;
+    pin(c, i);
     c->hits++;
     return c->entries[i].fd;
 }
@@ -140,7 +170,7 @@ static int remove_entry(fr_fd_cache *c, uint32_t i)
     unlink_lru(c, i);
     int fd = c->entries[i].fd;
     c->entries[i].fd = -1;
-    c->entries[i].pinned = 0;
+    unpin(c, i);
     c->entries[i].next = c->free_head;
     c->free_head = i;
     c->used--;
@@ -192,7 +222,7 @@ int fr_fd_cache_put(fr_fd_cache *c, uint32_t file, int fd)
     fr_fd_entry *e = &c->entries[i];
     e->file = file;
     e->fd = fd;
-    e->pinned = 1;
+    pin(c, i);
     uint32_t b = bucket_of(c, file);
     e->hnext = c->buckets[b];
     c->buckets[b] = i;
@@ -204,8 +234,9 @@ int fr_fd_cache_put(fr_fd_cache *c, uint32_t file, int fd)
 
 void fr_fd_cache_unpin_all(fr_fd_cache *c)
 {
-    for (uint32_t i = c->head; i != NONE; i = c->entries[i].next)
-        c->entries[i].pinned = 0;
+    for (uint32_t p = 0; p < c->npinned; p++)
+        c->entries[c->pinned_list[p]].pinned = 0;
+    c->npinned = 0;
 }
 
 void fr_fd_cache_drop(fr_fd_cache *c, uint32_t file)

@@ -18,6 +18,7 @@ typedef struct fr_fd_entry {
     uint32_t file; /* index in the caller's paths */
     int fd;
     int pinned;            /* in use by the phase in progress */
+    uint32_t pin_at;       /* its place in the cache's pinned list, while pinned */
     uint32_t prev, next;   /* LRU list (most recent at head); UINT32_MAX: none */
     uint32_t hnext;        /* hash chain */
 } fr_fd_entry;
@@ -29,6 +30,11 @@ typedef struct fr_fd_cache {
     uint32_t cap, used;
     uint32_t head, tail;   /* LRU ends */
     uint32_t free_head;    /* unused entries */
+    /* The entries pinned in the phase in progress (each once): unpinning
+     * them all costs what the phase used, not the cache's size (a table
+     * of 10^4 shards held open, unpinned once a call, walked all 10^4). */
+    uint32_t *pinned_list; /* cap of them */
+    uint32_t npinned;
     /* The paths the keys index; a different table (another call's) empties
      * the cache first, so a key never names another file. */
     const void *table;
@@ -63,7 +69,7 @@ int fr_fd_cache_reserve_take(fr_fd_cache *c, uint32_t k, int *victims, uint32_t 
  * entry if full; the cache owns and closes it. 0, or -EBUSY (every entry
  * pinned: fd is not taken). */
 int fr_fd_cache_put(fr_fd_cache *c, uint32_t file, int fd);
-/* Unpins every entry (the phase is over). */
+/* Unpins every entry (the phase is over): O(entries pinned). */
 void fr_fd_cache_unpin_all(fr_fd_cache *c);
 /* Drops `file`'s entry, closing its descriptor (a read through it failed:
  * the next use opens the path again). */

@@ -472,17 +472,27 @@ static int grow_file_scratch(psync *p, size_t n)
         p->jobs_cap = cap;
     }
     if (!p->fdc_made) {
+        /* All or nothing: made with its window's arrays, or not at all (a
+         * cache made without them, win_cap 0, had the next call's windows
+         * take no file, for ever). */
         unsigned cap = p->cfg.max_open_files ? p->cfg.max_open_files : FR_MAX_OPEN_FILES;
-        int rc = fr_fd_cache_init(&p->fdc, cap);
-        if (rc)
-            return rc;
-        p->fdc_made = 1;
         p->win_files = malloc(cap * sizeof(*p->win_files));
         p->win_fds = malloc(cap * sizeof(*p->win_fds));
         p->misses = malloc(cap * sizeof(*p->misses));
         p->victims = malloc(cap * sizeof(*p->victims));
-        if (!p->win_files || !p->win_fds || !p->misses || !p->victims)
+        if (!p->win_files || !p->win_fds || !p->misses || !p->victims ||
+            fr_fd_cache_init(&p->fdc, cap) != 0) {
+            free(p->win_files);
+            free(p->win_fds);
+            free(p->misses);
+            free(p->victims);
+            p->win_files = NULL;
+            p->win_fds = NULL;
+            p->misses = NULL;
+            p->victims = NULL;
             return -ENOMEM;
+        }
+        p->fdc_made = 1;
         p->win_cap = cap;
     }
     return 0;

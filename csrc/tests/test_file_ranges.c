@@ -1,7 +1,7 @@
 /* Ranges of many files (fr_read_file_ranges, fr_reader_open_table): the
  * descriptor LRU (hits, eviction of the least recent unpinned entry, the
  * reserve that keeps open descriptors within the cap, a new table emptying
- * it), exact bytes from many files in one call with psync and with
+ * it, the list of pinned entries), exact bytes from many files in one call with psync and with
  * io_uring (read through its psync side), batches touching more files than
  * the LRU holds (windows), per-sample errors (missing file, truncated file,
  * a directory, a file index past the table), and the table reader over
@@ -56,6 +56,46 @@ static void check_lru(void)
     fr_fd_cache_use_table(&c, contents); /* another table: emptied */
     CHECK(c.used == 0 && fr_fd_cache_get(&c, 7) == -1);
     CHECK(fr_test_open_fds() == base); /* every descriptor it took is closed */
+    fr_fd_cache_free(&c);
+}
+
+/* The pinned list (unpin_all costs the entries pinned, not the cache's
+ * size): each entry listed once however often it is used in a phase, a
+ * pinned entry dropped mid-phase (io_uring's failed open) leaves the list,
+ * its entry reused in the same phase is listed again, and every entry is
+ * evictable after unpin_all. keys_only: the values are slot numbers. */
+static void check_pinned_list(void)
+{
+    fr_fd_cache c;
+    CHECK(fr_fd_cache_init(&c, 64) == 0);
+    c.keys_only = 1;
+    fr_fd_cache_use_table(&c, paths);
+    for (uint32_t f = 0; f < 64; f++)
+        CHECK(fr_fd_cache_put(&c, f, (int)(100 + f)) == 0);
+    CHECK(c.npinned == 64);
+    fr_fd_cache_unpin_all(&c);
+    CHECK(c.npinned == 0);
+    for (int rep = 0; rep < 3; rep++) /* the same files again: listed once */
+        for (uint32_t f = 10; f < 13; f++)
+            CHECK(fr_fd_cache_get(&c, f) == (int)(100 + f));
+    CHECK(c.npinned == 3);
+    fr_fd_cache_drop(&c, 11); /* pinned, dropped: off the list */
+    CHECK(c.npinned == 2 && c.used == 63);
+    CHECK(fr_fd_cache_put(&c, 200, 7) == 0); /* its entry again, pinned */
+    CHECK(c.npinned == 3 && fr_fd_cache_get(&c, 200) == 7 && c.npinned == 3);
+    for (uint32_t p = 0; p < c.npinned; p++) {
+        const fr_fd_entry *e = &c.entries[c.pinned_list[p]];
+        CHECK(e->pinned && e->pin_at == p);
+    }
+    /* 10, 12, 200 pinned: room for 61 more evicts the other 61 only. */
+    CHECK(fr_fd_cache_reserve(&c, 62) == -EBUSY);
+    CHECK(c.used == 3 && fr_fd_cache_get(&c, 12) == 112 && fr_fd_cache_get(&c, 5) == -1);
+    fr_fd_cache_unpin_all(&c);
+    CHECK(c.npinned == 0);
+    CHECK(fr_fd_cache_reserve(&c, 64) == 0 && c.used == 0); /* nothing pinned any more */
+    CHECK(fr_fd_cache_put(&c, 1, 1) == 0 && c.npinned == 1);
+    fr_fd_cache_clear(&c);
+    CHECK(c.npinned == 0 && c.used == 0);
     fr_fd_cache_free(&c);
 }
 
@@ -199,6 +239,7 @@ int main(void)
             fclose(f);
     }
     check_lru();
+    check_pinned_list();
     const char *engines[] = {"psync", "io_uring"};
     for (int e = 0; e < 2; e++) {
         char why[FR_ERRLEN];

@@ -84,12 +84,13 @@ HW_DECODER_LOAD = 1.0
 
 #: libjpeg-turbo's "fancy" chroma upsampling on the GPU (see
 #: :meth:`DaliDecoder.decoder_args`). Measured on the H200 (DALI 2.4,
-#: docs/results/gpu-h200-20261203): with it the mixed decoder's pixels are all
-#: but the CPU decoder's (mean 0.000, largest 1 level) and its speed does not
-#: change with the hardware share, which suggests nvImageCodec decodes such
-#: JPEGs on the host, not in the hardware decoder; without it the
-#: hardware decoder runs, but small outputs part from Pillow's by up to 7-13
-#: levels per image (tests/test_pack_dali.py allows 2).
+#: docs/results/gpu-h200-20261204): with it the mixed decoder's pixels are all
+#: but the CPU decoder's (mean 0.000, largest 1 level) and the hardware JPEG
+#: decoder still decodes (nvidia-smi dmon: its engine 62-67% busy, DALI's own
+#: pipeline at 13-22k img/s; 0% with a hardware share of 0); without it
+#: (nvJPEG's replication) small outputs part from Pillow's by up to 7-13
+#: levels per image (tests/test_pack_dali.py allows 2) and the pack is no
+#: faster (docs/decoded.md "Why the GPU pack is not 3x Pillow").
 FANCY_UPSAMPLING = True
 
 #: nvJPEG's CUDA decoder: images of more pixels than this get the GPU-hybrid
@@ -320,6 +321,13 @@ class DaliDecoder:
         #: Seconds each pipeline build took (the fixed start's part before
         #: the first run: bench/decoded/pack_decoders.py reports it).
         self.build_seconds = []
+        #: Seconds spent per step over :meth:`batches` (each step on its one
+        #: thread): "read" (the reader's batches, waited for), "parse" (the
+        #: headers), "feed" (inputs fed and runs scheduled), "wait" (a run's
+        #: outputs waited for and copied to the host), "store" (the caller's
+        #: thread: items made, re-encoded). Where a pack's time goes
+        #: (bench/decoded/pack_decoders.py prints them).
+        self.seconds = dict.fromkeys(("read", "parse", "feed", "wait", "store"), 0.0)
         self._pipe = None
         self._lock = threading.Lock()   # by_pillow: the caller's thread and the parser's
 
@@ -485,7 +493,9 @@ class DaliDecoder:
                     return
                 if isinstance(job, BaseException):
                     raise job
+                t0 = time.perf_counter()
                 items = self._finish(job, encoders)
+                self.seconds["store"] += time.perf_counter() - t0
                 yield items
                 permits.release()
         finally:
@@ -519,6 +529,7 @@ class DaliDecoder:
                     permits.acquire()
                     if stop.is_set():
                         return
+                    t0 = time.perf_counter()
                     try:
                         arrays = next(it)
                     except StopIteration:
@@ -528,7 +539,11 @@ class DaliDecoder:
                     chunk = pending.popleft()
                     if arrays is None:
                         arrays = [self._read_one(p) for p in chunk]
-                    parsed.put(self._prepare(arrays, base))
+                    t1 = time.perf_counter()
+                    job = self._prepare(arrays, base)
+                    self.seconds["read"] += t1 - t0
+                    self.seconds["parse"] += time.perf_counter() - t1
+                    parsed.put(job)
                     base += len(chunk)
         except BaseException as e:   # to the caller, in order, after the batches before it
             parsed.put(e)
@@ -573,18 +588,24 @@ class DaliDecoder:
             decoded.put(_END)
 
     def _start_job(self, job, flight):
+        t0 = time.perf_counter()
         try:
             self._start([a for _, a, _ in job.todo], job.sizes)
         except (RuntimeError, ValueError) as e:
             _raise_if_not_a_files_fault(e)
             self._recover(flight + collections.deque([job]), failed=None)
+        finally:
+            self.seconds["feed"] += time.perf_counter() - t0
 
     def _take_job(self, head, flight):
+        t0 = time.perf_counter()
         try:
             head.results = self._take(len(head.todo))
         except (RuntimeError, ValueError) as e:
             _raise_if_not_a_files_fault(e)
             self._recover(flight, failed=head)
+        finally:
+            self.seconds["wait"] += time.perf_counter() - t0
 
     def _recover(self, jobs, failed):
         """After a failed run (the pipeline dropped): ``failed`` (the job whose

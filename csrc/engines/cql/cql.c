@@ -263,13 +263,16 @@ static int cql_open(const fr_config *fc, void **out, char *err, size_t err_len)
     s->ring = malloc(MAX_RING * sizeof(*s->ring));
     s->pfds = calloc((size_t)s->nconns + 1, sizeof(*s->pfds));
     s->pfd_conn = calloc((size_t)s->nconns + 1, sizeof(*s->pfd_conn));
+    /* Every connection down (fd -1) before anything can fail: calloc's
+     * zeros are descriptor 0, which cql_close would close (stdin, or
+     * whatever took its number) once per connection. */
+    for (int i = 0; s->conns && i < s->nconns; i++)
+        s->conns[i].fd = -1;
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (!s->conns || !s->conn_err || !s->ring || !s->pfds || !s->pfd_conn) {
         cql_close(s);
         return -ENOMEM;
     }
-    for (int i = 0; i < s->nconns; i++)
-        s->conns[i].fd = -1;
     if (s->wake_fd < 0) {
         rc = -errno;
         fr_set_err(err, err_len, "cql: eventfd: %s", strerror(errno));

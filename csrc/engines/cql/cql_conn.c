@@ -76,7 +76,7 @@ void cql_conn_close(cql_conn *c)
     c->out.failed = 0;
     c->in_pos = c->in_len = 0;
     c->inflight = 0;
-    if (c->stream_owner) {
+    if (c->stream_owner && c->free_streams) { /* both: cql_conn_init may have got one */
         /* Streams handed out newest-first from the top: low ids first. */
         c->nfree = 0;
         for (int s = c->max_streams; s >= 1; s--) {

@@ -61,7 +61,7 @@ static void s3_close(void *state)
     s3_engine *s = state;
     if (!s)
         return;
-    for (size_t i = 0; i < s->nxfers; i++) {
+    for (size_t i = 0; s->xfers && i < s->nxfers; i++) { /* xfers: NULL if its calloc failed */
         if (s->xfers[i].easy) {
             if (s->multi)
                 curl_multi_remove_handle(s->multi, s->xfers[i].easy); /* a no-op if not added */

@@ -6,6 +6,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,8 +18,46 @@
 #define COOP_DEFAULT 2 /* index into fr_uring_setup_choices: COOP_TASKRUN */
 #define WINDOW 256
 
-static int uring_probe(char *why, size_t why_len)
+/* A probe's ring set up and torn down on a thread of its own, joined before
+ * the answer is returned, never on the caller's: a thread that sets up a
+ * ring is on that ring's list of tasks, and the kernel's teardown of it,
+ * asynchronous and tens of ms after io_uring_queue_exit (Linux 6.18: after
+ * the ring's references drain), queues work to every task still on the
+ * list with TWA_SIGNAL. That ends whatever blocking system call the caller
+ * is in at that moment early, as a signal would: a write into a full pipe
+ * returns short, and Python's unbuffered stdout (PYTHONUNBUFFERED=1, -u)
+ * drops the rest of a print: a child's 86 KB JSON line cut at 64 KiB (the
+ * pipe's size) + its "\n", exit status 0, after a Reader probed io_uring
+ * on the child's main thread. An exited thread is on no ring's list. */
+typedef struct off_thread_job {
+    int (*fn)(struct off_thread_job *);
+    char *why;
+    size_t why_len;
+    int rc;
+} off_thread_job;
+
+static void *off_thread_main(void *arg)
 {
+    off_thread_job *j = arg;
+    j->rc = j->fn(j);
+    return NULL;
+}
+
+/* Runs j->fn(j) on a fresh thread, joined (here, as before, if no thread
+ * can be made); returns its result. */
+static int run_off_thread(off_thread_job *j)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, off_thread_main, j) != 0)
+        return j->fn(j);
+    pthread_join(t, NULL);
+    return j->rc;
+}
+
+static int probe_here(off_thread_job *j)
+{
+    char *why = j->why;
+    size_t why_len = j->why_len;
     struct io_uring ring;
     int rc = io_uring_queue_init(4, &ring, 0);
     if (rc < 0) {
@@ -43,6 +82,12 @@ static int uring_probe(char *why, size_t why_len)
         return -ENOTSUP;
     }
     return 0;
+}
+
+static int uring_probe(char *why, size_t why_len)
+{
+    off_thread_job j = {.fn = probe_here, .why = why, .why_len = why_len};
+    return run_off_thread(&j);
 }
 
 static void uring_close(void *state)
@@ -260,17 +305,25 @@ static int uring_open(const fr_config *cfg, void **state, char *err, size_t err_
     return 0;
 }
 
-int fr_uring_files_usable(const fr_config *cfg)
+static int files_usable_here(off_thread_job *j)
 {
-    if (!cfg->register_files || cfg->o_direct)
-        return 0;
     struct io_uring ring;
     if (io_uring_queue_init(2, &ring, 0) < 0)
         return 0;
     int ok = io_uring_register_files_sparse(&ring, 1) == 0 &&
              fr_uring_files_check(&ring, NULL, 0) == 0;
     io_uring_queue_exit(&ring);
+    (void)j;
     return ok;
+}
+
+int fr_uring_files_usable(const fr_config *cfg)
+{
+    if (!cfg->register_files || cfg->o_direct)
+        return 0;
+    /* Off the caller's thread, as uring_probe (a table reader's open). */
+    off_thread_job j = {.fn = files_usable_here};
+    return run_off_thread(&j);
 }
 
 static int grow_scratch(uring *u, size_t n)

@@ -115,14 +115,16 @@ typedef struct ring_files {
     long reads;
 } ring_files;
 
-int fr_uring_files_check(const struct io_uring *ring, char *why, size_t why_len)
+int fr_uring_files_check(struct io_uring *ring, char *why, size_t why_len)
 {
     if (!(ring->features & IORING_FEAT_LINKED_FILE)) {
         fr_set_err(why, why_len, "io_uring: this kernel resolves a linked request's fixed file "
                                  "at submit (IORING_FEAT_LINKED_FILE needs Linux >= 5.17)");
         return -ENOTSUP;
     }
-    struct io_uring_probe *probe = io_uring_get_probe();
+    /* The ring's own probe: io_uring_get_probe() would set up (and tear
+     * down) one more ring on the calling thread (engine.c: run_off_thread). */
+    struct io_uring_probe *probe = io_uring_get_probe_ring(ring);
     /* Direct opens came with Linux 5.15, as IORING_OP_LINKAT: a kernel that
      * has LINKAT honours openat's file_index (an older one would ignore it
      * and install an ordinary descriptor, leaking it). */

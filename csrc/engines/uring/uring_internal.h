@@ -319,7 +319,7 @@ size_t fr_uring_turn(uring *u, uring_ring *r, size_t *inflight, cqe_fn fn);
 
 /* Whether a ring of this kernel can open into direct descriptors and read
  * through them in one linked chain: 0, or -ENOTSUP with why. */
-int fr_uring_files_check(const struct io_uring *ring, char *why, size_t why_len);
+int fr_uring_files_check(struct io_uring *ring, char *why, size_t why_len);
 /* The caller's side of one call: lays the jobs out, sorts them into runs
  * (returned in *nruns) and builds their vectors; 0 or -errno. */
 int fr_uring_files_prepare(uring *u, const char *const *paths, size_t npaths,
