@@ -113,11 +113,13 @@ def test_file_order_keeps_row_groups_only_when_the_set_fits(hub, tree, fits):
     # The set decoded within cache_bytes: the second epoch comes from the
     # cache. Beyond it: each row group goes once read through (its pages
     # reused by the next decode), loaded again the next epoch.
-    probe = Parquet(hub)
+    # ranged=False: row groups held decoded (the native route's file ranges,
+    # 16 B a row, are tested in test_parquet_native.py).
+    probe = Parquet(hub, ranged=False)
     size = probe.decoded_bytes()   # the footers' estimate: values, lengths, page headers
     values = sum(len(d) for d in tree[3])
     assert values < size < 2 * values
-    src = Parquet(hub, cache_bytes=size if fits else size // 2)
+    src = Parquet(hub, cache_bytes=size if fits else size // 2, ranged=False)
     groups = sum(len(m.rows) for m in src.metas)
     with fastread.Reader(source=src, batch_size=4, random_shuffle=False) as r:
         for epoch in range(2):

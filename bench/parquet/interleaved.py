@@ -6,6 +6,7 @@ the files ceiling. Bytes of the image column (no decoding).
     python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
         [--epochs 1] [--modes parquet-reader,parquet-datasets,...] [--without-prefault]
         [--cache warm|cold] [--small-cache] [--also DATA2]... [--touch]
+        [--without-native] [--native-held] [--index-by-map]
 
 ``--cache cold``: before each mode's timed epoch(s), the pages of every file
 it could read leave the page cache (``posix_fadvise(DONTNEED)`` per file:
@@ -86,6 +87,67 @@ def _without_prefault(mode):
         runner.close = closing
         return runner
     return dataclasses.replace(mode, name=mode.name + "-noprefault", build=build)
+
+
+def _without_native(mode):
+    """``mode`` with the Parquet source's native route off
+    (fastread.formats._parquet_native.ENABLED False while the source is
+    built: every row group through pyarrow's Python reader, values copied
+    into a BinaryArray), named ``MODE-pyarrow``: the before of a
+    before/after in one run (issue 40)."""
+    from fastread.formats import _parquet_native
+
+    def build(m, cfg):
+        kept = _parquet_native.ENABLED
+        _parquet_native.ENABLED = False
+        try:
+            return mode.build(mode, cfg)   # the source decides its route when built
+        finally:
+            _parquet_native.ENABLED = kept
+    return dataclasses.replace(mode, name=mode.name + "-pyarrow", build=build)
+
+
+def _native_held(mode):
+    """``mode`` with the native route keeping an uncompressed row group's
+    chunk and handing out views of it (fastread.formats._parquet_native.RANGED
+    False while the source is built), named ``MODE-held``: against the
+    default, which keeps the values' file ranges and reads them per batch."""
+    from fastread.formats import _parquet_native
+
+    def build(m, cfg):
+        kept = _parquet_native.RANGED
+        _parquet_native.RANGED = False
+        try:
+            return mode.build(mode, cfg)
+        finally:
+            _parquet_native.RANGED = kept
+    return dataclasses.replace(mode, name=mode.name + "-held", build=build)
+
+
+def _index_by_map(mode):
+    """``mode`` with the ranged route's index pass over a read-only map of
+    each chunk (fastread.formats._parquet_native.INDEX_BY_MAP while the
+    Reader runs: Arrow touches only the length prefixes; the rows are still
+    read by the engine), named ``MODE-mapidx``."""
+    from fastread.formats import _parquet_native
+
+    def build(m, cfg):
+        _parquet_native.INDEX_BY_MAP = True     # loads may start as the Reader is built
+        try:
+            runner = mode.build(mode, cfg)
+        except BaseException:
+            _parquet_native.INDEX_BY_MAP = False
+            raise
+        close = runner.close
+
+        def closing():
+            try:
+                close()
+            finally:
+                _parquet_native.INDEX_BY_MAP = False
+        runner.close = closing
+        return runner
+    return dataclasses.replace(mode, name=mode.name + "-mapidx", build=build)
 
 
 def _small_cache(mode, spill):
@@ -171,6 +233,16 @@ def main():
                          "instead of once with the engine 'auto' picks")
     ap.add_argument("--without-prefault", action="store_true",
                     help="also run parquet-reader with the pre-faulting off")
+    ap.add_argument("--without-native", action="store_true",
+                    help="also run parquet-reader and parquet-reader-fileorder with the "
+                         "source's native route off (MODE-pyarrow: pyarrow's Python reader)")
+    ap.add_argument("--native-held", action="store_true",
+                    help="also run parquet-reader and parquet-reader-fileorder with the "
+                         "native route holding chunks (MODE-held: views of the chunk) "
+                         "instead of reading file ranges")
+    ap.add_argument("--index-by-map", action="store_true",
+                    help="also run parquet-reader and parquet-reader-fileorder with the "
+                         "ranged route's index pass over a memory map (MODE-mapidx)")
     ap.add_argument("--small-cache", action="store_true",
                     help="also run parquet-reader-fileorder with cache_bytes=1 GiB, with and "
                          "without dropping row groups once read through")
@@ -194,6 +266,13 @@ def main():
         modes = [m for m in modes if m.name in wanted]
     if args.without_prefault:
         modes += [_without_prefault(m) for m in modes if m.name == "parquet-reader"]
+    readers = [m for m in modes if m.name in ("parquet-reader", "parquet-reader-fileorder")]
+    if args.without_native:
+        modes += [_without_native(m) for m in readers]
+    if args.native_held:
+        modes += [_native_held(m) for m in readers]
+    if args.index_by_map:
+        modes += [_index_by_map(m) for m in readers]
     if args.small_cache:
         modes += [_small_cache(m, spill) for m in modes if m.name == "parquet-reader-fileorder"
                   for spill in (True, False)]
@@ -209,6 +288,7 @@ def main():
     n = cfg.dataset.samples
     batches = -(-n // args.batch)
     res = {m.name: [] for m in runnable}
+    cpu = {m.name: [] for m in runnable}
     cold_files = _cold_files(args.data) if args.cache == "cold" else []
     for rnd in range(-1, args.rounds):          # round -1: untimed warm-up
         turn = rnd % len(runnable) if runnable else 0
@@ -223,20 +303,26 @@ def main():
             if args.touch:
                 runner = _touching(runner)
             try:
-                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                r0 = resource.getrusage(resource.RUSAGE_SELF)
                 t = time.perf_counter()
                 samples = 0
                 while samples < n * args.epochs:
                     got, _nbytes = runner.next()
                     samples += got
                 dt = time.perf_counter() - t
-                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+                r1 = resource.getrusage(resource.RUSAGE_SELF)
+                faults = r1.ru_minflt - r0.ru_minflt
+                # The process's CPU over the epoch(s), all threads: less moved by
+                # other jobs on a shared machine than the rate is.
+                user, system = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
             finally:
                 runner.close()
             if rnd >= 0:
                 res[m.name].append(samples / dt)
+                cpu[m.name].append((user, system))
                 print(f"round {rnd}: {m.name:24s} {samples / dt:9.0f} img/s  "
-                      f"{faults:8d} page faults", flush=True)
+                      f"{faults:8d} page faults  cpu {user:.2f} s user {system:.2f} s sys",
+                      flush=True)
     del batches
     med = {k: statistics.median(v) for k, v in res.items()}
     peers = [k for k in PEERS if k in med]
@@ -252,6 +338,9 @@ def main():
             line += f"  {v / med[best]:5.2f}x {best}"
         if ceiling:
             line += f"  {v / med[ceiling]:5.0%} of files"
+        if cpu.get(k):
+            line += (f"  cpu {statistics.median(u for u, _ in cpu[k]):.2f} user "
+                     f"{statistics.median(y for _, y in cpu[k]):.2f} sys")
         print(line)
 
 

@@ -42,6 +42,7 @@ def collect():
     dali_plugin = _plugin.info()
     ray_version, ray_why = ray_data()
     parquet_version, parquet_why = parquet_support()
+    parquet_native, parquet_native_why = parquet_native_route()
     from fastread.decode import choose_decoder
     # What `fastread pack --decode` decodes with by default here, and why.
     decoder = choose_decoder("auto")
@@ -68,7 +69,10 @@ def collect():
         # Ray Data, which fastread.ray needs (pip install fastread[ray]), or why it is absent.
         "ray": {"version": ray_version, "reason": ray_why},
         # pyarrow, which formats.Parquet decodes with (pip install fastread[parquet]), or why not.
-        "parquet": {"pyarrow": parquet_version, "reason": parquet_why},
+        # ... and whether row groups are decoded through the native shim over
+        # pyarrow's libparquet (values views of the engine's buffer), or why not.
+        "parquet": {"pyarrow": parquet_version, "reason": parquet_why,
+                    "native": parquet_native, "native_reason": parquet_native_why},
         "pack_decoder": {"auto": decoder.label, "why": decoder.why},
         "cuda_devices": devices,
         "cuda_reason": why,
@@ -97,6 +101,17 @@ def parquet_support():
     except ImportError as e:
         return None, f"pyarrow does not import ({e}): pip install fastread[parquet]"
     return str(pyarrow.__version__), None
+
+
+def parquet_native_route():
+    """(True, None) where formats.Parquet decodes row groups through the
+    native shim (fastread._parquet_native), else (False, why not)."""
+    try:
+        from fastread.formats import _parquet_native
+    except ImportError as e:  # pragma: no cover - the module imports nothing optional
+        return False, str(e)
+    mod, why = _parquet_native.status()
+    return mod is not None, why
 
 
 def run(args):
@@ -133,7 +148,10 @@ def run(args):
         f"{r['version']} (fastread.ray)" if r["version"] else f"unavailable: {r['reason']}"))
     q = data["parquet"]
     out.append(f"  {'Parquet':<{width}}  " + (
-        f"pyarrow {q['pyarrow']} (formats.Parquet)" if q["pyarrow"] else f"unavailable: {q['reason']}"))
+        f"pyarrow {q['pyarrow']} (formats.Parquet; "
+        + ("native route: Arrow's C++ reader, views of the engine's buffers)" if q["native"]
+           else f"pyarrow's reader: native route unavailable: {q['native_reason']})")
+        if q["pyarrow"] else f"unavailable: {q['reason']}"))
     pd = data["pack_decoder"]
     out.append(f"  {'pack --decode':<{width}}  decoder {pd['auto']} ({pd['why']})")
     out += ["", "CUDA devices:"]

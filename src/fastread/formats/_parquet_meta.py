@@ -34,7 +34,7 @@ class _FileMeta:
     """What the footer says about one file: its row groups' row counts and
     the byte ranges of the column chunks the source reads."""
     __slots__ = ("path", "size", "kind", "metadata", "rows", "chunks", "arrow_batches",
-                 "schema")
+                 "schema", "thrift", "native", "native_column")
 
 
 def _chunk_ranges(meta, g, leaves):
@@ -116,6 +116,9 @@ def _one_footer(path, size, s3):
     except (OSError, pa.ArrowException) as e:
         raise FormatError(path, size - 8 - footer_len, f"corrupt Parquet footer ({e})") from None
     meta.metadata = md
+    # The Thrift bytes, for the native route's own parse (_parquet_native).
+    meta.thrift = footer[:-8]
+    meta.native = meta.native_column = None
     meta.rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
     try:
         meta.schema = md.schema.to_arrow_schema()
@@ -153,6 +156,7 @@ def _arrow_meta(meta, path):
     if batches is None:
         raise FormatError(path, None, f"not an Arrow IPC file ({errors[-1]})")
     meta.size, meta.kind, meta.metadata = source.size(), "arrow", None
+    meta.thrift = meta.native = meta.native_column = None
     meta.arrow_batches = batches
     meta.rows = [b.num_rows for b in batches]
     meta.schema = schema

@@ -22,15 +22,20 @@ How a Parquet file is read:
 - **Row groups** when a batch needs them: the column chunks of the image
   column (and of ``columns``) are byte ranges given by the footer, read by
   the engine (many in flight; the s3 engine splits each into ``part_size``
-  ranged GETs) and handed to Arrow's C++ Parquet reader
-  (``ParquetFile.read_row_group`` over the bytes fastread read, with the
-  footer already parsed): decompression (Snappy, Zstd, Gzip, LZ4, none) and
-  decoding (plain, dictionary, delta) are Arrow's, with the GIL released.
-  This is route (b) of issue 40: pyarrow driven from Python; the bytes
-  reach Arrow through a Python file object that hands out zero-copy views of
-  the engine's buffers (one call per column chunk, not per row).
-- **Samples** are zero-copy uint8 views of the decoded binary column's value
-  buffer; a view keeps that Arrow buffer alive. A null value (or a null
+  ranged GETs) and handed to Arrow's C++ Parquet library: decompression
+  (Snappy, Zstd, Gzip, LZ4, none) and decoding (plain, dictionary, delta)
+  are Arrow's, with the GIL released. Where the native shim is built
+  (:mod:`._parquet_native`: Arrow's page and column readers over the
+  engine's buffer, linked from C++) it decodes the image column chunk;
+  else pyarrow's reader does (``ParquetReader.read_row_group`` over the
+  bytes fastread read, with the footer already parsed, through a Python
+  file object that hands out zero-copy views of the engine's buffers).
+- **Samples** are zero-copy uint8 views: of the chunk where Arrow's decoder
+  left the value there (an uncompressed PLAIN column; a Reader keeps such a
+  row group as its values' file ranges and reads each batch's rows by
+  range), of one buffer the shim copied the values into (compressed pages,
+  dictionaries), or of the decoded binary column's value buffer (pyarrow's
+  route); a view keeps its buffer alive. A null value (or a null
   struct) is a failed sample whose error names the file, the row group and
   the row (``missing="error"``), or an empty array (``missing="empty"``).
 
@@ -189,14 +194,18 @@ class Parquet(SampleSource):
     numbers). ``columns``: more columns read with each row group, for
     :meth:`table`. ``missing``: what a null image value gives ("error": a
     failed sample naming file, row group and row; "empty": an empty array).
-    ``cache_bytes``: the decoded row groups a reader keeps. ``s3``: an
+    ``cache_bytes``: the decoded row groups a reader keeps. ``ranged``
+    (native route, local files): a Reader keeps an uncompressed row group
+    as its values' file ranges and reads rows by range (True; None: the
+    default, ``_parquet_native.RANGED``), or holds the chunk (False: later
+    epochs from memory). ``s3``: an
     :class:`fastread.S3Options` (or mapping) for ``s3://`` paths.
     """
 
     reads_ranges = True
 
     def __init__(self, paths, image="image", label="label", columns=None, split=None, *,
-                 missing="error", cache_bytes=None, s3=None):
+                 missing="error", cache_bytes=None, s3=None, ranged=None):
         pa = _pa()
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -213,6 +222,7 @@ class Parquet(SampleSource):
         self.image, self.label_column = image, label
         self.columns = list(columns or [])
         self.split = split
+        self._ranged_arg = ranged
         files, sizes = [], []
         for p in given:
             if not is_url(p) and os.path.isdir(p) and (
@@ -243,6 +253,34 @@ class Parquet(SampleSource):
         self.metas = _read_footers(files, sizes, self.s3)
         self._resolve_columns(pa)
         self._build_index(pa)
+        self._setup_native()
+
+    def _setup_native(self):
+        """The native route per file (formats._parquet_native): Arrow's C++
+        reader over the engine's buffer, values as views of it. ``native_why``:
+        None where every Parquet file takes it, else why (not) for the first
+        that does not."""
+        from fastread.formats import _parquet_native
+        self.native_why = None
+        # Whether a Reader keeps uncompressed row groups as file ranges
+        # (_parquet_native.RANGED, as it is when the source is built; local files).
+        want = _parquet_native.RANGED if self._ranged_arg is None else self._ranged_arg
+        self.ranged = bool(want) and not any(is_url(p) for p in self.paths)
+        remote = any(is_url(p) for p in self.paths)
+        for m in self.metas:
+            if m.kind != "parquet":
+                continue
+            if self.columns:
+                why = "columns= asks for Arrow tables"
+            elif remote:
+                # No file ranges for objects (a second pass of GETs), and held
+                # views of the engine's arenas measured slower than pyarrow's
+                # copy on the 2-core VM (docs/parquet.md): not measured on S3.
+                why = "s3:// objects are decoded by pyarrow's route"
+            else:
+                m.native, m.native_column, why = _parquet_native.footer_for(m, self._image_leaf)
+            if why is not None and self.native_why is None:
+                self.native_why = f"{m.path}: {why}"
 
     # -- the index -------------------------------------------------------------
     def _resolve_columns(self, pa):
@@ -358,8 +396,10 @@ class Parquet(SampleSource):
     def decoded_bytes(self):
         """About what every row group decoded takes: the footers' uncompressed
         size of the columns read (Parquet), the record batches' size (Arrow
-        IPC, views of the map). What the row-group cache compares with its
-        budget to know whether a later epoch can be served from it."""
+        IPC, views of the map); a row group a Reader keeps as file ranges
+        (:attr:`ranged`, an uncompressed image chunk) 16 B a row. What the
+        row-group cache compares with its budget to know whether a later
+        epoch can be served from it."""
         total = 0
         for m in self.metas:
             if m.kind == "arrow":
@@ -367,6 +407,9 @@ class Parquet(SampleSource):
                 continue
             leaves = set(self._leaves_of(m))
             for g in range(len(m.rows)):
+                if self.ranged and m.native is not None and _native_for(m, g):
+                    total += 16 * m.rows[g]
+                    continue
                 rg = m.metadata.row_group(g)
                 total += sum(int(rg.column(c).total_uncompressed_size)
                              for c in range(rg.num_columns)
@@ -394,7 +437,7 @@ class Parquet(SampleSource):
         cannot be read."""
         pa = _pa()
         ctx = self._context(engine, options, engine_options)
-        rg = _Loader(self, ctx.engine, None, context=ctx).load(file, group)
+        rg = _Loader(self, ctx.engine, None, context=ctx).load(file, group, table=True)
         if rg.error is not None:
             raise FormatError(self.paths[file], None, rg.error[1])
         col = rg.table.column(self.image)
@@ -420,7 +463,7 @@ class Parquet(SampleSource):
         tables = []
         for i in idx.tolist():
             f, g, r = int(self.file_index[i]), int(self.group_index[i]), int(self.row_index[i])
-            tables.append(loader.load(f, g).table.slice(r, 1))
+            tables.append(loader.load(f, g, table=True).table.slice(r, 1))
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables)
@@ -467,11 +510,14 @@ def _class_names(schema, label):
 
 class _RowGroup:
     """One decoded row group: the Arrow table (kept alive by every view),
-    and per chunk of the image column (row start, values, offsets, valid)."""
-    __slots__ = ("table", "parts", "nbytes", "error")
+    and per chunk of the image column (row start, values, begin, end, valid,
+    side, in_side: value j is values[begin[j]:end[j]], or side[...] where
+    in_side[j]). table is None where the native route decoded it."""
+    __slots__ = ("table", "parts", "nbytes", "error", "ranged")
 
     def __init__(self, table, parts, nbytes, error=None):
         self.table, self.parts, self.nbytes, self.error = table, parts, nbytes, error
+        self.ranged = False    # parts give file offsets (values None): read per batch
 
 
 def _image_parts(source, column):
@@ -498,7 +544,7 @@ def _image_parts(source, column):
         if arr.null_count:
             v = arr.is_valid().to_numpy(zero_copy_only=False)
             valid = v if valid is None else valid & v
-        out.append((start, values, offsets, valid))
+        out.append((start, values, offsets[:-1], offsets[1:], valid, None, None))
         start += len(arr)
     return out
 
@@ -508,13 +554,19 @@ class _Loader:
     per thread: a context is used by one thread at a time) and decoded by
     Arrow. Errors are kept in the row group (its samples fail), not raised."""
 
-    def __init__(self, source, engine, options, context=None):
+    def __init__(self, source, engine, options, context=None, ranged=False):
         self.source, self.engine, self.options = source, engine, options
         self._context = context
+        # ranged: a row group whose values all lie in its chunk (uncompressed
+        # PLAIN) is kept as their file ranges, the chunk let go (formats._parquet_native).
+        self.ranged = bool(ranged) and source.ranged
         self._local = threading.local()
         self._all = []                 # every context opened, closed by close()
         self._all_lock = threading.Lock()
         self.stats = {}
+        self.native_loads = 0      # row groups decoded through the shim
+        self.ranged_loads = 0      # ... of them kept as file ranges
+        self.native_copied = 0     # values it copied (not views of the chunk)
 
     def _ctx(self):
         if self._context is not None:
@@ -533,7 +585,9 @@ class _Loader:
                 ctx.close()
             self._all = []
 
-    def load(self, f, g):
+    def load(self, f, g, table=False):
+        """Row group ``g`` of file ``f``: its samples' values (``table``: as an
+        Arrow table too, pyarrow's route)."""
         src = self.source
         meta = src.metas[f]
         if meta.kind == "arrow":
@@ -542,6 +596,12 @@ class _Loader:
             table = pa.Table.from_batches([batch]).select([src.image] + src.columns)
             return _RowGroup(table, _image_parts(src, table.column(src.image)), 0)
         offs, lens = meta.chunks[g]
+        if self.ranged and meta.native is not None and not table and _native_for(meta, g):
+            from fastread.formats import _parquet_native
+            if _parquet_native.INDEX_BY_MAP:
+                mapped = _parquet_native.mapped_chunk(meta, offs, lens)
+                if mapped is not None:
+                    return self._load_native(meta, g, mapped)
         ctx = self._ctx()
         batch = ctx.read_ranges(meta.path, offs, lens)
         if ctx is not self._context:
@@ -558,6 +618,8 @@ class _Loader:
                 return _RowGroup(None, None, 0, (_ENODATA, f"row group {g}: {len(a)} of "
                                                  f"{lens[i]} bytes at {offs[i]} (truncated "
                                                  "file)"))
+        if meta.native is not None and not table and _native_for(meta, g):
+            return self._load_native(meta, g, arrays[0])
         pa = _pa()
         try:
             table = _decode(meta, g, src._leaves_of(meta), list(zip(offs.tolist(), arrays)))
@@ -566,6 +628,47 @@ class _Loader:
             return _RowGroup(None, None, 0, (_EIO, f"row group {g}: Arrow cannot decode it "
                                                    f"({e})"))
         return _RowGroup(table, parts, table.nbytes)
+
+    def _load_native(self, meta, g, chunk):
+        """The image column chunk (the only one read: no ``columns``) decoded
+        by Arrow's C++ reader through the shim; values views of ``chunk``
+        where Arrow leaves them there (formats._parquet_native)."""
+        from fastread.formats import _parquet_native
+        rg = meta.metadata.row_group(g)
+        col = rg.column(meta.native_column)
+        try:
+            values, begin, end, valid, side, in_side, copied = _parquet_native.decode(
+                meta.native, meta.native_column, g, chunk, meta.rows[g],
+                int(col.total_uncompressed_size))
+        except (OSError, ValueError, NotImplementedError, MemoryError) as e:
+            return _RowGroup(None, None, 0, (_EIO, f"row group {g}: Arrow cannot decode it "
+                                                   f"({e})"))
+        with self._all_lock:
+            self.native_loads += 1
+            self.native_copied += copied
+        if self.ranged and side is None and values is chunk:
+            # Every value is a range of the file: keep the ranges (16 B a row),
+            # read them per batch; the chunk's arena goes back to its pool.
+            with self._all_lock:
+                self.ranged_loads += 1
+            at = int(meta.chunks[g][0][0])
+            rg = _RowGroup(None, [(0, None, begin + at, end + at, valid, None, None)],
+                           begin.nbytes + end.nbytes)
+            rg.ranged = True
+            return rg
+        nbytes = values.nbytes + (side.nbytes if side is not None else 0)
+        return _RowGroup(None, [(0, values, begin, end, valid, side, in_side)], nbytes)
+
+
+def _native_for(meta, g):
+    """Whether row group ``g``'s image chunk takes the native route: an
+    uncompressed one (views or file ranges); a compressed one only with
+    ``_parquet_native.COMPRESSED`` (its values are copied either way)."""
+    from fastread.formats import _parquet_native
+    if _parquet_native.COMPRESSED:
+        return True
+    col = meta.metadata.row_group(g).column(meta.native_column)
+    return col.compression == "UNCOMPRESSED"
 
 
 class _RowGroupCache:
@@ -689,9 +792,10 @@ class _RowGroupCache:
             self._held = 0
 
 
-def _cut(source, idx, groups, wait=None):
+def _cut(source, idx, groups, wait=None, ctx=None):
     """The batch of samples ``idx`` as views of their decoded row groups
-    (``groups``: {(file, group): future})."""
+    (``groups``: {(file, group): future}); the rows of ranged row groups
+    read as byte ranges of their files by ``ctx``."""
     loaded = {}
     for key, fut in groups.items():
         if wait is not None:
@@ -702,9 +806,15 @@ def _cut(source, idx, groups, wait=None):
             loaded[key] = _RowGroup(None, None, 0, (_EIO, f"row group {key[1]}: {e}"))
     files, grps, rows = (source.file_index[idx], source.group_index[idx],
                          source.row_index[idx])
+    if loaded and ctx is not None and all(rg.error is None and rg.ranged
+                                          for rg in loaded.values()):
+        from fastread.formats._parquet_native import cut_ranged
+        arrays, failures, why = cut_ranged(source, idx, files, grps, rows, loaded, ctx)
+        return ParquetBatch(idx, arrays, failures, list(loaded.values()), why)
     empty = np.zeros(0, np.uint8)
     arrays, failures, keep = [], [], []
     why = {}   # batch position -> what failed, kept by the batch (no shared state)
+    ranged = {}   # file -> [(batch position, offset, length, row group, row)]
     for i, (f, g, r) in enumerate(zip(files.tolist(), grps.tolist(), rows.tolist())):
         rg = loaded[(f, g)]
         if rg.error is not None:
@@ -712,7 +822,7 @@ def _cut(source, idx, groups, wait=None):
             why[i] = f"{source.paths[f]}: {rg.error[1]}"
             arrays.append(empty)
             continue
-        for start, values, offsets, valid in reversed(rg.parts):
+        for start, values, begin, end, valid, side, in_side in reversed(rg.parts):
             if r >= start:
                 break
         j = r - start
@@ -722,7 +832,16 @@ def _cut(source, idx, groups, wait=None):
                 why[i] = f"null {source.image!r} value"
             arrays.append(empty)
             continue
-        arrays.append(values[offsets[j]:offsets[j + 1]])
+        if rg.ranged:
+            ranged.setdefault(f, []).append((i, int(begin[j]), int(end[j] - begin[j]), g, r))
+            arrays.append(empty)
+            continue
+        buf = side if in_side is not None and in_side[j] else values
+        arrays.append(buf[begin[j]:end[j]])
+    if ranged:
+        from fastread.formats._parquet_native import read_ranged
+        read_ranged(source, ctx, ranged, arrays, failures, why)
+        failures.sort()
     for key in groups:
         keep.append(loaded[key])
     return ParquetBatch(idx, arrays, failures, keep, why)
@@ -771,7 +890,13 @@ class _ParquetNative:
         self._ahead = 2 * self.threads   # row-group loads in flight beyond the window
         self._pool = _futures.ThreadPoolExecutor(self.threads,
                                                  thread_name_prefix="fastread-parquet")
-        self._loader = _Loader(source, self.engine, options)
+        self._loader = _Loader(source, self.engine, options, ranged=True)
+        # Where row groups may be kept as file ranges, each batch's rows are
+        # read on these threads (a load never waits behind a batch's read).
+        self._fetch = None
+        if self._loader.ranged and any(m.native is not None for m in source.metas):
+            self._fetch = _futures.ThreadPoolExecutor(self.threads,
+                                                      thread_name_prefix="fastread-parquet-rows")
         self._cache = _RowGroupCache(self._loader, source.cache_bytes, self._pool,
                                      rows=lambda key: source.metas[key[0]].rows[key[1]],
                                      spill=source.decoded_bytes() > source.cache_bytes)
@@ -802,6 +927,16 @@ class _ParquetNative:
             if k >= self._prefetch and self._cache.pending() >= self._ahead:
                 break
             item[1] = self._cache.wanted(self._source, item[0])
+        if self._fetch is not None:
+            for k, item in enumerate(self._queue):
+                if k >= self._prefetch:
+                    break
+                if item[1] is not None and len(item) == 2:
+                    item.append(self._fetch.submit(self._cut_here, item[0], item[1]))
+
+    def _cut_here(self, idx, groups):
+        """A batch cut on a fetch thread, ranged rows read by its context."""
+        return _cut(self._source, idx, groups, ctx=self._loader._ctx())
 
     def next(self):
         with self._lock:
@@ -812,7 +947,14 @@ class _ParquetNative:
                 item[1] = self._cache.wanted(self._source, item[0])
         # Waits in steps so that a signal (KeyboardInterrupt) gets through;
         # the batch stays queued until it is cut.
-        batch = _cut(self._source, item[0], item[1], wait=_wait)
+        if self._fetch is not None:
+            with self._lock:
+                if len(item) == 2:
+                    item.append(self._fetch.submit(self._cut_here, item[0], item[1]))
+            _wait(item[2])
+            batch = item[2].result()
+        else:
+            batch = _cut(self._source, item[0], item[1], wait=_wait)
         with self._lock:
             if self._queue and self._queue[0] is item:
                 self._queue.popleft()
@@ -823,6 +965,9 @@ class _ParquetNative:
     def stats(self):
         out = dict(self._loader.stats)
         out["row_group_loads"] = self._cache.loads
+        out["row_groups_native"] = self._loader.native_loads
+        out["values_copied_native"] = self._loader.native_copied
+        out["row_groups_ranged"] = self._loader.ranged_loads
         out["row_group_bytes_cached"] = self._cache.held()
         return out
 
@@ -833,6 +978,8 @@ class _ParquetNative:
     def close(self):
         with self._lock:
             self._queue.clear()
+        if self._fetch is not None:
+            self._fetch.shutdown(wait=True, cancel_futures=True)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._cache.clear()
         self._loader.close()
