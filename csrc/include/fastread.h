@@ -604,7 +604,9 @@ typedef struct fr_file_range {
  * completes: -EINVAL after a second; a character device's bytes are read
  * as they come), fr_ctx_sample_error naming the path of a failed open or
  * read; elsewhere through a psync pool of the same threads (opened on
- * first use). Others: -ENOTSUP. O_DIRECT: -ENOTSUP. */
+ * first use). Others: -ENOTSUP. O_DIRECT: -ENOTSUP.
+ * `paths` (the array and its strings) must stay valid until the context's
+ * next call: fr_ctx_sample_error reads the failed sample's path from it. */
 int fr_read_file_ranges(fr_ctx *ctx, const char *const *paths, size_t npaths,
                         const fr_file_range *jobs, size_t n, fr_batch *batch);
 
