@@ -249,3 +249,18 @@ def test_dictionary_row_groups_are_cached_as_not_rangeable(tmp_path):
     got, stats = epoch(path, cache)      # today's route, the entry not rewritten
     assert got == vals and stats["row_group_chunks_read"] == 3
     assert stats["row_groups_index_cached"] == 0 and stats["index_cache_written"] == 0
+
+
+def test_prune_keeps_the_most_recent_entries(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for i in range(5):
+        p = cache / f"pq-{i:032x}.frpq"
+        p.write_bytes(b"x")
+        os.utime(p, (1000 + i, 1000 + i))
+    (cache / "pq-old.frpq.1.2.tmp").write_bytes(b"x")
+    os.utime(cache / "pq-old.frpq.1.2.tmp", (1000, 1000))
+    (cache / "wds-keep.fridx").write_bytes(b"x")
+    _parquet_index_cache.prune(str(cache), keep=2)
+    assert sorted(os.listdir(cache)) == [f"pq-{3:032x}.frpq", f"pq-{4:032x}.frpq",
+                                         "wds-keep.fridx"]

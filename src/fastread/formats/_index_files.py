@@ -668,9 +668,7 @@ def cache_prune(directory, keep=CACHE_ENTRIES):
             _remove(path)
         elif ((name.startswith("wds-") and name.endswith(FRIDX_SUFFIX)) or
               # readers.file's listings (fastread.dali._listing)
-              (name.startswith("files-") and name.endswith(".frlist")) or
-              # Parquet ranges indexes (formats._parquet_index_cache)
-              (name.startswith("pq-") and name.endswith(".frpq"))):
+              (name.startswith("files-") and name.endswith(".frlist"))):
             entries.append((mtime, path))
     entries.sort(reverse=True)
     for _mtime, path in entries[keep:]:

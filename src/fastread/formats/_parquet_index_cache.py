@@ -25,7 +25,8 @@ Written atomically (a temporary file renamed over the entry).
 Trusted only when everything checks: magic, lengths and CRC; the identity
 equal to the file's as the source read its footer and as it is when the
 entry is opened (a rewritten file: another name, and the old entry is never
-read; it ages out of the cache, :func:`._index_files.cache_prune`); the row
+read; it ages out of the cache, :func:`prune`: the least recently used past
+``ENTRIES``); the row
 counts equal to the footer's; every range inside its row group's column
 chunk, inside the file. Anything else: the entry is ignored, the row groups
 indexed by reading their chunks as without a cache, and the entry rewritten.
@@ -49,6 +50,42 @@ MAGIC = b"FRPQIDX1"
 SUFFIX = ".frpq"
 VERSION = 1
 _PRE = struct.Struct("<8sIIQ8x")     # magic, header length, crc32, arrays' bytes
+#: Entries of Parquet files the cache keeps (their own count: a Hub data set
+#: has hundreds of files, ImageNet-1k 294, more than the 256 entries of
+#: WebDataset's sets); past it the least recently used go.
+ENTRIES = 4096
+
+
+def prune(directory, keep=ENTRIES):
+    """Removes the least recently used ``pq-*.frpq`` entries past ``keep``
+    (and temporary files a crashed writer left over an hour ago)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    now, entries = time.time(), []
+    for name in names:
+        if not name.startswith("pq-"):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            continue
+        if name.endswith(".tmp") and now - mtime > 3600:
+            _remove(path)
+        elif name.endswith(SUFFIX):
+            entries.append((mtime, path))
+    entries.sort(reverse=True)
+    for _mtime, path in entries[keep:]:
+        _remove(path)
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass   # another process removed it first
 
 
 def identity(path):
@@ -81,7 +118,7 @@ def write_entry(path, key, rows, ranged, plain):
     lens = [np.ascontiguousarray(ranged[g][1], np.int64) for g in groups]
     body = b"".join(a.tobytes() for a in begins + lens)
     crc = zlib.crc32(body, zlib.crc32(hb))
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"   # pq-...: pruned if left
     try:
         with open(tmp, "wb") as f:
             f.write(_PRE.pack(MAGIC, len(hb), crc, len(body)))
@@ -153,6 +190,7 @@ class RangesIndex:
         self.served = 0                     # row groups served from the cache
         self.written = 0                    # entries written
         self.ignored = 0                    # entries found and not trusted
+        self.pruned = False                 # the cache pruned once per Reader
 
     def _file(self, f):
         with self._lock:
@@ -255,7 +293,6 @@ class _FileEntry:
         try:
             os.makedirs(self.index.directory, exist_ok=True)
             write_entry(self.path, self.key, self.meta.rows, ranged, plain)
-            _index_files.cache_prune(self.index.directory)
         except OSError as e:
             warnings.warn(f"fastread: the Parquet ranges index of {self.meta.path!r} could not "
                           f"be cached in {self.index.directory!r} ({e}); it is rebuilt next "
@@ -263,3 +300,6 @@ class _FileEntry:
             return
         with self.index._lock:
             self.index.written += 1
+            first, self.index.pruned = not self.index.pruned, True
+        if first:
+            prune(self.index.directory)
