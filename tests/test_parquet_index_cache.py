@@ -179,8 +179,8 @@ def test_a_file_cut_after_its_index_was_cached_fails_its_samples_named(tmp_path)
     with fastread.Reader(source=src, batch_size=20) as r:
         it = iter(r)
         assert [a.tobytes() for a in next(it)[0]] == vals[:20]
-        with pytest.raises(fastread.ReadError,
-                           match=f"{path}\\[row group \\d, row \\d+\\].*(truncated|shrank|No data)"):
+        named = f"{path}\\[row group \\d, row \\d+\\].*(truncated|shrank|No data)"
+        with pytest.raises(fastread.ReadError, match=named):
             for arrays, _ in it:
                 for a in arrays:
                     assert a.tobytes() in vals

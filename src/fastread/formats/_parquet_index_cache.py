@@ -175,6 +175,38 @@ def read_entry(path, key, meta):
     return out, set(plain)
 
 
+def identities(source):
+    """{file: (size, mtime_ns)} of the source's files whose ranges may be
+    cached (local Parquet files on the native ranged route), taken when the
+    source is built, after their footers were read."""
+    if not source.ranged:
+        return {}
+    return {f: identity(m.path) for f, m in enumerate(source.metas)
+            if m.kind == "parquet" and m.native is not None}
+
+
+def for_reader(source, native_for):
+    """A Reader's :class:`RangesIndex` over ``source``, or None where
+    nothing is cached (``index_cache=False``, no ranged file)."""
+    if not source._index_identity:
+        return None
+    directory = _index_files.cache_dir(source.index_cache)
+    if directory is None:
+        return None
+    return RangesIndex(source, directory, {
+        f: [g for g in range(len(source.metas[f].rows)) if native_for(source.metas[f], g)]
+        for f in source._index_identity})
+
+
+def stats(index):
+    """The counters a Reader's ``stats()`` gives for the cache."""
+    if index is None:
+        return {"row_groups_index_cached": 0, "index_cache_written": 0,
+                "index_cache_ignored": 0}
+    return {"row_groups_index_cached": index.served, "index_cache_written": index.written,
+            "index_cache_ignored": index.ignored}
+
+
 class RangesIndex:
     """A Reader's view of the cache for one source's files: ranges looked
     up per (file, row group), recorded as row groups are indexed, an entry

@@ -285,11 +285,8 @@ class Parquet(SampleSource):
                 m.native, m.native_column, why = _parquet_native.footer_for(m, self._image_leaf)
             if why is not None and self.native_why is None:
                 self.native_why = f"{m.path}: {why}"
-        # (size, mtime_ns) of the files whose ranges may be cached, taken
-        # after their footers were read (formats._parquet_index_cache).
-        from fastread.formats._parquet_index_cache import identity
-        self._index_identity = {f: identity(m.path) for f, m in enumerate(self.metas)
-                                if self.ranged and m.kind == "parquet" and m.native is not None}
+        from fastread.formats._parquet_index_cache import identities
+        self._index_identity = identities(self)    # after the footers were read
 
     # -- the index -------------------------------------------------------------
     def _resolve_columns(self, pa):
@@ -917,13 +914,9 @@ class _ParquetNative:
         self._pool = _futures.ThreadPoolExecutor(self.threads,
                                                  thread_name_prefix="fastread-parquet")
         self._loader = _Loader(source, self.engine, options, ranged=True)
-        if self._loader.ranged and source._index_identity:
-            from fastread.formats import _index_files, _parquet_index_cache
-            directory = _index_files.cache_dir(source.index_cache)
-            if directory is not None:
-                self._loader.index = _parquet_index_cache.RangesIndex(source, directory, {
-                    f: [g for g in range(len(source.metas[f].rows))
-                        if _native_for(source.metas[f], g)] for f in source._index_identity})
+        if self._loader.ranged:
+            from fastread.formats._parquet_index_cache import for_reader
+            self._loader.index = for_reader(source, _native_for)   # None: not cached
         # Where row groups may be kept as file ranges, each batch's rows are
         # read on these threads (a load never waits behind a batch's read).
         self._fetch = None
@@ -1003,10 +996,8 @@ class _ParquetNative:
         out["row_groups_ranged"] = self._loader.ranged_loads
         out["row_group_bytes_cached"] = self._cache.held()
         out["row_group_chunks_read"] = self._loader.chunk_reads
-        index = self._loader.index
-        out["row_groups_index_cached"] = index.served if index is not None else 0
-        out["index_cache_written"] = index.written if index is not None else 0
-        out["index_cache_ignored"] = index.ignored if index is not None else 0
+        from fastread.formats._parquet_index_cache import stats
+        out.update(stats(self._loader.index))
         return out
 
     def reset(self):
