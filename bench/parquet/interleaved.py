@@ -167,6 +167,9 @@ def _index_cache(mode, warm):
     import shutil
     import tempfile
     kept_dir = tempfile.mkdtemp(prefix="fr-pqidx-warm-") if warm else None
+    if kept_dir:
+        import atexit
+        atexit.register(shutil.rmtree, kept_dir, ignore_errors=True)
 
     def build(m, cfg):
         d = kept_dir or tempfile.mkdtemp(prefix="fr-pqidx-cold-")
