@@ -160,6 +160,19 @@ def test_an_entry_whose_ranges_leave_the_chunk_is_not_trusted(tmp_path):
     _parquet_index_cache.write_entry(entry, key, [25, 24], {0: ranged[0]}, plain)
     with pytest.raises(ValueError, match="row counts"):
         _parquet_index_cache.read_entry(entry, key, meta)
+    # CRC right, the header not an object; longer than any entry of the file.
+    import struct
+    import zlib
+    hb = b"[1, 2]"
+    with open(entry, "wb") as f:
+        f.write(struct.pack("<8sIIQ8x", _parquet_index_cache.MAGIC, len(hb), zlib.crc32(hb),
+                            0) + hb)
+    with pytest.raises(ValueError, match="header"):
+        _parquet_index_cache.read_entry(entry, key, meta)
+    with open(entry, "wb") as f:
+        f.write(b"\0" * (2 << 20))
+    with pytest.raises(ValueError, match="longer"):
+        _parquet_index_cache.read_entry(entry, key, meta)
     got, stats = epoch(path, cache)
     assert got == vals and stats["index_cache_ignored"] == 1
 

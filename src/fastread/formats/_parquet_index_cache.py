@@ -135,8 +135,12 @@ def read_entry(path, key, meta):
     file ``meta`` as ``key`` describes it; ValueError / OSError where the
     entry is damaged, stale or does not fit the footer."""
     from fastread._safe_open import open_file
+    # At most what an entry of this file can take (a header of 1 MiB at most).
+    limit = _PRE.size + (1 << 20) + 16 * sum(int(r) for r in meta.rows)
     with open_file(path) as f:
-        raw = f.read(1 << 34)
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError("longer than an entry of this file can be")
     if len(raw) < _PRE.size:
         raise ValueError("truncated preamble")
     magic, hlen, crc, blen = _PRE.unpack_from(raw)
@@ -146,6 +150,8 @@ def read_entry(path, key, meta):
     if zlib.crc32(body, zlib.crc32(hb)) != crc:
         raise ValueError("CRC mismatch")
     header = json.loads(hb)
+    if not isinstance(header, dict):
+        raise ValueError("not an entry's header")
     if any(header.get(k) != v for k, v in key.items()):
         raise ValueError("another file's entry (stale)")
     rows = [int(r) for r in meta.rows]
