@@ -18,6 +18,14 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 
+@pytest.fixture(autouse=True)
+def _own_index_cache(tmp_path, monkeypatch):
+    """Readers' ranges indexes (formats._parquet_index_cache) in the test's
+    directory, not the user's ~/.cache (files made by a module fixture are
+    older than RACY_NS by the time a later test reads them)."""
+    monkeypatch.setenv("FASTREAD_INDEX_CACHE_DIR", str(tmp_path / "index-cache"))
+
+
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     """A small JPEG tree: (root, paths, labels, bytes)."""

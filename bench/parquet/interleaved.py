@@ -6,7 +6,7 @@ the files ceiling. Bytes of the image column (no decoding).
     python bench/parquet/interleaved.py DATA [--rounds 3] [--batch 64]
         [--epochs 1] [--modes parquet-reader,parquet-datasets,...] [--without-prefault]
         [--cache warm|cold] [--small-cache] [--also DATA2]... [--touch]
-        [--without-native] [--native-held] [--index-by-map]
+        [--without-native] [--native-held] [--index-by-map] [--index-cache]
 
 ``--cache cold``: before each mode's timed epoch(s), the pages of every file
 it could read leave the page cache (``posix_fadvise(DONTNEED)`` per file:
@@ -29,6 +29,15 @@ only after its decay time), and skips the page faults a fresh process
 pays; with a fixed order readers.parquet always ran straight after the
 Reader (issue 40: "3x faster" over the same source, equal in fresh
 processes). Each line also gives the minor page faults the epoch took.
+
+``--index-cache``: also runs parquet-reader and parquet-reader-fileorder
+with the ranges index cached on disk (``MODE-idxwarm``: a directory
+filled by the untimed warm-up round, so every timed epoch is a fresh
+source and Reader that finds every row group's ranges there and reads no
+column chunk) and not cached (``MODE-idxcold``: a new empty directory for
+every epoch, so the chunks are read to index them and the entry written,
+as a first run on a node). The plain modes use the node-local cache
+(``FASTREAD_INDEX_CACHE_DIR`` or ``~/.cache/fastread/index``) as users get it.
 
 DATA: a Hub-style Parquet directory written by
 fastread.formats.parquet.write_image_parquet (its note names the JPEG tree
@@ -150,6 +159,49 @@ def _index_by_map(mode):
     return dataclasses.replace(mode, name=mode.name + "-mapidx", build=build)
 
 
+def _index_cache(mode, warm):
+    """``mode`` with the Parquet ranges index (formats._parquet_index_cache)
+    in a directory of its own (``FASTREAD_INDEX_CACHE_DIR`` while the source
+    and Reader are built): ``warm``, one directory kept for the run (filled
+    by the warm-up round); cold, a new empty one every epoch, removed after."""
+    import shutil
+    import tempfile
+    kept_dir = tempfile.mkdtemp(prefix="fr-pqidx-warm-") if warm else None
+    if kept_dir:
+        import atexit
+        atexit.register(shutil.rmtree, kept_dir, ignore_errors=True)
+
+    def build(m, cfg):
+        d = kept_dir or tempfile.mkdtemp(prefix="fr-pqidx-cold-")
+        old = os.environ.get("FASTREAD_INDEX_CACHE_DIR")
+        os.environ["FASTREAD_INDEX_CACHE_DIR"] = d
+        try:
+            runner = mode.build(mode, cfg)
+        finally:
+            if old is None:
+                del os.environ["FASTREAD_INDEX_CACHE_DIR"]
+            else:
+                os.environ["FASTREAD_INDEX_CACHE_DIR"] = old
+        close = runner.close
+
+        def closing():
+            reader = getattr(runner, "reader", None)
+            if reader is not None:
+                st = reader.stats()
+                print(f"  {m.name}: {st.get('row_groups_index_cached')} row groups from the "
+                      f"cached index, {st.get('row_group_chunks_read')} chunks read, "
+                      f"{st.get('index_cache_written')} entries written", flush=True)
+            try:
+                close()
+            finally:
+                if not warm:
+                    shutil.rmtree(d, ignore_errors=True)
+        runner.close = closing
+        return runner
+    return dataclasses.replace(mode, name=mode.name + ("-idxwarm" if warm else "-idxcold"),
+                               build=build)
+
+
 def _small_cache(mode, spill):
     """``mode`` (file order) with the row-group cache's budget below the
     data set's decoded size (:data:`SMALL_CACHE`), as for a data set larger
@@ -243,6 +295,9 @@ def main():
     ap.add_argument("--index-by-map", action="store_true",
                     help="also run parquet-reader and parquet-reader-fileorder with the "
                          "ranged route's index pass over a memory map (MODE-mapidx)")
+    ap.add_argument("--index-cache", action="store_true",
+                    help="also run parquet-reader and parquet-reader-fileorder with the ranges "
+                         "index cached on disk (MODE-idxwarm) and not (MODE-idxcold)")
     ap.add_argument("--small-cache", action="store_true",
                     help="also run parquet-reader-fileorder with cache_bytes=1 GiB, with and "
                          "without dropping row groups once read through")
@@ -273,6 +328,8 @@ def main():
         modes += [_native_held(m) for m in readers]
     if args.index_by_map:
         modes += [_index_by_map(m) for m in readers]
+    if args.index_cache:
+        modes += [_index_cache(m, warm) for m in readers for warm in (True, False)]
     if args.small_cache:
         modes += [_small_cache(m, spill) for m in modes if m.name == "parquet-reader-fileorder"
                   for spill in (True, False)]

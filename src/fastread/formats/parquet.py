@@ -198,14 +198,17 @@ class Parquet(SampleSource):
     (native route, local files): a Reader keeps an uncompressed row group
     as its values' file ranges and reads rows by range (True; None: the
     default, ``_parquet_native.RANGED``), or holds the chunk (False: later
-    epochs from memory). ``s3``: an
+    epochs from memory). ``index_cache``: where a Reader keeps those
+    ranges between processes (:mod:`._parquet_index_cache`; None: the
+    node-local index cache WebDataset uses, ``$FASTREAD_CACHE_DIR``; a
+    directory; False: none). ``s3``: an
     :class:`fastread.S3Options` (or mapping) for ``s3://`` paths.
     """
 
     reads_ranges = True
 
     def __init__(self, paths, image="image", label="label", columns=None, split=None, *,
-                 missing="error", cache_bytes=None, s3=None, ranged=None):
+                 missing="error", cache_bytes=None, s3=None, ranged=None, index_cache=None):
         pa = _pa()
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
@@ -223,6 +226,7 @@ class Parquet(SampleSource):
         self.columns = list(columns or [])
         self.split = split
         self._ranged_arg = ranged
+        self.index_cache = index_cache
         files, sizes = [], []
         for p in given:
             if not is_url(p) and os.path.isdir(p) and (
@@ -281,6 +285,8 @@ class Parquet(SampleSource):
                 m.native, m.native_column, why = _parquet_native.footer_for(m, self._image_leaf)
             if why is not None and self.native_why is None:
                 self.native_why = f"{m.path}: {why}"
+        from fastread.formats._parquet_index_cache import identities
+        self._index_identity = identities(self)    # after the footers were read
 
     # -- the index -------------------------------------------------------------
     def _resolve_columns(self, pa):
@@ -567,6 +573,8 @@ class _Loader:
         self.native_loads = 0      # row groups decoded through the shim
         self.ranged_loads = 0      # ... of them kept as file ranges
         self.native_copied = 0     # values it copied (not views of the chunk)
+        self.chunk_reads = 0       # row groups whose column chunks were read
+        self.index = None          # a _parquet_index_cache.RangesIndex: ranges kept on disk
 
     def _ctx(self):
         if self._context is not None:
@@ -597,6 +605,12 @@ class _Loader:
             return _RowGroup(table, _image_parts(src, table.column(src.image)), 0)
         offs, lens = meta.chunks[g]
         if self.ranged and meta.native is not None and not table and _native_for(meta, g):
+            hit = self.index.lookup(f, g) if self.index is not None else None
+            if hit is not None and hit != "plain":   # the cached ranges: no chunk read
+                begin, end, valid = hit
+                rg = _RowGroup(None, [(0, None, begin, end, valid, None, None)], 16 * len(begin))
+                rg.ranged = True
+                return rg
             from fastread.formats import _parquet_native
             if _parquet_native.INDEX_BY_MAP:
                 mapped = _parquet_native.mapped_chunk(meta, offs, lens)
@@ -604,6 +618,8 @@ class _Loader:
                     return self._load_native(meta, g, mapped)
         ctx = self._ctx()
         batch = ctx.read_ranges(meta.path, offs, lens)
+        with self._all_lock:
+            self.chunk_reads += 1
         if ctx is not self._context:
             self.stats = ctx.stats()
         fails = batch.failures()
@@ -619,7 +635,14 @@ class _Loader:
                                                  f"{lens[i]} bytes at {offs[i]} (truncated "
                                                  "file)"))
         if meta.native is not None and not table and _native_for(meta, g):
-            return self._load_native(meta, g, arrays[0])
+            rg = self._load_native(meta, g, arrays[0])
+            if self.index is not None and self.ranged and rg.error is None:
+                if rg.ranged:
+                    _s, _v, begin, end, valid, _side, _in = rg.parts[0]
+                    self.index.record(f, g, begin, end, valid)
+                else:
+                    self.index.record_plain(f, g)
+            return rg
         pa = _pa()
         try:
             table = _decode(meta, g, src._leaves_of(meta), list(zip(offs.tolist(), arrays)))
@@ -891,6 +914,9 @@ class _ParquetNative:
         self._pool = _futures.ThreadPoolExecutor(self.threads,
                                                  thread_name_prefix="fastread-parquet")
         self._loader = _Loader(source, self.engine, options, ranged=True)
+        if self._loader.ranged:
+            from fastread.formats._parquet_index_cache import for_reader
+            self._loader.index = for_reader(source, _native_for)   # None: not cached
         # Where row groups may be kept as file ranges, each batch's rows are
         # read on these threads (a load never waits behind a batch's read).
         self._fetch = None
@@ -969,6 +995,9 @@ class _ParquetNative:
         out["values_copied_native"] = self._loader.native_copied
         out["row_groups_ranged"] = self._loader.ranged_loads
         out["row_group_bytes_cached"] = self._cache.held()
+        out["row_group_chunks_read"] = self._loader.chunk_reads
+        from fastread.formats._parquet_index_cache import stats
+        out.update(stats(self._loader.index))
         return out
 
     def reset(self):
@@ -982,6 +1011,8 @@ class _ParquetNative:
             self._fetch.shutdown(wait=True, cancel_futures=True)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._cache.clear()
+        if self._loader.index is not None:
+            self._loader.index.close()
         self._loader.close()
 
     @property
