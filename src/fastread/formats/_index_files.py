@@ -650,9 +650,17 @@ def cache_touch(entry):
         pass   # read-only or removed meanwhile: its order only
 
 
-def cache_prune(directory, keep=CACHE_ENTRIES):
+def _wds_or_listing(name):
+    """WebDataset's cached indexes and readers.file's listings
+    (fastread.dali._listing): the entries cache_prune counts by default."""
+    return ((name.startswith("wds-") and name.endswith(FRIDX_SUFFIX)) or
+            (name.startswith("files-") and name.endswith(".frlist")))
+
+
+def cache_prune(directory, keep=CACHE_ENTRIES, entry=_wds_or_listing):
     """Removes the least recently used index cache entries past ``keep``
-    (and temporary files a crashed writer left over an hour ago)."""
+    (those whose name ``entry`` accepts; other kinds keep their own count)
+    and temporary files a crashed writer left over an hour ago."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -666,9 +674,7 @@ def cache_prune(directory, keep=CACHE_ENTRIES):
             continue
         if name.endswith(".tmp") and now - mtime > 3600:
             _remove(path)
-        elif ((name.startswith("wds-") and name.endswith(FRIDX_SUFFIX)) or
-              # readers.file's listings (fastread.dali._listing)
-              (name.startswith("files-") and name.endswith(".frlist"))):
+        elif entry(name):
             entries.append((mtime, path))
     entries.sort(reverse=True)
     for _mtime, path in entries[keep:]:

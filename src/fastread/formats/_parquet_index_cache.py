@@ -59,33 +59,8 @@ ENTRIES = 4096
 def prune(directory, keep=ENTRIES):
     """Removes the least recently used ``pq-*.frpq`` entries past ``keep``
     (and temporary files a crashed writer left over an hour ago)."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    now, entries = time.time(), []
-    for name in names:
-        if not name.startswith("pq-"):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError:
-            continue
-        if name.endswith(".tmp") and now - mtime > 3600:
-            _remove(path)
-        elif name.endswith(SUFFIX):
-            entries.append((mtime, path))
-    entries.sort(reverse=True)
-    for _mtime, path in entries[keep:]:
-        _remove(path)
-
-
-def _remove(path):
-    try:
-        os.remove(path)
-    except OSError:
-        pass   # another process removed it first
+    _index_files.cache_prune(directory, keep,
+                             entry=lambda name: name.startswith("pq-") and name.endswith(SUFFIX))
 
 
 def identity(path):
