@@ -45,6 +45,21 @@ void say(char *err, size_t errlen, const char *what) {
   if (err && errlen) std::snprintf(err, errlen, "%s", what);
 }
 
+// The C API's one exception boundary: body()'s result, or -ENOMEM for
+// std::bad_alloc and `failed` for any other exception, its what() in err.
+template <class Body>
+int guarded(char *err, size_t errlen, int failed, Body &&body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc &) {
+    say(err, errlen, "out of memory");
+    return -ENOMEM;
+  } catch (const std::exception &e) {
+    say(err, errlen, e.what());
+    return failed;
+  }
+}
+
 // Arrow's jemalloc pool where the wheel has it (what the Python path decodes
 // into: docs/parquet.md), else its default pool: the page reader's
 // decompression buffer and the dictionary decoder's copy come from it.
@@ -128,7 +143,7 @@ const char *fr_pqn_arrow_version(void) { return ARROW_VERSION_STRING; }
 int fr_pqn_footer_open(const uint8_t *bytes, size_t len, fr_pqn_footer **out, char *err,
                        size_t errlen) {
   *out = nullptr;
-  try {
+  return guarded(err, errlen, -EINVAL, [&]() -> int {
     auto f = std::make_unique<fr_pqn_footer>();
     if (len > UINT32_MAX) {
       say(err, errlen, "footer too large");
@@ -143,20 +158,14 @@ int fr_pqn_footer_open(const uint8_t *bytes, size_t len, fr_pqn_footer **out, ch
 #endif
     *out = f.release();
     return 0;
-  } catch (const std::bad_alloc &) {
-    say(err, errlen, "out of memory");
-    return -ENOMEM;
-  } catch (const std::exception &e) {
-    say(err, errlen, e.what());
-    return -EINVAL;
-  }
+  });
 }
 
 void fr_pqn_footer_close(fr_pqn_footer *footer) { delete footer; }
 
 int fr_pqn_chunk_info(const fr_pqn_footer *footer, int group, int column, int64_t *values,
                       int *compressed, char *err, size_t errlen) {
-  try {
+  return guarded(err, errlen, -EINVAL, [&]() -> int {
     std::unique_ptr<parquet::ColumnChunkMetaData> chunk;
     const parquet::ColumnDescriptor *descr = nullptr;
     int rc = column_of(footer, group, column, &chunk, &descr, err, errlen);
@@ -164,13 +173,7 @@ int fr_pqn_chunk_info(const fr_pqn_footer *footer, int group, int column, int64_
     *values = chunk->num_values();
     *compressed = chunk->compression() != arrow::Compression::UNCOMPRESSED;
     return 0;
-  } catch (const std::bad_alloc &) {
-    say(err, errlen, "out of memory");
-    return -ENOMEM;
-  } catch (const std::exception &e) {
-    say(err, errlen, e.what());
-    return -EINVAL;
-  }
+  });
 }
 
 int fr_pqn_read_chunk(const fr_pqn_footer *footer, int group, int column, const uint8_t *chunk,
@@ -180,7 +183,7 @@ int fr_pqn_read_chunk(const fr_pqn_footer *footer, int group, int column, const 
   *side = nullptr;
   *side_len = 0;
   *copied = 0;
-  try {
+  return guarded(err, errlen, -EIO, [&]() -> int {
     std::unique_ptr<parquet::ColumnChunkMetaData> meta;
     const parquet::ColumnDescriptor *descr = nullptr;
     int rc = column_of(footer, group, column, &meta, &descr, err, errlen);
@@ -249,13 +252,7 @@ int fr_pqn_read_chunk(const fr_pqn_footer *footer, int group, int column, const 
     *side = out.release();
     *copied = n_copied;
     return 0;
-  } catch (const std::bad_alloc &) {
-    say(err, errlen, "out of memory");
-    return -ENOMEM;
-  } catch (const std::exception &e) {
-    say(err, errlen, e.what());
-    return -EIO;
-  }
+  });
 }
 
 void fr_pqn_free(void *p) { std::free(p); }
