@@ -64,12 +64,12 @@ def prune(directory, keep=ENTRIES):
 
 
 def identity(path):
-    """(size, mtime_ns) of a file, or None where it cannot be stat'ed."""
+    """:func:`._index_files.identity` (size, mtime_ns), or None where the file
+    cannot be stat'ed (then nothing is cached or trusted for it)."""
     try:
-        st = os.stat(path)
+        return _index_files.identity(path)
     except OSError:
         return None
-    return int(st.st_size), int(st.st_mtime_ns)
 
 
 def _key(meta, leaf, ident):
