@@ -152,6 +152,35 @@ def mapped_chunk(meta, offs, lens):
     return np.frombuffer(mm, np.uint8, count=n, offset=off - start)
 
 
+def _read_file_rows(ctx, path, pos, offs, lens, groups, rows, arrays, failures, why):
+    """Rows of one file as byte ranges in one engine call: batch positions
+    ``pos``, ranges ``offs``/``lens``, named by ``groups``/``rows``. Each row
+    lands in ``arrays``; a range that fails or comes back short (the file
+    shrank since it was indexed) fails its sample, named."""
+    def name(k):
+        return (f"{path}: reading row group {int(groups[k])}, row {int(rows[k])} "
+                f"({int(lens[k])} bytes at {int(offs[k])})")
+    try:
+        batch = ctx.read_ranges(path, offs, lens)
+    except (OSError, ValueError, MemoryError) as e:
+        for k, i in enumerate(pos):
+            failures.append((i, getattr(e, "errno", None) or _EIO))
+            why[i] = f"{name(k)}: {e}"
+        return
+    bad = dict(batch.failures())
+    got = batch.arrays()
+    for k, i in enumerate(pos):
+        a = got[k]
+        if k in bad:
+            failures.append((i, bad[k]))
+            why[i] = f"{name(k)}: {ctx.sample_error(k) or os.strerror(bad[k])}"
+        elif len(a) != lens[k]:
+            failures.append((i, _ENODATA))
+            why[i] = f"{name(k)}: {len(a)} bytes (the file shrank since it was indexed)"
+        else:
+            arrays[i] = a
+
+
 def read_ranged(source, ctx, ranged, arrays, failures, why):
     """Reads the rows of ranged row groups of one batch (``ranged``: file ->
     [(batch position, offset, length, row group, row)]) as byte ranges, one
@@ -160,32 +189,12 @@ def read_ranged(source, ctx, ranged, arrays, failures, why):
     if ctx is None:
         raise RuntimeError("ranged row groups need an engine context to read their rows")
     for f, items in ranged.items():
-        path = source.paths[f]
         items = [x for x in items if x[2] > 0]       # empty values: already empty arrays
         if not items:
             continue
-        offs = np.fromiter((x[1] for x in items), np.int64, len(items))
-        lens = np.fromiter((x[2] for x in items), np.int64, len(items))
-        try:
-            batch = ctx.read_ranges(path, offs, lens)
-        except (OSError, ValueError, MemoryError) as e:
-            for i, off, n, g, r in items:
-                failures.append((i, getattr(e, "errno", None) or _EIO))
-                why[i] = f"{path}: row group {g}, row {r} ({n} bytes at {off}): {e}"
-            continue
-        bad = dict(batch.failures())
-        got = batch.arrays()
-        for k, (i, off, n, g, r) in enumerate(items):
-            if k in bad:
-                said = ctx.sample_error(k) or os.strerror(bad[k])
-                failures.append((i, bad[k]))
-                why[i] = f"{path}: reading row group {g}, row {r} ({n} bytes at {off}): {said}"
-            elif len(got[k]) != n:
-                failures.append((i, _ENODATA))
-                why[i] = (f"{path}: row group {g}, row {r}: {len(got[k])} of {n} bytes at {off} "
-                          "(the file shrank since it was indexed)")
-            else:
-                arrays[i] = got[k]
+        pos, offs, lens, groups, rows = (np.array(col, np.int64) for col in zip(*items))
+        _read_file_rows(ctx, source.paths[f], pos.tolist(), offs, lens, groups, rows,
+                        arrays, failures, why)
 
 
 def cut_ranged(source, idx, files, grps, rows, loaded, ctx):
@@ -215,27 +224,7 @@ def cut_ranged(source, idx, files, grps, rows, loaded, ctx):
     want = ok & (end > begin)
     for f in np.unique(files[want]).tolist():
         sel = np.flatnonzero(want & (files == f))
-        path = source.paths[f]
-        offs, lens = begin[sel], end[sel] - begin[sel]
-        try:
-            batch = ctx.read_ranges(path, offs, lens)
-        except (OSError, ValueError, MemoryError) as e:
-            for i in sel.tolist():
-                failures.append((i, getattr(e, "errno", None) or _EIO))
-                why[i] = f"{path}: row group {int(grps[i])}, row {int(rows[i])}: {e}"
-            continue
-        bad = dict(batch.failures())
-        got = batch.arrays()
-        for k, i in enumerate(sel.tolist()):
-            a = got[k]
-            if k in bad or len(a) != lens[k]:
-                err = bad.get(k, _ENODATA)
-                said = (ctx.sample_error(k) or os.strerror(err)) if k in bad else \
-                    f"{len(a)} of {int(lens[k])} bytes (the file shrank since it was indexed)"
-                failures.append((i, err))
-                why[i] = (f"{path}: reading row group {int(grps[i])}, row {int(rows[i])} "
-                          f"({int(lens[k])} bytes at {int(offs[k])}): {said}")
-            else:
-                arrays[i] = a
+        _read_file_rows(ctx, source.paths[f], sel.tolist(), begin[sel], end[sel] - begin[sel],
+                        grps[sel], rows[sel], arrays, failures, why)
     failures.sort()
     return arrays, failures, why
